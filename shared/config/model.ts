@@ -1,0 +1,71 @@
+/**
+ * The resolved configuration the core works with: defaults applied, inheritance (provider -> pool -> label)
+ * resolved, references checked. The YAML schema (schema.ts) is the user-facing shape; this is what every
+ * handler receives.
+ */
+
+/** A metastatic label as offered by one metastatic pool. */
+export interface MetastaticLabel {
+  readonly name: string;
+  readonly backingLabel: string;
+  /** Slots per backing node. */
+  readonly maxParallelJobs: number;
+  /** Seconds an empty backing node is kept after its last slot was freed. */
+  readonly graceTime: number;
+  /** Seconds after launch before a backing node may be released. */
+  readonly minRetentionTime: number;
+  /** Seconds after launch after which the backing node takes no new nodes; undefined = off. */
+  readonly maxAge: number | undefined;
+  readonly hostKeyChecking: boolean;
+}
+
+/** A metastatic pool: serves node sets from its labels, capped by maxServers. */
+export interface MetastaticPool {
+  /** `<provider>/<pool>`: unique, used as a key in the table. */
+  readonly key: string;
+  readonly providerName: string;
+  readonly poolName: string;
+  /** Lower wins. */
+  readonly priority: number;
+  /** Metastatic nodes of this pool in any state; undefined = unlimited; <= 0 disables the pool. */
+  readonly maxServers: number | undefined;
+  readonly nodeAttributes: Readonly<Record<string, unknown>>;
+  readonly hostKeyChecking: boolean;
+  /** Seconds, from the provider. */
+  readonly launchTimeout: number;
+  readonly bootTimeout: number;
+  readonly launchRetries: number;
+  readonly labels: ReadonlyMap<string, MetastaticLabel>;
+}
+
+/** A label of a backing (non-metastatic) pool: what a backing node is launched from. */
+export interface BackingLabel {
+  readonly name: string;
+  /** Driver-specific options of this label, as written in the YAML (kebab-case keys). */
+  readonly options: Readonly<Record<string, unknown>>;
+}
+
+/** A backing pool (driver `local` or `aws`). */
+export interface BackingPool {
+  /** `<provider>/<pool>` */
+  readonly key: string;
+  readonly providerName: string;
+  readonly poolName: string;
+  readonly driver: 'local' | 'aws';
+  /** Backing nodes this pool may run at once; undefined = unlimited. */
+  readonly maxServers: number | undefined;
+  /** Driver-specific options of the provider and pool, as written (kebab-case keys). */
+  readonly providerOptions: Readonly<Record<string, unknown>>;
+  readonly poolOptions: Readonly<Record<string, unknown>>;
+  readonly labels: ReadonlyMap<string, BackingLabel>;
+}
+
+export interface ResolvedConfig {
+  /** Metastatic pools sorted by priority (lower first), ties in file order. */
+  readonly metastaticPools: readonly MetastaticPool[];
+  /** Backing pools by the backing label they provide (first provider in file order wins). */
+  readonly backingPoolByLabel: ReadonlyMap<string, BackingPool>;
+  readonly backingPools: readonly BackingPool[];
+  /** Every metastatic label name offered by some pool. */
+  readonly metastaticLabelNames: ReadonlySet<string>;
+}

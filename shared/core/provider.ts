@@ -1,0 +1,44 @@
+/**
+ * The port through which the core launches and stops backing nodes. One adapter per driver: `local`
+ * (child processes, for the embedded stack) and `aws` (EC2). Adapters report state changes as
+ * EC2-shaped events (see messages.ts), so the fulfil flow is the same everywhere.
+ */
+
+export interface LaunchSpec {
+  /** The backing node's id in the table; the provider tags the resource with it. */
+  readonly backingNodeId: string;
+  /** 1-based attempt number; (backingNodeId, attempt) makes the idempotency token. */
+  readonly attempt: number;
+  /** The backing pool (`<provider>/<pool>`) and the backing label to launch. */
+  readonly poolKey: string;
+  readonly label: string;
+}
+
+export type ResourceState = 'pending' | 'running' | 'shutting-down' | 'terminated' | 'stopping' | 'stopped';
+
+export interface BackingResource {
+  /** Provider's id (EC2 instance id; `local-...` for local processes). */
+  readonly resourceId: string;
+  readonly backingNodeId: string;
+  readonly poolKey: string;
+  readonly state: ResourceState;
+  /** Connection details, once known. */
+  readonly host?: string;
+  readonly port?: number;
+  /** Attributes the provider reports for the machine (region, image, instance type...). */
+  readonly attributes: Readonly<Record<string, unknown>>;
+}
+
+export interface BackingProvider {
+  /** Starts a backing node. Idempotent: the same (backingNodeId, attempt) never starts a second resource. */
+  launch(spec: LaunchSpec): Promise<{ resourceId: string }>;
+  /** The resource as the provider sees it now, or undefined when it does not exist (any more). */
+  describe(resourceId: string): Promise<BackingResource | undefined>;
+  /** Stops and deletes the resource. Idempotent: terminating a gone resource succeeds. */
+  terminate(resourceId: string): Promise<void>;
+  /** Every resource carrying this pool's tag (for reconciliation). */
+  list(): Promise<BackingResource[]>;
+}
+
+/** Looks up the provider adapter serving a backing pool. */
+export type ProviderRegistry = (poolKey: string) => BackingProvider;
