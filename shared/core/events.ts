@@ -6,7 +6,14 @@ import { z } from 'zod';
  * fulfil function consumes the same body from EventBridge -> SQS on AWS and from the local provider in
  * the embedded stack.
  */
-export const InstanceState = z.enum(['pending', 'running', 'stopping', 'stopped', 'shutting-down', 'terminated']);
+export const InstanceState = z.enum([
+  'pending',
+  'running',
+  'stopping',
+  'stopped',
+  'shutting-down',
+  'terminated',
+]);
 export type InstanceState = z.infer<typeof InstanceState>;
 
 export const StateChangeDetailType = 'EC2 Instance State-change Notification';

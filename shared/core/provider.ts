@@ -40,5 +40,9 @@ export interface BackingProvider {
   list(): Promise<BackingResource[]>;
 }
 
-/** Looks up the provider adapter serving a backing pool. */
-export type ProviderRegistry = (poolKey: string) => BackingProvider;
+/** Finds the provider adapter for a backing pool, or for a resource named in a state event. */
+export interface ProviderRegistry {
+  forPool(poolKey: string): BackingProvider;
+  /** The provider that owns this resource id (from an event), or undefined when none does. */
+  forResource(resourceId: string): BackingProvider | undefined;
+}

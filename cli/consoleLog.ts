@@ -1,0 +1,31 @@
+import type { Log } from '../shared/usecases/context.ts';
+
+const levels = { debug: 10, info: 20, warn: 30, error: 40 } as const;
+export type Level = keyof typeof levels;
+
+/** Human-readable log lines for `metastatic dev` (Lambda uses Powertools' JSON logger instead). */
+export function consoleLog(minLevel: Level, json = false): Log {
+  const write =
+    (level: Level) =>
+    (message: string, ...extra: object[]) => {
+      if (levels[level] < levels[minLevel]) return;
+      const fields = Object.fromEntries(
+        Object.entries(Object.assign({}, ...extra) as Record<string, unknown>).filter(
+          ([, v]) => v !== undefined,
+        ),
+      );
+      for (const [k, v] of Object.entries(fields)) if (v instanceof Error) fields[k] = v.message;
+      if (json) {
+        process.stderr.write(
+          `${JSON.stringify({ level: level.toUpperCase(), timestamp: new Date().toISOString(), message, ...fields })}\n`,
+        );
+        return;
+      }
+      const time = new Date().toISOString().slice(11, 23);
+      const rest = Object.entries(fields)
+        .map(([k, v]) => `${k}=${typeof v === 'string' ? v : JSON.stringify(v)}`)
+        .join(' ');
+      process.stderr.write(`${time} ${level.toUpperCase().padEnd(5)} ${message}${rest ? `  ${rest}` : ''}\n`);
+    };
+  return { debug: write('debug'), info: write('info'), warn: write('warn'), error: write('error') };
+}

@@ -1,0 +1,68 @@
+import type { BackingRecord, NodeRecord, RequestRecord } from '../shared/core/records.ts';
+
+/** The JSON shapes the CLI prints with --json: a public API for scripts (documented in the README). */
+export function nodeJson(n: NodeRecord) {
+  return {
+    id: n.id,
+    label: n.label,
+    state: n.state,
+    backingNodeId: n.backingNodeId ?? null,
+    slot: n.slot ?? null,
+    host: n.host ?? null,
+    port: n.port ?? null,
+    attributes: n.attributes ?? {},
+    ...(n.reason ? { reason: n.reason } : {}),
+  };
+}
+
+export function requestJson(r: RequestRecord) {
+  return {
+    id: r.id,
+    state: r.state,
+    labels: r.labels,
+    nodes: r.nodes.map(nodeJson),
+    ...(r.reason ? { reason: r.reason } : {}),
+  };
+}
+
+export function backingJson(b: BackingRecord) {
+  return {
+    id: b.id,
+    label: b.label,
+    state: b.state,
+    slots: b.slots,
+    usedSlots: b.used,
+    host: b.host ?? null,
+    port: b.port ?? null,
+    launchedAt: new Date(b.launchedAt).toISOString(),
+    lastUsedAt: new Date(b.lastUsedAt).toISOString(),
+    pool: b.poolKey,
+    backingLabel: b.backingLabel,
+    resourceId: b.resourceId ?? null,
+    ...(b.reason ? { reason: b.reason } : {}),
+  };
+}
+
+/** An aligned text table; columns are padded to their widest cell. */
+export function table(headers: readonly string[], rows: readonly (readonly unknown[])[]): string {
+  const cells = [
+    headers,
+    ...rows.map((r) => r.map((c) => (c === undefined || c === null ? '-' : String(c)))),
+  ];
+  const widths = headers.map((_, i) => Math.max(...cells.map((r) => (r[i] ?? '').length)));
+  return cells
+    .map((r) =>
+      r
+        .map((c, i) => (i === r.length - 1 ? c : c.padEnd(widths[i] ?? 0)))
+        .join('  ')
+        .trimEnd(),
+    )
+    .join('\n');
+}
+
+export function ago(ms: number, now: number): string {
+  const s = Math.max(0, Math.round((now - ms) / 1000));
+  if (s < 120) return `${s}s ago`;
+  if (s < 7200) return `${Math.round(s / 60)}m ago`;
+  return `${Math.round(s / 3600)}h ago`;
+}

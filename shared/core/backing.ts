@@ -1,0 +1,123 @@
+import type { MetastaticLabel } from '../config/model.ts';
+import type { BackingRecord } from './records.ts';
+import { allocatableBackingStates, assertTransition } from './states.ts';
+
+/**
+ * Pure operations on a backing node record. Each returns the next record (version + 1); the store
+ * writes it with the condition that the stored version is still the one read, so any change in
+ * between (another claim, a release, a retirement) makes the write fail instead of being lost.
+ */
+
+/** Whether a node may be placed on this backing node now. */
+export function isClaimable(b: BackingRecord, now: number): boolean {
+  return (
+    allocatableBackingStates.includes(b.state) &&
+    b.used < b.slots &&
+    (b.noNewNodesAfter === undefined || now < b.noNewNodesAfter)
+  );
+}
+
+/** The lowest free slot index (Nodepool's choice), or undefined when full. */
+export function lowestFreeSlot(b: Pick<BackingRecord, 'slots' | 'slotMap'>): number | undefined {
+  for (let i = 0; i < b.slots; i++) if (b.slotMap[String(i)] === undefined) return i;
+  return undefined;
+}
+
+/** The slot a node holds on this backing node, if any (a redelivery finds its earlier claim). */
+export function slotOf(b: Pick<BackingRecord, 'slotMap'>, nodeId: string): number | undefined {
+  for (const [slot, holder] of Object.entries(b.slotMap)) if (holder === nodeId) return Number(slot);
+  return undefined;
+}
+
+export function claimSlot(
+  b: BackingRecord,
+  nodeId: string,
+  now: number,
+): { next: BackingRecord; slot: number } {
+  const slot = lowestFreeSlot(b);
+  if (!isClaimable(b, now) || slot === undefined)
+    throw new Error(`backing node ${b.id} has no claimable slot`);
+  return {
+    slot,
+    next: {
+      ...b,
+      slotMap: { ...b.slotMap, [String(slot)]: nodeId },
+      used: b.used + 1,
+      version: b.version + 1,
+    },
+  };
+}
+
+/** Frees a slot and stamps last-used (grace-time counts from here). */
+export function freeSlot(b: BackingRecord, slot: number, now: number): BackingRecord {
+  const slotMap = { ...b.slotMap };
+  delete slotMap[String(slot)];
+  return { ...b, slotMap, used: b.used - 1, lastUsedAt: now, version: b.version + 1 };
+}
+
+export function newBackingRecord(args: {
+  id: string;
+  poolKey: string;
+  label: MetastaticLabel;
+  backingPoolKey: string;
+  firstNodeId: string;
+  attempt: number;
+  now: number;
+}): BackingRecord {
+  return {
+    id: args.id,
+    poolKey: args.poolKey,
+    label: args.label.name,
+    backingPoolKey: args.backingPoolKey,
+    backingLabel: args.label.backingLabel,
+    state: 'launching',
+    slots: args.label.maxParallelJobs,
+    used: 1,
+    slotMap: { '0': args.firstNodeId },
+    version: 0,
+    attempt: args.attempt,
+    launchedAt: args.now,
+    lastUsedAt: args.now,
+    noNewNodesAfter: args.label.maxAge === undefined ? undefined : args.now + args.label.maxAge * 1000,
+  };
+}
+
+export function markReady(
+  b: BackingRecord,
+  details: { host?: string; port?: number; attributes: Record<string, unknown> },
+  now: number,
+): BackingRecord {
+  assertTransition('backing', b.state, 'ready');
+  return {
+    ...b,
+    state: 'ready',
+    host: details.host,
+    port: details.port,
+    attributes: { ...details.attributes },
+    readyAt: now,
+    // An empty backing node's grace-time starts when it could first have been used.
+    lastUsedAt: b.used === 0 ? now : b.lastUsedAt,
+    version: b.version + 1,
+  };
+}
+
+export function markRetiring(b: BackingRecord, now: number, reason: string): BackingRecord {
+  assertTransition('backing', b.state, 'retiring');
+  if (b.used !== 0) throw new Error(`backing node ${b.id} holds ${b.used} node(s) and cannot retire`);
+  return { ...b, state: 'retiring', retiredAt: now, reason, version: b.version + 1 };
+}
+
+export function markFailed(b: BackingRecord, now: number, reason: string): BackingRecord {
+  assertTransition('backing', b.state, 'failed');
+  return { ...b, state: 'failed', retiredAt: now, reason, version: b.version + 1 };
+}
+
+export function markStopped(b: BackingRecord, now: number): BackingRecord {
+  assertTransition('backing', b.state, 'stopped');
+  return { ...b, state: 'stopped', stoppedAt: now, slotMap: {}, used: 0, version: b.version + 1 };
+}
+
+/** Candidate order: fullest first (tighter packing lets the others empty and go), ties to the oldest. */
+export function compareCandidates(a: BackingRecord, b: BackingRecord): number {
+  return b.used / b.slots - a.used / a.slots || a.launchedAt - b.launchedAt || (a.id < b.id ? -1 : 1);
+}

@@ -1,0 +1,29 @@
+/**
+ * Typed errors of the core. Handlers sort failures by class: a PermanentError is recorded and the
+ * message is consumed (never retried forever); a RetryableError lets the SQS record fail so it comes
+ * back after the visibility timeout; anything else is a bug or an outage and is retried too.
+ */
+export class MetastaticError extends Error {
+  constructor(message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.name = new.target.name;
+  }
+}
+
+/** Bad input or a request that can never be served: record the reason, do not retry. */
+export class PermanentError extends MetastaticError {}
+
+/** A transient condition (capacity, a race lost too often): retry later. */
+export class RetryableError extends MetastaticError {}
+
+/** No pool has room right now; the request waits. */
+export class CapacityError extends RetryableError {}
+
+/** A conditional write found the item changed since it was read. */
+export class ConflictError extends MetastaticError {}
+
+/** A state change that the state table does not allow. */
+export class IllegalTransitionError extends MetastaticError {}
+
+/** A node id that names no node. */
+export class UnknownNodeError extends PermanentError {}

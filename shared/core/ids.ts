@@ -1,0 +1,45 @@
+import { createHash } from 'node:crypto';
+
+/**
+ * Identifiers. Everything a handler creates has an id derived from its input, so a redelivered
+ * message computes the same ids and its writes collide with (instead of duplicating) the first try.
+ */
+
+/** Client-chosen request ids: safe in URLs, shells and DynamoDB keys; `/` is reserved for node ids. */
+export const requestIdPattern = /^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$/;
+
+/** Node ids are `<requestId>/<index>`: the request item holds its nodes, so the id locates them. */
+export function nodeId(requestId: string, index: number): string {
+  return `${requestId}/${index}`;
+}
+
+export function parseNodeId(id: string): { requestId: string; index: number } | undefined {
+  const cut = id.lastIndexOf('/');
+  if (cut <= 0) return undefined;
+  const requestId = id.slice(0, cut);
+  const indexText = id.slice(cut + 1);
+  if (!requestIdPattern.test(requestId) || !/^(0|[1-9][0-9]{0,3})$/.test(indexText)) return undefined;
+  return { requestId, index: Number(indexText) };
+}
+
+/** The backing node launched for a node's placement attempt: the same inputs give the same id. */
+export function backingNodeId(poolKey: string, label: string, forNodeId: string, attempt: number): string {
+  const digest = createHash('sha256').update(`${poolKey}\n${label}\n${forNodeId}\n${attempt}`).digest('hex');
+  return `bn-${digest.slice(0, 16)}`;
+}
+
+/** Stable hash of a JSON-able value (keys sorted), used to detect a reused request id. */
+export function contentHash(value: unknown): string {
+  return createHash('sha256').update(canonicalJson(value)).digest('hex').slice(0, 32);
+}
+
+function canonicalJson(value: unknown): string {
+  if (Array.isArray(value)) return `[${value.map(canonicalJson).join(',')}]`;
+  if (value && typeof value === 'object') {
+    const entries = Object.entries(value as Record<string, unknown>)
+      .filter(([, v]) => v !== undefined)
+      .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
+    return `{${entries.map(([k, v]) => `${JSON.stringify(k)}:${canonicalJson(v)}`).join(',')}}`;
+  }
+  return JSON.stringify(value);
+}

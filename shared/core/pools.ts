@@ -1,0 +1,49 @@
+import type { MetastaticPool, ResolvedConfig } from '../config/model.ts';
+
+/**
+ * Which pools may serve a node set, in the order to try them. A node set is served by one pool
+ * (all its labels from the same pool); pools are tried by priority, lower first. The reasons name
+ * what a user has to change, since these failures are permanent.
+ */
+export type PoolChoice =
+  | { readonly ok: true; readonly pools: readonly MetastaticPool[] }
+  | { readonly ok: false; readonly reason: string };
+
+export function eligiblePools(config: ResolvedConfig, labels: readonly string[]): PoolChoice {
+  const unknown = [...new Set(labels.filter((l) => !config.metastaticLabelNames.has(l)))];
+  if (unknown.length > 0) {
+    const known = [...config.metastaticLabelNames].sort().join(', ') || 'none';
+    return {
+      ok: false,
+      reason: `unknown label${unknown.length > 1 ? 's' : ''} ${unknown.map((l) => `"${l}"`).join(', ')} (configured: ${known})`,
+    };
+  }
+  const offering = config.metastaticPools.filter((p) => labels.every((l) => p.labels.has(l)));
+  if (offering.length === 0) {
+    return { ok: false, reason: `no pool offers all of the labels ${labels.join(', ')} together` };
+  }
+  const enabled = offering.filter((p) => p.maxServers === undefined || p.maxServers > 0);
+  if (enabled.length === 0) {
+    return {
+      ok: false,
+      reason: `every pool offering ${labels.join(', ')} is disabled (max-servers <= 0): ${offering.map((p) => p.key).join(', ')}`,
+    };
+  }
+  const fitting = enabled.filter((p) => p.maxServers === undefined || p.maxServers >= labels.length);
+  if (fitting.length === 0) {
+    const largest = Math.max(...enabled.map((p) => p.maxServers ?? 0));
+    return {
+      ok: false,
+      reason: `a node set of ${labels.length} exceeds max-servers of every pool that offers it (largest: ${largest})`,
+    };
+  }
+  return { ok: true, pools: fitting };
+}
+
+/** A node's attributes: the backing node's are the defaults; the pool's node-attributes override top-level keys. */
+export function nodeAttributes(
+  backing: Readonly<Record<string, unknown>> | undefined,
+  pool: Readonly<Record<string, unknown>>,
+): Record<string, unknown> {
+  return { ...(backing ?? {}), ...pool };
+}

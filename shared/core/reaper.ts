@@ -1,0 +1,39 @@
+import type { MetastaticLabel } from '../config/model.ts';
+import type { BackingRecord } from './records.ts';
+
+/**
+ * The reaper's decision for one backing node, as a pure function of the record, its label's current
+ * configuration (undefined when the label was removed) and the time. Nodepool's rules:
+ * - never while a slot is in use;
+ * - max-age passed: goes as soon as it is empty (no grace, no min-retention);
+ * - label removed from the configuration: goes as soon as it is empty;
+ * - otherwise: empty for grace-time since the last release, and launched at least min-retention-time ago.
+ */
+export type ReapDecision =
+  | { readonly retire: true; readonly reason: string }
+  | { readonly retire: false; readonly reason: string; readonly recheckAt?: number };
+
+export function reapDecision(
+  b: BackingRecord,
+  label: MetastaticLabel | undefined,
+  now: number,
+): ReapDecision {
+  if (b.state !== 'ready' && b.state !== 'launching') return { retire: false, reason: `state is ${b.state}` };
+  if (b.used > 0) return { retire: false, reason: `${b.used} slot(s) in use` };
+  if (label === undefined) return { retire: true, reason: `label ${b.label} is no longer configured` };
+  if (b.noNewNodesAfter !== undefined && now >= b.noNewNodesAfter) {
+    return { retire: true, reason: `max-age of ${label.maxAge}s reached and empty` };
+  }
+  // A launching backing node whose nodes were all released keeps its grace like any other.
+  const graceEnds = b.lastUsedAt + label.graceTime * 1000;
+  const retentionEnds = b.launchedAt + label.minRetentionTime * 1000;
+  const at = Math.max(graceEnds, retentionEnds);
+  if (now < at) {
+    const why = at === graceEnds ? 'within grace-time' : 'within min-retention-time';
+    return { retire: false, reason: why, recheckAt: at };
+  }
+  return {
+    retire: true,
+    reason: `empty for ${((now - b.lastUsedAt) / 1000).toFixed(1)}s (grace-time ${label.graceTime}s)`,
+  };
+}

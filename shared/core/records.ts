@@ -1,0 +1,76 @@
+import { z } from 'zod';
+import { BackingState, NodeState, RequestState } from './states.ts';
+
+/**
+ * The records the core reasons about. The store persists them as items (adding keys and index
+ * attributes, see shared/store/table.ts) and parses what it reads back with these schemas.
+ */
+
+const values = <T extends Record<string, string>>(o: T) => Object.values(o) as [T[keyof T], ...T[keyof T][]];
+
+export const Attributes = z.record(z.string(), z.unknown());
+export type Attributes = z.infer<typeof Attributes>;
+
+export const BackingRecord = z.object({
+  id: z.string(),
+  /** The metastatic pool (`provider/pool`) and label this backing node serves. */
+  poolKey: z.string(),
+  label: z.string(),
+  /** The backing pool and label it was launched from. */
+  backingPoolKey: z.string(),
+  backingLabel: z.string(),
+  state: z.enum(values(BackingState)),
+  slots: z.number().int().positive(),
+  used: z.number().int().nonnegative(),
+  /** slot index (as a string) -> node id */
+  slotMap: z.record(z.string(), z.string()),
+  /** Optimistic-concurrency version: every write requires the version it read and increments it. */
+  version: z.number().int().nonnegative(),
+  attempt: z.number().int().positive(),
+  resourceId: z.string().optional(),
+  host: z.string().optional(),
+  port: z.number().int().optional(),
+  attributes: Attributes.optional(),
+  /** Epoch milliseconds. */
+  launchedAt: z.number(),
+  readyAt: z.number().optional(),
+  lastUsedAt: z.number(),
+  retiredAt: z.number().optional(),
+  stoppedAt: z.number().optional(),
+  /** After this instant the backing node takes no new nodes (max-age); undefined = never. */
+  noNewNodesAfter: z.number().optional(),
+  reason: z.string().optional(),
+});
+export type BackingRecord = z.infer<typeof BackingRecord>;
+
+export const NodeRecord = z.object({
+  id: z.string(),
+  label: z.string(),
+  state: z.enum(values(NodeState)),
+  backingNodeId: z.string().optional(),
+  slot: z.number().int().nonnegative().optional(),
+  host: z.string().optional(),
+  port: z.number().int().optional(),
+  attributes: Attributes.optional(),
+  readyAt: z.number().optional(),
+  releasedAt: z.number().optional(),
+  reason: z.string().optional(),
+});
+export type NodeRecord = z.infer<typeof NodeRecord>;
+
+export const RequestRecord = z.object({
+  id: z.string(),
+  labels: z.array(z.string()),
+  requestor: z.string().optional(),
+  priority: z.number().optional(),
+  /** Hash of the message body, to tell a redelivery from a reuse of the id with another body. */
+  bodyHash: z.string(),
+  state: z.enum(values(RequestState)),
+  reason: z.string().optional(),
+  poolKey: z.string().optional(),
+  createdAt: z.number(),
+  updatedAt: z.number(),
+  version: z.number().int().nonnegative(),
+  nodes: z.array(NodeRecord),
+});
+export type RequestRecord = z.infer<typeof RequestRecord>;

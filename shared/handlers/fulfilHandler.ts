@@ -1,0 +1,40 @@
+import { BatchProcessor, EventType, processPartialResponse } from '@aws-lambda-powertools/batch';
+import type { SQSRecord } from 'aws-lambda';
+import { StateChangeEvent } from '../core/events.ts';
+import type { Context } from '../usecases/context.ts';
+import { handleStateChange } from '../usecases/fulfil.ts';
+import type { SqsBatchHandler } from './requestHandler.ts';
+
+/**
+ * The fulfil function: a batch of "EC2 Instance State-change Notification" events delivered by
+ * EventBridge through SQS (the embedded stack's local provider sends the same bodies). A body that is
+ * not such an event is logged and consumed; it would never parse on a retry.
+ */
+export function makeFulfilHandler(ctx: Context): SqsBatchHandler {
+  const processor = new BatchProcessor(EventType.SQS);
+  const recordHandler = async (record: SQSRecord): Promise<void> => {
+    let json: unknown;
+    try {
+      json = JSON.parse(record.body);
+    } catch (err) {
+      ctx.log.warn('rejected event', {
+        messageId: record.messageId,
+        reason: `malformed JSON: ${(err as Error).message}`,
+      });
+      return;
+    }
+    const parsed = StateChangeEvent.safeParse(json);
+    if (!parsed.success) {
+      const reason = parsed.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`).join('; ');
+      ctx.log.warn('rejected event', {
+        messageId: record.messageId,
+        reason: `not a state-change event: ${reason}`,
+      });
+      return;
+    }
+    const outcome = await handleStateChange(ctx, parsed.data);
+    ctx.log.debug('state change handled', { messageId: record.messageId, outcome });
+  };
+  return (event) =>
+    processPartialResponse(event, recordHandler, processor, { throwOnFullBatchFailure: false });
+}

@@ -1,0 +1,114 @@
+import { BatchProcessor, EventType, processPartialResponse } from '@aws-lambda-powertools/batch';
+import type { SQSBatchResponse, SQSEvent, SQSRecord } from 'aws-lambda';
+import { CapacityError, PermanentError } from '../core/errors.ts';
+import { nodeId } from '../core/ids.ts';
+import { parseMessage } from '../core/messages.ts';
+import type { Context } from '../usecases/context.ts';
+import { releaseNode } from '../usecases/release.ts';
+import { recordFailure, requestBodyHash, requestNodes } from '../usecases/requestNodes.ts';
+
+export interface RequestHandlerOptions {
+  /**
+   * The request queue's maxReceiveCount. A request still waiting for capacity on its last receive is
+   * recorded as failed rather than left to the dead-letter queue, so every request ends with a reason.
+   */
+  readonly maxReceiveCount?: number;
+}
+
+export type SqsBatchHandler = (event: SQSEvent) => Promise<SQSBatchResponse>;
+
+/**
+ * The request function: one SQS batch of request/release messages. Each record is handled alone;
+ * Powertools' batch processor reports the failed ones so only they come back. Bad input is recorded
+ * (under its request id when it has one) and consumed; transient failures are retried by SQS.
+ */
+export function makeRequestHandler(ctx: Context, options: RequestHandlerOptions = {}): SqsBatchHandler {
+  const processor = new BatchProcessor(EventType.SQS);
+
+  const recordHandler = async (record: SQSRecord): Promise<void> => {
+    const parsed = parseMessage(record.body);
+    if (!parsed.ok) {
+      ctx.log.warn('rejected message', { messageId: record.messageId, reason: parsed.reason });
+      if (parsed.requestId) {
+        const labels = parsed.labels ?? [];
+        const now = ctx.clock.now();
+        await recordFailure(
+          ctx,
+          {
+            id: parsed.requestId,
+            labels,
+            bodyHash: 'invalid',
+            state: 'requested',
+            createdAt: now,
+            updatedAt: now,
+            version: 0,
+            nodes: labels.map((label, i) => ({
+              id: nodeId(parsed.requestId as string, i),
+              label,
+              state: 'requested',
+            })),
+          },
+          parsed.reason,
+        );
+      }
+      return;
+    }
+    const m = parsed.message;
+    try {
+      if (m.kind === 'request') {
+        await requestNodes(ctx, m);
+      } else {
+        await releaseNode(ctx, m.nodeId);
+      }
+    } catch (err) {
+      if (err instanceof PermanentError) {
+        ctx.log.warn('rejected message', { messageId: record.messageId, reason: err.message });
+        return;
+      }
+      const receives = Number(record.attributes?.ApproximateReceiveCount ?? '1');
+      if (err instanceof CapacityError && m.kind === 'request' && options.maxReceiveCount !== undefined) {
+        if (receives >= options.maxReceiveCount) {
+          await failWaitingRequest(
+            ctx,
+            m.id,
+            requestBodyHash(m),
+            `no capacity after ${receives} attempts: ${err.message}`,
+          );
+          return;
+        }
+      }
+      ctx.log.info('message will be retried', {
+        messageId: record.messageId,
+        receives,
+        reason: (err as Error).message,
+      });
+      throw err;
+    }
+  };
+
+  return (event) =>
+    processPartialResponse(event, recordHandler, processor, { throwOnFullBatchFailure: false });
+}
+
+async function failWaitingRequest(
+  ctx: Context,
+  requestId: string,
+  bodyHash: string,
+  reason: string,
+): Promise<void> {
+  const r = await ctx.store.getRequest(requestId);
+  if (!r || r.state !== 'requested' || r.bodyHash !== bodyHash) return;
+  const now = ctx.clock.now();
+  await ctx.store.putRequest(
+    {
+      ...r,
+      state: 'failed',
+      reason,
+      nodes: r.nodes.map((n) => ({ ...n, state: 'failed', reason })),
+      updatedAt: now,
+      version: r.version + 1,
+    },
+    r.version,
+  );
+  ctx.log.warn('request failed', { requestId, reason });
+}

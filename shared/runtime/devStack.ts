@@ -1,0 +1,207 @@
+import { mkdir, rm, writeFile } from 'node:fs/promises';
+import { join, resolve } from 'node:path';
+import { DynamoDBClient } from '@aws-sdk/client-dynamodb';
+import { SendMessageCommand, SQSClient } from '@aws-sdk/client-sqs';
+import type { ResolvedConfig } from '../config/model.ts';
+import { type Clock, systemClock } from '../core/clock.ts';
+import type { BackingProvider, ProviderRegistry } from '../core/provider.ts';
+import { makeFulfilHandler } from '../handlers/fulfilHandler.ts';
+import { makeReaperHandler } from '../handlers/reaperHandler.ts';
+import { makeRequestHandler } from '../handlers/requestHandler.ts';
+import { isLocalResourceId, LocalProvider } from '../providers/local/localProvider.ts';
+import { DynamoStore } from '../store/dynamoStore.ts';
+import type { Context, Log } from '../usecases/context.ts';
+import type { ReapReport } from '../usecases/reap.ts';
+import { type DevInfo, devInfoPath } from './devInfo.ts';
+import { type Engine, ensureQueue, ensureTable, startDynalite, startSqsEngine } from './engines.ts';
+import { SqsPoller } from './sqsPoller.ts';
+
+export interface DevStackOptions {
+  readonly config: ResolvedConfig;
+  readonly configPath?: string;
+  readonly stateDir: string;
+  /** Seconds between reaper runs (fractions allowed). */
+  readonly reaperInterval: number;
+  readonly log: Log;
+  readonly clock?: Clock;
+  /** Keep the table in memory instead of under the state dir (tests). */
+  readonly inMemory?: boolean;
+  /** Do not start the queue pollers (tests drive the handlers themselves). */
+  readonly noPollers?: boolean;
+  /** Visibility timeout of the request queue in seconds: how soon a waiting request is retried. */
+  readonly visibilityTimeout?: number;
+  readonly maxReceiveCount?: number;
+}
+
+export const REGION = 'us-east-1';
+export const TABLE_NAME = 'metastatic';
+const CREDENTIALS = { accessKeyId: 'metastatic', secretAccessKey: 'metastatic' };
+
+/**
+ * The embedded default: the same handlers as in Lambda, against dynalite and fauxqs on loopback, with
+ * backing nodes as local processes. Queue pollers play Lambda's SQS event source mappings; a timer plays
+ * the EventBridge schedule of the reaper.
+ */
+export class DevStack {
+  private readonly pollers: SqsPoller[] = [];
+  private reaperTimer: NodeJS.Timeout | undefined;
+  private reaping: Promise<unknown> | undefined;
+  private stopped = false;
+
+  private constructor(
+    readonly info: DevInfo,
+    readonly context: Context,
+    readonly dynamodb: DynamoDBClient,
+    readonly sqs: SQSClient,
+    readonly localProvider: LocalProvider,
+    readonly handlers: {
+      request: ReturnType<typeof makeRequestHandler>;
+      fulfil: ReturnType<typeof makeFulfilHandler>;
+      reaper: () => Promise<ReapReport>;
+    },
+    private readonly engines: Engine[],
+    private readonly options: DevStackOptions,
+  ) {}
+
+  static async start(options: DevStackOptions): Promise<DevStack> {
+    const stateDir = resolve(options.stateDir);
+    await mkdir(stateDir, { recursive: true });
+    const clock = options.clock ?? systemClock;
+    const engines: Engine[] = [];
+    try {
+      const ddbEngine = await startDynalite({
+        path: options.inMemory ? undefined : join(stateDir, 'dynamodb'),
+      });
+      engines.push(ddbEngine);
+      const sqsEngine = await startSqsEngine();
+      engines.push(sqsEngine);
+      const dynamodb = new DynamoDBClient({
+        endpoint: ddbEngine.endpoint,
+        region: REGION,
+        credentials: CREDENTIALS,
+      });
+      const sqs = new SQSClient({ endpoint: sqsEngine.endpoint, region: REGION, credentials: CREDENTIALS });
+      await ensureTable(dynamodb, TABLE_NAME);
+      const maxReceiveCount = options.maxReceiveCount ?? 50;
+      const requestQueue = await ensureQueue(sqs, 'metastatic-requests', {
+        visibilityTimeout: options.visibilityTimeout ?? 2,
+        maxReceiveCount,
+      });
+      const fulfilQueue = await ensureQueue(sqs, 'metastatic-fulfil', {
+        visibilityTimeout: 5,
+        maxReceiveCount: 5,
+      });
+
+      const localProvider = new LocalProvider({
+        stateDir,
+        pools: options.config.backingPools,
+        region: REGION,
+        clock,
+        logger: options.log,
+        // EventBridge -> SQS on AWS; here the provider sends the same event body straight to the queue.
+        onEvent: async (event) => {
+          await sqs.send(
+            new SendMessageCommand({ QueueUrl: fulfilQueue.url, MessageBody: JSON.stringify(event) }),
+          );
+        },
+      });
+      const providers = embeddedProviders(options.config, localProvider);
+      const store = new DynamoStore(dynamodb, TABLE_NAME);
+      const context: Context = { store, config: options.config, providers, clock, log: options.log };
+      const handlers = {
+        request: makeRequestHandler(context, { maxReceiveCount }),
+        fulfil: makeFulfilHandler(context),
+        reaper: makeReaperHandler(context),
+      };
+      const info: DevInfo = {
+        region: REGION,
+        dynamodbEndpoint: ddbEngine.endpoint,
+        sqsEndpoint: sqsEngine.endpoint,
+        requestQueueUrl: requestQueue.url,
+        requestDlqUrl: requestQueue.dlqUrl,
+        fulfilQueueUrl: fulfilQueue.url,
+        tableName: TABLE_NAME,
+        stateDir,
+        configPath: options.configPath,
+        pid: process.pid,
+        startedAt: new Date(clock.now()).toISOString(),
+      };
+      const stack = new DevStack(info, context, dynamodb, sqs, localProvider, handlers, engines, options);
+      if (!options.noPollers) {
+        stack.pollers.push(
+          new SqsPoller(sqs, requestQueue.url, requestQueue.arn, handlers.request, options.log, {
+            region: REGION,
+          }),
+          new SqsPoller(sqs, fulfilQueue.url, fulfilQueue.arn, handlers.fulfil, options.log, {
+            region: REGION,
+          }),
+        );
+        for (const p of stack.pollers) p.start();
+        stack.scheduleReaper();
+      }
+      await writeFile(devInfoPath(stateDir), `${JSON.stringify(info, null, 2)}\n`);
+      return stack;
+    } catch (err) {
+      await Promise.allSettled(engines.map((e) => e.close()));
+      throw err;
+    }
+  }
+
+  /** Runs the reaper now (waits for a run already in progress first). */
+  async reapNow(): Promise<ReapReport> {
+    await this.reaping;
+    const run = this.handlers.reaper();
+    this.reaping = run.catch(() => undefined);
+    return run;
+  }
+
+  private scheduleReaper(): void {
+    const ms = Math.max(10, this.options.reaperInterval * 1000);
+    const tick = async () => {
+      if (this.stopped) return;
+      try {
+        await this.reapNow();
+      } catch (err) {
+        this.context.log.error('reaper run failed', { error: err });
+      }
+      if (!this.stopped) this.reaperTimer = setTimeout(tick, ms);
+    };
+    this.reaperTimer = setTimeout(tick, ms);
+  }
+
+  /** Stops pollers and the reaper, terminates every backing process, closes the engines. */
+  async stop(): Promise<void> {
+    if (this.stopped) return;
+    this.stopped = true;
+    clearTimeout(this.reaperTimer);
+    await Promise.allSettled(this.pollers.map((p) => p.stop()));
+    await this.reaping;
+    await this.localProvider.shutdown();
+    this.dynamodb.destroy();
+    this.sqs.destroy();
+    await Promise.allSettled(this.engines.map((e) => e.close()));
+    await rm(devInfoPath(this.info.stateDir), { force: true });
+  }
+}
+
+function embeddedProviders(config: ResolvedConfig, local: LocalProvider): ProviderRegistry {
+  const byPool = new Map<string, BackingProvider>();
+  for (const pool of config.backingPools) {
+    if (pool.driver === 'local') byPool.set(pool.key, local);
+  }
+  return {
+    forPool(poolKey) {
+      const p = byPool.get(poolKey);
+      if (!p) {
+        const pool = config.backingPools.find((b) => b.key === poolKey);
+        throw new Error(
+          pool
+            ? `backing pool ${poolKey} uses driver ${pool.driver}, which the embedded stack cannot run (use driver local)`
+            : `unknown backing pool ${poolKey}`,
+        );
+      }
+      return p;
+    },
+    forResource: (resourceId) => (isLocalResourceId(resourceId) ? local : undefined),
+  };
+}

@@ -1,0 +1,100 @@
+import { mkdir } from 'node:fs/promises';
+import type { AddressInfo } from 'node:net';
+import {
+  CreateTableCommand,
+  DescribeTableCommand,
+  type DynamoDBClient,
+  ResourceInUseException,
+} from '@aws-sdk/client-dynamodb';
+import { CreateQueueCommand, GetQueueAttributesCommand, type SQSClient } from '@aws-sdk/client-sqs';
+import dynalite from 'dynalite';
+import { startFauxqs } from 'fauxqs';
+import { tableDefinition } from '../store/table.ts';
+
+/**
+ * The local engines of the embedded stack: dynalite (DynamoDB, LevelDB on disk when given a path) and
+ * fauxqs (SQS, in memory), both in-process on loopback.
+ */
+export interface Engine {
+  readonly endpoint: string;
+  close(): Promise<void>;
+}
+
+export async function startDynalite(
+  options: { path?: string; host?: string; port?: number } = {},
+): Promise<Engine> {
+  if (options.path) await mkdir(options.path, { recursive: true });
+  const server = dynalite({ path: options.path, createTableMs: 0, deleteTableMs: 0, updateTableMs: 0 });
+  const host = options.host ?? '127.0.0.1';
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(options.port ?? 0, host, () => resolve());
+  });
+  const { port } = server.address() as AddressInfo;
+  return {
+    endpoint: `http://${host}:${port}`,
+    close: () =>
+      new Promise<void>((resolve) => {
+        server.close(() => resolve());
+        // dynalite keeps keep-alive sockets; closeAllConnections exists on http servers.
+        (server as unknown as { closeAllConnections?: () => void }).closeAllConnections?.();
+      }),
+  };
+}
+
+export async function startSqsEngine(options: { host?: string; port?: number } = {}): Promise<Engine> {
+  const host = options.host ?? '127.0.0.1';
+  const server = await startFauxqs({ port: options.port ?? 0, host, logger: false });
+  return { endpoint: `http://${host}:${server.port}`, close: () => server.stop() };
+}
+
+/** Creates the pool's table unless it exists (a restart on the same state dir keeps it). */
+export async function ensureTable(client: DynamoDBClient, tableName: string): Promise<void> {
+  try {
+    await client.send(new CreateTableCommand({ TableName: tableName, ...tableDefinition }));
+  } catch (err) {
+    if (!(err instanceof ResourceInUseException)) throw err;
+  }
+  for (let i = 0; i < 100; i++) {
+    const out = await client.send(new DescribeTableCommand({ TableName: tableName }));
+    if (out.Table?.TableStatus === 'ACTIVE') return;
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  throw new Error(`table ${tableName} did not become ACTIVE`);
+}
+
+export interface QueuePair {
+  readonly url: string;
+  readonly arn: string;
+  readonly dlqUrl: string;
+}
+
+/** A queue with its dead-letter queue, as the CDK stack defines them. */
+export async function ensureQueue(
+  sqs: SQSClient,
+  name: string,
+  options: { visibilityTimeout: number; maxReceiveCount: number },
+): Promise<QueuePair> {
+  const dlq = await sqs.send(new CreateQueueCommand({ QueueName: `${name}-dlq` }));
+  const dlqUrl = dlq.QueueUrl as string;
+  const dlqAttrs = await sqs.send(
+    new GetQueueAttributesCommand({ QueueUrl: dlqUrl, AttributeNames: ['QueueArn'] }),
+  );
+  const q = await sqs.send(
+    new CreateQueueCommand({
+      QueueName: name,
+      Attributes: {
+        VisibilityTimeout: String(options.visibilityTimeout),
+        RedrivePolicy: JSON.stringify({
+          deadLetterTargetArn: dlqAttrs.Attributes?.QueueArn,
+          maxReceiveCount: options.maxReceiveCount,
+        }),
+      },
+    }),
+  );
+  const url = q.QueueUrl as string;
+  const attrs = await sqs.send(
+    new GetQueueAttributesCommand({ QueueUrl: url, AttributeNames: ['QueueArn'] }),
+  );
+  return { url, arn: attrs.Attributes?.QueueArn as string, dlqUrl };
+}

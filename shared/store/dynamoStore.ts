@@ -1,0 +1,277 @@
+import { ConditionalCheckFailedException, type DynamoDBClient } from '@aws-sdk/client-dynamodb';
+import {
+  DynamoDBDocumentClient,
+  GetCommand,
+  PutCommand,
+  QueryCommand,
+  type QueryCommandInput,
+  ScanCommand,
+  type ScanCommandInput,
+  UpdateCommand,
+} from '@aws-sdk/lib-dynamodb';
+import { ConflictError } from '../core/errors.ts';
+import { BackingRecord, RequestRecord } from '../core/records.ts';
+import type { BackingState } from '../core/states.ts';
+import { backingItem, FREE_INDEX, freePartition, keys, REAP_INDEX, requestItem } from './table.ts';
+
+/**
+ * The DynamoDB adapter. Every write that could race is conditional, built from the named fragments
+ * below; a failed condition becomes a ConflictError (or a domain answer), anything else is re-thrown.
+ * No transactions anywhere: each write touches one item.
+ */
+const conditions = {
+  itemDoesNotExist: 'attribute_not_exists(pk)',
+  versionUnchanged: '#version = :expectedVersion',
+  stateIsOneOf: (n: number) =>
+    `#state IN (${Array.from({ length: n }, (_, i) => `:expectedState${i}`).join(', ')})`,
+  usedIs: '#used = :expectedUsed',
+  roomInSet: 'attribute_not_exists(#members) OR size(#members) <= :room',
+} as const;
+
+export interface BackingExpectation {
+  readonly version: number;
+  readonly states?: readonly BackingState[];
+  readonly used?: number;
+}
+
+export type Reservation = 'reserved' | 'full';
+
+export class DynamoStore {
+  private readonly doc: DynamoDBDocumentClient;
+
+  constructor(
+    client: DynamoDBClient,
+    readonly tableName: string,
+  ) {
+    this.doc = DynamoDBDocumentClient.from(client, { marshallOptions: { removeUndefinedValues: true } });
+  }
+
+  // ---- requests -------------------------------------------------------------------------------
+
+  /** Records a new request; returns the existing one instead when the id is taken. */
+  async createRequest(r: RequestRecord): Promise<RequestRecord | undefined> {
+    try {
+      await this.doc.send(
+        new PutCommand({
+          TableName: this.tableName,
+          Item: requestItem(r),
+          ConditionExpression: conditions.itemDoesNotExist,
+        }),
+      );
+      return undefined;
+    } catch (err) {
+      if (!(err instanceof ConditionalCheckFailedException)) throw err;
+      const existing = await this.getRequest(r.id);
+      if (!existing) throw new ConflictError(`request ${r.id} exists but could not be read`, { cause: err });
+      return existing;
+    }
+  }
+
+  async getRequest(id: string): Promise<RequestRecord | undefined> {
+    const out = await this.doc.send(
+      new GetCommand({ TableName: this.tableName, Key: keys.request(id), ConsistentRead: true }),
+    );
+    return out.Item ? RequestRecord.parse(out.Item) : undefined;
+  }
+
+  /** Replaces a request if its stored version is still `expectedVersion`. */
+  async putRequest(next: RequestRecord, expectedVersion: number): Promise<void> {
+    try {
+      await this.doc.send(
+        new PutCommand({
+          TableName: this.tableName,
+          Item: requestItem(next),
+          ConditionExpression: conditions.versionUnchanged,
+          ExpressionAttributeNames: { '#version': 'version' },
+          ExpressionAttributeValues: { ':expectedVersion': expectedVersion },
+        }),
+      );
+    } catch (err) {
+      if (err instanceof ConditionalCheckFailedException) {
+        throw new ConflictError(`request ${next.id} changed since version ${expectedVersion}`, {
+          cause: err,
+        });
+      }
+      throw err;
+    }
+  }
+
+  // ---- backing nodes --------------------------------------------------------------------------
+
+  async getBacking(id: string): Promise<BackingRecord | undefined> {
+    const out = await this.doc.send(
+      new GetCommand({ TableName: this.tableName, Key: keys.backing(id), ConsistentRead: true }),
+    );
+    return out.Item ? BackingRecord.parse(out.Item) : undefined;
+  }
+
+  /** Writes a new backing record (the intent, before the launch); returns the existing one if the id is taken. */
+  async createBacking(b: BackingRecord): Promise<BackingRecord | undefined> {
+    try {
+      await this.doc.send(
+        new PutCommand({
+          TableName: this.tableName,
+          Item: backingItem(b),
+          ConditionExpression: conditions.itemDoesNotExist,
+        }),
+      );
+      return undefined;
+    } catch (err) {
+      if (!(err instanceof ConditionalCheckFailedException)) throw err;
+      const existing = await this.getBacking(b.id);
+      if (!existing)
+        throw new ConflictError(`backing node ${b.id} exists but could not be read`, { cause: err });
+      return existing;
+    }
+  }
+
+  /**
+   * Replaces a backing record if it is unchanged since it was read (same version) and, optionally,
+   * still in one of the expected states with the expected number of used slots.
+   */
+  async putBacking(next: BackingRecord, expect: BackingExpectation): Promise<void> {
+    const parts: string[] = [conditions.versionUnchanged];
+    const names: Record<string, string> = { '#version': 'version' };
+    const values: Record<string, unknown> = { ':expectedVersion': expect.version };
+    if (expect.states) {
+      parts.push(conditions.stateIsOneOf(expect.states.length));
+      names['#state'] = 'state';
+      expect.states.forEach((s, i) => {
+        values[`:expectedState${i}`] = s;
+      });
+    }
+    if (expect.used !== undefined) {
+      parts.push(conditions.usedIs);
+      names['#used'] = 'used';
+      values[':expectedUsed'] = expect.used;
+    }
+    try {
+      await this.doc.send(
+        new PutCommand({
+          TableName: this.tableName,
+          Item: backingItem(next),
+          ConditionExpression: parts.join(' AND '),
+          ExpressionAttributeNames: names,
+          ExpressionAttributeValues: values,
+        }),
+      );
+    } catch (err) {
+      if (err instanceof ConditionalCheckFailedException) {
+        throw new ConflictError(`backing node ${next.id} changed since version ${expect.version}`, {
+          cause: err,
+        });
+      }
+      throw err;
+    }
+  }
+
+  /** Backing nodes of a pool's label that can take a node, fullest first then oldest (one Query). */
+  async findCandidates(poolKey: string, label: string, limit: number): Promise<BackingRecord[]> {
+    const out = await this.doc.send(
+      new QueryCommand({
+        TableName: this.tableName,
+        IndexName: FREE_INDEX,
+        KeyConditionExpression: 'fpk = :p',
+        ExpressionAttributeValues: { ':p': freePartition(poolKey, label) },
+        Limit: limit,
+      }),
+    );
+    return (out.Items ?? []).map((i) => BackingRecord.parse(i));
+  }
+
+  /** Every backing node in a partition of the reap index, optionally only those sorted before `before`. */
+  async queryReap(partition: string, before?: string): Promise<BackingRecord[]> {
+    const input: QueryCommandInput = {
+      TableName: this.tableName,
+      IndexName: REAP_INDEX,
+      KeyConditionExpression: before === undefined ? 'rpk = :p' : 'rpk = :p AND rsk < :b',
+      ExpressionAttributeValues:
+        before === undefined ? { ':p': partition } : { ':p': partition, ':b': before },
+    };
+    const items: BackingRecord[] = [];
+    do {
+      const out = await this.doc.send(new QueryCommand(input));
+      for (const i of out.Items ?? []) items.push(BackingRecord.parse(i));
+      input.ExclusiveStartKey = out.LastEvaluatedKey;
+    } while (input.ExclusiveStartKey);
+    return items;
+  }
+
+  // ---- capacity sets (max-servers) --------------------------------------------------------------
+
+  /**
+   * Adds members to a capacity set if the set stays within `limit`. Idempotent: members already in
+   * the set (a redelivery) count as reserved even when the set is full.
+   */
+  async reserve(
+    key: { pk: string; sk: string },
+    members: readonly string[],
+    limit: number,
+  ): Promise<Reservation> {
+    try {
+      await this.doc.send(
+        new UpdateCommand({
+          TableName: this.tableName,
+          Key: key,
+          UpdateExpression: 'ADD #members :m',
+          ConditionExpression: conditions.roomInSet,
+          ExpressionAttributeNames: { '#members': 'members' },
+          ExpressionAttributeValues: { ':m': new Set(members), ':room': limit - members.length },
+        }),
+      );
+      return 'reserved';
+    } catch (err) {
+      if (!(err instanceof ConditionalCheckFailedException)) throw err;
+      const held = await this.members(key);
+      return members.every((m) => held.has(m)) ? 'reserved' : 'full';
+    }
+  }
+
+  /** Removes members from a capacity set (idempotent). */
+  async unreserve(key: { pk: string; sk: string }, members: readonly string[]): Promise<void> {
+    if (members.length === 0) return;
+    await this.doc.send(
+      new UpdateCommand({
+        TableName: this.tableName,
+        Key: key,
+        UpdateExpression: 'DELETE #members :m',
+        ExpressionAttributeNames: { '#members': 'members' },
+        ExpressionAttributeValues: { ':m': new Set(members) },
+      }),
+    );
+  }
+
+  async members(key: { pk: string; sk: string }): Promise<Set<string>> {
+    const out = await this.doc.send(
+      new GetCommand({ TableName: this.tableName, Key: key, ConsistentRead: true }),
+    );
+    const m = out.Item?.members;
+    return m instanceof Set ? new Set([...m].map(String)) : new Set();
+  }
+
+  // ---- admin listings (Scan is for operators only, never on a request path) -------------------
+
+  async listRequests(): Promise<RequestRecord[]> {
+    return (await this.scanType('request')).map((i) => RequestRecord.parse(i));
+  }
+
+  async listBacking(): Promise<BackingRecord[]> {
+    return (await this.scanType('backing')).map((i) => BackingRecord.parse(i));
+  }
+
+  private async scanType(type: string): Promise<Record<string, unknown>[]> {
+    const input: ScanCommandInput = {
+      TableName: this.tableName,
+      FilterExpression: '#type = :t',
+      ExpressionAttributeNames: { '#type': 'type' },
+      ExpressionAttributeValues: { ':t': type },
+    };
+    const items: Record<string, unknown>[] = [];
+    do {
+      const out = await this.doc.send(new ScanCommand(input));
+      items.push(...(out.Items ?? []));
+      input.ExclusiveStartKey = out.LastEvaluatedKey;
+    } while (input.ExclusiveStartKey);
+    return items;
+  }
+}

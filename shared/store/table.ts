@@ -1,0 +1,107 @@
+import type { CreateTableCommandInput } from '@aws-sdk/client-dynamodb';
+import type { BackingRecord, RequestRecord } from '../core/records.ts';
+
+/**
+ * The single-table design (documented in docs/table.md). Keys:
+ *   pk                              sk        item
+ *   REQUEST#<requestId>             REQUEST   a request and its nodes (node id = <requestId>/<index>)
+ *   BACKING#<backingNodeId>         BACKING   a backing node and its slot map
+ *   POOL#<provider/pool>            NODES     string set of the pool's live node ids (max-servers)
+ *   BACKINGPOOL#<provider/pool>     BACKING   string set of the backing pool's live backing ids (its cap)
+ * Sparse indexes (attributes present only when the item belongs in them):
+ *   free (fpk, fsk): backing nodes that can take a node, per pool and label, fullest then oldest first
+ *   reap (rpk, rsk): IDLE (empty), LAUNCHING (by launch time), RETIRING and FAILED (to terminate)
+ */
+export const FREE_INDEX = 'free';
+export const REAP_INDEX = 'reap';
+
+export const keys = {
+  request: (id: string) => ({ pk: `REQUEST#${id}`, sk: 'REQUEST' }),
+  backing: (id: string) => ({ pk: `BACKING#${id}`, sk: 'BACKING' }),
+  poolNodes: (poolKey: string) => ({ pk: `POOL#${poolKey}`, sk: 'NODES' }),
+  backingPool: (poolKey: string) => ({ pk: `BACKINGPOOL#${poolKey}`, sk: 'BACKING' }),
+} as const;
+
+export const reapPartition = {
+  idle: 'IDLE',
+  launching: 'LAUNCHING',
+  retiring: 'RETIRING',
+  failed: 'FAILED',
+} as const;
+
+export function freePartition(poolKey: string, label: string): string {
+  return `FREE#${poolKey}#${label}`;
+}
+
+const pad = (n: number, width: number) => String(Math.max(0, Math.floor(n))).padStart(width, '0');
+
+/** The index attributes a backing record carries, derived from its state so they can never disagree. */
+export function backingIndexAttributes(b: BackingRecord): Record<string, string | undefined> {
+  const allocatable = (b.state === 'launching' || b.state === 'ready') && b.used < b.slots;
+  // noNewNodesAfter (max-age) cannot drop an item from the index by itself; the claim re-checks it
+  // and the reaper removes expired items (they stop being claimable).
+  const free = allocatable
+    ? {
+        fpk: freePartition(b.poolKey, b.label),
+        fsk: `${pad(b.slots - b.used, 5)}#${pad(b.launchedAt, 15)}#${b.id}`,
+      }
+    : { fpk: undefined, fsk: undefined };
+  let reap: { rpk?: string; rsk?: string } = {};
+  if ((b.state === 'launching' || b.state === 'ready') && b.used === 0) {
+    reap = { rpk: reapPartition.idle, rsk: `${pad(b.lastUsedAt, 15)}#${b.id}` };
+  } else if (b.state === 'launching') {
+    reap = { rpk: reapPartition.launching, rsk: `${pad(b.launchedAt, 15)}#${b.id}` };
+  } else if (b.state === 'retiring') {
+    reap = { rpk: reapPartition.retiring, rsk: `${pad(b.retiredAt ?? 0, 15)}#${b.id}` };
+  } else if (b.state === 'failed') {
+    reap = { rpk: reapPartition.failed, rsk: `${pad(b.retiredAt ?? 0, 15)}#${b.id}` };
+  }
+  return { ...free, ...reap };
+}
+
+export function backingItem(b: BackingRecord): Record<string, unknown> {
+  return stripUndefined({ ...keys.backing(b.id), type: 'backing', ...b, ...backingIndexAttributes(b) });
+}
+
+export function requestItem(r: RequestRecord): Record<string, unknown> {
+  return stripUndefined({ ...keys.request(r.id), type: 'request', ...r });
+}
+
+function stripUndefined(o: Record<string, unknown>): Record<string, unknown> {
+  return Object.fromEntries(Object.entries(o).filter(([, v]) => v !== undefined));
+}
+
+/** Table definition shared by the embedded stack (CreateTable) and, later, the CDK construct. */
+export const tableDefinition: Omit<CreateTableCommandInput, 'TableName'> = {
+  AttributeDefinitions: [
+    { AttributeName: 'pk', AttributeType: 'S' },
+    { AttributeName: 'sk', AttributeType: 'S' },
+    { AttributeName: 'fpk', AttributeType: 'S' },
+    { AttributeName: 'fsk', AttributeType: 'S' },
+    { AttributeName: 'rpk', AttributeType: 'S' },
+    { AttributeName: 'rsk', AttributeType: 'S' },
+  ],
+  KeySchema: [
+    { AttributeName: 'pk', KeyType: 'HASH' },
+    { AttributeName: 'sk', KeyType: 'RANGE' },
+  ],
+  GlobalSecondaryIndexes: [
+    {
+      IndexName: FREE_INDEX,
+      KeySchema: [
+        { AttributeName: 'fpk', KeyType: 'HASH' },
+        { AttributeName: 'fsk', KeyType: 'RANGE' },
+      ],
+      Projection: { ProjectionType: 'ALL' },
+    },
+    {
+      IndexName: REAP_INDEX,
+      KeySchema: [
+        { AttributeName: 'rpk', KeyType: 'HASH' },
+        { AttributeName: 'rsk', KeyType: 'RANGE' },
+      ],
+      Projection: { ProjectionType: 'ALL' },
+    },
+  ],
+  BillingMode: 'PAY_PER_REQUEST',
+};

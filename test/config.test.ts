@@ -1,0 +1,662 @@
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { describe, expect, it } from 'vitest';
+import { stringify } from 'yaml';
+import { configJsonSchema } from '../shared/config/jsonSchema.ts';
+import {
+  type ConfigError,
+  ConfigInvalidError,
+  type ConfigResult,
+  formatConfigErrors,
+  loadConfigFile,
+  loadConfigOrThrow,
+  parseConfig,
+} from '../shared/config/load.ts';
+import type { ResolvedConfig } from '../shared/config/model.ts';
+
+const root = fileURLToPath(new URL('..', import.meta.url));
+const examplePath = join(root, 'examples/local.yaml');
+
+/** Strips the common indentation of a template literal (and its first and last empty lines). */
+function dedent(text: string): string {
+  const lines = text
+    .replace(/^\n/, '')
+    .replace(/\n[ ]*$/, '\n')
+    .split('\n');
+  const indent = Math.min(
+    ...lines.filter((line) => line.trim() !== '').map((line) => line.length - line.trimStart().length),
+  );
+  return lines.map((line) => line.slice(indent)).join('\n');
+}
+
+function ok(result: ConfigResult): ResolvedConfig {
+  if (!result.ok) throw new Error(`expected a valid configuration:\n${formatConfigErrors(result.errors)}`);
+  return result.config;
+}
+
+function errorsOf(result: ConfigResult): ConfigError[] {
+  if (result.ok) throw new Error('expected the configuration to be rejected');
+  return result.errors;
+}
+
+/** Errors as `path: message`, the shape most tests assert. */
+function problems(result: ConfigResult): string[] {
+  return errorsOf(result).map((error) => `${error.path}: ${error.message}`);
+}
+
+const parseObject = (config: unknown) => parseConfig(stringify(config), 'test.yaml');
+
+const localProvider = (labels: string[] = ['large-node'], name = 'local') => ({
+  name,
+  driver: 'local',
+  pools: [{ name: 'main', labels: labels.map((label) => ({ name: label })) }],
+});
+
+type Obj = Record<string, unknown>;
+
+/** A valid two-provider config: `local` (large-node) and `meta` with the given pools. */
+function withMeta(pools: Obj[], metaProvider: Obj = {}, backingLabels?: string[]): Obj {
+  return {
+    providers: [localProvider(backingLabels), { name: 'meta', driver: 'metastatic', ...metaProvider, pools }],
+  };
+}
+
+const pool = (labels: Obj[], extra: Obj = {}, name = 'main') => ({ name, ...extra, labels });
+const label = (name: string, extra: Obj = {}) => ({ name, 'backing-label': 'large-node', ...extra });
+
+describe('the shipped example', () => {
+  it('is valid and resolves the defaults', async () => {
+    const config = ok(await loadConfigFile(examplePath));
+    expect(config.metastaticPools).toHaveLength(1);
+    const [meta] = config.metastaticPools;
+    expect(meta).toMatchObject({
+      key: 'meta/main',
+      providerName: 'meta',
+      poolName: 'main',
+      priority: 100,
+      maxServers: 10,
+      nodeAttributes: {},
+      hostKeyChecking: false,
+      launchTimeout: 3600,
+      bootTimeout: 120,
+      launchRetries: 3,
+    });
+    expect(meta?.labels.get('small-node')).toEqual({
+      name: 'small-node',
+      backingLabel: 'large-node',
+      maxParallelJobs: 2,
+      graceTime: 2,
+      minRetentionTime: 0,
+      maxAge: undefined,
+      hostKeyChecking: false,
+    });
+    expect([...config.metastaticLabelNames]).toEqual(['small-node']);
+
+    const backing = config.backingPoolByLabel.get('large-node');
+    expect(backing).toBe(config.backingPools[0]);
+    expect(backing).toMatchObject({
+      key: 'local/main',
+      providerName: 'local',
+      poolName: 'main',
+      driver: 'local',
+      maxServers: 8,
+      providerOptions: { driver: 'local', host: '127.0.0.1' },
+      poolOptions: { 'max-servers': 8 },
+    });
+    expect(backing?.labels.get('large-node')).toEqual({
+      name: 'large-node',
+      options: { 'boot-delay': 0.5, attributes: {} },
+    });
+  });
+
+  it('loads through loadConfigOrThrow', async () => {
+    const config = await loadConfigOrThrow(examplePath);
+    expect(config.metastaticPools[0]?.key).toBe('meta/main');
+  });
+});
+
+describe('resolution', () => {
+  it('inherits host-key-checking from the pool unless the label sets it', () => {
+    const config = ok(
+      parseObject(
+        withMeta([
+          pool([label('a'), label('b', { 'host-key-checking': false })], { 'host-key-checking': true }, 'p1'),
+          pool([label('c'), label('d', { 'host-key-checking': true })], {}, 'p2'),
+        ]),
+      ),
+    );
+    const [p1, p2] = config.metastaticPools;
+    expect(p1?.hostKeyChecking).toBe(true);
+    expect(p1?.labels.get('a')?.hostKeyChecking).toBe(true);
+    expect(p1?.labels.get('b')?.hostKeyChecking).toBe(false);
+    expect(p2?.hostKeyChecking).toBe(false);
+    expect(p2?.labels.get('c')?.hostKeyChecking).toBe(false);
+    expect(p2?.labels.get('d')?.hostKeyChecking).toBe(true);
+  });
+
+  it('orders metastatic pools by priority, ties in file order, pools inheriting the provider priority', () => {
+    const config = ok(
+      parseObject({
+        providers: [
+          localProvider(),
+          {
+            name: 'm1',
+            driver: 'metastatic',
+            pools: [pool([label('a')], {}, 'default'), pool([label('a')], { priority: 5 }, 'urgent')],
+          },
+          {
+            name: 'm2',
+            driver: 'metastatic',
+            priority: 50,
+            pools: [pool([label('a')], {}, 'x'), pool([label('a')], { priority: 100 }, 'y')],
+          },
+          { name: 'm3', driver: 'metastatic', pools: [pool([label('a')], { priority: 50 }, 'z')] },
+        ],
+      }),
+    );
+    expect(config.metastaticPools.map((p) => [p.key, p.priority])).toEqual([
+      ['m1/urgent', 5],
+      ['m2/x', 50],
+      ['m3/z', 50],
+      ['m1/default', 100],
+      ['m2/y', 100],
+    ]);
+  });
+
+  it('treats max-age 0 as off', () => {
+    const config = ok(
+      parseObject(
+        withMeta(
+          [
+            pool([
+              label('off', { 'max-age': 0 }),
+              label('on', { 'backing-label': 'other-node', 'max-age': 600 }),
+            ]),
+          ],
+          {},
+          ['large-node', 'other-node'],
+        ),
+      ),
+    );
+    const labels = config.metastaticPools[0]?.labels;
+    expect(labels?.get('off')?.maxAge).toBeUndefined();
+    expect(labels?.get('on')?.maxAge).toBe(600);
+  });
+
+  it('resolves provider options and allows max-servers <= 0 on a metastatic pool', () => {
+    const config = ok(
+      parseObject(
+        withMeta(
+          [pool([label('a')], { 'max-servers': 0, 'node-attributes': { zone: 'z1', tags: { a: 1 } } })],
+          {
+            'launch-timeout': 1.5,
+            'boot-timeout': 0,
+            'launch-retries': 1,
+            priority: 7,
+          },
+        ),
+      ),
+    );
+    expect(config.metastaticPools[0]).toMatchObject({
+      maxServers: 0,
+      priority: 7,
+      launchTimeout: 1.5,
+      bootTimeout: 0,
+      launchRetries: 1,
+      nodeAttributes: { zone: 'z1', tags: { a: 1 } },
+    });
+  });
+
+  it('maps each backing label to the first pool offering it', () => {
+    const config = ok(
+      parseObject({
+        providers: [
+          localProvider(['large-node'], 'first'),
+          localProvider(['large-node', 'other'], 'second'),
+          { name: 'meta', driver: 'metastatic', pools: [pool([label('a')])] },
+        ],
+      }),
+    );
+    expect(config.backingPools.map((p) => p.key)).toEqual(['first/main', 'second/main']);
+    expect(config.backingPoolByLabel.get('large-node')?.key).toBe('first/main');
+    expect(config.backingPoolByLabel.get('other')?.key).toBe('second/main');
+  });
+});
+
+describe('validation rules', () => {
+  it('rejects max-age below min-retention-time', () => {
+    const text = dedent(`
+      providers:
+        - name: local
+          driver: local
+          pools:
+            - name: main
+              labels:
+                - name: large-node
+        - name: meta
+          driver: metastatic
+          pools:
+            - name: main
+              labels:
+                - name: small-node
+                  backing-label: large-node
+                  min-retention-time: 600
+                  max-age: 300
+    `);
+    expect(errorsOf(parseConfig(text, 'test.yaml'))).toEqual([
+      {
+        file: 'test.yaml',
+        path: 'providers[1].pools[0].labels[0].max-age',
+        line: 16,
+        column: 22,
+        message: 'max-age: must be 0 (off) or >= min-retention-time (600), got 300',
+      },
+    ]);
+  });
+
+  it('accepts max-age equal to min-retention-time', () => {
+    ok(parseObject(withMeta([pool([label('a', { 'max-age': 600, 'min-retention-time': 600 })])])));
+  });
+
+  it('rejects labels sharing a backing-label that disagree', () => {
+    const result = parseObject(
+      withMeta([
+        pool(
+          [label('a', { 'max-parallel-jobs': 2, 'max-age': 0 }), label('b', { 'max-parallel-jobs': 2 })],
+          {},
+          'p1',
+        ),
+        pool(
+          [label('c', { 'max-parallel-jobs': 4, 'grace-time': 60, 'min-retention-time': 5, 'max-age': 10 })],
+          {},
+          'p2',
+        ),
+      ]),
+    );
+    expect(problems(result)).toEqual([
+      'providers[1].pools[1].labels[0].max-parallel-jobs: max-parallel-jobs: labels sharing backing-label "large-node" must agree; this label has 4, providers[1].pools[0].labels[0] has 2',
+      'providers[1].pools[1].labels[0].min-retention-time: min-retention-time: labels sharing backing-label "large-node" must agree; this label has 5, providers[1].pools[0].labels[0] has 0',
+      'providers[1].pools[1].labels[0].max-age: max-age: labels sharing backing-label "large-node" must agree; this label has 10, providers[1].pools[0].labels[0] has off',
+    ]);
+  });
+
+  it('allows labels of different providers to share a backing-label with different settings', () => {
+    ok(
+      parseObject({
+        providers: [
+          localProvider(),
+          { name: 'm1', driver: 'metastatic', pools: [pool([label('a', { 'max-parallel-jobs': 2 })])] },
+          { name: 'm2', driver: 'metastatic', pools: [pool([label('b', { 'max-parallel-jobs': 3 })])] },
+        ],
+      }),
+    );
+  });
+
+  it('rejects a backing-label that no backing pool offers', () => {
+    expect(problems(parseObject(withMeta([pool([label('a', { 'backing-label': 'huge-node' })])])))).toEqual([
+      'providers[1].pools[0].labels[0].backing-label: backing-label: no local or aws pool offers label "huge-node"',
+    ]);
+  });
+
+  it('rejects a backing-label naming a metastatic label', () => {
+    expect(
+      problems(parseObject(withMeta([pool([label('a'), label('b', { 'backing-label': 'a' })])]))),
+    ).toEqual([
+      'providers[1].pools[0].labels[1].backing-label: backing-label must name a label of a local or aws pool; "a" is a metastatic label (providers[1].pools[0].labels[0])',
+    ]);
+  });
+
+  it('rejects duplicate provider names', () => {
+    const result = parseObject({
+      providers: [localProvider(), { name: 'local', driver: 'metastatic', pools: [pool([label('a')])] }],
+    });
+    expect(problems(result)).toEqual([
+      'providers[1].name: duplicate provider name "local" (first used at providers[0])',
+    ]);
+  });
+
+  it('rejects duplicate pool names within a provider', () => {
+    expect(problems(parseObject(withMeta([pool([label('a')]), pool([label('b')])])))).toEqual([
+      'providers[1].pools[1].name: duplicate pool name "main" in provider "meta" (first used at providers[1].pools[0])',
+    ]);
+  });
+
+  it('rejects duplicate label names within a pool', () => {
+    expect(problems(parseObject(withMeta([pool([label('a'), label('a')])])))).toEqual([
+      'providers[1].pools[0].labels[1].name: duplicate label name "a" in pool "main" (first used at providers[1].pools[0].labels[0])',
+    ]);
+  });
+
+  it('rejects a label offered both by a metastatic and a backing pool', () => {
+    expect(problems(parseObject(withMeta([pool([label('large-node')])])))).toEqual([
+      'providers[1].pools[0].labels[0].name: label "large-node" is also offered by a local or aws pool (providers[0].pools[0].labels[0]); a label name must be either metastatic or backing, not both',
+    ]);
+  });
+
+  it('accepts the top-level labels list when it lists every label', () => {
+    ok(
+      parseObject({
+        labels: [{ name: 'large-node' }, { name: 'small-node', 'min-ready': 2 }, { name: 'unused' }],
+        ...withMeta([pool([label('small-node')])]),
+      }),
+    );
+  });
+
+  it('rejects labels missing from the top-level labels list', () => {
+    const result = parseObject({
+      labels: [{ name: 'small-node' }],
+      ...withMeta([pool([label('small-node')])]),
+    });
+    expect(problems(result)).toEqual([
+      'providers[0].pools[0].labels[0].name: label "large-node" is not listed in the top-level labels',
+    ]);
+  });
+
+  it('rejects duplicate and malformed top-level labels', () => {
+    const result = parseObject({
+      labels: [{ name: 'large-node' }, { name: 'a' }, { name: 'a', 'min-ready': -1 }],
+      ...withMeta([pool([label('a')])]),
+    });
+    expect(problems(result)).toEqual([
+      'labels[2].name: duplicate label name "a" (first used at labels[1])',
+      'labels[2].min-ready: min-ready: expected an integer >= 0, got -1',
+    ]);
+  });
+});
+
+describe('field errors', () => {
+  it('rejects an unknown key and suggests the kebab-case spelling', () => {
+    const text = dedent(`
+      providers:
+        - name: local
+          driver: local
+          pools:
+            - name: main
+              labels:
+                - name: large-node
+        - name: meta
+          driver: metastatic
+          pools:
+            - name: main
+              labels:
+                - name: small-node
+                  backing-label: large-node
+                  grace_time: 10
+    `);
+    expect(errorsOf(parseConfig(text, 'test.yaml'))).toEqual([
+      {
+        file: 'test.yaml',
+        path: 'providers[1].pools[0].labels[0].grace_time',
+        line: 15,
+        column: 13,
+        message: 'unknown key "grace_time"; did you mean "grace-time"?',
+      },
+    ]);
+  });
+
+  it('suggests a close spelling and stays quiet when nothing is close', () => {
+    const result = parseObject(withMeta([pool([label('a', { 'max-paralel-jobs': 2, colour: 'red' })])]));
+    expect(problems(result)).toEqual([
+      'providers[1].pools[0].labels[0].max-paralel-jobs: unknown key "max-paralel-jobs"; did you mean "max-parallel-jobs"?',
+      'providers[1].pools[0].labels[0].colour: unknown key "colour"',
+    ]);
+  });
+
+  it('rejects a key of another driver', () => {
+    const result = parseObject(withMeta([pool([label('a', { 'boot-delay': 1 })])]));
+    expect(problems(result)).toEqual([
+      'providers[1].pools[0].labels[0].boot-delay: unknown key "boot-delay"',
+    ]);
+  });
+
+  it('rejects wrong types and out-of-range values', () => {
+    const result = parseObject(
+      withMeta(
+        [
+          pool(
+            [
+              label('a', {
+                'max-parallel-jobs': 0,
+                'grace-time': '60',
+                'min-retention-time': -1,
+                'host-key-checking': 'yes',
+              }),
+            ],
+            { priority: 1.5, 'max-servers': 'ten', 'node-attributes': [1] },
+          ),
+        ],
+        { 'launch-timeout': 0, 'launch-retries': 0, 'boot-timeout': null },
+      ),
+    );
+    expect(problems(result)).toEqual([
+      'providers[1].launch-timeout: launch-timeout: expected a number of seconds > 0, got 0',
+      'providers[1].launch-retries: launch-retries: expected an integer >= 1, got 0',
+      'providers[1].boot-timeout: boot-timeout: expected a number of seconds >= 0, got an empty value',
+      'providers[1].pools[0].priority: priority: expected an integer, got 1.5',
+      'providers[1].pools[0].max-servers: max-servers: expected an integer, got "ten"',
+      'providers[1].pools[0].node-attributes: node-attributes: expected a mapping of names to values, got a list',
+      'providers[1].pools[0].labels[0].max-parallel-jobs: max-parallel-jobs: expected an integer >= 1, got 0',
+      'providers[1].pools[0].labels[0].grace-time: grace-time: expected a number of seconds >= 0, got "60"',
+      'providers[1].pools[0].labels[0].min-retention-time: min-retention-time: expected a number of seconds >= 0, got -1',
+      'providers[1].pools[0].labels[0].host-key-checking: host-key-checking: expected true or false, got "yes"',
+    ]);
+  });
+
+  it('rejects missing required keys', () => {
+    const result = parseObject(withMeta([pool([{ name: 'a' }]), { name: 'p2' }]));
+    expect(problems(result)).toEqual([
+      'providers[1].pools[0].labels[0].backing-label: missing required key "backing-label"',
+      'providers[1].pools[1].labels: missing required key "labels"',
+    ]);
+  });
+
+  it('rejects an unknown or missing driver', () => {
+    const result = parseObject({
+      providers: [localProvider(), { name: 'x', driver: 'gce', pools: [] }, { name: 'y' }],
+    });
+    expect(problems(result)).toEqual([
+      'providers[1].driver: driver must be one of metastatic, local, aws, got "gce"',
+      'providers[2].driver: missing required key "driver" (one of metastatic, local, aws)',
+    ]);
+  });
+
+  it('rejects local pool and label options out of range', () => {
+    const result = parseObject({
+      providers: [
+        {
+          name: 'local',
+          driver: 'local',
+          pools: [{ name: 'main', 'max-servers': 0, labels: [{ name: 'large-node', 'boot-delay': -0.5 }] }],
+        },
+      ],
+    });
+    expect(problems(result)).toEqual([
+      'providers[0].pools[0].max-servers: max-servers: expected an integer >= 1, got 0',
+      'providers[0].pools[0].labels[0].boot-delay: boot-delay: expected a number of seconds >= 0, got -0.5',
+    ]);
+  });
+
+  it('rejects an empty or non-mapping document and empty lists', () => {
+    expect(problems(parseConfig('', 'test.yaml'))).toEqual([
+      ': configuration: expected a mapping with a "providers" list, got an empty value',
+    ]);
+    expect(problems(parseConfig('providers: []\n', 'test.yaml'))).toEqual([
+      'providers: providers: expected a non-empty list of providers, got an empty list',
+    ]);
+    expect(problems(parseObject({ providers: ['local'] }))).toEqual([
+      'providers[0]: expected a mapping, got "local"',
+    ]);
+  });
+
+  it('reports YAML syntax errors with their position', () => {
+    const text = 'providers:\n  - name: local\n    driver: [local\n';
+    const errors = errorsOf(parseConfig(text, 'test.yaml'));
+    expect(errors.length).toBeGreaterThan(0);
+    expect(errors[0]).toMatchObject({ file: 'test.yaml', path: '', line: 4, column: 1 });
+    expect(errors[0]?.message).toMatch(/^YAML syntax error: /);
+  });
+
+  it('reports duplicate YAML keys as syntax errors', () => {
+    const errors = errorsOf(parseConfig('providers: []\nproviders: []\n', 'test.yaml'));
+    expect(errors).toEqual([
+      {
+        file: 'test.yaml',
+        path: '',
+        line: 2,
+        column: 1,
+        message: 'YAML syntax error: Map keys must be unique',
+      },
+    ]);
+  });
+
+  it('reports every error at once, field errors and rule violations together', () => {
+    const text = dedent(`
+      labels:
+        - name: small-node
+      providers:
+        - name: local
+          driver: local
+          pools:
+            - name: main
+              labels:
+                - name: large-node
+                  boot_delay: 1
+        - name: meta
+          driver: metastatic
+          launch-retries: 0
+          pools:
+            - name: main
+              labels:
+                - name: small-node
+                  backing-label: missing-node
+                  max-parallel-jobs: 0
+                  min-retention-time: 10
+                  max-age: 5
+        - name: meta
+          driver: nope
+    `);
+    const errors = errorsOf(parseConfig(text, 'test.yaml'));
+    expect(errors.map((e) => `${e.line}:${e.column} ${e.path}: ${e.message}`)).toEqual([
+      '9:19 providers[0].pools[0].labels[0].name: label "large-node" is not listed in the top-level labels',
+      '10:13 providers[0].pools[0].labels[0].boot_delay: unknown key "boot_delay"; did you mean "boot-delay"?',
+      '13:21 providers[1].launch-retries: launch-retries: expected an integer >= 1, got 0',
+      '19:32 providers[1].pools[0].labels[0].max-parallel-jobs: max-parallel-jobs: expected an integer >= 1, got 0',
+      '21:22 providers[1].pools[0].labels[0].max-age: max-age: must be 0 (off) or >= min-retention-time (10), got 5',
+      '22:11 providers[2].name: duplicate provider name "meta" (first used at providers[1])',
+      '23:13 providers[2].driver: driver must be one of metastatic, local, aws, got "nope"',
+    ]);
+  });
+
+  it('formats errors one per line as file:line:col: path: message', () => {
+    const result = parseObject(withMeta([pool([label('a', { 'max-parallel-jobs': 0 })])]));
+    expect(formatConfigErrors(errorsOf(result))).toBe(
+      'test.yaml:15:32: providers[1].pools[0].labels[0].max-parallel-jobs: max-parallel-jobs: expected an integer >= 1, got 0',
+    );
+    expect(
+      formatConfigErrors([
+        { path: '', message: 'whole file' },
+        { file: 'a.yaml', path: 'providers', line: 2, column: 3, message: 'bad' },
+      ]),
+    ).toBe('<config>: whole file\na.yaml:2:3: providers: bad');
+  });
+});
+
+describe('the aws driver', () => {
+  it('accepts extra keys and passes them on as options', () => {
+    const config = ok(
+      parseObject({
+        providers: [
+          {
+            name: 'ec2',
+            driver: 'aws',
+            region: 'eu-west-1',
+            pools: [
+              {
+                name: 'spot',
+                'max-servers': 4,
+                subnet: 'subnet-1',
+                labels: [{ name: 'large-node', 'instance-type': 'm7i.4xlarge' }],
+              },
+            ],
+          },
+          { name: 'meta', driver: 'metastatic', pools: [pool([label('small-node')])] },
+        ],
+      }),
+    );
+    expect(config.backingPoolByLabel.get('large-node')).toMatchObject({
+      key: 'ec2/spot',
+      driver: 'aws',
+      maxServers: 4,
+      providerOptions: { driver: 'aws', region: 'eu-west-1' },
+      poolOptions: { 'max-servers': 4, subnet: 'subnet-1' },
+    });
+    expect(config.backingPools[0]?.labels.get('large-node')?.options).toEqual({
+      'instance-type': 'm7i.4xlarge',
+    });
+  });
+
+  it('still requires names and an integer max-servers', () => {
+    const result = parseObject({
+      providers: [{ driver: 'aws', pools: [{ 'max-servers': 'many', labels: [{ 'instance-type': 'x' }] }] }],
+    });
+    expect(problems(result)).toEqual([
+      'providers[0].name: missing required key "name"',
+      'providers[0].pools[0].name: missing required key "name"',
+      'providers[0].pools[0].max-servers: max-servers: expected an integer, got "many"',
+      'providers[0].pools[0].labels[0].name: missing required key "name"',
+    ]);
+  });
+});
+
+describe('loading files', () => {
+  it('reports an unreadable file', async () => {
+    const result = await loadConfigFile(join(root, 'does-not-exist.yaml'));
+    expect(errorsOf(result)[0]?.message).toMatch(/^cannot read the configuration: ENOENT/);
+  });
+
+  it('throws ConfigInvalidError carrying the errors', async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'metastatic-config-'));
+    try {
+      const path = join(dir, 'bad.yaml');
+      await writeFile(path, 'providers: []\n');
+      const error = await loadConfigOrThrow(path).catch((e: unknown) => e);
+      expect(error).toBeInstanceOf(ConfigInvalidError);
+      expect((error as ConfigInvalidError).errors).toEqual([
+        {
+          file: path,
+          path: 'providers',
+          line: 1,
+          column: 12,
+          message: 'providers: expected a non-empty list of providers, got an empty list',
+        },
+      ]);
+      expect((error as Error).message).toContain(`${path}:1:12: providers: providers: expected`);
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+});
+
+describe('the JSON schema', () => {
+  it('describes the providers list', () => {
+    const schema = configJsonSchema() as {
+      properties?: { providers?: unknown };
+      additionalProperties?: unknown;
+    };
+    expect(schema.properties?.providers).toBeTypeOf('object');
+    expect(schema.additionalProperties).toBe(false);
+  });
+
+  it('does not require keys that have defaults', () => {
+    const text = JSON.stringify(configJsonSchema());
+    expect(text).toContain('"default":60');
+    expect(text).toContain('"required":["name","backing-label"]');
+  });
+
+  it('matches the committed docs/config.schema.json', async () => {
+    const committed = await readFile(join(root, 'docs/config.schema.json'), 'utf8');
+    expect(committed).toBe(`${JSON.stringify(configJsonSchema(), null, 2)}\n`);
+  });
+});
