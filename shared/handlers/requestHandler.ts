@@ -86,8 +86,14 @@ export function makeRequestHandler(ctx: Context, options: RequestHandlerOptions 
     }
   };
 
+  // Records of one batch are handled in order: in parallel they would race each other for the same
+  // free slots and each launch a backing node, where in order the second packs onto the first's.
+  // Concurrency across invocations stays safe (conditional writes); this is about packing.
   return (event) =>
-    processPartialResponse(event, recordHandler, processor, { throwOnFullBatchFailure: false });
+    processPartialResponse(event, recordHandler, processor, {
+      throwOnFullBatchFailure: false,
+      processInParallel: false,
+    });
 }
 
 async function failWaitingRequest(

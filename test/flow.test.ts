@@ -1,0 +1,213 @@
+import { connect } from 'node:net';
+import { afterEach, describe, expect, it } from 'vitest';
+import { keys } from '../shared/store/table.ts';
+import { baseConfig, type Harness, sqsEvent, startHarness } from './support/harness.ts';
+
+let h: Harness | undefined;
+afterEach(async () => {
+  await h?.close();
+  h = undefined;
+});
+
+const request = (id: string, labels: string[] = ['small-node']) => ({
+  kind: 'request',
+  id,
+  labels,
+  requestor: 'test',
+});
+
+async function allReady(harness: Harness, ids: string[]): Promise<boolean> {
+  for (const id of ids) {
+    const r = await harness.stack.context.store.getRequest(id);
+    if (r?.state !== 'fulfilled') return false;
+  }
+  return true;
+}
+
+function greeting(port: number): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const socket = connect(port, '127.0.0.1');
+    socket.once('data', (d) => {
+      resolve(d.toString());
+      socket.destroy();
+    });
+    socket.once('error', reject);
+  });
+}
+
+describe('request, fulfil and release flow (dynalite + fauxqs + local processes)', () => {
+  it('packs nodes onto a launching backing node until full, then launches a second one', async () => {
+    h = await startHarness(baseConfig({ slots: 2 }));
+    for (const id of ['a', 'b', 'c']) await h.send(request(id));
+    await h.drainRequests();
+
+    const store = h.stack.context.store;
+    const backing = await store.listBacking();
+    expect(backing).toHaveLength(2);
+    expect(backing.map((b) => b.used).sort()).toEqual([1, 2]);
+    const [a, b, c] = await Promise.all(['a', 'b', 'c'].map((id) => store.getRequest(id)));
+    expect(a?.state).toBe('pending');
+    expect(a?.nodes[0]?.backingNodeId).toBe(b?.nodes[0]?.backingNodeId);
+    expect(c?.nodes[0]?.backingNodeId).not.toBe(a?.nodes[0]?.backingNodeId);
+
+    await h.fulfilUntil(() => allReady(h as Harness, ['a', 'b', 'c']));
+    const ready = await store.getRequest('a');
+    const node = ready?.nodes[0];
+    expect(node?.state).toBe('ready');
+    expect(node?.host).toBe('127.0.0.1');
+    // Backing attributes are defaults; the pool's node-attributes override top-level keys.
+    expect(node?.attributes).toMatchObject({ zone: 'local-a', cores: 2, team: 'ci', provider: 'local' });
+    expect(await greeting(node?.port as number)).toContain(node?.backingNodeId as string);
+  });
+
+  it('puts a node on a ready backing node at once, fulfilling the request in the request flow', async () => {
+    h = await startHarness(baseConfig({ slots: 2 }));
+    await h.send(request('first'));
+    await h.drainRequests();
+    await h.fulfilUntil(() => allReady(h as Harness, ['first']));
+    await h.send(request('second'));
+    await h.drainRequests();
+    const second = await h.stack.context.store.getRequest('second');
+    expect(second?.state).toBe('fulfilled');
+    expect(second?.nodes[0]?.slot).toBe(1);
+  });
+
+  it('prefers the fullest backing node with a free slot', async () => {
+    h = await startHarness(baseConfig({ slots: 3 }));
+    for (const id of ['a', 'b', 'c', 'd']) await h.send(request(id)); // a,b,c on #1; d on #2
+    await h.drainRequests();
+    await h.fulfilUntil(() => allReady(h as Harness, ['a', 'b', 'c', 'd']));
+    const store = h.stack.context.store;
+    const first = (await store.getRequest('a'))?.nodes[0]?.backingNodeId;
+    await h.send({ kind: 'release', nodeId: 'a/0' }); // #1 now 2/3 used, #2 1/3 used
+    await h.send(request('e'));
+    await h.drainRequests();
+    expect((await store.getRequest('e'))?.nodes[0]?.backingNodeId).toBe(first);
+  });
+
+  it('never allocates twice for a duplicated message', async () => {
+    h = await startHarness(baseConfig({ slots: 2 }));
+    await h.send(request('dup'));
+    await h.send(request('dup'));
+    await h.drainRequests();
+    await h.send(request('dup')); // a late redelivery after the first was placed
+    await h.drainRequests();
+    const backing = await h.stack.context.store.listBacking();
+    expect(backing).toHaveLength(1);
+    expect(backing[0]?.used).toBe(1);
+    expect(Object.values(backing[0]?.slotMap ?? {})).toEqual(['dup/0']);
+  });
+
+  it('rejects a reused request id with a different body and keeps the original', async () => {
+    h = await startHarness(baseConfig());
+    await h.send(request('same'));
+    await h.drainRequests();
+    const response = await h.stack.handlers.request(
+      sqsEvent([JSON.stringify(request('same', ['small-node', 'small-node']))]),
+    );
+    expect(response.batchItemFailures).toEqual([]);
+    const r = await h.stack.context.store.getRequest('same');
+    expect(r?.labels).toEqual(['small-node']);
+    expect(r?.state).not.toBe('failed');
+  });
+
+  it('fails bad records alone, recording the reason under the request id when there is one', async () => {
+    h = await startHarness(baseConfig());
+    const response = await h.stack.handlers.request(
+      sqsEvent([
+        '{not json',
+        JSON.stringify({ kind: 'launch', id: 'k1' }),
+        JSON.stringify({ kind: 'request', id: 'bad-label', labels: ['no-such-label'] }),
+        JSON.stringify({ kind: 'request', id: 'bad-type', labels: 'small-node' }),
+        JSON.stringify(request('good')),
+        JSON.stringify({ kind: 'release', nodeId: 'nobody/0' }),
+      ]),
+    );
+    expect(response.batchItemFailures).toEqual([]);
+    const store = h.stack.context.store;
+    expect(await store.getRequest('bad-label')).toMatchObject({
+      state: 'failed',
+      reason: 'unknown label "no-such-label" (configured: small-node)',
+    });
+    expect(await store.getRequest('k1')).toMatchObject({
+      state: 'failed',
+      reason: 'unknown kind "launch" (expected "request" or "release")',
+    });
+    expect((await store.getRequest('bad-type'))?.reason).toMatch(/^invalid request message: labels: /);
+    expect((await store.getRequest('good'))?.state).toBe('pending');
+  });
+
+  it('declines a node set larger than max-servers of every pool', async () => {
+    h = await startHarness(baseConfig({ maxServers: 2 }));
+    await h.send(request('big', ['small-node', 'small-node', 'small-node']));
+    await h.drainRequests();
+    expect(await h.stack.context.store.getRequest('big')).toMatchObject({
+      state: 'failed',
+      reason: 'a node set of 3 exceeds max-servers of every pool that offers it (largest: 2)',
+    });
+  });
+
+  it('serves a node set all-or-nothing and gives back what it took when it cannot finish', async () => {
+    // One backing node of one slot may run: the second node of the set cannot be placed.
+    h = await startHarness(baseConfig({ slots: 1, backingMax: 1, maxServers: 10 }), { maxReceiveCount: 2 });
+    await h.send(request('set', ['small-node', 'small-node']));
+    await h.drainRequests();
+    const store = h.stack.context.store;
+    const r = await store.getRequest('set');
+    expect(r?.state).toBe('failed');
+    expect(r?.reason).toMatch(/^no capacity after 2 attempts: .*local\/main is at max-servers \(1\)/);
+    const backing = await store.listBacking();
+    expect(backing.every((b) => b.used === 0 && Object.keys(b.slotMap).length === 0)).toBe(true);
+    expect([...(await store.members(keys.poolNodes('meta/main')))]).toEqual([]);
+  });
+
+  it('holds max-servers: a pool at its limit leaves the request waiting', async () => {
+    h = await startHarness(baseConfig({ slots: 4, maxServers: 2 }), { maxReceiveCount: 2 });
+    for (const id of ['m1', 'm2', 'm3']) await h.send(request(id));
+    await h.drainRequests();
+    const store = h.stack.context.store;
+    expect((await store.getRequest('m3'))?.reason).toMatch(/meta\/main is at max-servers \(2\)/);
+    expect((await store.members(keys.poolNodes('meta/main'))).size).toBe(2);
+  });
+
+  it('releases a node: frees its slot, stamps last-used, gives back its pool place; a second release changes nothing', async () => {
+    h = await startHarness(baseConfig({ slots: 2, maxServers: 5 }));
+    await h.send(request('r'));
+    await h.drainRequests();
+    await h.fulfilUntil(() => allReady(h as Harness, ['r']));
+    const store = h.stack.context.store;
+    const before = (await store.listBacking())[0];
+    h.clock.advance(5_000);
+    await h.send({ kind: 'release', nodeId: 'r/0' });
+    await h.send({ kind: 'release', nodeId: 'r/0' });
+    await h.drainRequests();
+    const after = (await store.listBacking())[0];
+    expect(after?.used).toBe(0);
+    expect(after?.slotMap).toEqual({});
+    expect(after?.lastUsedAt).toBe((before?.lastUsedAt ?? 0) + 5_000);
+    expect((await store.getRequest('r'))?.nodes[0]?.state).toBe('released');
+    expect((await store.members(keys.poolNodes('meta/main'))).size).toBe(0);
+  });
+
+  it('tries pools in priority order and moves on when the first is full', async () => {
+    const yaml = `${baseConfig({ slots: 4 }).replace(
+      '      - name: main\n        \n        node-attributes',
+      '      - name: main\n        priority: 1\n        max-servers: 1\n        node-attributes',
+    )}      - name: spill
+        priority: 2
+        labels:
+          - name: small-node
+            backing-label: large-node
+            max-parallel-jobs: 4
+            grace-time: 60
+`;
+    h = await startHarness(yaml);
+    await h.send(request('p1'));
+    await h.drainRequests();
+    await h.send(request('p2'));
+    await h.drainRequests();
+    const store = h.stack.context.store;
+    expect((await store.getRequest('p1'))?.poolKey).toBe('meta/main');
+    expect((await store.getRequest('p2'))?.poolKey).toBe('meta/spill');
+  });
+});
