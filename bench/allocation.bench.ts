@@ -214,21 +214,298 @@ interface CallFigures {
   readonly byCommand: Record<string, number>;
 }
 
+function callFigures(windows: readonly Window[]): CallFigures {
+  const totals = windows.map((w) => w.total());
+  const byCommand: Record<string, number> = {};
+  for (const w of windows) {
+    for (const [name, n] of w.calls) byCommand[name] = (byCommand[name] ?? 0) + n;
+  }
+  return {
+    mean: round(totals.reduce((a, b) => a + b, 0) / totals.length),
+    min: Math.min(...totals),
+    max: Math.max(...totals),
+    byCommand: Object.fromEntries(
+      Object.entries(byCommand)
+        .sort(([a], [b]) => (a < b ? -1 : 1))
+        .map(([name, n]) => [name, round(n / windows.length)]),
+    ),
+  };
+}
+
+interface Allocation {
+  readonly id: string;
+  readonly sentAt: number;
+  readonly receivedAt: number;
+  readonly fulfilledAt: number;
+  readonly requestWindow: Window;
+  readonly releaseWindow: Window;
+}
+
+interface FloorSample {
+  readonly total: number;
+  readonly toLastWrite: number;
+  readonly queueLeg: number;
+  readonly dynamodbLeg: number;
+  readonly window: Window;
+}
+
+/** One configuration on its own DevStack (pollers running), with one primed backing node. */
+class Variant {
+  private seq = 0;
+  private floorSeq = 0;
+  private floorVersion = 0;
+  private floorQueueUrl = '';
+  private floorTemplate: { backing: BackingRecord; request: RequestRecord } | undefined;
+  private readonly doc: DynamoDBDocumentClient;
+  private readonly observer: DynamoDBDocumentClient;
+
+  private constructor(
+    readonly name: string,
+    readonly maxServers: number | undefined,
+    private readonly stack: DevStack,
+    private readonly stateDir: string,
+    private readonly probe: Probe,
+    readonly primeMs: number,
+  ) {
+    this.doc = DynamoDBDocumentClient.from(stack.dynamodb, {
+      marshallOptions: { removeUndefinedValues: true },
+    });
+    // A separate, uninstrumented client for the external cross-check: its reads are not counted.
+    this.observer = DynamoDBDocumentClient.from(
+      new DynamoDBClient({
+        endpoint: stack.info.dynamodbEndpoint,
+        region: REGION,
+        credentials: { accessKeyId: 'bench', secretAccessKey: 'bench' },
+      }),
+    );
+  }
+
+  static async start(name: string, maxServers: number | undefined): Promise<Variant> {
+    const stateDir = await mkdtemp(join(tmpdir(), 'metastatic-bench-'));
+    let stack: DevStack | undefined;
+    try {
+      stack = await DevStack.start({
+        config: parseConfigOrThrow(configYaml(maxServers), `bench-${name}.yaml`),
+        stateDir,
+        reaperInterval: 3600, // the reaper never runs during the benchmark (its Queries would be counted)
+        log,
+        inMemory: true,
+      });
+      const probe = new Probe(stack, stack.info.requestQueueUrl);
+      // Prime one backing node through the real flow: request -> launch -> fulfil event -> ready.
+      const started = performance.now();
+      const fulfilled = probe.whenFulfilled('prime');
+      const processed = probe.whenProcessed();
+      await sendTo(stack, stack.info.requestQueueUrl, { kind: 'request', id: 'prime', labels: [LABEL] });
+      await within(processed, `${name}: the priming request to be handled`);
+      await within(fulfilled, `${name}: the priming request to be fulfilled (backing node ready)`);
+      const primeMs = performance.now() - started;
+      await sleep(200); // let trailing provider events be handled before anything is counted
+      const variant = new Variant(name, maxServers, stack, stateDir, probe, primeMs);
+      variant.floorQueueUrl = (await stack.sqs.send(new CreateQueueCommand({ QueueName: 'bench-floor' })))
+        .QueueUrl as string;
+      return variant;
+    } catch (err) {
+      await stack?.stop();
+      await rm(stateDir, { recursive: true, force: true });
+      throw err;
+    }
+  }
+
+  async stop(): Promise<void> {
+    this.observer.destroy();
+    await this.stack.stop();
+    await rm(this.stateDir, { recursive: true, force: true });
+  }
+
+  /**
+   * One warm-path single-node request and its release, through the request queue and the running
+   * pollers. Each message's DynamoDB calls are those started between its SendMessage and the poller's
+   * DeleteMessageBatch (nothing else runs meanwhile: the reaper is off, the fulfil queue idle).
+   */
+  async allocate(onSent?: (id: string, sentAt: number) => void): Promise<Allocation> {
+    const { probe } = this;
+    const id = `${this.name}-${this.seq++}`;
+    const requestWindow = new Window();
+    const releaseWindow = new Window();
+    const fulfilled = probe.whenFulfilled(id);
+    let processed = probe.whenProcessed();
+    probe.window = requestWindow;
+    const sentAt = performance.now();
+    await sendTo(this.stack, this.stack.info.requestQueueUrl, { kind: 'request', id, labels: [LABEL] });
+    onSent?.(id, sentAt);
+    const fulfilledAt = await within(fulfilled, `request ${id} to be fulfilled`);
+    await within(processed, `request ${id} to be handled`);
+    const receivedAt = probe.lastReceivedAt;
+    probe.window = undefined;
+    await sleep(SETTLE_MS);
+    processed = probe.whenProcessed();
+    probe.window = releaseWindow;
+    await sendTo(this.stack, this.stack.info.requestQueueUrl, { kind: 'release', nodeId: `${id}/0` });
+    await within(processed, `release of ${id}/0 to be handled`);
+    probe.window = undefined;
+    await sleep(SETTLE_MS);
+    return { id, sentAt, receivedAt, fulfilledAt, requestWindow, releaseWindow };
+  }
+
+  /** A receive waits on fauxqs; 50 ms later a message is sent: how long until the receive returns? */
+  async wakeup(): Promise<number> {
+    const { sqs } = this.stack;
+    const receive = sqs.send(
+      new ReceiveMessageCommand({
+        QueueUrl: this.floorQueueUrl,
+        MaxNumberOfMessages: 10,
+        WaitTimeSeconds: 1,
+      }),
+    );
+    await sleep(50);
+    const sentAt = performance.now();
+    await sqs.send(new SendMessageCommand({ QueueUrl: this.floorQueueUrl, MessageBody: 'wake' }));
+    const out = await receive;
+    const ms = performance.now() - sentAt;
+    for (const m of out.Messages ?? []) {
+      await sqs.send(
+        new DeleteMessageCommand({ QueueUrl: this.floorQueueUrl, ReceiptHandle: m.ReceiptHandle }),
+      );
+    }
+    return ms;
+  }
+
+  /**
+   * The floor: an allocation's minimal work on the same engines, through the same clients, without any
+   * metastatic code: SendMessage, ReceiveMessage, Query on the free index, conditional PutItem of a
+   * backing-like item (a copy of the real backing node, in a partition of its own), PutItem of a
+   * request-like item (a copy of a real fulfilled request), DeleteMessage.
+   */
+  async floorSample(): Promise<FloorSample> {
+    const { sqs } = this.stack;
+    if (!this.floorTemplate) {
+      const backing = (await this.stack.context.store.listBacking())[0] as BackingRecord;
+      const request = (await this.stack.context.store.getRequest(`${this.name}-0`)) as RequestRecord;
+      this.floorTemplate = { backing, request };
+      await this.doc.send(new PutCommand({ TableName: TABLE_NAME, Item: this.floorBacking() }));
+    }
+    const window = new Window();
+    this.probe.window = window;
+    const t0 = performance.now();
+    await sqs.send(new SendMessageCommand({ QueueUrl: this.floorQueueUrl, MessageBody: '{"kind":"floor"}' }));
+    const out = await sqs.send(
+      new ReceiveMessageCommand({
+        QueueUrl: this.floorQueueUrl,
+        MaxNumberOfMessages: 10,
+        WaitTimeSeconds: 1,
+        MessageSystemAttributeNames: ['All'],
+        MessageAttributeNames: ['All'],
+      }),
+    );
+    const t1 = performance.now();
+    await this.doc.send(
+      new QueryCommand({
+        TableName: TABLE_NAME,
+        IndexName: FREE_INDEX,
+        KeyConditionExpression: 'fpk = :p',
+        ExpressionAttributeValues: { ':p': this.floorPartition() },
+        Limit: 10,
+      }),
+    );
+    const expected = this.floorVersion++;
+    await this.doc.send(
+      new PutCommand({
+        TableName: TABLE_NAME,
+        Item: this.floorBacking(),
+        ConditionExpression: '#version = :expectedVersion AND #state IN (:s0, :s1)',
+        ExpressionAttributeNames: { '#version': 'version', '#state': 'state' },
+        ExpressionAttributeValues: { ':expectedVersion': expected, ':s0': 'launching', ':s1': 'ready' },
+      }),
+    );
+    await this.doc.send(new PutCommand({ TableName: TABLE_NAME, Item: this.floorRequest() }));
+    const t2 = performance.now();
+    const message = out.Messages?.[0];
+    if (!message) throw new Error('floor: the message just sent was not received');
+    await sqs.send(
+      new DeleteMessageCommand({ QueueUrl: this.floorQueueUrl, ReceiptHandle: message.ReceiptHandle }),
+    );
+    const t3 = performance.now();
+    this.probe.window = undefined;
+    return { total: t3 - t0, toLastWrite: t2 - t0, queueLeg: t1 - t0, dynamodbLeg: t2 - t1, window };
+  }
+
+  private floorPartition(): string {
+    return `FREE#bench-floor#${this.name}`;
+  }
+
+  private floorBacking(): Record<string, unknown> {
+    const { backing } = this.floorTemplate as { backing: BackingRecord };
+    return {
+      ...backingItem({ ...backing, version: this.floorVersion }),
+      ...keys.backing(`bench-floor-${this.name}`),
+      type: 'bench-floor', // not listed as a backing node
+      fpk: this.floorPartition(),
+      fsk: `${String(this.floorVersion).padStart(5, '0')}#${backing.launchedAt}#bench-floor`, // changes, like a claim's
+      rpk: undefined,
+      rsk: undefined,
+    };
+  }
+
+  private floorRequest(): Record<string, unknown> {
+    const { request } = this.floorTemplate as { request: RequestRecord };
+    return {
+      ...requestItem({
+        ...request,
+        id: `bench-floor-${this.name}-${this.floorSeq++}`,
+        state: 'fulfilled',
+        nodes: request.nodes.map(({ releasedAt: _, ...node }) => ({ ...node, state: 'ready' as const })),
+      }),
+      type: 'bench-floor',
+      sk: 'FLOOR', // not a request item: the probe's fulfilled hook ignores it
+    };
+  }
+
+  /** Cross-check from outside: a separate client polls GetItem every few ms until it reads `fulfilled`. */
+  async polledAllocation(): Promise<number> {
+    let watch: Promise<number> = Promise.resolve(Number.NaN);
+    await this.allocate((id, sentAt) => {
+      watch = (async () => {
+        for (;;) {
+          const out = await this.observer.send(
+            new GetCommand({ TableName: TABLE_NAME, Key: keys.request(id), ConsistentRead: true }),
+          );
+          if (out.Item?.state === 'fulfilled') return performance.now() - sentAt;
+          if (performance.now() - sentAt > WAIT_LIMIT_MS) throw new Error(`poll: ${id} never read fulfilled`);
+          await sleep(POLL_INTERVAL_MS);
+        }
+      })();
+    });
+    return watch;
+  }
+
+  /** Backing nodes in the table (1 = every allocation landed on the primed one). */
+  async backingNodes(): Promise<number> {
+    return (await this.stack.context.store.listBacking()).length;
+  }
+}
+
+function sendTo(stack: DevStack, queueUrl: string, body: object) {
+  return stack.sqs.send(new SendMessageCommand({ QueueUrl: queueUrl, MessageBody: JSON.stringify(body) }));
+}
+
+// ---- the run --------------------------------------------------------------------------------------
+
 interface LatencyFigures {
   /** SendMessage -> the PutItem writing the request `fulfilled` returned (in the request handler). */
   readonly real: Summary;
-  /** SendMessage -> poller's ReceiveMessage returned. */
+  /** SendMessage -> the poller's ReceiveMessage returned with it. */
   readonly realQueueLeg: Summary;
   /** ReceiveMessage returned -> fulfilled write returned: the request handler up to its last write. */
   readonly realHandlerLeg: Summary;
-  /** DynamoDB time inside the whole handled message (request handler). */
+  /** Time spent in DynamoDB calls while the request message was handled. */
   readonly realDynamodbTime: Summary;
   /** Send + Receive + Query + conditional Put + Put + Delete, sequential. */
   readonly floor: Summary;
-  /** The same floor up to its last DynamoDB write (no DeleteMessage): the real figure's exact counterpart. */
-  readonly floorToLastWrite: Summary;
   readonly floorQueueLeg: Summary;
   readonly floorDynamodbLeg: Summary;
+  /** The floor up to its last DynamoDB write (no DeleteMessage): the real figure's exact counterpart. */
+  readonly floorToLastWrite: Summary;
   readonly ratio: number;
   readonly ratioToLastWrite: number;
   /** Cross-check: SendMessage -> an external GetItem poller (separate client) first reads `fulfilled`. */
@@ -241,268 +518,90 @@ interface VariantResult {
   readonly primeMs: number;
   readonly allocation: CallFigures;
   readonly release: CallFigures;
-  readonly floorCalls: Record<string, number>;
+  readonly floorCalls: CallFigures;
   readonly latency: LatencyFigures;
   readonly wakeupMs: Summary;
   readonly backingNodes: number;
 }
 
-function callFigures(windows: readonly Window[]): CallFigures {
-  const totals = windows.map((w) => w.total());
-  const byCommand: Record<string, number> = {};
-  for (const w of windows) {
-    for (const [name, n] of w.calls) byCommand[name] = (byCommand[name] ?? 0) + n;
-  }
-  for (const name of Object.keys(byCommand)) byCommand[name] = round((byCommand[name] ?? 0) / windows.length);
-  return {
-    mean: round(totals.reduce((a, b) => a + b, 0) / totals.length),
-    min: Math.min(...totals),
-    max: Math.max(...totals),
-    byCommand: Object.fromEntries(Object.entries(byCommand).sort(([a], [b]) => (a < b ? -1 : 1))),
+/**
+ * Runs the variants side by side, sample by sample (A, B, A, B...), so machine noise and JIT warm-up
+ * hit them alike; within a variant each real sample is paired with a floor sample.
+ */
+async function run(variants: readonly Variant[]): Promise<VariantResult[]> {
+  const perVariant = variants.map(() => ({
+    requestWindows: [] as Window[],
+    releaseWindows: [] as Window[],
+    wakeups: [] as number[],
+    real: [] as Allocation[],
+    floor: [] as FloorSample[],
+    polled: [] as number[],
+  }));
+  const each = async (f: (v: Variant, acc: (typeof perVariant)[number]) => Promise<void>) => {
+    for (const [i, v] of variants.entries()) await f(v, perVariant[i] as (typeof perVariant)[number]);
   };
-}
 
-async function runVariant(name: string, maxServers: number | undefined): Promise<VariantResult> {
-  const stateDir = await mkdtemp(join(tmpdir(), 'metastatic-bench-'));
-  const config = parseConfigOrThrow(configYaml(maxServers), `bench-${name}.yaml`);
-  const stack = await DevStack.start({
-    config,
-    stateDir,
-    reaperInterval: 3600, // the reaper never runs during the benchmark: its Queries would be counted
-    log,
-    inMemory: true,
-  });
-  const observer = new DynamoDBClient({
-    endpoint: stack.info.dynamodbEndpoint,
-    region: REGION,
-    credentials: { accessKeyId: 'bench', secretAccessKey: 'bench' },
-  });
-  try {
-    const { sqs } = stack;
-    const doc = DynamoDBDocumentClient.from(stack.dynamodb, {
-      marshallOptions: { removeUndefinedValues: true },
+  process.stdout.write(`counting DynamoDB calls (${COUNT_SAMPLES} allocations per variant)...\n`);
+  for (let i = 0; i < COUNT_SAMPLES; i++) {
+    await each(async (v, acc) => {
+      const a = await v.allocate();
+      acc.requestWindows.push(a.requestWindow);
+      acc.releaseWindows.push(a.releaseWindow);
     });
-    const probe = new Probe(stack, stack.info.requestQueueUrl);
-    const send = (body: object) =>
-      sqs.send(
-        new SendMessageCommand({ QueueUrl: stack.info.requestQueueUrl, MessageBody: JSON.stringify(body) }),
-      );
-
-    // Prime one backing node through the real flow: request -> launch -> fulfil event -> ready.
-    const primeStart = performance.now();
-    const primeFulfilled = probe.whenFulfilled('prime');
-    const primeProcessed = probe.whenProcessed();
-    await send({ kind: 'request', id: 'prime', labels: [LABEL] });
-    await within(primeProcessed, 'the priming request to be handled');
-    await within(primeFulfilled, 'the priming request to be fulfilled (backing node ready)');
-    const primeMs = performance.now() - primeStart;
-    await sleep(200); // let any trailing provider events be handled before counting starts
-
-    /** One warm-path request and its release, through the queue and the running pollers. */
-    let seq = 0;
-    const allocate = async (onSent?: (id: string, sentAt: number) => void) => {
-      const id = `${name}-${seq++}`;
-      const requestWindow = new Window();
-      const releaseWindow = new Window();
-      const fulfilled = probe.whenFulfilled(id);
-      let processed = probe.whenProcessed();
-      probe.window = requestWindow;
-      const sentAt = performance.now();
-      await send({ kind: 'request', id, labels: [LABEL] });
-      onSent?.(id, sentAt);
-      const fulfilledAt = await within(fulfilled, `request ${id} to be fulfilled`);
-      await within(processed, `request ${id} to be handled`);
-      const receivedAt = probe.lastReceivedAt;
-      probe.window = undefined;
-      await sleep(SETTLE_MS);
-      processed = probe.whenProcessed();
-      probe.window = releaseWindow;
-      await send({ kind: 'release', nodeId: `${id}/0` });
-      await within(processed, `release of ${id}/0 to be handled`);
-      probe.window = undefined;
-      await sleep(SETTLE_MS);
-      return { id, sentAt, receivedAt, fulfilledAt, requestWindow, releaseWindow };
-    };
-
-    // 1. DynamoDB calls per warm-path allocation and release.
-    const requestWindows: Window[] = [];
-    const releaseWindows: Window[] = [];
-    for (let i = 0; i < COUNT_SAMPLES; i++) {
-      const s = await allocate();
-      requestWindows.push(s.requestWindow);
-      releaseWindows.push(s.releaseWindow);
-    }
-
-    // Long-poll wake-up on the same fauxqs: a receive waits, a message is sent 50 ms later.
-    const floorQueueUrl = (await sqs.send(new CreateQueueCommand({ QueueName: 'bench-floor' })))
-      .QueueUrl as string;
-    const wakeups: number[] = [];
-    for (let i = 0; i < WAKEUP_PROBES; i++) {
-      const receive = sqs.send(
-        new ReceiveMessageCommand({ QueueUrl: floorQueueUrl, MaxNumberOfMessages: 10, WaitTimeSeconds: 1 }),
-      );
-      await sleep(50);
-      const sentAt = performance.now();
-      await sqs.send(new SendMessageCommand({ QueueUrl: floorQueueUrl, MessageBody: 'wake' }));
-      const out = await receive;
-      wakeups.push(performance.now() - sentAt);
-      for (const m of out.Messages ?? []) {
-        await sqs.send(new DeleteMessageCommand({ QueueUrl: floorQueueUrl, ReceiptHandle: m.ReceiptHandle }));
-      }
-    }
-
-    // 2. The floor: the same engines and clients, an allocation's minimal work, no metastatic code.
-    const backing = (await stack.context.store.listBacking())[0] as BackingRecord;
-    const sampleRequest = (await stack.context.store.getRequest(`${name}-0`)) as RequestRecord;
-    const floorPartition = `FREE#bench-floor#${name}`;
-    let floorVersion = 0;
-    const floorBacking = () => ({
-      ...backingItem({ ...backing, version: floorVersion }),
-      ...keys.backing(`bench-floor-${name}`),
-      fpk: floorPartition,
-      fsk: `${String(floorVersion).padStart(5, '0')}#${backing.launchedAt}#bench-floor`,
-      rpk: undefined,
-      rsk: undefined,
+  }
+  for (let i = 0; i < WAKEUP_PROBES; i++) {
+    await each(async (v, acc) => {
+      acc.wakeups.push(await v.wakeup());
     });
-    const floorRequest = (n: number) => ({
-      ...requestItem({
-        ...sampleRequest,
-        id: `bench-floor-${name}-${n}`,
-        state: 'fulfilled',
-        nodes: sampleRequest.nodes.map(({ releasedAt: _, ...node }) => ({
-          ...node,
-          state: 'ready' as const,
-        })),
-      }),
-      sk: 'FLOOR', // not a request item: the probe's fulfilled hook ignores it
-    });
-    await doc.send(new PutCommand({ TableName: TABLE_NAME, Item: floorBacking() }));
-    const floorWindows: Window[] = [];
-    let floorSeq = 0;
-    const floorSample = async () => {
-      const w = new Window();
-      probe.window = w;
-      const t0 = performance.now();
-      await sqs.send(new SendMessageCommand({ QueueUrl: floorQueueUrl, MessageBody: JSON.stringify({}) }));
-      const out = await sqs.send(
-        new ReceiveMessageCommand({
-          QueueUrl: floorQueueUrl,
-          MaxNumberOfMessages: 10,
-          WaitTimeSeconds: 1,
-          MessageSystemAttributeNames: ['All'],
-          MessageAttributeNames: ['All'],
-        }),
-      );
-      const t1 = performance.now();
-      await doc.send(
-        new QueryCommand({
-          TableName: TABLE_NAME,
-          IndexName: FREE_INDEX,
-          KeyConditionExpression: 'fpk = :p',
-          ExpressionAttributeValues: { ':p': floorPartition },
-          Limit: 10,
-        }),
-      );
-      const expected = floorVersion++;
-      await doc.send(
-        new PutCommand({
-          TableName: TABLE_NAME,
-          Item: floorBacking(),
-          ConditionExpression: '#version = :expectedVersion AND #state IN (:s0, :s1)',
-          ExpressionAttributeNames: { '#version': 'version', '#state': 'state' },
-          ExpressionAttributeValues: { ':expectedVersion': expected, ':s0': 'launching', ':s1': 'ready' },
-        }),
-      );
-      await doc.send(new PutCommand({ TableName: TABLE_NAME, Item: floorRequest(floorSeq++) }));
-      const t2 = performance.now();
-      const message = out.Messages?.[0];
-      if (!message) throw new Error('floor: the message just sent was not received');
-      await sqs.send(
-        new DeleteMessageCommand({ QueueUrl: floorQueueUrl, ReceiptHandle: message.ReceiptHandle }),
-      );
-      const t3 = performance.now();
-      probe.window = undefined;
-      floorWindows.push(w);
-      return { total: t3 - t0, toLastWrite: t2 - t0, queueLeg: t1 - t0, dynamodbLeg: t2 - t1 };
-    };
-
-    // Interleaved real/floor pairs, the first LATENCY_WARMUP pairs discarded.
-    const real: number[] = [];
-    const realQueue: number[] = [];
-    const realHandler: number[] = [];
-    const realDynamodb: number[] = [];
-    const floor: number[] = [];
-    const floorToLastWrite: number[] = [];
-    const floorQueue: number[] = [];
-    const floorDynamodb: number[] = [];
-    for (let i = 0; i < LATENCY_WARMUP + LATENCY_SAMPLES; i++) {
-      const r = await allocate();
-      const f = await floorSample();
+  }
+  process.stdout.write(`measuring latency (${LATENCY_WARMUP} + ${LATENCY_SAMPLES} real/floor pairs)...\n`);
+  for (let i = 0; i < LATENCY_WARMUP + LATENCY_SAMPLES; i++) {
+    await each(async (v, acc) => {
+      const real = await v.allocate();
+      const floor = await v.floorSample();
       await sleep(SETTLE_MS);
-      if (i < LATENCY_WARMUP) continue;
-      real.push(r.fulfilledAt - r.sentAt);
-      realQueue.push(r.receivedAt - r.sentAt);
-      realHandler.push(r.fulfilledAt - r.receivedAt);
-      realDynamodb.push(r.requestWindow.dynamodbMs);
-      floor.push(f.total);
-      floorToLastWrite.push(f.toLastWrite);
-      floorQueue.push(f.queueLeg);
-      floorDynamodb.push(f.dynamodbLeg);
-    }
+      if (i < LATENCY_WARMUP) return;
+      acc.real.push(real);
+      acc.floor.push(floor);
+    });
+  }
+  process.stdout.write(`cross-check with an external GetItem poller (${POLL_SAMPLES} per variant)...\n`);
+  for (let i = 0; i < POLL_SAMPLES; i++) {
+    await each(async (v, acc) => {
+      acc.polled.push(await v.polledAllocation());
+    });
+  }
 
-    // Cross-check from outside: a separate client polls GetItem every 2 ms until it reads `fulfilled`.
-    const observerDoc = DynamoDBDocumentClient.from(observer);
-    const polled: number[] = [];
-    for (let i = 0; i < POLL_SAMPLES; i++) {
-      let watch: Promise<number> = Promise.resolve(Number.NaN);
-      await allocate((id, sentAt) => {
-        watch = (async () => {
-          for (;;) {
-            const out = await observerDoc.send(
-              new GetCommand({ TableName: TABLE_NAME, Key: keys.request(id), ConsistentRead: true }),
-            );
-            if (out.Item?.state === 'fulfilled' || out.Item?.state === 'released') {
-              return performance.now() - sentAt;
-            }
-            if (performance.now() - sentAt > WAIT_LIMIT_MS) throw new Error(`poll: ${id} never fulfilled`);
-            await sleep(POLL_INTERVAL_MS);
-          }
-        })();
-      });
-      polled.push(await watch);
-    }
-
-    const backingNodes = (await stack.context.store.listBacking()).length;
-    const floorCalls = callFigures(floorWindows).byCommand;
-    const medianReal = quantile(real, 0.5);
-    return {
-      name,
-      maxServers,
-      primeMs: round(primeMs, 1),
-      allocation: callFigures(requestWindows),
-      release: callFigures(releaseWindows),
-      floorCalls,
+  const results: VariantResult[] = [];
+  await each(async (v, acc) => {
+    const real = acc.real.map((a) => a.fulfilledAt - a.sentAt);
+    const floor = acc.floor.map((f) => f.total);
+    const floorToLastWrite = acc.floor.map((f) => f.toLastWrite);
+    results.push({
+      name: v.name,
+      maxServers: v.maxServers,
+      primeMs: round(v.primeMs, 1),
+      allocation: callFigures(acc.requestWindows),
+      release: callFigures(acc.releaseWindows),
+      floorCalls: callFigures(acc.floor.map((f) => f.window)),
       latency: {
         real: summarize(real),
-        realQueueLeg: summarize(realQueue),
-        realHandlerLeg: summarize(realHandler),
-        realDynamodbTime: summarize(realDynamodb),
+        realQueueLeg: summarize(acc.real.map((a) => a.receivedAt - a.sentAt)),
+        realHandlerLeg: summarize(acc.real.map((a) => a.fulfilledAt - a.receivedAt)),
+        realDynamodbTime: summarize(acc.real.map((a) => a.requestWindow.dynamodbMs)),
         floor: summarize(floor),
+        floorQueueLeg: summarize(acc.floor.map((f) => f.queueLeg)),
+        floorDynamodbLeg: summarize(acc.floor.map((f) => f.dynamodbLeg)),
         floorToLastWrite: summarize(floorToLastWrite),
-        floorQueueLeg: summarize(floorQueue),
-        floorDynamodbLeg: summarize(floorDynamodb),
-        ratio: round(medianReal / quantile(floor, 0.5), 2),
-        ratioToLastWrite: round(medianReal / quantile(floorToLastWrite, 0.5), 2),
-        externalPoll: summarize(polled),
+        ratio: round(quantile(real, 0.5) / quantile(floor, 0.5), 2),
+        ratioToLastWrite: round(quantile(real, 0.5) / quantile(floorToLastWrite, 0.5), 2),
+        externalPoll: summarize(acc.polled),
       },
-      wakeupMs: summarize(wakeups),
-      backingNodes,
-    };
-  } finally {
-    observer.destroy();
-    await stack.stop();
-    await rm(stateDir, { recursive: true, force: true });
-  }
+      wakeupMs: summarize(acc.wakeups),
+      backingNodes: await v.backingNodes(),
+    });
+  });
+  return results;
 }
 
 // ---- report ---------------------------------------------------------------------------------------
@@ -547,12 +646,7 @@ function report(variants: readonly VariantResult[]): string {
       '',
       '',
     ]),
-    [
-      'floor (for comparison)',
-      ...variants.map((v) => String(Object.values(v.floorCalls).reduce((a, b) => a + b, 0))),
-      '',
-      '',
-    ],
+    ['floor (for comparison)', ...variants.map((v) => fmtCalls(v.floorCalls)), '', ''],
   ];
   const lat = (pick: (l: LatencyFigures) => Summary) => variants.map((v) => fmtMs(pick(v.latency)));
   const latencyRows: string[][] = [
@@ -560,9 +654,21 @@ function report(variants: readonly VariantResult[]): string {
     ['  queue leg: send -> poller receive returned', ...lat((l) => l.realQueueLeg), '', ''],
     ['  handler leg: receive -> fulfilled write', ...lat((l) => l.realHandlerLeg), '', ''],
     ['  DynamoDB time in the request handler', ...lat((l) => l.realDynamodbTime), '', ''],
+    [
+      '  median DynamoDB time per call',
+      ...variants.map((v) => (v.latency.realDynamodbTime.median / v.allocation.mean).toFixed(2)),
+      '',
+      '',
+    ],
     ['floor: send+receive+3 DynamoDB+delete', ...lat((l) => l.floor), '', ''],
     ['  queue leg: send + receive', ...lat((l) => l.floorQueueLeg), '', ''],
     ['  DynamoDB leg: Query + cond. Put + Put', ...lat((l) => l.floorDynamodbLeg), '', ''],
+    [
+      '  median DynamoDB time per call',
+      ...variants.map((v) => (v.latency.floorDynamodbLeg.median / v.floorCalls.mean).toFixed(2)),
+      '',
+      '',
+    ],
     ['  floor without DeleteMessage', ...lat((l) => l.floorToLastWrite), '', ''],
     [
       'ratio real/floor (medians)',
@@ -605,13 +711,20 @@ async function main(): Promise<void> {
     `metastatic allocation benchmark: embedded engines (dynalite + fauxqs, in-process), ` +
       `${machine.cpus} cpus, node ${machine.node}, ${machine.platform}\n`,
   );
-  const variants: VariantResult[] = [];
-  for (const [name, maxServers] of [
-    [`max-servers ${METASTATIC_MAX_SERVERS}`, METASTATIC_MAX_SERVERS],
-    ['max-servers unset', undefined],
-  ] as const) {
-    process.stdout.write(`running variant "${name}"...\n`);
-    variants.push(await runVariant(name.replace(/ /g, '-'), maxServers));
+  const configs = [
+    [`max-servers-${METASTATIC_MAX_SERVERS}`, METASTATIC_MAX_SERVERS],
+    ['max-servers-unset', undefined],
+  ] as const;
+  const running: Variant[] = [];
+  let variants: VariantResult[];
+  try {
+    for (const [name, maxServers] of configs) {
+      process.stdout.write(`starting variant "${name}" and priming its backing node...\n`);
+      running.push(await Variant.start(name, maxServers));
+    }
+    variants = await run(running);
+  } finally {
+    for (const v of running) await v.stop();
   }
   console.log('');
   console.log(report(variants));

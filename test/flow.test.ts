@@ -211,3 +211,28 @@ describe('request, fulfil and release flow (dynalite + fauxqs + local processes)
     expect((await store.getRequest('p2'))?.poolKey).toBe('meta/spill');
   });
 });
+
+describe('a backing node lost from outside', () => {
+  it('fails the backing node and its nodes, gives back their places, and the reaper records it stopped', async () => {
+    h = await startHarness(baseConfig({ slots: 2, maxServers: 5 }));
+    await h.send(request('k'));
+    await h.drainRequests();
+    await h.fulfilUntil(() => allReady(h as Harness, ['k']));
+    const store = h.stack.context.store;
+    const pid = (await store.getRequest('k'))?.nodes[0]?.attributes?.pid as number;
+    process.kill(pid, 'SIGKILL');
+    await h.fulfilUntil(async () => (await store.listBacking())[0]?.state === 'failed');
+    const [b] = await store.listBacking();
+    expect(b?.reason).toMatch(/is terminated$/);
+    const node = (await store.getRequest('k'))?.nodes[0];
+    expect(node).toMatchObject({ state: 'failed', reason: b?.reason });
+    expect((await store.members(keys.poolNodes('meta/main'))).size).toBe(0);
+    const report = await h.stack.reapNow();
+    expect(report.stopped).toEqual([b?.id]);
+    expect((await store.getBacking(b?.id as string))?.state).toBe('stopped');
+    // Its user releasing the failed node afterwards is harmless.
+    await h.send({ kind: 'release', nodeId: 'k/0' });
+    await h.drainRequests();
+    expect((await store.getRequest('k'))?.nodes[0]?.state).toBe('failed');
+  });
+});

@@ -267,7 +267,7 @@ describe('LocalProvider', () => {
     await h.provider.terminate(resourceId);
     expect(isAlive(pid)).toBe(false);
     expect(await connectionRefused(port)).toBe(true);
-    expect(await h.provider.describe(resourceId)).toBeUndefined();
+    expect((await h.provider.describe(resourceId))?.state).toBe('terminated');
     expect(await stateFiles()).toEqual([]);
     expect(await h.provider.list()).toEqual([]);
     await h.provider.flush();
@@ -279,7 +279,7 @@ describe('LocalProvider', () => {
     expect(statesOf(h.events, resourceId)).toEqual(['pending', 'running', 'shutting-down', 'terminated']);
     // The same (backingNodeId, attempt) never starts a second resource.
     expect(await h.provider.launch(spec('bn-terminate'))).toEqual({ resourceId });
-    expect(await h.provider.describe(resourceId)).toBeUndefined();
+    expect(await h.provider.describe(resourceId)).toMatchObject({ state: 'terminated', backingNodeId: 'bn-terminate' });
   });
 
   it('terminates a node that is still booting', async () => {
@@ -301,7 +301,8 @@ describe('LocalProvider', () => {
     process.kill(pid, 'SIGKILL');
     await waitForState(h, resourceId, 'terminated');
     expect(statesOf(h.events, resourceId)).toEqual(['pending', 'running', 'terminated']);
-    expect(await h.provider.describe(resourceId)).toBeUndefined();
+    // Described as terminated (as EC2 does for a while), so the fulfil flow can find its backing node.
+    expect(await h.provider.describe(resourceId)).toMatchObject({ state: 'terminated', backingNodeId: 'bn-killed' });
     await vi.waitFor(async () => expect(await stateFiles()).toEqual([]), WAIT);
     await h.provider.terminate(resourceId);
   });

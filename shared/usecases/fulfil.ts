@@ -40,21 +40,13 @@ export async function handleStateChange(ctx: Context, event: StateChangeEvent): 
   }
   if (state === 'terminated' || state === 'shutting-down' || state === 'stopped' || state === 'stopping') {
     const resource = await provider.describe(resourceId);
-    const backingId = resource?.backingNodeId ?? (await backingIdForResource(ctx, resourceId));
+    // Providers keep describing a gone resource for a while (EC2 does for about an hour), tags included.
+    const backingId = resource?.backingNodeId;
     if (!backingId)
       return { kind: 'ignored', reason: `resource ${resourceId} is not a recorded backing node` };
     return backingLost(ctx, backingId, resourceId, `backing resource ${resourceId} is ${state}`);
   }
   return { kind: 'ignored', reason: `state ${state} needs no action` };
-}
-
-/** Only the provider's record names the backing node of a vanished resource; fall back to the reap index. */
-async function backingIdForResource(ctx: Context, resourceId: string): Promise<string | undefined> {
-  for (const partition of ['IDLE', 'LAUNCHING']) {
-    const found = (await ctx.store.queryReap(partition)).find((b) => b.resourceId === resourceId);
-    if (found) return found.id;
-  }
-  return undefined;
 }
 
 async function backingReady(

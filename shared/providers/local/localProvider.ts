@@ -200,10 +200,10 @@ export class LocalProvider implements BackingProvider {
   /** Terminations of resources this instance adopted from a state file (not its children). */
   private readonly adoptedStops = new Map<string, Promise<void>>();
   /**
-   * Resources this instance launched that have ended. Like an EC2 idempotency token, launching the same
+   * Resources this instance launched that have ended, with their last record. Like an EC2 idempotency token, launching the same
    * (backingNodeId, attempt) again returns the ended resource instead of starting a second one.
    */
-  private readonly ended = new Set<string>();
+  private readonly ended = new Map<string, LocalRecord>();
   private events: Promise<void> = Promise.resolve();
   private closed = false;
 
@@ -236,7 +236,10 @@ export class LocalProvider implements BackingProvider {
     if (child && !child.hasExited) {
       return this.toResource(child.record, child.terminating ? 'shutting-down' : child.record.state);
     }
-    if (this.ended.has(resourceId)) return undefined;
+    // Like EC2, which keeps describing a terminated instance (with its tags) for a while, so the
+    // fulfil flow can still tell which backing node a termination event is about.
+    const gone = this.ended.get(resourceId);
+    if (gone) return this.toResource(gone, 'terminated');
     const record = await this.liveRecord(resourceId);
     return record && this.toResource(record, record.state);
   }
@@ -521,7 +524,7 @@ export class LocalProvider implements BackingProvider {
     const { resourceId } = child.record;
     if (child.terminating) return; // terminate() cleans up and reports.
     this.children.delete(resourceId);
-    this.ended.add(resourceId);
+    this.ended.set(resourceId, child.record);
     const wasReady = child.record.state === 'running';
     this.logger.warn(
       `local provider: backing node exited ${wasReady ? 'unexpectedly' : 'before it was ready'}`,
@@ -551,7 +554,7 @@ export class LocalProvider implements BackingProvider {
     this.emit(resourceId, 'terminated');
     // Only now, so that a concurrent terminate() still finds `terminating` and waits for all of the above.
     this.children.delete(resourceId);
-    this.ended.add(resourceId);
+    this.ended.set(resourceId, child.record);
     this.logger.info('local provider: backing node terminated', { resourceId });
   }
 
