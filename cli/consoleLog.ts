@@ -7,7 +7,7 @@ export type Level = keyof typeof levels;
 export function consoleLog(minLevel: Level, json = false): Log {
   const write =
     (level: Level) =>
-    (message: string, ...extra: object[]) => {
+    (message: string, ...extra: Record<string, unknown>[]) => {
       if (levels[level] < levels[minLevel]) return;
       const fields = Object.fromEntries(
         Object.entries(Object.assign({}, ...extra) as Record<string, unknown>).filter(

@@ -279,7 +279,10 @@ describe('LocalProvider', () => {
     expect(statesOf(h.events, resourceId)).toEqual(['pending', 'running', 'shutting-down', 'terminated']);
     // The same (backingNodeId, attempt) never starts a second resource.
     expect(await h.provider.launch(spec('bn-terminate'))).toEqual({ resourceId });
-    expect(await h.provider.describe(resourceId)).toMatchObject({ state: 'terminated', backingNodeId: 'bn-terminate' });
+    expect(await h.provider.describe(resourceId)).toMatchObject({
+      state: 'terminated',
+      backingNodeId: 'bn-terminate',
+    });
   });
 
   it('terminates a node that is still booting', async () => {
@@ -302,7 +305,10 @@ describe('LocalProvider', () => {
     await waitForState(h, resourceId, 'terminated');
     expect(statesOf(h.events, resourceId)).toEqual(['pending', 'running', 'terminated']);
     // Described as terminated (as EC2 does for a while), so the fulfil flow can find its backing node.
-    expect(await h.provider.describe(resourceId)).toMatchObject({ state: 'terminated', backingNodeId: 'bn-killed' });
+    expect(await h.provider.describe(resourceId)).toMatchObject({
+      state: 'terminated',
+      backingNodeId: 'bn-killed',
+    });
     await vi.waitFor(async () => expect(await stateFiles()).toEqual([]), WAIT);
     await h.provider.terminate(resourceId);
   });

@@ -27,3 +27,9 @@ export class IllegalTransitionError extends MetastaticError {}
 
 /** A node id that names no node. */
 export class UnknownNodeError extends PermanentError {}
+
+/** Every launch attempt (launch-retries in total) for a node failed: its request fails. */
+export class LaunchFailedError extends PermanentError {}
+
+/** One launch attempt failed (the backing node is marked failed); the next attempt may succeed. */
+export class LaunchAttemptError extends RetryableError {}

@@ -5,7 +5,7 @@ import { nodeId } from '../core/ids.ts';
 import { parseMessage } from '../core/messages.ts';
 import type { Context } from '../usecases/context.ts';
 import { releaseNode } from '../usecases/release.ts';
-import { recordFailure, requestBodyHash, requestNodes } from '../usecases/requestNodes.ts';
+import { failRequest, recordFailure, requestBodyHash, requestNodes } from '../usecases/requestNodes.ts';
 
 export interface RequestHandlerOptions {
   /**
@@ -68,7 +68,7 @@ export function makeRequestHandler(ctx: Context, options: RequestHandlerOptions 
       const receives = Number(record.attributes?.ApproximateReceiveCount ?? '1');
       if (err instanceof CapacityError && m.kind === 'request' && options.maxReceiveCount !== undefined) {
         if (receives >= options.maxReceiveCount) {
-          await failWaitingRequest(
+          await failRequest(
             ctx,
             m.id,
             requestBodyHash(m),
@@ -94,27 +94,4 @@ export function makeRequestHandler(ctx: Context, options: RequestHandlerOptions 
       throwOnFullBatchFailure: false,
       processInParallel: false,
     });
-}
-
-async function failWaitingRequest(
-  ctx: Context,
-  requestId: string,
-  bodyHash: string,
-  reason: string,
-): Promise<void> {
-  const r = await ctx.store.getRequest(requestId);
-  if (!r || r.state !== 'requested' || r.bodyHash !== bodyHash) return;
-  const now = ctx.clock.now();
-  await ctx.store.putRequest(
-    {
-      ...r,
-      state: 'failed',
-      reason,
-      nodes: r.nodes.map((n) => ({ ...n, state: 'failed', reason })),
-      updatedAt: now,
-      version: r.version + 1,
-    },
-    r.version,
-  );
-  ctx.log.warn('request failed', { requestId, reason });
 }

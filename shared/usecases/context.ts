@@ -5,10 +5,10 @@ import type { DynamoStore } from '../store/dynamoStore.ts';
 
 /** The structured logger the use cases need (Powertools' Logger satisfies it). */
 export interface Log {
-  debug(message: string, ...extra: object[]): void;
-  info(message: string, ...extra: object[]): void;
-  warn(message: string, ...extra: object[]): void;
-  error(message: string, ...extra: object[]): void;
+  debug(message: string, ...extra: Record<string, unknown>[]): void;
+  info(message: string, ...extra: Record<string, unknown>[]): void;
+  warn(message: string, ...extra: Record<string, unknown>[]): void;
+  error(message: string, ...extra: Record<string, unknown>[]): void;
 }
 
 export const silentLog: Log = { debug() {}, info() {}, warn() {}, error() {} };

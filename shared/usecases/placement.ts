@@ -8,7 +8,13 @@ import {
   newBackingRecord,
   slotOf,
 } from '../core/backing.ts';
-import { CapacityError, ConflictError, RetryableError } from '../core/errors.ts';
+import {
+  CapacityError,
+  ConflictError,
+  LaunchAttemptError,
+  LaunchFailedError,
+  RetryableError,
+} from '../core/errors.ts';
 import { backingNodeId } from '../core/ids.ts';
 import type { BackingRecord } from '../core/records.ts';
 import { keys } from '../store/table.ts';
@@ -77,40 +83,68 @@ async function launchFor(
 ): Promise<Placement> {
   const backingPool = ctx.config.backingPoolByLabel.get(label.backingLabel);
   if (!backingPool) throw new RetryableError(`no backing pool provides label ${label.backingLabel}`);
-  const now = ctx.clock.now();
-  const id = backingNodeId(pool.key, label.name, nodeId, 1);
-  // Intent first: the record exists before the resource, so a crash never leaves an unknown machine.
-  const fresh = newBackingRecord({
-    id,
-    poolKey: pool.key,
-    label,
-    backingPoolKey: backingPool.key,
-    firstNodeId: nodeId,
-    attempt: 1,
-    now,
-  });
-  if (backingPool.maxServers !== undefined) {
-    const reserved = await ctx.store.reserve(keys.backingPool(backingPool.key), [id], backingPool.maxServers);
-    if (reserved === 'full') {
-      throw new CapacityError(
-        `backing pool ${backingPool.key} is at max-servers (${backingPool.maxServers}) for label ${label.backingLabel}`,
-      );
+  // Attempt n launches the backing node derived from (node, n): a redelivery finds the same record,
+  // and a failed attempt is never reused. launch-retries is the total number of attempts.
+  let lastReason = '';
+  for (let attempt = 1; attempt <= pool.launchRetries; attempt++) {
+    const id = backingNodeId(pool.key, label.name, nodeId, attempt);
+    let record = await ctx.store.getBacking(id);
+    if (!record) {
+      if (backingPool.maxServers !== undefined) {
+        const reserved = await ctx.store.reserve(
+          keys.backingPool(backingPool.key),
+          [id],
+          backingPool.maxServers,
+        );
+        if (reserved === 'full') {
+          throw new CapacityError(
+            `backing pool ${backingPool.key} is at max-servers (${backingPool.maxServers}) for label ${label.backingLabel}`,
+          );
+        }
+      }
+      // Intent first: the record exists before the resource, so a crash never leaves an unknown machine.
+      const fresh = newBackingRecord({
+        id,
+        poolKey: pool.key,
+        label,
+        backingPoolKey: backingPool.key,
+        firstNodeId: nodeId,
+        attempt,
+        now: ctx.clock.now(),
+      });
+      // Another delivery of the same message may have created it since our read: then use theirs.
+      record = (await ctx.store.createBacking(fresh)) ?? fresh;
     }
+    if (record.state !== 'launching' && record.state !== 'ready') {
+      lastReason = record.reason ?? `backing node ${id} is ${record.state}`;
+      if (slotOf(record, nodeId) !== undefined) await giveBackSlot(ctx, id, nodeId);
+      continue;
+    }
+    if (slotOf(record, nodeId) === undefined) {
+      throw new RetryableError(`backing node ${id} exists without node ${nodeId}; retrying placement`);
+    }
+    if (!record.resourceId) {
+      try {
+        record = await launch(ctx, record);
+      } catch (err) {
+        if (!(err instanceof LaunchAttemptError)) throw err;
+        lastReason = err.message;
+        await giveBackSlot(ctx, id, nodeId);
+        continue;
+      }
+    }
+    return { nodeId, backing: record, slot: slotOf(record, nodeId) ?? 0 };
   }
-  const existing = await ctx.store.createBacking(fresh);
-  let record = existing ?? fresh;
-  if (existing && slotOf(existing, nodeId) === undefined) {
-    throw new RetryableError(`backing node ${id} exists without node ${nodeId}; retrying placement`);
-  }
-  if (!record.resourceId && record.state === 'launching') record = await launch(ctx, record);
-  return { nodeId, backing: record, slot: slotOf(record, nodeId) ?? 0 };
+  throw new LaunchFailedError(
+    `backing node for ${nodeId} failed to launch ${pool.launchRetries} time(s); last: ${lastReason}`,
+  );
 }
 
 /** Asks the provider for the resource (idempotent per backing id and attempt) and records its id. */
 async function launch(ctx: Context, b: BackingRecord): Promise<BackingRecord> {
-  const provider = ctx.providers.forPool(b.backingPoolKey);
   let resourceId: string;
   try {
+    const provider = ctx.providers.forPool(b.backingPoolKey);
     ({ resourceId } = await provider.launch({
       backingNodeId: b.id,
       attempt: b.attempt,
@@ -121,7 +155,7 @@ async function launch(ctx: Context, b: BackingRecord): Promise<BackingRecord> {
     const reason = `launch of ${b.backingLabel} failed: ${(err as Error).message}`;
     ctx.log.error('backing launch failed', { backingNodeId: b.id, reason });
     await failBacking(ctx, b.id, reason);
-    throw new RetryableError(reason, { cause: err });
+    throw new LaunchAttemptError(reason, { cause: err });
   }
   ctx.log.info('backing node launching', { backingNodeId: b.id, resourceId, label: b.backingLabel });
   for (let i = 0; i < MAX_CONFLICT_RETRIES; i++) {

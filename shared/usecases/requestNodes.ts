@@ -62,7 +62,15 @@ export async function requestNodes(ctx: Context, m: RequestMessage): Promise<Req
 
   const waits: string[] = [];
   for (const pool of choice.pools) {
-    const result = await tryPool(ctx, pool, request);
+    let result: PoolResult;
+    try {
+      result = await tryPool(ctx, pool, request);
+    } catch (err) {
+      if (!(err instanceof PermanentError)) throw err;
+      // Every launch attempt failed: the request ends, with the reason (tryPool gave back what it took).
+      const failed = await failRequest(ctx, request.id, bodyHash, err.message);
+      return { kind: 'failed', request: failed ?? request };
+    }
     if (result.kind === 'placed') return result;
     waits.push(result.reason);
   }
@@ -183,4 +191,32 @@ export async function recordFailure(
   const existing = await ctx.store.createRequest(failed);
   ctx.log.warn('request failed', { requestId: fresh.id, reason });
   return existing ?? failed;
+}
+
+/** Ends a request that is still waiting (state requested) as failed with a reason; idempotent. */
+export async function failRequest(
+  ctx: Context,
+  requestId: string,
+  bodyHash: string,
+  reason: string,
+): Promise<RequestRecord | undefined> {
+  const r = await ctx.store.getRequest(requestId);
+  if (r?.state !== 'requested' || r.bodyHash !== bodyHash) return r;
+  assertTransition('request', r.state, 'failed');
+  const next: RequestRecord = {
+    ...r,
+    state: 'failed',
+    reason,
+    nodes: r.nodes.map((n) => ({ ...n, state: 'failed', reason })),
+    updatedAt: ctx.clock.now(),
+    version: r.version + 1,
+  };
+  try {
+    await ctx.store.putRequest(next, r.version);
+  } catch (err) {
+    if (!(err instanceof ConflictError)) throw err;
+    return ctx.store.getRequest(requestId);
+  }
+  ctx.log.warn('request failed', { requestId, reason });
+  return next;
 }
