@@ -45,6 +45,7 @@ const CREDENTIALS = { accessKeyId: 'metastatic', secretAccessKey: 'metastatic' }
 export class DevStack {
   private readonly pollers: SqsPoller[] = [];
   private reaperTimer: NodeJS.Timeout | undefined;
+  private reaperDueAt: number | undefined;
   private reaping: Promise<unknown> | undefined;
   private stopped = false;
 
@@ -128,8 +129,14 @@ export class DevStack {
       };
       const stack = new DevStack(info, context, dynamodb, sqs, localProvider, handlers, engines, options);
       if (!options.noPollers) {
+        // A release starts a grace-time: let the reaper know so the backing node goes when it ends.
+        const requestAndNudge: typeof handlers.request = async (event) => {
+          const response = await handlers.request(event);
+          if (event.Records.some((r) => r.body.includes('"release"'))) stack.nudgeReaper();
+          return response;
+        };
         stack.pollers.push(
-          new SqsPoller(sqs, requestQueue.url, requestQueue.arn, handlers.request, options.log, {
+          new SqsPoller(sqs, requestQueue.url, requestQueue.arn, requestAndNudge, options.log, {
             region: REGION,
           }),
           new SqsPoller(sqs, fulfilQueue.url, fulfilQueue.arn, handlers.fulfil, options.log, {
@@ -155,18 +162,40 @@ export class DevStack {
     return run;
   }
 
-  private scheduleReaper(): void {
-    const ms = Math.max(10, this.options.reaperInterval * 1000);
-    const tick = async () => {
-      if (this.stopped) return;
-      try {
-        await this.reapNow();
-      } catch (err) {
-        this.context.log.error('reaper run failed', { error: err });
-      }
-      if (!this.stopped) this.reaperTimer = setTimeout(tick, ms);
-    };
-    this.reaperTimer = setTimeout(tick, ms);
+  /**
+   * Runs the reaper every --reaper-interval seconds and, sooner, when an idle backing node becomes due
+   * (the report's nextCheckAt) or after a release (its grace-time starts then): an empty backing node
+   * goes when its grace-time ends, not up to an interval later.
+   */
+  private scheduleReaper(at?: number): void {
+    if (this.stopped) return;
+    const intervalMs = Math.max(10, this.options.reaperInterval * 1000);
+    const now = this.context.clock.now();
+    const due = Math.min(now + intervalMs, at ?? Number.POSITIVE_INFINITY);
+    if (this.reaperTimer && this.reaperDueAt !== undefined && this.reaperDueAt <= due) return;
+    clearTimeout(this.reaperTimer);
+    this.reaperDueAt = due;
+    this.reaperTimer = setTimeout(
+      async () => {
+        this.reaperTimer = undefined;
+        this.reaperDueAt = undefined;
+        let next: number | undefined;
+        try {
+          next = (await this.reapNow()).nextCheckAt;
+        } catch (err) {
+          this.context.log.error('reaper run failed', { error: err });
+        }
+        this.scheduleReaper(next === undefined ? undefined : next + 10);
+      },
+      Math.max(0, due - now),
+    );
+  }
+
+  /** A node was released: the earliest grace-time of the pool's labels starts now. */
+  private nudgeReaper(): void {
+    const graces = this.options.config.metastaticPools.flatMap((p) => [...p.labels.values()].map((l) => l.graceTime));
+    if (graces.length === 0) return;
+    this.scheduleReaper(this.context.clock.now() + Math.min(...graces) * 1000 + 10);
   }
 
   /** Stops pollers and the reaper, terminates every backing process, closes the engines. */

@@ -13,6 +13,8 @@ export interface ReapReport {
   /** Retirements lost to a concurrent change (an allocation won): the backing node stays. */
   readonly conflicts: number;
   readonly errors: string[];
+  /** The earliest instant an idle backing node seen this run becomes due (schedule the next run by it). */
+  readonly nextCheckAt?: number;
 }
 
 /**
@@ -22,7 +24,12 @@ export interface ReapReport {
  * record marked stopped. Retiring/failed records left by a crash are finished on the next run.
  */
 export async function reap(ctx: Context): Promise<ReapReport> {
-  const report = { retired: [] as string[], stopped: [] as string[], conflicts: 0, errors: [] as string[] };
+  const report: { -readonly [K in keyof ReapReport]: ReapReport[K] } = {
+    retired: [],
+    stopped: [],
+    conflicts: 0,
+    errors: [],
+  };
   const labels = new Map(
     ctx.config.metastaticPools.flatMap((p) =>
       [...p.labels.values()].map((l) => [`${p.key}#${l.name}`, l] as const),
@@ -30,7 +37,12 @@ export async function reap(ctx: Context): Promise<ReapReport> {
   );
   for (const b of await ctx.store.queryReap(reapPartition.idle)) {
     const decision = reapDecision(b, labels.get(`${b.poolKey}#${b.label}`), ctx.clock.now());
-    if (!decision.retire) continue;
+    if (!decision.retire) {
+      if (decision.recheckAt !== undefined) {
+        report.nextCheckAt = Math.min(report.nextCheckAt ?? Number.POSITIVE_INFINITY, decision.recheckAt);
+      }
+      continue;
+    }
     try {
       await ctx.store.putBacking(markRetiring(b, ctx.clock.now(), decision.reason), {
         version: b.version,
