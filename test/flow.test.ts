@@ -236,3 +236,34 @@ describe('a backing node lost from outside', () => {
     expect((await store.getRequest('k'))?.nodes[0]?.state).toBe('failed');
   });
 });
+
+describe('redelivery after the fact', () => {
+  it('never re-allocates or re-launches for a message redelivered after its node was released and its backing node stopped', async () => {
+    h = await startHarness(baseConfig({ slots: 2, grace: 0, maxServers: 4 }));
+    await h.send(request('late'));
+    await h.drainRequests();
+    await h.fulfilUntil(() => allReady(h as Harness, ['late']));
+    await h.send({ kind: 'release', nodeId: 'late/0' });
+    await h.drainRequests();
+    const store = h.stack.context.store;
+
+    // Backing node still up with a free slot: the duplicate claims, loses the request write, gives back.
+    await h.send(request('late'));
+    await h.drainRequests();
+    let [b] = await store.listBacking();
+    expect(b?.used).toBe(0);
+    expect((await store.getRequest('late'))?.nodes[0]?.state).toBe('released');
+    expect((await store.members(keys.poolNodes('meta/main'))).size).toBe(0);
+
+    // Backing node gone: the duplicate is stopped before it launches anything.
+    h.clock.advance(1_000);
+    await h.stack.reapNow();
+    await h.send(request('late'));
+    await h.drainRequests();
+    const all = await store.listBacking();
+    expect(all).toHaveLength(1);
+    [b] = all;
+    expect(b?.state).toBe('stopped');
+    expect((await store.members(keys.poolNodes('meta/main'))).size).toBe(0);
+  });
+});

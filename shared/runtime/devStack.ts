@@ -193,7 +193,9 @@ export class DevStack {
 
   /** A node was released: the earliest grace-time of the pool's labels starts now. */
   private nudgeReaper(): void {
-    const graces = this.options.config.metastaticPools.flatMap((p) => [...p.labels.values()].map((l) => l.graceTime));
+    const graces = this.options.config.metastaticPools.flatMap((p) =>
+      [...p.labels.values()].map((l) => l.graceTime),
+    );
     if (graces.length === 0) return;
     this.scheduleReaper(this.context.clock.now() + Math.min(...graces) * 1000 + 10);
   }

@@ -96,6 +96,43 @@ export class DynamoStore {
     }
   }
 
+  /**
+   * Marks one node of a request released in a single conditional update: the node must still be
+   * pending or ready, in a placed request. Returns the updated request, or undefined when the
+   * condition failed (unknown, not placed yet, already released or failed: the caller reads and decides).
+   */
+  async releaseNodeEntry(requestId: string, index: number, now: number): Promise<RequestRecord | undefined> {
+    try {
+      const out = await this.doc.send(
+        new UpdateCommand({
+          TableName: this.tableName,
+          Key: keys.request(requestId),
+          UpdateExpression: `SET #nodes[${index}].#state = :released, #nodes[${index}].releasedAt = :now, updatedAt = :now ADD #version :one`,
+          ConditionExpression: `#nodes[${index}].#state IN (:pending, :ready) AND #rstate IN (:pending, :fulfilled)`,
+          ExpressionAttributeNames: {
+            '#nodes': 'nodes',
+            '#state': 'state',
+            '#rstate': 'state',
+            '#version': 'version',
+          },
+          ExpressionAttributeValues: {
+            ':released': 'released',
+            ':now': now,
+            ':one': 1,
+            ':pending': 'pending',
+            ':ready': 'ready',
+            ':fulfilled': 'fulfilled',
+          },
+          ReturnValues: 'ALL_NEW',
+        }),
+      );
+      return RequestRecord.parse(out.Attributes);
+    } catch (err) {
+      if (err instanceof ConditionalCheckFailedException) return undefined;
+      throw err;
+    }
+  }
+
   // ---- backing nodes --------------------------------------------------------------------------
 
   async getBacking(id: string): Promise<BackingRecord | undefined> {

@@ -40,6 +40,7 @@ export async function placeNode(
   pool: MetastaticPool,
   label: MetastaticLabel,
   nodeId: string,
+  beforeLaunch: () => Promise<void> = async () => {},
 ): Promise<Placement> {
   const candidates = (await ctx.store.findCandidates(pool.key, label.name, CANDIDATES_PER_QUERY)).sort(
     compareCandidates,
@@ -48,6 +49,8 @@ export async function placeNode(
     const placed = await claimOn(ctx, candidate, nodeId);
     if (placed) return placed;
   }
+  // A launch is the one side effect a duplicate must never repeat: the caller checks first.
+  await beforeLaunch();
   return launchFor(ctx, pool, label, nodeId);
 }
 

@@ -11,49 +11,62 @@ export type ReleaseOutcome =
   | { readonly kind: 'already-released'; readonly node: NodeRecord };
 
 /**
- * Releases a node: marks it released, frees its slot (stamping the backing node's last-used time) and
- * gives its place in the pool's max-servers back. Each step is idempotent, so a redelivered release,
- * or one that resumes after a crash, finishes the job without freeing anything twice.
+ * Releases a node: marks it released (one conditional update of its request), frees its slot
+ * (stamping the backing node's last-used time) and gives its place in the pool's max-servers back.
+ * Each step is idempotent, so a redelivered release, or one that resumes after a crash, finishes the
+ * job without freeing anything twice.
  */
 export async function releaseNode(ctx: Context, id: string): Promise<ReleaseOutcome> {
   const parsed = parseNodeId(id);
   if (!parsed) throw new UnknownNodeError(`unknown node "${id}": node ids look like <request-id>/<index>`);
-  let node: NodeRecord | undefined;
-  let request: RequestRecord | undefined;
+  const now = ctx.clock.now();
+  let request = await ctx.store.releaseNodeEntry(parsed.requestId, parsed.index, now);
   let already = false;
-  for (let i = 0; i < MAX_CONFLICT_RETRIES && !node; i++) {
+  // The update's condition is the transition check: only a pending or ready node becomes released.
+  if (!request) {
+    // The condition failed: find out why (rare path).
     const r = await ctx.store.getRequest(parsed.requestId);
     const n = r?.nodes[parsed.index];
     if (!r || !n) throw new UnknownNodeError(`unknown node "${id}"`);
     if (r.state === 'requested') {
       throw new RetryableError(`node ${id} is still being placed; the release is retried after placement`);
     }
-    if (n.state === 'released' || n.state === 'failed') {
-      node = n;
-      request = r;
-      already = n.state === 'released';
-      if (n.state === 'failed') already = true;
-      break;
+    if (n.state !== 'released' && n.state !== 'failed') {
+      throw new ConflictError(`node ${id} is ${n.state} in a ${r.state} request; retrying the release`);
     }
-    assertTransition('node', n.state, 'released');
-    const released: NodeRecord = { ...n, state: 'released', releasedAt: ctx.clock.now() };
-    const nodes = r.nodes.map((x, j) => (j === parsed.index ? released : x));
-    const next: RequestRecord = { ...r, nodes, updatedAt: ctx.clock.now(), version: r.version + 1 };
-    // A pending request whose last waiting node is released has nothing left to wait for.
-    if (r.state === 'pending' && nodes.every((x) => x.state === 'ready' || x.state === 'released')) {
-      next.state = 'fulfilled';
-    }
+    request = r;
+    already = true;
+  }
+  const node = request.nodes[parsed.index] as NodeRecord;
+  if (request.state === 'pending') await settleIfAllReady(ctx, request.id);
+  if (node.backingNodeId) await giveBackSlot(ctx, node.backingNodeId, node.id);
+  const pool = ctx.config.metastaticPools.find((p) => p.key === request.poolKey);
+  // Reservations exist only for pools with max-servers (a pool removed from the config: clean up anyway).
+  if (request.poolKey && (!pool || pool.maxServers !== undefined)) {
+    await ctx.store.unreserve(keys.poolNodes(request.poolKey), [node.id]);
+  }
+  if (!already) ctx.log.info('node released', { nodeId: id, backingNodeId: node.backingNodeId });
+  return already ? { kind: 'already-released', node } : { kind: 'released', node };
+}
+
+/** A pending request whose last waiting node was released has nothing left to wait for. */
+async function settleIfAllReady(ctx: Context, requestId: string): Promise<void> {
+  for (let i = 0; i < MAX_CONFLICT_RETRIES; i++) {
+    const r = await ctx.store.getRequest(requestId);
+    if (r?.state !== 'pending') return;
+    if (!r.nodes.every((n) => n.state === 'ready' || n.state === 'released')) return;
+    assertTransition('request', r.state, 'fulfilled');
+    const next: RequestRecord = {
+      ...r,
+      state: 'fulfilled',
+      updatedAt: ctx.clock.now(),
+      version: r.version + 1,
+    };
     try {
       await ctx.store.putRequest(next, r.version);
-      node = released;
-      request = next;
+      return;
     } catch (err) {
       if (!(err instanceof ConflictError)) throw err;
     }
   }
-  if (!node || !request) throw new ConflictError(`gave up releasing node ${id}`);
-  if (node.backingNodeId) await giveBackSlot(ctx, node.backingNodeId, node.id);
-  if (request.poolKey) await ctx.store.unreserve(keys.poolNodes(request.poolKey), [node.id]);
-  if (!already) ctx.log.info('node released', { nodeId: id, backingNodeId: node.backingNodeId });
-  return already ? { kind: 'already-released', node } : { kind: 'released', node };
 }
