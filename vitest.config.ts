@@ -3,7 +3,7 @@ import { defineConfig } from 'vitest/config';
 export default defineConfig({
   test: {
     include: ['test/**/*.test.ts'],
-    testTimeout: 30_000,
+    testTimeout: 60_000,
     hookTimeout: 30_000,
     // Integration tests start their own dynalite/fauxqs on port 0, so files can run in parallel;
     // two workers match the two cores CI has.

@@ -126,7 +126,7 @@ describe('index attributes', () => {
   it('files empty, launching, retiring and failed backing nodes for the reaper', () => {
     expect(backingIndexAttributes(backing({ used: 0 })).rpk).toBe('IDLE');
     expect(backingIndexAttributes(backing({ used: 1, state: 'launching' })).rpk).toBe('LAUNCHING');
-    expect(backingIndexAttributes(backing({ used: 1 })).rpk).toBeUndefined();
+    expect(backingIndexAttributes(backing({ used: 1 })).rpk).toBe('ACTIVE');
     expect(backingIndexAttributes(backing({ state: 'retiring' })).rpk).toBe('RETIRING');
     expect(backingIndexAttributes(backing({ state: 'failed', used: 2 })).rpk).toBe('FAILED');
     expect(backingIndexAttributes(backing({ state: 'stopped' })).rpk).toBeUndefined();

@@ -84,7 +84,9 @@ describe('metastatic CLI end to end (a new user’s session)', () => {
     await rm(stateDir, { recursive: true, force: true });
   });
 
-  it('packs three requests onto two backing processes, releases them and stops both after grace-time', async () => {
+  it('packs three requests onto two backing processes, releases them and stops both after grace-time', {
+    timeout: 120_000,
+  }, async () => {
     const runs = [];
     for (let i = 0; i < 3; i++)
       runs.push(await cli(withState(['request', 'small-node', '--wait', '--json', '--timeout', '30'])));

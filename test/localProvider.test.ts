@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import { mkdir, mkdtemp, readdir, rm, writeFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, readdir, rm, stat, writeFile } from 'node:fs/promises';
 import { connect } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -90,33 +90,30 @@ function isAlive(pid: number): boolean {
   }
 }
 
-/** Connects, reads the greeting line, checks the echo, and returns the greeting. */
-function greet(port: number): Promise<string> {
+/**
+ * Connects and returns the first line the port sends (without CR LF): a backing node serves SSH, so this is
+ * its identification string, `SSH-2.0-metastatic_<backingNodeId>`.
+ */
+function bannerLine(port: number): Promise<string> {
   return new Promise((resolve, reject) => {
     const socket = connect(port, '127.0.0.1');
     let received = '';
-    let greeting: string | undefined;
     const timer = setTimeout(() => {
       socket.destroy();
-      reject(new Error(`no greeting/echo from port ${port}; got ${JSON.stringify(received)}`));
+      reject(new Error(`no banner line from port ${port}; got ${JSON.stringify(received)}`));
     }, 10_000);
-    socket.setEncoding('utf8');
+    socket.setEncoding('latin1');
     socket.on('error', (err) => {
       clearTimeout(timer);
       reject(err);
     });
     socket.on('data', (chunk: string) => {
       received += chunk;
-      if (greeting === undefined && received.includes('\n')) {
-        greeting = received.slice(0, received.indexOf('\n'));
-        received = received.slice(received.indexOf('\n') + 1);
-        socket.write('ping\n');
-      }
-      if (greeting !== undefined && received === 'ping\n') {
-        clearTimeout(timer);
-        socket.destroy();
-        resolve(greeting);
-      }
+      const newline = received.indexOf('\n');
+      if (newline < 0) return;
+      clearTimeout(timer);
+      socket.destroy();
+      resolve(received.slice(0, newline).replace(/\r$/, ''));
     });
   });
 }
@@ -166,7 +163,7 @@ describe('LocalProvider', () => {
     expect(isLocalResourceId('i-0123456789abcdef0')).toBe(false);
   });
 
-  it('launches a backing node: pending, then running, and its port greets and echoes', async () => {
+  it('launches a backing node: pending, then running, and its port serves SSH naming the backing node', async () => {
     const h = makeProvider();
     const { resourceId } = await h.provider.launch(spec('bn-launch'));
     expect(resourceId).toBe(localResourceId('bn-launch', 1));
@@ -198,8 +195,13 @@ describe('LocalProvider', () => {
     });
     const port = resource?.port;
     expect(port).toBeGreaterThan(0);
-    expect(await greet(port ?? 0)).toBe(`metastatic backing node bn-launch (${resourceId})`);
+    expect(await bannerLine(port ?? 0)).toBe('SSH-2.0-metastatic_bn-launch');
     expect(await stateFiles()).toEqual([`${resourceId}.json`]);
+    // The SSH host key: private next to the state file (owner-only), public in the attributes.
+    const hostKeys = resource?.attributes.hostKeys;
+    expect(hostKeys).toEqual([expect.stringMatching(/^ssh-ed25519 AAAA[0-9A-Za-z+/]+=*$/)]);
+    const keyFile = await stat(join(stateDir, 'local', `${resourceId}.key`));
+    expect(keyFile.mode & 0o777).toBe(0o600);
   });
 
   it('launching the same spec twice starts one process', async () => {
@@ -262,13 +264,15 @@ describe('LocalProvider', () => {
     const pid = await pidOf(h.provider, resourceId);
     await waitForState(h, resourceId, 'running');
     const port = (await h.provider.describe(resourceId))?.port ?? 0;
-    expect(await greet(port)).toContain('bn-terminate');
+    expect(await bannerLine(port)).toBe('SSH-2.0-metastatic_bn-terminate');
 
     await h.provider.terminate(resourceId);
     expect(isAlive(pid)).toBe(false);
     expect(await connectionRefused(port)).toBe(true);
     expect((await h.provider.describe(resourceId))?.state).toBe('terminated');
     expect(await stateFiles()).toEqual([]);
+    // The host key goes with the state file.
+    expect(await readdir(join(stateDir, 'local'))).toEqual([]);
     expect(await h.provider.list()).toEqual([]);
     await h.provider.flush();
     expect(statesOf(h.events, resourceId)).toEqual(['pending', 'running', 'shutting-down', 'terminated']);
@@ -309,7 +313,7 @@ describe('LocalProvider', () => {
       state: 'terminated',
       backingNodeId: 'bn-killed',
     });
-    await vi.waitFor(async () => expect(await stateFiles()).toEqual([]), WAIT);
+    await vi.waitFor(async () => expect(await readdir(join(stateDir, 'local'))).toEqual([]), WAIT);
     await h.provider.terminate(resourceId);
   });
 
@@ -343,8 +347,13 @@ describe('LocalProvider', () => {
     ]);
     expect(await second.provider.launch(spec('bn-adopt'))).toEqual({ resourceId });
     expect(second.events).toEqual([]);
-    const port = (await second.provider.describe(resourceId))?.port ?? 0;
-    expect(await greet(port)).toContain(resourceId);
+    const adopted = await second.provider.describe(resourceId);
+    // The host keys come from the state file.
+    expect(adopted?.attributes.hostKeys).toEqual(
+      (await first.provider.describe(resourceId))?.attributes.hostKeys,
+    );
+    expect(adopted?.attributes.hostKeys).toHaveLength(1);
+    expect(await bannerLine(adopted?.port ?? 0)).toBe('SSH-2.0-metastatic_bn-adopt');
 
     await second.provider.terminate(resourceId);
     expect(await second.provider.describe(resourceId)).toBeUndefined();

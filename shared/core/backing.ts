@@ -12,6 +12,7 @@ import { allocatableBackingStates, assertTransition } from './states.ts';
 export function isClaimable(b: BackingRecord, now: number): boolean {
   return (
     allocatableBackingStates.includes(b.state) &&
+    !b.drained &&
     b.used < b.slots &&
     (b.noNewNodesAfter === undefined || now < b.noNewNodesAfter)
   );
@@ -42,17 +43,32 @@ export function claimSlot(
     next: {
       ...b,
       slotMap: { ...b.slotMap, [String(slot)]: nodeId },
+      claims: { ...b.claims, [String(slot)]: now },
       used: b.used + 1,
       version: b.version + 1,
     },
   };
 }
 
+/** Confirms claims whose nodes are recorded: they no longer need the lease check. */
+export function confirmClaims(b: BackingRecord, slots: readonly number[]): BackingRecord {
+  const claims = { ...b.claims };
+  for (const s of slots) delete claims[String(s)];
+  return { ...b, claims, version: b.version + 1 };
+}
+
+/** Stops a backing node taking new nodes; it goes as soon as it is empty. */
+export function markDrained(b: BackingRecord, reason: string): BackingRecord {
+  return { ...b, drained: true, reason, version: b.version + 1 };
+}
+
 /** Frees a slot and stamps last-used (grace-time counts from here). */
 export function freeSlot(b: BackingRecord, slot: number, now: number): BackingRecord {
   const slotMap = { ...b.slotMap };
   delete slotMap[String(slot)];
-  return { ...b, slotMap, used: b.used - 1, lastUsedAt: now, version: b.version + 1 };
+  const claims = { ...b.claims };
+  delete claims[String(slot)];
+  return { ...b, slotMap, claims, used: b.used - 1, lastUsedAt: now, version: b.version + 1 };
 }
 
 export function newBackingRecord(args: {
@@ -74,6 +90,7 @@ export function newBackingRecord(args: {
     slots: args.label.maxParallelJobs,
     used: 1,
     slotMap: { '0': args.firstNodeId },
+    claims: { '0': args.now },
     version: 0,
     attempt: args.attempt,
     launchedAt: args.now,
@@ -114,7 +131,7 @@ export function markFailed(b: BackingRecord, now: number, reason: string): Backi
 
 export function markStopped(b: BackingRecord, now: number): BackingRecord {
   assertTransition('backing', b.state, 'stopped');
-  return { ...b, state: 'stopped', stoppedAt: now, slotMap: {}, used: 0, version: b.version + 1 };
+  return { ...b, state: 'stopped', stoppedAt: now, slotMap: {}, claims: {}, used: 0, version: b.version + 1 };
 }
 
 /** Candidate order: fullest first (tighter packing lets the others empty and go), ties to the oldest. */

@@ -25,6 +25,8 @@ export interface BackingResource {
   /** Connection details, once known. */
   readonly host?: string;
   readonly port?: number;
+  /** When the resource was created (epoch ms), if the provider knows; orphans get a grace from it. */
+  readonly launchedAt?: number;
   /** Attributes the provider reports for the machine (region, image, instance type...). */
   readonly attributes: Readonly<Record<string, unknown>>;
 }

@@ -2,6 +2,35 @@ import type { MetastaticLabel } from '../config/model.ts';
 import type { BackingRecord } from './records.ts';
 
 /**
+ * Launch and boot deadlines of a launching backing node: launch-timeout counts from the launch,
+ * boot-timeout from the moment the provider reported the machine running (its port must answer by then).
+ */
+export type DeadlineDecision = { readonly fail: true; readonly reason: string } | { readonly fail: false };
+
+export function deadlineDecision(
+  b: BackingRecord,
+  timeouts: { readonly launchTimeout: number; readonly bootTimeout: number },
+  now: number,
+): DeadlineDecision {
+  if (b.state !== 'launching') return { fail: false };
+  if (b.runningAt !== undefined && now - b.runningAt >= timeouts.bootTimeout * 1000) {
+    return {
+      fail: true,
+      reason: `boot-timeout of ${timeouts.bootTimeout}s exceeded: its port did not answer`,
+    };
+  }
+  if (now - b.launchedAt >= timeouts.launchTimeout * 1000) {
+    return { fail: true, reason: `launch-timeout of ${timeouts.launchTimeout}s exceeded` };
+  }
+  return { fail: false };
+}
+
+/** Whether a ready backing node past max-age still sits in the free index (the reaper drains it). */
+export function needsMaxAgeDrain(b: BackingRecord, now: number): boolean {
+  return !b.drained && b.noNewNodesAfter !== undefined && now >= b.noNewNodesAfter;
+}
+
+/**
  * The reaper's decision for one backing node, as a pure function of the record, its label's current
  * configuration (undefined when the label was removed) and the time. Nodepool's rules:
  * - never while a slot is in use;
@@ -24,6 +53,7 @@ export function reapDecision(
   if (b.noNewNodesAfter !== undefined && now >= b.noNewNodesAfter) {
     return { retire: true, reason: `max-age of ${label.maxAge}s reached and empty` };
   }
+  if (b.drained) return { retire: true, reason: `drained and empty${b.reason ? ` (${b.reason})` : ''}` };
   // A launching backing node whose nodes were all released keeps its grace like any other.
   const graceEnds = b.lastUsedAt + label.graceTime * 1000;
   const retentionEnds = b.launchedAt + label.minRetentionTime * 1000;

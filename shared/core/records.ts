@@ -39,6 +39,15 @@ export const BackingRecord = z.object({
   stoppedAt: z.number().optional(),
   /** After this instant the backing node takes no new nodes (max-age); undefined = never. */
   noNewNodesAfter: z.number().optional(),
+  /** Takes no new nodes (operator drain, or max-age noticed); goes as soon as it is empty. */
+  drained: z.boolean().optional(),
+  /** When the provider first reported it running; boot-timeout counts from here. */
+  runningAt: z.number().optional(),
+  /**
+   * slot -> claim time, for claims not yet confirmed by a recorded node. A claim whose handler crashed
+   * before recording its node is given back by the reaper after the slot lease.
+   */
+  claims: z.record(z.string(), z.number()).optional(),
   reason: z.string().optional(),
 });
 export type BackingRecord = z.infer<typeof BackingRecord>;
@@ -54,6 +63,12 @@ export const NodeRecord = z.object({
   attributes: Attributes.optional(),
   readyAt: z.number().optional(),
   releasedAt: z.number().optional(),
+  /** SSH host keys (`type base64`), scanned when host-key-checking is on, else the backing node's. */
+  hostKeys: z.array(z.string()).optional(),
+  /** Backing nodes this node has been placed on so far (launch-retries bounds it). */
+  attempts: z.number().int().positive().optional(),
+  /** Kept by an operator: only an explicit (forced) release frees it. */
+  held: z.boolean().optional(),
   reason: z.string().optional(),
 });
 export type NodeRecord = z.infer<typeof NodeRecord>;

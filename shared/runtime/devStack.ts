@@ -9,6 +9,7 @@ import { makeFulfilHandler } from '../handlers/fulfilHandler.ts';
 import { makeReaperHandler } from '../handlers/reaperHandler.ts';
 import { makeRequestHandler } from '../handlers/requestHandler.ts';
 import { isLocalResourceId, LocalProvider } from '../providers/local/localProvider.ts';
+import { probePort } from '../providers/probe.ts';
 import { DynamoStore } from '../store/dynamoStore.ts';
 import type { Context, Log } from '../usecases/context.ts';
 import type { ReapReport } from '../usecases/reap.ts';
@@ -108,7 +109,14 @@ export class DevStack {
       });
       const providers = embeddedProviders(options.config, localProvider);
       const store = new DynamoStore(dynamodb, TABLE_NAME);
-      const context: Context = { store, config: options.config, providers, clock, log: options.log };
+      const context: Context = {
+        store,
+        config: options.config,
+        providers,
+        clock,
+        log: options.log,
+        probePort,
+      };
       const handlers = {
         request: makeRequestHandler(context, { maxReceiveCount }),
         fulfil: makeFulfilHandler(context),

@@ -5,6 +5,7 @@ import { parseConfigOrThrow } from '../config/load.ts';
 import type { ResolvedConfig } from '../config/model.ts';
 import { systemClock } from '../core/clock.ts';
 import type { ProviderRegistry } from '../core/provider.ts';
+import { probePort } from '../providers/probe.ts';
 import { DynamoStore } from '../store/dynamoStore.ts';
 import type { Context } from '../usecases/context.ts';
 
@@ -52,6 +53,7 @@ export function lambdaRuntimeFromEnv(raw: NodeJS.ProcessEnv = process.env): Lamb
     providers: lambdaProviders(config),
     clock: systemClock,
     log,
+    probePort,
   };
   return { context, env };
 }

@@ -25,6 +25,8 @@ export const keys = {
 export const reapPartition = {
   idle: 'IDLE',
   launching: 'LAUNCHING',
+  /** Ready and holding nodes: checked for vanished resources, unconfirmed claims and max-age. */
+  active: 'ACTIVE',
   retiring: 'RETIRING',
   failed: 'FAILED',
 } as const;
@@ -37,7 +39,7 @@ const pad = (n: number, width: number) => String(Math.max(0, Math.floor(n))).pad
 
 /** The index attributes a backing record carries, derived from its state so they can never disagree. */
 export function backingIndexAttributes(b: BackingRecord): Record<string, string | undefined> {
-  const allocatable = (b.state === 'launching' || b.state === 'ready') && b.used < b.slots;
+  const allocatable = (b.state === 'launching' || b.state === 'ready') && !b.drained && b.used < b.slots;
   // noNewNodesAfter (max-age) cannot drop an item from the index by itself; the claim re-checks it
   // and the reaper removes expired items (they stop being claimable).
   const free = allocatable
@@ -51,6 +53,8 @@ export function backingIndexAttributes(b: BackingRecord): Record<string, string 
     reap = { rpk: reapPartition.idle, rsk: `${pad(b.lastUsedAt, 15)}#${b.id}` };
   } else if (b.state === 'launching') {
     reap = { rpk: reapPartition.launching, rsk: `${pad(b.launchedAt, 15)}#${b.id}` };
+  } else if (b.state === 'ready') {
+    reap = { rpk: reapPartition.active, rsk: `${pad(b.launchedAt, 15)}#${b.id}` };
   } else if (b.state === 'retiring') {
     reap = { rpk: reapPartition.retiring, rsk: `${pad(b.retiredAt ?? 0, 15)}#${b.id}` };
   } else if (b.state === 'failed') {

@@ -20,7 +20,16 @@ export interface Context {
   readonly providers: ProviderRegistry;
   readonly clock: Clock;
   readonly log: Log;
+  /** Scans a backing node's SSH host keys (host-key-checking); the real one does an SSH handshake. */
+  readonly scanHostKeys?: (host: string, port: number, timeoutMs: number) => Promise<string[]>;
+  /** Whether a backing node's connection port answers (boot-timeout); the real one opens a TCP connection. */
+  readonly probePort?: (host: string, port: number, timeoutMs: number) => Promise<boolean>;
 }
+
+/** A claim not confirmed by a recorded node within this long is given back by the reaper. */
+export const SLOT_LEASE_MS = 5 * 60_000;
+/** A provider resource tagged as ours with no live record is terminated once it is this old. */
+export const ORPHAN_GRACE_MS = 2 * 60_000;
 
 /** How many times a use case re-reads and retries after losing a conditional write. */
 export const MAX_CONFLICT_RETRIES = 20;

@@ -1,52 +1,129 @@
-import { markFailed, markReady } from '../core/backing.ts';
-import { ConflictError } from '../core/errors.ts';
+import { markReady } from '../core/backing.ts';
+import { ConflictError, RetryableError } from '../core/errors.ts';
 import type { StateChangeEvent } from '../core/events.ts';
 import { parseNodeId } from '../core/ids.ts';
 import { nodeAttributes } from '../core/pools.ts';
+import type { BackingResource } from '../core/provider.ts';
 import type { BackingRecord, NodeRecord, RequestRecord } from '../core/records.ts';
 import { assertTransition } from '../core/states.ts';
-import { keys } from '../store/table.ts';
 import { type Context, MAX_CONFLICT_RETRIES } from './context.ts';
+import { failBackingNode, hostKeysOf } from './failure.ts';
+import { scanKeys } from './placement.ts';
 
 export type FulfilOutcome =
   | { readonly kind: 'ignored'; readonly reason: string }
   | { readonly kind: 'ready'; readonly backingNodeId: string; readonly nodesReady: number }
-  | { readonly kind: 'failed'; readonly backingNodeId: string; readonly nodesFailed: number };
+  | {
+      readonly kind: 'failed';
+      readonly backingNodeId: string;
+      readonly nodesFailed: number;
+      readonly nodesMoved: number;
+    };
 
 /**
- * Reacts to a backing node's state change: running -> the backing node is ready, then its nodes, then
- * the requests all of whose nodes are ready. A resource that vanished fails its backing node and the
- * nodes on it. Every step is idempotent, so a duplicated or re-ordered event is harmless.
+ * Reacts to a backing node's state change: running -> (its port answers within boot-timeout) the
+ * backing node is ready, then its nodes, then the requests all of whose nodes are ready. A resource
+ * that is gone fails its backing node: waiting nodes move elsewhere, ready ones fail so their users
+ * learn it. Every step is idempotent, so a duplicated or re-ordered event is harmless.
  */
 export async function handleStateChange(ctx: Context, event: StateChangeEvent): Promise<FulfilOutcome> {
   const resourceId = event.detail['instance-id'];
   const state = event.detail.state;
   const provider = ctx.providers.forResource(resourceId);
   if (!provider) return { kind: 'ignored', reason: `no provider owns resource ${resourceId}` };
-
+  const resource = await provider.describe(resourceId);
   if (state === 'running') {
-    const resource = await provider.describe(resourceId);
     if (!resource) return { kind: 'ignored', reason: `resource ${resourceId} no longer exists` };
-    if (resource.state !== 'running')
+    if (resource.state !== 'running') {
       return { kind: 'ignored', reason: `resource ${resourceId} is ${resource.state}` };
-    const backing = await backingReady(ctx, resource.backingNodeId, resourceId, {
-      host: resource.host,
-      port: resource.port,
-      attributes: { ...resource.attributes },
-    });
-    if (!backing) return { kind: 'ignored', reason: `no launching backing node for resource ${resourceId}` };
-    const nodesReady = await markNodesReady(ctx, backing);
-    return { kind: 'ready', backingNodeId: backing.id, nodesReady };
+    }
+    return resourceRunning(ctx, resource);
   }
   if (state === 'terminated' || state === 'shutting-down' || state === 'stopped' || state === 'stopping') {
-    const resource = await provider.describe(resourceId);
     // Providers keep describing a gone resource for a while (EC2 does for about an hour), tags included.
     const backingId = resource?.backingNodeId;
     if (!backingId)
       return { kind: 'ignored', reason: `resource ${resourceId} is not a recorded backing node` };
-    return backingLost(ctx, backingId, resourceId, `backing resource ${resourceId} is ${state}`);
+    const b = await ctx.store.getBacking(backingId);
+    if (b?.resourceId !== undefined && b.resourceId !== resourceId) {
+      return {
+        kind: 'ignored',
+        reason: `resource ${resourceId} is not backing node ${backingId}'s current one`,
+      };
+    }
+    const report = await failBackingNode(ctx, backingId, `backing resource ${resourceId} is ${state}`, {
+      resourceGone: true,
+    });
+    if (!report) return { kind: 'ignored', reason: `backing node ${backingId} is ${b?.state ?? 'unknown'}` };
+    return {
+      kind: 'failed',
+      backingNodeId: backingId,
+      nodesFailed: report.failed,
+      nodesMoved: report.rehomed,
+    };
   }
   return { kind: 'ignored', reason: `state ${state} needs no action` };
+}
+
+/**
+ * The provider reports a backing node's resource running. Its connection port must answer within
+ * boot-timeout (counted from the first such report); until then the event is retried. Also called by
+ * the reaper for a launching backing node whose resource runs, in case the event was lost.
+ */
+export async function resourceRunning(ctx: Context, resource: BackingResource): Promise<FulfilOutcome> {
+  const b = await ctx.store.getBacking(resource.backingNodeId);
+  if (!b) return { kind: 'ignored', reason: `no backing node ${resource.backingNodeId}` };
+  if (b.state === 'ready') {
+    return { kind: 'ready', backingNodeId: b.id, nodesReady: await markNodesReady(ctx, b) };
+  }
+  if (b.state !== 'launching') return { kind: 'ignored', reason: `backing node ${b.id} is ${b.state}` };
+  if (b.resourceId !== undefined && b.resourceId !== resource.resourceId) {
+    return {
+      kind: 'ignored',
+      reason: `resource ${resource.resourceId} is not backing node ${b.id}'s current one`,
+    };
+  }
+  const pool = ctx.config.metastaticPools.find((p) => p.key === b.poolKey);
+  const bootTimeout = pool?.bootTimeout ?? 120;
+  if (ctx.probePort && resource.host && resource.port !== undefined) {
+    const answered = await ctx.probePort(resource.host, resource.port, Math.min(5_000, bootTimeout * 1000));
+    if (!answered) {
+      const since = b.runningAt ?? (await stampRunning(ctx, b));
+      if (ctx.clock.now() - since >= bootTimeout * 1000) {
+        const reason = `boot-timeout of ${bootTimeout}s exceeded: ${resource.host}:${resource.port} did not answer`;
+        const report = await failBackingNode(ctx, b.id, reason, { resourceGone: false });
+        return {
+          kind: 'failed',
+          backingNodeId: b.id,
+          nodesFailed: report?.failed ?? 0,
+          nodesMoved: report?.rehomed ?? 0,
+        };
+      }
+      throw new RetryableError(
+        `backing node ${b.id} is running but ${resource.host}:${resource.port} does not answer yet`,
+      );
+    }
+  }
+  const backing = await backingReady(ctx, b.id, resource.resourceId, {
+    host: resource.host,
+    port: resource.port,
+    attributes: { ...resource.attributes },
+  });
+  if (!backing)
+    return { kind: 'ignored', reason: `no launching backing node for resource ${resource.resourceId}` };
+  return { kind: 'ready', backingNodeId: backing.id, nodesReady: await markNodesReady(ctx, backing) };
+}
+
+/** Records when the provider first reported the machine running (boot-timeout counts from here). */
+async function stampRunning(ctx: Context, b: BackingRecord): Promise<number> {
+  const now = ctx.clock.now();
+  try {
+    await ctx.store.putBacking({ ...b, runningAt: now, version: b.version + 1 }, { version: b.version });
+    return now;
+  } catch (err) {
+    if (!(err instanceof ConflictError)) throw err;
+    return (await ctx.store.getBacking(b.id))?.runningAt ?? now;
+  }
 }
 
 async function backingReady(
@@ -91,10 +168,24 @@ export async function markNodesReady(ctx: Context, backing: BackingRecord): Prom
     if (!parsed) continue;
     byRequest.set(parsed.requestId, [...(byRequest.get(parsed.requestId) ?? []), nodeId]);
   }
+  if (byRequest.size === 0) return 0;
+  const pool = ctx.config.metastaticPools.find((p) => p.key === backing.poolKey);
+  const label = pool?.labels.get(backing.label);
+  let hostKeys = hostKeysOf(backing);
+  if (pool && label?.hostKeyChecking) {
+    // host-key-checking: the nodes becoming ready together share one scan of the backing node.
+    try {
+      hostKeys = await scanKeys(ctx, pool, backing);
+    } catch (err) {
+      await failBackingNode(ctx, backing.id, `host-key scan failed: ${(err as Error).message}`, {
+        resourceGone: false,
+      });
+      return 0;
+    }
+  }
   let count = 0;
   for (const requestId of byRequest.keys()) {
     count += await updateRequestNodes(ctx, requestId, (r) => {
-      const pool = ctx.config.metastaticPools.find((p) => p.key === r.poolKey);
       let changed = 0;
       const nodes = r.nodes.map((n): NodeRecord => {
         if (n.backingNodeId !== backing.id || n.state !== 'pending') return n;
@@ -106,6 +197,7 @@ export async function markNodesReady(ctx: Context, backing: BackingRecord): Prom
           host: backing.host,
           port: backing.port,
           attributes: nodeAttributes(backing.attributes, pool?.nodeAttributes ?? {}),
+          hostKeys,
           readyAt: ctx.clock.now(),
         };
       });
@@ -146,60 +238,4 @@ export async function updateRequestNodes(
     }
   }
   throw new ConflictError(`gave up updating request ${requestId} after ${MAX_CONFLICT_RETRIES} conflicts`);
-}
-
-/**
- * A backing node's resource is gone: the backing node fails (no more slots), its nodes fail so their
- * users learn it, and a request still waiting on them fails with the reason. (Re-homing waiting nodes
- * onto another backing node is the lifecycle issue's launch-retry logic.)
- */
-export async function backingLost(
-  ctx: Context,
-  backingId: string,
-  resourceId: string,
-  reason: string,
-): Promise<FulfilOutcome> {
-  let failed: BackingRecord | undefined;
-  for (let i = 0; i < MAX_CONFLICT_RETRIES && !failed; i++) {
-    const b = await ctx.store.getBacking(backingId);
-    if (!b || (b.state !== 'launching' && b.state !== 'ready')) {
-      return { kind: 'ignored', reason: `backing node ${backingId} is ${b?.state ?? 'unknown'}` };
-    }
-    const next = markFailed(b, ctx.clock.now(), reason);
-    try {
-      await ctx.store.putBacking(next, { version: b.version, states: ['launching', 'ready'] });
-      failed = next;
-    } catch (err) {
-      if (!(err instanceof ConflictError)) throw err;
-    }
-  }
-  if (!failed) throw new ConflictError(`gave up failing backing node ${backingId}`);
-  ctx.log.warn('backing node lost', { backingNodeId: backingId, resourceId, reason });
-  let nodesFailed = 0;
-  const requestIds = new Set(
-    Object.values(failed.slotMap)
-      .map((id) => parseNodeId(id)?.requestId)
-      .filter((id): id is string => id !== undefined),
-  );
-  for (const requestId of requestIds) {
-    nodesFailed += await updateRequestNodes(ctx, requestId, (r) => {
-      let changed = 0;
-      const nodes = r.nodes.map((n): NodeRecord => {
-        if (n.backingNodeId !== backingId || (n.state !== 'pending' && n.state !== 'ready')) return n;
-        changed++;
-        return { ...n, state: 'failed', reason };
-      });
-      return { nodes, changed };
-    });
-    // Failed nodes no longer count against max-servers.
-    const r = await ctx.store.getRequest(requestId);
-    const pool = ctx.config.metastaticPools.find((p) => p.key === r?.poolKey);
-    if (r && pool) {
-      const gone = r.nodes
-        .filter((n) => n.backingNodeId === backingId && n.state === 'failed')
-        .map((n) => n.id);
-      await ctx.store.unreserve(keys.poolNodes(pool.key), gone);
-    }
-  }
-  return { kind: 'failed', backingNodeId: backingId, nodesFailed };
 }

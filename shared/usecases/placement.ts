@@ -4,7 +4,7 @@ import {
   compareCandidates,
   freeSlot,
   isClaimable,
-  markFailed,
+  markDrained,
   newBackingRecord,
   slotOf,
 } from '../core/backing.ts';
@@ -16,15 +16,28 @@ import {
   RetryableError,
 } from '../core/errors.ts';
 import { backingNodeId } from '../core/ids.ts';
+import { needsMaxAgeDrain } from '../core/reaper.ts';
 import type { BackingRecord } from '../core/records.ts';
 import { keys } from '../store/table.ts';
 import { type Context, MAX_CONFLICT_RETRIES } from './context.ts';
+import { failBackingNode } from './failure.ts';
 
 /** Where a node went: its backing node as it was right after the claim. */
 export interface Placement {
   readonly nodeId: string;
   readonly backing: BackingRecord;
   readonly slot: number;
+  /** Host keys scanned at claim time (host-key-checking on a ready backing node). */
+  readonly hostKeys?: string[];
+  /** Which attempt (backing nodes tried for this node, launch-retries bounds it) this placement is. */
+  readonly attempt: number;
+}
+
+export interface PlaceOptions {
+  /** Called before launching a backing node, the one side effect a duplicate must never repeat. */
+  readonly beforeLaunch?: () => Promise<void>;
+  /** Attempts this node already used (re-homing after a failed backing node). */
+  readonly previousAttempts?: number;
 }
 
 /** How many candidates one Query brings back; the first claimable one almost always wins. */
@@ -40,42 +53,80 @@ export async function placeNode(
   pool: MetastaticPool,
   label: MetastaticLabel,
   nodeId: string,
-  beforeLaunch: () => Promise<void> = async () => {},
+  options: PlaceOptions = {},
 ): Promise<Placement> {
+  const attempt = (options.previousAttempts ?? 0) + 1;
+  if (attempt > pool.launchRetries) {
+    throw new LaunchFailedError(`node ${nodeId} used all ${pool.launchRetries} attempt(s)`);
+  }
   const candidates = (await ctx.store.findCandidates(pool.key, label.name, CANDIDATES_PER_QUERY)).sort(
     compareCandidates,
   );
   for (const candidate of candidates) {
-    const placed = await claimOn(ctx, candidate, nodeId);
+    const placed = await claimOn(ctx, pool, label, candidate, nodeId, attempt);
     if (placed) return placed;
   }
   // A launch is the one side effect a duplicate must never repeat: the caller checks first.
-  await beforeLaunch();
-  return launchFor(ctx, pool, label, nodeId);
+  await options.beforeLaunch?.();
+  return launchFor(ctx, pool, label, nodeId, attempt);
 }
 
 /** Claims a slot on one backing node, re-reading it when a concurrent write got there first. */
 async function claimOn(
   ctx: Context,
+  pool: MetastaticPool,
+  label: MetastaticLabel,
   candidate: BackingRecord,
   nodeId: string,
+  attempt: number,
 ): Promise<Placement | undefined> {
   let b: BackingRecord | undefined = candidate;
   for (let i = 0; i < MAX_CONFLICT_RETRIES && b; i++) {
     const held = slotOf(b, nodeId);
-    if (held !== undefined) return { nodeId, backing: b, slot: held }; // a redelivery's earlier claim
-    if (!isClaimable(b, ctx.clock.now())) return undefined;
-    const { next, slot } = claimSlot(b, nodeId, ctx.clock.now());
+    if (held !== undefined) return { nodeId, backing: b, slot: held, attempt }; // a redelivery's earlier claim
+    const now = ctx.clock.now();
+    if (needsMaxAgeDrain(b, now)) {
+      // Past max-age: take it out of the free index on the way (the reaper does it too).
+      await ctx.store
+        .putBacking(markDrained(b, `max-age of ${label.maxAge}s reached`), { version: b.version })
+        .catch((err: unknown) => {
+          if (!(err instanceof ConflictError)) throw err;
+        });
+      return undefined;
+    }
+    if (!isClaimable(b, now)) return undefined;
+    const { next, slot } = claimSlot(b, nodeId, now);
     try {
       await ctx.store.putBacking(next, { version: b.version, states: ['launching', 'ready'] });
-      ctx.log.debug('slot claimed', { nodeId, backingNodeId: b.id, slot });
-      return { nodeId, backing: next, slot };
     } catch (err) {
       if (!(err instanceof ConflictError)) throw err;
       b = await ctx.store.getBacking(b.id);
+      continue;
+    }
+    ctx.log.debug('slot claimed', { nodeId, backingNodeId: b.id, slot });
+    if (!label.hostKeyChecking || next.state !== 'ready') return { nodeId, backing: next, slot, attempt };
+    // host-key-checking: every allocation on a ready backing node scans its keys first.
+    try {
+      const hostKeys = await scanKeys(ctx, pool, next);
+      return { nodeId, backing: next, slot, attempt, hostKeys };
+    } catch (err) {
+      const reason = `host-key scan failed: ${(err as Error).message}`;
+      await giveBackSlot(ctx, next.id, nodeId);
+      await failBackingNode(ctx, next.id, reason, { resourceGone: false });
+      return undefined;
     }
   }
   return undefined;
+}
+
+/** Scans a ready backing node's SSH host keys within boot-timeout. */
+export async function scanKeys(ctx: Context, pool: MetastaticPool, b: BackingRecord): Promise<string[]> {
+  if (!b.host || b.port === undefined) throw new Error(`backing node ${b.id} has no connection details`);
+  const scan = ctx.scanHostKeys;
+  if (!scan) throw new Error('no host-key scanner is configured');
+  const keys = await scan(b.host, b.port, pool.bootTimeout * 1000);
+  if (keys.length === 0) throw new Error(`${b.host}:${b.port} offered no host key`);
+  return keys;
 }
 
 async function launchFor(
@@ -83,13 +134,14 @@ async function launchFor(
   pool: MetastaticPool,
   label: MetastaticLabel,
   nodeId: string,
+  firstAttempt: number,
 ): Promise<Placement> {
   const backingPool = ctx.config.backingPoolByLabel.get(label.backingLabel);
   if (!backingPool) throw new RetryableError(`no backing pool provides label ${label.backingLabel}`);
   // Attempt n launches the backing node derived from (node, n): a redelivery finds the same record,
   // and a failed attempt is never reused. launch-retries is the total number of attempts.
   let lastReason = '';
-  for (let attempt = 1; attempt <= pool.launchRetries; attempt++) {
+  for (let attempt = firstAttempt; attempt <= pool.launchRetries; attempt++) {
     const id = backingNodeId(pool.key, label.name, nodeId, attempt);
     let record = await ctx.store.getBacking(id);
     if (!record) {
@@ -136,7 +188,7 @@ async function launchFor(
         continue;
       }
     }
-    return { nodeId, backing: record, slot: slotOf(record, nodeId) ?? 0 };
+    return { nodeId, backing: record, slot: slotOf(record, nodeId) ?? 0, attempt };
   }
   throw new LaunchFailedError(
     `backing node for ${nodeId} failed to launch ${pool.launchRetries} time(s); last: ${lastReason}`,
@@ -157,7 +209,7 @@ async function launch(ctx: Context, b: BackingRecord): Promise<BackingRecord> {
   } catch (err) {
     const reason = `launch of ${b.backingLabel} failed: ${(err as Error).message}`;
     ctx.log.error('backing launch failed', { backingNodeId: b.id, reason });
-    await failBacking(ctx, b.id, reason);
+    await failBackingNode(ctx, b.id, reason, { resourceGone: true, handleNodes: false });
     throw new LaunchAttemptError(reason, { cause: err });
   }
   ctx.log.info('backing node launching', { backingNodeId: b.id, resourceId, label: b.backingLabel });
@@ -174,19 +226,6 @@ async function launch(ctx: Context, b: BackingRecord): Promise<BackingRecord> {
     }
   }
   throw new ConflictError(`gave up recording resource ${resourceId} on backing node ${b.id}`);
-}
-
-async function failBacking(ctx: Context, id: string, reason: string): Promise<void> {
-  for (let i = 0; i < MAX_CONFLICT_RETRIES; i++) {
-    const b = await ctx.store.getBacking(id);
-    if (!b || (b.state !== 'launching' && b.state !== 'ready')) return;
-    try {
-      await ctx.store.putBacking(markFailed(b, ctx.clock.now(), reason), { version: b.version });
-      return;
-    } catch (err) {
-      if (!(err instanceof ConflictError)) throw err;
-    }
-  }
 }
 
 /**

@@ -1,15 +1,28 @@
-import { markRetiring, markStopped } from '../core/backing.ts';
+import { confirmClaims, markDrained, markRetiring, markStopped } from '../core/backing.ts';
 import { ConflictError } from '../core/errors.ts';
-import { reapDecision } from '../core/reaper.ts';
+import { parseNodeId } from '../core/ids.ts';
+import type { BackingProvider, BackingResource } from '../core/provider.ts';
+import { deadlineDecision, needsMaxAgeDrain, reapDecision } from '../core/reaper.ts';
 import type { BackingRecord } from '../core/records.ts';
 import { keys, reapPartition } from '../store/table.ts';
-import type { Context } from './context.ts';
+import { type Context, MAX_CONFLICT_RETRIES, ORPHAN_GRACE_MS, SLOT_LEASE_MS } from './context.ts';
+import { failBackingNode, settleFailedNodes } from './failure.ts';
+import { resourceRunning } from './fulfil.ts';
+import { giveBackSlot } from './placement.ts';
 
 export interface ReapReport {
   /** Backing nodes marked retiring this run. */
   readonly retired: string[];
   /** Backing nodes whose resource is confirmed gone this run. */
   readonly stopped: string[];
+  /** Backing nodes failed this run (deadline passed, resource vanished), with the reason. */
+  readonly failed: string[];
+  /** Nodes moved off failed backing nodes this run. */
+  readonly moved: number;
+  /** Resources tagged as ours with no live record, terminated this run. */
+  readonly orphans: string[];
+  /** Slots given back because no recorded node confirmed their claim within the lease. */
+  readonly reclaimedSlots: number;
   /** Retirements lost to a concurrent change (an allocation won): the backing node stays. */
   readonly conflicts: number;
   readonly errors: string[];
@@ -17,76 +30,263 @@ export interface ReapReport {
   readonly nextCheckAt?: number;
 }
 
+type MutableReport = { -readonly [K in keyof ReapReport]: ReapReport[K] };
+
 /**
- * One reaper run. Finds empty backing nodes by Query on the reap index, decides with the pure rules
- * (core/reaper.ts), and retires in two phases: first a conditional write (still empty, unchanged since
- * read) marks it retiring, so no allocation can land on it; then the resource is terminated and the
- * record marked stopped. Retiring/failed records left by a crash are finished on the next run.
+ * One reaper run. Everything it looks at comes from Queries on the reap index (every backing node
+ * that is not stopped sits in exactly one partition) and from the providers' own lists of tagged
+ * resources, which are the truth about what runs:
+ * 1. empty backing nodes are retired by the rules of core/reaper.ts, two-phase: a conditional write
+ *    (still empty, unchanged since read) marks it retiring so no allocation can land on it, then the
+ *    resource is terminated and, once the provider confirms it gone, the record is marked stopped;
+ * 2. launching backing nodes past launch-timeout / boot-timeout fail and their nodes move elsewhere;
+ * 3. ready backing nodes past max-age are drained (no new nodes; they go when empty);
+ * 4. claims no recorded node confirmed within the slot lease are given back;
+ * 5. reconciliation both ways: a record whose resource is gone fails; a tagged resource with no live
+ *    record is terminated; a launching record whose resource runs is made ready (a lost event);
+ * 6. failed and retiring backing nodes are settled and terminated until the provider confirms.
+ * A crash anywhere leaves records in partitions the next run picks up.
  */
 export async function reap(ctx: Context): Promise<ReapReport> {
-  const report: { -readonly [K in keyof ReapReport]: ReapReport[K] } = {
+  const report: MutableReport = {
     retired: [],
     stopped: [],
+    failed: [],
+    moved: 0,
+    orphans: [],
+    reclaimedSlots: 0,
     conflicts: 0,
     errors: [],
   };
-  const labels = new Map(
-    ctx.config.metastaticPools.flatMap((p) =>
-      [...p.labels.values()].map((l) => [`${p.key}#${l.name}`, l] as const),
-    ),
-  );
-  for (const b of await ctx.store.queryReap(reapPartition.idle)) {
-    const decision = reapDecision(b, labels.get(`${b.poolKey}#${b.label}`), ctx.clock.now());
-    if (!decision.retire) {
-      if (decision.recheckAt !== undefined) {
-        report.nextCheckAt = Math.min(report.nextCheckAt ?? Number.POSITIVE_INFINITY, decision.recheckAt);
-      }
-      continue;
-    }
+  const guard = async (what: string, id: string, work: () => Promise<void>) => {
     try {
-      await ctx.store.putBacking(markRetiring(b, ctx.clock.now(), decision.reason), {
-        version: b.version,
-        states: ['launching', 'ready'],
-        used: 0,
-      });
-      report.retired.push(b.id);
-      ctx.log.info('backing node retiring', { backingNodeId: b.id, reason: decision.reason });
+      await work();
     } catch (err) {
-      if (err instanceof ConflictError) {
-        report.conflicts++;
-        continue;
-      }
-      throw err;
+      report.errors.push(`${what} ${id}: ${(err as Error).message}`);
+      ctx.log.error(`reaper: ${what} failed; retried next run`, { backingNodeId: id, error: err as Error });
     }
+  };
+
+  const idle = await ctx.store.queryReap(reapPartition.idle);
+  const launching = await ctx.store.queryReap(reapPartition.launching);
+  const active = await ctx.store.queryReap(reapPartition.active);
+
+  // 5. Reconciliation first: a vanished resource must not be retired as if it were idle.
+  const gone = new Set<string>();
+  await guard('reconcile', '-', () => reconcile(ctx, [...idle, ...launching, ...active], report, gone));
+
+  for (const b of idle) {
+    if (gone.has(b.id)) continue;
+    await guard('retire', b.id, () => retireIfDue(ctx, b, report));
   }
-  const toStop = [
-    ...(await ctx.store.queryReap(reapPartition.retiring)),
-    ...(await ctx.store.queryReap(reapPartition.failed)),
-  ];
-  for (const b of toStop) {
-    try {
-      if (await stop(ctx, b)) report.stopped.push(b.id);
-    } catch (err) {
-      report.errors.push(`${b.id}: ${(err as Error).message}`);
-      ctx.log.error('stopping backing node failed; retried next run', { backingNodeId: b.id, error: err });
-    }
+  for (const b of [...launching, ...idle.filter((x) => x.state === 'launching')]) {
+    if (gone.has(b.id) || report.retired.includes(b.id)) continue;
+    await guard('deadline', b.id, () => enforceDeadlines(ctx, b, report));
+  }
+  for (const b of active) {
+    if (gone.has(b.id) || !needsMaxAgeDrain(b, ctx.clock.now())) continue;
+    await guard('drain', b.id, async () => {
+      await ctx.store.putBacking(markDrained(b, 'max-age reached'), { version: b.version }).catch((err) => {
+        if (!(err instanceof ConflictError)) throw err;
+      });
+    });
+  }
+  for (const b of [...launching, ...active]) {
+    if (gone.has(b.id)) continue;
+    await guard('lease', b.id, () => checkClaims(ctx, b, report));
+  }
+
+  // 6. Failed and retiring backing nodes: settle their nodes, then terminate until confirmed gone.
+  for (const b of await ctx.store.queryReap(reapPartition.failed)) {
+    await guard('settle', b.id, async () => {
+      const provider = providerFor(ctx, b);
+      const resource = b.resourceId ? await provider.describe(b.resourceId) : undefined;
+      const settled = await settleFailedNodes(ctx, b, isGone(resource));
+      report.moved += settled.rehomed;
+      const current = await ctx.store.getBacking(b.id);
+      if (current && current.used === 0) await stop(ctx, current, report);
+    });
+  }
+  for (const b of await ctx.store.queryReap(reapPartition.retiring)) {
+    await guard('stop', b.id, () => stop(ctx, b, report));
   }
   return report;
 }
 
-/** Terminates the resource, then records the backing node stopped and frees its place in the backing pool. */
-async function stop(ctx: Context, b: BackingRecord): Promise<boolean> {
-  if (b.resourceId) {
-    const provider = ctx.providers.forPool(b.backingPoolKey);
-    await provider.terminate(b.resourceId);
+async function retireIfDue(ctx: Context, b: BackingRecord, report: MutableReport): Promise<void> {
+  const label = ctx.config.metastaticPools.find((p) => p.key === b.poolKey)?.labels.get(b.label);
+  const decision = reapDecision(b, label, ctx.clock.now());
+  if (!decision.retire) {
+    if (decision.recheckAt !== undefined) {
+      report.nextCheckAt = Math.min(report.nextCheckAt ?? Number.POSITIVE_INFINITY, decision.recheckAt);
+    }
+    return;
   }
   try {
-    await ctx.store.putBacking(markStopped(b, ctx.clock.now()), { version: b.version, states: [b.state] });
+    await ctx.store.putBacking(markRetiring(b, ctx.clock.now(), decision.reason), {
+      version: b.version,
+      states: ['launching', 'ready'],
+      used: 0,
+    });
   } catch (err) {
-    if (err instanceof ConflictError) return false;
+    if (!(err instanceof ConflictError)) throw err;
+    report.conflicts++;
+    return;
+  }
+  report.retired.push(b.id);
+  ctx.log.info('backing node retiring', { backingNodeId: b.id, reason: decision.reason });
+  await stop(ctx, { ...markRetiring(b, ctx.clock.now(), decision.reason) }, report);
+}
+
+async function enforceDeadlines(ctx: Context, b: BackingRecord, report: MutableReport): Promise<void> {
+  const pool = ctx.config.metastaticPools.find((p) => p.key === b.poolKey);
+  const decision = deadlineDecision(
+    b,
+    { launchTimeout: pool?.launchTimeout ?? 3600, bootTimeout: pool?.bootTimeout ?? 120 },
+    ctx.clock.now(),
+  );
+  if (!decision.fail) return;
+  const settled = await failBackingNode(ctx, b.id, decision.reason, { resourceGone: false });
+  report.failed.push(b.id);
+  report.moved += settled?.rehomed ?? 0;
+}
+
+/** Gives back slots whose claim no recorded node confirmed within the lease; confirms the others. */
+async function checkClaims(ctx: Context, b: BackingRecord, report: MutableReport): Promise<void> {
+  const now = ctx.clock.now();
+  const expired = Object.entries(b.claims ?? {}).filter(([, at]) => now - at >= SLOT_LEASE_MS);
+  if (expired.length === 0) return;
+  const confirmed: number[] = [];
+  for (const [slotText] of expired) {
+    const slot = Number(slotText);
+    const nodeId = b.slotMap[slotText];
+    if (nodeId === undefined) {
+      confirmed.push(slot); // a stale claim entry with no holder
+      continue;
+    }
+    const parsed = parseNodeId(nodeId);
+    const n = parsed ? (await ctx.store.getRequest(parsed.requestId))?.nodes[parsed.index] : undefined;
+    const recordedHere =
+      n !== undefined &&
+      n.backingNodeId === b.id &&
+      n.slot === slot &&
+      (n.state === 'pending' || n.state === 'ready');
+    if (recordedHere) {
+      confirmed.push(slot);
+    } else if (await giveBackSlot(ctx, b.id, nodeId)) {
+      report.reclaimedSlots++;
+      ctx.log.warn('slot given back: its claim was never recorded', { backingNodeId: b.id, slot, nodeId });
+    }
+  }
+  if (confirmed.length === 0) return;
+  for (let i = 0; i < MAX_CONFLICT_RETRIES; i++) {
+    const current = await ctx.store.getBacking(b.id);
+    if (!current) return;
+    try {
+      await ctx.store.putBacking(confirmClaims(current, confirmed), { version: current.version });
+      return;
+    } catch (err) {
+      if (!(err instanceof ConflictError)) throw err;
+    }
+  }
+}
+
+/** Compares the table with every provider's list of tagged resources, both ways. */
+async function reconcile(
+  ctx: Context,
+  records: readonly BackingRecord[],
+  report: MutableReport,
+  gone: Set<string>,
+): Promise<void> {
+  const providers = new Map<BackingProvider, string>();
+  for (const pool of ctx.config.backingPools) {
+    try {
+      const p = ctx.providers.forPool(pool.key);
+      if (!providers.has(p)) providers.set(p, pool.key);
+    } catch (err) {
+      report.errors.push(`reconcile ${pool.key}: ${(err as Error).message}`);
+    }
+  }
+  const listed = new Map<string, BackingResource>();
+  const listedBy = new Map<string, BackingProvider>();
+  for (const provider of providers.keys()) {
+    for (const r of await provider.list()) {
+      listed.set(r.resourceId, r);
+      listedBy.set(r.resourceId, provider);
+    }
+  }
+  const recorded = new Map(records.filter((b) => b.resourceId).map((b) => [b.resourceId as string, b]));
+  // Records whose resource is gone: fail them (waiting nodes move, ready nodes fail).
+  for (const b of records) {
+    if (!b.resourceId) continue;
+    const listedResource = listed.get(b.resourceId);
+    if (listedResource && !isGone(listedResource)) {
+      if (b.state === 'launching' && listedResource.state === 'running') {
+        await resourceRunning(ctx, listedResource).catch(() => undefined); // an event that never came
+      }
+      continue;
+    }
+    let provider: BackingProvider;
+    try {
+      provider = providerFor(ctx, b);
+    } catch {
+      continue;
+    }
+    const resource = await provider.describe(b.resourceId); // confirm: lists can lag
+    if (!isGone(resource)) continue;
+    gone.add(b.id);
+    const settled = await failBackingNode(ctx, b.id, `backing resource ${b.resourceId} vanished`, {
+      resourceGone: true,
+    });
+    report.failed.push(b.id);
+    report.moved += settled?.rehomed ?? 0;
+  }
+  // Tagged resources with no live record: orphans (or records that were stopped but survived).
+  for (const [resourceId, r] of listed) {
+    if (recorded.has(resourceId) || isGone(r)) continue;
+    const record = await ctx.store.getBacking(r.backingNodeId);
+    const live = record && record.state !== 'stopped' && record.resourceId === resourceId;
+    const tracked = record && record.resourceId === undefined && record.state === 'launching';
+    if (live || tracked) continue; // known, or a launch about to record its resource id
+    if (r.launchedAt !== undefined && ctx.clock.now() - r.launchedAt < ORPHAN_GRACE_MS) continue;
+    await listedBy.get(resourceId)?.terminate(resourceId);
+    report.orphans.push(resourceId);
+    ctx.log.warn('orphaned resource terminated', { resourceId, backingNodeId: r.backingNodeId });
+  }
+}
+
+function providerFor(ctx: Context, b: BackingRecord): BackingProvider {
+  return ctx.providers.forPool(b.backingPoolKey);
+}
+
+function isGone(r: BackingResource | undefined): boolean {
+  return r === undefined || r.state === 'terminated' || r.state === 'shutting-down';
+}
+
+/**
+ * Terminates the resource and, once the provider confirms it gone, records the backing node stopped
+ * and frees its place in the backing pool. Until confirmed, it stays retiring/failed and the next run
+ * tries again.
+ */
+async function stop(ctx: Context, b: BackingRecord, report: MutableReport): Promise<void> {
+  if (b.resourceId) {
+    const provider = providerFor(ctx, b);
+    await provider.terminate(b.resourceId);
+    const after = await provider.describe(b.resourceId);
+    if (!isGone(after)) throw new Error(`resource ${b.resourceId} is still ${after?.state} after terminate`);
+  }
+  const current = await ctx.store.getBacking(b.id);
+  if (!current || (current.state !== 'retiring' && current.state !== 'failed')) return;
+  try {
+    await ctx.store.putBacking(markStopped(current, ctx.clock.now()), {
+      version: current.version,
+      states: [current.state],
+    });
+  } catch (err) {
+    if (err instanceof ConflictError) return;
     throw err;
   }
   await ctx.store.unreserve(keys.backingPool(b.backingPoolKey), [b.id]);
+  report.stopped.push(b.id);
   ctx.log.info('backing node stopped', { backingNodeId: b.id, resourceId: b.resourceId });
-  return true;
 }

@@ -13,6 +13,7 @@ import type { NodeRecord, RequestRecord } from '../core/records.ts';
 import { assertTransition } from '../core/states.ts';
 import { keys } from '../store/table.ts';
 import { type Context, MAX_CONFLICT_RETRIES } from './context.ts';
+import { hostKeysOf } from './failure.ts';
 import { markNodesReady } from './fulfil.ts';
 import { giveBackSlot, type Placement, placeNode } from './placement.ts';
 
@@ -179,7 +180,7 @@ async function tryPool(ctx: Context, pool: MetastaticPool, recording: Recording)
     for (const node of recording.base.nodes) {
       const label = pool.labels.get(node.label);
       if (!label) throw new Error(`pool ${pool.key} lost label ${node.label}`);
-      placements.push(await placeNode(ctx, pool, label, node.id, () => recording.ensure()));
+      placements.push(await placeNode(ctx, pool, label, node.id, { beforeLaunch: () => recording.ensure() }));
     }
     const now = ctx.clock.now();
     winner = await recording.write((base) => placedRequest(base, pool, placements, now));
@@ -221,11 +222,13 @@ function placedRequest(
       state,
       backingNodeId: p.backing.id,
       slot: p.slot,
+      attempts: p.attempt,
       ...(ready
         ? {
             host: p.backing.host,
             port: p.backing.port,
             attributes: nodeAttributes(p.backing.attributes, pool.nodeAttributes),
+            hostKeys: p.hostKeys ?? hostKeysOf(p.backing),
             readyAt: now,
           }
         : {}),

@@ -3,19 +3,28 @@
  * provider spawns it as a child process (node + the tsx loader):
  *
  *   backingNode.ts --id <backingNodeId> --resource <resourceId> --boot-delay <seconds> --host 127.0.0.1
- *                  --state-file <path>
+ *                  --state-file <path> [--host-key-file <path>]
  *
- * It waits boot-delay seconds ("booting"), listens on a TCP port the OS chooses, writes its state file
- * atomically (tmp + rename, merged into whatever record the provider already wrote) and prints
- * `READY <port>` on stdout. Each connection gets a greeting line and then an echo, so `nc 127.0.0.1 PORT`
- * shows which backing node answers. SIGTERM/SIGINT close the server and exit 0.
+ * It loads its SSH host key from the host-key file (default: the state file's path with `.key` in place of
+ * `.json`), or generates an ed25519 key there (mode 0600) on its first start, so a restarted process keeps
+ * its key. It then waits boot-delay seconds ("booting"), serves SSH on a TCP port the OS chooses, writes
+ * its state file atomically (tmp + rename, merged into whatever record the provider already wrote; with
+ * `hostKeys: ["<type> <base64>"]`) and prints `HOSTKEY <type> <base64>` then `READY <port>` on stdout.
+ *
+ * The SSH server is a loopback toy machine: its identification line is `SSH-2.0-metastatic_<backingNodeId>`
+ * (so `nc 127.0.0.1 PORT` shows which backing node answers), any user gets in with `none`, `password` or
+ * `publickey`, and a session's `shell` or `exec` prints `metastatic backing node <id> (<resourceId>)`
+ * (exec: then the command line) and exits 0. SIGTERM/SIGINT close the server and exit 0.
  *
  * It deliberately does not watch its parent: a backing node outlives a crashed provider so that a restarted
  * one can adopt it from the state file.
  */
-import { readFile, rename, writeFile } from 'node:fs/promises';
+import { readFile, rename, unlink, writeFile } from 'node:fs/promises';
 import { createServer, type Server, type Socket } from 'node:net';
 import { parseArgs } from 'node:util';
+import ssh2, { type AuthenticationType, type ServerChannel, type SessionAccept } from 'ssh2';
+
+const { utils } = ssh2;
 
 interface Args {
   readonly id: string;
@@ -23,6 +32,14 @@ interface Args {
   readonly bootDelaySeconds: number;
   readonly host: string;
   readonly stateFile: string;
+  readonly hostKeyFile: string;
+}
+
+interface HostKey {
+  /** The private key as stored (OpenSSH format). */
+  readonly privateKey: string;
+  /** `<type> <base64>`, as in known_hosts and authorized_keys. */
+  readonly publicKey: string;
 }
 
 function fail(message: string): never {
@@ -38,6 +55,7 @@ function parse(): Args {
       'boot-delay': { type: 'string', default: '0' },
       host: { type: 'string', default: '127.0.0.1' },
       'state-file': { type: 'string' },
+      'host-key-file': { type: 'string' },
     },
     strict: true,
     allowPositionals: false,
@@ -51,7 +69,8 @@ function parse(): Args {
   if (!Number.isFinite(bootDelaySeconds) || bootDelaySeconds < 0) {
     fail(`--boot-delay must be a non-negative number of seconds, got ${values['boot-delay']}`);
   }
-  return { id, resource, bootDelaySeconds, host: host ?? '127.0.0.1', stateFile };
+  const hostKeyFile = values['host-key-file'] || `${stateFile.replace(/\.json$/, '')}.key`;
+  return { id, resource, bootDelaySeconds, host: host ?? '127.0.0.1', stateFile, hostKeyFile };
 }
 
 /** Writes `record` merged over the existing state file (if any), atomically. */
@@ -69,7 +88,74 @@ async function writeState(path: string, record: Record<string, unknown>): Promis
   await rename(tmp, path);
 }
 
-function main(): void {
+function toHostKey(privateKey: string, source: string): HostKey {
+  const parsed = utils.parseKey(privateKey);
+  if (parsed instanceof Error) throw new Error(`cannot parse host key ${source}: ${parsed.message}`);
+  if (!parsed.isPrivateKey()) throw new Error(`host key ${source} is not a private key`);
+  return { privateKey, publicKey: `${parsed.type} ${parsed.getPublicSSH().toString('base64')}` };
+}
+
+/** The host key stored at `path`, or a new ed25519 key written there (0600, atomically) if there is none. */
+async function loadOrCreateHostKey(path: string): Promise<HostKey> {
+  try {
+    return toHostKey(await readFile(path, 'utf8'), path);
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
+  }
+  const key = toHostKey(utils.generateKeyPairSync('ed25519').private, 'just generated');
+  const tmp = `${path}.${process.pid}.tmp`;
+  try {
+    await writeFile(tmp, key.privateKey, { mode: 0o600 });
+    await rename(tmp, path);
+  } catch (err) {
+    await unlink(tmp).catch(() => {});
+    throw err;
+  }
+  return key;
+}
+
+/** An SSH identification string carries no spaces, control or non-ASCII characters. */
+function identFor(backingNodeId: string): string {
+  return `metastatic_${backingNodeId.replace(/[^\x21-\x7e]/g, '_')}`;
+}
+
+/** The SSH side of the toy machine; every client and channel error is swallowed (it is the client's). */
+function sshServer(args: Args, hostKey: HostKey): InstanceType<typeof ssh2.Server> {
+  const greeting = `metastatic backing node ${args.id} (${args.resource})\n`;
+  const allowed: AuthenticationType[] = ['none', 'password', 'publickey'];
+  return new ssh2.Server({ hostKeys: [hostKey.privateKey], ident: identFor(args.id) }, (client) => {
+    client.on('error', () => {});
+    client.on('authentication', (ctx) => {
+      if (allowed.includes(ctx.method)) ctx.accept();
+      else ctx.reject(allowed);
+    });
+    client.on('ready', () => {
+      client.on('session', (acceptSession) => {
+        const session = acceptSession();
+        let pty = false;
+        // Replies are only owed when the client asked for one (accept is then undefined at run time).
+        session.on('pty', (accept: SessionAccept | undefined) => {
+          pty = true;
+          accept?.();
+        });
+        session.on('env', (accept: SessionAccept | undefined) => accept?.());
+        session.on('window-change', (accept: SessionAccept | undefined) => accept?.());
+        const run = (channel: ServerChannel | undefined, output: string): void => {
+          if (!channel) return;
+          channel.on('error', () => {});
+          // A terminal in raw mode needs CR LF.
+          channel.write(pty ? output.replace(/\n/g, '\r\n') : output);
+          channel.exit(0);
+          channel.end();
+        };
+        session.on('shell', (accept) => run(accept(), greeting));
+        session.on('exec', (accept, _reject, info) => run(accept(), `${greeting}${info.command}\n`));
+      });
+    });
+  });
+}
+
+async function main(): Promise<void> {
   const args = parse();
   const startedAt = Date.now();
   const sockets = new Set<Socket>();
@@ -94,14 +180,23 @@ function main(): void {
   process.on('SIGTERM', stop);
   process.on('SIGINT', stop);
 
+  let hostKey: HostKey;
+  try {
+    hostKey = await loadOrCreateHostKey(args.hostKeyFile);
+  } catch (err) {
+    fail(`host key ${args.hostKeyFile}: ${err instanceof Error ? err.message : String(err)}`);
+  }
+  if (stopping) return;
+  const ssh = sshServer(args, hostKey);
+
   const listen = (): void => {
     bootTimer = undefined;
+    // Our own listener hands each socket to the SSH server, so that stop() can destroy every connection.
     const srv = createServer((socket) => {
       sockets.add(socket);
       socket.on('error', () => {});
       socket.on('close', () => sockets.delete(socket));
-      socket.write(`metastatic backing node ${args.id} (${args.resource})\n`);
-      socket.pipe(socket);
+      ssh.injectSocket(socket);
     });
     server = srv;
     srv.on('error', (err) => fail(`server error: ${err.message}`));
@@ -116,11 +211,12 @@ function main(): void {
         host: args.host,
         port,
         state: 'running',
+        hostKeys: [hostKey.publicKey],
         startedAt,
         readyAt: Date.now(),
       }).then(
         () => {
-          if (!stopping) process.stdout.write(`READY ${port}\n`);
+          if (!stopping) process.stdout.write(`HOSTKEY ${hostKey.publicKey}\nREADY ${port}\n`);
         },
         (err: unknown) => fail(`cannot write state file ${args.stateFile}: ${String(err)}`),
       );
@@ -130,4 +226,4 @@ function main(): void {
   bootTimer = setTimeout(listen, args.bootDelaySeconds * 1000);
 }
 
-main();
+void main();

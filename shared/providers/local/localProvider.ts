@@ -1,8 +1,10 @@
 /**
  * The `local` driver: backing nodes are real child processes on this machine (see backingNode.ts), each
- * listening on a TCP port of `host`. Used by the embedded stack in place of EC2.
+ * serving SSH on a TCP port of `host`. Used by the embedded stack in place of EC2.
  *
- * Every resource is recorded under `<stateDir>/local/<resourceId>.json`; a record whose pid is alive is a
+ * Every resource is recorded under `<stateDir>/local/<resourceId>.json`, its SSH host key (private, 0600)
+ * under `<resourceId>.key`; both go when the resource ends. The public host keys are reported in
+ * `attributes.hostKeys` (`["<type> <base64>"]`). A record whose pid is alive is a
  * resource "tagged as ours" (list()), so a restarted provider can still see, describe and terminate the
  * backing nodes of a previous run. State changes are reported as EC2-shaped events through `onEvent`,
  * delivered one at a time in the order they happened.
@@ -59,6 +61,8 @@ interface LocalRecord {
   host: string;
   port?: number;
   state: 'pending' | 'running';
+  /** The SSH host public keys, `<type> <base64>`, once the node announced them. */
+  hostKeys?: string[];
   startedAt: number;
   readyAt?: number;
 }
@@ -128,6 +132,9 @@ function parseRecord(resourceId: string, text: string): LocalRecord | undefined 
   const num = (v: unknown): number | undefined =>
     typeof v === 'number' && Number.isFinite(v) ? v : undefined;
   const port = num(raw.port);
+  const hostKeys = Array.isArray(raw.hostKeys)
+    ? raw.hostKeys.filter((k): k is string => typeof k === 'string')
+    : undefined;
   return {
     resourceId,
     backingNodeId: str(raw.backingNodeId),
@@ -139,6 +146,7 @@ function parseRecord(resourceId: string, text: string): LocalRecord | undefined 
     ...(port !== undefined ? { port } : {}),
     // The child writes `state: 'running'` with its port; a record with a port is ready either way.
     state: raw.state === 'running' || port !== undefined ? 'running' : 'pending',
+    ...(hostKeys?.length ? { hostKeys } : {}),
     startedAt: num(raw.startedAt) ?? 0,
     ...(num(raw.readyAt) !== undefined ? { readyAt: num(raw.readyAt) } : {}),
   };
@@ -317,6 +325,10 @@ export class LocalProvider implements BackingProvider {
     return join(this.dir, `${resourceId}.json`);
   }
 
+  private keyFile(resourceId: string): string {
+    return join(this.dir, `${resourceId}.key`);
+  }
+
   private async readRecord(resourceId: string): Promise<LocalRecord | undefined> {
     try {
       return parseRecord(resourceId, await readFile(this.file(resourceId), 'utf8'));
@@ -336,9 +348,9 @@ export class LocalProvider implements BackingProvider {
     return undefined;
   }
 
-  /** Removes `<id>.json.<pid>.tmp` left behind by a writer that died mid-write. */
+  /** Removes `<id>.json.<pid>.tmp` (or `<id>.key.<pid>.tmp`) left behind by a writer that died mid-write. */
   private async removeOrphanTmp(name: string): Promise<void> {
-    const writer = /\.json\.(\d+)\.tmp$/.exec(name)?.[1];
+    const writer = /\.(?:json|key)\.(\d+)\.tmp$/.exec(name)?.[1];
     if (writer === undefined || Number(writer) === process.pid) return;
     try {
       process.kill(Number(writer), 0);
@@ -356,11 +368,14 @@ export class LocalProvider implements BackingProvider {
     await rename(tmp, path);
   }
 
+  /** Removes the resource's record and its host key. */
   private async removeFile(resourceId: string): Promise<void> {
-    try {
-      await unlink(this.file(resourceId));
-    } catch (err) {
-      if (errorCode(err) !== 'ENOENT') throw err;
+    for (const path of [this.file(resourceId), this.keyFile(resourceId)]) {
+      try {
+        await unlink(path);
+      } catch (err) {
+        if (errorCode(err) !== 'ENOENT') throw err;
+      }
     }
   }
 
@@ -414,6 +429,7 @@ export class LocalProvider implements BackingProvider {
         label: record.label,
         resourceId: record.resourceId,
         pid: record.pid,
+        ...(record.hostKeys ? { hostKeys: [...record.hostKeys] } : {}),
       },
     };
   }
@@ -442,6 +458,8 @@ export class LocalProvider implements BackingProvider {
         this.host,
         '--state-file',
         this.file(resourceId),
+        '--host-key-file',
+        this.keyFile(resourceId),
       ],
       { stdio: ['ignore', 'pipe', 'pipe'] },
     );
@@ -507,6 +525,14 @@ export class LocalProvider implements BackingProvider {
   }
 
   private onChildLine(child: Child, line: string): void {
+    // `HOSTKEY <type> <base64>` lines come before READY, so the keys are known once the node is running.
+    const hostKey = /^HOSTKEY (\S+ \S+)$/.exec(line)?.[1];
+    if (hostKey !== undefined) {
+      if (child.record.state === 'pending' && !child.record.hostKeys?.includes(hostKey)) {
+        child.record.hostKeys = [...(child.record.hostKeys ?? []), hostKey];
+      }
+      return;
+    }
     const match = /^READY (\d+)$/.exec(line);
     if (!match || child.record.state === 'running' || child.hasExited) return;
     child.record.port = Number(match[1]);
