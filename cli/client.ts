@@ -1,8 +1,14 @@
 import { DynamoDBClient } from '@aws-sdk/client-dynamodb';
 import { SendMessageCommand, SQSClient } from '@aws-sdk/client-sqs';
+import { formatConfigErrors, loadConfigFile } from '../shared/config/load.ts';
+import { systemClock } from '../shared/core/clock.ts';
 import type { PoolMessage } from '../shared/core/messages.ts';
+import type { LocalProvider } from '../shared/providers/local/localProvider.ts';
 import { type DevInfo, devInfoPath, readDevInfo } from '../shared/runtime/devInfo.ts';
+import { embeddedContext } from '../shared/runtime/embeddedContext.ts';
 import { DynamoStore } from '../shared/store/dynamoStore.ts';
+import type { Context } from '../shared/usecases/context.ts';
+import { consoleLog } from './consoleLog.ts';
 import { CliError } from './errors.ts';
 
 /** A connection to a running pool: the store for reads, the request queue for commands. */
@@ -10,6 +16,8 @@ export interface PoolClient {
   readonly info: DevInfo;
   readonly store: DynamoStore;
   send(message: PoolMessage): Promise<void>;
+  /** The use-case context for operator verbs (hold, drain, reap), against the same state dir. */
+  operatorContext(): Promise<{ context: Context; localProvider: LocalProvider }>;
   close(): void;
 }
 
@@ -29,13 +37,29 @@ export async function connect(stateDir: string): Promise<PoolClient> {
   const credentials = { accessKeyId: 'metastatic', secretAccessKey: 'metastatic' };
   const dynamodb = new DynamoDBClient({ endpoint: info.dynamodbEndpoint, region: info.region, credentials });
   const sqs = new SQSClient({ endpoint: info.sqsEndpoint, region: info.region, credentials });
+  const store = new DynamoStore(dynamodb, info.tableName);
   return {
     info,
-    store: new DynamoStore(dynamodb, info.tableName),
+    store,
     async send(message) {
       await sqs.send(
         new SendMessageCommand({ QueueUrl: info.requestQueueUrl, MessageBody: JSON.stringify(message) }),
       );
+    },
+    async operatorContext() {
+      if (!info.configPath) throw new CliError('the running pool did not record its configuration path');
+      const loaded = await loadConfigFile(info.configPath);
+      if (!loaded.ok) throw new CliError(`invalid configuration:\n${formatConfigErrors(loaded.errors)}`);
+      return embeddedContext({
+        config: loaded.config,
+        stateDir: info.stateDir,
+        store,
+        sqs,
+        fulfilQueueUrl: info.fulfilQueueUrl,
+        clock: systemClock,
+        log: consoleLog('warn'),
+        region: info.region,
+      });
     },
     close() {
       dynamodb.destroy();

@@ -11,6 +11,8 @@ export function nodeJson(n: NodeRecord) {
     host: n.host ?? null,
     port: n.port ?? null,
     attributes: n.attributes ?? {},
+    hostKeys: n.hostKeys ?? [],
+    ...(n.held ? { held: true } : {}),
     ...(n.reason ? { reason: n.reason } : {}),
   };
 }
@@ -39,6 +41,7 @@ export function backingJson(b: BackingRecord) {
     pool: b.poolKey,
     backingLabel: b.backingLabel,
     resourceId: b.resourceId ?? null,
+    ...(b.drained ? { drained: true } : {}),
     ...(b.reason ? { reason: b.reason } : {}),
   };
 }

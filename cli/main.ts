@@ -6,11 +6,15 @@ import { fileURLToPath } from 'node:url';
 import { Argument, Command, CommanderError, InvalidArgumentError, Option } from 'commander';
 import { configJsonSchema } from '../shared/config/jsonSchema.ts';
 import { formatConfigErrors, loadConfigFile } from '../shared/config/load.ts';
+import { PermanentError } from '../shared/core/errors.ts';
 import { parseNodeId } from '../shared/core/ids.ts';
 import { MAX_NODE_SET, RequestMessage } from '../shared/core/messages.ts';
 import type { NodeRecord, RequestRecord } from '../shared/core/records.ts';
 import { stateDirFrom } from '../shared/runtime/devInfo.ts';
 import { DevStack } from '../shared/runtime/devStack.ts';
+import type { Context } from '../shared/usecases/context.ts';
+import { drainBacking, holdNode } from '../shared/usecases/operator.ts';
+import { reap } from '../shared/usecases/reap.ts';
 import { connect } from './client.ts';
 import { consoleLog, type Level } from './consoleLog.ts';
 import { CliError } from './errors.ts';
@@ -179,8 +183,9 @@ program
     seconds('--timeout'),
     30,
   )
+  .option('--force', 'release a held node too')
   .option('--json', 'print the node as JSON')
-  .action(async (nodeIdArg: string, opts: { timeout: number; json?: boolean }) => {
+  .action(async (nodeIdArg: string, opts: { timeout: number; force?: boolean; json?: boolean }) => {
     const parsed = parseNodeId(nodeIdArg);
     if (!parsed)
       throw new CliError(`"${nodeIdArg}" is not a node id (node ids look like <request-id>/<index>)`, 2);
@@ -188,8 +193,11 @@ program
     try {
       const node = (await client.store.getRequest(parsed.requestId))?.nodes[parsed.index];
       if (!node) throw new CliError(`unknown node ${nodeIdArg}`);
-      if (node.state !== 'released') {
-        await client.send({ kind: 'release', nodeId: nodeIdArg });
+      if (node.held && !opts.force && (node.state === 'ready' || node.state === 'pending')) {
+        throw new CliError(`node ${nodeIdArg} is held; release it with --force`);
+      }
+      if (node.state !== 'released' && node.state !== 'failed') {
+        await client.send({ kind: 'release', nodeId: nodeIdArg, ...(opts.force ? { force: true } : {}) });
         const deadline = Date.now() + opts.timeout * 1000;
         let current: NodeRecord | undefined = node;
         while (
@@ -205,12 +213,75 @@ program
           throw new CliError(`release of ${nodeIdArg} was sent but not applied within ${opts.timeout}s`);
         }
         if (opts.json) printJson(nodeJson(current));
-        else print(`released ${nodeIdArg}`);
+        else
+          print(current.state === 'released' ? `released ${nodeIdArg}` : `${nodeIdArg} is ${current.state}`);
       } else if (opts.json) printJson(nodeJson(node));
-      else print(`${nodeIdArg} was already released`);
+      else print(`${nodeIdArg} was already ${node.state}`);
     } finally {
       client.close();
     }
+  });
+
+program
+  .command('hold')
+  .description('keep a node, and so its backing node, until it is released with --force')
+  .argument('<node-id>', 'the node id (<request-id>/<index>)')
+  .option('--json', 'print the node as JSON')
+  .action(async (nodeIdArg: string, opts: { json?: boolean }) => {
+    if (!parseNodeId(nodeIdArg)) {
+      throw new CliError(`"${nodeIdArg}" is not a node id (node ids look like <request-id>/<index>)`, 2);
+    }
+    await withOperator(async (ctx) => {
+      const node = await holdNode(ctx, nodeIdArg);
+      if (opts.json) printJson(nodeJson(node));
+      else print(`holding ${nodeIdArg}; release it with: metastatic release ${nodeIdArg} --force`);
+    });
+  });
+
+program
+  .command('drain')
+  .description('stop new allocations on a backing node; it is stopped as soon as it is empty')
+  .argument('<backing-id>', 'the backing node id (see `metastatic list backing`)')
+  .option('--json', 'print the backing node as JSON')
+  .action(async (id: string, opts: { json?: boolean }) => {
+    await withOperator(async (ctx) => {
+      const b = await drainBacking(ctx, id);
+      if (opts.json) printJson(backingJson(b));
+      else print(`draining ${id} (${b.used}/${b.slots} slots in use); it goes when empty`);
+    });
+  });
+
+program
+  .command('reap')
+  .description('run the reaper once now: retire idle backing nodes, enforce deadlines, reconcile')
+  .option('--json', 'print the reaper report as JSON')
+  .action(async (opts: { json?: boolean }) => {
+    await withOperator(async (ctx) => {
+      const report = await reap(ctx);
+      if (opts.json) {
+        printJson(report);
+        return;
+      }
+      print(
+        table(
+          ['RETIRED', 'STOPPED', 'FAILED', 'MOVED', 'ORPHANS', 'SLOTS RECLAIMED', 'CONFLICTS', 'ERRORS'],
+          [
+            [
+              report.retired.length,
+              report.stopped.length,
+              report.failed.length,
+              report.moved,
+              report.orphans.length,
+              report.reclaimedSlots,
+              report.conflicts,
+              report.errors.length,
+            ],
+          ],
+        ),
+      );
+      for (const e of report.errors) process.stderr.write(`error: ${e}\n`);
+      if (report.errors.length > 0) process.exitCode = 1;
+    });
   });
 
 program
@@ -323,6 +394,22 @@ program
     if (opts.out) await writeFile(opts.out, text);
     else process.stdout.write(text);
   });
+
+/** Runs an operator verb with the pool's use-case context; domain refusals become exit code 1. */
+async function withOperator(work: (ctx: Context) => Promise<void>): Promise<void> {
+  const client = await connect(stateDir());
+  try {
+    const { context, localProvider } = await client.operatorContext();
+    await work(context);
+    // State events of resources this verb terminated must reach the fulfil queue before we exit.
+    await localProvider.flush();
+  } catch (err) {
+    if (err instanceof PermanentError) throw new CliError(err.message);
+    throw err;
+  } finally {
+    client.close();
+  }
+}
 
 function isLive(n: NodeRecord): boolean {
   return n.state !== 'released' && n.state !== 'failed';

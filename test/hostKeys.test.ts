@@ -8,8 +8,8 @@ import ssh2, { type ClientChannel } from 'ssh2';
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
 import type { BackingPool } from '../shared/config/model.ts';
 import { systemClock } from '../shared/core/clock.ts';
-import { scanHostKeys } from '../shared/core/hostKeys.ts';
 import type { BackingResource } from '../shared/core/provider.ts';
+import { scanHostKeys } from '../shared/providers/hostKeys.ts';
 import { LocalProvider } from '../shared/providers/local/localProvider.ts';
 
 const POOL_KEY = 'local/main';

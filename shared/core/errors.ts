@@ -33,3 +33,9 @@ export class LaunchFailedError extends PermanentError {}
 
 /** One launch attempt failed (the backing node is marked failed); the next attempt may succeed. */
 export class LaunchAttemptError extends RetryableError {}
+
+/** A release of a held node that was not forced: refused, with how to do it. */
+export class HeldNodeError extends PermanentError {}
+
+/** An operator verb aimed at something in the wrong state (e.g. holding a released node). */
+export class InvalidStateError extends PermanentError {}

@@ -27,6 +27,8 @@ export type RequestMessage = z.infer<typeof RequestMessage>;
 export const ReleaseMessage = z.strictObject({
   kind: z.literal('release'),
   nodeId: z.string().min(1).max(256),
+  /** Releases a held node too (operators). */
+  force: z.boolean().optional(),
 });
 export type ReleaseMessage = z.infer<typeof ReleaseMessage>;
 

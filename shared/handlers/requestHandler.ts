@@ -58,7 +58,7 @@ export function makeRequestHandler(ctx: Context, options: RequestHandlerOptions 
       if (m.kind === 'request') {
         await requestNodes(ctx, m);
       } else {
-        await releaseNode(ctx, m.nodeId);
+        await releaseNode(ctx, m.nodeId, m.force ?? false);
       }
     } catch (err) {
       if (err instanceof PermanentError) {

@@ -1,19 +1,18 @@
 import { mkdir, rm, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { DynamoDBClient } from '@aws-sdk/client-dynamodb';
-import { SendMessageCommand, SQSClient } from '@aws-sdk/client-sqs';
+import { SQSClient } from '@aws-sdk/client-sqs';
 import type { ResolvedConfig } from '../config/model.ts';
 import { type Clock, systemClock } from '../core/clock.ts';
-import type { BackingProvider, ProviderRegistry } from '../core/provider.ts';
 import { makeFulfilHandler } from '../handlers/fulfilHandler.ts';
 import { makeReaperHandler } from '../handlers/reaperHandler.ts';
 import { makeRequestHandler } from '../handlers/requestHandler.ts';
-import { isLocalResourceId, LocalProvider } from '../providers/local/localProvider.ts';
-import { probePort } from '../providers/probe.ts';
+import type { LocalProvider } from '../providers/local/localProvider.ts';
 import { DynamoStore } from '../store/dynamoStore.ts';
 import type { Context, Log } from '../usecases/context.ts';
 import type { ReapReport } from '../usecases/reap.ts';
 import { type DevInfo, devInfoPath } from './devInfo.ts';
+import { embeddedContext } from './embeddedContext.ts';
 import { type Engine, ensureQueue, ensureTable, startDynalite, startSqsEngine } from './engines.ts';
 import { SqsPoller } from './sqsPoller.ts';
 
@@ -94,29 +93,15 @@ export class DevStack {
         maxReceiveCount: 5,
       });
 
-      const localProvider = new LocalProvider({
-        stateDir,
-        pools: options.config.backingPools,
-        region: REGION,
-        clock,
-        logger: options.log,
-        // EventBridge -> SQS on AWS; here the provider sends the same event body straight to the queue.
-        onEvent: async (event) => {
-          await sqs.send(
-            new SendMessageCommand({ QueueUrl: fulfilQueue.url, MessageBody: JSON.stringify(event) }),
-          );
-        },
-      });
-      const providers = embeddedProviders(options.config, localProvider);
-      const store = new DynamoStore(dynamodb, TABLE_NAME);
-      const context: Context = {
-        store,
+      const { context, localProvider } = embeddedContext({
         config: options.config,
-        providers,
+        stateDir,
+        store: new DynamoStore(dynamodb, TABLE_NAME),
+        sqs,
+        fulfilQueueUrl: fulfilQueue.url,
         clock,
         log: options.log,
-        probePort,
-      };
+      });
       const handlers = {
         request: makeRequestHandler(context, { maxReceiveCount }),
         fulfil: makeFulfilHandler(context),
@@ -137,6 +122,16 @@ export class DevStack {
       };
       const stack = new DevStack(info, context, dynamodb, sqs, localProvider, handlers, engines, options);
       if (!options.noPollers) {
+        // A previous run may have left backing processes (adopted now) or lost some (kill -9, a
+        // reboot): reconcile before serving anything, so no request lands on a dead backing node.
+        try {
+          const report = await stack.reapNow();
+          if (report.failed.length || report.orphans.length) {
+            options.log.info('startup reconciliation', { failed: report.failed, orphans: report.orphans });
+          }
+        } catch (err) {
+          options.log.error('startup reconciliation failed', { error: err as Error });
+        }
         // A release starts a grace-time: let the reaper know so the backing node goes when it ends.
         const requestAndNudge: typeof handlers.request = async (event) => {
           const response = await handlers.request(event);
@@ -216,31 +211,30 @@ export class DevStack {
     await Promise.allSettled(this.pollers.map((p) => p.stop()));
     await this.reaping;
     await this.localProvider.shutdown();
+    await this.localProvider.flush();
+    // The terminations just emitted go through the fulfil flow, so the table says these backing
+    // nodes are gone (their nodes failed) instead of handing them out after a restart.
+    const fulfil = new SqsPoller(
+      this.sqs,
+      this.info.fulfilQueueUrl,
+      'arn:local:fulfil',
+      this.handlers.fulfil,
+      this.context.log,
+      {
+        waitSeconds: 0,
+      },
+    );
+    for (let i = 0; i < 50; i++) {
+      try {
+        if ((await fulfil.pollOnce()) === 0) break;
+      } catch (err) {
+        this.context.log.warn('could not record a backing node as gone at shutdown', { error: err as Error });
+        break;
+      }
+    }
     this.dynamodb.destroy();
     this.sqs.destroy();
     await Promise.allSettled(this.engines.map((e) => e.close()));
     await rm(devInfoPath(this.info.stateDir), { force: true });
   }
-}
-
-function embeddedProviders(config: ResolvedConfig, local: LocalProvider): ProviderRegistry {
-  const byPool = new Map<string, BackingProvider>();
-  for (const pool of config.backingPools) {
-    if (pool.driver === 'local') byPool.set(pool.key, local);
-  }
-  return {
-    forPool(poolKey) {
-      const p = byPool.get(poolKey);
-      if (!p) {
-        const pool = config.backingPools.find((b) => b.key === poolKey);
-        throw new Error(
-          pool
-            ? `backing pool ${poolKey} uses driver ${pool.driver}, which the embedded stack cannot run (use driver local)`
-            : `unknown backing pool ${poolKey}`,
-        );
-      }
-      return p;
-    },
-    forResource: (resourceId) => (isLocalResourceId(resourceId) ? local : undefined),
-  };
 }

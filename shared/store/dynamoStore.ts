@@ -101,14 +101,22 @@ export class DynamoStore {
    * pending or ready, in a placed request. Returns the updated request, or undefined when the
    * condition failed (unknown, not placed yet, already released or failed: the caller reads and decides).
    */
-  async releaseNodeEntry(requestId: string, index: number, now: number): Promise<RequestRecord | undefined> {
+  async releaseNodeEntry(
+    requestId: string,
+    index: number,
+    now: number,
+    force = false,
+  ): Promise<RequestRecord | undefined> {
     try {
       const out = await this.doc.send(
         new UpdateCommand({
           TableName: this.tableName,
           Key: keys.request(requestId),
           UpdateExpression: `SET #nodes[${index}].#state = :released, #nodes[${index}].releasedAt = :now, updatedAt = :now ADD #version :one`,
-          ConditionExpression: `#nodes[${index}].#state IN (:pending, :ready) AND #rstate IN (:pending, :fulfilled)`,
+          // A held node is released only by a forced (operator) release.
+          ConditionExpression: `#nodes[${index}].#state IN (:pending, :ready) AND #rstate IN (:pending, :fulfilled)${
+            force ? '' : ` AND attribute_not_exists(#nodes[${index}].held)`
+          }`,
           ExpressionAttributeNames: {
             '#nodes': 'nodes',
             '#state': 'state',

@@ -1,4 +1,4 @@
-import { ConflictError, RetryableError, UnknownNodeError } from '../core/errors.ts';
+import { ConflictError, HeldNodeError, RetryableError, UnknownNodeError } from '../core/errors.ts';
 import { parseNodeId } from '../core/ids.ts';
 import type { NodeRecord, RequestRecord } from '../core/records.ts';
 import { assertTransition } from '../core/states.ts';
@@ -16,11 +16,11 @@ export type ReleaseOutcome =
  * Each step is idempotent, so a redelivered release, or one that resumes after a crash, finishes the
  * job without freeing anything twice.
  */
-export async function releaseNode(ctx: Context, id: string): Promise<ReleaseOutcome> {
+export async function releaseNode(ctx: Context, id: string, force = false): Promise<ReleaseOutcome> {
   const parsed = parseNodeId(id);
   if (!parsed) throw new UnknownNodeError(`unknown node "${id}": node ids look like <request-id>/<index>`);
   const now = ctx.clock.now();
-  let request = await ctx.store.releaseNodeEntry(parsed.requestId, parsed.index, now);
+  let request = await ctx.store.releaseNodeEntry(parsed.requestId, parsed.index, now, force);
   let already = false;
   // The update's condition is the transition check: only a pending or ready node becomes released.
   if (!request) {
@@ -30,6 +30,9 @@ export async function releaseNode(ctx: Context, id: string): Promise<ReleaseOutc
     if (!r || !n) throw new UnknownNodeError(`unknown node "${id}"`);
     if (r.state === 'requested') {
       throw new RetryableError(`node ${id} is still being placed; the release is retried after placement`);
+    }
+    if (n.held && !force && (n.state === 'pending' || n.state === 'ready')) {
+      throw new HeldNodeError(`node ${id} is held; release it with \`metastatic release ${id} --force\``);
     }
     if (n.state !== 'released' && n.state !== 'failed') {
       throw new ConflictError(`node ${id} is ${n.state} in a ${r.state} request; retrying the release`);
