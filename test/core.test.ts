@@ -14,7 +14,7 @@ import { IllegalTransitionError } from '../shared/core/errors.ts';
 import { backingNodeId, nodeId, parseNodeId } from '../shared/core/ids.ts';
 import { parseMessage } from '../shared/core/messages.ts';
 import { eligiblePools, nodeAttributes } from '../shared/core/pools.ts';
-import { reapDecision } from '../shared/core/reaper.ts';
+import { deadlineDecision, reapDecision } from '../shared/core/reaper.ts';
 import type { BackingRecord } from '../shared/core/records.ts';
 import { assertTransition, backingTransitions, canTransition } from '../shared/core/states.ts';
 import { backingIndexAttributes } from '../shared/store/table.ts';
@@ -244,4 +244,56 @@ describe('messages and ids', () => {
     expect(backingNodeId('p', 'l', 'n/0', 1)).toBe(backingNodeId('p', 'l', 'n/0', 1));
     expect(backingNodeId('p', 'l', 'n/0', 1)).not.toBe(backingNodeId('p', 'l', 'n/0', 2));
   });
+});
+
+describe('launch and boot deadlines', () => {
+  const timeouts = { launchTimeout: 600, bootTimeout: 120 };
+  const cases: Array<[string, Partial<BackingRecord>, number, string | undefined]> = [
+    ['launching within launch-timeout', { state: 'launching' }, 599_999, undefined],
+    ['launching past launch-timeout', { state: 'launching' }, 600_000, 'launch-timeout of 600s exceeded'],
+    [
+      'running, port silent within boot-timeout',
+      { state: 'launching', runningAt: T0 + 10_000 },
+      129_999,
+      undefined,
+    ],
+    [
+      'running, port silent past boot-timeout',
+      { state: 'launching', runningAt: T0 + 10_000 },
+      130_000,
+      'boot-timeout of 120s exceeded: its port did not answer',
+    ],
+    ['ready long ago', { state: 'ready' }, 10_000_000, undefined],
+  ];
+  it.each(cases)('%s', (_name, b, elapsed, reason) => {
+    const d = deadlineDecision(backing(b), timeouts, T0 + elapsed);
+    expect(d.fail ? d.reason : undefined).toBe(reason);
+  });
+});
+
+describe('the whole state table', () => {
+  // Every (from, to) pair of every kind, so a change to the table is a deliberate change to this list.
+  const allowed = {
+    backing:
+      'launching>ready launching>retiring launching>failed ready>retiring ready>failed retiring>stopped failed>stopped',
+    node: 'requested>pending requested>ready requested>failed requested>released pending>ready pending>failed pending>released ready>released ready>failed',
+    request: 'requested>pending requested>fulfilled requested>failed pending>fulfilled pending>failed',
+  } as const;
+  const states = {
+    backing: ['launching', 'ready', 'retiring', 'stopped', 'failed'],
+    node: ['requested', 'pending', 'ready', 'released', 'failed'],
+    request: ['requested', 'pending', 'fulfilled', 'failed'],
+  } as const;
+  for (const kind of ['backing', 'node', 'request'] as const) {
+    it(`allows exactly the listed ${kind} transitions`, () => {
+      const expected = new Set(allowed[kind].split(' '));
+      for (const from of states[kind]) {
+        for (const to of states[kind]) {
+          expect(canTransition(kind, from as never, to as never), `${from}>${to}`).toBe(
+            expected.has(`${from}>${to}`),
+          );
+        }
+      }
+    });
+  }
 });
