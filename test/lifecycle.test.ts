@@ -5,7 +5,7 @@ import { scanHostKeys } from '../shared/providers/hostKeys.ts';
 import type { Context } from '../shared/usecases/context.ts';
 import { drainBacking, holdNode } from '../shared/usecases/operator.ts';
 import { reap } from '../shared/usecases/reap.ts';
-import { baseConfig, type Harness, sqsEvent, startHarness } from './support/harness.ts';
+import { type Harness, sqsEvent, startHarness } from './support/harness.ts';
 
 let h: Harness | undefined;
 afterEach(async () => {

@@ -54,3 +54,28 @@ export function stateChangeEvent(args: {
     detail: { 'instance-id': args.resourceId, state: args.state },
   };
 }
+
+/**
+ * EventBridge's "EC2 Spot Instance Interruption Warning": the instance is reclaimed in two minutes.
+ * https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/spot-instance-termination-notices.html
+ */
+export const SpotInterruptionDetailType = 'EC2 Spot Instance Interruption Warning';
+
+export const SpotInterruptionEvent = z.object({
+  version: z.string().default('0'),
+  id: z.string().optional(),
+  'detail-type': z.literal(SpotInterruptionDetailType),
+  source: z.string(),
+  time: z.string().optional(),
+  region: z.string().optional(),
+  resources: z.array(z.string()).default([]),
+  detail: z.object({
+    'instance-id': z.string().min(1),
+    'instance-action': z.string(),
+  }),
+});
+export type SpotInterruptionEvent = z.infer<typeof SpotInterruptionEvent>;
+
+/** What the fulfil queue carries: either kind of event, told apart by detail-type. */
+export const BackingEvent = z.discriminatedUnion('detail-type', [StateChangeEvent, SpotInterruptionEvent]);
+export type BackingEvent = z.infer<typeof BackingEvent>;

@@ -40,6 +40,11 @@ export interface BackingProvider {
   terminate(resourceId: string): Promise<void>;
   /** Every resource carrying this pool's tag (for reconciliation). */
   list(): Promise<BackingResource[]>;
+  /**
+   * Why launching in a backing pool is paused right now (a quota error a moment ago), or undefined.
+   * Requests then wait instead of spending launch attempts.
+   */
+  launchBlocked?(poolKey: string): string | undefined;
 }
 
 /** Finds the provider adapter for a backing pool, or for a resource named in a state event. */

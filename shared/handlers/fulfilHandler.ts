@@ -1,8 +1,8 @@
 import { BatchProcessor, EventType, processPartialResponse } from '@aws-lambda-powertools/batch';
 import type { SQSRecord } from 'aws-lambda';
-import { StateChangeEvent } from '../core/events.ts';
+import { BackingEvent } from '../core/events.ts';
 import type { Context } from '../usecases/context.ts';
-import { handleStateChange } from '../usecases/fulfil.ts';
+import { handleSpotWarning, handleStateChange } from '../usecases/fulfil.ts';
 import type { SqsBatchHandler } from './requestHandler.ts';
 
 /**
@@ -23,16 +23,20 @@ export function makeFulfilHandler(ctx: Context): SqsBatchHandler {
       });
       return;
     }
-    const parsed = StateChangeEvent.safeParse(json);
+    const parsed = BackingEvent.safeParse(json);
     if (!parsed.success) {
       const reason = parsed.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`).join('; ');
       ctx.log.warn('rejected event', {
         messageId: record.messageId,
-        reason: `not a state-change event: ${reason}`,
+        reason: `not an EC2 state-change or spot interruption event: ${reason}`,
       });
       return;
     }
-    const outcome = await handleStateChange(ctx, parsed.data);
+    const event = parsed.data;
+    const outcome =
+      event['detail-type'] === 'EC2 Spot Instance Interruption Warning'
+        ? await handleSpotWarning(ctx, event.detail['instance-id'])
+        : await handleStateChange(ctx, event);
     ctx.log.debug('state change handled', { messageId: record.messageId, outcome });
   };
   return (event) =>

@@ -1,7 +1,9 @@
+import { join } from 'node:path';
 import { SendMessageCommand, type SQSClient } from '@aws-sdk/client-sqs';
 import type { ResolvedConfig } from '../config/model.ts';
 import type { Clock } from '../core/clock.ts';
 import type { BackingProvider, ProviderRegistry } from '../core/provider.ts';
+import { JsonLinesEventSink } from '../providers/events/jsonLinesSink.ts';
 import { scanHostKeys } from '../providers/hostKeys.ts';
 import { isLocalResourceId, LocalProvider } from '../providers/local/localProvider.ts';
 import { probePort } from '../providers/probe.ts';
@@ -45,6 +47,7 @@ export function embeddedContext(args: {
     log: args.log,
     probePort,
     scanHostKeys,
+    events: new JsonLinesEventSink(join(args.stateDir, 'events.jsonl'), args.clock),
   };
   return { context, localProvider };
 }

@@ -1,5 +1,6 @@
 import type { ResolvedConfig } from '../config/model.ts';
 import type { Clock } from '../core/clock.ts';
+import type { EventSink, MetricSink, PoolEventType } from '../core/observability.ts';
 import type { ProviderRegistry } from '../core/provider.ts';
 import type { DynamoStore } from '../store/dynamoStore.ts';
 
@@ -24,6 +25,26 @@ export interface Context {
   readonly scanHostKeys?: (host: string, port: number, timeoutMs: number) => Promise<string[]>;
   /** Whether a backing node's connection port answers (boot-timeout); the real one opens a TCP connection. */
   readonly probePort?: (host: string, port: number, timeoutMs: number) => Promise<boolean>;
+  /** Where pool events are published (EventBridge on AWS, a JSON-lines file locally). */
+  readonly events?: EventSink;
+  readonly metrics?: MetricSink;
+}
+
+/**
+ * Publishes a pool event. Only the writer that won a state transition calls this, so an event is
+ * published once per transition; a publishing failure is logged and never undoes the transition.
+ */
+export async function emit(
+  ctx: Context,
+  type: PoolEventType,
+  detail: Record<string, unknown>,
+): Promise<void> {
+  if (!ctx.events) return;
+  try {
+    await ctx.events.publish(type, detail);
+  } catch (err) {
+    ctx.log.warn('could not publish a pool event', { type, error: (err as Error).message });
+  }
 }
 
 /** A claim not confirmed by a recorded node within this long is given back by the reaper. */

@@ -8,6 +8,7 @@ import { keys } from '../store/table.ts';
 import { type Context, MAX_CONFLICT_RETRIES, SLOT_LEASE_MS } from './context.ts';
 import { markNodesReady } from './fulfil.ts';
 import { giveBackSlot, type Placement, placeNode } from './placement.ts';
+import { requestSettled } from './requestEvents.ts';
 
 export interface FailOptions {
   /** The resource is gone (terminated, reclaimed, killed): its ready nodes fail too. */
@@ -170,6 +171,7 @@ export async function rehomeNode(
       continue;
     }
     await giveBackSlot(ctx, fromBackingId, n.id);
+    if (next.state === 'fulfilled') await requestSettled(ctx, next);
     ctx.log.info('node moved to another backing node', {
       nodeId: n.id,
       from: fromBackingId,
@@ -223,6 +225,7 @@ export async function failNodes(
       continue;
     }
     ctx.log.warn(wholeRequest ? 'request failed' : 'node failed', { requestId, nodes: [...ids], reason });
+    if (wholeRequest) await requestSettled(ctx, next);
     for (const n of failing) if (n.backingNodeId) await giveBackSlot(ctx, n.backingNodeId, n.id);
     if (r.poolKey) await ctx.store.unreserve(keys.poolNodes(r.poolKey), [...ids]);
     return;

@@ -2,6 +2,7 @@ import { markReady } from '../core/backing.ts';
 import { ConflictError, RetryableError } from '../core/errors.ts';
 import type { StateChangeEvent } from '../core/events.ts';
 import { parseNodeId } from '../core/ids.ts';
+import { MetricName } from '../core/observability.ts';
 import { nodeAttributes } from '../core/pools.ts';
 import type { BackingResource } from '../core/provider.ts';
 import type { BackingRecord, NodeRecord, RequestRecord } from '../core/records.ts';
@@ -9,6 +10,7 @@ import { assertTransition } from '../core/states.ts';
 import { type Context, MAX_CONFLICT_RETRIES } from './context.ts';
 import { failBackingNode, hostKeysOf } from './failure.ts';
 import { scanKeys } from './placement.ts';
+import { requestSettled } from './requestEvents.ts';
 
 export type FulfilOutcome =
   | { readonly kind: 'ignored'; readonly reason: string }
@@ -63,6 +65,30 @@ export async function handleStateChange(ctx: Context, event: StateChangeEvent): 
     };
   }
   return { kind: 'ignored', reason: `state ${state} needs no action` };
+}
+
+/**
+ * A spot interruption warning: the instance goes in two minutes. The backing node is retired at once
+ * (no more slots); its ready nodes are failed with the reason so their users learn it, and waiting
+ * nodes move to another backing node. The reaper terminates it.
+ */
+export async function handleSpotWarning(ctx: Context, resourceId: string): Promise<FulfilOutcome> {
+  const provider = ctx.providers.forResource(resourceId);
+  const resource = await provider?.describe(resourceId);
+  if (!resource) return { kind: 'ignored', reason: `resource ${resourceId} is not ours` };
+  const report = await failBackingNode(
+    ctx,
+    resource.backingNodeId,
+    `spot interruption warning: instance ${resourceId} is reclaimed within two minutes`,
+    { resourceGone: true },
+  );
+  if (!report) return { kind: 'ignored', reason: `backing node ${resource.backingNodeId} is not live` };
+  return {
+    kind: 'failed',
+    backingNodeId: resource.backingNodeId,
+    nodesFailed: report.failed,
+    nodesMoved: report.rehomed,
+  };
 }
 
 /**
@@ -140,6 +166,7 @@ async function backingReady(
     const next = markReady({ ...b, resourceId: b.resourceId ?? resourceId }, details, ctx.clock.now());
     try {
       await ctx.store.putBacking(next, { version: b.version, states: ['launching'] });
+      ctx.metrics?.milliseconds(MetricName.timeToReady, ctx.clock.now() - b.launchedAt);
       ctx.log.info('backing node ready', {
         backingNodeId: b.id,
         resourceId,
@@ -231,6 +258,7 @@ export async function updateRequestNodes(
       await ctx.store.putRequest(next, r.version);
       if (next.state !== r.state) {
         ctx.log.info(`request ${next.state}`, { requestId, reason: next.reason });
+        await requestSettled(ctx, next);
       }
       return changed;
     } catch (err) {

@@ -16,10 +16,12 @@ import {
   RetryableError,
 } from '../core/errors.ts';
 import { backingNodeId } from '../core/ids.ts';
+import { MetricName, PoolEventType } from '../core/observability.ts';
+import type { BackingProvider } from '../core/provider.ts';
 import { needsMaxAgeDrain } from '../core/reaper.ts';
 import type { BackingRecord } from '../core/records.ts';
 import { keys } from '../store/table.ts';
-import { type Context, MAX_CONFLICT_RETRIES } from './context.ts';
+import { type Context, emit, MAX_CONFLICT_RETRIES } from './context.ts';
 import { failBackingNode } from './failure.ts';
 
 /** Where a node went: its backing node as it was right after the claim. */
@@ -145,6 +147,9 @@ async function launchFor(
     const id = backingNodeId(pool.key, label.name, nodeId, attempt);
     let record = await ctx.store.getBacking(id);
     if (!record) {
+      // A provider that paused launching for this pool (quota) makes the request wait, not fail.
+      const blocked = providerOf(ctx, backingPool.key)?.launchBlocked?.(backingPool.key);
+      if (blocked) throw new CapacityError(`launching in ${backingPool.key} is paused: ${blocked}`);
       if (backingPool.maxServers !== undefined) {
         const reserved = await ctx.store.reserve(
           keys.backingPool(backingPool.key),
@@ -182,9 +187,9 @@ async function launchFor(
       try {
         record = await launch(ctx, record);
       } catch (err) {
+        await giveBackSlot(ctx, id, nodeId);
         if (!(err instanceof LaunchAttemptError)) throw err;
         lastReason = err.message;
-        await giveBackSlot(ctx, id, nodeId);
         continue;
       }
     }
@@ -209,10 +214,24 @@ async function launch(ctx: Context, b: BackingRecord): Promise<BackingRecord> {
   } catch (err) {
     const reason = `launch of ${b.backingLabel} failed: ${(err as Error).message}`;
     ctx.log.error('backing launch failed', { backingNodeId: b.id, reason });
+    ctx.metrics?.count(MetricName.launchFailed);
     await failBackingNode(ctx, b.id, reason, { resourceGone: true, handleNodes: false });
+    // No capacity now (quota pause) or throttled: the request waits and comes back; anything else
+    // fails this attempt and the node moves on to its next one.
+    if (err instanceof RetryableError) throw err;
     throw new LaunchAttemptError(reason, { cause: err });
   }
   ctx.log.info('backing node launching', { backingNodeId: b.id, resourceId, label: b.backingLabel });
+  ctx.metrics?.count(MetricName.launchSucceeded);
+  await emit(ctx, PoolEventType.backingLaunched, {
+    backingNodeId: b.id,
+    resourceId,
+    pool: b.poolKey,
+    label: b.label,
+    backingPool: b.backingPoolKey,
+    backingLabel: b.backingLabel,
+    attempt: b.attempt,
+  });
   for (let i = 0; i < MAX_CONFLICT_RETRIES; i++) {
     const current = await ctx.store.getBacking(b.id);
     if (!current) throw new ConflictError(`backing node ${b.id} disappeared during launch`);
@@ -247,4 +266,12 @@ export async function giveBackSlot(ctx: Context, backingId: string, nodeId: stri
     }
   }
   throw new ConflictError(`gave up freeing the slot of ${nodeId} on ${backingId}`);
+}
+
+function providerOf(ctx: Context, poolKey: string): BackingProvider | undefined {
+  try {
+    return ctx.providers.forPool(poolKey);
+  } catch {
+    return undefined; // launch() reports it as the attempt's failure
+  }
 }

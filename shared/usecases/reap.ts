@@ -1,11 +1,12 @@
 import { confirmClaims, markDrained, markRetiring, markStopped } from '../core/backing.ts';
 import { ConflictError } from '../core/errors.ts';
 import { parseNodeId } from '../core/ids.ts';
+import { MetricName, PoolEventType } from '../core/observability.ts';
 import type { BackingProvider, BackingResource } from '../core/provider.ts';
 import { deadlineDecision, needsMaxAgeDrain, reapDecision } from '../core/reaper.ts';
 import type { BackingRecord } from '../core/records.ts';
 import { keys, reapPartition } from '../store/table.ts';
-import { type Context, MAX_CONFLICT_RETRIES, ORPHAN_GRACE_MS, SLOT_LEASE_MS } from './context.ts';
+import { type Context, emit, MAX_CONFLICT_RETRIES, ORPHAN_GRACE_MS, SLOT_LEASE_MS } from './context.ts';
 import { failBackingNode, settleFailedNodes } from './failure.ts';
 import { resourceRunning } from './fulfil.ts';
 import { giveBackSlot } from './placement.ts';
@@ -110,6 +111,12 @@ export async function reap(ctx: Context): Promise<ReapReport> {
   for (const b of await ctx.store.queryReap(reapPartition.retiring)) {
     await guard('stop', b.id, () => stop(ctx, b, report));
   }
+  // Gauges, from what this run read.
+  ctx.metrics?.count(
+    MetricName.slotsInUse,
+    [...launching, ...active].reduce((n, b) => n + b.used, 0),
+  );
+  ctx.metrics?.count(MetricName.idleBackingNodes, idle.length);
   return report;
 }
 
@@ -288,5 +295,14 @@ async function stop(ctx: Context, b: BackingRecord, report: MutableReport): Prom
   }
   await ctx.store.unreserve(keys.backingPool(b.backingPoolKey), [b.id]);
   report.stopped.push(b.id);
+  ctx.metrics?.count(MetricName.reaped);
+  await emit(ctx, PoolEventType.backingStopped, {
+    backingNodeId: b.id,
+    resourceId: b.resourceId,
+    pool: b.poolKey,
+    label: b.label,
+    reason: current.reason,
+    state: current.state,
+  });
   ctx.log.info('backing node stopped', { backingNodeId: b.id, resourceId: b.resourceId });
 }

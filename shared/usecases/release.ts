@@ -1,10 +1,12 @@
 import { ConflictError, HeldNodeError, RetryableError, UnknownNodeError } from '../core/errors.ts';
 import { parseNodeId } from '../core/ids.ts';
+import { PoolEventType } from '../core/observability.ts';
 import type { NodeRecord, RequestRecord } from '../core/records.ts';
 import { assertTransition } from '../core/states.ts';
 import { keys } from '../store/table.ts';
-import { type Context, MAX_CONFLICT_RETRIES } from './context.ts';
+import { type Context, emit, MAX_CONFLICT_RETRIES } from './context.ts';
 import { giveBackSlot } from './placement.ts';
+import { requestSettled } from './requestEvents.ts';
 
 export type ReleaseOutcome =
   | { readonly kind: 'released'; readonly node: NodeRecord }
@@ -48,7 +50,16 @@ export async function releaseNode(ctx: Context, id: string, force = false): Prom
   if (request.poolKey && (!pool || pool.maxServers !== undefined)) {
     await ctx.store.unreserve(keys.poolNodes(request.poolKey), [node.id]);
   }
-  if (!already) ctx.log.info('node released', { nodeId: id, backingNodeId: node.backingNodeId });
+  if (!already) {
+    ctx.log.info('node released', { nodeId: id, backingNodeId: node.backingNodeId });
+    await emit(ctx, PoolEventType.nodeReleased, {
+      nodeId: id,
+      requestId: request.id,
+      label: node.label,
+      backingNodeId: node.backingNodeId,
+      slot: node.slot,
+    });
+  }
   return already ? { kind: 'already-released', node } : { kind: 'released', node };
 }
 
@@ -67,6 +78,7 @@ async function settleIfAllReady(ctx: Context, requestId: string): Promise<void> 
     };
     try {
       await ctx.store.putRequest(next, r.version);
+      await requestSettled(ctx, next);
       return;
     } catch (err) {
       if (!(err instanceof ConflictError)) throw err;

@@ -16,6 +16,7 @@ import { type Context, MAX_CONFLICT_RETRIES } from './context.ts';
 import { hostKeysOf } from './failure.ts';
 import { markNodesReady } from './fulfil.ts';
 import { giveBackSlot, type Placement, placeNode } from './placement.ts';
+import { requestSettled } from './requestEvents.ts';
 
 export type RequestOutcome =
   | { readonly kind: 'duplicate'; readonly request: RequestRecord }
@@ -199,6 +200,7 @@ async function tryPool(ctx: Context, pool: MetastaticPool, recording: Recording)
   }
   const placed = placedRequest(recording.base, pool, placements, ctx.clock.now());
   ctx.log.info(`request ${placed.state}`, { requestId, pool: pool.key, nodes: nodeIds });
+  await requestSettled(ctx, placed);
   if (placed.state === 'pending') {
     await recheckPending(ctx, placed);
     return { kind: 'placed', request: (await ctx.store.getRequest(requestId)) ?? placed };
@@ -298,6 +300,7 @@ export async function recordFailure(
   };
   const existing = await ctx.store.createRequest(failed);
   ctx.log.warn('request failed', { requestId: fresh.id, reason });
+  if (!existing) await requestSettled(ctx, failed);
   return existing ?? failed;
 }
 
@@ -326,5 +329,6 @@ export async function failRequest(
     return ctx.store.getRequest(requestId);
   }
   ctx.log.warn('request failed', { requestId, reason });
+  await requestSettled(ctx, next);
   return next;
 }

@@ -1,0 +1,38 @@
+/**
+ * What the pool tells the outside world. Events go to an EventBridge bus on AWS (consumers subscribe
+ * with rules instead of polling) and to `<state-dir>/events.jsonl` in the embedded stack; metrics go
+ * to CloudWatch as EMF through Powertools. Both are ports: the core only names what happened.
+ */
+export const PoolEventType = {
+  requestFulfilled: 'Request Fulfilled',
+  requestFailed: 'Request Failed',
+  nodeReleased: 'Node Released',
+  backingLaunched: 'Backing Node Launched',
+  backingStopped: 'Backing Node Stopped',
+} as const;
+export type PoolEventType = (typeof PoolEventType)[keyof typeof PoolEventType];
+
+/** The `source` of every event the pool publishes. */
+export const POOL_EVENT_SOURCE = 'metastatic';
+
+export interface EventSink {
+  publish(type: PoolEventType, detail: Record<string, unknown>): Promise<void>;
+}
+
+export const MetricName = {
+  launchSucceeded: 'LaunchSucceeded',
+  launchFailed: 'LaunchFailed',
+  timeToReady: 'TimeToReady',
+  slotsInUse: 'SlotsInUse',
+  idleBackingNodes: 'IdleBackingNodes',
+  reaped: 'Reaped',
+  requestsFailed: 'RequestsFailed',
+} as const;
+export type MetricName = (typeof MetricName)[keyof typeof MetricName];
+
+export interface MetricSink {
+  /** Adds to a count (or records a gauge, for SlotsInUse / IdleBackingNodes). */
+  count(name: MetricName, value?: number): void;
+  /** Records a duration in milliseconds. */
+  milliseconds(name: MetricName, ms: number): void;
+}
