@@ -125,6 +125,7 @@ export function checkConfigRules(data: unknown): PathIssue[] {
       backingLabelsComplete = false;
       return;
     }
+    if (driver === 'aws') issues.push(...checkAwsRules(provider, providerPath));
     if (!Array.isArray(provider.pools)) {
       if (kind === 'backing') backingLabelsComplete = false;
       return;
@@ -282,6 +283,92 @@ export function checkConfigRules(data: unknown): PathIssue[] {
     }
   }
 
+  return issues;
+}
+
+// ---- driver aws: rules across keys -----------------------------------------------------------------
+
+/** Tag key prefixes that users may not set: AWS reserves `aws:`, metastatic sets its own. */
+export const RESERVED_TAG_PREFIXES = ['aws:', 'metastatic:'] as const;
+
+/**
+ * "Exactly one of" checks on a mapping: both given is an error at the second key; neither given (when
+ * `required`) is a missing-key error at the first.
+ */
+function exactlyOne(
+  issues: PathIssue[],
+  value: Record<string, unknown>,
+  path: readonly PathSegment[],
+  [first, second]: readonly [string, string],
+  required: boolean,
+  hint = '',
+): void {
+  const hasFirst = value[first] !== undefined;
+  const hasSecond = value[second] !== undefined;
+  if (hasFirst && hasSecond) {
+    issues.push({
+      path: [...path, second],
+      atKey: true,
+      message: `give either ${first} or ${second}, not both`,
+    });
+  } else if (required && !hasFirst && !hasSecond) {
+    issues.push({
+      path: [...path, first],
+      message: `missing required key "${first}" (or "${second}"${hint})`,
+    });
+  }
+}
+
+/** The aws driver's rules across keys, on unvalidated data (a malformed part is left to the schema). */
+function checkAwsRules(provider: Record<string, unknown>, providerPath: readonly PathSegment[]): PathIssue[] {
+  const issues: PathIssue[] = [];
+  if (!Array.isArray(provider.pools)) return issues;
+  provider.pools.forEach((rawPool, poolIndex) => {
+    const pool = asRecord(rawPool);
+    if (!pool) return;
+    const poolPath = [...providerPath, 'pools', poolIndex];
+    exactlyOne(issues, pool, poolPath, ['subnet-ids', 'subnet-id'], true);
+    exactlyOne(issues, pool, poolPath, ['security-group-ids', 'security-group-id'], false);
+    if (!Array.isArray(pool.labels)) return;
+    pool.labels.forEach((rawLabel, labelIndex) => {
+      const label = asRecord(rawLabel);
+      if (!label) return;
+      const labelPath = [...poolPath, 'labels', labelIndex];
+      exactlyOne(
+        issues,
+        label,
+        labelPath,
+        ['instance-type', 'instance-types'],
+        true,
+        ', a list tried in order',
+      );
+      exactlyOne(issues, label, labelPath, ['image-id', 'launch-template'], true);
+      const template = asRecord(label['launch-template']);
+      if (template) exactlyOne(issues, template, [...labelPath, 'launch-template'], ['id', 'name'], true);
+      const profile = asRecord(label['iam-instance-profile']);
+      if (profile) exactlyOne(issues, profile, [...labelPath, 'iam-instance-profile'], ['name', 'arn'], true);
+      if (label['launch-template'] !== undefined) {
+        for (const key of ['volume-size', 'volume-type']) {
+          if (label[key] === undefined) continue;
+          issues.push({
+            path: [...labelPath, key],
+            atKey: true,
+            message: `${key} cannot be combined with launch-template (the template defines the root volume)`,
+          });
+        }
+      }
+      const tags = asRecord(label.tags);
+      for (const key of Object.keys(tags ?? {})) {
+        const prefix = RESERVED_TAG_PREFIXES.find((p) => key.toLowerCase().startsWith(p));
+        if (prefix === undefined) continue;
+        issues.push({
+          path: [...labelPath, 'tags', key],
+          atKey: true,
+          message: `tag key "${key}" is reserved (keys starting with "${prefix}" are set by ${prefix === 'aws:' ? 'AWS' : 'metastatic'})`,
+        });
+      }
+    });
+  });
   return issues;
 }
 

@@ -1,7 +1,7 @@
 /**
  * The port through which the core launches and stops backing nodes. One adapter per driver: `local`
  * (child processes, for the embedded stack) and `aws` (EC2). Adapters report state changes as
- * EC2-shaped events (see messages.ts), so the fulfil flow is the same everywhere.
+ * EC2-shaped events (see events.ts), so the fulfil flow is the same everywhere.
  */
 
 export interface LaunchSpec {

@@ -210,8 +210,17 @@ export class DynamoStore {
     }
   }
 
-  /** Backing nodes of a pool's label that can take a node, fullest first then oldest (one Query). */
-  async findCandidates(poolKey: string, label: string, limit: number): Promise<BackingRecord[]> {
+  /**
+   * Backing nodes of a pool's label that can take a node, fullest first then oldest: one Query of
+   * `limit` items; pass the returned cursor to read the next page (rarely needed: the first claimable
+   * candidate almost always wins).
+   */
+  async findCandidates(
+    poolKey: string,
+    label: string,
+    limit: number,
+    cursor?: Record<string, unknown>,
+  ): Promise<{ items: BackingRecord[]; cursor?: Record<string, unknown> }> {
     const out = await this.doc.send(
       new QueryCommand({
         TableName: this.tableName,
@@ -219,9 +228,10 @@ export class DynamoStore {
         KeyConditionExpression: 'fpk = :p',
         ExpressionAttributeValues: { ':p': freePartition(poolKey, label) },
         Limit: limit,
+        ExclusiveStartKey: cursor,
       }),
     );
-    return (out.Items ?? []).map((i) => BackingRecord.parse(i));
+    return { items: (out.Items ?? []).map((i) => BackingRecord.parse(i)), cursor: out.LastEvaluatedKey };
   }
 
   /** Every backing node in a partition of the reap index, optionally only those sorted before `before`. */

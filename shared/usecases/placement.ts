@@ -44,6 +44,11 @@ export interface PlaceOptions {
 
 /** How many candidates one Query brings back; the first claimable one almost always wins. */
 const CANDIDATES_PER_QUERY = 10;
+/**
+ * Pages read before launching instead: candidates that cannot take the node (max-age drained on the
+ * way, lost to concurrent claims) are rare, so a few pages bound the cost without ever scanning.
+ */
+const MAX_CANDIDATE_PAGES = 5;
 
 /**
  * Places one node of a pool's label: onto the fullest existing backing node with a free slot (a
@@ -61,12 +66,15 @@ export async function placeNode(
   if (attempt > pool.launchRetries) {
     throw new LaunchFailedError(`node ${nodeId} used all ${pool.launchRetries} attempt(s)`);
   }
-  const candidates = (await ctx.store.findCandidates(pool.key, label.name, CANDIDATES_PER_QUERY)).sort(
-    compareCandidates,
-  );
-  for (const candidate of candidates) {
-    const placed = await claimOn(ctx, pool, label, candidate, nodeId, attempt);
-    if (placed) return placed;
+  let cursor: Record<string, unknown> | undefined;
+  for (let page = 0; page < MAX_CANDIDATE_PAGES; page++) {
+    const found = await ctx.store.findCandidates(pool.key, label.name, CANDIDATES_PER_QUERY, cursor);
+    for (const candidate of found.items.sort(compareCandidates)) {
+      const placed = await claimOn(ctx, pool, label, candidate, nodeId, attempt);
+      if (placed) return placed;
+    }
+    cursor = found.cursor;
+    if (!cursor) break;
   }
   // A launch is the one side effect a duplicate must never repeat: the caller checks first.
   await options.beforeLaunch?.();
