@@ -564,7 +564,37 @@ describe('field errors', () => {
 });
 
 describe('the aws driver', () => {
-  it('accepts extra keys and passes them on as options', () => {
+  const metaFor = (backingLabel = 'large-node') => ({
+    name: 'meta',
+    driver: 'metastatic',
+    pools: [pool([label('small-node', { 'backing-label': backingLabel })])],
+  });
+  const awsConfig = (
+    poolExtra: Obj = {},
+    labelExtra: Obj = {},
+    providerExtra: Obj = { region: 'eu-west-1' },
+  ) => ({
+    providers: [
+      {
+        name: 'ec2',
+        driver: 'aws',
+        ...providerExtra,
+        pools: [
+          {
+            name: 'spot',
+            'subnet-id': 'subnet-1',
+            ...poolExtra,
+            labels: [
+              { name: 'large-node', 'instance-type': 'm7i.4xlarge', 'image-id': 'ami-1', ...labelExtra },
+            ],
+          },
+        ],
+      },
+      metaFor(),
+    ],
+  });
+
+  it('accepts a full pool and passes its options on with defaults applied', () => {
     const config = ok(
       parseObject({
         providers: [
@@ -576,12 +606,32 @@ describe('the aws driver', () => {
               {
                 name: 'spot',
                 'max-servers': 4,
-                subnet: 'subnet-1',
-                labels: [{ name: 'large-node', 'instance-type': 'm7i.4xlarge' }],
+                'subnet-ids': ['subnet-1', 'subnet-2'],
+                'security-group-id': 'sg-1',
+                'public-ipv4': true,
+                labels: [
+                  {
+                    name: 'large-node',
+                    'instance-types': ['m7i.4xlarge', 'm6i.4xlarge'],
+                    'image-id': 'ami-0123',
+                    'key-name': 'ops',
+                    userdata: '#!/bin/sh\necho hi\n',
+                    'iam-instance-profile': { name: 'builder' },
+                    'volume-size': 200,
+                    tags: { team: 'ci' },
+                    'use-spot': true,
+                  },
+                  {
+                    name: 'templated',
+                    'instance-type': 'c7i.large',
+                    'launch-template': { name: 'builders', version: 3 },
+                    'connection-port': 2222,
+                  },
+                ],
               },
             ],
           },
-          { name: 'meta', driver: 'metastatic', pools: [pool([label('small-node')])] },
+          metaFor(),
         ],
       }),
     );
@@ -590,21 +640,148 @@ describe('the aws driver', () => {
       driver: 'aws',
       maxServers: 4,
       providerOptions: { driver: 'aws', region: 'eu-west-1' },
-      poolOptions: { 'max-servers': 4, subnet: 'subnet-1' },
+      poolOptions: {
+        'max-servers': 4,
+        'subnet-ids': ['subnet-1', 'subnet-2'],
+        'security-group-id': 'sg-1',
+        'public-ipv4': true,
+      },
     });
-    expect(config.backingPools[0]?.labels.get('large-node')?.options).toEqual({
-      'instance-type': 'm7i.4xlarge',
+    const labels = config.backingPools[0]?.labels;
+    expect(labels?.get('large-node')?.options).toEqual({
+      'instance-types': ['m7i.4xlarge', 'm6i.4xlarge'],
+      'image-id': 'ami-0123',
+      'key-name': 'ops',
+      userdata: '#!/bin/sh\necho hi\n',
+      'iam-instance-profile': { name: 'builder' },
+      'volume-size': 200,
+      tags: { team: 'ci' },
+      'use-spot': true,
+      'connection-port': 22,
+    });
+    expect(labels?.get('templated')?.options).toEqual({
+      'instance-type': 'c7i.large',
+      'launch-template': { name: 'builders', version: 3 },
+      'connection-port': 2222,
+      tags: {},
+      'use-spot': false,
     });
   });
 
-  it('still requires names and an integer max-servers', () => {
+  it('defaults public-ipv4 to false', () => {
+    const config = ok(parseObject(awsConfig()));
+    expect(config.backingPools[0]?.poolOptions).toEqual({ 'subnet-id': 'subnet-1', 'public-ipv4': false });
+  });
+
+  it('rejects both instance-type and instance-types, and a label without any', () => {
     const result = parseObject({
-      providers: [{ driver: 'aws', pools: [{ 'max-servers': 'many', labels: [{ 'instance-type': 'x' }] }] }],
+      providers: [
+        {
+          name: 'ec2',
+          driver: 'aws',
+          region: 'eu-west-1',
+          pools: [
+            {
+              name: 'p',
+              'subnet-id': 'subnet-1',
+              labels: [
+                {
+                  name: 'large-node',
+                  'image-id': 'ami-1',
+                  'instance-type': 'm7i.large',
+                  'instance-types': ['m6i.large'],
+                },
+                { name: 'other', 'image-id': 'ami-1' },
+              ],
+            },
+          ],
+        },
+        metaFor(),
+      ],
+    });
+    expect(problems(result)).toEqual([
+      'providers[0].pools[0].labels[0].instance-types: give either instance-type or instance-types, not both',
+      'providers[0].pools[0].labels[1].instance-type: missing required key "instance-type" (or "instance-types", a list tried in order)',
+    ]);
+  });
+
+  it('requires an image: image-id or launch-template (by id or name), not both', () => {
+    expect(problems(parseObject(awsConfig({}, { 'image-id': undefined })))).toEqual([
+      'providers[0].pools[0].labels[0].image-id: missing required key "image-id" (or "launch-template")',
+    ]);
+    expect(problems(parseObject(awsConfig({}, { 'launch-template': { id: 'lt-1' } })))).toEqual([
+      'providers[0].pools[0].labels[0].launch-template: give either image-id or launch-template, not both',
+    ]);
+    expect(
+      problems(
+        parseObject(awsConfig({}, { 'image-id': undefined, 'launch-template': { version: '$Latest' } })),
+      ),
+    ).toEqual(['providers[0].pools[0].labels[0].launch-template.id: missing required key "id" (or "name")']);
+  });
+
+  it('rejects a bad volume-size, volume-type and connection-port, and root volume keys with a template', () => {
+    expect(
+      problems(
+        parseObject(awsConfig({}, { 'volume-size': 0, 'volume-type': 'gp9', 'connection-port': 70000 })),
+      ),
+    ).toEqual([
+      'providers[0].pools[0].labels[0].volume-size: volume-size: expected an integer >= 1, got 0',
+      'providers[0].pools[0].labels[0].volume-type: volume-type: expected one of gp3, gp2, io2, io1, st1, sc1, standard, got "gp9"',
+      'providers[0].pools[0].labels[0].connection-port: connection-port: expected a port number from 1 to 65535, got 70000',
+    ]);
+    expect(problems(parseObject(awsConfig({}, { 'volume-size': '100G' })))).toEqual([
+      'providers[0].pools[0].labels[0].volume-size: volume-size: expected an integer >= 1, got "100G"',
+    ]);
+    expect(
+      problems(
+        parseObject(
+          awsConfig({}, { 'image-id': undefined, 'launch-template': { id: 'lt-1' }, 'volume-size': 50 }),
+        ),
+      ),
+    ).toEqual([
+      'providers[0].pools[0].labels[0].volume-size: volume-size cannot be combined with launch-template (the template defines the root volume)',
+    ]);
+  });
+
+  it('requires a region and a subnet, and rejects unknown keys, reserved tags and max-servers < 1', () => {
+    const result = parseObject(
+      awsConfig(
+        {
+          'subnet-id': undefined,
+          subnet: 'subnet-1',
+          'max-servers': 0,
+          'security-group-ids': ['sg-1'],
+          'security-group-id': 'sg-2',
+        },
+        { instance_type: 'x', tags: { 'metastatic:pool': 'x', 'aws:cost': 'y', team: 'ci' } },
+        {},
+      ),
+    );
+    expect(problems(result)).toEqual([
+      'providers[0].region: missing required key "region"',
+      'providers[0].pools[0].subnet-ids: missing required key "subnet-ids" (or "subnet-id")',
+      'providers[0].pools[0].subnet: unknown key "subnet"',
+      'providers[0].pools[0].max-servers: max-servers: expected an integer >= 1, got 0',
+      'providers[0].pools[0].security-group-id: give either security-group-ids or security-group-id, not both',
+      'providers[0].pools[0].labels[0].instance_type: unknown key "instance_type"; did you mean "instance-type"?',
+      'providers[0].pools[0].labels[0].tags.metastatic:pool: tag key "metastatic:pool" is reserved (keys starting with "metastatic:" are set by metastatic)',
+      'providers[0].pools[0].labels[0].tags.aws:cost: tag key "aws:cost" is reserved (keys starting with "aws:" are set by AWS)',
+    ]);
+  });
+
+  it('still requires names', () => {
+    const result = parseObject({
+      providers: [
+        {
+          driver: 'aws',
+          region: 'eu-west-1',
+          pools: [{ 'subnet-id': 's', labels: [{ 'instance-type': 'x', 'image-id': 'ami-1' }] }],
+        },
+      ],
     });
     expect(problems(result)).toEqual([
       'providers[0].name: missing required key "name"',
       'providers[0].pools[0].name: missing required key "name"',
-      'providers[0].pools[0].max-servers: max-servers: expected an integer, got "many"',
       'providers[0].pools[0].labels[0].name: missing required key "name"',
     ]);
   });

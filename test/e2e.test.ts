@@ -96,7 +96,7 @@ describe('metastatic CLI end to end (a new user’s session)', () => {
       expect(r.state).toBe('fulfilled');
       expect(r.nodes).toHaveLength(1);
       expect(Object.keys(r.nodes[0]).sort()).toEqual(
-        ['attributes', 'backingNodeId', 'host', 'id', 'label', 'port', 'slot', 'state'].sort(),
+        ['attributes', 'backingNodeId', 'host', 'hostKeys', 'id', 'label', 'port', 'slot', 'state'].sort(),
       );
     }
     const nodes = requests.map((r) => r.nodes[0]);

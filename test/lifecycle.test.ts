@@ -175,7 +175,7 @@ describe('host-key-checking', () => {
 });
 
 describe('reconciliation', () => {
-  it('terminates a resource tagged as ours that has no record', async () => {
+  it('terminates a resource tagged as ours that has no record, after a short grace', async () => {
     h = await startHarness(config({}));
     const { resourceId } = await h.stack.localProvider.launch({
       backingNodeId: 'bn-orphan',
@@ -185,6 +185,10 @@ describe('reconciliation', () => {
     });
     await h.fulfilUntil(async () => (await h?.stack.localProvider.describe(resourceId))?.state === 'running');
     const pid = (await h.stack.localProvider.describe(resourceId))?.attributes.pid as number;
+    // A short grace first: a launch may be about to record it.
+    expect((await h.stack.reapNow()).orphans).toEqual([]);
+    expect(alive(pid)).toBe(true);
+    h.clock.advance(2 * 60 * SEC);
     const report = await h.stack.reapNow();
     expect(report.orphans).toEqual([resourceId]);
     expect(alive(pid)).toBe(false);

@@ -203,8 +203,9 @@ export const awsLabelSchema = z.strictObject(
     'volume-size': intAtLeast(1).optional().describe("Root volume size in GiB. Default: the image's."),
     'volume-type': z
       .enum(EBS_VOLUME_TYPES, { error: `one of ${EBS_VOLUME_TYPES.join(', ')}` })
-      .default('gp3')
-      .describe('Root volume type (the root volume is always encrypted).'),
+      .optional()
+      // No zod default: with a launch-template the key must stay absent (the template owns the volume).
+      .describe('Root volume type, default gp3 (the root volume is always encrypted).'),
     tags: z
       .record(
         z.string({ error: TAG_KEY }).min(1, { error: TAG_KEY }).max(128, { error: TAG_KEY }),

@@ -5,7 +5,8 @@ import { type ReapReport, reap } from '../usecases/reap.ts';
 export function makeReaperHandler(ctx: Context): () => Promise<ReapReport> {
   return async () => {
     const report = await reap(ctx);
-    if (report.retired.length || report.stopped.length || report.errors.length) {
+    const { nextCheckAt: _next, conflicts: _c, ...counts } = report;
+    if (Object.values(counts).some((v) => (Array.isArray(v) ? v.length > 0 : v > 0))) {
       ctx.log.info('reaper run', { ...report });
     }
     return report;

@@ -9,7 +9,9 @@ import { makeReaperHandler } from '../handlers/reaperHandler.ts';
 import { makeRequestHandler } from '../handlers/requestHandler.ts';
 import type { LocalProvider } from '../providers/local/localProvider.ts';
 import { DynamoStore } from '../store/dynamoStore.ts';
+import { reapPartition } from '../store/table.ts';
 import type { Context, Log } from '../usecases/context.ts';
+import { failBackingNode } from '../usecases/failure.ts';
 import type { ReapReport } from '../usecases/reap.ts';
 import { type DevInfo, devInfoPath } from './devInfo.ts';
 import { embeddedContext } from './embeddedContext.ts';
@@ -203,6 +205,44 @@ export class DevStack {
     this.scheduleReaper(this.context.clock.now() + Math.min(...graces) * 1000 + 10);
   }
 
+  /**
+   * Terminates every local backing process, those adopted from an earlier run included, and records
+   * their backing nodes failed: their ready nodes fail (they are gone), waiting nodes stay for the
+   * next start to move (the provider is closed now, so moving them would only spend their attempts).
+   */
+  private async recordShutdown(): Promise<void> {
+    const local = new Set(
+      this.options.config.backingPools.filter((p) => p.driver === 'local').map((p) => p.key),
+    );
+    await this.localProvider.shutdown();
+    for (const r of await this.localProvider.list()) {
+      await this.localProvider.terminate(r.resourceId).catch((err: unknown) => {
+        this.context.log.warn('could not stop an adopted backing process', {
+          resourceId: r.resourceId,
+          error: err as Error,
+        });
+      });
+    }
+    await this.localProvider.flush();
+    const live = [
+      ...(await this.context.store.queryReap(reapPartition.idle)),
+      ...(await this.context.store.queryReap(reapPartition.launching)),
+      ...(await this.context.store.queryReap(reapPartition.active)),
+    ];
+    for (const b of live) {
+      if (!local.has(b.backingPoolKey)) continue;
+      await failBackingNode(this.context, b.id, 'the embedded pool was stopped', {
+        resourceGone: true,
+        deferRehoming: true,
+      }).catch((err: unknown) => {
+        this.context.log.warn('could not record a backing node as stopped', {
+          backingNodeId: b.id,
+          error: err as Error,
+        });
+      });
+    }
+  }
+
   /** Stops pollers and the reaper, terminates every backing process, closes the engines. */
   async stop(): Promise<void> {
     if (this.stopped) return;
@@ -210,28 +250,7 @@ export class DevStack {
     clearTimeout(this.reaperTimer);
     await Promise.allSettled(this.pollers.map((p) => p.stop()));
     await this.reaping;
-    await this.localProvider.shutdown();
-    await this.localProvider.flush();
-    // The terminations just emitted go through the fulfil flow, so the table says these backing
-    // nodes are gone (their nodes failed) instead of handing them out after a restart.
-    const fulfil = new SqsPoller(
-      this.sqs,
-      this.info.fulfilQueueUrl,
-      'arn:local:fulfil',
-      this.handlers.fulfil,
-      this.context.log,
-      {
-        waitSeconds: 0,
-      },
-    );
-    for (let i = 0; i < 50; i++) {
-      try {
-        if ((await fulfil.pollOnce()) === 0) break;
-      } catch (err) {
-        this.context.log.warn('could not record a backing node as gone at shutdown', { error: err as Error });
-        break;
-      }
-    }
+    await this.recordShutdown();
     this.dynamodb.destroy();
     this.sqs.destroy();
     await Promise.allSettled(this.engines.map((e) => e.close()));

@@ -10,7 +10,8 @@ import type { BackingRecord, RequestRecord } from '../core/records.ts';
  *   BACKINGPOOL#<provider/pool>     BACKING   string set of the backing pool's live backing ids (its cap)
  * Sparse indexes (attributes present only when the item belongs in them):
  *   free (fpk, fsk): backing nodes that can take a node, per pool and label, fullest then oldest first
- *   reap (rpk, rsk): IDLE (empty), LAUNCHING (by launch time), RETIRING and FAILED (to terminate)
+ *   reap (rpk, rsk): IDLE (empty), LAUNCHING (by launch time), ACTIVE (ready, in use), RETIRING and
+ *                    FAILED (to terminate): every backing node that is not stopped is in exactly one
  */
 export const FREE_INDEX = 'free';
 export const REAP_INDEX = 'reap';

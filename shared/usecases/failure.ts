@@ -15,6 +15,8 @@ export interface FailOptions {
   readonly resourceGone: boolean;
   /** Settle the nodes on it now (default); the launch path leaves that to its caller. */
   readonly handleNodes?: boolean;
+  /** Leave waiting nodes where they are, for the reaper to move later (the pool is shutting down). */
+  readonly deferRehoming?: boolean;
 }
 
 export interface SettleReport {
@@ -56,7 +58,7 @@ export async function failBackingNode(
   }
   if (!failed) throw new ConflictError(`gave up failing backing node ${backingId}`);
   if (options.handleNodes === false) return undefined;
-  return settleFailedNodes(ctx, failed, options.resourceGone);
+  return settleFailedNodes(ctx, failed, options.resourceGone, options.deferRehoming);
 }
 
 /** Settles every slot of a failed backing node (see failBackingNode). */
@@ -64,6 +66,7 @@ export async function settleFailedNodes(
   ctx: Context,
   b: BackingRecord,
   resourceGone: boolean,
+  deferRehoming = false,
 ): Promise<SettleReport> {
   const report: SettleReport = { rehomed: 0, failed: 0, waiting: 0 };
   const reason = b.reason ?? `backing node ${b.id} failed`;
@@ -80,7 +83,9 @@ export async function settleFailedNodes(
       else report.waiting++;
       continue;
     }
-    if (n.state === 'pending') {
+    if (n.state === 'pending' && deferRehoming) {
+      report.waiting++;
+    } else if (n.state === 'pending') {
       const outcome = await rehomeNode(ctx, r.id, parsed.index, b.id, reason);
       if (outcome === 'rehomed') report.rehomed++;
       else if (outcome === 'failed') report.failed++;

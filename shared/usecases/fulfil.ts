@@ -199,7 +199,7 @@ export async function markNodesReady(ctx: Context, backing: BackingRecord): Prom
   const pool = ctx.config.metastaticPools.find((p) => p.key === backing.poolKey);
   const label = pool?.labels.get(backing.label);
   let hostKeys = hostKeysOf(backing);
-  if (pool && label?.hostKeyChecking) {
+  if (pool && label?.hostKeyChecking && (await anyPendingOn(ctx, backing.id, [...byRequest.keys()]))) {
     // host-key-checking: the nodes becoming ready together share one scan of the backing node.
     try {
       hostKeys = await scanKeys(ctx, pool, backing);
@@ -232,6 +232,19 @@ export async function markNodesReady(ctx: Context, backing: BackingRecord): Prom
     });
   }
   return count;
+}
+
+/** Whether any node of these requests still waits on the backing node (a scan is only owed to those). */
+async function anyPendingOn(
+  ctx: Context,
+  backingId: string,
+  requestIds: readonly string[],
+): Promise<boolean> {
+  for (const id of requestIds) {
+    const r = await ctx.store.getRequest(id);
+    if (r?.nodes.some((n) => n.state === 'pending' && n.backingNodeId === backingId)) return true;
+  }
+  return false;
 }
 
 /** Applies a change to a request's nodes (re-reading on conflict) and settles the request's state. */

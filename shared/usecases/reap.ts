@@ -37,14 +37,15 @@ type MutableReport = { -readonly [K in keyof ReapReport]: ReapReport[K] };
  * One reaper run. Everything it looks at comes from Queries on the reap index (every backing node
  * that is not stopped sits in exactly one partition) and from the providers' own lists of tagged
  * resources, which are the truth about what runs:
- * 1. empty backing nodes are retired by the rules of core/reaper.ts, two-phase: a conditional write
+ * 1. reconciliation both ways, first (a vanished resource must not be retired as if idle): a record
+ *    whose resource is gone fails; a tagged resource with no live record is terminated; a launching
+ *    record whose resource runs is made ready (a lost event);
+ * 2. empty backing nodes are retired by the rules of core/reaper.ts, two-phase: a conditional write
  *    (still empty, unchanged since read) marks it retiring so no allocation can land on it, then the
  *    resource is terminated and, once the provider confirms it gone, the record is marked stopped;
- * 2. launching backing nodes past launch-timeout / boot-timeout fail and their nodes move elsewhere;
- * 3. ready backing nodes past max-age are drained (no new nodes; they go when empty);
- * 4. claims no recorded node confirmed within the slot lease are given back;
- * 5. reconciliation both ways: a record whose resource is gone fails; a tagged resource with no live
- *    record is terminated; a launching record whose resource runs is made ready (a lost event);
+ * 3. launching backing nodes past launch-timeout / boot-timeout fail and their nodes move elsewhere;
+ * 4. ready backing nodes past max-age are drained (no new nodes; they go when empty);
+ * 5. claims no recorded node confirmed within the slot lease are given back;
  * 6. failed and retiring backing nodes are settled and terminated until the provider confirms.
  * A crash anywhere leaves records in partitions the next run picks up.
  */
@@ -72,7 +73,7 @@ export async function reap(ctx: Context): Promise<ReapReport> {
   const launching = await ctx.store.queryReap(reapPartition.launching);
   const active = await ctx.store.queryReap(reapPartition.active);
 
-  // 5. Reconciliation first: a vanished resource must not be retired as if it were idle.
+  // 1. Reconciliation first: a vanished resource must not be retired as if it were idle.
   const gone = new Set<string>();
   await guard('reconcile', '-', () => reconcile(ctx, [...idle, ...launching, ...active], report, gone));
 
@@ -266,8 +267,9 @@ function providerFor(ctx: Context, b: BackingRecord): BackingProvider {
   return ctx.providers.forPool(b.backingPoolKey);
 }
 
+/** Gone, or no longer usable: a stopped (not terminated) machine serves nobody either. */
 function isGone(r: BackingResource | undefined): boolean {
-  return r === undefined || r.state === 'terminated' || r.state === 'shutting-down';
+  return r === undefined || (r.state !== 'pending' && r.state !== 'running');
 }
 
 /**

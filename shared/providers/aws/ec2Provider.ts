@@ -259,8 +259,9 @@ export class Ec2Provider implements BackingProvider {
 
   async launch(spec: LaunchSpec): Promise<{ resourceId: string }> {
     const settings = this.settingsFor(spec.poolKey, spec.label);
-    const paused = this.launchBlocked(spec.poolKey);
-    if (paused !== undefined) throw new CapacityError(paused);
+    // Paused by a quota, or every offering had no capacity a moment ago: wait, do not spend the attempt.
+    const blocked = this.launchBlocked(spec.poolKey, spec.label);
+    if (blocked !== undefined) throw new CapacityError(blocked);
     const budget: RetryBudget = { used: 0 };
     const offerings = offeringsOf(settings);
 

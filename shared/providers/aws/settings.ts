@@ -7,6 +7,9 @@ import type { BackingPool } from '../../config/model.ts';
 import { checkConfigRules, formatPath } from '../../config/resolve.ts';
 import { type AwsProviderConfig, awsProviderSchema, type EBS_VOLUME_TYPES } from '../../config/schema.ts';
 
+/** The root volume type when the label gives none. */
+export const DEFAULT_VOLUME_TYPE = 'gp3';
+
 export type AwsImage =
   | { readonly kind: 'image'; readonly imageId: string }
   | {
@@ -102,7 +105,7 @@ function settingsOf(poolKey: string, provider: AwsProviderConfig): Map<string, A
           ? { iamInstanceProfile: { name: profile.name } }
           : {}),
       ...(label['volume-size'] !== undefined ? { volumeSize: label['volume-size'] } : {}),
-      volumeType: label['volume-type'],
+      volumeType: label['volume-type'] ?? DEFAULT_VOLUME_TYPE,
       tags: label.tags,
       useSpot: label['use-spot'],
       connectionPort: label['connection-port'],

@@ -420,6 +420,7 @@ export class LocalProvider implements BackingProvider {
       backingNodeId: record.backingNodeId,
       poolKey: record.poolKey,
       state,
+      ...(record.startedAt > 0 ? { launchedAt: record.startedAt } : {}),
       ...(state === 'running' || state === 'shutting-down' ? { host: record.host } : {}),
       ...(record.port !== undefined && state !== 'pending' ? { port: record.port } : {}),
       attributes: {

@@ -1,0 +1,592 @@
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { App, Duration, Stack } from 'aws-cdk-lib';
+import { Annotations, Match, Template } from 'aws-cdk-lib/assertions';
+import { Queue } from 'aws-cdk-lib/aws-sqs';
+import { AwsSolutionsChecks, ServerlessChecks } from 'cdk-nag';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { LauncherPermissions } from '../lib/launcherPermissions.ts';
+import { MetastaticPool } from '../lib/metastaticPool.ts';
+import { MetastaticStack } from '../lib/metastaticStack.ts';
+import { ConfigInvalidError } from '../shared/config/load.ts';
+import type { AwsLabelSettings } from '../shared/providers/aws/settings.ts';
+import { tableDefinition } from '../shared/store/table.ts';
+
+/**
+ * The CDK app: the stack bin/cdk.ts synthesizes (same ids, same feature flags from cdk.json, the example
+ * configuration), asserted resource by resource, and checked with cdk-nag's AWS Solutions and Serverless
+ * packs. The three functions are bundled once, with the local esbuild.
+ */
+
+const ROOT = new URL('..', import.meta.url).pathname;
+const CDK_CONTEXT = JSON.parse(readFileSync(join(ROOT, 'cdk.json'), 'utf8')).context as Record<
+  string,
+  unknown
+>;
+const EXAMPLE = join(ROOT, 'examples/aws.yaml');
+const ENV = { account: '123456789012', region: 'eu-west-1' };
+
+/** The logical id of the table. It must never change: a new one would replace the table (and its data). */
+const TABLE_LOGICAL_ID = 'PoolTableCC5EEF86';
+
+type Json = Record<string, unknown>;
+interface Statement {
+  readonly Effect: string;
+  readonly Action: string | string[];
+  readonly Resource: unknown;
+  readonly Condition?: Record<string, Record<string, unknown>>;
+  readonly Sid?: string;
+}
+
+/** An app with cdk.json's context; bundling only for the stacks named (none by default: it takes seconds). */
+function newApp(bundlingStacks: string[] = []): App {
+  return new App({ context: { ...CDK_CONTEXT, 'aws:cdk:bundling-stacks': bundlingStacks } });
+}
+
+/** A configuration with one aws pool and one metastatic label on it; `label` adds keys to the aws label. */
+function awsConfig(label = '', pool = 'subnet-id: subnet-11111111'): string {
+  return `
+providers:
+  - name: ec2
+    driver: aws
+    region: eu-west-1
+    pools:
+      - name: main
+        ${pool}
+        labels:
+          - name: big
+            instance-type: m7g.2xlarge
+${label
+  .split('\n')
+  .filter((line) => line.trim() !== '')
+  .map((line) => `            ${line}`)
+  .join('\n')}
+  - name: meta
+    driver: metastatic
+    pools:
+      - name: main
+        labels:
+          - name: small
+            backing-label: big
+`;
+}
+
+/** `Fn::Join`, `Ref` and `Fn::GetAtt` rendered as text (`<AWS::AccountId>`, `<Table.Arn>`), to compare ARNs. */
+function flatten(value: unknown): string {
+  if (typeof value === 'string') return value;
+  const o = value as Json;
+  if (o.Ref !== undefined) return `<${String(o.Ref)}>`;
+  if (o['Fn::GetAtt'] !== undefined) return `<${(o['Fn::GetAtt'] as string[]).join('.')}>`;
+  if (o['Fn::Join'] !== undefined) {
+    const [sep, parts] = o['Fn::Join'] as [string, unknown[]];
+    return parts.map(flatten).join(sep);
+  }
+  return JSON.stringify(value);
+}
+
+const asList = <T>(value: T | T[]): T[] => (Array.isArray(value) ? value : [value]);
+
+function statementsOf(template: Template): Statement[] {
+  return Object.values(template.findResources('AWS::IAM::Policy')).flatMap(
+    (policy) =>
+      ((policy as Json).Properties as { PolicyDocument: { Statement: Statement[] } }).PolicyDocument
+        .Statement,
+  );
+}
+
+function allowing(statements: Statement[], action: string): Statement[] {
+  return statements.filter((s) => s.Effect === 'Allow' && asList(s.Action).includes(action));
+}
+
+function resourcesOf(statement: Statement): string[] {
+  return asList(statement.Resource).map(flatten);
+}
+
+function nagViolations(app: App): string[] {
+  return [new AwsSolutionsChecks(), new ServerlessChecks()].flatMap((pack) =>
+    pack
+      .validateScope(app)
+      .violations.flatMap((v) =>
+        v.violatingResources.map(
+          (r) => `${v.severity} ${v.ruleName} at ${r.constructPath}: ${v.description}`,
+        ),
+      ),
+  );
+}
+
+describe('MetastaticStack (the example configuration, as bin/cdk.ts builds it)', () => {
+  let app: App;
+  let stack: MetastaticStack;
+  let template: Template;
+  let resources: Record<string, Json>;
+
+  beforeAll(() => {
+    app = newApp(['Metastatic']);
+    stack = new MetastaticStack(app, 'Metastatic', { configPath: EXAMPLE, env: ENV });
+    template = Template.fromStack(stack);
+    resources = template.toJSON().Resources as Record<string, Json>;
+  });
+
+  const props = (logicalId: string) => resources[logicalId]?.Properties as Json;
+  const ofType = (type: string) => Object.entries(resources).filter(([, r]) => r.Type === type);
+  const refId = (value: unknown) => {
+    const o = value as Json;
+    return (o.Ref ?? (o['Fn::GetAtt'] as string[] | undefined)?.[0]) as string;
+  };
+
+  it('has no cdk-nag finding left unacknowledged (AWS Solutions and Serverless packs)', () => {
+    expect(nagViolations(app)).toEqual([]);
+  });
+
+  it('reports no CDK errors or warnings', () => {
+    expect(Annotations.fromStack(stack).findError('*', Match.anyValue())).toEqual([]);
+    expect(Annotations.fromStack(stack).findWarning('*', Match.anyValue())).toEqual([]);
+  });
+
+  it('keeps the table logical id stable', () => {
+    expect(Object.keys(template.findResources('AWS::DynamoDB::Table'))).toEqual([TABLE_LOGICAL_ID]);
+  });
+
+  it('builds the table from tableDefinition: on-demand, point-in-time recovery, encrypted, retained', () => {
+    template.hasResource('AWS::DynamoDB::Table', {
+      DeletionPolicy: 'Retain',
+      UpdateReplacePolicy: 'Retain',
+      Properties: {
+        BillingMode: 'PAY_PER_REQUEST',
+        KeySchema: tableDefinition.KeySchema,
+        AttributeDefinitions: tableDefinition.AttributeDefinitions,
+        GlobalSecondaryIndexes: tableDefinition.GlobalSecondaryIndexes,
+        PointInTimeRecoverySpecification: { PointInTimeRecoveryEnabled: true },
+        SSESpecification: { SSEEnabled: true },
+      },
+    });
+    expect(tableDefinition.GlobalSecondaryIndexes?.map((i) => i.IndexName)).toEqual(['free', 'reap']);
+  });
+
+  it('reports batch item failures from both SQS event sources (10 requests per batch)', () => {
+    const mappings = ofType('AWS::Lambda::EventSourceMapping');
+    expect(mappings).toHaveLength(2);
+    for (const [, mapping] of mappings) {
+      expect((mapping.Properties as Json).FunctionResponseTypes).toEqual(['ReportBatchItemFailures']);
+    }
+    template.hasResourceProperties('AWS::Lambda::EventSourceMapping', {
+      FunctionName: { Ref: Match.stringLikeRegexp('^PoolRequestFunction') },
+      EventSourceArn: { 'Fn::GetAtt': [Match.stringLikeRegexp('^PoolRequestQueue[0-9A-F]{8}$'), 'Arn'] },
+      BatchSize: 10,
+    });
+    template.hasResourceProperties('AWS::Lambda::EventSourceMapping', {
+      FunctionName: { Ref: Match.stringLikeRegexp('^PoolFulfilFunction') },
+      EventSourceArn: { 'Fn::GetAtt': [Match.stringLikeRegexp('^PoolFulfilQueue[0-9A-F]{8}$'), 'Arn'] },
+    });
+  });
+
+  it('gives each work queue a dead-letter queue (50 receives for requests, 5 for fulfil) kept 14 days', () => {
+    const queues = ofType('AWS::SQS::Queue');
+    expect(queues).toHaveLength(4);
+    const dlqIds = new Set<string>();
+    const receives: Record<string, number> = {};
+    for (const [id, queue] of queues) {
+      const redrive = (queue.Properties as Json).RedrivePolicy as Json | undefined;
+      if (!redrive) continue;
+      dlqIds.add(refId(redrive.deadLetterTargetArn));
+      receives[id.replace(/[0-9A-F]{8}$/, '')] = redrive.maxReceiveCount as number;
+    }
+    expect(receives).toEqual({ PoolRequestQueue: 50, PoolFulfilQueue: 5 });
+    expect(dlqIds.size).toBe(2);
+    for (const id of dlqIds) expect(props(id).MessageRetentionPeriod).toBe(14 * 24 * 3600);
+  });
+
+  it('encrypts every queue and denies every request without TLS', () => {
+    const policies = ofType('AWS::SQS::QueuePolicy');
+    for (const [id, queue] of ofType('AWS::SQS::Queue')) {
+      const p = queue.Properties as Json;
+      expect(p.SqsManagedSseEnabled === true || p.KmsMasterKeyId !== undefined, id).toBe(true);
+      const policy = policies.find(([, q]) =>
+        ((q.Properties as Json).Queues as unknown[]).some((r) => refId(r) === id),
+      );
+      if (!policy) throw new Error(`no queue policy for ${id}`);
+      const statements = ((policy[1].Properties as Json).PolicyDocument as { Statement: Statement[] })
+        .Statement;
+      expect(statements).toContainEqual(
+        expect.objectContaining({
+          Effect: 'Deny',
+          Action: 'sqs:*',
+          Condition: { Bool: { 'aws:SecureTransport': 'false' } },
+        }),
+      );
+    }
+  });
+
+  it("sets each consumed queue's visibility timeout to at least 6 x its consumer's timeout", () => {
+    for (const [, mapping] of ofType('AWS::Lambda::EventSourceMapping')) {
+      const p = mapping.Properties as Json;
+      const queue = props(refId(p.EventSourceArn));
+      const fn = props(refId(p.FunctionName));
+      expect(queue.VisibilityTimeout as number).toBeGreaterThanOrEqual(6 * (fn.Timeout as number));
+    }
+  });
+
+  it('runs the reaper every minute', () => {
+    template.hasResourceProperties('AWS::Events::Rule', {
+      ScheduleExpression: 'rate(1 minute)',
+      Targets: [
+        Match.objectLike({ Arn: { 'Fn::GetAtt': [Match.stringLikeRegexp('^PoolReaperFunction'), 'Arn'] } }),
+      ],
+    });
+  });
+
+  it('sends EC2 state changes and spot interruption warnings to the fulfil queue, failures to its DLQ', () => {
+    template.hasResourceProperties('AWS::Events::Rule', {
+      EventPattern: {
+        source: ['aws.ec2'],
+        'detail-type': ['EC2 Instance State-change Notification', 'EC2 Spot Instance Interruption Warning'],
+      },
+      Targets: [
+        Match.objectLike({
+          Arn: { 'Fn::GetAtt': [Match.stringLikeRegexp('^PoolFulfilQueue[0-9A-F]{8}$'), 'Arn'] },
+          DeadLetterConfig: {
+            Arn: { 'Fn::GetAtt': [Match.stringLikeRegexp('^PoolFulfilQueueDeadLetterQueue'), 'Arn'] },
+          },
+        }),
+      ],
+    });
+    // The rule is on the default bus: AWS service events reach no other.
+    const rules = ofType('AWS::Events::Rule');
+    for (const [, rule] of rules) expect((rule.Properties as Json).EventBusName).toBeUndefined();
+  });
+
+  it('runs the functions on Node.js 24, ARM64, 512 MB, traced, 30/30/60 s, with the environment contract', () => {
+    const functions = ofType('AWS::Lambda::Function');
+    expect(functions.map(([id]) => id.replace(/Function[0-9A-F]{8}$/, '')).sort()).toEqual([
+      'PoolFulfil',
+      'PoolReaper',
+      'PoolRequest',
+    ]);
+    const config = readFileSync(EXAMPLE, 'utf8');
+    for (const [id, fn] of functions) {
+      const p = fn.Properties as Json;
+      expect(p.Architectures).toEqual(['arm64']);
+      expect(p.Runtime).toBe('nodejs24.x');
+      expect(p.MemorySize).toBe(512);
+      expect(p.TracingConfig).toEqual({ Mode: 'Active' });
+      expect(p.Timeout).toBe(id.startsWith('PoolReaper') ? 60 : 30);
+      const env = (p.Environment as { Variables: Json }).Variables;
+      expect(env).toEqual({
+        TABLE_NAME: { Ref: TABLE_LOGICAL_ID },
+        METASTATIC_CONFIG: config,
+        POOL_ID: 'Metastatic-Pool-5603C6D5',
+        EVENT_BUS_NAME: 'default',
+        POWERTOOLS_SERVICE_NAME: 'metastatic',
+        POWERTOOLS_METRICS_NAMESPACE: 'Metastatic',
+        NODE_OPTIONS: '--enable-source-maps',
+        ...(id.startsWith('PoolRequest') ? { MAX_RECEIVE_COUNT: '50' } : {}),
+      });
+    }
+  });
+
+  it('logs each function to its own log group, kept one month', () => {
+    const groups = ofType('AWS::Logs::LogGroup');
+    expect(groups).toHaveLength(3);
+    for (const [, group] of groups) expect((group.Properties as Json).RetentionInDays).toBe(30);
+    const used = ofType('AWS::Lambda::Function').map(([, fn]) =>
+      refId(((fn.Properties as Json).LoggingConfig as Json).LogGroup),
+    );
+    expect(used.sort()).toEqual(groups.map(([id]) => id).sort());
+  });
+
+  it('grants no function a managed policy (its own log group only)', () => {
+    for (const [, role] of ofType('AWS::IAM::Role')) {
+      expect((role.Properties as Json).ManagedPolicyArns).toBeUndefined();
+    }
+  });
+
+  it('binds RunInstances on instances and volumes to the pool tag', () => {
+    const statements = allowing(statementsOf(template), 'ec2:RunInstances');
+    for (const s of statements) {
+      const tagged = resourcesOf(s).filter((r) => /:(instance|volume)\/\*$/.test(r));
+      if (tagged.length === 0) continue;
+      expect(s.Condition).toEqual({
+        StringEquals: { 'aws:RequestTag/metastatic:pool': 'Metastatic-Pool-5603C6D5' },
+      });
+      expect(resourcesOf(s)).toEqual([
+        'arn:<AWS::Partition>:ec2:eu-west-1:<AWS::AccountId>:instance/*',
+        'arn:<AWS::Partition>:ec2:eu-west-1:<AWS::AccountId>:volume/*',
+      ]);
+    }
+    const untagged = statements.filter((s) => s.Condition === undefined);
+    expect(untagged).toHaveLength(1);
+    expect(resourcesOf(untagged[0] as Statement).sort()).toEqual([
+      'arn:<AWS::Partition>:ec2:eu-west-1::image/ami-0c1bc246476a5572b',
+      'arn:<AWS::Partition>:ec2:eu-west-1:<AWS::AccountId>:key-pair/metastatic',
+      'arn:<AWS::Partition>:ec2:eu-west-1:<AWS::AccountId>:network-interface/*',
+      'arn:<AWS::Partition>:ec2:eu-west-1:<AWS::AccountId>:security-group/sg-0123456789abcdef0',
+      'arn:<AWS::Partition>:ec2:eu-west-1:<AWS::AccountId>:spot-instances-request/*',
+      'arn:<AWS::Partition>:ec2:eu-west-1:<AWS::AccountId>:subnet/subnet-0a1b2c3d4e5f60718',
+      'arn:<AWS::Partition>:ec2:eu-west-1:<AWS::AccountId>:subnet/subnet-0f9e8d7c6b5a40312',
+    ]);
+  });
+
+  it('allows CreateTags only on launch, TerminateInstances only on tagged instances, Describe* on *', () => {
+    const statements = statementsOf(template);
+    const createTags = allowing(statements, 'ec2:CreateTags');
+    expect(createTags).toHaveLength(1);
+    for (const s of createTags)
+      expect(s.Condition).toEqual({ StringEquals: { 'ec2:CreateAction': 'RunInstances' } });
+    const terminate = allowing(statements, 'ec2:TerminateInstances');
+    expect(terminate).toHaveLength(1);
+    for (const s of terminate) {
+      expect(s.Condition).toEqual({
+        StringEquals: { 'aws:ResourceTag/metastatic:pool': 'Metastatic-Pool-5603C6D5' },
+      });
+      expect(resourcesOf(s)).toEqual(['arn:<AWS::Partition>:ec2:eu-west-1:<AWS::AccountId>:instance/*']);
+    }
+    const describe = allowing(statements, 'ec2:DescribeInstances');
+    expect(describe).toEqual([
+      expect.objectContaining({ Action: ['ec2:DescribeImages', 'ec2:DescribeInstances'], Resource: '*' }),
+    ]);
+    expect(resourcesOf(createTags[0] as Statement)).toEqual([
+      'arn:<AWS::Partition>:ec2:eu-west-1:<AWS::AccountId>:instance/*',
+      'arn:<AWS::Partition>:ec2:eu-west-1:<AWS::AccountId>:volume/*',
+    ]);
+    // No label has an instance profile: nothing may be passed.
+    expect(allowing(statements, 'iam:PassRole')).toEqual([]);
+    // No statement grants an EC2 or IAM wildcard action.
+    for (const s of statements) for (const a of asList(s.Action)) expect(a).not.toMatch(/^(ec2|iam):.*\*/);
+  });
+
+  it('attaches the EC2 permissions to all three function roles', () => {
+    const launcher = ofType('AWS::IAM::Policy').find(([id]) => id.startsWith('PoolLauncherPolicy'));
+    if (!launcher) throw new Error('no launcher policy');
+    const roles = ((launcher[1].Properties as Json).Roles as unknown[]).map(refId).sort();
+    expect(roles).toEqual(
+      ofType('AWS::IAM::Role')
+        .map(([id]) => id)
+        .sort(),
+    );
+  });
+
+  it('grants the table (and its two indexes by name) and PutEvents on the bus to every function', () => {
+    const statements = statementsOf(template);
+    const tableGrants = allowing(statements, 'dynamodb:PutItem');
+    expect(tableGrants).toHaveLength(3);
+    for (const s of tableGrants) {
+      expect(resourcesOf(s)).toEqual([
+        `<${TABLE_LOGICAL_ID}.Arn>`,
+        `<${TABLE_LOGICAL_ID}.Arn>/index/free`,
+        `<${TABLE_LOGICAL_ID}.Arn>/index/reap`,
+      ]);
+    }
+    const putEvents = allowing(statements, 'events:PutEvents');
+    expect(putEvents.map(resourcesOf)).toEqual(
+      Array(3).fill(['arn:aws:events:eu-west-1:123456789012:event-bus/default']),
+    );
+  });
+
+  it('alarms on both dead-letter queues, failed launches, long waits and a failing reaper', () => {
+    const alarms = ofType('AWS::CloudWatch::Alarm').map(([, a]) => a.Properties as Json);
+    expect(alarms).toHaveLength(5);
+    const dlqAlarms = alarms.filter((a) => a.MetricName === 'ApproximateNumberOfMessagesVisible');
+    expect(
+      dlqAlarms
+        .map((a) => refId(((a.Dimensions as Json[])[0] as Json).Value).replace(/[0-9A-F]{8}$/, ''))
+        .sort(),
+    ).toEqual(['PoolFulfilQueueDeadLetterQueue', 'PoolRequestQueueDeadLetterQueue']);
+    for (const a of dlqAlarms) {
+      expect(a).toMatchObject({ Threshold: 0, ComparisonOperator: 'GreaterThanThreshold' });
+    }
+    template.hasResourceProperties('AWS::CloudWatch::Alarm', {
+      Namespace: 'Metastatic',
+      MetricName: 'LaunchFailed',
+      Dimensions: [{ Name: 'service', Value: 'metastatic' }],
+      Statistic: 'Sum',
+      Period: 300,
+      Threshold: 0,
+      ComparisonOperator: 'GreaterThanThreshold',
+    });
+    template.hasResourceProperties('AWS::CloudWatch::Alarm', {
+      MetricName: 'ApproximateAgeOfOldestMessage',
+      Dimensions: [
+        {
+          Name: 'QueueName',
+          Value: { 'Fn::GetAtt': [Match.stringLikeRegexp('^PoolRequestQueue[0-9A-F]{8}$'), 'QueueName'] },
+        },
+      ],
+      Threshold: 900,
+      ComparisonOperator: 'GreaterThanThreshold',
+    });
+  });
+
+  it('outputs the queue URLs, table name, event bus and pool id', () => {
+    const outputs = template.toJSON().Outputs as Record<string, { Value: unknown }>;
+    expect(Object.keys(outputs).sort()).toEqual([
+      'EventBusName',
+      'FulfilQueueUrl',
+      'PoolId',
+      'RequestQueueUrl',
+      'TableName',
+    ]);
+    expect(outputs.TableName?.Value).toEqual({ Ref: TABLE_LOGICAL_ID });
+    expect(outputs.PoolId?.Value).toBe('Metastatic-Pool-5603C6D5');
+  });
+});
+
+describe('MetastaticPool options and checks', () => {
+  let dir: string;
+  beforeAll(() => {
+    dir = mkdtempSync(join(tmpdir(), 'metastatic-cdk-'));
+  });
+  afterAll(() => rmSync(dir, { recursive: true, force: true }));
+
+  /** A pool in its own stack, without bundling. */
+  function synth(
+    config: string,
+    extra: Partial<ConstructorParameters<typeof MetastaticPool>[2]> = {},
+    env = ENV,
+  ) {
+    const app = newApp();
+    const stack = new Stack(app, 'Test', { env });
+    const pool = new MetastaticPool(stack, 'Pool', { config, ...extra });
+    return { app, pool, template: Template.fromStack(stack) };
+  }
+
+  it('passes exactly the given instance roles, to EC2 only, when a label has an instance profile', () => {
+    const { app, template } = synth(awsConfig('image-id: ami-1\niam-instance-profile: { name: builders }'), {
+      instanceRoles: ['builder-role', 'arn:aws:iam::123456789012:role/other'],
+    });
+    const passRole = allowing(statementsOf(template), 'iam:PassRole');
+    expect(passRole).toHaveLength(1);
+    expect(passRole[0]?.Condition).toEqual({ StringEquals: { 'iam:PassedToService': 'ec2.amazonaws.com' } });
+    expect(resourcesOf(passRole[0] as Statement).sort()).toEqual([
+      'arn:<AWS::Partition>:iam::<AWS::AccountId>:role/builder-role',
+      'arn:aws:iam::123456789012:role/other',
+    ]);
+    expect(nagViolations(app)).toEqual([]);
+  });
+
+  it('refuses an instance profile without instanceRoles, and instanceRoles without a profile', () => {
+    expect(() =>
+      synth(awsConfig('image-id: ami-1\niam-instance-profile: { arn: arn:aws:iam::1:instance-profile/x }')),
+    ).toThrow(/main\/big have an iam-instance-profile: give the role\(s\)/);
+    expect(() => synth(awsConfig('image-id: ami-1'), { instanceRoles: ['r'] })).toThrow(
+      /remove instanceRoles/,
+    );
+  });
+
+  it('grants wildcards only for what a launch template by name and a missing security group leave open', () => {
+    // LauncherPermissions alone, from launch settings as awsPoolSettings makes them.
+    const app = newApp();
+    const stack = new Stack(app, 'Launcher', { env: ENV });
+    const label: AwsLabelSettings = {
+      poolKey: 'ec2/main',
+      label: 'big',
+      region: 'eu-west-1',
+      instanceTypes: ['m7g.2xlarge'],
+      subnetIds: ['subnet-11111111'],
+      securityGroupIds: [],
+      publicIpv4: false,
+      image: { kind: 'launch-template', name: 'builders' },
+      volumeType: 'gp3',
+      tags: {},
+      useSpot: false,
+      connectionPort: 22,
+    };
+    new LauncherPermissions(stack, 'Launcher', { labels: [label], poolId: 'p' });
+    const template = Template.fromStack(stack);
+    const [open] = allowing(statementsOf(template), 'ec2:RunInstances').filter(
+      (s) => s.Condition === undefined,
+    );
+    expect(resourcesOf(open as Statement).sort()).toEqual([
+      'arn:<AWS::Partition>:ec2:eu-west-1::image/*',
+      'arn:<AWS::Partition>:ec2:eu-west-1:<AWS::AccountId>:key-pair/*',
+      'arn:<AWS::Partition>:ec2:eu-west-1:<AWS::AccountId>:launch-template/*',
+      'arn:<AWS::Partition>:ec2:eu-west-1:<AWS::AccountId>:network-interface/*',
+      'arn:<AWS::Partition>:ec2:eu-west-1:<AWS::AccountId>:security-group/*',
+      'arn:<AWS::Partition>:ec2:eu-west-1:<AWS::AccountId>:subnet/subnet-11111111',
+    ]);
+    // Each of those wildcards is acknowledged with its own reason; a template by id is named by ARN.
+    expect(nagViolations(app)).toEqual([]);
+    const byId = newApp();
+    const byIdStack = new Stack(byId, 'Launcher', { env: ENV });
+    new LauncherPermissions(byIdStack, 'Launcher', {
+      labels: [{ ...label, image: { kind: 'launch-template', id: 'lt-0abc' }, keyName: 'k' }],
+      poolId: 'p',
+    });
+    const [openById] = allowing(statementsOf(Template.fromStack(byIdStack)), 'ec2:RunInstances').filter(
+      (s) => s.Condition === undefined,
+    );
+    expect(resourcesOf(openById as Statement)).toContain(
+      'arn:<AWS::Partition>:ec2:eu-west-1:<AWS::AccountId>:launch-template/lt-0abc',
+    );
+    expect(resourcesOf(openById as Statement)).not.toContain(
+      'arn:<AWS::Partition>:ec2:eu-west-1:<AWS::AccountId>:key-pair/*',
+    );
+  });
+
+  it('uses the given pool id, reaper rate and customer-managed encryption', async () => {
+    const { Key } = await import('aws-cdk-lib/aws-kms');
+    const app = newApp();
+    const stack = new Stack(app, 'Test', { env: ENV });
+    const key = new Key(stack, 'Key', { enableKeyRotation: true });
+    new MetastaticPool(stack, 'Pool', {
+      config: awsConfig('image-id: ami-1'),
+      poolId: 'ci-pool',
+      reaperRate: Duration.minutes(5),
+      encryptionKey: key,
+    });
+    const template = Template.fromStack(stack);
+    template.hasResourceProperties('AWS::Events::Rule', { ScheduleExpression: 'rate(5 minutes)' });
+    const [terminate] = allowing(statementsOf(template), 'ec2:TerminateInstances');
+    expect(terminate?.Condition).toEqual({ StringEquals: { 'aws:ResourceTag/metastatic:pool': 'ci-pool' } });
+    for (const queue of Object.values(template.findResources('AWS::SQS::Queue'))) {
+      expect(((queue as Json).Properties as Json).KmsMasterKeyId).toBeDefined();
+    }
+    template.hasResourceProperties('AWS::DynamoDB::Table', {
+      SSESpecification: { SSEEnabled: true, SSEType: 'KMS', KMSMasterKeyId: Match.anyValue() },
+    });
+    expect(nagViolations(app)).toEqual([]);
+  });
+
+  it('validates the configuration at synth', () => {
+    expect(() => synth(awsConfig('image-id: ami-1\nmax-parallel-jobs: 2'))).toThrow(ConfigInvalidError);
+    const local =
+      'providers:\n  - { name: l, driver: local, pools: [{ name: p, labels: [{ name: big }] }] }\n' +
+      '  - { name: m, driver: metastatic, pools: [{ name: p, labels: [{ name: small, backing-label: big }] }] }\n';
+    expect(() => synth(local)).toThrow(/driver local, which runs only in the embedded stack/);
+  });
+
+  it('refuses a stack in another region than the pools, and asserts the region at deploy when it is unknown', () => {
+    expect(() => synth(awsConfig('image-id: ami-1'), {}, { ...ENV, region: 'us-east-1' })).toThrow(
+      /launch in eu-west-1 but the stack deploys to us-east-1/,
+    );
+    const app = newApp();
+    const stack = new Stack(app, 'Agnostic');
+    new MetastaticPool(stack, 'Pool', { config: awsConfig('image-id: ami-1') });
+    const rules = Template.fromStack(stack).toJSON().Rules as Json;
+    const region = Object.entries(rules).find(([id]) => id.startsWith('PoolRegionMatchesConfig'));
+    expect(region?.[1]).toEqual({
+      Assertions: [
+        {
+          Assert: { 'Fn::Equals': [{ Ref: 'AWS::Region' }, 'eu-west-1'] },
+          AssertDescription: expect.stringContaining('deploy the stack to eu-west-1'),
+        },
+      ],
+    });
+  });
+
+  it('takes the region of the configuration for MetastaticStack', () => {
+    const file = join(dir, 'pool.yaml');
+    writeFileSync(file, awsConfig('image-id: ami-1'));
+    const stack = new MetastaticStack(newApp(), 'Metastatic', { configPath: file });
+    expect(stack.region).toBe('eu-west-1');
+  });
+});
+
+describe('the cdk-nag harness', () => {
+  it('reports a finding that nothing acknowledges (so an empty report means something)', () => {
+    const app = newApp();
+    new Queue(new Stack(app, 'Bare', { env: ENV }), 'Bare');
+    Template.fromStack(app.node.findChild('Bare') as Stack);
+    expect(nagViolations(app).some((v) => v.includes('AwsSolutions-SQS4'))).toBe(true);
+  });
+});
