@@ -3,6 +3,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { App, Duration, Stack } from 'aws-cdk-lib';
 import { Annotations, Match, Template } from 'aws-cdk-lib/assertions';
+import { Role, ServicePrincipal } from 'aws-cdk-lib/aws-iam';
 import { Queue } from 'aws-cdk-lib/aws-sqs';
 import { AwsSolutionsChecks, ServerlessChecks } from 'cdk-nag';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -491,7 +492,8 @@ describe('MetastaticPool options and checks', () => {
       useSpot: false,
       connectionPort: 22,
     };
-    new LauncherPermissions(stack, 'Launcher', { labels: [label], poolId: 'p' });
+    const launcher = new LauncherPermissions(stack, 'Launcher', { labels: [label], poolId: 'p' });
+    launcher.grantTo(new Role(stack, 'Role', { assumedBy: new ServicePrincipal('lambda.amazonaws.com') }));
     const template = Template.fromStack(stack);
     const [open] = allowing(statementsOf(template), 'ec2:RunInstances').filter(
       (s) => s.Condition === undefined,
@@ -511,7 +513,7 @@ describe('MetastaticPool options and checks', () => {
     new LauncherPermissions(byIdStack, 'Launcher', {
       labels: [{ ...label, image: { kind: 'launch-template', id: 'lt-0abc' }, keyName: 'k' }],
       poolId: 'p',
-    });
+    }).grantTo(new Role(byIdStack, 'Role', { assumedBy: new ServicePrincipal('lambda.amazonaws.com') }));
     const [openById] = allowing(statementsOf(Template.fromStack(byIdStack)), 'ec2:RunInstances').filter(
       (s) => s.Condition === undefined,
     );

@@ -735,11 +735,20 @@ describe('the aws driver', () => {
     expect(
       problems(
         parseObject(
-          awsConfig({}, { 'image-id': undefined, 'launch-template': { id: 'lt-1' }, 'volume-size': 50 }),
+          awsConfig(
+            {},
+            {
+              'image-id': undefined,
+              'launch-template': { id: 'lt-1' },
+              'volume-size': 50,
+              'volume-type': 'io2',
+            },
+          ),
         ),
       ),
     ).toEqual([
       'providers[0].pools[0].labels[0].volume-size: volume-size cannot be combined with launch-template (the template defines the root volume)',
+      'providers[0].pools[0].labels[0].volume-type: volume-type cannot be combined with launch-template (the template defines the root volume)',
     ]);
   });
 

@@ -1,4 +1,6 @@
 import { DynamoDBClient } from '@aws-sdk/client-dynamodb';
+import { EventBridgeClient, PutEventsCommand } from '@aws-sdk/client-eventbridge';
+import { mockClient } from 'aws-sdk-client-mock';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { newBackingRecord } from '../shared/core/backing.ts';
 import { type Engine, ensureTable, startDynalite } from '../shared/runtime/engines.ts';
@@ -13,6 +15,9 @@ describe('Lambda entry points', () => {
   let engine: Engine;
   let store: DynamoStore;
   let client: DynamoDBClient;
+  // Nothing may reach real AWS: the functions' EventBridge client is mocked, and asserted on.
+  const eventBridge = mockClient(EventBridgeClient);
+  eventBridge.on(PutEventsCommand).resolves({ FailedEntryCount: 0, Entries: [{ EventId: 'e' }] });
 
   beforeAll(async () => {
     engine = await startDynalite();
@@ -32,10 +37,14 @@ describe('Lambda entry points', () => {
       AWS_REGION: 'us-east-1',
       POWERTOOLS_LOG_LEVEL: 'SILENT',
       MAX_RECEIVE_COUNT: '5',
+      EVENT_BUS_NAME: 'pool-bus',
+      POOL_ID: 'test-pool',
+      POWERTOOLS_METRICS_DISABLED: 'true',
     });
   });
 
   afterAll(async () => {
+    eventBridge.restore();
     client.destroy();
     await engine.close();
   });
@@ -80,6 +89,14 @@ describe('Lambda entry points', () => {
         { id: 'lam-1/0', state: 'ready', host: '10.0.0.7', port: 22, backingNodeId: 'bn-lambda', slot: 0 },
       ],
     });
+    const published = eventBridge.commandCalls(PutEventsCommand).map((c) => c.args[0].input.Entries?.[0]);
+    expect(published).toContainEqual(
+      expect.objectContaining({
+        Source: 'metastatic',
+        DetailType: 'Request Fulfilled',
+        EventBusName: 'pool-bus',
+      }),
+    );
     const released = await handler(sqsEvent([JSON.stringify({ kind: 'release', nodeId: 'lam-1/0' })]));
     expect(released.batchItemFailures).toEqual([]);
     expect((await store.getBacking('bn-lambda'))?.used).toBe(0);

@@ -1,14 +1,18 @@
 import type { SQSBatchResponse, SQSEvent } from 'aws-lambda';
 import { makeRequestHandler } from '../../shared/handlers/requestHandler.ts';
-import { lambdaRuntimeFromEnv } from '../../shared/runtime/lambdaContext.ts';
+import { type LambdaRuntime, lambdaRuntimeFromEnv } from '../../shared/runtime/lambdaContext.ts';
 
 /** The request function: SQS batches of request / release messages (ReportBatchItemFailures). */
-let handle: ((event: SQSEvent) => Promise<SQSBatchResponse>) | undefined;
+let runtime: { rt: LambdaRuntime; handle: (event: SQSEvent) => Promise<SQSBatchResponse> } | undefined;
 
 export const handler = async (event: SQSEvent): Promise<SQSBatchResponse> => {
-  if (!handle) {
-    const { context, env } = lambdaRuntimeFromEnv();
-    handle = makeRequestHandler(context, { maxReceiveCount: env.MAX_RECEIVE_COUNT });
+  if (!runtime) {
+    const rt = lambdaRuntimeFromEnv();
+    runtime = { rt, handle: makeRequestHandler(rt.context, { maxReceiveCount: rt.env.MAX_RECEIVE_COUNT }) };
   }
-  return handle(event);
+  try {
+    return await runtime.handle(event);
+  } finally {
+    runtime.rt.metrics.publishStoredMetrics();
+  }
 };

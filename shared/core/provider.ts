@@ -44,7 +44,7 @@ export interface BackingProvider {
    * Why launching in a backing pool is paused right now (a quota error a moment ago), or undefined.
    * Requests then wait instead of spending launch attempts.
    */
-  launchBlocked?(poolKey: string): string | undefined;
+  launchBlocked?(poolKey: string, label?: string): string | undefined;
 }
 
 /** Finds the provider adapter for a backing pool, or for a resource named in a state event. */

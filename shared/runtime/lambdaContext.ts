@@ -1,22 +1,29 @@
 import { Logger } from '@aws-lambda-powertools/logger';
+import { Metrics } from '@aws-lambda-powertools/metrics';
+import { Tracer } from '@aws-lambda-powertools/tracer';
 import { DynamoDBClient } from '@aws-sdk/client-dynamodb';
+import { EventBridgeClient } from '@aws-sdk/client-eventbridge';
 import { z } from 'zod';
 import { parseConfigOrThrow } from '../config/load.ts';
-import type { ResolvedConfig } from '../config/model.ts';
 import { systemClock } from '../core/clock.ts';
-import type { ProviderRegistry } from '../core/provider.ts';
-import { probePort } from '../providers/probe.ts';
+import { createEc2Client } from '../providers/aws/ec2Provider.ts';
 import { DynamoStore } from '../store/dynamoStore.ts';
 import type { Context } from '../usecases/context.ts';
+import { awsContext } from './awsContext.ts';
+import { PowertoolsMetricSink } from './powertoolsMetrics.ts';
 
 /** The environment a metastatic Lambda function reads (set by the CDK stack). */
 export const LambdaEnv = z.object({
   TABLE_NAME: z.string().min(1),
   /** The pool configuration as YAML text, embedded at deploy time. */
   METASTATIC_CONFIG: z.string().min(1),
+  /** The value of the `metastatic:pool` tag on this deployment's instances. */
+  POOL_ID: z.string().min(1).default('metastatic'),
+  /** The EventBridge bus pool events are published to. */
+  EVENT_BUS_NAME: z.string().min(1).default('default'),
   /** The request queue's maxReceiveCount (see RequestHandlerOptions). */
   MAX_RECEIVE_COUNT: z.coerce.number().int().positive().optional(),
-  /** Only for running the functions against a local DynamoDB (tests, the embedded stack). */
+  /** Only for running the functions against a local DynamoDB (tests). */
   DYNAMODB_ENDPOINT: z.string().url().optional(),
   AWS_REGION: z.string().default('us-east-1'),
 });
@@ -25,13 +32,13 @@ export type LambdaEnv = z.infer<typeof LambdaEnv>;
 export interface LambdaRuntime {
   readonly context: Context;
   readonly env: LambdaEnv;
+  /** Flushed by the entry point after each invocation (EMF). */
+  readonly metrics: Metrics;
 }
 
 /**
- * Builds the use-case context of a Lambda function from its environment, once per container. The
- * backing-node providers available in Lambda are those of driver `aws`; the EC2 adapter is not built
- * yet, so until it is a launch there fails with a clear error while the warm path (existing backing
- * nodes), release and the reaper's bookkeeping work.
+ * Builds the use-case context of a Lambda function from its environment, once per container:
+ * Powertools logger, metrics and tracer (SDK clients traced), the EC2 provider, the EventBridge sink.
  */
 export function lambdaRuntimeFromEnv(raw: NodeJS.ProcessEnv = process.env): LambdaRuntime {
   const parsed = LambdaEnv.safeParse(raw);
@@ -43,32 +50,25 @@ export function lambdaRuntimeFromEnv(raw: NodeJS.ProcessEnv = process.env): Lamb
   const env = parsed.data;
   const config = parseConfigOrThrow(env.METASTATIC_CONFIG, 'METASTATIC_CONFIG');
   const log = new Logger({ serviceName: 'metastatic' });
-  const dynamodb = new DynamoDBClient({
-    region: env.AWS_REGION,
-    ...(env.DYNAMODB_ENDPOINT ? { endpoint: env.DYNAMODB_ENDPOINT } : {}),
-  });
-  const context: Context = {
-    store: new DynamoStore(dynamodb, env.TABLE_NAME),
+  const metrics = new Metrics({ serviceName: 'metastatic', namespace: 'Metastatic' });
+  const tracer = new Tracer({ serviceName: 'metastatic' });
+  const dynamodb = tracer.captureAWSv3Client(
+    new DynamoDBClient({
+      region: env.AWS_REGION,
+      ...(env.DYNAMODB_ENDPOINT ? { endpoint: env.DYNAMODB_ENDPOINT } : {}),
+    }),
+  );
+  const context = awsContext({
     config,
-    providers: lambdaProviders(config),
+    store: new DynamoStore(dynamodb, env.TABLE_NAME),
+    region: env.AWS_REGION,
+    poolId: env.POOL_ID,
+    eventBusName: env.EVENT_BUS_NAME,
     clock: systemClock,
     log,
-    probePort,
-  };
-  return { context, env };
-}
-
-function lambdaProviders(config: ResolvedConfig): ProviderRegistry {
-  return {
-    forPool(poolKey) {
-      const pool = config.backingPools.find((p) => p.key === poolKey);
-      if (!pool) throw new Error(`unknown backing pool ${poolKey}`);
-      throw new Error(
-        pool.driver === 'local'
-          ? `backing pool ${poolKey} uses driver local, which runs only in the embedded stack (metastatic dev)`
-          : `backing pool ${poolKey} uses driver aws, whose EC2 provider is not available in this release`,
-      );
-    },
-    forResource: () => undefined,
-  };
+    metrics: new PowertoolsMetricSink(metrics),
+    ec2Client: (region) => tracer.captureAWSv3Client(createEc2Client(region)),
+    eventBridge: tracer.captureAWSv3Client(new EventBridgeClient({ region: env.AWS_REGION })),
+  });
+  return { context, env, metrics };
 }

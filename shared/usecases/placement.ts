@@ -93,7 +93,11 @@ async function claimOn(
   let b: BackingRecord | undefined = candidate;
   for (let i = 0; i < MAX_CONFLICT_RETRIES && b; i++) {
     const held = slotOf(b, nodeId);
-    if (held !== undefined) return { nodeId, backing: b, slot: held, attempt }; // a redelivery's earlier claim
+    if (held !== undefined) {
+      // A redelivery's earlier claim; if that delivery's launch was deferred, finish it now.
+      const backing = b.state === 'launching' && !b.resourceId ? await ensureLaunched(ctx, b) : b;
+      return { nodeId, backing, slot: held, attempt };
+    }
     const now = ctx.clock.now();
     if (needsMaxAgeDrain(b, now)) {
       // Past max-age: take it out of the free index on the way (the reaper does it too).
@@ -156,7 +160,7 @@ async function launchFor(
     let record = await ctx.store.getBacking(id);
     if (!record) {
       // A provider that paused launching for this pool (quota) makes the request wait, not fail.
-      const blocked = providerOf(ctx, backingPool.key)?.launchBlocked?.(backingPool.key);
+      const blocked = providerOf(ctx, backingPool.key)?.launchBlocked?.(backingPool.key, label.backingLabel);
       if (blocked) throw new CapacityError(`launching in ${backingPool.key} is paused: ${blocked}`);
       if (backingPool.maxServers !== undefined) {
         const reserved = await ctx.store.reserve(
@@ -195,8 +199,8 @@ async function launchFor(
       try {
         record = await launch(ctx, record);
       } catch (err) {
+        if (!(err instanceof LaunchAttemptError)) throw err; // deferred: keep the claim for the retry
         await giveBackSlot(ctx, id, nodeId);
-        if (!(err instanceof LaunchAttemptError)) throw err;
         lastReason = err.message;
         continue;
       }
@@ -206,6 +210,14 @@ async function launchFor(
   throw new LaunchFailedError(
     `backing node for ${nodeId} failed to launch ${pool.launchRetries} time(s); last: ${lastReason}`,
   );
+}
+
+/**
+ * Finishes a launch whose record exists without a resource (deferred by a quota pause or throttling,
+ * or cut short by a crash between the intent write and the provider call). Idempotent.
+ */
+export async function ensureLaunched(ctx: Context, b: BackingRecord): Promise<BackingRecord> {
+  return b.resourceId || b.state !== 'launching' ? b : launch(ctx, b);
 }
 
 /** Asks the provider for the resource (idempotent per backing id and attempt) and records its id. */
@@ -220,13 +232,17 @@ async function launch(ctx: Context, b: BackingRecord): Promise<BackingRecord> {
       label: b.backingLabel,
     }));
   } catch (err) {
+    if (err instanceof RetryableError) {
+      // No capacity now (quota pause) or throttled: the record stays launching with its claim, so the
+      // retry calls the provider again with the same idempotency token (an instance that was created
+      // after all comes back instead of a second one). The request waits meanwhile.
+      ctx.log.warn('backing launch deferred', { backingNodeId: b.id, reason: (err as Error).message });
+      throw err;
+    }
     const reason = `launch of ${b.backingLabel} failed: ${(err as Error).message}`;
     ctx.log.error('backing launch failed', { backingNodeId: b.id, reason });
     ctx.metrics?.count(MetricName.launchFailed);
     await failBackingNode(ctx, b.id, reason, { resourceGone: true, handleNodes: false });
-    // No capacity now (quota pause) or throttled: the request waits and comes back; anything else
-    // fails this attempt and the node moves on to its next one.
-    if (err instanceof RetryableError) throw err;
     throw new LaunchAttemptError(reason, { cause: err });
   }
   ctx.log.info('backing node launching', { backingNodeId: b.id, resourceId, label: b.backingLabel });

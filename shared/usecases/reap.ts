@@ -1,5 +1,5 @@
 import { confirmClaims, markDrained, markRetiring, markStopped } from '../core/backing.ts';
-import { ConflictError } from '../core/errors.ts';
+import { ConflictError, LaunchAttemptError, RetryableError } from '../core/errors.ts';
 import { parseNodeId } from '../core/ids.ts';
 import { MetricName, PoolEventType } from '../core/observability.ts';
 import type { BackingProvider, BackingResource } from '../core/provider.ts';
@@ -9,7 +9,7 @@ import { keys, reapPartition } from '../store/table.ts';
 import { type Context, emit, MAX_CONFLICT_RETRIES, ORPHAN_GRACE_MS, SLOT_LEASE_MS } from './context.ts';
 import { failBackingNode, settleFailedNodes } from './failure.ts';
 import { resourceRunning } from './fulfil.ts';
-import { giveBackSlot } from './placement.ts';
+import { ensureLaunched, giveBackSlot } from './placement.ts';
 
 export interface ReapReport {
   /** Backing nodes marked retiring this run. */
@@ -146,7 +146,17 @@ async function retireIfDue(ctx: Context, b: BackingRecord, report: MutableReport
   await stop(ctx, { ...markRetiring(b, ctx.clock.now(), decision.reason) }, report);
 }
 
+/** A launch recorded but never handed to the provider (deferred, or cut short by a crash) is finished here. */
+const UNFINISHED_LAUNCH_MS = 60_000;
+
 async function enforceDeadlines(ctx: Context, b: BackingRecord, report: MutableReport): Promise<void> {
+  if (!b.resourceId && ctx.clock.now() - b.launchedAt >= UNFINISHED_LAUNCH_MS) {
+    try {
+      await ensureLaunched(ctx, b);
+    } catch (err) {
+      if (!(err instanceof RetryableError) && !(err instanceof LaunchAttemptError)) throw err;
+    }
+  }
   const pool = ctx.config.metastaticPools.find((p) => p.key === b.poolKey);
   const decision = deadlineDecision(
     b,

@@ -1,0 +1,212 @@
+import { DynamoDBClient } from '@aws-sdk/client-dynamodb';
+import { EventBridgeClient, PutEventsCommand } from '@aws-sdk/client-eventbridge';
+import { mockClient } from 'aws-sdk-client-mock';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { parseConfigOrThrow } from '../shared/config/load.ts';
+import { ManualClock } from '../shared/core/clock.ts';
+import type { StateChangeEvent } from '../shared/core/events.ts';
+import { makeFulfilHandler } from '../shared/handlers/fulfilHandler.ts';
+import { makeRequestHandler } from '../shared/handlers/requestHandler.ts';
+import { awsContext } from '../shared/runtime/awsContext.ts';
+import { type Engine, ensureTable, startDynalite } from '../shared/runtime/engines.ts';
+import { DynamoStore } from '../shared/store/dynamoStore.ts';
+import { type Context, silentLog } from '../shared/usecases/context.ts';
+import { reap } from '../shared/usecases/reap.ts';
+import { FakeEc2 } from './support/fakeEc2.ts';
+import { sqsEvent } from './support/harness.ts';
+
+/**
+ * The whole flow on the embedded DynamoDB with EC2 played by the stateful fake: the same handlers as
+ * in Lambda, EC2 state events fed to the fulfil handler as EventBridge -> SQS would deliver them.
+ */
+const yaml = (o: { retries?: number; maxServers?: number } = {}) => `
+providers:
+  - name: ec2
+    driver: aws
+    region: eu-west-1
+    pools:
+      - name: main
+        ${o.maxServers ? `max-servers: ${o.maxServers}` : ''}
+        subnet-ids: [subnet-a, subnet-b]
+        security-group-id: sg-1
+        labels:
+          - name: large
+            instance-types: [m7g.2xlarge, m6g.2xlarge]
+            image-id: ami-123
+  - name: meta
+    driver: metastatic
+    launch-retries: ${o.retries ?? 3}
+    pools:
+      - name: main
+        labels:
+          - name: small
+            backing-label: large
+            max-parallel-jobs: 2
+            grace-time: 60
+`;
+
+let engine: Engine;
+let dynamodb: DynamoDBClient;
+let table = 0;
+const eventBridge = mockClient(EventBridgeClient);
+
+beforeAll(async () => {
+  engine = await startDynalite();
+  dynamodb = new DynamoDBClient({
+    endpoint: engine.endpoint,
+    region: 'eu-west-1',
+    credentials: { accessKeyId: 'x', secretAccessKey: 'x' },
+  });
+  eventBridge.on(PutEventsCommand).resolves({ FailedEntryCount: 0, Entries: [{ EventId: 'e' }] });
+});
+afterAll(async () => {
+  eventBridge.restore();
+  dynamodb.destroy();
+  await engine.close();
+});
+
+interface Pool {
+  ctx: Context;
+  ec2: FakeEc2;
+  clock: ManualClock;
+  request: ReturnType<typeof makeRequestHandler>;
+  fulfil: ReturnType<typeof makeFulfilHandler>;
+  /** Delivers the fake's pending state events to the fulfil handler. */
+  deliver(): Promise<void>;
+}
+
+let pools: FakeEc2[] = [];
+afterEach(() => {
+  for (const p of pools) p.restore();
+  pools = [];
+});
+
+async function pool(o: { retries?: number; maxServers?: number } = {}): Promise<Pool> {
+  const tableName = `aws-flow-${++table}`;
+  await ensureTable(dynamodb, tableName);
+  const clock = new ManualClock(Date.parse('2026-06-01T00:00:00Z'));
+  const queue: StateChangeEvent[] = [];
+  const ec2 = new FakeEc2({
+    region: 'eu-west-1',
+    clock,
+    bootDelayMs: 30_000,
+    onEvent: (e) => void queue.push(e),
+  });
+  pools.push(ec2);
+  const base = awsContext({
+    config: parseConfigOrThrow(yaml(o), 'aws.yaml'),
+    store: new DynamoStore(dynamodb, tableName),
+    region: 'eu-west-1',
+    poolId: 'test-pool',
+    clock,
+    log: silentLog,
+    ec2Client: () => ec2.client,
+    eventBridge: new EventBridgeClient({ region: 'eu-west-1' }),
+  });
+  // The instances' private IPs are not reachable from here: their port "answers" by fiat.
+  const ctx: Context = { ...base, probePort: async () => true };
+  const request = makeRequestHandler(ctx, { maxReceiveCount: 3 });
+  const fulfil = makeFulfilHandler(ctx);
+  return {
+    ctx,
+    ec2,
+    clock,
+    request,
+    fulfil,
+    async deliver() {
+      await ec2.settled();
+      const events = queue.splice(0);
+      if (events.length) await fulfil(sqsEvent(events.map((e) => JSON.stringify(e))));
+    },
+  };
+}
+
+const req = (id: string, labels = ['small']) => JSON.stringify({ kind: 'request', id, labels });
+
+describe('the whole flow against a stateful fake EC2', () => {
+  it('launches one tagged instance for two nodes, fulfils them when it runs, terminates it when idle', async () => {
+    const p = await pool();
+    await p.request(sqsEvent([req('a'), req('b')]));
+    expect(p.ec2.live()).toHaveLength(1);
+    expect((await p.ctx.store.getRequest('a'))?.state).toBe('pending');
+    await p.ec2.advance(30_000);
+    await p.deliver();
+    const a = await p.ctx.store.getRequest('a');
+    expect(a?.state).toBe('fulfilled');
+    expect(a?.nodes[0]?.host).toMatch(/^10\./);
+    expect(a?.nodes[0]?.port).toBe(22);
+    await p.request(
+      sqsEvent([
+        JSON.stringify({ kind: 'release', nodeId: 'a/0' }),
+        JSON.stringify({ kind: 'release', nodeId: 'b/0' }),
+      ]),
+    );
+    p.clock.advance(61_000);
+    const report = await reap(p.ctx);
+    expect(report.retired).toHaveLength(1);
+    await p.ec2.advance(10_000);
+    expect(p.ec2.live()).toHaveLength(0);
+  });
+
+  it('never launches twice for a redelivered message', async () => {
+    const p = await pool();
+    await p.request(sqsEvent([req('dup')]));
+    await p.request(sqsEvent([req('dup')]));
+    expect(p.ec2.instances).toHaveLength(1);
+  });
+
+  it('falls back to the next instance type on a capacity error', async () => {
+    const p = await pool();
+    p.ec2.failLaunches({ code: 'InsufficientInstanceCapacity', instanceType: 'm7g.2xlarge' });
+    await p.request(sqsEvent([req('cap')]));
+    const [instance] = p.ec2.instances;
+    expect(instance?.instanceType).toBe('m6g.2xlarge');
+  });
+
+  it('makes requests wait, not fail, while a quota error pauses the pool', async () => {
+    const p = await pool();
+    p.ec2.failNextLaunches(1, 'VcpuLimitExceeded');
+    const out = await p.request(sqsEvent([req('quota')]));
+    expect(out.batchItemFailures).toHaveLength(1); // comes back later
+    expect((await p.ctx.store.getRequest('quota'))?.state).toBe('requested');
+    // Still paused: no EC2 call, still waiting.
+    const calls = p.ec2.inputs('RunInstances').length;
+    await p.request(sqsEvent([req('quota')], 2));
+    expect(p.ec2.inputs('RunInstances').length).toBe(calls);
+    // The pause ends: the same backing node is launched with the same token.
+    p.clock.advance(5 * 60_000 + 1);
+    await p.request(sqsEvent([req('quota')], 2));
+    expect(p.ec2.live()).toHaveLength(1);
+    expect((await p.ctx.store.getRequest('quota'))?.state).toBe('pending');
+  });
+
+  it('moves waiting nodes when their instance dies, and fails ready ones so their users learn it', async () => {
+    const p = await pool();
+    await p.request(sqsEvent([req('r1')]));
+    await p.ec2.advance(30_000);
+    await p.deliver();
+    const [first] = p.ec2.live();
+    await p.request(sqsEvent([req('r2')])); // joins the ready instance
+    expect((await p.ctx.store.getRequest('r2'))?.state).toBe('fulfilled');
+    p.ec2.kill(first?.instanceId as string);
+    await p.ec2.advance(10_000);
+    await p.deliver();
+    for (const id of ['r1', 'r2']) {
+      expect((await p.ctx.store.getRequest(id))?.nodes[0]).toMatchObject({
+        state: 'failed',
+        reason: expect.stringContaining(first?.instanceId as string),
+      });
+    }
+  });
+
+  it('fails a request after launch-retries attempts that all fail, with the AWS message', async () => {
+    const p = await pool({ retries: 2 });
+    p.ec2.failLaunches({ code: 'InvalidAMIID.NotFound' });
+    await p.request(sqsEvent([req('bad')]));
+    const r = await p.ctx.store.getRequest('bad');
+    expect(r?.state).toBe('failed');
+    expect(r?.reason).toMatch(
+      /failed to launch 2 time\(s\); last: launch of large failed: .*InvalidAMIID\.NotFound/,
+    );
+  });
+});
