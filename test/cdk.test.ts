@@ -4,6 +4,7 @@ import { join } from 'node:path';
 import { App, Duration, Stack } from 'aws-cdk-lib';
 import { Annotations, Match, Template } from 'aws-cdk-lib/assertions';
 import { Role, ServicePrincipal } from 'aws-cdk-lib/aws-iam';
+import { Key } from 'aws-cdk-lib/aws-kms';
 import { Queue } from 'aws-cdk-lib/aws-sqs';
 import { AwsSolutionsChecks, ServerlessChecks } from 'cdk-nag';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -525,8 +526,7 @@ describe('MetastaticPool options and checks', () => {
     );
   });
 
-  it('uses the given pool id, reaper rate and customer-managed encryption', async () => {
-    const { Key } = await import('aws-cdk-lib/aws-kms');
+  it('uses the given pool id, reaper rate and customer-managed encryption', () => {
     const app = newApp();
     const stack = new Stack(app, 'Test', { env: ENV });
     const key = new Key(stack, 'Key', { enableKeyRotation: true });

@@ -1,0 +1,39 @@
+/**
+ * The CDK app: one MetastaticStack from a YAML configuration, checked with cdk-nag's AWS Solutions and
+ * Serverless packs (synth fails on any finding not acknowledged in the constructs).
+ *
+ *   npx cdk synth -c config=path/to/pool.yaml [-c poolId=...] [-c instanceRoles=role-a,role-b]
+ *
+ * The only place that reads the environment: the account the CDK CLI resolved. The region is the one
+ * the configuration's aws pools name (CDK_DEFAULT_REGION is the CLI profile's, us-east-1 without one,
+ * and a pool elsewhere would never see its instances' EC2 events); `-c region=...` must agree with it.
+ */
+import { App, Validations } from 'aws-cdk-lib';
+import { AwsSolutionsChecks, ServerlessChecks } from 'cdk-nag';
+import { MetastaticStack } from '../lib/metastaticStack.ts';
+
+const app = new App();
+
+const configPath = stringContext('config') ?? 'examples/aws.yaml';
+const poolId = stringContext('poolId');
+const instanceRoles = stringContext('instanceRoles')
+  ?.split(',')
+  .map((role) => role.trim())
+  .filter((role) => role !== '');
+
+new MetastaticStack(app, stringContext('stackName') ?? 'Metastatic', {
+  description: 'metastatic: a pool of small nodes packed as slots onto larger EC2 instances',
+  configPath,
+  poolId,
+  instanceRoles,
+  env: { account: process.env.CDK_DEFAULT_ACCOUNT, region: stringContext('region') },
+});
+
+Validations.of(app).addPlugins(new AwsSolutionsChecks(app), new ServerlessChecks(app));
+
+function stringContext(key: string): string | undefined {
+  const value: unknown = app.node.tryGetContext(key);
+  if (value === undefined) return undefined;
+  if (typeof value !== 'string' || value === '') throw new Error(`context ${key} must be a non-empty string`);
+  return value;
+}

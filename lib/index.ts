@@ -1,0 +1,14 @@
+export { LauncherPermissions, type LauncherPermissionsProps, POOL_TAG_KEY } from './launcherPermissions.ts';
+export {
+  EC2_DETAIL_TYPES,
+  FULFIL_MAX_RECEIVE_COUNT,
+  METRICS_NAMESPACE,
+  MetastaticPool,
+  type MetastaticPoolProps,
+  POWERTOOLS_SERVICE_NAME,
+  REQUEST_MAX_RECEIVE_COUNT,
+} from './metastaticPool.ts';
+export { MetastaticStack, type MetastaticStackProps } from './metastaticStack.ts';
+export { PoolFunction, type PoolFunctionName, type PoolFunctionProps } from './poolFunction.ts';
+export { PoolTable, type PoolTableProps } from './poolTable.ts';
+export { QueueWithDlq, type QueueWithDlqProps } from './queueWithDlq.ts';
