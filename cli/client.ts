@@ -1,27 +1,85 @@
+import { CloudFormationClient } from '@aws-sdk/client-cloudformation';
 import { DynamoDBClient } from '@aws-sdk/client-dynamodb';
 import { SendMessageCommand, SQSClient } from '@aws-sdk/client-sqs';
 import { formatConfigErrors, loadConfigFile } from '../shared/config/load.ts';
 import { systemClock } from '../shared/core/clock.ts';
 import type { PoolMessage } from '../shared/core/messages.ts';
-import type { LocalProvider } from '../shared/providers/local/localProvider.ts';
-import { type DevInfo, devInfoPath, readDevInfo } from '../shared/runtime/devInfo.ts';
+import { awsContext } from '../shared/runtime/awsContext.ts';
+import { devInfoPath, readDevInfo } from '../shared/runtime/devInfo.ts';
 import { embeddedContext } from '../shared/runtime/embeddedContext.ts';
 import { DynamoStore } from '../shared/store/dynamoStore.ts';
 import type { Context } from '../shared/usecases/context.ts';
 import { consoleLog } from './consoleLog.ts';
 import { CliError } from './errors.ts';
+import { readStack } from './stack.ts';
 
 /** A connection to a running pool: the store for reads, the request queue for commands. */
 export interface PoolClient {
-  readonly info: DevInfo;
   readonly store: DynamoStore;
   send(message: PoolMessage): Promise<void>;
-  /** The use-case context for operator verbs (hold, drain, reap), against the same state dir. */
-  operatorContext(): Promise<{ context: Context; localProvider: LocalProvider }>;
+  /** The use-case context for operator verbs (hold, drain, reap); flush() before exiting. */
+  operatorContext(): Promise<{ context: Context; flush(): Promise<void> }>;
   close(): void;
 }
 
-export async function connect(stateDir: string): Promise<PoolClient> {
+/** Where the CLI finds the pool: a local stack's state dir, or a deployed stack (--stack). */
+export interface Target {
+  readonly stateDir: string;
+  readonly stack?: string;
+  readonly region?: string;
+  /** The pool's configuration, needed by operator verbs against a deployed stack. */
+  readonly config?: string;
+}
+
+export async function connect(target: Target | string): Promise<PoolClient> {
+  const t: Target = typeof target === 'string' ? { stateDir: target } : target;
+  return t.stack ? connectStack(t, t.stack) : connectLocal(t.stateDir);
+}
+
+/** A deployed pool: its stack outputs name the queue and the table; credentials come from the usual chain. */
+async function connectStack(t: Target, stackName: string): Promise<PoolClient> {
+  const region = t.region ?? process.env.AWS_REGION ?? process.env.AWS_DEFAULT_REGION;
+  if (!region) throw new CliError('--stack needs a region: pass --region or set AWS_REGION', 2);
+  const cfn = new CloudFormationClient({ region });
+  const info = await readStack(cfn, stackName, region).finally(() => cfn.destroy());
+  const dynamodb = new DynamoDBClient({ region });
+  const sqs = new SQSClient({ region });
+  const store = new DynamoStore(dynamodb, info.tableName);
+  return {
+    store,
+    async send(message) {
+      await sqs.send(
+        new SendMessageCommand({ QueueUrl: info.requestQueueUrl, MessageBody: JSON.stringify(message) }),
+      );
+    },
+    async operatorContext() {
+      if (!t.config) {
+        throw new CliError(
+          'operator verbs against a stack need its configuration: pass --stack-config FILE',
+          2,
+        );
+      }
+      const loaded = await loadConfigFile(t.config);
+      if (!loaded.ok) throw new CliError(`invalid configuration:\n${formatConfigErrors(loaded.errors)}`);
+      const context = awsContext({
+        config: loaded.config,
+        store,
+        region,
+        poolId: info.poolId,
+        eventBusName: info.eventBusName,
+        clock: systemClock,
+        log: consoleLog('warn'),
+      });
+      return { context, flush: async () => {} };
+    },
+    close() {
+      dynamodb.destroy();
+      sqs.destroy();
+    },
+  };
+}
+
+async function connectLocal(stateDir: string): Promise<PoolClient> {
   const info = await readDevInfo(stateDir);
   if (!info) {
     throw new CliError(
@@ -39,7 +97,6 @@ export async function connect(stateDir: string): Promise<PoolClient> {
   const sqs = new SQSClient({ endpoint: info.sqsEndpoint, region: info.region, credentials });
   const store = new DynamoStore(dynamodb, info.tableName);
   return {
-    info,
     store,
     async send(message) {
       await sqs.send(
@@ -50,7 +107,7 @@ export async function connect(stateDir: string): Promise<PoolClient> {
       if (!info.configPath) throw new CliError('the running pool did not record its configuration path');
       const loaded = await loadConfigFile(info.configPath);
       if (!loaded.ok) throw new CliError(`invalid configuration:\n${formatConfigErrors(loaded.errors)}`);
-      return embeddedContext({
+      const { context, localProvider } = embeddedContext({
         config: loaded.config,
         stateDir: info.stateDir,
         store,
@@ -60,6 +117,8 @@ export async function connect(stateDir: string): Promise<PoolClient> {
         log: consoleLog('warn'),
         region: info.region,
       });
+      // State events of resources a verb terminated must reach the fulfil queue before the CLI exits.
+      return { context, flush: () => localProvider.flush() };
     },
     close() {
       dynamodb.destroy();

@@ -43,10 +43,23 @@ const program = new Command()
     '--state-dir <dir>',
     'state directory of the local pool (default: $METASTATIC_STATE_DIR or .metastatic)',
   )
+  .option('--stack <name>', 'use a pool deployed with `cdk deploy` instead (default: $METASTATIC_STACK)')
+  .option('--region <region>', 'with --stack: its region (default: $AWS_REGION)')
+  .option('--stack-config <file>', 'with --stack: the pool configuration, for hold / drain / reap')
   .showHelpAfterError('(run with --help for usage)')
   .exitOverride();
 
 const stateDir = () => stateDirFrom(program.opts<{ stateDir?: string }>().stateDir);
+/** Where the pool is: a local stack by state dir, or a deployed one by --stack / METASTATIC_STACK. */
+const target = () => {
+  const o = program.opts<{ stateDir?: string; stack?: string; region?: string; stackConfig?: string }>();
+  return {
+    stateDir: stateDir(),
+    stack: o.stack ?? process.env.METASTATIC_STACK,
+    region: o.region,
+    config: o.stackConfig,
+  };
+};
 
 program
   .command('dev')
@@ -142,7 +155,7 @@ program
         throw new CliError(parsed.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`).join('\n'), 2);
       }
       if (labels.length > MAX_NODE_SET) throw new CliError(`at most ${MAX_NODE_SET} labels per request`, 2);
-      const client = await connect(stateDir());
+      const client = await connect(target());
       try {
         await client.send(parsed.data);
         if (!opts.wait) {
@@ -189,7 +202,7 @@ program
     const parsed = parseNodeId(nodeIdArg);
     if (!parsed)
       throw new CliError(`"${nodeIdArg}" is not a node id (node ids look like <request-id>/<index>)`, 2);
-    const client = await connect(stateDir());
+    const client = await connect(target());
     try {
       const node = (await client.store.getRequest(parsed.requestId))?.nodes[parsed.index];
       if (!node) throw new CliError(`unknown node ${nodeIdArg}`);
@@ -291,7 +304,7 @@ program
   .option('--all', 'include released nodes, stopped backing nodes and finished requests')
   .option('--json', 'print JSON')
   .action(async (what: 'nodes' | 'backing' | 'requests', opts: { all?: boolean; json?: boolean }) => {
-    const client = await connect(stateDir());
+    const client = await connect(target());
     const now = Date.now();
     try {
       if (what === 'backing') {
@@ -397,12 +410,11 @@ program
 
 /** Runs an operator verb with the pool's use-case context; domain refusals become exit code 1. */
 async function withOperator(work: (ctx: Context) => Promise<void>): Promise<void> {
-  const client = await connect(stateDir());
+  const client = await connect(target());
   try {
-    const { context, localProvider } = await client.operatorContext();
+    const { context, flush } = await client.operatorContext();
     await work(context);
-    // State events of resources this verb terminated must reach the fulfil queue before we exit.
-    await localProvider.flush();
+    await flush();
   } catch (err) {
     if (err instanceof PermanentError) throw new CliError(err.message);
     throw err;
