@@ -6,6 +6,7 @@ import type { Context } from '../shared/usecases/context.ts';
 import { drainBacking, holdNode } from '../shared/usecases/operator.ts';
 import { reap } from '../shared/usecases/reap.ts';
 import { type Harness, sqsEvent, startHarness } from './support/harness.ts';
+import { alive } from './support/processes.ts';
 
 let h: Harness | undefined;
 afterEach(async () => {
@@ -66,15 +67,6 @@ async function release(harness: Harness, nodeId: string, force = false): Promise
   await harness.send({ kind: 'release', nodeId, ...(force ? { force } : {}) });
   await harness.drainRequests();
 }
-
-const alive = (pid: number) => {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch {
-    return false;
-  }
-};
 
 describe('retirement rules (embedded engines, manual clock)', () => {
   it('keeps an empty backing node until min-retention-time since launch, even after grace-time', async () => {

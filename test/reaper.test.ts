@@ -3,6 +3,7 @@ import { claimSlot } from '../shared/core/backing.ts';
 import { ConflictError } from '../shared/core/errors.ts';
 import { reap } from '../shared/usecases/reap.ts';
 import { baseConfig, type Harness, startHarness } from './support/harness.ts';
+import { alive } from './support/processes.ts';
 
 let h: Harness | undefined;
 afterEach(async () => {
@@ -16,15 +17,6 @@ async function readyNode(harness: Harness, id: string): Promise<void> {
   await harness.fulfilUntil(
     async () => (await harness.stack.context.store.getRequest(id))?.state === 'fulfilled',
   );
-}
-
-function alive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch {
-    return false;
-  }
 }
 
 describe('reaper (dynalite + local processes, manual clock)', () => {
