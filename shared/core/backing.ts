@@ -134,6 +134,11 @@ export function markStopped(b: BackingRecord, now: number): BackingRecord {
   return { ...b, state: 'stopped', stoppedAt: now, slotMap: {}, claims: {}, used: 0, version: b.version + 1 };
 }
 
+/** Nodepool's order: the oldest backing node with a free slot first. */
+export function compareOldestFirst(a: BackingRecord, b: BackingRecord): number {
+  return a.launchedAt - b.launchedAt || (a.id < b.id ? -1 : 1);
+}
+
 /** Candidate order: fullest first (tighter packing lets the others empty and go), ties to the oldest. */
 export function compareCandidates(a: BackingRecord, b: BackingRecord): number {
   return b.used / b.slots - a.used / a.slots || a.launchedAt - b.launchedAt || (a.id < b.id ? -1 : 1);

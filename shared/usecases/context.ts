@@ -28,6 +28,12 @@ export interface Context {
   /** Where pool events are published (EventBridge on AWS, a JSON-lines file locally). */
   readonly events?: EventSink;
   readonly metrics?: MetricSink;
+  /**
+   * Which backing node a node goes onto among those with a free slot: `fullest` (default: tighter
+   * packing lets the others empty and go) or `oldest` (Nodepool's policy; for comparisons such as
+   * `npm run cost`). With `oldest` the order holds within each page of candidates the index returns.
+   */
+  readonly placementPolicy?: 'fullest' | 'oldest';
 }
 
 /**

@@ -2,6 +2,7 @@ import type { MetastaticLabel, MetastaticPool } from '../config/model.ts';
 import {
   claimSlot,
   compareCandidates,
+  compareOldestFirst,
   freeSlot,
   isClaimable,
   markDrained,
@@ -69,7 +70,8 @@ export async function placeNode(
   let cursor: Record<string, unknown> | undefined;
   for (let page = 0; page < MAX_CANDIDATE_PAGES; page++) {
     const found = await ctx.store.findCandidates(pool.key, label.name, CANDIDATES_PER_QUERY, cursor);
-    for (const candidate of found.items.sort(compareCandidates)) {
+    const order = ctx.placementPolicy === 'oldest' ? compareOldestFirst : compareCandidates;
+    for (const candidate of found.items.sort(order)) {
       const placed = await claimOn(ctx, pool, label, candidate, nodeId, attempt);
       if (placed) return placed;
     }
