@@ -192,7 +192,7 @@ describe('resolution', () => {
           [pool([label('a')], { 'max-servers': 0, 'node-attributes': { zone: 'z1', tags: { a: 1 } } })],
           {
             'launch-timeout': 1.5,
-            'boot-timeout': 0,
+            'boot-timeout': 0.5,
             'launch-retries': 1,
             priority: 7,
           },
@@ -203,7 +203,7 @@ describe('resolution', () => {
       maxServers: 0,
       priority: 7,
       launchTimeout: 1.5,
-      bootTimeout: 0,
+      bootTimeout: 0.5,
       launchRetries: 1,
       nodeAttributes: { zone: 'z1', tags: { a: 1 } },
     });
@@ -433,7 +433,7 @@ describe('field errors', () => {
     expect(problems(result)).toEqual([
       'providers[1].launch-timeout: launch-timeout: expected a number of seconds > 0, got 0',
       'providers[1].launch-retries: launch-retries: expected an integer >= 1, got 0',
-      'providers[1].boot-timeout: boot-timeout: expected a number of seconds >= 0, got an empty value',
+      'providers[1].boot-timeout: boot-timeout: expected a number of seconds > 0, got an empty value',
       'providers[1].pools[0].priority: priority: expected an integer, got 1.5',
       'providers[1].pools[0].max-servers: max-servers: expected an integer, got "ten"',
       'providers[1].pools[0].node-attributes: node-attributes: expected a mapping of names to values, got a list',

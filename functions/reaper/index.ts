@@ -10,9 +10,15 @@ export const handler = async (): Promise<ReapReport> => {
     const rt = lambdaRuntimeFromEnv();
     runtime = { rt, handle: makeReaperHandler(rt.context) };
   }
+  let report: ReapReport;
   try {
-    return await runtime.handle();
+    report = await runtime.handle();
   } finally {
     runtime.rt.metrics.publishStoredMetrics();
   }
+  // Each step's failure is kept in the report so the others still run; the invocation fails after,
+  // so the Errors metric (and its alarm) sees it. A retry is harmless: every step is idempotent.
+  if (report.errors.length > 0)
+    throw new Error(`reaper run had ${report.errors.length} error(s): ${report.errors.join('; ')}`);
+  return report;
 };

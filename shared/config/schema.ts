@@ -97,9 +97,11 @@ export const metastaticProviderSchema = z.strictObject(
     name: nonEmptyString().describe('Unique among providers.'),
     driver: z.literal('metastatic'),
     // Nodepool's documentation says 60, but its code uses 120; we follow the code.
-    'boot-timeout': seconds()
+    'boot-timeout': positiveSeconds()
       .default(120)
-      .describe('Seconds to bound the SSH host-key scan (only used when host-key-checking is on).'),
+      .describe(
+        'Seconds after the provider reports a backing node running within which its connection port must answer; also bounds each SSH host-key scan.',
+      ),
     'launch-timeout': positiveSeconds()
       .default(3600)
       .describe("Seconds from the start of a node's launch (including its backing node's) to ready."),

@@ -62,13 +62,16 @@ export function awsContext(args: {
     forResource: (resourceId) =>
       isEc2InstanceId(resourceId) ? (regions.get(args.region) ?? [...regions.values()][0]) : undefined,
   };
+  // The functions run outside the pool's VPC, so they can reach an instance's port only on a public
+  // address. With private addresses a probe could never succeed: readiness is then EC2's `running`.
+  const reachable = awsPools.length > 0 && awsPools.every((p) => p.poolOptions['public-ipv4'] === true);
   return {
     store: args.store,
     config: args.config,
     providers,
     clock: args.clock,
     log: args.log,
-    probePort,
+    ...(reachable ? { probePort } : {}),
     scanHostKeys,
     events: new EventBridgeSink(
       args.eventBridge ?? new EventBridgeClient({ region: args.region }),

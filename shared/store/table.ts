@@ -76,7 +76,7 @@ function stripUndefined(o: Record<string, unknown>): Record<string, unknown> {
   return Object.fromEntries(Object.entries(o).filter(([, v]) => v !== undefined));
 }
 
-/** Table definition shared by the embedded stack (CreateTable) and, later, the CDK construct. */
+/** Table definition shared by the embedded stack (CreateTable) and the CDK construct (lib/poolTable.ts). */
 export const tableDefinition: Omit<CreateTableCommandInput, 'TableName'> = {
   AttributeDefinitions: [
     { AttributeName: 'pk', AttributeType: 'S' },

@@ -247,24 +247,25 @@ async function launch(ctx: Context, b: BackingRecord): Promise<BackingRecord> {
     await failBackingNode(ctx, b.id, reason, { resourceGone: true, handleNodes: false });
     throw new LaunchAttemptError(reason, { cause: err });
   }
-  ctx.log.info('backing node launching', { backingNodeId: b.id, resourceId, label: b.backingLabel });
-  ctx.metrics?.count(MetricName.launchSucceeded);
-  await emit(ctx, PoolEventType.backingLaunched, {
-    backingNodeId: b.id,
-    resourceId,
-    pool: b.poolKey,
-    label: b.label,
-    backingPool: b.backingPoolKey,
-    backingLabel: b.backingLabel,
-    attempt: b.attempt,
-  });
   for (let i = 0; i < MAX_CONFLICT_RETRIES; i++) {
     const current = await ctx.store.getBacking(b.id);
     if (!current) throw new ConflictError(`backing node ${b.id} disappeared during launch`);
-    if (current.resourceId) return current;
+    if (current.resourceId) return current; // a concurrent delivery recorded (and announced) it
     const next = { ...current, resourceId, version: current.version + 1 };
     try {
       await ctx.store.putBacking(next, { version: current.version });
+      // Only the delivery that records the resource announces it: once per backing node.
+      ctx.log.info('backing node launching', { backingNodeId: b.id, resourceId, label: b.backingLabel });
+      ctx.metrics?.count(MetricName.launchSucceeded);
+      await emit(ctx, PoolEventType.backingLaunched, {
+        backingNodeId: b.id,
+        resourceId,
+        pool: b.poolKey,
+        label: b.label,
+        backingPool: b.backingPoolKey,
+        backingLabel: b.backingLabel,
+        attempt: b.attempt,
+      });
       return next;
     } catch (err) {
       if (!(err instanceof ConflictError)) throw err;
