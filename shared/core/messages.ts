@@ -65,7 +65,10 @@ export function parseMessage(body: string): ParsedMessage {
   if (obj.kind !== 'request' && obj.kind !== 'release') {
     return {
       ok: false,
-      reason: `unknown kind ${JSON.stringify(obj.kind)} (expected "request" or "release")`,
+      reason:
+        obj.kind === undefined
+          ? 'missing "kind" (expected "request" or "release")'
+          : `unknown kind ${JSON.stringify(obj.kind)} (expected "request" or "release")`,
       requestId: obj.kind === undefined ? undefined : requestId,
       labels,
     };

@@ -25,7 +25,9 @@ export function makeFulfilHandler(ctx: Context): SqsBatchHandler {
     }
     const parsed = BackingEvent.safeParse(json);
     if (!parsed.success) {
-      const reason = parsed.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`).join('; ');
+      const reason = parsed.error.issues
+        .map((i) => `${i.path.length ? `${i.path.join('.')}: ` : ''}${i.message}`)
+        .join('; ');
       ctx.log.warn('rejected event', {
         messageId: record.messageId,
         reason: `not an EC2 state-change or spot interruption event: ${reason}`,

@@ -299,9 +299,10 @@ export async function recordFailure(
     nodes: fresh.nodes.map((n) => ({ ...n, state: 'failed', reason })),
   };
   const existing = await ctx.store.createRequest(failed);
+  if (existing) return existing; // the id is taken: never overwrite, and it is not this one that failed
   ctx.log.warn('request failed', { requestId: fresh.id, reason });
-  if (!existing) await requestSettled(ctx, failed);
-  return existing ?? failed;
+  await requestSettled(ctx, failed);
+  return failed;
 }
 
 /** Ends a request that is still waiting (state requested) as failed with a reason; idempotent. */
