@@ -1,16 +1,20 @@
 /**
- * Allocation benchmark on the embedded engines (dynalite + fauxqs, in-process). Not a test: it measures
- * and reports, it never asserts timing. See bench/README.md for the method and the figures.
+ * The benchmark, on the embedded engines (dynalite + fauxqs, in-process). Not a test: it measures and
+ * reports, it never asserts anything. See bench/README.md for the method and the figures.
  *
  *   npm run bench            (or: npx tsx bench/allocation.bench.ts)
  *
- * Two variants of one configuration run side by side, each on its own DevStack with its queue pollers
- * running, their samples interleaved: the metastatic pool with max-servers set (a capacity-set write per
- * allocation) and with max-servers unset. Each primes one backing node through the real launch/fulfil
- * flow, then measures
- *   1. DynamoDB calls per warm-path allocation and per release (SDK middleware on the stack's client);
- *   2. enqueue-to-fulfilled latency of a warm-path request vs the floor of the same engines.
- * Writes bench/results.json.
+ * Part 1 (this file): two variants of one configuration run side by side, each on its own DevStack
+ * with its queue pollers running, their samples interleaved: the metastatic pool with max-servers set
+ * (a capacity-set write per allocation) and with max-servers unset. Each primes one backing node
+ * through the real launch/fulfil flow, then measures
+ *   - DynamoDB calls per warm-path allocation and per release (SDK middleware on the stack's client);
+ *   - enqueue-to-fulfilled latency of a warm-path request vs the floor of the same engines.
+ * Then, one after the other:
+ *   2. conditional-check conflicts per allocation at 16-way contention (bench/contention.ts);
+ *   3. allocation latency with 2,000 backing nodes vs 20 (bench/scale.ts);
+ *   4. the Lambda bundles' size and module-initialisation time vs a bare SDK handler (bench/bundles.ts).
+ * Prints the tables and a summary, and writes everything to bench/results.json.
  */
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { cpus, tmpdir } from 'node:os';
@@ -29,7 +33,10 @@ import { parseConfigOrThrow } from '../shared/config/load.ts';
 import type { BackingRecord, RequestRecord } from '../shared/core/records.ts';
 import { DevStack, REGION, TABLE_NAME } from '../shared/runtime/devStack.ts';
 import { backingItem, FREE_INDEX, keys, requestItem } from '../shared/store/table.ts';
-import type { Log } from '../shared/usecases/context.ts';
+import { type BundlesFigures, bundlesReport, measureBundles } from './bundles.ts';
+import { fmtMs, log, quantile, round, type Summary, sleep, summarize, table, yesNo } from './common.ts';
+import { type ContentionFigures, contentionReport, measureContention } from './contention.ts';
+import { measureScale, type ScaleFigures, scaleReport } from './scale.ts';
 
 // ---- parameters -----------------------------------------------------------------------------------
 
@@ -80,8 +87,6 @@ ${maxServers === undefined ? '' : `        max-servers: ${maxServers}\n`}       
 
 // ---- small helpers --------------------------------------------------------------------------------
 
-const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
-
 async function within<T>(p: Promise<T>, what: string, ms = WAIT_LIMIT_MS): Promise<T> {
   let timer: NodeJS.Timeout | undefined;
   const timeout = new Promise<never>((_, reject) => {
@@ -93,38 +98,6 @@ async function within<T>(p: Promise<T>, what: string, ms = WAIT_LIMIT_MS): Promi
     clearTimeout(timer);
   }
 }
-
-/** Linear-interpolated quantile (q in [0, 1]) of unsorted numbers. */
-function quantile(values: readonly number[], q: number): number {
-  const s = [...values].sort((a, b) => a - b);
-  if (s.length === 0) return Number.NaN;
-  const pos = (s.length - 1) * q;
-  const lo = Math.floor(pos);
-  const hi = Math.ceil(pos);
-  return (s[lo] as number) + ((s[hi] as number) - (s[lo] as number)) * (pos - lo);
-}
-
-interface Summary {
-  readonly median: number;
-  readonly p90: number;
-  readonly n: number;
-}
-
-const summarize = (values: readonly number[]): Summary => ({
-  median: round(quantile(values, 0.5)),
-  p90: round(quantile(values, 0.9)),
-  n: values.length,
-});
-
-const round = (x: number, digits = 3) => Math.round(x * 10 ** digits) / 10 ** digits;
-
-/** Logs only warnings and errors (to stderr): the stack's info logging would swamp the output. */
-const log: Log = {
-  debug() {},
-  info() {},
-  warn: (message, ...extra) => console.error(`[warn] ${message}`, ...extra),
-  error: (message, ...extra) => console.error(`[error] ${message}`, ...extra),
-};
 
 // ---- instrumentation ------------------------------------------------------------------------------
 
@@ -607,21 +580,7 @@ async function run(variants: readonly Variant[]): Promise<VariantResult[]> {
 
 // ---- report ---------------------------------------------------------------------------------------
 
-function table(rows: readonly (readonly string[])[], header: readonly string[]): string {
-  const all = [header, ...rows];
-  const widths = header.map((_, c) => Math.max(...all.map((r) => (r[c] ?? '').length)));
-  const line = (r: readonly string[]) =>
-    r
-      .map((cell, c) => (c === 0 ? cell.padEnd(widths[c] ?? 0) : cell.padStart(widths[c] ?? 0)))
-      .join('   ')
-      .trimEnd();
-  const rule = widths.map((w) => '-'.repeat(w)).join('   ');
-  return [line(header), rule, ...rows.map(line)].join('\n');
-}
-
 const fmtCalls = (f: CallFigures) => (f.min === f.max ? String(f.mean) : `${f.mean} (${f.min}-${f.max})`);
-const fmtMs = (s: Summary) => `${s.median.toFixed(2)} / ${s.p90.toFixed(2)}`;
-const yesNo = (ok: boolean) => (ok ? 'yes' : 'NO');
 
 function report(variants: readonly VariantResult[]): string {
   const header = ['', ...variants.map((v) => v.name), 'aim', 'met'];
@@ -701,32 +660,112 @@ function report(variants: readonly VariantResult[]): string {
   ].join('\n');
 }
 
+// ---- summary --------------------------------------------------------------------------------------
+
+interface Parts {
+  readonly variants: readonly VariantResult[];
+  readonly contention: ContentionFigures;
+  readonly scale: ScaleFigures;
+  readonly bundles: BundlesFigures;
+}
+
+/** One line per figure: what was measured in this run, against its aim (nothing is asserted). */
+function summaryRows(p: Parts): { figure: string; measured: string; aim: string; met: string }[] {
+  const both = (f: (v: VariantResult) => string) => p.variants.map(f).join(' / ');
+  const fn = p.bundles.bundles.slice(1);
+  const bare = p.bundles.bundles[0];
+  return [
+    {
+      figure: `DynamoDB calls per warm-path allocation (${both((v) => v.name)})`,
+      measured: both((v) => fmtCalls(v.allocation)),
+      aim: `<= ${AIM_CALLS_PER_ALLOCATION}`,
+      met: both((v) => yesNo(v.allocation.max <= AIM_CALLS_PER_ALLOCATION)),
+    },
+    {
+      figure: 'warm-path median enqueue-to-fulfilled / floor (same)',
+      measured: both((v) => v.latency.ratio.toFixed(2)),
+      aim: `<= ${AIM_LATENCY_RATIO}`,
+      met: both((v) => yesNo(v.latency.ratio <= AIM_LATENCY_RATIO)),
+    },
+    {
+      figure: `conditional-check conflicts per allocation, ${p.contention.concurrency}-way contention`,
+      measured: p.contention.conflictsPerAllocation.toFixed(2),
+      aim: `<= ${p.contention.aim}`,
+      met: yesNo(p.contention.aimMet),
+    },
+    {
+      figure: `allocation median, ${p.scale.large.backingNodes} vs ${p.scale.small.backingNodes} backing nodes`,
+      measured: `${p.scale.ratio.toFixed(2)} (${p.scale.large.latencyMs.median.toFixed(2)} / ${p.scale.small.latencyMs.median.toFixed(2)} ms)`,
+      aim: `<= ${p.scale.aim}`,
+      met: yesNo(p.scale.aimMet),
+    },
+    {
+      figure: `bundle size / bare SDK handler (${fn.map((b) => b.name).join(' / ')})`,
+      measured: fn.map((b) => b.sizeRatio.toFixed(2)).join(' / '),
+      aim: '-',
+      met: '',
+    },
+    {
+      figure: `  gzip (bare: ${bare ? (bare.gzipBytes / 1024).toFixed(0) : '?'} KiB)`,
+      measured: fn.map((b) => b.gzipRatio.toFixed(2)).join(' / '),
+      aim: '-',
+      met: '',
+    },
+    {
+      figure: `module init / bare SDK handler (bare: ${bare ? bare.initMs.toFixed(0) : '?'} ms)`,
+      measured: fn.map((b) => b.initRatio.toFixed(2)).join(' / '),
+      aim: '-',
+      met: '',
+    },
+  ];
+}
+
 async function main(): Promise<void> {
   const started = performance.now();
+  // The SDK warns that its releases after early 2027 need Node 22; the bundles' children inherit this.
+  process.env.AWS_SDK_JS_NODE_VERSION_SUPPORT_WARNING_DISABLED = 'true';
   const machine = {
     cpus: cpus().length,
     node: process.version,
     platform: `${process.platform}-${process.arch}`,
   };
   console.log(
-    `metastatic allocation benchmark: embedded engines (dynalite + fauxqs, in-process), ` +
+    `metastatic benchmark: embedded engines (dynalite + fauxqs, in-process), ` +
       `${machine.cpus} cpus, node ${machine.node}, ${machine.platform}\n`,
   );
+  const progress = (line: string) => process.stdout.write(`${line}\n`);
+  const seconds: Record<string, number> = {};
+  const timed = async <T>(part: string, f: () => Promise<T>): Promise<T> => {
+    const t0 = performance.now();
+    try {
+      return await f();
+    } finally {
+      seconds[part] = round((performance.now() - t0) / 1000, 1);
+    }
+  };
+
+  // 1. The warm path through the queues, two variants side by side.
   const configs = [
     [`max-servers-${METASTATIC_MAX_SERVERS}`, METASTATIC_MAX_SERVERS],
     ['max-servers-unset', undefined],
   ] as const;
-  const running: Variant[] = [];
-  let variants: VariantResult[];
-  try {
-    for (const [name, maxServers] of configs) {
-      process.stdout.write(`starting variant "${name}" and priming its backing node...\n`);
-      running.push(await Variant.start(name, maxServers));
+  const variants = await timed('warmPath', async () => {
+    const running: Variant[] = [];
+    try {
+      for (const [name, maxServers] of configs) {
+        progress(`starting variant "${name}" and priming its backing node...`);
+        running.push(await Variant.start(name, maxServers));
+      }
+      return await run(running);
+    } finally {
+      for (const v of running) await v.stop();
     }
-    variants = await run(running);
-  } finally {
-    for (const v of running) await v.stop();
-  }
+  });
+  // 2-4. Contention, scale and the Lambda bundles, one after the other.
+  const contention = await timed('contention', () => measureContention(progress));
+  const scale = await timed('scale', () => measureScale(progress));
+  const bundles = await timed('bundles', () => measureBundles(progress));
+
   console.log('');
   console.log(report(variants));
   const wakeupOk = variants.every((v) => v.wakeupMs.median < WAKEUP_OK_MS);
@@ -736,12 +775,32 @@ async function main(): Promise<void> {
       : `\nWARNING: fauxqs answered waiting receives only after ${WAKEUP_OK_MS}+ ms: the real latency includes ` +
           'the long-poll wait and is not comparable with the floor.',
   );
-  const seconds = (performance.now() - started) / 1000;
-  console.log(`total ${seconds.toFixed(1)} s`);
+  console.log('');
+  console.log(contentionReport(contention));
+  console.log('');
+  console.log(scaleReport(scale));
+  console.log('');
+  console.log(bundlesReport(bundles));
+  const summary = summaryRows({ variants, contention, scale, bundles });
+  console.log('');
+  console.log('Summary (ratios measured in this one run; aims are targets, nothing is asserted)');
+  console.log(
+    table(
+      summary.map((r) => [r.figure, r.measured, r.aim, r.met]),
+      ['figure', 'measured', 'aim', 'met'],
+    ),
+  );
+  const total = (performance.now() - started) / 1000;
+  console.log(
+    `\ntotal ${total.toFixed(1)} s (${Object.entries(seconds)
+      .map(([part, s]) => `${part} ${s.toFixed(1)} s`)
+      .join(', ')})`,
+  );
 
   const results = {
     machine,
     date: new Date().toISOString(),
+    summary,
     figures: {
       parameters: {
         countSamples: COUNT_SAMPLES,
@@ -751,7 +810,12 @@ async function main(): Promise<void> {
         pollIntervalMs: POLL_INTERVAL_MS,
         slotsPerBackingNode: SLOTS,
       },
-      aims: { dynamodbCallsPerAllocation: AIM_CALLS_PER_ALLOCATION, latencyRatio: AIM_LATENCY_RATIO },
+      aims: {
+        dynamodbCallsPerAllocation: AIM_CALLS_PER_ALLOCATION,
+        latencyRatio: AIM_LATENCY_RATIO,
+        conflictsPerAllocation: contention.aim,
+        scaleRatio: scale.aim,
+      },
       longPollWakeupPrompt: wakeupOk,
       variants: Object.fromEntries(
         variants.map((v) => [
@@ -775,7 +839,11 @@ async function main(): Promise<void> {
           },
         ]),
       ),
-      totalSeconds: round(seconds, 1),
+      contention,
+      scale,
+      bundles,
+      secondsByPart: seconds,
+      totalSeconds: round(total, 1),
     },
   };
   const out = fileURLToPath(new URL('./results.json', import.meta.url));
