@@ -1,0 +1,117 @@
+/**
+ * The DynamoDB the simulator runs on: dynalite, in this process, in memory, one table per simulation.
+ *
+ * By default the client reaches dynalite's own request handler directly (no socket): the requests and
+ * responses are the same as over HTTP, minus the loopback HTTP work (about half of a call's time on
+ * 2 cores). `http: true` uses the embedded stack's startDynalite() on a loopback port instead. Either
+ * way requests carry a fixed signature: dynalite checks that one is there, not what it is.
+ */
+import { EventEmitter } from 'node:events';
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import { DynamoDBClient, type DynamoDBClientConfig } from '@aws-sdk/client-dynamodb';
+import dynalite from 'dynalite';
+import { startDynalite } from '../../shared/runtime/engines.ts';
+
+export interface SimEngine {
+  readonly client: DynamoDBClient;
+  /** DynamoDB calls made through `client` so far. */
+  calls(): number;
+  close(): Promise<void>;
+}
+
+const REGION = 'us-east-1';
+const CREDENTIALS = { accessKeyId: 'sim', secretAccessKey: 'sim' };
+
+export async function startSimEngine(options: { http?: boolean } = {}): Promise<SimEngine> {
+  let transport: Pick<DynamoDBClientConfig, 'endpoint' | 'requestHandler'>;
+  let closeEngine: () => Promise<void>;
+  if (options.http) {
+    const engine = await startDynalite();
+    transport = { endpoint: engine.endpoint };
+    closeEngine = () => engine.close();
+  } else {
+    const server = dynalite({ createTableMs: 0, deleteTableMs: 0, updateTableMs: 0 });
+    const listener = server.listeners('request')[0] as (req: IncomingMessage, res: ServerResponse) => void;
+    transport = { endpoint: 'http://dynalite.in-process', requestHandler: inProcessHandler(listener) };
+    closeEngine = () => new Promise<void>((resolve) => server.close(() => resolve()));
+  }
+  const client = new DynamoDBClient({
+    ...transport,
+    region: REGION,
+    credentials: CREDENTIALS,
+    signer: { sign: async (request) => fakeSignature(request) },
+  });
+  let calls = 0;
+  client.middlewareStack.add(
+    (next) => async (args) => {
+      calls++;
+      return next(args);
+    },
+    { step: 'initialize', name: 'costSimCallCounter' },
+  );
+  return {
+    client,
+    calls: () => calls,
+    async close() {
+      client.destroy();
+      await closeEngine();
+    },
+  };
+}
+
+function fakeSignature<T extends { headers: Record<string, string> }>(request: T): T {
+  request.headers.authorization =
+    'AWS4-HMAC-SHA256 Credential=sim/20260101/us-east-1/dynamodb/aws4_request, SignedHeaders=host, Signature=0';
+  request.headers['x-amz-date'] = '20260101T000000Z';
+  return request;
+}
+
+interface OutgoingRequest {
+  readonly method: string;
+  readonly path?: string;
+  readonly headers: Record<string, string>;
+  readonly body?: unknown;
+}
+
+/**
+ * An SDK request handler that hands each request to dynalite's HTTP listener with a minimal request
+ * (headers, method, url; the body as one `data` event) and response (statusCode, setHeader, end):
+ * the part of node:http dynalite uses.
+ */
+function inProcessHandler(
+  listener: (req: IncomingMessage, res: ServerResponse) => void,
+): DynamoDBClientConfig['requestHandler'] {
+  const handler = {
+    handle(request: OutgoingRequest) {
+      return new Promise((resolve) => {
+        const req = Object.assign(new EventEmitter(), {
+          method: request.method,
+          url: request.path || '/',
+          headers: Object.fromEntries(Object.entries(request.headers).map(([k, v]) => [k.toLowerCase(), v])),
+        });
+        const headers: Record<string, string> = {};
+        const res = {
+          statusCode: 200,
+          contentType: undefined as string | undefined,
+          setHeader(name: string, value: unknown) {
+            headers[name.toLowerCase()] = String(value);
+          },
+          end(body?: string) {
+            resolve({ response: { statusCode: res.statusCode, headers, body: Buffer.from(body ?? '') } });
+          },
+        };
+        listener(req as unknown as IncomingMessage, res as unknown as ServerResponse);
+        const body = request.body;
+        if (typeof body === 'string') req.emit('data', Buffer.from(body));
+        else if (body instanceof Uint8Array) {
+          req.emit('data', Buffer.from(body.buffer, body.byteOffset, body.byteLength));
+        }
+        req.emit('end');
+      });
+    },
+    updateHttpClientConfig() {},
+    httpHandlerConfigs: () => ({}),
+    destroy() {},
+  };
+  return handler as unknown as DynamoDBClientConfig['requestHandler'];
+}

@@ -1,0 +1,553 @@
+/**
+ * Cost report (`npm run cost`, or `npx tsx bench/cost/main.ts [options]`): replays request traces
+ * through the real allocation and reaper code on a virtual clock and reports backing-instance hours
+ * for this pool (fullest first), Nodepool's policy (oldest first), one instance per job and the lower
+ * bound, plus the effect of grace-time and min-retention-time. See bench/cost/README.md.
+ */
+import { fork } from 'node:child_process';
+import { mkdir, readFile, writeFile } from 'node:fs/promises';
+import { cpus } from 'node:os';
+import { basename, dirname, extname, join, relative } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { parseArgs } from 'node:util';
+import { renderChart } from './chart.ts';
+import { startSimEngine } from './engine.ts';
+import { model } from './model.ts';
+import { formatJson, hours, pct, ratio, secs, table } from './report.ts';
+import {
+  type BoundResult,
+  DEFAULT_OPTIONS,
+  lowerBound,
+  type PolicyResult,
+  perJob,
+  type SimOptions,
+  simulate,
+} from './simulate.ts';
+import {
+  formatTraceCsv,
+  parseTraceCsv,
+  SYNTHETIC_KINDS,
+  type SyntheticKind,
+  steadyTrace,
+  syntheticTrace,
+  type Trace,
+} from './traces.ts';
+import type { Task, TaskReply } from './worker.ts';
+
+const HERE = dirname(fileURLToPath(import.meta.url));
+const DEFAULT_JOBS: Record<SyntheticKind, number> = { steady: 1000, bursty: 800, diurnal: 1200 };
+const GRACE_VALUES = [0, 60, 300, 600];
+const MIN_RETENTION_VALUES = [0, 3600];
+/** Arrival rates (jobs a minute) of the scale table, computed with the reference model. */
+const SCALE_RATES = [1, 2, 4, 8, 16, 32];
+const SCALE_HOURS = 12;
+const AIM = 0.1;
+
+const HELP = `Usage: npx tsx bench/cost/main.ts [options]
+
+Without --trace: the synthetic traces steady, bursty and diurnal (written to bench/traces/<name>.csv).
+  --trace FILE          a CSV trace (arrival_s,duration_s,label); repeatable; replaces the synthetic ones
+  --seed N              seed of the synthetic traces (default 42)
+  --jobs N              jobs per synthetic trace (default: steady 1000, bursty 800, diurnal 1200)
+  --slots N             max-parallel-jobs, slots per backing node (default 4)
+  --boot S              seconds from launch to running (default 60)
+  --tick S              reaper interval in seconds (default 10)
+  --grace-trace NAME    the trace of the grace-time / min-retention table (default: bursty, else the first)
+  --no-grace-table      skip that table
+  --workers N           simulations in parallel, one process each (default: min(2, cores))
+  --http                reach dynalite over loopback HTTP instead of in-process
+  --out DIR             where the SVGs and results.json go (default bench/cost/out)
+`;
+
+/** One simulation to run: its task (sent to a worker) and where its result goes. */
+interface SimRun {
+  readonly task: Task;
+  readonly trace: string;
+  readonly what: string;
+}
+
+interface TraceFigures {
+  readonly trace: Trace;
+  readonly spanS: number;
+  readonly bound: BoundResult;
+  readonly perJob: PolicyResult;
+  readonly runs: Map<string, PolicyResult>;
+}
+
+async function main(): Promise<void> {
+  process.env.AWS_SDK_JS_NODE_VERSION_SUPPORT_WARNING_DISABLED ??= 'true';
+  const { values: args } = parseArgs({
+    options: {
+      trace: { type: 'string', multiple: true },
+      seed: { type: 'string', default: '42' },
+      jobs: { type: 'string' },
+      slots: { type: 'string', default: String(DEFAULT_OPTIONS.slots) },
+      boot: { type: 'string', default: String(DEFAULT_OPTIONS.bootS) },
+      tick: { type: 'string', default: String(DEFAULT_OPTIONS.reaperTickS) },
+      'grace-trace': { type: 'string' },
+      'no-grace-table': { type: 'boolean', default: false },
+      workers: { type: 'string', default: String(Math.min(2, cpus().length)) },
+      http: { type: 'boolean', default: false },
+      out: { type: 'string', default: join(HERE, 'out') },
+      help: { type: 'boolean', short: 'h', default: false },
+    },
+  });
+  if (args.help) {
+    process.stdout.write(HELP);
+    return;
+  }
+  const started = performance.now();
+  const seed = intArg('--seed', args.seed);
+  const base: SimOptions = {
+    ...DEFAULT_OPTIONS,
+    slots: intArg('--slots', args.slots, 1),
+    bootS: numArg('--boot', args.boot),
+    reaperTickS: numArg('--tick', args.tick),
+  };
+  const workers = intArg('--workers', args.workers, 1);
+  const outDir = args.out;
+  await mkdir(outDir, { recursive: true });
+
+  // ---- traces ----
+  const traces: Trace[] = [];
+  if (args.trace?.length) {
+    for (const file of args.trace) {
+      traces.push(parseTraceCsv(await readFile(file, 'utf8'), basename(file, extname(file)), file));
+    }
+  } else {
+    const dir = join(HERE, '..', 'traces');
+    await mkdir(dir, { recursive: true });
+    for (const kind of SYNTHETIC_KINDS) {
+      const jobs = args.jobs === undefined ? DEFAULT_JOBS[kind] : intArg('--jobs', args.jobs, 1);
+      const trace = syntheticTrace(kind, seed, jobs);
+      await writeFile(join(dir, `${kind}.csv`), formatTraceCsv(trace));
+      traces.push(trace);
+    }
+  }
+  const names = new Set<string>();
+  for (const t of traces) {
+    if (names.has(t.name)) throw new Error(`two traces are named ${t.name}`);
+    names.add(t.name);
+  }
+  const graceTrace = args['no-grace-table']
+    ? undefined
+    : (args['grace-trace'] ?? (names.has('bursty') ? 'bursty' : traces[0]?.name));
+  if (graceTrace !== undefined && !names.has(graceTrace)) throw new Error(`no trace named ${graceTrace}`);
+
+  console.log(
+    `Cost report: ${traces.length} trace(s); ${base.slots} slots per backing node, boot ${base.bootS} s, ` +
+      `reaper every ${base.reaperTickS} s; ${workers} worker(s); dynalite ${args.http ? 'over HTTP' : 'in-process'}; ` +
+      `${cpus().length} cores, Node ${process.version}\n`,
+  );
+
+  // ---- what to run ----
+  const figures = new Map<string, TraceFigures>();
+  const runs: SimRun[] = [];
+  let nextId = 0;
+  const add = (trace: Trace, what: string, options: SimOptions, series: boolean) =>
+    runs.push({ task: { id: nextId++, trace, options, series }, trace: trace.name, what });
+  for (const trace of traces) {
+    const last = trace.jobs[trace.jobs.length - 1];
+    figures.set(trace.name, {
+      trace,
+      spanS: last ? last.arrivalMs / 1000 : 0,
+      bound: lowerBound(trace, base.slots),
+      perJob: perJob(trace, base.bootS),
+      runs: new Map(),
+    });
+    add(trace, 'fullest', { ...base, policy: 'fullest' }, true);
+    add(trace, 'oldest', { ...base, policy: 'oldest' }, true);
+  }
+  const graceKey = (g: number, m: number) => `fullest grace ${g} min-ret ${m}`;
+  if (graceTrace !== undefined) {
+    const trace = figures.get(graceTrace)?.trace as Trace;
+    for (const m of MIN_RETENTION_VALUES) {
+      for (const g of GRACE_VALUES) {
+        if (g === base.graceS && m === base.minRetentionS) continue; // the main run
+        add(trace, graceKey(g, m), { ...base, policy: 'fullest', graceS: g, minRetentionS: m }, false);
+      }
+    }
+  }
+
+  // ---- run, reporting each trace as soon as its policies are in ----
+  const modelChecks: { trace: string; what: string; agrees: boolean; detail: string }[] = [];
+  let done = 0;
+  const reported = new Set<string>();
+  const charts: Promise<void>[] = [];
+  await runAll(runs, workers, args.http, (run, result) => {
+    done++;
+    const f = figures.get(run.trace) as TraceFigures;
+    f.runs.set(run.what, result);
+    const m = model(run.task.trace, run.task.options);
+    const agrees =
+      Math.abs(m.instanceSeconds - result.instanceSeconds) < 1e-6 &&
+      m.backingLaunched === result.backingLaunched &&
+      m.warmHits === result.warmHits;
+    modelChecks.push({
+      trace: run.trace,
+      what: run.what,
+      agrees,
+      detail: `model ${hours(m.instanceSeconds)} h / ${m.backingLaunched} launched, simulation ${hours(result.instanceSeconds)} h / ${result.backingLaunched}`,
+    });
+    const perCall = result.dynamodbCalls > 0 ? result.wallMs / result.dynamodbCalls : 0;
+    console.log(
+      `[${String(done).padStart(2)}/${runs.length}] ${run.trace} ${run.what}: ${(result.wallMs / 1000).toFixed(1)} s, ` +
+        `${result.dynamodbCalls} DynamoDB calls (${(result.dynamodbCalls / run.task.trace.jobs.length).toFixed(1)}/job, ` +
+        `${perCall.toFixed(2)} ms each); reference model ${agrees ? 'agrees' : `DISAGREES (${modelChecks.at(-1)?.detail})`}`,
+    );
+    if (!reported.has(run.trace) && f.runs.has('fullest') && f.runs.has('oldest')) {
+      reported.add(run.trace);
+      console.log(`\n${traceTable(f, base)}\n`);
+      const file = join(outDir, `${run.trace}.svg`);
+      charts.push(
+        writeFile(file, svgOf(f, base)).then(() => console.log(`chart: ${relative(process.cwd(), file)}\n`)),
+      );
+    }
+  });
+  await Promise.all(charts);
+
+  // ---- grace-time / min-retention ----
+  let graceRows: GraceRow[] = [];
+  if (graceTrace !== undefined) {
+    const f = figures.get(graceTrace) as TraceFigures;
+    graceRows = MIN_RETENTION_VALUES.flatMap((m) =>
+      GRACE_VALUES.map((g) => {
+        const r = (
+          g === base.graceS && m === base.minRetentionS ? f.runs.get('fullest') : f.runs.get(graceKey(g, m))
+        ) as PolicyResult;
+        return {
+          graceS: g,
+          minRetentionS: m,
+          result: r,
+          bound: f.bound.instanceSeconds,
+          jobs: f.trace.jobs.length,
+        };
+      }),
+    );
+    console.log(
+      `grace-time x min-retention-time on ${graceTrace} (fullest first; otherwise as above)\n${graceTable(graceRows)}\n`,
+    );
+  }
+
+  // ---- how the gap shrinks with the pool's size (reference model; with the synthetic traces) ----
+  const scale = args.trace?.length
+    ? []
+    : SCALE_RATES.map((rate) => {
+        const trace = steadyTrace(seed, rate * 60 * SCALE_HOURS, rate);
+        const bound = lowerBound(trace, base.slots).instanceSeconds;
+        const m = model(trace, { ...base, policy: 'fullest' });
+        const busyMs = trace.jobs.reduce((s, j) => s + j.durationMs, 0);
+        return {
+          perMinute: rate,
+          jobs: trace.jobs.length,
+          meanNodesInUse: busyMs / (trace.jobs.at(-1)?.arrivalMs ?? 1),
+          ratio: m.instanceSeconds / bound,
+        };
+      });
+  if (scale.length > 0) {
+    console.log(
+      `Steady traces, ${SCALE_HOURS} h of arrivals at other rates (fullest first, grace-time 0; reference model, not the real code):\n${table(
+        ['arrivals/min', 'jobs', 'mean nodes in use', 'x bound'],
+        scale.map((s) => [String(s.perMinute), String(s.jobs), s.meanNodesInUse.toFixed(1), ratio(s.ratio)]),
+      )}\n`,
+    );
+  }
+
+  // ---- aims and the results file ----
+  const wallS = (performance.now() - started) / 1000;
+  const aimRows = [...figures.values()].map((f) => {
+    const r = (f.runs.get('fullest') as PolicyResult).instanceSeconds / f.bound.instanceSeconds;
+    return { trace: f.trace.name, ratio: r, met: r <= 1 + AIM };
+  });
+  console.log(
+    `Aim: fullest first within ${AIM * 100}% of the lower bound at grace-time 0: ${aimRows
+      .map((a) => `${a.trace} ${ratio(a.ratio)} ${a.met ? 'met' : 'NOT met'}`)
+      .join('; ')}`,
+  );
+  const disagreements = modelChecks.filter((c) => !c.agrees);
+  console.log(
+    disagreements.length === 0
+      ? `Reference model: agrees with all ${modelChecks.length} simulations.`
+      : `Reference model: DISAGREES with ${disagreements.length} of ${modelChecks.length} simulations.`,
+  );
+  const resultsFile = join(outDir, 'results.json');
+  await writeFile(
+    resultsFile,
+    formatJson({
+      machine: {
+        cpus: cpus().length,
+        node: process.version,
+        platform: `${process.platform}-${process.arch}`,
+      },
+      date: new Date().toISOString(),
+      wallSeconds: round(wallS, 1),
+      workers,
+      transport: args.http ? 'http' : 'in-process',
+      parameters: {
+        seed: args.trace?.length ? undefined : seed,
+        slots: base.slots,
+        bootS: base.bootS,
+        reaperTickS: base.reaperTickS,
+        graceS: base.graceS,
+        minRetentionS: base.minRetentionS,
+      },
+      traces: [...figures.values()].map((f) => traceJson(f, base)),
+      graceTable:
+        graceTrace === undefined
+          ? undefined
+          : {
+              trace: graceTrace,
+              policy: 'fullest',
+              rows: graceRows.map((r) => ({
+                graceS: r.graceS,
+                minRetentionS: r.minRetentionS,
+                ...policyJson(r.result, r.bound),
+              })),
+            },
+      scaleByReferenceModel:
+        scale.length === 0
+          ? undefined
+          : scale.map((s) => ({
+              arrivalsPerMinute: s.perMinute,
+              jobs: s.jobs,
+              meanNodesInUse: round(s.meanNodesInUse, 1),
+              ratioToLowerBound: round(s.ratio, 4),
+            })),
+      aim: { withinOfLowerBound: AIM, traces: aimRows.map((a) => ({ ...a, ratio: round(a.ratio, 4) })) },
+      referenceModel: { simulations: modelChecks.length, disagreements },
+    }),
+  );
+  console.log(`results: ${relative(process.cwd(), resultsFile)}; total ${wallS.toFixed(1)} s`);
+  if (disagreements.length > 0) process.exitCode = 1;
+}
+
+// ---- running the simulations ----------------------------------------------------------------------
+
+/** Runs the simulations, in order, on `workers` child processes (or here when 1), reporting each result. */
+async function runAll(
+  runs: readonly SimRun[],
+  workers: number,
+  http: boolean,
+  onDone: (run: SimRun, result: PolicyResult) => void,
+): Promise<void> {
+  if (workers <= 1) {
+    const engine = await startSimEngine({ http });
+    try {
+      for (const run of runs) {
+        const { trace, options, series } = run.task;
+        onDone(run, await simulate(engine, trace, options, { series }));
+      }
+    } finally {
+      await engine.close();
+    }
+    return;
+  }
+  const queue = [...runs];
+  const workerPath = fileURLToPath(new URL('./worker.ts', import.meta.url));
+  const children = Array.from({ length: Math.min(workers, runs.length) }, () =>
+    fork(workerPath, [], { env: { ...process.env, COST_SIM_HTTP: http ? '1' : '0' } }),
+  );
+  try {
+    await Promise.all(
+      children.map(
+        (child) =>
+          new Promise<void>((resolve, reject) => {
+            let current: SimRun | undefined;
+            const next = () => {
+              current = queue.shift();
+              if (current) child.send(current.task);
+              else child.disconnect();
+            };
+            child.on('message', (reply: TaskReply) => {
+              const run = current as SimRun;
+              if ('error' in reply) {
+                current = undefined;
+                reject(new Error(`${run.trace} ${run.what}: ${reply.error}`));
+                return;
+              }
+              onDone(run, reply.result);
+              next();
+            });
+            child.on('exit', (code) => {
+              if (current)
+                reject(new Error(`a worker exited (${code}) during ${current.trace} ${current.what}`));
+              else resolve();
+            });
+            next();
+          }),
+      ),
+    );
+  } finally {
+    for (const child of children) if (child.exitCode === null) child.kill();
+  }
+}
+
+// ---- tables ---------------------------------------------------------------------------------------
+
+function traceTable(f: TraceFigures, o: SimOptions): string {
+  const bound = f.bound.instanceSeconds;
+  const fullest = f.runs.get('fullest') as PolicyResult;
+  const oldest = f.runs.get('oldest') as PolicyResult;
+  const n = f.trace.jobs.length;
+  const row = (name: string, r: PolicyResult) => [
+    name,
+    hours(r.instanceSeconds),
+    ratio(r.instanceSeconds / bound),
+    secs(r.waitS.mean),
+    secs(r.waitS.p95),
+    String(r.backingLaunched),
+    pct(r.warmHits, n),
+  ];
+  const rightSized = f.perJob.instanceSeconds / o.slots;
+  const lines = [
+    `${f.trace.name}: ${f.trace.source}; ${(f.spanS / 3600).toFixed(1)} h of arrivals; ${o.slots} slots per backing node, boot ${o.bootS} s, grace-time ${o.graceS} s, min-retention ${o.minRetentionS} s, reaper every ${o.reaperTickS} s`,
+    table(
+      ['policy', 'instance-h', 'x bound', 'wait mean', 'wait p95', 'launched', 'no wait'],
+      [
+        row('(a) metastatic: fullest first', fullest),
+        row('(b) Nodepool: oldest first', oldest),
+        row('(c) one instance per job', f.perJob),
+        ['(d) lower bound', hours(bound), ratio(1), '-', '-', '-', '-'],
+      ],
+    ),
+    ...[
+      ['(a)', fullest],
+      ['(b)', oldest],
+    ].map(([name, r]) => `${name} over (d): ${gapText(r as PolicyResult, bound)}`),
+    `(b) placements that found >= 10 backing nodes with a free slot (oldest-first then holds only among the 10 fullest, see Context.placementPolicy): ${oldest.fullCandidatePages} of ${n}`,
+    `(c) with instances 1/${o.slots} the size (price in proportion): ${hours(rightSized)} backing-node-hours, ${ratio(rightSized / bound)} x (d) (another machine: not bound by (d))`,
+  ];
+  return lines.join('\n');
+}
+
+function gapText(r: PolicyResult, bound: number): string {
+  const g = gapParts(r, bound);
+  return `+${hours(r.instanceSeconds - bound)} h = waiting for boots ${hours(g.waiting)} + idle (grace, min-retention, reaper grid) ${hours(g.idle)} + fragmentation ${hours(g.fragmentation)}`;
+}
+
+function gapParts(r: PolicyResult, bound: number) {
+  return {
+    waiting: r.gap.heldBoundSeconds - bound,
+    idle: r.gap.idleSeconds,
+    fragmentation: r.instanceSeconds - r.gap.heldBoundSeconds - r.gap.idleSeconds,
+  };
+}
+
+interface GraceRow {
+  readonly graceS: number;
+  readonly minRetentionS: number;
+  readonly result: PolicyResult;
+  readonly bound: number;
+  readonly jobs: number;
+}
+
+function graceTable(rows: readonly GraceRow[]): string {
+  return table(
+    ['grace-time', 'min-retention', 'instance-h', 'x bound', 'wait mean', 'wait p95', 'launched', 'no wait'],
+    rows.map((r) => [
+      `${r.graceS} s`,
+      `${r.minRetentionS} s`,
+      hours(r.result.instanceSeconds),
+      ratio(r.result.instanceSeconds / r.bound),
+      secs(r.result.waitS.mean),
+      secs(r.result.waitS.p95),
+      String(r.result.backingLaunched),
+      pct(r.result.warmHits, r.jobs),
+    ]),
+  );
+}
+
+function svgOf(f: TraceFigures, o: SimOptions): string {
+  const bound = f.bound.instanceSeconds;
+  const panel = (title: string, r: PolicyResult) => ({
+    title: `${title}: ${hours(r.instanceSeconds)} instance-h, ${ratio(r.instanceSeconds / bound)} x bound, mean wait ${secs(r.waitS.mean)}, ${r.backingLaunched} launched`,
+    backing: r.backing ?? { t: [0], v: [0] },
+    inUse: r.inUse ?? { t: [0], v: [0] },
+  });
+  return renderChart({
+    title: `${f.trace.name}: nodes in use and backing nodes over time`,
+    subtitle: `${f.trace.source}; ${o.slots} slots per backing node, boot ${o.bootS} s, grace-time ${o.graceS} s, reaper every ${o.reaperTickS} s; lower bound ${hours(bound)} instance-h`,
+    bound: f.bound.series,
+    slots: o.slots,
+    panels: [
+      panel('(a) metastatic: fullest first', f.runs.get('fullest') as PolicyResult),
+      panel('(b) Nodepool: oldest first', f.runs.get('oldest') as PolicyResult),
+      panel('(c) one instance per job', f.perJob),
+    ],
+  });
+}
+
+// ---- results.json ---------------------------------------------------------------------------------
+
+function traceJson(f: TraceFigures, o: SimOptions) {
+  const bound = f.bound.instanceSeconds;
+  return {
+    name: f.trace.name,
+    source: f.trace.source,
+    jobs: f.trace.jobs.length,
+    arrivalSpanHours: round(f.spanS / 3600, 2),
+    lowerBoundHours: round(bound / 3600, 4),
+    policies: {
+      fullest: policyJson(f.runs.get('fullest') as PolicyResult, bound),
+      oldest: policyJson(f.runs.get('oldest') as PolicyResult, bound),
+      perJob: policyJson(f.perJob, bound),
+      perJobRightSized: {
+        backingNodeHours: round(f.perJob.instanceSeconds / o.slots / 3600, 4),
+        ratioToLowerBound: round(f.perJob.instanceSeconds / o.slots / bound, 4),
+      },
+    },
+  };
+}
+
+function policyJson(r: PolicyResult, bound: number) {
+  const simulated = r.dynamodbCalls > 0;
+  const g = gapParts(r, bound);
+  return {
+    instanceHours: round(r.instanceSeconds / 3600, 4),
+    ratioToLowerBound: round(r.instanceSeconds / bound, 4),
+    waitMeanS: round(r.waitS.mean, 2),
+    waitP95S: round(r.waitS.p95, 2),
+    waitMaxS: round(r.waitS.max, 2),
+    backingLaunched: r.backingLaunched,
+    noWait: r.warmHits,
+    ...(simulated
+      ? {
+          gapHours: {
+            waitingForBoots: round(g.waiting / 3600, 4),
+            idle: round(g.idle / 3600, 4),
+            fragmentation: round(g.fragmentation / 3600, 4),
+          },
+          capacityRetries: r.capacityRetries,
+          fullCandidatePages: r.fullCandidatePages,
+          dynamodbCalls: r.dynamodbCalls,
+          wallSeconds: round(r.wallMs / 1000, 1),
+        }
+      : {}),
+  };
+}
+
+// ---- helpers --------------------------------------------------------------------------------------
+
+function round(x: number, digits: number): number {
+  const f = 10 ** digits;
+  return Math.round(x * f) / f;
+}
+
+function numArg(name: string, text: string | undefined): number {
+  const n = Number(text);
+  if (text === undefined || text === '' || !Number.isFinite(n) || n < 0) {
+    throw new Error(`${name} must be a number >= 0, got "${text}"`);
+  }
+  return n;
+}
+
+function intArg(name: string, text: string | undefined, min = 0): number {
+  const n = numArg(name, text);
+  if (!Number.isInteger(n) || n < min) throw new Error(`${name} must be an integer >= ${min}, got "${text}"`);
+  return n;
+}
+
+main().catch((err: unknown) => {
+  console.error(err instanceof Error ? (err.stack ?? err.message) : err);
+  process.exitCode = 1;
+});

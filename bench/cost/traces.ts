@@ -1,0 +1,165 @@
+/**
+ * Request traces: what the simulator replays. A trace is a list of jobs, each asking for one node of a
+ * label at an arrival time and keeping it for a duration once it is ready.
+ *
+ * CSV format (`--trace FILE`): a header line `arrival_s,duration_s,label`, then one job per line.
+ *   arrival_s   seconds since the start of the trace (decimals allowed; millisecond resolution)
+ *   duration_s  seconds the job runs once its node is ready (> 0)
+ *   label       the metastatic label it asks for (may be left empty: `small`)
+ * Blank lines and lines starting with `#` are ignored; rows need not be sorted.
+ */
+import { Rng } from './prng.ts';
+
+export interface Job {
+  /** 0-based position in arrival order; request id `job-<index>`. */
+  readonly index: number;
+  /** Milliseconds since the start of the trace. */
+  readonly arrivalMs: number;
+  readonly durationMs: number;
+  readonly label: string;
+}
+
+export interface Trace {
+  readonly name: string;
+  /** How it was made: `synthetic <kind> seed <n>` or the CSV path. */
+  readonly source: string;
+  readonly jobs: readonly Job[];
+}
+
+export const DEFAULT_LABEL = 'small';
+const HEADER = 'arrival_s,duration_s,label';
+
+/** Sorts by arrival (stable) and numbers the jobs. */
+export function makeTrace(
+  name: string,
+  source: string,
+  rows: readonly { arrivalMs: number; durationMs: number; label: string }[],
+): Trace {
+  const sorted = rows.map((r, i) => ({ ...r, i })).sort((a, b) => a.arrivalMs - b.arrivalMs || a.i - b.i);
+  return {
+    name,
+    source,
+    jobs: sorted.map((r, index) => ({
+      index,
+      arrivalMs: r.arrivalMs,
+      durationMs: r.durationMs,
+      label: r.label,
+    })),
+  };
+}
+
+export function parseTraceCsv(text: string, name: string, source = name): Trace {
+  const lines = text.split(/\r?\n/);
+  const rows: { arrivalMs: number; durationMs: number; label: string }[] = [];
+  let headerSeen = false;
+  lines.forEach((raw, i) => {
+    const line = raw.trim();
+    if (line === '' || line.startsWith('#')) return;
+    const where = `${source}:${i + 1}`;
+    if (!headerSeen) {
+      const cols = line.split(',').map((c) => c.trim());
+      if (cols[0] !== 'arrival_s' || cols[1] !== 'duration_s' || (cols[2] ?? 'label') !== 'label') {
+        throw new Error(`${where}: expected the header "${HEADER}", got "${line}"`);
+      }
+      headerSeen = true;
+      return;
+    }
+    const [a = '', d = '', l = ''] = line.split(',').map((c) => c.trim());
+    const arrival = Number(a);
+    const duration = Number(d);
+    if (a === '' || !Number.isFinite(arrival) || arrival < 0) {
+      throw new Error(`${where}: arrival_s must be a number >= 0, got "${a}"`);
+    }
+    if (d === '' || !Number.isFinite(duration) || duration <= 0) {
+      throw new Error(`${where}: duration_s must be a number > 0, got "${d}"`);
+    }
+    const durationMs = Math.max(1, Math.round(duration * 1000));
+    rows.push({ arrivalMs: Math.round(arrival * 1000), durationMs, label: l === '' ? DEFAULT_LABEL : l });
+  });
+  if (!headerSeen) throw new Error(`${source}: empty trace (expected the header "${HEADER}")`);
+  if (rows.length === 0) throw new Error(`${source}: the trace has no jobs`);
+  return makeTrace(name, source, rows);
+}
+
+export function formatTraceCsv(trace: Trace): string {
+  const lines = [`# ${trace.name}: ${trace.source}; ${trace.jobs.length} jobs`, HEADER];
+  for (const j of trace.jobs) {
+    lines.push(`${(j.arrivalMs / 1000).toFixed(3)},${(j.durationMs / 1000).toFixed(3)},${j.label}`);
+  }
+  return `${lines.join('\n')}\n`;
+}
+
+// ---- synthetic traces ------------------------------------------------------------------------------
+
+export type SyntheticKind = 'steady' | 'bursty' | 'diurnal';
+export const SYNTHETIC_KINDS: readonly SyntheticKind[] = ['steady', 'bursty', 'diurnal'];
+
+const MINUTE = 60_000;
+const HOUR = 60 * MINUTE;
+
+/** A CI-like job duration: log-normal, clipped to [30 s, 2 h]. */
+function duration(rng: Rng, medianMin: number, sigma: number): number {
+  const ms = rng.logNormal(medianMin * MINUTE, sigma);
+  return Math.round(Math.min(2 * HOUR, Math.max(30_000, ms)));
+}
+
+/**
+ * Deterministic for (kind, seed, jobs):
+ * - steady: Poisson arrivals, 2 a minute; durations median 8 min (mean ~11 min): ~22 nodes in use.
+ * - bursty: bursts (a push fanning out 8-40 jobs within 90 s) every ~20 min (exponential), plus a
+ *   trickle of single jobs (one every ~4 min); durations median 6 min.
+ * - diurnal: one day from midnight; the arrival rate follows a raised cosine, cubed, peaking at 14:00
+ *   with the night at 1/24 of the peak (non-homogeneous Poisson by thinning), scaled so that `jobs`
+ *   arrivals are expected (for 1200: peak 2.4/min, night 0.1/min); durations median 10 min.
+ */
+export function syntheticTrace(kind: SyntheticKind, seed: number, jobs: number): Trace {
+  if (kind === 'steady') return steadyTrace(seed, jobs, 2);
+  const rng = new Rng(seed);
+  const rows: { arrivalMs: number; durationMs: number; label: string }[] = [];
+  const push = (arrivalMs: number, durationMs: number) =>
+    rows.push({ arrivalMs: Math.round(arrivalMs), durationMs, label: DEFAULT_LABEL });
+  if (kind === 'bursty') {
+    let nextBurst = rng.exponential(5 * MINUTE);
+    let nextSingle = rng.exponential(4 * MINUTE);
+    while (rows.length < jobs) {
+      if (nextBurst <= nextSingle) {
+        const size = rng.int(8, 40);
+        for (let i = 0; i < size && rows.length < jobs; i++) {
+          push(nextBurst + rng.between(0, 90_000), duration(rng, 6, 0.7));
+        }
+        nextBurst += rng.exponential(20 * MINUTE);
+      } else {
+        push(nextSingle, duration(rng, 6, 0.7));
+        nextSingle += rng.exponential(4 * MINUTE);
+      }
+    }
+  } else {
+    // One day: the expected number of arrivals is `jobs` (the actual count varies around it).
+    const day = 24 * HOUR;
+    const nightShare = 1 / 24; // the night's rate, as a share of the peak's
+    const shape = (t: number) => {
+      const phase = ((t - 14 * HOUR) / day) * 2 * Math.PI; // 0 at 14:00
+      return nightShare + (1 - nightShare) * ((1 + Math.cos(phase)) / 2) ** 3;
+    };
+    const meanShape = nightShare + (1 - nightShare) * (5 / 16); // the mean of cos^6 over a period is 5/16
+    const peakPerMs = jobs / (day * meanShape);
+    for (let t = rng.exponential(1 / peakPerMs); t < day; t += rng.exponential(1 / peakPerMs)) {
+      if (rng.uniform() <= shape(t)) push(t, duration(rng, 10, 0.8));
+    }
+  }
+  const size = kind === 'diurnal' ? `${rows.length} jobs (${jobs} expected)` : `${jobs} jobs`;
+  return makeTrace(kind, `synthetic ${kind}, seed ${seed}, ${size}`, rows);
+}
+
+/** The steady trace at another arrival rate (jobs a minute); durations as in `steady`. */
+export function steadyTrace(seed: number, jobs: number, perMinute: number): Trace {
+  const rng = new Rng(seed);
+  const rows: { arrivalMs: number; durationMs: number; label: string }[] = [];
+  let t = 0;
+  while (rows.length < jobs) {
+    t += rng.exponential(MINUTE / perMinute);
+    rows.push({ arrivalMs: Math.round(t), durationMs: duration(rng, 8, 0.8), label: DEFAULT_LABEL });
+  }
+  const name = perMinute === 2 ? 'steady' : `steady-${perMinute}pm`;
+  return makeTrace(name, `synthetic steady, ${perMinute}/min, seed ${seed}, ${jobs} jobs`, rows);
+}
