@@ -296,6 +296,10 @@ async function stop(ctx: Context, b: BackingRecord, report: MutableReport): Prom
   }
   const current = await ctx.store.getBacking(b.id);
   if (!current || (current.state !== 'retiring' && current.state !== 'failed')) return;
+  // The resource is gone: give its place in the backing pool back first. Done after the record is
+  // stopped, a crash in between would leave the place taken for good (stopped records sit in no reap
+  // partition, so no later run would retry it); done first, a crash just repeats it (idempotent).
+  await ctx.store.unreserve(keys.backingPool(b.backingPoolKey), [b.id]);
   try {
     await ctx.store.putBacking(markStopped(current, ctx.clock.now()), {
       version: current.version,
@@ -305,7 +309,6 @@ async function stop(ctx: Context, b: BackingRecord, report: MutableReport): Prom
     if (err instanceof ConflictError) return;
     throw err;
   }
-  await ctx.store.unreserve(keys.backingPool(b.backingPoolKey), [b.id]);
   report.stopped.push(b.id);
   ctx.metrics?.count(MetricName.reaped);
   await emit(ctx, PoolEventType.backingStopped, {
