@@ -1,4 +1,4 @@
-import { mkdir, rm, writeFile } from 'node:fs/promises';
+import { mkdir, rename, rm, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { DynamoDBClient } from '@aws-sdk/client-dynamodb';
 import { SQSClient } from '@aws-sdk/client-sqs';
@@ -151,7 +151,10 @@ export class DevStack {
         for (const p of stack.pollers) p.start();
         stack.scheduleReaper();
       }
-      await writeFile(devInfoPath(stateDir), `${JSON.stringify(info, null, 2)}\n`);
+      // Atomically (write, then rename): a CLI or test reading dev.json never sees half a file.
+      const tmp = `${devInfoPath(stateDir)}.${process.pid}.tmp`;
+      await writeFile(tmp, `${JSON.stringify(info, null, 2)}\n`);
+      await rename(tmp, devInfoPath(stateDir));
       return stack;
     } catch (err) {
       await Promise.allSettled(engines.map((e) => e.close()));
