@@ -6,11 +6,11 @@ import { parseSeed } from './support/chaosRandom.ts';
  * The chaos suite (see test/support/chaos.ts): the whole flow on the embedded engines and the fake
  * EC2, with launch failures, capacity errors, throttling, instance deaths, every message delivered twice
  * and a handler crash injected at each step boundary in turn; invariants checked throughout and at the
- * end. `npm test` runs it at CHAOS_REQUESTS (default 120); `npm run test:chaos` runs the full size
+ * end. `npm test` runs it at CHAOS_REQUESTS (default 100, about 30-50 s on 2 cores); `npm run test:chaos` runs the full size
  * (bench/chaos.ts). The seed is printed: CHAOS_SEED=<seed> replays the same choices, and
  * CHAOS_TRACE=<id>,<id> adds every write touching those ids to a failure's report.
  */
-const requests = Number(process.env.CHAOS_REQUESTS ?? 120);
+const requests = Number(process.env.CHAOS_REQUESTS ?? 100);
 const seed = parseSeed(process.env.CHAOS_SEED);
 const trace = (process.env.CHAOS_TRACE ?? '').split(',').filter((s) => s !== '');
 const timeout = Math.max(180_000, requests * 2_000);

@@ -12,8 +12,8 @@ import type { FakeInstance } from './fakeEc2.ts';
  * - no backing node is retiring or stopped while holding a slot; `used` equals the slot map's size;
  *   a stopped backing node's instance is not pending or running.
  * - caps: live nodes <= the metastatic pool's max-servers and all in its capacity set (the set never
- *   exceeds the cap); backing records not stopped <= the backing pool's max-servers and all in its
- *   capacity set; pending/running instances <= the backing pool's max-servers.
+ *   exceeds the cap); backing records holding capacity (holdsCapacity) <= the backing pool's
+ *   max-servers and all in its capacity set; pending/running instances <= the backing pool's max-servers.
  * - requests: a failed request has a reason and no live node; a requested one has no placed node.
  * Liveness (bounded by time, tracked across snapshots in `Tracker`):
  * - a slot map entry of a live backing node that no live node confirms (a crashed placement's claim,
@@ -68,6 +68,22 @@ export class Tracker {
 }
 
 const isLive = (n: NodeRecord) => n.state === 'pending' || n.state === 'ready';
+
+/**
+ * Whether a backing record counts against its pool's max-servers: launching or ready, or retiring /
+ * failed while its instance still runs. One that is retiring or failed with its instance gone (or
+ * never launched) may already have given its place back: the reaper does that just before it records
+ * the backing node stopped, so that a crash in between cannot leak the place.
+ */
+export function holdsCapacity(
+  b: BackingRecord,
+  instance: (id: string) => Pick<FakeInstance, 'state'> | undefined,
+): boolean {
+  if (b.state === 'launching' || b.state === 'ready') return true;
+  if (b.state === 'stopped' || b.resourceId === undefined) return false;
+  const state = instance(b.resourceId)?.state;
+  return state === 'pending' || state === 'running';
+}
 const secs = (ms: number) => `${(ms / 1000).toFixed(1)}s`;
 
 export const TAG_BACKING_NODE_ID = 'metastatic:backing-node-id';
@@ -181,16 +197,18 @@ export function checkInvariants(s: Snapshot, limits: Limits, tracker: Tracker): 
   }
   const unreserved = liveNodes.filter((n) => !s.poolNodes.has(n.id)).map((n) => n.id);
   if (unreserved.length > 0) v.push(`live nodes missing from the capacity set: ${unreserved.join(', ')}`);
-  const notStopped = s.backing.filter((b) => b.state !== 'stopped');
-  if (notStopped.length > limits.backingMax) {
+  const byInstance = new Map(s.instances.map((i) => [i.instanceId, i]));
+  const holding = s.backing.filter((b) => holdsCapacity(b, (id) => byInstance.get(id)));
+  if (holding.length > limits.backingMax) {
     v.push(
-      `${notStopped.length} backing records not stopped exceed the backing max-servers ${limits.backingMax}`,
+      `${holding.length} backing records holding capacity exceed the backing max-servers ${limits.backingMax}: ` +
+        holding.map((b) => `${b.id} (${b.state})`).join(', '),
     );
   }
   if (s.backingPool.size > limits.backingMax) {
     v.push(`the backing capacity set holds ${s.backingPool.size} > max-servers ${limits.backingMax}`);
   }
-  const outside = notStopped.filter((b) => !s.backingPool.has(b.id)).map((b) => `${b.id} (${b.state})`);
+  const outside = holding.filter((b) => !s.backingPool.has(b.id)).map((b) => `${b.id} (${b.state})`);
   if (outside.length > 0)
     v.push(`backing records missing from the backing capacity set: ${outside.join(', ')}`);
   const running = s.instances.filter((i) => i.state === 'pending' || i.state === 'running');
