@@ -163,7 +163,7 @@ async function modelClaim(
     for (let i = 0; i < MAX_CONFLICT_RETRIES && b; i++) {
       const now = ctx.clock.now();
       if (!isClaimable(b, now)) break;
-      const { next } = claimSlot(b, node, now);
+      const { next } = claimSlot(b, node, now, node);
       try {
         await ctx.store.putBacking(next, { version: b.version, states: ['launching', 'ready'] });
         return b.id;

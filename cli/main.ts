@@ -277,7 +277,17 @@ program
       }
       print(
         table(
-          ['RETIRED', 'STOPPED', 'FAILED', 'MOVED', 'ORPHANS', 'SLOTS RECLAIMED', 'CONFLICTS', 'ERRORS'],
+          [
+            'RETIRED',
+            'STOPPED',
+            'FAILED',
+            'MOVED',
+            'ORPHANS',
+            'SLOTS RECLAIMED',
+            'PLACES RECLAIMED',
+            'CONFLICTS',
+            'ERRORS',
+          ],
           [
             [
               report.retired.length,
@@ -286,6 +296,7 @@ program
               report.moved,
               report.orphans.length,
               report.reclaimedSlots,
+              report.reclaimedPlaces,
               report.conflicts,
               report.errors.length,
             ],

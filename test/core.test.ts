@@ -73,11 +73,12 @@ describe('state table', () => {
 describe('slot claims', () => {
   it('takes the lowest free slot and bumps the version', () => {
     const b = backing({ used: 2, slotMap: { '0': 'a/0', '2': 'b/0' } });
-    const { next, slot } = claimSlot(b, 'c/0', T0);
+    const { next, slot } = claimSlot(b, 'c/0', T0, 'owner-c');
     expect(slot).toBe(1);
     expect(next.used).toBe(3);
     expect(next.version).toBe(4);
     expect(next.slotMap).toEqual({ '0': 'a/0', '1': 'c/0', '2': 'b/0' });
+    expect(next.claims).toEqual({ '1': { at: T0, by: 'owner-c' } });
   });
 
   it('refuses a full, retiring or max-aged backing node', () => {
@@ -87,7 +88,7 @@ describe('slot claims', () => {
     expect(isClaimable(backing({ noNewNodesAfter: T0 + 10 }), T0 + 9)).toBe(true);
     expect(isClaimable(backing({ noNewNodesAfter: T0 + 10 }), T0 + 10)).toBe(false);
     expect(() =>
-      claimSlot(backing({ used: 4, slotMap: { 0: 'a', 1: 'b', 2: 'c', 3: 'd' } }), 'x/0', T0),
+      claimSlot(backing({ used: 4, slotMap: { 0: 'a', 1: 'b', 2: 'c', 3: 'd' } }), 'x/0', T0, 'owner-x'),
     ).toThrow();
     expect(lowestFreeSlot(backing({ slots: 1, slotMap: { 0: 'a' } }))).toBeUndefined();
   });

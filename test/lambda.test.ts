@@ -55,6 +55,7 @@ describe('Lambda entry points', () => {
     const fresh = newBackingRecord({
       id: 'bn-lambda',
       poolKey: 'meta/main',
+      owner: 'test',
       label: {
         name: 'small-node',
         backingLabel: 'large-node',

@@ -210,7 +210,7 @@ describe('reconciliation', () => {
     const b = (await store.listBacking())[0];
     if (!b) throw new Error('no backing node');
     // A handler claimed slot 1 and crashed before recording its node.
-    const { next } = claimSlot(b, 'crashed/0', h.clock.now());
+    const { next } = claimSlot(b, 'crashed/0', h.clock.now(), 'crashed-delivery');
     await store.putBacking(next, { version: b.version });
     h.clock.advance(4 * 60 * SEC);
     expect((await h.stack.reapNow()).reclaimedSlots).toBe(0);

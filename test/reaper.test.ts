@@ -56,7 +56,7 @@ describe('reaper (dynalite + local processes, manual clock)', () => {
     const [read] = await store.queryReap('IDLE');
     expect(read?.used).toBe(0);
     // An allocation lands between the reaper's read and its write.
-    const { next } = claimSlot(read as NonNullable<typeof read>, 'late/0', h.clock.now());
+    const { next } = claimSlot(read as NonNullable<typeof read>, 'late/0', h.clock.now(), 'late');
     await store.putBacking(next, { version: read?.version as number, states: ['launching', 'ready'] });
     const { markRetiring } = await import('../shared/core/backing.ts');
     await expect(
@@ -121,7 +121,7 @@ describe('slot claims under contention (dynalite)', () => {
         for (;;) {
           const b = await store.getBacking(id);
           if (!b || b.used >= b.slots) return false;
-          const { next } = claimSlot(b, nodeId, Date.now());
+          const { next } = claimSlot(b, nodeId, Date.now(), nodeId);
           try {
             await store.putBacking(next, { version: b.version, states: ['ready'] });
             return true;

@@ -1,5 +1,5 @@
 import type { MetastaticLabel } from '../config/model.ts';
-import type { BackingRecord } from './records.ts';
+import type { BackingRecord, Claim } from './records.ts';
 import { allocatableBackingStates, assertTransition } from './states.ts';
 
 /**
@@ -34,6 +34,7 @@ export function claimSlot(
   b: BackingRecord,
   nodeId: string,
   now: number,
+  owner: string,
 ): { next: BackingRecord; slot: number } {
   const slot = lowestFreeSlot(b);
   if (!isClaimable(b, now) || slot === undefined)
@@ -43,11 +44,22 @@ export function claimSlot(
     next: {
       ...b,
       slotMap: { ...b.slotMap, [String(slot)]: nodeId },
-      claims: { ...b.claims, [String(slot)]: now },
+      claims: { ...b.claims, [String(slot)]: { at: now, by: owner } },
       used: b.used + 1,
       version: b.version + 1,
     },
   };
+}
+
+/** The claim on a slot, if it is not confirmed yet. */
+export function claimOf(b: Pick<BackingRecord, 'claims'>, slot: number): Claim | undefined {
+  return b.claims?.[String(slot)];
+}
+
+/** Hands an abandoned claim (its delivery is known dead) over to another delivery. */
+export function takeOverClaim(b: BackingRecord, slot: number, owner: string, now: number): BackingRecord {
+  if (b.slotMap[String(slot)] === undefined) throw new Error(`slot ${slot} of ${b.id} is not claimed`);
+  return { ...b, claims: { ...b.claims, [String(slot)]: { at: now, by: owner } }, version: b.version + 1 };
 }
 
 /** Confirms claims whose nodes are recorded: they no longer need the lease check. */
@@ -77,6 +89,8 @@ export function newBackingRecord(args: {
   label: MetastaticLabel;
   backingPoolKey: string;
   firstNodeId: string;
+  /** The delivery launching it, which holds the claim on slot 0. */
+  owner: string;
   attempt: number;
   now: number;
 }): BackingRecord {
@@ -90,7 +104,7 @@ export function newBackingRecord(args: {
     slots: args.label.maxParallelJobs,
     used: 1,
     slotMap: { '0': args.firstNodeId },
-    claims: { '0': args.now },
+    claims: { '0': { at: args.now, by: args.owner } },
     version: 0,
     attempt: args.attempt,
     launchedAt: args.now,

@@ -19,6 +19,12 @@ export class RetryableError extends MetastaticError {}
 /** No pool has room right now; the request waits. */
 export class CapacityError extends RetryableError {}
 
+/**
+ * Another live delivery of the same message (or another re-homing of the same node) holds a claim or
+ * reservation this one needs: back off and retry later, by which time it has finished or is known dead.
+ */
+export class BusyError extends RetryableError {}
+
 /** A conditional write found the item changed since it was read. */
 export class ConflictError extends MetastaticError {}
 

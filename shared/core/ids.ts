@@ -1,4 +1,4 @@
-import { createHash } from 'node:crypto';
+import { createHash, randomBytes } from 'node:crypto';
 
 /**
  * Identifiers. Everything a handler creates has an id derived from its input, so a redelivered
@@ -26,6 +26,21 @@ export function parseNodeId(id: string): { requestId: string; index: number } | 
 export function backingNodeId(poolKey: string, label: string, forNodeId: string, attempt: number): string {
   const digest = createHash('sha256').update(`${poolKey}\n${label}\n${forNodeId}\n${attempt}`).digest('hex');
   return `bn-${digest.slice(0, 16)}`;
+}
+
+/**
+ * An owner token: names one delivery (one handling of a message, one re-homing) so that the claims and
+ * reservations it takes can be told from those of a concurrent delivery of the same message. It
+ * starts with the delivery's start time (base 36 ms), from which its age is read.
+ */
+export function ownerToken(now: number): string {
+  return `${Math.max(0, Math.floor(now)).toString(36)}.${randomBytes(6).toString('hex')}`;
+}
+
+/** When the delivery that holds an owner token started (0 for a token of unknown shape: very old). */
+export function ownerSince(token: string): number {
+  const since = Number.parseInt(token.split('.')[0] ?? '', 36);
+  return Number.isFinite(since) ? since : 0;
 }
 
 /** Stable hash of a JSON-able value (keys sorted), used to detect a reused request id. */

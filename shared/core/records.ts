@@ -11,6 +11,14 @@ const values = <T extends Record<string, string>>(o: T) => Object.values(o) as [
 export const Attributes = z.record(z.string(), z.unknown());
 export type Attributes = z.infer<typeof Attributes>;
 
+/**
+ * Who claimed a slot and when. `by` is the owner token of the delivery (one handling of a message)
+ * that claimed it: only that delivery gives the claim back or builds on it, so two deliveries of one
+ * message never undo each other's work (see shared/usecases/placement.ts).
+ */
+export const Claim = z.object({ at: z.number(), by: z.string() });
+export type Claim = z.infer<typeof Claim>;
+
 export const BackingRecord = z.object({
   id: z.string(),
   /** The metastatic pool (`provider/pool`) and label this backing node serves. */
@@ -44,10 +52,10 @@ export const BackingRecord = z.object({
   /** When the provider first reported it running; boot-timeout counts from here. */
   runningAt: z.number().optional(),
   /**
-   * slot -> claim time, for claims not yet confirmed by a recorded node. A claim whose handler crashed
+   * slot -> the claim, for claims not yet confirmed by a recorded node. A claim whose handler crashed
    * before recording its node is given back by the reaper after the slot lease.
    */
-  claims: z.record(z.string(), z.number()).optional(),
+  claims: z.record(z.string(), Claim).optional(),
   reason: z.string().optional(),
 });
 export type BackingRecord = z.infer<typeof BackingRecord>;

@@ -25,7 +25,7 @@ const conditions = {
   stateIsOneOf: (n: number) =>
     `#state IN (${Array.from({ length: n }, (_, i) => `:expectedState${i}`).join(', ')})`,
   usedIs: '#used = :expectedUsed',
-  roomInSet: 'attribute_not_exists(#members) OR size(#members) <= :room',
+  roomInMap: '(attribute_not_exists(#owners) OR size(#owners) <= :room)',
 } as const;
 
 export interface BackingExpectation {
@@ -34,7 +34,11 @@ export interface BackingExpectation {
   readonly used?: number;
 }
 
-export type Reservation = 'reserved' | 'full';
+export type Reservation =
+  | { readonly kind: 'reserved' }
+  | { readonly kind: 'full' }
+  /** Some members are held by other owners: a concurrent (or dead) delivery of the same message. */
+  | { readonly kind: 'held'; readonly holders: ReadonlyMap<string, string> };
 
 export class DynamoStore {
   private readonly doc: DynamoDBDocumentClient;
@@ -255,53 +259,158 @@ export class DynamoStore {
   // ---- capacity sets (max-servers) --------------------------------------------------------------
 
   /**
-   * Adds members to a capacity set if the set stays within `limit`. Idempotent: members already in
-   * the set (a redelivery) count as reserved even when the set is full.
+   * Adds members to a capacity set, held by `owner`, if the set stays within `limit`. A capacity set
+   * is a map member -> owner token on one item, so a delivery can tell its own reservations from a
+   * concurrent delivery's of the same ids, and gives back only its own. Members this owner already
+   * holds count as reserved even when the set is full; members another owner holds are reported.
    */
   async reserve(
     key: { pk: string; sk: string },
     members: readonly string[],
     limit: number,
+    owner: string,
   ): Promise<Reservation> {
+    const names: Record<string, string> = { '#owners': 'owners' };
+    const set: string[] = [];
+    const free: string[] = [];
+    members.forEach((m, i) => {
+      names[`#m${i}`] = m;
+      set.push(`#owners.#m${i} = :owner`);
+      free.push(`attribute_not_exists(#owners.#m${i})`);
+    });
+    const update = new UpdateCommand({
+      TableName: this.tableName,
+      Key: key,
+      UpdateExpression: `SET ${set.join(', ')}`,
+      ConditionExpression: [conditions.roomInMap, ...free].join(' AND '),
+      ExpressionAttributeNames: names,
+      ExpressionAttributeValues: { ':owner': owner, ':room': limit - members.length },
+    });
+    try {
+      await this.sendCreatingMap(key, update);
+      return { kind: 'reserved' };
+    } catch (err) {
+      if (!(err instanceof ConditionalCheckFailedException)) throw err;
+    }
+    const held = await this.reservations(key);
+    const holders = new Map<string, string>();
+    for (const m of members) {
+      const by = held.get(m);
+      if (by !== undefined && by !== owner) holders.set(m, by);
+    }
+    if (holders.size > 0) return { kind: 'held', holders };
+    const missing = members.filter((m) => held.get(m) !== owner);
+    if (missing.length === 0) return { kind: 'reserved' };
+    // Some were ours already (a retry within this delivery): ask again for the rest alone.
+    return missing.length < members.length ? this.reserve(key, missing, limit, owner) : { kind: 'full' };
+  }
+
+  /** Hands a reservation over from an owner known to be dead; false when it is no longer theirs. */
+  async takeOverReservation(
+    key: { pk: string; sk: string },
+    member: string,
+    from: string,
+    to: string,
+  ): Promise<boolean> {
     try {
       await this.doc.send(
         new UpdateCommand({
           TableName: this.tableName,
           Key: key,
-          UpdateExpression: 'ADD #members :m',
-          ConditionExpression: conditions.roomInSet,
-          ExpressionAttributeNames: { '#members': 'members' },
-          ExpressionAttributeValues: { ':m': new Set(members), ':room': limit - members.length },
+          UpdateExpression: 'SET #owners.#m = :to',
+          ConditionExpression: '#owners.#m = :from',
+          ExpressionAttributeNames: { '#owners': 'owners', '#m': member },
+          ExpressionAttributeValues: { ':from': from, ':to': to },
         }),
       );
-      return 'reserved';
+      return true;
     } catch (err) {
-      if (!(err instanceof ConditionalCheckFailedException)) throw err;
-      const held = await this.members(key);
-      return members.every((m) => held.has(m)) ? 'reserved' : 'full';
+      if (err instanceof ConditionalCheckFailedException) return false;
+      throw err;
     }
   }
 
-  /** Removes members from a capacity set (idempotent). */
-  async unreserve(key: { pk: string; sk: string }, members: readonly string[]): Promise<void> {
+  /**
+   * Removes members from a capacity set (idempotent). With `owner`, only the members that owner
+   * still holds: a delivery undoing its own work never removes a concurrent delivery's reservation.
+   */
+  async unreserve(
+    key: { pk: string; sk: string },
+    members: readonly string[],
+    owner?: string,
+  ): Promise<void> {
     if (members.length === 0) return;
+    if (owner === undefined) {
+      const names: Record<string, string> = { '#owners': 'owners' };
+      members.forEach((m, i) => {
+        names[`#m${i}`] = m;
+      });
+      try {
+        await this.doc.send(
+          new UpdateCommand({
+            TableName: this.tableName,
+            Key: key,
+            UpdateExpression: `REMOVE ${members.map((_, i) => `#owners.#m${i}`).join(', ')}`,
+            ConditionExpression: 'attribute_exists(#owners)',
+            ExpressionAttributeNames: names,
+          }),
+        );
+      } catch (err) {
+        if (!(err instanceof ConditionalCheckFailedException)) throw err; // no set: nothing to remove
+      }
+      return;
+    }
+    for (const m of members) {
+      try {
+        await this.doc.send(
+          new UpdateCommand({
+            TableName: this.tableName,
+            Key: key,
+            UpdateExpression: 'REMOVE #owners.#m',
+            ConditionExpression: '#owners.#m = :owner',
+            ExpressionAttributeNames: { '#owners': 'owners', '#m': m },
+            ExpressionAttributeValues: { ':owner': owner },
+          }),
+        );
+      } catch (err) {
+        if (!(err instanceof ConditionalCheckFailedException)) throw err; // not (or no longer) ours
+      }
+    }
+  }
+
+  /** Who holds each member of a capacity set (member -> owner token). */
+  async reservations(key: { pk: string; sk: string }): Promise<Map<string, string>> {
+    const out = await this.doc.send(
+      new GetCommand({ TableName: this.tableName, Key: key, ConsistentRead: true }),
+    );
+    const owners = out.Item?.owners as Record<string, unknown> | undefined;
+    return new Map(Object.entries(owners ?? {}).map(([m, by]) => [m, String(by)]));
+  }
+
+  async members(key: { pk: string; sk: string }): Promise<Set<string>> {
+    return new Set((await this.reservations(key)).keys());
+  }
+
+  /** Sends an update that sets map entries, creating the map first when the item has none yet. */
+  private async sendCreatingMap(key: { pk: string; sk: string }, update: UpdateCommand): Promise<void> {
+    try {
+      await this.doc.send(update);
+      return;
+    } catch (err) {
+      // DynamoDB cannot SET a path inside a map that does not exist yet.
+      if (!(err instanceof Error && err.name === 'ValidationException' && /document path/i.test(err.message)))
+        throw err;
+    }
     await this.doc.send(
       new UpdateCommand({
         TableName: this.tableName,
         Key: key,
-        UpdateExpression: 'DELETE #members :m',
-        ExpressionAttributeNames: { '#members': 'members' },
-        ExpressionAttributeValues: { ':m': new Set(members) },
+        UpdateExpression: 'SET #owners = if_not_exists(#owners, :empty)',
+        ExpressionAttributeNames: { '#owners': 'owners' },
+        ExpressionAttributeValues: { ':empty': {} },
       }),
     );
-  }
-
-  async members(key: { pk: string; sk: string }): Promise<Set<string>> {
-    const out = await this.doc.send(
-      new GetCommand({ TableName: this.tableName, Key: key, ConsistentRead: true }),
-    );
-    const m = out.Item?.members;
-    return m instanceof Set ? new Set([...m].map(String)) : new Set();
+    await this.doc.send(update);
   }
 
   // ---- admin listings (Scan is for operators only, never on a request path) -------------------

@@ -53,6 +53,15 @@ export async function emit(
   }
 }
 
+/**
+ * A claim or reservation whose delivery started this long ago belongs to a dead delivery: another
+ * delivery of the same message may take it over. Twice the request function's timeout (30 s), and a
+ * delivery that runs past DELIVERY_DEADLINE_MS gives up before writing anything that builds on its
+ * claims, so a live delivery's claims are never taken from it.
+ */
+export const CLAIM_TAKEOVER_MS = 60_000;
+/** A delivery still placing after this long stops (and is retried) rather than record its placement. */
+export const DELIVERY_DEADLINE_MS = 30_000;
 /** A claim not confirmed by a recorded node within this long is given back by the reaper. */
 export const SLOT_LEASE_MS = 5 * 60_000;
 /** A provider resource tagged as ours with no live record is terminated once it is this old. */

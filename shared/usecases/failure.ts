@@ -1,11 +1,11 @@
-import { markFailed } from '../core/backing.ts';
-import { CapacityError, ConflictError, LaunchFailedError } from '../core/errors.ts';
-import { parseNodeId } from '../core/ids.ts';
+import { claimOf, markFailed } from '../core/backing.ts';
+import { BusyError, CapacityError, ConflictError, LaunchFailedError } from '../core/errors.ts';
+import { ownerToken, parseNodeId } from '../core/ids.ts';
 import { nodeAttributes } from '../core/pools.ts';
 import type { BackingRecord, NodeRecord, RequestRecord } from '../core/records.ts';
 import { assertTransition } from '../core/states.ts';
 import { keys } from '../store/table.ts';
-import { type Context, MAX_CONFLICT_RETRIES, SLOT_LEASE_MS } from './context.ts';
+import { type Context, DELIVERY_DEADLINE_MS, MAX_CONFLICT_RETRIES, SLOT_LEASE_MS } from './context.ts';
 import { markNodesReady } from './fulfil.ts';
 import { giveBackSlot, type Placement, placeNode } from './placement.ts';
 import { requestSettled } from './requestEvents.ts';
@@ -78,8 +78,11 @@ export async function settleFailedNodes(
     if (!r || !n || !parsed || n.backingNodeId !== b.id || n.slot !== slot) {
       // A claim no recorded node confirms: a placement in progress, or one that crashed. Give it
       // back once the lease has passed (a live placement records its node long before).
-      const claimedAt = b.claims?.[slotText] ?? 0;
-      if (ctx.clock.now() - claimedAt >= SLOT_LEASE_MS) await giveBackSlot(ctx, b.id, nodeId);
+      const claim = claimOf(b, slot);
+      if (!claim)
+        await giveBackSlot(ctx, b.id, nodeId); // confirmed once, recorded elsewhere since
+      else if (ctx.clock.now() - claim.at >= SLOT_LEASE_MS)
+        await giveBackSlot(ctx, b.id, nodeId, { owner: claim.by, claimedAt: claim.at });
       else report.waiting++;
       continue;
     }
@@ -124,11 +127,15 @@ export async function rehomeNode(
     await failNodes(ctx, requestId, `${reason}; label ${n.label} is no longer configured`, () => true);
     return 'failed';
   }
+  // This re-homing is a delivery of its own: its claim is given back only by it (see placement.ts).
+  const startedAt = ctx.clock.now();
+  const owner = ownerToken(startedAt);
   let placement: Placement;
   try {
-    placement = await placeNode(ctx, pool, label, n.id, { previousAttempts: attempts });
+    placement = await placeNode(ctx, pool, label, n.id, { owner, previousAttempts: attempts });
   } catch (err) {
-    if (err instanceof CapacityError) return 'waiting'; // retried on the reaper's next run
+    // No room now, or another re-homing of this node is under way: retried on the reaper's next run.
+    if (err instanceof CapacityError || err instanceof BusyError) return 'waiting';
     if (!(err instanceof LaunchFailedError)) throw err;
     const why = `node ${n.id} failed after ${pool.launchRetries} attempt(s): ${reason}`;
     await failNodes(ctx, requestId, why, () => true);
@@ -137,9 +144,10 @@ export async function rehomeNode(
   for (let i = 0; i < MAX_CONFLICT_RETRIES; i++) {
     const current = await ctx.store.getRequest(requestId);
     const node = current?.nodes[index];
-    if (!current || !node || node.state !== 'pending' || node.backingNodeId !== fromBackingId) {
-      await giveBackSlot(ctx, placement.backing.id, n.id); // someone else moved it first
-      return 'moved-already';
+    const late = ctx.clock.now() - startedAt > DELIVERY_DEADLINE_MS; // our claim may be taken over
+    if (!current || !node || node.state !== 'pending' || node.backingNodeId !== fromBackingId || late) {
+      await giveBackSlot(ctx, placement.backing.id, n.id, { owner }); // someone else moved it first
+      return late ? 'waiting' : 'moved-already';
     }
     const ready = placement.backing.state === 'ready';
     const moved: NodeRecord = {

@@ -1,5 +1,6 @@
 import type { MetastaticLabel, MetastaticPool } from '../config/model.ts';
 import {
+  claimOf,
   claimSlot,
   compareCandidates,
   compareOldestFirst,
@@ -8,21 +9,23 @@ import {
   markDrained,
   newBackingRecord,
   slotOf,
+  takeOverClaim,
 } from '../core/backing.ts';
 import {
+  BusyError,
   CapacityError,
   ConflictError,
   LaunchAttemptError,
   LaunchFailedError,
   RetryableError,
 } from '../core/errors.ts';
-import { backingNodeId } from '../core/ids.ts';
+import { backingNodeId, ownerSince, parseNodeId } from '../core/ids.ts';
 import { MetricName, PoolEventType } from '../core/observability.ts';
 import type { BackingProvider } from '../core/provider.ts';
 import { needsMaxAgeDrain } from '../core/reaper.ts';
 import type { BackingRecord } from '../core/records.ts';
 import { keys } from '../store/table.ts';
-import { type Context, emit, MAX_CONFLICT_RETRIES } from './context.ts';
+import { CLAIM_TAKEOVER_MS, type Context, emit, MAX_CONFLICT_RETRIES } from './context.ts';
 import { failBackingNode } from './failure.ts';
 
 /** Where a node went: its backing node as it was right after the claim. */
@@ -37,6 +40,12 @@ export interface Placement {
 }
 
 export interface PlaceOptions {
+  /**
+   * The owner token of the delivery placing the node: its claims carry it, and only claims it holds
+   * are built on or given back by it. A claim another delivery holds makes the placement fail with a
+   * BusyError, unless that delivery is known dead (CLAIM_TAKEOVER_MS), when the claim is taken over.
+   */
+  readonly owner: string;
   /** Called before launching a backing node, the one side effect a duplicate must never repeat. */
   readonly beforeLaunch?: () => Promise<void>;
   /** Attempts this node already used (re-homing after a failed backing node). */
@@ -61,7 +70,7 @@ export async function placeNode(
   pool: MetastaticPool,
   label: MetastaticLabel,
   nodeId: string,
-  options: PlaceOptions = {},
+  options: PlaceOptions,
 ): Promise<Placement> {
   const attempt = (options.previousAttempts ?? 0) + 1;
   if (attempt > pool.launchRetries) {
@@ -72,7 +81,7 @@ export async function placeNode(
     const found = await ctx.store.findCandidates(pool.key, label.name, CANDIDATES_PER_QUERY, cursor);
     const order = ctx.placementPolicy === 'oldest' ? compareOldestFirst : compareCandidates;
     for (const candidate of found.items.sort(order)) {
-      const placed = await claimOn(ctx, pool, label, candidate, nodeId, attempt);
+      const placed = await claimOn(ctx, pool, label, candidate, nodeId, attempt, options.owner);
       if (placed) return placed;
     }
     cursor = found.cursor;
@@ -80,7 +89,7 @@ export async function placeNode(
   }
   // A launch is the one side effect a duplicate must never repeat: the caller checks first.
   await options.beforeLaunch?.();
-  return launchFor(ctx, pool, label, nodeId, attempt);
+  return launchFor(ctx, pool, label, nodeId, attempt, options.owner);
 }
 
 /** Claims a slot on one backing node, re-reading it when a concurrent write got there first. */
@@ -91,13 +100,31 @@ async function claimOn(
   candidate: BackingRecord,
   nodeId: string,
   attempt: number,
+  owner: string,
 ): Promise<Placement | undefined> {
   let b: BackingRecord | undefined = candidate;
   for (let i = 0; i < MAX_CONFLICT_RETRIES && b; i++) {
     const held = slotOf(b, nodeId);
     if (held !== undefined) {
-      // A redelivery's earlier claim; if that delivery's launch was deferred, finish it now.
-      const backing = b.state === 'launching' && !b.resourceId ? await ensureLaunched(ctx, b) : b;
+      // An earlier claim for this node: ours (a retry), or a dead delivery's that we take over.
+      const mine = await ownClaim(ctx, b, held, nodeId, owner);
+      if (!mine) {
+        b = await ctx.store.getBacking(b.id);
+        continue;
+      }
+      // If the launch of its backing node was deferred or cut short, finish it now.
+      let backing: BackingRecord;
+      try {
+        backing = await ensureLaunched(ctx, mine);
+      } catch (err) {
+        if (!(err instanceof LaunchAttemptError)) throw err; // deferred: keep the claim for the retry
+        await giveBackSlot(ctx, mine.id, nodeId, { owner });
+        return undefined;
+      }
+      if (backing.state !== 'launching' && backing.state !== 'ready') {
+        await giveBackSlot(ctx, backing.id, nodeId, { owner });
+        return undefined;
+      }
       return { nodeId, backing, slot: held, attempt };
     }
     const now = ctx.clock.now();
@@ -111,7 +138,7 @@ async function claimOn(
       return undefined;
     }
     if (!isClaimable(b, now)) return undefined;
-    const { next, slot } = claimSlot(b, nodeId, now);
+    const { next, slot } = claimSlot(b, nodeId, now, owner);
     try {
       await ctx.store.putBacking(next, { version: b.version, states: ['launching', 'ready'] });
     } catch (err) {
@@ -127,12 +154,48 @@ async function claimOn(
       return { nodeId, backing: next, slot, attempt, hostKeys };
     } catch (err) {
       const reason = `host-key scan failed: ${(err as Error).message}`;
-      await giveBackSlot(ctx, next.id, nodeId);
+      await giveBackSlot(ctx, next.id, nodeId, { owner });
       await failBackingNode(ctx, next.id, reason, { resourceGone: false });
       return undefined;
     }
   }
   return undefined;
+}
+
+/**
+ * Makes sure the claim `nodeId` holds on `slot` of `b` is this delivery's: it is already (a retry
+ * within the delivery), or it belongs to a delivery known dead (older than CLAIM_TAKEOVER_MS, its node
+ * not recorded there) and is taken over with one conditional write. Returns the record after that,
+ * undefined when the record changed meanwhile (re-read and look again), and throws BusyError when a
+ * live delivery holds the claim or the node is recorded there (a placed request: the caller finds out).
+ */
+async function ownClaim(
+  ctx: Context,
+  b: BackingRecord,
+  slot: number,
+  nodeId: string,
+  owner: string,
+): Promise<BackingRecord | undefined> {
+  const claim = claimOf(b, slot);
+  if (claim?.by === owner) return b;
+  const now = ctx.clock.now();
+  if (!claim || now - claim.at < CLAIM_TAKEOVER_MS) {
+    throw new BusyError(`node ${nodeId} is being placed by another delivery (on ${b.id}); retrying later`);
+  }
+  const parsed = parseNodeId(nodeId);
+  const n = parsed ? (await ctx.store.getRequest(parsed.requestId))?.nodes[parsed.index] : undefined;
+  if (n?.backingNodeId === b.id && n.slot === slot && (n.state === 'pending' || n.state === 'ready')) {
+    throw new BusyError(`node ${nodeId} is already recorded on ${b.id}`);
+  }
+  const next = takeOverClaim(b, slot, owner, now);
+  try {
+    await ctx.store.putBacking(next, { version: b.version });
+  } catch (err) {
+    if (!(err instanceof ConflictError)) throw err;
+    return undefined;
+  }
+  ctx.log.info('abandoned claim taken over', { nodeId, backingNodeId: b.id, slot, from: claim.by });
+  return next;
 }
 
 /** Scans a ready backing node's SSH host keys within boot-timeout. */
@@ -151,6 +214,7 @@ async function launchFor(
   label: MetastaticLabel,
   nodeId: string,
   firstAttempt: number,
+  owner: string,
 ): Promise<Placement> {
   const backingPool = ctx.config.backingPoolByLabel.get(label.backingLabel);
   if (!backingPool) throw new RetryableError(`no backing pool provides label ${label.backingLabel}`);
@@ -165,16 +229,7 @@ async function launchFor(
       const blocked = providerOf(ctx, backingPool.key)?.launchBlocked?.(backingPool.key, label.backingLabel);
       if (blocked) throw new CapacityError(`launching in ${backingPool.key} is paused: ${blocked}`);
       if (backingPool.maxServers !== undefined) {
-        const reserved = await ctx.store.reserve(
-          keys.backingPool(backingPool.key),
-          [id],
-          backingPool.maxServers,
-        );
-        if (reserved === 'full') {
-          throw new CapacityError(
-            `backing pool ${backingPool.key} is at max-servers (${backingPool.maxServers}) for label ${label.backingLabel}`,
-          );
-        }
+        await reserveBacking(ctx, backingPool.key, backingPool.maxServers, id, owner, label.backingLabel);
       }
       // Intent first: the record exists before the resource, so a crash never leaves an unknown machine.
       const fresh = newBackingRecord({
@@ -183,35 +238,74 @@ async function launchFor(
         label,
         backingPoolKey: backingPool.key,
         firstNodeId: nodeId,
+        owner,
         attempt,
         now: ctx.clock.now(),
       });
       // Another delivery of the same message may have created it since our read: then use theirs.
       record = (await ctx.store.createBacking(fresh)) ?? fresh;
     }
+    const slot = slotOf(record, nodeId);
     if (record.state !== 'launching' && record.state !== 'ready') {
       lastReason = record.reason ?? `backing node ${id} is ${record.state}`;
-      if (slotOf(record, nodeId) !== undefined) await giveBackSlot(ctx, id, nodeId);
+      if (slot !== undefined) await giveBackSlot(ctx, id, nodeId, { owner });
       continue;
     }
-    if (slotOf(record, nodeId) === undefined) {
+    if (slot === undefined) {
       throw new RetryableError(`backing node ${id} exists without node ${nodeId}; retrying placement`);
     }
-    if (!record.resourceId) {
-      try {
-        record = await launch(ctx, record);
-      } catch (err) {
-        if (!(err instanceof LaunchAttemptError)) throw err; // deferred: keep the claim for the retry
-        await giveBackSlot(ctx, id, nodeId);
-        lastReason = err.message;
-        continue;
-      }
+    const mine = await ownClaim(ctx, record, slot, nodeId, owner);
+    if (!mine) throw new RetryableError(`backing node ${id} changed while being taken over; retrying`);
+    try {
+      record = await ensureLaunched(ctx, mine);
+    } catch (err) {
+      if (!(err instanceof LaunchAttemptError)) throw err; // deferred: keep the claim for the retry
+      await giveBackSlot(ctx, id, nodeId, { owner });
+      lastReason = err.message;
+      continue;
     }
-    return { nodeId, backing: record, slot: slotOf(record, nodeId) ?? 0, attempt };
+    if (record.state !== 'launching' && record.state !== 'ready') {
+      // Failed meanwhile (another delivery's launch of it failed, or its deadline passed).
+      lastReason = record.reason ?? `backing node ${id} is ${record.state}`;
+      await giveBackSlot(ctx, id, nodeId, { owner });
+      continue;
+    }
+    return { nodeId, backing: record, slot, attempt };
   }
   throw new LaunchFailedError(
     `backing node for ${nodeId} failed to launch ${pool.launchRetries} time(s); last: ${lastReason}`,
   );
+}
+
+/**
+ * Takes a place in a backing pool's max-servers for a backing node about to be launched. A place held
+ * by another delivery (same backing id: the same node's placement) is theirs while they live; once
+ * they are known dead it is taken over.
+ */
+async function reserveBacking(
+  ctx: Context,
+  backingPoolKey: string,
+  maxServers: number,
+  id: string,
+  owner: string,
+  backingLabel: string,
+): Promise<void> {
+  const key = keys.backingPool(backingPoolKey);
+  const reserved = await ctx.store.reserve(key, [id], maxServers, owner);
+  if (reserved.kind === 'full') {
+    throw new CapacityError(
+      `backing pool ${backingPoolKey} is at max-servers (${maxServers}) for label ${backingLabel}`,
+    );
+  }
+  if (reserved.kind === 'held') {
+    const holder = reserved.holders.get(id) as string;
+    if (ctx.clock.now() - ownerSince(holder) < CLAIM_TAKEOVER_MS) {
+      throw new BusyError(`backing node ${id} is being launched by another delivery; retrying later`);
+    }
+    if (!(await ctx.store.takeOverReservation(key, id, holder, owner))) {
+      throw new BusyError(`the place of backing node ${id} changed hands; retrying later`);
+    }
+  }
 }
 
 /**
@@ -251,7 +345,15 @@ async function launch(ctx: Context, b: BackingRecord): Promise<BackingRecord> {
     const current = await ctx.store.getBacking(b.id);
     if (!current) throw new ConflictError(`backing node ${b.id} disappeared during launch`);
     if (current.resourceId) return current; // a concurrent delivery recorded (and announced) it
+    if (current.state === 'stopped') return current; // too late: the orphan check terminates it
+    // Recorded even on a record failed meanwhile, so the reaper terminates the resource with it.
     const next = { ...current, resourceId, version: current.version + 1 };
+    if (current.state !== 'launching') {
+      await ctx.store.putBacking(next, { version: current.version }).catch((err: unknown) => {
+        if (!(err instanceof ConflictError)) throw err;
+      });
+      return current;
+    }
     try {
       await ctx.store.putBacking(next, { version: current.version });
       // Only the delivery that records the resource announces it: once per backing node.
@@ -274,16 +376,35 @@ async function launch(ctx: Context, b: BackingRecord): Promise<BackingRecord> {
   throw new ConflictError(`gave up recording resource ${resourceId} on backing node ${b.id}`);
 }
 
+/** Which claim a give-back may free: any (a recorded node's slot), or only one owner's (a claim). */
+export interface GiveBackOnly {
+  /** Free the slot only while this owner's claim is on it. */
+  readonly owner: string;
+  /** ...and only the claim taken at this instant (the reaper's lease: a takeover renews it). */
+  readonly claimedAt?: number;
+}
+
 /**
  * Gives a slot back: the one conditional write of a release, also used to undo the placements of a
- * node set that could not be completed. Stamps last-used, from which grace-time counts.
+ * node set that could not be completed. Stamps last-used, from which grace-time counts. With `only`,
+ * the slot is freed only while the given claim is on it: a delivery never frees another's claim.
  */
-export async function giveBackSlot(ctx: Context, backingId: string, nodeId: string): Promise<boolean> {
+export async function giveBackSlot(
+  ctx: Context,
+  backingId: string,
+  nodeId: string,
+  only?: GiveBackOnly,
+): Promise<boolean> {
   for (let i = 0; i < MAX_CONFLICT_RETRIES; i++) {
     const b = await ctx.store.getBacking(backingId);
     if (!b) return false;
     const slot = slotOf(b, nodeId);
     if (slot === undefined) return false; // already given back
+    if (only) {
+      const claim = claimOf(b, slot);
+      if (claim?.by !== only.owner || (only.claimedAt !== undefined && claim.at !== only.claimedAt))
+        return false;
+    }
     try {
       await ctx.store.putBacking(freeSlot(b, slot, ctx.clock.now()), { version: b.version });
       ctx.log.debug('slot freed', { nodeId, backingNodeId: backingId, slot });

@@ -1,6 +1,6 @@
 import { confirmClaims, markDrained, markRetiring, markStopped } from '../core/backing.ts';
 import { ConflictError, LaunchAttemptError, RetryableError } from '../core/errors.ts';
-import { parseNodeId } from '../core/ids.ts';
+import { ownerSince, parseNodeId } from '../core/ids.ts';
 import { MetricName, PoolEventType } from '../core/observability.ts';
 import type { BackingProvider, BackingResource } from '../core/provider.ts';
 import { deadlineDecision, needsMaxAgeDrain, reapDecision } from '../core/reaper.ts';
@@ -24,6 +24,11 @@ export interface ReapReport {
   readonly orphans: string[];
   /** Slots given back because no recorded node confirmed their claim within the lease. */
   readonly reclaimedSlots: number;
+  /**
+   * Places in a max-servers set given back because nothing live holds them: reserved by a delivery that
+   * died before it recorded what it reserved them for.
+   */
+  readonly reclaimedPlaces: number;
   /** Retirements lost to a concurrent change (an allocation won): the backing node stays. */
   readonly conflicts: number;
   readonly errors: string[];
@@ -46,7 +51,8 @@ type MutableReport = { -readonly [K in keyof ReapReport]: ReapReport[K] };
  * 3. launching backing nodes past launch-timeout / boot-timeout fail and their nodes move elsewhere;
  * 4. ready backing nodes past max-age are drained (no new nodes; they go when empty);
  * 5. claims no recorded node confirmed within the slot lease are given back;
- * 6. failed and retiring backing nodes are settled and terminated until the provider confirms.
+ * 6. failed and retiring backing nodes are settled and terminated until the provider confirms;
+ * 7. places in max-servers sets held by no live backing node or node past the slot lease are given back.
  * A crash anywhere leaves records in partitions the next run picks up.
  */
 export async function reap(ctx: Context): Promise<ReapReport> {
@@ -57,6 +63,7 @@ export async function reap(ctx: Context): Promise<ReapReport> {
     moved: 0,
     orphans: [],
     reclaimedSlots: 0,
+    reclaimedPlaces: 0,
     conflicts: 0,
     errors: [],
   };
@@ -109,9 +116,15 @@ export async function reap(ctx: Context): Promise<ReapReport> {
       if (current && current.used === 0) await stop(ctx, current, report);
     });
   }
-  for (const b of await ctx.store.queryReap(reapPartition.retiring)) {
+  const retiring = await ctx.store.queryReap(reapPartition.retiring);
+  for (const b of retiring) {
     await guard('stop', b.id, () => stop(ctx, b, report));
   }
+  // 7. Places in max-servers sets that nothing live holds (their delivery died) are given back.
+  await guard('capacity', '-', async () => {
+    const failed = await ctx.store.queryReap(reapPartition.failed);
+    await reconcileCapacity(ctx, [...idle, ...launching, ...active, ...failed, ...retiring], report);
+  });
   // Gauges, from what this run read.
   ctx.metrics?.count(
     MetricName.slotsInUse,
@@ -172,10 +185,10 @@ async function enforceDeadlines(ctx: Context, b: BackingRecord, report: MutableR
 /** Gives back slots whose claim no recorded node confirmed within the lease; confirms the others. */
 async function checkClaims(ctx: Context, b: BackingRecord, report: MutableReport): Promise<void> {
   const now = ctx.clock.now();
-  const expired = Object.entries(b.claims ?? {}).filter(([, at]) => now - at >= SLOT_LEASE_MS);
+  const expired = Object.entries(b.claims ?? {}).filter(([, claim]) => now - claim.at >= SLOT_LEASE_MS);
   if (expired.length === 0) return;
   const confirmed: number[] = [];
-  for (const [slotText] of expired) {
+  for (const [slotText, claim] of expired) {
     const slot = Number(slotText);
     const nodeId = b.slotMap[slotText];
     if (nodeId === undefined) {
@@ -191,7 +204,7 @@ async function checkClaims(ctx: Context, b: BackingRecord, report: MutableReport
       (n.state === 'pending' || n.state === 'ready');
     if (recordedHere) {
       confirmed.push(slot);
-    } else if (await giveBackSlot(ctx, b.id, nodeId)) {
+    } else if (await giveBackSlot(ctx, b.id, nodeId, { owner: claim.by, claimedAt: claim.at })) {
       report.reclaimedSlots++;
       ctx.log.warn('slot given back: its claim was never recorded', { backingNodeId: b.id, slot, nodeId });
     }
@@ -205,6 +218,53 @@ async function checkClaims(ctx: Context, b: BackingRecord, report: MutableReport
       return;
     } catch (err) {
       if (!(err instanceof ConflictError)) throw err;
+    }
+  }
+}
+
+/**
+ * Gives back the places in max-servers sets that nothing live holds: a delivery reserves a place
+ * before it records what for (a backing node, a placed node), so one that dies in between leaves its
+ * place taken. Only places older than the slot lease are looked at, and each is confirmed against its
+ * record before it is given back, conditionally on the owner that took it (a delivery that took it
+ * over since keeps it).
+ */
+async function reconcileCapacity(
+  ctx: Context,
+  live: readonly BackingRecord[],
+  report: MutableReport,
+): Promise<void> {
+  const now = ctx.clock.now();
+  const abandoned = (owner: string) => now - ownerSince(owner) >= SLOT_LEASE_MS;
+  const liveBacking = new Set(live.map((b) => b.id));
+  for (const pool of ctx.config.backingPools) {
+    if (pool.maxServers === undefined) continue;
+    const key = keys.backingPool(pool.key);
+    for (const [id, owner] of await ctx.store.reservations(key)) {
+      if (liveBacking.has(id) || !abandoned(owner)) continue;
+      const record = await ctx.store.getBacking(id);
+      if (record && record.state !== 'stopped') continue; // created since the reap index was read
+      await ctx.store.unreserve(key, [id], owner);
+      report.reclaimedPlaces++;
+      ctx.log.warn('place in a backing pool given back: its backing node was never recorded', {
+        backingPool: pool.key,
+        backingNodeId: id,
+      });
+    }
+  }
+  const onSlots = new Set(live.flatMap((b) => Object.values(b.slotMap)));
+  for (const pool of ctx.config.metastaticPools) {
+    if (pool.maxServers === undefined) continue;
+    const key = keys.poolNodes(pool.key);
+    for (const [nodeId, owner] of await ctx.store.reservations(key)) {
+      if (onSlots.has(nodeId) || !abandoned(owner)) continue;
+      const parsed = parseNodeId(nodeId);
+      const r = parsed ? await ctx.store.getRequest(parsed.requestId) : undefined;
+      const n = parsed ? r?.nodes[parsed.index] : undefined;
+      if (r?.poolKey === pool.key && (n?.state === 'pending' || n?.state === 'ready')) continue;
+      await ctx.store.unreserve(key, [nodeId], owner);
+      report.reclaimedPlaces++;
+      ctx.log.warn('place in a pool given back: no live node holds it', { pool: pool.key, nodeId });
     }
   }
 }

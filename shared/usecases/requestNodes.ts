@@ -1,18 +1,19 @@
 import type { MetastaticPool } from '../config/model.ts';
 import {
+  BusyError,
   CapacityError,
   ConflictError,
   LaunchFailedError,
   PermanentError,
   RetryableError,
 } from '../core/errors.ts';
-import { contentHash, nodeId } from '../core/ids.ts';
+import { contentHash, nodeId, ownerSince, ownerToken } from '../core/ids.ts';
 import type { RequestMessage } from '../core/messages.ts';
 import { eligiblePools, nodeAttributes } from '../core/pools.ts';
 import type { NodeRecord, RequestRecord } from '../core/records.ts';
 import { assertTransition } from '../core/states.ts';
 import { keys } from '../store/table.ts';
-import { type Context, MAX_CONFLICT_RETRIES } from './context.ts';
+import { CLAIM_TAKEOVER_MS, type Context, DELIVERY_DEADLINE_MS, MAX_CONFLICT_RETRIES } from './context.ts';
 import { hostKeysOf } from './failure.ts';
 import { markNodesReady } from './fulfil.ts';
 import { giveBackSlot, type Placement, placeNode } from './placement.ts';
@@ -59,7 +60,7 @@ export async function requestNodes(ctx: Context, m: RequestMessage): Promise<Req
   if (!choice.ok) {
     return { kind: 'failed', request: await recordFailure(ctx, fresh, choice.reason) };
   }
-  const recording = new Recording(ctx, fresh);
+  const recording = new Recording(ctx, fresh, ownerToken(now), now);
   const waits: string[] = [];
   try {
     for (const pool of choice.pools) {
@@ -114,6 +115,9 @@ class Recording {
   constructor(
     private readonly ctx: Context,
     private readonly fresh: RequestRecord,
+    /** This delivery's owner token: its claims and reservations carry it. */
+    readonly owner: string,
+    private readonly startedAt: number,
   ) {}
 
   /** The record to build the placed request from. */
@@ -130,6 +134,12 @@ class Recording {
 
   /** Writes the placed request; returns the winner instead when another delivery placed it first. */
   async write(next: (base: RequestRecord) => RequestRecord): Promise<RequestRecord | undefined> {
+    // Past the deadline our claims may be taken over as abandoned: record nothing built on them.
+    if (this.ctx.clock.now() - this.startedAt > DELIVERY_DEADLINE_MS) {
+      throw new RetryableError(
+        `placing request ${this.fresh.id} took over ${DELIVERY_DEADLINE_MS / 1000} s; retrying it`,
+      );
+    }
     for (let i = 0; i < MAX_CONFLICT_RETRIES; i++) {
       const base = this.base;
       const placed = next(base);
@@ -157,6 +167,13 @@ class Recording {
     throw new ConflictError(`gave up writing request ${this.fresh.id}`);
   }
 
+  /** Throws AlreadyPlaced or IdReused when the stored request (if any) is not ours to place. */
+  async checkStored(): Promise<RequestRecord | undefined> {
+    const existing = await this.ctx.store.getRequest(this.fresh.id);
+    if (existing) this.adopt(existing);
+    return existing;
+  }
+
   private adopt(existing: RequestRecord): RequestRecord {
     if (existing.bodyHash !== this.fresh.bodyHash) throw new IdReused(existing);
     if (existing.state !== 'requested') throw new AlreadyPlaced(existing);
@@ -169,11 +186,10 @@ type PoolResult = { kind: 'placed'; request: RequestRecord } | { kind: 'full'; r
 async function tryPool(ctx: Context, pool: MetastaticPool, recording: Recording): Promise<PoolResult> {
   const requestId = recording.base.id;
   const nodeIds = recording.base.nodes.map((n) => n.id);
-  const counter = keys.poolNodes(pool.key);
+  const owner = recording.owner;
   if (pool.maxServers !== undefined) {
-    const reserved = await ctx.store.reserve(counter, nodeIds, pool.maxServers);
-    if (reserved === 'full')
-      return { kind: 'full', reason: `${pool.key} is at max-servers (${pool.maxServers})` };
+    const full = await reserveNodes(ctx, pool, pool.maxServers, nodeIds, recording);
+    if (full) return { kind: 'full', reason: full };
   }
   const placements: Placement[] = [];
   let winner: RequestRecord | undefined;
@@ -181,21 +197,36 @@ async function tryPool(ctx: Context, pool: MetastaticPool, recording: Recording)
     for (const node of recording.base.nodes) {
       const label = pool.labels.get(node.label);
       if (!label) throw new Error(`pool ${pool.key} lost label ${node.label}`);
-      placements.push(await placeNode(ctx, pool, label, node.id, { beforeLaunch: () => recording.ensure() }));
+      placements.push(
+        await placeNode(ctx, pool, label, node.id, { owner, beforeLaunch: () => recording.ensure() }),
+      );
     }
     const now = ctx.clock.now();
     winner = await recording.write((base) => placedRequest(base, pool, placements, now));
   } catch (err) {
-    // All or nothing: give back what this attempt took, then let the next pool (or a retry) try.
-    const other = err instanceof AlreadyPlaced || err instanceof IdReused ? err.request : undefined;
-    await giveBack(ctx, placements, other);
-    if (pool.maxServers !== undefined) await unreserveUnlessLive(ctx, pool, nodeIds, other);
+    // All or nothing: give back what this delivery took (never what another delivery holds, nor what
+    // the stored request records), then let the next pool (or a retry) try.
+    let other = err instanceof AlreadyPlaced || err instanceof IdReused ? err.request : undefined;
+    let found: unknown;
+    if (!other) {
+      try {
+        other = await recording.checkStored();
+      } catch (stored) {
+        if (!(stored instanceof AlreadyPlaced || stored instanceof IdReused)) throw stored;
+        other = stored.request;
+        found = stored;
+      }
+    }
+    await giveBack(ctx, placements, owner, other);
+    if (pool.maxServers !== undefined) await unreserveOwn(ctx, pool, nodeIds, owner, other);
+    // Another delivery placed it meanwhile: that is the outcome, whatever stopped this one.
+    if (found) throw found;
     if (err instanceof CapacityError) return { kind: 'full', reason: err.message };
     throw err;
   }
   if (winner) {
-    await giveBack(ctx, placements, winner);
-    if (pool.maxServers !== undefined) await unreserveUnlessLive(ctx, pool, nodeIds, winner);
+    await giveBack(ctx, placements, owner, winner);
+    if (pool.maxServers !== undefined) await unreserveOwn(ctx, pool, nodeIds, owner, winner);
     throw new AlreadyPlaced(winner);
   }
   const placed = placedRequest(recording.base, pool, placements, ctx.clock.now());
@@ -206,6 +237,34 @@ async function tryPool(ctx: Context, pool: MetastaticPool, recording: Recording)
     return { kind: 'placed', request: (await ctx.store.getRequest(requestId)) ?? placed };
   }
   return { kind: 'placed', request: placed };
+}
+
+/**
+ * Takes the nodes' places in a pool's max-servers. Returns why not when the pool is full. Places held
+ * by another delivery of the same request are theirs while it lives (BusyError: retry later), unless
+ * the request is already placed (AlreadyPlaced) or that delivery is known dead (taken over).
+ */
+async function reserveNodes(
+  ctx: Context,
+  pool: MetastaticPool,
+  maxServers: number,
+  nodeIds: readonly string[],
+  recording: Recording,
+): Promise<string | undefined> {
+  const key = keys.poolNodes(pool.key);
+  const reserved = await ctx.store.reserve(key, nodeIds, maxServers, recording.owner);
+  if (reserved.kind === 'full') return `${pool.key} is at max-servers (${maxServers})`;
+  if (reserved.kind === 'reserved') return undefined;
+  await recording.checkStored(); // placed by the holder already: a duplicate
+  for (const [member, holder] of reserved.holders) {
+    if (ctx.clock.now() - ownerSince(holder) < CLAIM_TAKEOVER_MS) {
+      throw new BusyError(`request ${recording.base.id} is being placed by another delivery; retrying later`);
+    }
+    if (!(await ctx.store.takeOverReservation(key, member, holder, recording.owner))) {
+      throw new BusyError(`the place of node ${member} changed hands; retrying later`);
+    }
+  }
+  return reserveNodes(ctx, pool, maxServers, nodeIds, recording);
 }
 
 function placedRequest(
@@ -241,11 +300,12 @@ function placedRequest(
   return { ...base, state, poolKey: pool.key, nodes, updatedAt: now, version: base.version + 1 };
 }
 
-/** Takes our reservation back, except for the nodes another delivery holds live in this pool. */
-async function unreserveUnlessLive(
+/** Takes this delivery's reservations back, except for nodes the stored request holds live in this pool. */
+async function unreserveOwn(
   ctx: Context,
   pool: MetastaticPool,
   nodeIds: readonly string[],
+  owner: string,
   other: RequestRecord | undefined,
 ): Promise<void> {
   const live = new Set(
@@ -256,11 +316,17 @@ async function unreserveUnlessLive(
   await ctx.store.unreserve(
     keys.poolNodes(pool.key),
     nodeIds.filter((id) => !live.has(id)),
+    owner,
   );
 }
 
-/** Undoes placements, except those the recorded request (a concurrent winner) also uses. */
-async function giveBack(ctx: Context, placements: readonly Placement[], keep?: RequestRecord): Promise<void> {
+/** Undoes this delivery's placements, except those the stored request (a concurrent winner) records. */
+async function giveBack(
+  ctx: Context,
+  placements: readonly Placement[],
+  owner: string,
+  keep?: RequestRecord,
+): Promise<void> {
   for (const p of placements) {
     const kept = keep?.nodes.some(
       (n) =>
@@ -269,7 +335,7 @@ async function giveBack(ctx: Context, placements: readonly Placement[], keep?: R
         n.slot === p.slot &&
         (n.state === 'pending' || n.state === 'ready'),
     );
-    if (!kept) await giveBackSlot(ctx, p.backing.id, p.nodeId);
+    if (!kept) await giveBackSlot(ctx, p.backing.id, p.nodeId, { owner });
   }
 }
 

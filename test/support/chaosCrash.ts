@@ -43,7 +43,9 @@ export const STORE_METHODS = [
   'findCandidates',
   'queryReap',
   'reserve',
+  'takeOverReservation',
   'unreserve',
+  'reservations',
 ] as const;
 
 /** The BackingProvider methods (launchBlocked is synchronous and local: no boundary). */

@@ -176,7 +176,7 @@ export function checkInvariants(s: Snapshot, limits: Limits, tracker: Tracker): 
       const key = `stale ${where}=${holder}`;
       seen.add(key);
       tracker.staleEntries.add(key);
-      const age = tracker.age(key, s.now, b.claims?.[slot]);
+      const age = tracker.age(key, s.now, b.claims?.[slot]?.at);
       if (age > limits.staleEntryMs) {
         const n = findNode(s.requests, holder);
         v.push(
