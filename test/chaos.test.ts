@@ -6,12 +6,14 @@ import { parseSeed } from './support/chaosRandom.ts';
  * The chaos suite (see test/support/chaos.ts): the whole flow on the embedded engines and the fake
  * EC2, with launch failures, capacity errors, throttling, instance deaths, every message delivered twice
  * and a handler crash injected at each step boundary in turn; invariants checked throughout and at the
- * end. `npm test` runs it at CHAOS_REQUESTS (default 100, about 30-50 s on 2 cores); `npm run test:chaos` runs the full size
- * (bench/chaos.ts). The seed is printed: CHAOS_SEED=<seed> replays the same choices, and
+ * end. `npm test` runs it at CHAOS_REQUESTS (default 100, about 30-60 s on 2 cores) with seed 1;
+ * `npm run test:chaos` runs the full size with a fresh seed (bench/chaos.ts). The seed is printed: CHAOS_SEED=<seed> replays the same choices, and
  * CHAOS_TRACE=<id>,<id> adds every write touching those ids to a failure's report.
  */
 const requests = Number(process.env.CHAOS_REQUESTS ?? 100);
-const seed = parseSeed(process.env.CHAOS_SEED);
+// A fixed seed by default, so the gate is the same run every time (handlers still interleave on real
+// I/O); `npm run test:chaos` draws a fresh seed per run to keep finding new schedules.
+const seed = parseSeed(process.env.CHAOS_SEED ?? '1');
 const trace = (process.env.CHAOS_TRACE ?? '').split(',').filter((s) => s !== '');
 const timeout = Math.max(180_000, requests * 2_000);
 
