@@ -71,7 +71,8 @@ export class InstrumentedStore {
         bump(this.calls, name);
         if (claimant) {
           claimant.calls++;
-          if (name === 'PutItem' && kind === 'BACKING' && pk) claimant.backingWrites.push(pk);
+          if ((name === 'PutItem' || name === 'UpdateItem') && kind === 'BACKING' && pk)
+            claimant.backingWrites.push(pk);
         }
         const started = performance.now();
         try {

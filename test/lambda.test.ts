@@ -75,6 +75,7 @@ describe('Lambda entry points', () => {
       state: 'ready',
       used: 0,
       slotMap: {},
+      claims: {},
       host: '10.0.0.7',
       port: 22,
       attributes: { zone: 'a' },
@@ -84,12 +85,13 @@ describe('Lambda entry points', () => {
       sqsEvent([JSON.stringify({ kind: 'request', id: 'lam-1', labels: ['small-node'] }), '{"kind":"nope"}']),
     );
     expect(served.batchItemFailures).toEqual([]);
-    expect(await store.getRequest('lam-1')).toMatchObject({
+    const served1 = await store.getRequest('lam-1');
+    expect(served1).toMatchObject({
       state: 'fulfilled',
-      nodes: [
-        { id: 'lam-1/0', state: 'ready', host: '10.0.0.7', port: 22, backingNodeId: 'bn-lambda', slot: 0 },
-      ],
+      nodes: [{ id: 'lam-1/0', state: 'ready', host: '10.0.0.7', port: 22, backingNodeId: 'bn-lambda' }],
     });
+    const slot = String(served1?.nodes[0]?.slot);
+    expect((await store.getBacking('bn-lambda'))?.slotMap).toEqual({ [slot]: 'lam-1/0' });
     const published = eventBridge.commandCalls(PutEventsCommand).map((c) => c.args[0].input.Entries?.[0]);
     expect(published).toContainEqual(
       expect.objectContaining({

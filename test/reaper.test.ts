@@ -1,5 +1,5 @@
 import { afterEach, describe, expect, it } from 'vitest';
-import { claimSlot } from '../shared/core/backing.ts';
+import { claimSlot, spreadSlot } from '../shared/core/backing.ts';
 import { ConflictError } from '../shared/core/errors.ts';
 import { reap } from '../shared/usecases/reap.ts';
 import { baseConfig, type Harness, startHarness } from './support/harness.ts';
@@ -116,19 +116,17 @@ describe('slot claims under contention (dynalite)', () => {
     const [b0] = await store.listBacking();
     const id = b0?.id as string;
     const claimers = Array.from({ length: 24 }, (_, i) => `n-${i}/0`);
+    // The production claim: one UpdateItem on a slot chosen by node id, retried on what it returns.
     const results = await Promise.all(
       claimers.map(async (nodeId) => {
-        for (;;) {
-          const b = await store.getBacking(id);
-          if (!b || b.used >= b.slots) return false;
-          const { next } = claimSlot(b, nodeId, Date.now(), nodeId);
-          try {
-            await store.putBacking(next, { version: b.version, states: ['ready'] });
-            return true;
-          } catch (err) {
-            if (!(err instanceof ConflictError)) throw err;
-          }
+        let b = await store.getBacking(id);
+        for (let i = 0; b && b.used < b.slots; i++) {
+          const slot = spreadSlot(b, `${nodeId}#${i}`) as number;
+          const out = await store.claimSlot(b, slot, nodeId, { at: Date.now(), by: nodeId });
+          if (out.claimed) return true;
+          b = out.current;
         }
+        return false;
       }),
     );
     expect(results.filter(Boolean)).toHaveLength(7);

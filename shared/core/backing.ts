@@ -24,6 +24,24 @@ export function lowestFreeSlot(b: Pick<BackingRecord, 'slots' | 'slotMap'>): num
   return undefined;
 }
 
+/**
+ * A free slot chosen by a hash of `key` (a node id): concurrent claimants of one backing node spread
+ * over its free slots instead of all aiming at the lowest. Undefined when full.
+ */
+export function spreadSlot(b: Pick<BackingRecord, 'slots' | 'slotMap'>, key: string): number | undefined {
+  const free: number[] = [];
+  for (let i = 0; i < b.slots; i++) if (b.slotMap[String(i)] === undefined) free.push(i);
+  if (free.length === 0) return undefined;
+  return free[hashOf(key) % free.length];
+}
+
+/** A 32-bit FNV-1a hash: cheap and well spread, to scatter claimants deterministically. */
+export function hashOf(key: string): number {
+  let h = 0x811c9dc5;
+  for (let i = 0; i < key.length; i++) h = Math.imul(h ^ key.charCodeAt(i), 0x01000193);
+  return h >>> 0;
+}
+
 /** The slot a node holds on this backing node, if any (a redelivery finds its earlier claim). */
 export function slotOf(b: Pick<BackingRecord, 'slotMap'>, nodeId: string): number | undefined {
   for (const [slot, holder] of Object.entries(b.slotMap)) if (holder === nodeId) return Number(slot);

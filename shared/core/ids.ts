@@ -39,8 +39,8 @@ export function ownerToken(now: number): string {
 
 /** When the delivery that holds an owner token started (0 for a token of unknown shape: very old). */
 export function ownerSince(token: string): number {
-  const since = Number.parseInt(token.split('.')[0] ?? '', 36);
-  return Number.isFinite(since) ? since : 0;
+  const since = /^([0-9a-z]+)\./.exec(token)?.[1];
+  return since === undefined ? 0 : Number.parseInt(since, 36);
 }
 
 /** Stable hash of a JSON-able value (keys sorted), used to detect a reused request id. */

@@ -1,4 +1,8 @@
-import { ConditionalCheckFailedException, type DynamoDBClient } from '@aws-sdk/client-dynamodb';
+import {
+  type AttributeValue,
+  ConditionalCheckFailedException,
+  type DynamoDBClient,
+} from '@aws-sdk/client-dynamodb';
 import {
   DynamoDBDocumentClient,
   GetCommand,
@@ -9,10 +13,19 @@ import {
   type ScanCommandInput,
   UpdateCommand,
 } from '@aws-sdk/lib-dynamodb';
+import { unmarshall } from '@aws-sdk/util-dynamodb';
 import { ConflictError } from '../core/errors.ts';
-import { BackingRecord, RequestRecord } from '../core/records.ts';
+import { BackingRecord, type Claim, RequestRecord } from '../core/records.ts';
 import type { BackingState } from '../core/states.ts';
-import { backingItem, FREE_INDEX, freePartition, keys, REAP_INDEX, requestItem } from './table.ts';
+import {
+  backingIndexAttributes,
+  backingItem,
+  FREE_INDEX,
+  freePartition,
+  keys,
+  REAP_INDEX,
+  requestItem,
+} from './table.ts';
 
 /**
  * The DynamoDB adapter. Every write that could race is conditional, built from the named fragments
@@ -148,10 +161,15 @@ export class DynamoStore {
   // ---- backing nodes --------------------------------------------------------------------------
 
   async getBacking(id: string): Promise<BackingRecord | undefined> {
+    const item = await this.getBackingItem(id);
+    return item ? BackingRecord.parse(item) : undefined;
+  }
+
+  private async getBackingItem(id: string): Promise<Record<string, unknown> | undefined> {
     const out = await this.doc.send(
       new GetCommand({ TableName: this.tableName, Key: keys.backing(id), ConsistentRead: true }),
     );
-    return out.Item ? BackingRecord.parse(out.Item) : undefined;
+    return out.Item;
   }
 
   /** Writes a new backing record (the intent, before the launch); returns the existing one if the id is taken. */
@@ -212,6 +230,113 @@ export class DynamoStore {
       }
       throw err;
     }
+  }
+
+  /**
+   * Claims one slot of a backing node in a single conditional UpdateItem. The condition is on the slot
+   * (free), the state (as read), room (used < slots), no drain and no max-age, not on the item's
+   * version: claims of different slots on one backing node never conflict with each other. The version
+   * is still bumped, so every whole-item writer (retire, fail, release) sees the claim. The claim that
+   * takes the last free slot (by what was read) also takes the item out of the free index, conditioned
+   * on `used` being what was read. Returns the record after the claim; on a failed condition, the item
+   * as it is now (ReturnValuesOnConditionCheckFailure, no extra read) to choose again from.
+   */
+  async claimSlot(
+    read: BackingRecord,
+    slot: number,
+    nodeId: string,
+    claim: Claim,
+  ): Promise<{ claimed: true; record: BackingRecord } | { claimed: false; current?: BackingRecord }> {
+    const filling = read.used + 1 >= read.slots;
+    const after = backingIndexAttributes({ ...read, used: read.used + 1 });
+    const names: Record<string, string> = {
+      '#slotMap': 'slotMap',
+      '#claims': 'claims',
+      '#slot': String(slot),
+      '#used': 'used',
+      '#version': 'version',
+      '#state': 'state',
+    };
+    const values: Record<string, unknown> = {
+      ':node': nodeId,
+      ':claim': claim,
+      ':one': 1,
+      ':state': read.state,
+      ':slots': read.slots,
+      ':now': claim.at,
+      ':true': true,
+      ':rpk': after.rpk,
+      ':rsk': after.rsk,
+    };
+    const set = [
+      '#slotMap.#slot = :node',
+      '#claims.#slot = :claim',
+      '#used = #used + :one',
+      '#version = #version + :one',
+      'rpk = :rpk',
+      'rsk = :rsk',
+    ];
+    const condition = [
+      'attribute_not_exists(#slotMap.#slot)',
+      '#state = :state',
+      '#used < :slots',
+      '(attribute_not_exists(drained) OR drained <> :true)',
+      '(attribute_not_exists(noNewNodesAfter) OR noNewNodesAfter > :now)',
+    ];
+    let remove = '';
+    if (filling) {
+      condition.push('#used = :readUsed');
+      values[':readUsed'] = read.used;
+      remove = ' REMOVE fpk, fsk';
+    } else {
+      set.push('fsk = :fsk'); // fullest first, as of this claim (a concurrent one may be newer)
+      values[':fsk'] = after.fsk;
+    }
+    try {
+      const out = await this.doc.send(
+        new UpdateCommand({
+          TableName: this.tableName,
+          Key: keys.backing(read.id),
+          UpdateExpression: `SET ${set.join(', ')}${remove}`,
+          ConditionExpression: condition.join(' AND '),
+          ExpressionAttributeNames: names,
+          ExpressionAttributeValues: values,
+          ReturnValues: 'ALL_NEW',
+          ReturnValuesOnConditionCheckFailure: 'ALL_OLD',
+        }),
+      );
+      const record = BackingRecord.parse(out.Attributes);
+      // Concurrent claims filled it, none of them by what it read: take it out of the free index.
+      if (record.used >= record.slots && out.Attributes?.fpk !== undefined)
+        await this.leaveFreeIndex(read.id);
+      return { claimed: true, record };
+    } catch (err) {
+      if (!(err instanceof ConditionalCheckFailedException)) throw err;
+      // DynamoDB returns the item with the failure; an engine that does not (dynalite) costs a read.
+      const returned = (err as { Item?: Record<string, AttributeValue> }).Item;
+      const item = returned ? unmarshall(returned) : await this.getBackingItem(read.id);
+      if (!item) return { claimed: false };
+      const current = BackingRecord.parse(item);
+      if (current.used >= current.slots && item.fpk !== undefined) await this.leaveFreeIndex(read.id);
+      return { claimed: false, current };
+    }
+  }
+
+  /** Takes a full backing node out of the free index (repairs what concurrent claims left behind). */
+  private async leaveFreeIndex(id: string): Promise<void> {
+    await this.doc
+      .send(
+        new UpdateCommand({
+          TableName: this.tableName,
+          Key: keys.backing(id),
+          UpdateExpression: 'REMOVE fpk, fsk',
+          ConditionExpression: '#used >= slots',
+          ExpressionAttributeNames: { '#used': 'used' },
+        }),
+      )
+      .catch((err: unknown) => {
+        if (!(err instanceof ConditionalCheckFailedException)) throw err; // freed meanwhile: it stays
+      });
   }
 
   /**

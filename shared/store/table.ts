@@ -6,8 +6,8 @@ import type { BackingRecord, RequestRecord } from '../core/records.ts';
  *   pk                              sk        item
  *   REQUEST#<requestId>             REQUEST   a request and its nodes (node id = <requestId>/<index>)
  *   BACKING#<backingNodeId>         BACKING   a backing node and its slot map
- *   POOL#<provider/pool>            NODES     string set of the pool's live node ids (max-servers)
- *   BACKINGPOOL#<provider/pool>     BACKING   string set of the backing pool's live backing ids (its cap)
+ *   POOL#<provider/pool>            NODES     map of the pool's live node ids -> owner (max-servers)
+ *   BACKINGPOOL#<provider/pool>     BACKING   map of the backing pool's live backing ids -> owner (its cap)
  * Sparse indexes (attributes present only when the item belongs in them):
  *   free (fpk, fsk): backing nodes that can take a node, per pool and label, fullest then oldest first
  *   reap (rpk, rsk): IDLE (empty), LAUNCHING (by launch time), ACTIVE (ready, in use), RETIRING and
@@ -65,7 +65,14 @@ export function backingIndexAttributes(b: BackingRecord): Record<string, string 
 }
 
 export function backingItem(b: BackingRecord): Record<string, unknown> {
-  return stripUndefined({ ...keys.backing(b.id), type: 'backing', ...b, ...backingIndexAttributes(b) });
+  // claims is always a map (maybe empty): a slot claim sets one entry of it in place.
+  return stripUndefined({
+    ...keys.backing(b.id),
+    type: 'backing',
+    ...b,
+    claims: b.claims ?? {},
+    ...backingIndexAttributes(b),
+  });
 }
 
 export function requestItem(r: RequestRecord): Record<string, unknown> {

@@ -1,14 +1,15 @@
 import type { MetastaticLabel, MetastaticPool } from '../config/model.ts';
 import {
   claimOf,
-  claimSlot,
   compareCandidates,
   compareOldestFirst,
   freeSlot,
+  hashOf,
   isClaimable,
   markDrained,
   newBackingRecord,
   slotOf,
+  spreadSlot,
   takeOverClaim,
 } from '../core/backing.ts';
 import {
@@ -80,9 +81,15 @@ export async function placeNode(
   for (let page = 0; page < MAX_CANDIDATE_PAGES; page++) {
     const found = await ctx.store.findCandidates(pool.key, label.name, CANDIDATES_PER_QUERY, cursor);
     const order = ctx.placementPolicy === 'oldest' ? compareOldestFirst : compareCandidates;
-    for (const candidate of found.items.sort(order)) {
-      const placed = await claimOn(ctx, pool, label, candidate, nodeId, attempt, options.owner);
+    const queue = found.items.sort(order);
+    for (let candidate = queue.shift(); candidate; candidate = queue.shift()) {
+      const contention = { lost: 0 };
+      const placed = await claimOn(ctx, pool, label, candidate, nodeId, attempt, options.owner, contention);
       if (placed) return placed;
+      // Lost a slot to a concurrent claimant: the others that lost will move on too, so go on from a
+      // point of the remaining candidates chosen by node id instead of all to the next fullest.
+      if (contention.lost > 0 && queue.length > 1)
+        queue.push(...queue.splice(0, hashOf(nodeId) % queue.length));
     }
     cursor = found.cursor;
     if (!cursor) break;
@@ -101,6 +108,7 @@ async function claimOn(
   nodeId: string,
   attempt: number,
   owner: string,
+  contention: { lost: number },
 ): Promise<Placement | undefined> {
   let b: BackingRecord | undefined = candidate;
   for (let i = 0; i < MAX_CONFLICT_RETRIES && b; i++) {
@@ -138,14 +146,16 @@ async function claimOn(
       return undefined;
     }
     if (!isClaimable(b, now)) return undefined;
-    const { next, slot } = claimSlot(b, nodeId, now, owner);
-    try {
-      await ctx.store.putBacking(next, { version: b.version, states: ['launching', 'ready'] });
-    } catch (err) {
-      if (!(err instanceof ConflictError)) throw err;
-      b = await ctx.store.getBacking(b.id);
+    // Concurrent claimants of one backing node aim at different free slots (by node id), and a claim
+    // is conditioned on its slot only, so they rarely conflict; a loser gets the item as it is now.
+    const slot = spreadSlot(b, `${nodeId}#${i}`) as number;
+    const out = await ctx.store.claimSlot(b, slot, nodeId, { at: now, by: owner });
+    if (!out.claimed) {
+      contention.lost++;
+      b = out.current;
       continue;
     }
+    const next = out.record;
     ctx.log.debug('slot claimed', { nodeId, backingNodeId: b.id, slot });
     if (!label.hostKeyChecking || next.state !== 'ready') return { nodeId, backing: next, slot, attempt };
     // host-key-checking: every allocation on a ready backing node scans its keys first.

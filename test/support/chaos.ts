@@ -647,11 +647,17 @@ export class ChaosRun {
       case 'putBacking':
         this.mirrorBacking(args[0] as BackingRecord);
         break;
+      case 'claimSlot': {
+        const out = result as { claimed: boolean; record?: BackingRecord; current?: BackingRecord };
+        const seen = out.claimed ? out.record : out.current;
+        if (seen) this.mirrorBacking(seen);
+        break;
+      }
     }
   }
 
   private traceWrite(method: string, args: unknown[], result: unknown): void {
-    if (!/^(create|put|release|reserve|unreserve)/.test(method)) return;
+    if (!/^(create|put|claim|release|reserve|takeOver|unreserve)/.test(method)) return;
     const text = JSON.stringify(args.map((a) => (a instanceof Set ? [...a] : a)));
     const ids = this.options.trace ?? [];
     if (!ids.some((id) => text.includes(id))) return;

@@ -40,6 +40,7 @@ export const STORE_METHODS = [
   'getBacking',
   'createBacking',
   'putBacking',
+  'claimSlot',
   'findCandidates',
   'queryReap',
   'reserve',

@@ -1,0 +1,192 @@
+import { afterEach, describe, expect, it } from 'vitest';
+import { spreadSlot } from '../shared/core/backing.ts';
+import { BusyError } from '../shared/core/errors.ts';
+import { ownerSince, ownerToken } from '../shared/core/ids.ts';
+import { keys } from '../shared/store/table.ts';
+import { CLAIM_TAKEOVER_MS, SLOT_LEASE_MS } from '../shared/usecases/context.ts';
+import { giveBackSlot } from '../shared/usecases/placement.ts';
+import { requestNodes } from '../shared/usecases/requestNodes.ts';
+import { baseConfig, type Harness, startHarness } from './support/harness.ts';
+
+/**
+ * Claims and capacity places carry the owner token of the delivery that took them (docs/table.md,
+ * "Owners"): slot claims are one UpdateItem conditioned on the slot, a delivery builds on and gives
+ * back only its own, a live delivery's claim makes a duplicate back off, a dead one's is taken over,
+ * and the reaper gives back places nothing live holds.
+ */
+let h: Harness | undefined;
+afterEach(async () => {
+  await h?.close();
+  h = undefined;
+});
+
+async function readyNode(harness: Harness, id: string): Promise<void> {
+  await harness.send({ kind: 'request', id, labels: ['small-node'] });
+  await harness.drainRequests();
+  await harness.fulfilUntil(
+    async () => (await harness.stack.context.store.getRequest(id))?.state === 'fulfilled',
+  );
+}
+
+async function readyBacking(harness: Harness) {
+  const [b] = await harness.stack.context.store.listBacking();
+  if (!b) throw new Error('no backing node');
+  return b;
+}
+
+describe('owner tokens', () => {
+  it('name their delivery and when it started', () => {
+    const t = ownerToken(1_700_000_000_123);
+    expect(t).toMatch(/^[0-9a-z]+\.[0-9a-f]{12}$/);
+    expect(ownerSince(t)).toBe(1_700_000_000_123);
+    expect(ownerToken(5)).not.toBe(ownerToken(5));
+    expect(ownerSince('not-a-token')).toBe(0); // unknown shape: treated as very old
+  });
+
+  it('spread claimants over the free slots, never onto a taken one', () => {
+    const b = { slots: 4, slotMap: { '1': 'x/0' } };
+    const picks = new Set(Array.from({ length: 50 }, (_, i) => spreadSlot(b, `n-${i}/0`)));
+    expect([...picks].sort()).toEqual([0, 2, 3]);
+    expect(spreadSlot({ slots: 1, slotMap: { '0': 'x/0' } }, 'n/0')).toBeUndefined();
+  });
+});
+
+describe('slot claims (one UpdateItem per claim, dynalite)', () => {
+  it('lets claims of different slots on one backing node both succeed, and refuses a taken slot', async () => {
+    h = await startHarness(baseConfig({ slots: 4 }));
+    await readyNode(h, 'base');
+    const store = h.stack.context.store;
+    const read = await readyBacking(h);
+    const now = h.clock.now();
+    // Both read the same version: a whole-item version check would fail one of them.
+    const [a, b] = await Promise.all([
+      store.claimSlot(read, 1, 'a/0', { at: now, by: 'A' }),
+      store.claimSlot(read, 2, 'b/0', { at: now, by: 'B' }),
+    ]);
+    expect(a.claimed && b.claimed).toBe(true);
+    const late = await store.claimSlot(read, 1, 'c/0', { at: now, by: 'C' });
+    expect(late.claimed).toBe(false);
+    // The loser gets the item as it is now, without another read.
+    expect(late.claimed ? undefined : late.current?.slotMap).toEqual({
+      '0': 'base/0',
+      '1': 'a/0',
+      '2': 'b/0',
+    });
+    const after = await store.getBacking(read.id);
+    expect(after?.used).toBe(3);
+    expect(after?.version).toBe(read.version + 2);
+    expect(after?.claims?.['1']).toEqual({ at: now, by: 'A' });
+  });
+
+  it('takes a backing node out of the free index when it fills, also when concurrent claims fill it', async () => {
+    h = await startHarness(baseConfig({ slots: 3 }));
+    await readyNode(h, 'base');
+    const store = h.stack.context.store;
+    const read = await readyBacking(h);
+    const inFree = async () => (await store.findCandidates('meta/main', 'small-node', 10)).items.length;
+    expect(await inFree()).toBe(1);
+    // Two claimants read used = 1; neither thinks it takes the last slot, yet together they do.
+    const outs = await Promise.all([
+      store.claimSlot(read, 1, 'a/0', { at: 1, by: 'A' }),
+      store.claimSlot(read, 2, 'b/0', { at: 1, by: 'B' }),
+    ]);
+    expect(outs.every((o) => o.claimed)).toBe(true);
+    expect((await store.getBacking(read.id))?.used).toBe(3);
+    expect(await inFree()).toBe(0);
+  });
+
+  it('refuses a drained or max-aged backing node even when the read was older', async () => {
+    h = await startHarness(baseConfig({ slots: 4 }));
+    await readyNode(h, 'base');
+    const store = h.stack.context.store;
+    const read = await readyBacking(h);
+    await store.putBacking({ ...read, drained: true, version: read.version + 1 }, { version: read.version });
+    expect((await store.claimSlot(read, 1, 'a/0', { at: 1, by: 'A' })).claimed).toBe(false);
+    const drained = await readyBacking(h);
+    const aged = { ...drained, drained: undefined, noNewNodesAfter: 1_000, version: drained.version + 1 };
+    await store.putBacking(aged, { version: drained.version });
+    expect((await store.claimSlot(aged, 1, 'a/0', { at: 1_000, by: 'A' })).claimed).toBe(false);
+    expect((await store.claimSlot(aged, 1, 'a/0', { at: 999, by: 'A' })).claimed).toBe(true);
+  });
+});
+
+describe('deliveries never undo each other', () => {
+  it('frees a claimed slot only for the owner that claimed it', async () => {
+    h = await startHarness(baseConfig({ slots: 4 }));
+    await readyNode(h, 'base');
+    const store = h.stack.context.store;
+    const read = await readyBacking(h);
+    await store.claimSlot(read, 1, 'dup/0', { at: h.clock.now(), by: 'first' });
+    const ctx = h.stack.context;
+    expect(await giveBackSlot(ctx, read.id, 'dup/0', { owner: 'second' })).toBe(false);
+    expect((await store.getBacking(read.id))?.slotMap['1']).toBe('dup/0');
+    expect(await giveBackSlot(ctx, read.id, 'dup/0', { owner: 'first', claimedAt: 0 })).toBe(false);
+    expect(await giveBackSlot(ctx, read.id, 'dup/0', { owner: 'first' })).toBe(true);
+    expect((await store.getBacking(read.id))?.slotMap['1']).toBeUndefined();
+  });
+
+  it('makes a duplicate back off from a live delivery claim, and take over a dead one', async () => {
+    h = await startHarness(baseConfig({ slots: 4 }));
+    await readyNode(h, 'base');
+    const ctx = h.stack.context;
+    const read = await readyBacking(h);
+    // Another delivery of request "dup" claimed a slot for dup/0 and is still at work.
+    const other = ownerToken(h.clock.now());
+    await ctx.store.claimSlot(read, 3, 'dup/0', { at: h.clock.now(), by: other });
+    const message = { kind: 'request' as const, id: 'dup', labels: ['small-node'] };
+    await expect(requestNodes(ctx, message)).rejects.toThrow(BusyError);
+    // It backed off without touching the other's claim, and recorded nothing.
+    const held = await ctx.store.getBacking(read.id);
+    expect(held?.slotMap['3']).toBe('dup/0');
+    expect(held?.claims?.['3']?.by).toBe(other);
+    expect(held?.used).toBe(2);
+    // That delivery died: once its claim is older than the takeover age, the next one takes it over.
+    h.clock.advance(CLAIM_TAKEOVER_MS);
+    const out = await requestNodes(ctx, message);
+    expect(out.kind).toBe('placed');
+    expect(out.request.nodes[0]).toMatchObject({ state: 'ready', backingNodeId: read.id, slot: 3 });
+    const after = await ctx.store.getBacking(read.id);
+    expect(after?.used).toBe(2);
+    expect(after?.claims?.['3']?.by).not.toBe(other);
+  });
+
+  it('reports places held by another owner, removes only its own, and hands over a dead one', async () => {
+    h = await startHarness(baseConfig({ maxServers: 3 }));
+    const store = h.stack.context.store;
+    const key = keys.poolNodes('meta/main');
+    expect(await store.reserve(key, ['r/0', 'r/1'], 3, 'A')).toEqual({ kind: 'reserved' });
+    expect(await store.reserve(key, ['r/0', 'r/1'], 3, 'A')).toEqual({ kind: 'reserved' }); // a retry
+    const held = await store.reserve(key, ['r/0', 'r/1'], 3, 'B');
+    expect(held.kind === 'held' ? Object.fromEntries(held.holders) : held).toEqual({
+      'r/0': 'A',
+      'r/1': 'A',
+    });
+    expect(await store.reserve(key, ['s/0', 's/1'], 3, 'C')).toEqual({ kind: 'full' });
+    await store.unreserve(key, ['r/0', 'r/1'], 'B'); // not B's: nothing happens
+    expect([...(await store.members(key))].sort()).toEqual(['r/0', 'r/1']);
+    expect(await store.takeOverReservation(key, 'r/0', 'B', 'C')).toBe(false);
+    expect(await store.takeOverReservation(key, 'r/0', 'A', 'C')).toBe(true);
+    await store.unreserve(key, ['r/0', 'r/1'], 'A');
+    expect(Object.fromEntries(await store.reservations(key))).toEqual({ 'r/0': 'C' });
+    await store.unreserve(key, ['r/0']); // a recorded node's release: whoever holds it
+    expect((await store.members(key)).size).toBe(0);
+  });
+
+  it('has the reaper give back places no live record holds, once the slot lease has passed', async () => {
+    h = await startHarness(baseConfig({ maxServers: 4, backingMax: 2 }));
+    await readyNode(h, 'live');
+    const store = h.stack.context.store;
+    const live = await readyBacking(h);
+    // A delivery reserved these and died before it wrote the records they were for.
+    const dead = ownerToken(h.clock.now());
+    await store.reserve(keys.backingPool('local/main'), ['bn-never-written'], 2, dead);
+    await store.reserve(keys.poolNodes('meta/main'), ['gone/0'], 4, dead);
+    h.clock.advance(SLOT_LEASE_MS - 1_000);
+    expect((await h.stack.reapNow()).reclaimedPlaces).toBe(0);
+    h.clock.advance(1_000);
+    expect((await h.stack.reapNow()).reclaimedPlaces).toBe(2);
+    // What live records hold stays, however old.
+    expect([...(await store.members(keys.backingPool('local/main')))]).toEqual([live.id]);
+    expect([...(await store.members(keys.poolNodes('meta/main')))]).toEqual(['live/0']);
+  });
+});
