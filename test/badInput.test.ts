@@ -200,13 +200,13 @@ const REJECTED: readonly RejectedCase[] = [
   {
     name: 'request without an id',
     body: json({ kind: 'request', labels: ['small-node'] }),
-    reason: 'invalid request message: id: Invalid input: expected string, received undefined',
+    reason: 'invalid request message: id: is required',
     logged: true,
   },
   {
     name: 'id of the wrong type',
     body: request(42),
-    reason: 'invalid request message: id: Invalid input: expected string, received number',
+    reason: 'invalid request message: id: must be a string, not a number',
     logged: true,
   },
   {
@@ -243,14 +243,14 @@ const REJECTED: readonly RejectedCase[] = [
   {
     name: 'labels missing',
     body: json({ kind: 'request', id: 'labels-missing' }),
-    reason: 'invalid request message: labels: Invalid input: expected array, received undefined',
+    reason: 'invalid request message: labels: is required',
     logged: true,
     recordedAs: 'labels-missing',
   },
   {
     name: 'labels not an array',
     body: request('labels-string', 'small-node'),
-    reason: 'invalid request message: labels: Invalid input: expected array, received string',
+    reason: 'invalid request message: labels: must be an array, not a string',
     logged: true,
     recordedAs: 'labels-string',
   },
@@ -264,7 +264,7 @@ const REJECTED: readonly RejectedCase[] = [
   {
     name: 'a label that is not a string',
     body: request('labels-number', ['small-node', 1]),
-    reason: 'invalid request message: labels.1: Invalid input: expected string, received number',
+    reason: 'invalid request message: labels.1: must be a string, not a number',
     logged: true,
     recordedAs: 'labels-number',
   },
@@ -285,8 +285,7 @@ const REJECTED: readonly RejectedCase[] = [
   {
     name: 'misspelt key "label" instead of "labels"',
     body: json({ kind: 'request', id: 'label-typo', label: ['small-node'] }),
-    reason:
-      'invalid request message: labels: Invalid input: expected array, received undefined; Unrecognized key: "label"',
+    reason: 'invalid request message: labels: is required; unknown key "label"',
     logged: true,
     recordedAs: 'label-typo',
   },
@@ -342,49 +341,51 @@ const REJECTED: readonly RejectedCase[] = [
   {
     name: 'an extra unknown key',
     body: request('extra-key', ['small-node'], { colour: 'red' }),
-    reason: 'invalid request message: Unrecognized key: "colour"',
+    reason: 'invalid request message: unknown key "colour"',
     logged: true,
     recordedAs: 'extra-key',
   },
   {
     name: 'priority not an integer',
     body: request('prio-float', ['small-node'], { priority: 1.5 }),
-    reason: 'invalid request message: priority: Invalid input: expected int, received number',
+    reason: 'invalid request message: priority: must be an integer, not 1.5',
     logged: true,
     recordedAs: 'prio-float',
   },
   {
     name: 'priority as a string',
     body: request('prio-string', ['small-node'], { priority: '5' }),
-    reason: 'invalid request message: priority: Invalid input: expected number, received string',
+    reason: 'invalid request message: priority: must be a number, not a string',
     logged: true,
     recordedAs: 'prio-string',
   },
   {
     name: 'requestor of 257 characters',
     body: request('long-requestor', ['small-node'], { requestor: 'r'.repeat(257) }),
-    reason: 'invalid request message: requestor: Too big: expected string to have <=256 characters',
+    reason: 'invalid request message: requestor: must be at most 256 characters',
     logged: true,
     recordedAs: 'long-requestor',
   },
   {
     name: 'requestor not a string',
     body: request('requestor-number', ['small-node'], { requestor: 7 }),
-    reason: 'invalid request message: requestor: Invalid input: expected string, received number',
+    reason: 'invalid request message: requestor: must be a string, not a number',
     logged: true,
     recordedAs: 'requestor-number',
   },
   {
     name: 'same request id, different labels (the original untouched)',
     body: request('orig', ['small-node', 'small-node'], { requestor: 'alice' }),
-    reason: 'request id "orig" is already used by a request with a different body (labels small-node)',
+    reason:
+      'request id "orig" is already used by another request (labels small-node, requestor alice); this one differs in labels: use a new id for a new request',
     logged: true,
     check: origUntouched,
   },
   {
     name: 'same request id, same labels, different priority',
     body: request('orig', ['small-node'], { requestor: 'alice', priority: 5 }),
-    reason: 'request id "orig" is already used by a request with a different body (labels small-node)',
+    reason:
+      'request id "orig" is already used by another request (labels small-node, requestor alice); this one differs in priority: use a new id for a new request',
     logged: true,
     check: origUntouched,
   },
@@ -398,37 +399,38 @@ const REJECTED: readonly RejectedCase[] = [
   {
     name: 'an id first sent with a typo, sent again corrected',
     body: request('typo', ['small-node'], { priority: 1 }),
-    reason: 'request id "typo" is already used by a request with a different body (labels small-node)',
+    reason:
+      'request id "typo" is already used by another request (labels small-node); this one differs in priority: use a new id for a new request',
     logged: true,
     check: async (h) => {
       expect(await h.stack.context.store.getRequest('typo')).toMatchObject({
         state: 'failed',
-        reason: 'invalid request message: Unrecognized key: "prio"',
+        reason: 'invalid request message: unknown key "prio"',
       });
     },
   },
   {
     name: 'release without nodeId',
     body: json({ kind: 'release' }),
-    reason: 'invalid release message: nodeId: Invalid input: expected string, received undefined',
+    reason: 'invalid release message: nodeId: is required',
     logged: true,
   },
   {
     name: 'release with an empty nodeId',
     body: release(''),
-    reason: 'invalid release message: nodeId: Too small: expected string to have >=1 characters',
+    reason: 'invalid release message: nodeId: must not be empty',
     logged: true,
   },
   {
     name: 'release with a nodeId of the wrong type',
     body: release(7),
-    reason: 'invalid release message: nodeId: Invalid input: expected string, received number',
+    reason: 'invalid release message: nodeId: must be a string, not a number',
     logged: true,
   },
   {
     name: 'release with force not a boolean (nothing released)',
     body: release('held/0', { force: 'yes' }),
-    reason: 'invalid release message: force: Invalid input: expected boolean, received string',
+    reason: 'invalid release message: force: must be a boolean, not a string',
     logged: true,
     check: async (h) => {
       expect((await h.stack.context.store.getRequest('held'))?.nodes[0]).toMatchObject({
@@ -440,7 +442,7 @@ const REJECTED: readonly RejectedCase[] = [
   {
     name: 'release with a request key (id)',
     body: release('orig/0', { id: 'orig' }),
-    reason: 'invalid release message: Unrecognized key: "id"',
+    reason: 'invalid release message: unknown key "id"',
     logged: true,
     check: origUntouched,
   },

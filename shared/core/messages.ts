@@ -19,14 +19,14 @@ export const RequestMessage = z.strictObject({
     .array(z.string().min(1, 'a label must not be empty'))
     .min(1, 'a request needs at least one label')
     .max(MAX_NODE_SET, `a node set has at most ${MAX_NODE_SET} labels`),
-  requestor: z.string().max(256).optional(),
+  requestor: z.string().max(256, 'must be at most 256 characters').optional(),
   priority: z.number().int().optional(),
 });
 export type RequestMessage = z.infer<typeof RequestMessage>;
 
 export const ReleaseMessage = z.strictObject({
   kind: z.literal('release'),
-  nodeId: z.string().min(1).max(256),
+  nodeId: z.string().min(1, 'must not be empty').max(256, 'must be at most 256 characters'),
   /** Releases a held node too (operators). */
   force: z.boolean().optional(),
 });
@@ -73,10 +73,10 @@ export function parseMessage(body: string): ParsedMessage {
       labels,
     };
   }
-  const parsed = PoolMessage.safeParse(json);
+  const parsed = PoolMessage.safeParse(json, { reportInput: true });
   if (parsed.success) return { ok: true, message: parsed.data };
   const reason = parsed.error.issues
-    .map((i) => `${i.path.length ? `${i.path.join('.')}: ` : ''}${i.message}`)
+    .map((i) => `${i.path.length ? `${i.path.join('.')}: ` : ''}${describeIssue(i)}`)
     .join('; ');
   return {
     ok: false,
@@ -84,4 +84,27 @@ export function parseMessage(body: string): ParsedMessage {
     requestId: obj.kind === 'request' ? requestId : undefined,
     labels,
   };
+}
+
+const article = (noun: string) => (/^[aeiou]/.test(noun) ? `an ${noun}` : `a ${noun}`);
+
+/** What a value is, in a user's words. */
+function kindOf(value: unknown): string {
+  if (value === null) return 'null';
+  if (Array.isArray(value)) return 'an array';
+  if (typeof value === 'number' && !Number.isInteger(value)) return `${value}`;
+  return article(typeof value);
+}
+
+/** A zod issue in a user's words: a missing or mistyped field says what it must be and what it got. */
+function describeIssue(i: z.core.$ZodIssue): string {
+  if (i.code === 'invalid_type') {
+    if (i.input === undefined) return 'is required';
+    const expected = i.expected === 'int' ? 'integer' : i.expected;
+    return `must be ${article(expected)}, not ${kindOf(i.input)}`;
+  }
+  if (i.code === 'unrecognized_keys') {
+    return `unknown key${i.keys.length > 1 ? 's' : ''} ${i.keys.map((k) => JSON.stringify(k)).join(', ')}`;
+  }
+  return i.message;
 }

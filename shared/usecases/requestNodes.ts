@@ -91,9 +91,20 @@ export async function requestNodes(ctx: Context, m: RequestMessage): Promise<Req
 
 /** The request id belongs to a request with another body; its nodes (same ids) are not ours to touch. */
 class IdReused extends PermanentError {
-  constructor(readonly request: RequestRecord) {
+  constructor(
+    readonly request: RequestRecord,
+    sent: Pick<RequestRecord, 'labels' | 'requestor' | 'priority'>,
+  ) {
+    const differs = [
+      request.labels.join('\n') !== sent.labels.join('\n') ? 'labels' : undefined,
+      request.requestor !== sent.requestor ? 'requestor' : undefined,
+      request.priority !== sent.priority ? 'priority' : undefined,
+    ].filter((f) => f !== undefined);
     super(
-      `request id "${request.id}" is already used by a request with a different body (labels ${request.labels.join(', ')})`,
+      `request id "${request.id}" is already used by another request (labels ${request.labels.join(', ')}` +
+        `${request.requestor === undefined ? '' : `, requestor ${request.requestor}`}` +
+        `${request.priority === undefined ? '' : `, priority ${request.priority}`}); ` +
+        `this one differs in ${differs.join(' and ') || 'its body'}: use a new id for a new request`,
     );
   }
 }
@@ -175,7 +186,7 @@ class Recording {
   }
 
   private adopt(existing: RequestRecord): RequestRecord {
-    if (existing.bodyHash !== this.fresh.bodyHash) throw new IdReused(existing);
+    if (existing.bodyHash !== this.fresh.bodyHash) throw new IdReused(existing, this.fresh);
     if (existing.state !== 'requested') throw new AlreadyPlaced(existing);
     return existing;
   }
