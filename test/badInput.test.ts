@@ -520,7 +520,7 @@ const QUIET: readonly QuietCase[] = [
   },
 ];
 
-/** The one retryable class, and how it ends: waiting for capacity (and a release that waits on it). */
+/** The one retryable class, and how it ends: waiting for capacity (or cancelled by a release). */
 interface BoundedCase {
   readonly name: string;
   readonly body: string;
@@ -541,18 +541,6 @@ const BOUNDED: readonly BoundedCase[] = [
     retried: CAPACITY,
   },
   {
-    name: 'a release of a node whose request still waits is retried',
-    body: release('cap-wait/0'),
-    receiveCount: 1,
-    retried: 'node cap-wait/0 is still being placed; the release is retried after placement',
-  },
-  {
-    name: 'that release on its last receive is still a failure (the dead-letter queue ends it)',
-    body: release('cap-wait/0'),
-    receiveCount: MAX_RECEIVES,
-    retried: 'node cap-wait/0 is still being placed; the release is retried after placement',
-  },
-  {
     name: 'the waiting request on its last receive (maxReceiveCount) is recorded failed',
     body: request('cap-wait', ['capped-node']),
     receiveCount: MAX_RECEIVES,
@@ -562,6 +550,24 @@ const BOUNDED: readonly BoundedCase[] = [
     name: 'a release of a node of the failed request is then consumed quietly',
     body: release('cap-wait/0'),
     receiveCount: 2,
+  },
+  {
+    name: 'another request waiting for capacity is retried',
+    body: request('cap-cancel', ['capped-node']),
+    receiveCount: 1,
+    retried: 'request cap-cancel waits for capacity: meta/capped is at max-servers (2)',
+  },
+  {
+    name: 'a release of a node whose request still waits cancels that request, once',
+    body: release('cap-cancel/0'),
+    receiveCount: 1,
+    failed: { id: 'cap-cancel', reason: 'cancelled: node cap-cancel/0 was released before it was placed' },
+  },
+  {
+    name: 'the cancelled request, delivered again, stops waiting (consumed, not placed)',
+    body: request('cap-cancel', ['capped-node']),
+    receiveCount: 2,
+    failed: { id: 'cap-cancel', reason: 'cancelled: node cap-cancel/0 was released before it was placed' },
   },
 ];
 
@@ -916,7 +922,8 @@ describe('bad input on the queues (one embedded stack)', () => {
           reason: c.failed.reason,
         });
       } else if (c.body.includes('"request"')) {
-        expect((await store().getRequest('cap-wait'))?.state).toBe('requested'); // visible while it waits
+        const id = (JSON.parse(c.body) as { id: string }).id;
+        expect((await store().getRequest(id))?.state).toBe('requested'); // visible while it waits
       }
       await expectGoodPlaced(goodId);
     });

@@ -1,4 +1,4 @@
-import { ConflictError, HeldNodeError, RetryableError, UnknownNodeError } from '../core/errors.ts';
+import { ConflictError, HeldNodeError, UnknownNodeError } from '../core/errors.ts';
 import { parseNodeId } from '../core/ids.ts';
 import { PoolEventType } from '../core/observability.ts';
 import type { NodeRecord, RequestRecord } from '../core/records.ts';
@@ -7,10 +7,13 @@ import { keys } from '../store/table.ts';
 import { type Context, emit, MAX_CONFLICT_RETRIES } from './context.ts';
 import { giveBackSlot } from './placement.ts';
 import { requestSettled } from './requestEvents.ts';
+import { failRequest } from './requestNodes.ts';
 
 export type ReleaseOutcome =
   | { readonly kind: 'released'; readonly node: NodeRecord }
-  | { readonly kind: 'already-released'; readonly node: NodeRecord };
+  | { readonly kind: 'already-released'; readonly node: NodeRecord }
+  /** Its request was still waiting to be placed: the release cancelled it (failed, with the reason). */
+  | { readonly kind: 'cancelled'; readonly node: NodeRecord };
 
 /**
  * Releases a node: marks it released (one conditional update of its request), frees its slot
@@ -31,7 +34,16 @@ export async function releaseNode(ctx: Context, id: string, force = false): Prom
     const n = r?.nodes[parsed.index];
     if (!r || !n) throw new UnknownNodeError(`unknown node "${id}"`);
     if (r.state === 'requested') {
-      throw new RetryableError(`node ${id} is still being placed; the release is retried after placement`);
+      // Released before it was placed (waiting for capacity, or a launch under way): the requestor no
+      // longer wants it, so the request ends here. A delivery placing it meanwhile loses its write and
+      // gives back what it took; if it won, the request is placed and the release is retried as usual.
+      const reason = `cancelled: node ${id} was released before it was placed`;
+      const after = await failRequest(ctx, r.id, r.bodyHash, reason);
+      if (after?.state !== 'failed') {
+        throw new ConflictError(`node ${id} was placed while being released; retrying the release`);
+      }
+      ctx.log.info('request cancelled by a release', { requestId: r.id, nodeId: id });
+      return { kind: 'cancelled', node: after.nodes[parsed.index] as NodeRecord };
     }
     if (n.held && !force && (n.state === 'pending' || n.state === 'ready')) {
       throw new HeldNodeError(`node ${id} is held; release it with \`metastatic release ${id} --force\``);
