@@ -78,18 +78,24 @@ export async function placeNode(
     throw new LaunchFailedError(`node ${nodeId} used all ${pool.launchRetries} attempt(s)`);
   }
   let cursor: Record<string, unknown> | undefined;
+  let losses = 0;
   for (let page = 0; page < MAX_CANDIDATE_PAGES; page++) {
     const found = await ctx.store.findCandidates(pool.key, label.name, CANDIDATES_PER_QUERY, cursor);
     const order = ctx.placementPolicy === 'oldest' ? compareOldestFirst : compareCandidates;
     const queue = found.items.sort(order);
-    for (let candidate = queue.shift(); candidate; candidate = queue.shift()) {
-      const contention = { lost: 0 };
-      const placed = await claimOn(ctx, pool, label, candidate, nodeId, attempt, options.owner, contention);
+    for (let next = queue.shift(); next; next = queue.shift()) {
+      const contention: Contention = { losses };
+      const placed = await claimOn(ctx, pool, label, next, nodeId, attempt, options.owner, contention);
       if (placed) return placed;
-      // Lost a slot to a concurrent claimant: the others that lost will move on too, so go on from a
-      // point of the remaining candidates chosen by node id instead of all to the next fullest.
-      if (contention.lost > 0 && queue.length > 1)
-        queue.push(...queue.splice(0, hashOf(nodeId) % queue.length));
+      const lost = contention.lost;
+      if (!lost) continue;
+      // Lost a slot to a concurrent claimant: the others that lost move on too, so go on from a point
+      // of the remaining candidates chosen by node id instead of all to the next fullest, and come
+      // back to this one (as it is now) last. Every loss is someone else's win, so this ends.
+      if (++losses > MAX_CONFLICT_RETRIES)
+        throw new ConflictError(`gave up placing ${nodeId} after ${losses} lost claims`);
+      if (queue.length > 1) queue.push(...queue.splice(0, hashOf(nodeId) % queue.length));
+      if (isClaimable(lost, ctx.clock.now())) queue.push(lost);
     }
     cursor = found.cursor;
     if (!cursor) break;
@@ -99,7 +105,18 @@ export async function placeNode(
   return launchFor(ctx, pool, label, nodeId, attempt, options.owner);
 }
 
-/** Claims a slot on one backing node, re-reading it when a concurrent write got there first. */
+/** What a claim attempt learnt of concurrent claimants. */
+interface Contention {
+  /** Claims this placement lost so far (varies the slot it aims at next). */
+  readonly losses: number;
+  /** The candidate as it was when the claim lost its slot to a concurrent write. */
+  lost?: BackingRecord;
+}
+
+/**
+ * Claims a slot on one backing node. A claim that loses its slot to a concurrent write leaves the
+ * candidate, reporting it as it is now (placeNode comes back to it last).
+ */
 async function claimOn(
   ctx: Context,
   pool: MetastaticPool,
@@ -108,7 +125,7 @@ async function claimOn(
   nodeId: string,
   attempt: number,
   owner: string,
-  contention: { lost: number },
+  contention: Contention,
 ): Promise<Placement | undefined> {
   let b: BackingRecord | undefined = candidate;
   for (let i = 0; i < MAX_CONFLICT_RETRIES && b; i++) {
@@ -148,12 +165,12 @@ async function claimOn(
     if (!isClaimable(b, now)) return undefined;
     // Concurrent claimants of one backing node aim at different free slots (by node id), and a claim
     // is conditioned on its slot only, so they rarely conflict; a loser gets the item as it is now.
-    const slot = spreadSlot(b, `${nodeId}#${i}`) as number;
+    const slot = spreadSlot(b, `${nodeId}#${contention.losses + i}`) as number;
     const out = await ctx.store.claimSlot(b, slot, nodeId, { at: now, by: owner });
     if (!out.claimed) {
-      contention.lost++;
-      b = out.current;
-      continue;
+      // Lost the slot (or the item changed): leave this candidate for now, as it is now.
+      contention.lost = out.current;
+      return undefined;
     }
     const next = out.record;
     ctx.log.debug('slot claimed', { nodeId, backingNodeId: b.id, slot });
