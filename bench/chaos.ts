@@ -5,6 +5,7 @@
  *   npm run test:chaos                                  1,000 requests, a fresh seed
  *   npm run test:chaos -- --requests 300 --seed 42      a size, a seed (replay)
  *   npm run test:chaos -- --runs 5                      five runs with consecutive seeds
+ *   npm run test:chaos -- --no-node-cap                 the metastatic pool without max-servers
  *   npm run test:chaos -- --seed 42 --trace req-18/,bn-0123456789abcdef
  *                                                       every write touching those ids, with a failure
  *
@@ -42,6 +43,7 @@ async function main(): Promise<number> {
         requests,
         seed,
         trace,
+        nodeCap: !process.argv.includes('--no-node-cap'),
         // A Scan of a large table is not free: check less often on long runs.
         checkEveryTicks: requests > 300 ? 50 : 20,
         progress: (line) => console.log(`  ${line}`),

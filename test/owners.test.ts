@@ -6,7 +6,7 @@ import { keys } from '../shared/store/table.ts';
 import { CLAIM_TAKEOVER_MS, SLOT_LEASE_MS } from '../shared/usecases/context.ts';
 import { giveBackSlot } from '../shared/usecases/placement.ts';
 import { requestNodes } from '../shared/usecases/requestNodes.ts';
-import { baseConfig, type Harness, startHarness } from './support/harness.ts';
+import { baseConfig, type Harness, sqsEvent, startHarness } from './support/harness.ts';
 
 /**
  * Claims and capacity places carry the owner token of the delivery that took them (docs/table.md,
@@ -148,6 +148,24 @@ describe('deliveries never undo each other', () => {
     const after = await ctx.store.getBacking(read.id);
     expect(after?.used).toBe(2);
     expect(after?.claims?.['3']?.by).not.toBe(other);
+  });
+
+  it('ends a request that is still busy on its last receive with the reason, not in the dead-letter queue', async () => {
+    h = await startHarness(baseConfig({ slots: 4 }), { maxReceiveCount: 3 });
+    await readyNode(h, 'base');
+    const ctx = h.stack.context;
+    const read = await readyBacking(h);
+    await ctx.store.claimSlot(read, 3, 'stuck/0', { at: h.clock.now(), by: ownerToken(h.clock.now()) });
+    const body = JSON.stringify({ kind: 'request', id: 'stuck', labels: ['small-node'] });
+    expect((await h.stack.handlers.request(sqsEvent([body], 1))).batchItemFailures).toHaveLength(1);
+    expect(await ctx.store.getRequest('stuck')).toBeUndefined(); // retried, nothing recorded yet
+    expect((await h.stack.handlers.request(sqsEvent([body], 3))).batchItemFailures).toEqual([]);
+    expect(await ctx.store.getRequest('stuck')).toMatchObject({
+      state: 'failed',
+      reason:
+        'gave up after 3 attempts: node stuck/0 is being placed by another delivery (on ' +
+        `${read.id}); retrying later`,
+    });
   });
 
   it('reports places held by another owner, removes only its own, and hands over a dead one', async () => {

@@ -2,20 +2,44 @@ import { BatchProcessor, EventType, processPartialResponse } from '@aws-lambda-p
 import type { SQSBatchResponse, SQSEvent, SQSRecord } from 'aws-lambda';
 import { CapacityError, PermanentError } from '../core/errors.ts';
 import { nodeId } from '../core/ids.ts';
-import { parseMessage } from '../core/messages.ts';
+import { parseMessage, type RequestMessage } from '../core/messages.ts';
 import type { Context } from '../usecases/context.ts';
 import { releaseNode } from '../usecases/release.ts';
 import { failRequest, recordFailure, requestBodyHash, requestNodes } from '../usecases/requestNodes.ts';
 
 export interface RequestHandlerOptions {
   /**
-   * The request queue's maxReceiveCount. A request still waiting for capacity on its last receive is
-   * recorded as failed rather than left to the dead-letter queue, so every request ends with a reason.
+   * The request queue's maxReceiveCount. A request still waiting (for capacity, or after any other
+   * transient failure) on its last receive is recorded as failed rather than left to the dead-letter
+   * queue, so every request ends with a reason.
    */
   readonly maxReceiveCount?: number;
 }
 
 export type SqsBatchHandler = (event: SQSEvent) => Promise<SQSBatchResponse>;
+
+/** Fails a request that is still waiting (recording it failed if it was never recorded); idempotent. */
+async function giveUp(ctx: Context, m: RequestMessage, reason: string): Promise<void> {
+  const bodyHash = requestBodyHash(m);
+  if (await failRequest(ctx, m.id, bodyHash, reason)) return;
+  const now = ctx.clock.now();
+  await recordFailure(
+    ctx,
+    {
+      id: m.id,
+      labels: m.labels,
+      requestor: m.requestor,
+      priority: m.priority,
+      bodyHash,
+      state: 'requested',
+      createdAt: now,
+      updatedAt: now,
+      version: 0,
+      nodes: m.labels.map((label, i) => ({ id: nodeId(m.id, i), label, state: 'requested' })),
+    },
+    reason,
+  );
+}
 
 /**
  * The request function: one SQS batch of request/release messages. Each record is handled alone;
@@ -66,16 +90,12 @@ export function makeRequestHandler(ctx: Context, options: RequestHandlerOptions 
         return;
       }
       const receives = Number(record.attributes?.ApproximateReceiveCount ?? '1');
-      if (err instanceof CapacityError && m.kind === 'request' && options.maxReceiveCount !== undefined) {
-        if (receives >= options.maxReceiveCount) {
-          await failRequest(
-            ctx,
-            m.id,
-            requestBodyHash(m),
-            `no capacity after ${receives} attempts: ${err.message}`,
-          );
-          return;
-        }
+      const last = options.maxReceiveCount !== undefined && receives >= options.maxReceiveCount;
+      if (last && m.kind === 'request') {
+        // Its last receive: the request ends here, with the reason, rather than in the dead-letter queue.
+        const why = err instanceof CapacityError ? 'no capacity' : 'gave up';
+        await giveUp(ctx, m, `${why} after ${receives} attempts: ${(err as Error).message}`);
+        return;
       }
       ctx.log.info('message will be retried', {
         messageId: record.messageId,

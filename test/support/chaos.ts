@@ -73,7 +73,8 @@ export const CHAOS_POOL = {
   otherType: 'm6g.2xlarge',
 } as const;
 
-const yaml = `
+/** The pool under test; without `nodeCap` the metastatic pool has no max-servers (the default in a user's config). */
+const chaosYaml = (nodeCap: boolean) => `
 providers:
   - name: ec2
     driver: aws
@@ -93,7 +94,7 @@ providers:
     launch-timeout: ${CHAOS_POOL.launchTimeoutSeconds}
     pools:
       - name: main
-        max-servers: ${CHAOS_POOL.nodesMax}
+        ${nodeCap ? `max-servers: ${CHAOS_POOL.nodesMax}` : ''}
         labels:
           - name: small
             backing-label: large
@@ -111,6 +112,11 @@ export interface ChaosOptions {
   /** Node requests (single nodes and node sets). */
   readonly requests: number;
   readonly seed: number;
+  /**
+   * Whether the metastatic pool has max-servers (default true). Without it, duplicate deliveries of a
+   * request never meet at a capacity place and meet only at claims and backing records.
+   */
+  readonly nodeCap?: boolean;
   /** Concurrent request-handler invocations per tick. Default 16. */
   readonly concurrency?: number;
   /** Concurrent fulfil-handler invocations per tick. Default 4. */
@@ -194,6 +200,8 @@ export interface ChaosReport {
   /** Backing records holding capacity at once (launching/ready, or retiring/failed with a live instance). */
   maxBackingRecords: number;
   maxLiveNodes: number;
+  /** Whether the metastatic pool had max-servers. */
+  nodeCap: boolean;
   staleEntries: number;
   doubleEntries: number;
   reclaimedSlots: number;
@@ -291,7 +299,7 @@ export class ChaosRun {
   private readonly sched: Random;
   private readonly faults: Random;
   private readonly jitter: Random;
-  private readonly config: ResolvedConfig = parseConfigOrThrow(yaml, 'chaos.yaml');
+  private readonly config: ResolvedConfig;
   private readonly poolKey: string;
   private readonly backingPoolKey: string;
   private readonly tickMs: number;
@@ -342,13 +350,14 @@ export class ChaosRun {
     this.faults = this.random.fork('faults');
     this.jitter = this.random.fork('jitter');
     this.tickMs = options.tickMs ?? 100;
+    this.config = parseConfigOrThrow(chaosYaml(options.nodeCap ?? true), 'chaos.yaml');
     const pool = this.config.metastaticPools[0];
     const backingPool = this.config.backingPools[0];
     if (!pool || !backingPool) throw new Error('chaos config has no pools');
     this.poolKey = pool.key;
     this.backingPoolKey = backingPool.key;
     this.limits = {
-      nodesMax: CHAOS_POOL.nodesMax,
+      nodesMax: (options.nodeCap ?? true) ? CHAOS_POOL.nodesMax : undefined,
       backingMax: CHAOS_POOL.backingMax,
       // A claim's lease, then a reaper run or two; a crashed release comes back much sooner.
       staleEntryMs: SLOT_LEASE_MS + 60_000,
@@ -390,6 +399,7 @@ export class ChaosRun {
       maxInstances: 0,
       maxBackingRecords: 0,
       maxLiveNodes: 0,
+      nodeCap: options.nodeCap ?? true,
       staleEntries: 0,
       doubleEntries: 0,
       reclaimedSlots: 0,
@@ -676,7 +686,7 @@ export class ChaosRun {
     this.requests.set(r.id, r);
     this.liveNodes += liveCount(r) - liveCount(old);
     this.report.maxLiveNodes = Math.max(this.report.maxLiveNodes, this.liveNodes);
-    if (this.liveNodes > CHAOS_POOL.nodesMax) {
+    if (this.limits.nodesMax !== undefined && this.liveNodes > this.limits.nodesMax) {
       this.violation(
         `${this.liveNodes} live nodes > metastatic max-servers ${CHAOS_POOL.nodesMax} (after a write of ${r.id})`,
       );
@@ -1168,7 +1178,7 @@ export function formatSummary(r: ChaosReport): string {
     [
       'max concurrent',
       `${r.maxInstances} instances, ${r.maxBackingRecords} backing records holding capacity (cap ${CHAOS_POOL.backingMax}); ` +
-        `${r.maxLiveNodes} live nodes (cap ${CHAOS_POOL.nodesMax})`,
+        `${r.maxLiveNodes} live nodes (cap ${r.nodeCap ? CHAOS_POOL.nodesMax : 'none'})`,
     ],
     [
       'recovered',

@@ -37,7 +37,8 @@ export interface Snapshot {
 }
 
 export interface Limits {
-  readonly nodesMax: number;
+  /** The metastatic pool's max-servers; undefined: none (no capacity set to check). */
+  readonly nodesMax: number | undefined;
   readonly backingMax: number;
   readonly staleEntryMs: number;
   readonly unsettledMs: number;
@@ -189,14 +190,16 @@ export function checkInvariants(s: Snapshot, limits: Limits, tracker: Tracker): 
   for (const [holder, where] of entriesOf) if (where.length > 1) tracker.doubleEntries.add(holder);
 
   // ---- caps --------------------------------------------------------------------------------------
-  if (liveNodes.length > limits.nodesMax) {
-    v.push(`${liveNodes.length} live nodes exceed the metastatic max-servers ${limits.nodesMax}`);
+  if (limits.nodesMax !== undefined) {
+    if (liveNodes.length > limits.nodesMax) {
+      v.push(`${liveNodes.length} live nodes exceed the metastatic max-servers ${limits.nodesMax}`);
+    }
+    if (s.poolNodes.size > limits.nodesMax) {
+      v.push(`the metastatic capacity set holds ${s.poolNodes.size} > max-servers ${limits.nodesMax}`);
+    }
+    const unreserved = liveNodes.filter((n) => !s.poolNodes.has(n.id)).map((n) => n.id);
+    if (unreserved.length > 0) v.push(`live nodes missing from the capacity set: ${unreserved.join(', ')}`);
   }
-  if (s.poolNodes.size > limits.nodesMax) {
-    v.push(`the metastatic capacity set holds ${s.poolNodes.size} > max-servers ${limits.nodesMax}`);
-  }
-  const unreserved = liveNodes.filter((n) => !s.poolNodes.has(n.id)).map((n) => n.id);
-  if (unreserved.length > 0) v.push(`live nodes missing from the capacity set: ${unreserved.join(', ')}`);
   const byInstance = new Map(s.instances.map((i) => [i.instanceId, i]));
   const holding = s.backing.filter((b) => holdsCapacity(b, (id) => byInstance.get(id)));
   if (holding.length > limits.backingMax) {
