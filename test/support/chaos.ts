@@ -287,6 +287,8 @@ export function failureClass(reason: string | undefined): string {
   const r = reason ?? '';
   if (/unknown label/.test(r)) return 'unknown-label';
   if (/no capacity after/.test(r)) return 'no-capacity';
+  if (/gave up after/.test(r)) return 'gave-up';
+  if (/^cancelled:/.test(r)) return 'cancelled';
   if (/failed to launch|failed after \d+ attempt|used all \d+ attempt/.test(r)) return 'launch-retries';
   if (/timeout/.test(r)) return 'timeout';
   if (/terminated|shutting-down|vanished|spot/.test(r)) return 'backing-lost';
