@@ -2,6 +2,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { spreadSlot } from '../shared/core/backing.ts';
 import { BusyError } from '../shared/core/errors.ts';
 import { ownerSince, ownerToken } from '../shared/core/ids.ts';
+import { Claim } from '../shared/core/records.ts';
 import { keys } from '../shared/store/table.ts';
 import { CLAIM_TAKEOVER_MS, SLOT_LEASE_MS } from '../shared/usecases/context.ts';
 import { giveBackSlot } from '../shared/usecases/placement.ts';
@@ -41,6 +42,12 @@ describe('owner tokens', () => {
     expect(ownerSince(t)).toBe(1_700_000_000_123);
     expect(ownerToken(5)).not.toBe(ownerToken(5));
     expect(ownerSince('not-a-token')).toBe(0); // unknown shape: treated as very old
+  });
+
+  it('read a claim written before owners existed as an abandoned one', () => {
+    expect(Claim.parse(1_000)).toEqual({ at: 1_000, by: 'unowned' });
+    expect(ownerSince('unowned')).toBe(0);
+    expect(Claim.parse({ at: 5, by: 'x.0a' })).toEqual({ at: 5, by: 'x.0a' });
   });
 
   it('spread claimants over the free slots, never onto a taken one', () => {

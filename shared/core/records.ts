@@ -16,8 +16,12 @@ export type Attributes = z.infer<typeof Attributes>;
  * that claimed it: only that delivery gives the claim back or builds on it, so two deliveries of one
  * message never undo each other's work (see shared/usecases/placement.ts).
  */
-export const Claim = z.object({ at: z.number(), by: z.string() });
-export type Claim = z.infer<typeof Claim>;
+export const Claim = z.union([
+  z.object({ at: z.number(), by: z.string() }),
+  // Written before claims had owners (a claim time alone): read as an owner known to be gone.
+  z.number().transform((at) => ({ at, by: 'unowned' })),
+]);
+export type Claim = z.output<typeof Claim>;
 
 export const BackingRecord = z.object({
   id: z.string(),
