@@ -5,7 +5,7 @@ import { scanHostKeys } from '../shared/providers/hostKeys.ts';
 import type { Context } from '../shared/usecases/context.ts';
 import { drainBacking, holdNode } from '../shared/usecases/operator.ts';
 import { reap } from '../shared/usecases/reap.ts';
-import { type Harness, sqsEvent, startHarness } from './support/harness.ts';
+import { type Harness, readyNode, sqsEvent, startHarness } from './support/harness.ts';
 import { alive } from './support/processes.ts';
 
 let h: Harness | undefined;
@@ -55,14 +55,6 @@ providers:
 
 const request = (id: string) => ({ kind: 'request', id, labels: ['small-node'] });
 
-async function ready(harness: Harness, id: string): Promise<void> {
-  await harness.send(request(id));
-  await harness.drainRequests();
-  await harness.fulfilUntil(
-    async () => (await harness.stack.context.store.getRequest(id))?.state === 'fulfilled',
-  );
-}
-
 async function release(harness: Harness, nodeId: string, force = false): Promise<void> {
   await harness.send({ kind: 'release', nodeId, ...(force ? { force } : {}) });
   await harness.drainRequests();
@@ -71,7 +63,7 @@ async function release(harness: Harness, nodeId: string, force = false): Promise
 describe('retirement rules (embedded engines, manual clock)', () => {
   it('keeps an empty backing node until min-retention-time since launch, even after grace-time', async () => {
     h = await startHarness(config({ grace: 1, minRetention: 600 }));
-    await ready(h, 'a');
+    await readyNode(h, 'a');
     await release(h, 'a/0');
     h.clock.advance(300 * SEC);
     expect((await h.stack.reapNow()).retired).toEqual([]);
@@ -81,11 +73,11 @@ describe('retirement rules (embedded engines, manual clock)', () => {
 
   it('takes no new nodes past max-age and retires the backing node at once when its last node goes', async () => {
     h = await startHarness(config({ grace: 600, minRetention: 60, maxAge: 100 }));
-    await ready(h, 'old');
+    await readyNode(h, 'old');
     const store = h.stack.context.store;
     const first = (await store.getRequest('old'))?.nodes[0]?.backingNodeId;
     h.clock.advance(100 * SEC);
-    await ready(h, 'new');
+    await readyNode(h, 'new');
     expect((await store.getRequest('new'))?.nodes[0]?.backingNodeId).not.toBe(first);
     expect((await store.getBacking(first as string))?.drained).toBe(true);
     await release(h, 'old/0');
@@ -95,7 +87,7 @@ describe('retirement rules (embedded engines, manual clock)', () => {
 
   it('retires an empty backing node of a label removed from the configuration at once', async () => {
     h = await startHarness(config({ grace: 600 }));
-    await ready(h, 'r');
+    await readyNode(h, 'r');
     await release(h, 'r/0');
     const renamed: Context = {
       ...h.stack.context,
@@ -136,7 +128,7 @@ describe('launch deadlines and retries', () => {
 describe('host-key-checking', () => {
   it('gives each node the host keys scanned from its backing node', async () => {
     h = await startHarness(config({ hostKeyChecking: true }));
-    await ready(h, 'hk');
+    await readyNode(h, 'hk');
     const node = (await h.stack.context.store.getRequest('hk'))?.nodes[0];
     expect(node?.hostKeys?.[0]).toMatch(/^ssh-ed25519 AAAA/);
     expect(node?.hostKeys).toEqual(node?.attributes?.hostKeys);
@@ -155,7 +147,7 @@ describe('host-key-checking', () => {
         return scanHostKeys(host, port, timeoutMs);
       },
     });
-    await ready(h, 'moved');
+    await readyNode(h, 'moved');
     const store = h.stack.context.store;
     const node = (await store.getRequest('moved'))?.nodes[0];
     expect(node).toMatchObject({ state: 'ready', attempts: 2 });
@@ -205,7 +197,7 @@ describe('reconciliation', () => {
 
   it('gives back a slot whose claim was never recorded once the lease has passed', async () => {
     h = await startHarness(config({}));
-    await ready(h, 'kept');
+    await readyNode(h, 'kept');
     const store = h.stack.context.store;
     const b = (await store.listBacking())[0];
     if (!b) throw new Error('no backing node');
@@ -225,7 +217,7 @@ describe('reconciliation', () => {
 describe('operator verbs', () => {
   it('holds a node: a plain release is refused, a forced one frees it', async () => {
     h = await startHarness(config({}));
-    await ready(h, 'held');
+    await readyNode(h, 'held');
     await holdNode(h.stack.context, 'held/0');
     const store = h.stack.context.store;
     const refused = await h.stack.handlers.request(
@@ -239,11 +231,11 @@ describe('operator verbs', () => {
 
   it('drains a backing node: new nodes go elsewhere, and it is retired at once when empty', async () => {
     h = await startHarness(config({ grace: 600 }));
-    await ready(h, 'd1');
+    await readyNode(h, 'd1');
     const store = h.stack.context.store;
     const drained = (await store.getRequest('d1'))?.nodes[0]?.backingNodeId as string;
     await drainBacking(h.stack.context, drained);
-    await ready(h, 'd2');
+    await readyNode(h, 'd2');
     expect((await store.getRequest('d2'))?.nodes[0]?.backingNodeId).not.toBe(drained);
     await release(h, 'd1/0');
     expect((await h.stack.reapNow()).retired).toEqual([drained]);

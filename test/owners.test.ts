@@ -7,7 +7,7 @@ import { keys } from '../shared/store/table.ts';
 import { CLAIM_TAKEOVER_MS, SLOT_LEASE_MS } from '../shared/usecases/context.ts';
 import { giveBackSlot } from '../shared/usecases/placement.ts';
 import { requestNodes } from '../shared/usecases/requestNodes.ts';
-import { baseConfig, type Harness, sqsEvent, startHarness } from './support/harness.ts';
+import { baseConfig, type Harness, readyNode, sqsEvent, startHarness } from './support/harness.ts';
 
 /**
  * Claims and capacity places carry the owner token of the delivery that took them (docs/table.md,
@@ -20,14 +20,6 @@ afterEach(async () => {
   await h?.close();
   h = undefined;
 });
-
-async function readyNode(harness: Harness, id: string): Promise<void> {
-  await harness.send({ kind: 'request', id, labels: ['small-node'] });
-  await harness.drainRequests();
-  await harness.fulfilUntil(
-    async () => (await harness.stack.context.store.getRequest(id))?.state === 'fulfilled',
-  );
-}
 
 async function readyBacking(harness: Harness) {
   const [b] = await harness.stack.context.store.listBacking();

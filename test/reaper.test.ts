@@ -2,7 +2,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { claimSlot, spreadSlot } from '../shared/core/backing.ts';
 import { ConflictError } from '../shared/core/errors.ts';
 import { reap } from '../shared/usecases/reap.ts';
-import { baseConfig, type Harness, startHarness } from './support/harness.ts';
+import { baseConfig, type Harness, readyNode, startHarness } from './support/harness.ts';
 import { alive } from './support/processes.ts';
 
 let h: Harness | undefined;
@@ -10,14 +10,6 @@ afterEach(async () => {
   await h?.close();
   h = undefined;
 });
-
-async function readyNode(harness: Harness, id: string): Promise<void> {
-  await harness.send({ kind: 'request', id, labels: ['small-node'] });
-  await harness.drainRequests();
-  await harness.fulfilUntil(
-    async () => (await harness.stack.context.store.getRequest(id))?.state === 'fulfilled',
-  );
-}
 
 describe('reaper (dynalite + local processes, manual clock)', () => {
   it('stops an empty backing node once grace-time has passed since its last release, not before', async () => {

@@ -5,7 +5,13 @@ import { nodeId } from '../core/ids.ts';
 import { parseMessage, type RequestMessage } from '../core/messages.ts';
 import type { Context } from '../usecases/context.ts';
 import { releaseNode } from '../usecases/release.ts';
-import { failRequest, recordFailure, requestBodyHash, requestNodes } from '../usecases/requestNodes.ts';
+import {
+  failRequest,
+  recordFailure,
+  requestBodyHash,
+  requestedRecord,
+  requestNodes,
+} from '../usecases/requestNodes.ts';
 
 export interface RequestHandlerOptions {
   /**
@@ -20,25 +26,8 @@ export type SqsBatchHandler = (event: SQSEvent) => Promise<SQSBatchResponse>;
 
 /** Fails a request that is still waiting (recording it failed if it was never recorded); idempotent. */
 async function giveUp(ctx: Context, m: RequestMessage, reason: string): Promise<void> {
-  const bodyHash = requestBodyHash(m);
-  if (await failRequest(ctx, m.id, bodyHash, reason)) return;
-  const now = ctx.clock.now();
-  await recordFailure(
-    ctx,
-    {
-      id: m.id,
-      labels: m.labels,
-      requestor: m.requestor,
-      priority: m.priority,
-      bodyHash,
-      state: 'requested',
-      createdAt: now,
-      updatedAt: now,
-      version: 0,
-      nodes: m.labels.map((label, i) => ({ id: nodeId(m.id, i), label, state: 'requested' })),
-    },
-    reason,
-  );
+  if (await failRequest(ctx, m.id, requestBodyHash(m), reason)) return;
+  await recordFailure(ctx, requestedRecord(m, ctx.clock.now()), reason);
 }
 
 /**

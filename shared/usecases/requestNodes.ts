@@ -24,6 +24,22 @@ export type RequestOutcome =
   | { readonly kind: 'placed'; readonly request: RequestRecord }
   | { readonly kind: 'failed'; readonly request: RequestRecord };
 
+/** The record of a request as received: `requested`, nothing placed, version 0. */
+export function requestedRecord(m: RequestMessage, now: number): RequestRecord {
+  return {
+    id: m.id,
+    labels: m.labels,
+    requestor: m.requestor,
+    priority: m.priority,
+    bodyHash: requestBodyHash(m),
+    state: 'requested',
+    createdAt: now,
+    updatedAt: now,
+    version: 0,
+    nodes: m.labels.map((label, i) => ({ id: nodeId(m.id, i), label, state: 'requested' })),
+  };
+}
+
 export function requestBodyHash(m: RequestMessage): string {
   return contentHash({ labels: m.labels, requestor: m.requestor, priority: m.priority });
 }
@@ -43,19 +59,8 @@ export function requestBodyHash(m: RequestMessage): string {
  */
 export async function requestNodes(ctx: Context, m: RequestMessage): Promise<RequestOutcome> {
   const now = ctx.clock.now();
-  const bodyHash = requestBodyHash(m);
-  const fresh: RequestRecord = {
-    id: m.id,
-    labels: m.labels,
-    requestor: m.requestor,
-    priority: m.priority,
-    bodyHash,
-    state: 'requested',
-    createdAt: now,
-    updatedAt: now,
-    version: 0,
-    nodes: m.labels.map((label, i) => ({ id: nodeId(m.id, i), label, state: 'requested' })),
-  };
+  const fresh = requestedRecord(m, now);
+  const bodyHash = fresh.bodyHash;
   const choice = eligiblePools(ctx.config, m.labels);
   if (!choice.ok) {
     return { kind: 'failed', request: await recordFailure(ctx, fresh, choice.reason) };

@@ -97,6 +97,15 @@ export async function startHarness(
 }
 
 /** A hand-built SQS event, for handler tests that need exact control over a batch. */
+/** Requests one small-node node under `id` and drives the queues until the request is fulfilled. */
+export async function readyNode(harness: Harness, id: string): Promise<void> {
+  await harness.send({ kind: 'request', id, labels: ['small-node'] });
+  await harness.drainRequests();
+  await harness.fulfilUntil(
+    async () => (await harness.stack.context.store.getRequest(id))?.state === 'fulfilled',
+  );
+}
+
 export function sqsEvent(bodies: readonly string[], receiveCount = 1): SQSEvent {
   return {
     Records: bodies.map(
