@@ -37,6 +37,8 @@ interface Harness {
   readonly events: StateChangeEvent[];
   /** Date.now() when each event reached onEvent. */
   readonly receivedAt: number[];
+  /** What the provider warned or erred about (a child that exited early says why: code, signal, stderr). */
+  readonly complaints: string[];
 }
 
 let stateDir: string;
@@ -46,6 +48,10 @@ const pids = new Set<number>();
 function makeProvider(): Harness {
   const events: StateChangeEvent[] = [];
   const receivedAt: number[] = [];
+  const complaints: string[] = [];
+  const complain = (message: string, fields?: object): void => {
+    complaints.push(`${message} ${JSON.stringify(fields ?? {})}`);
+  };
   const provider = new LocalProvider({
     stateDir,
     pools: [pool],
@@ -55,10 +61,10 @@ function makeProvider(): Harness {
       events.push(event);
       receivedAt.push(Date.now());
     },
-    logger: { info: () => {}, warn: () => {}, error: () => {} },
+    logger: { info: () => {}, warn: complain, error: complain },
   });
   providers.push(provider);
-  return { provider, events, receivedAt };
+  return { provider, events, receivedAt, complaints };
 }
 
 function spec(backingNodeId: string, label = 'fast', attempt = 1): LaunchSpec {
@@ -70,7 +76,10 @@ function statesOf(events: readonly StateChangeEvent[], resourceId: string): stri
 }
 
 async function waitForState(h: Harness, resourceId: string, state: string): Promise<void> {
-  await vi.waitFor(() => expect(statesOf(h.events, resourceId)).toContain(state), WAIT);
+  await vi.waitFor(
+    () => expect(statesOf(h.events, resourceId), h.complaints.join('\n')).toContain(state),
+    WAIT,
+  );
 }
 
 async function pidOf(provider: LocalProvider, resourceId: string): Promise<number> {
