@@ -3,11 +3,33 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { SendMessageCommand } from '@aws-sdk/client-sqs';
 import type { SQSEvent, SQSRecord } from 'aws-lambda';
+import { onTestFailed } from 'vitest';
 import { parseConfigOrThrow } from '../../shared/config/load.ts';
 import { ManualClock } from '../../shared/core/clock.ts';
 import { DevStack } from '../../shared/runtime/devStack.ts';
 import { SqsPoller } from '../../shared/runtime/sqsPoller.ts';
-import { silentLog } from '../../shared/usecases/context.ts';
+import { type Log, silentLog } from '../../shared/usecases/context.ts';
+
+/**
+ * What the stack logged (info and up), kept quiet unless the test fails: then they are printed, so a
+ * failure that depends on timing (a backing process that died, a scan that failed) shows its cause.
+ */
+function recordingLog(): Log {
+  const lines: string[] = [];
+  const keep =
+    (level: string) =>
+    (message: string, fields?: object): void => {
+      lines.push(`${new Date().toISOString()} ${level} ${message} ${JSON.stringify(fields ?? {})}`);
+    };
+  try {
+    onTestFailed(() => {
+      if (lines.length > 0) console.error(`what the stack logged:\n${lines.join('\n')}`);
+    });
+  } catch {
+    // Started outside a test (beforeAll): nothing to attach the report to.
+  }
+  return { debug() {}, info: keep('info'), warn: keep('warn'), error: keep('error') };
+}
 
 /**
  * A test pool: the embedded stack (dynalite in memory, fauxqs, the real local provider) with the queue
@@ -35,7 +57,7 @@ export async function startHarness(
     config: parseConfigOrThrow(yaml, 'test.yaml'),
     stateDir,
     reaperInterval: 3600,
-    log: silentLog,
+    log: recordingLog(),
     clock,
     inMemory: true,
     noPollers: true,
