@@ -15,7 +15,7 @@ import { createHash } from 'node:crypto';
 import { performance } from 'node:perf_hooks';
 import { parseConfigOrThrow } from '../shared/config/load.ts';
 import type { MetastaticLabel, MetastaticPool, ResolvedConfig } from '../shared/config/model.ts';
-import { claimSlot, compareCandidates, isClaimable } from '../shared/core/backing.ts';
+import { compareCandidates, isClaimable, withClaimedSlot } from '../shared/core/backing.ts';
 import { ConflictError } from '../shared/core/errors.ts';
 import { nodeId } from '../shared/core/ids.ts';
 import type { BackingRecord } from '../shared/core/records.ts';
@@ -163,7 +163,7 @@ async function modelClaim(
     for (let i = 0; i < MAX_CONFLICT_RETRIES && b; i++) {
       const now = ctx.clock.now();
       if (!isClaimable(b, now)) break;
-      const { next } = claimSlot(b, node, now, node);
+      const { next } = withClaimedSlot(b, node, now, node);
       try {
         await ctx.store.putBacking(next, { version: b.version, states: ['launching', 'ready'] });
         return b.id;

@@ -2,12 +2,12 @@ import { describe, expect, it } from 'vitest';
 import { parseConfigOrThrow } from '../shared/config/load.ts';
 import type { MetastaticLabel } from '../shared/config/model.ts';
 import {
-  claimSlot,
   compareCandidates,
   freeSlot,
   isClaimable,
   lowestFreeSlot,
   markRetiring,
+  withClaimedSlot,
 } from '../shared/core/backing.ts';
 import { ManualClock } from '../shared/core/clock.ts';
 import { IllegalTransitionError } from '../shared/core/errors.ts';
@@ -73,7 +73,7 @@ describe('state table', () => {
 describe('slot claims', () => {
   it('takes the lowest free slot and bumps the version', () => {
     const b = backing({ used: 2, slotMap: { '0': 'a/0', '2': 'b/0' } });
-    const { next, slot } = claimSlot(b, 'c/0', T0, 'owner-c');
+    const { next, slot } = withClaimedSlot(b, 'c/0', T0, 'owner-c');
     expect(slot).toBe(1);
     expect(next.used).toBe(3);
     expect(next.version).toBe(4);
@@ -88,7 +88,12 @@ describe('slot claims', () => {
     expect(isClaimable(backing({ noNewNodesAfter: T0 + 10 }), T0 + 9)).toBe(true);
     expect(isClaimable(backing({ noNewNodesAfter: T0 + 10 }), T0 + 10)).toBe(false);
     expect(() =>
-      claimSlot(backing({ used: 4, slotMap: { 0: 'a', 1: 'b', 2: 'c', 3: 'd' } }), 'x/0', T0, 'owner-x'),
+      withClaimedSlot(
+        backing({ used: 4, slotMap: { 0: 'a', 1: 'b', 2: 'c', 3: 'd' } }),
+        'x/0',
+        T0,
+        'owner-x',
+      ),
     ).toThrow();
     expect(lowestFreeSlot(backing({ slots: 1, slotMap: { 0: 'a' } }))).toBeUndefined();
   });

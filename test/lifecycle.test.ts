@@ -1,6 +1,6 @@
 import { afterEach, describe, expect, it } from 'vitest';
 import { parseConfigOrThrow } from '../shared/config/load.ts';
-import { claimSlot } from '../shared/core/backing.ts';
+import { withClaimedSlot } from '../shared/core/backing.ts';
 import { scanHostKeys } from '../shared/providers/hostKeys.ts';
 import type { Context } from '../shared/usecases/context.ts';
 import { drainBacking, holdNode } from '../shared/usecases/operator.ts';
@@ -202,7 +202,7 @@ describe('reconciliation', () => {
     const b = (await store.listBacking())[0];
     if (!b) throw new Error('no backing node');
     // A handler claimed slot 1 and crashed before recording its node.
-    const { next } = claimSlot(b, 'crashed/0', h.clock.now(), 'crashed-delivery');
+    const { next } = withClaimedSlot(b, 'crashed/0', h.clock.now(), 'crashed-delivery');
     await store.putBacking(next, { version: b.version });
     h.clock.advance(4 * 60 * SEC);
     expect((await h.stack.reapNow()).reclaimedSlots).toBe(0);

@@ -1,5 +1,5 @@
 import { afterEach, describe, expect, it } from 'vitest';
-import { claimSlot, spreadSlot } from '../shared/core/backing.ts';
+import { spreadSlot, withClaimedSlot } from '../shared/core/backing.ts';
 import { ConflictError } from '../shared/core/errors.ts';
 import { reap } from '../shared/usecases/reap.ts';
 import { baseConfig, type Harness, readyNode, startHarness } from './support/harness.ts';
@@ -48,7 +48,7 @@ describe('reaper (dynalite + local processes, manual clock)', () => {
     const [read] = await store.queryReap('IDLE');
     expect(read?.used).toBe(0);
     // An allocation lands between the reaper's read and its write.
-    const { next } = claimSlot(read as NonNullable<typeof read>, 'late/0', h.clock.now(), 'late');
+    const { next } = withClaimedSlot(read as NonNullable<typeof read>, 'late/0', h.clock.now(), 'late');
     await store.putBacking(next, { version: read?.version as number, states: ['launching', 'ready'] });
     const { markRetiring } = await import('../shared/core/backing.ts');
     await expect(

@@ -48,7 +48,11 @@ export function slotOf(b: Pick<BackingRecord, 'slotMap'>, nodeId: string): numbe
   return undefined;
 }
 
-export function claimSlot(
+/**
+ * The record with a node's claim on the lowest free slot, built in memory: how tests and the bench's model
+ * make a claim. Production claims a slot with one conditional write instead (`DynamoStore.claimSlot`).
+ */
+export function withClaimedSlot(
   b: BackingRecord,
   nodeId: string,
   now: number,
