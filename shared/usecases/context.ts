@@ -64,6 +64,19 @@ export const CLAIM_TAKEOVER_MS = 60_000;
 export const DELIVERY_DEADLINE_MS = 30_000;
 /** A claim not confirmed by a recorded node within this long is given back by the reaper. */
 export const SLOT_LEASE_MS = 5 * 60_000;
+/**
+ * Whether the delivery behind a claim or a max-servers place, which it took (or started) at `since`, is
+ * known dead: another delivery of the same message may take the claim over (see CLAIM_TAKEOVER_MS).
+ */
+export function deliveryDead(since: number, now: number): boolean {
+  return now - since >= CLAIM_TAKEOVER_MS;
+}
+
+/** Whether a claim or place taken at `since` has gone unconfirmed past the slot lease: the reaper gives it back. */
+export function leaseExpired(since: number, now: number): boolean {
+  return now - since >= SLOT_LEASE_MS;
+}
+
 /** A provider resource tagged as ours with no live record is terminated once it is this old. */
 export const ORPHAN_GRACE_MS = 2 * 60_000;
 

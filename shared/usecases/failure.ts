@@ -5,7 +5,7 @@ import { nodeAttributes } from '../core/pools.ts';
 import type { BackingRecord, NodeRecord, RequestRecord } from '../core/records.ts';
 import { assertTransition } from '../core/states.ts';
 import { keys } from '../store/table.ts';
-import { type Context, DELIVERY_DEADLINE_MS, MAX_CONFLICT_RETRIES, SLOT_LEASE_MS } from './context.ts';
+import { type Context, DELIVERY_DEADLINE_MS, leaseExpired, MAX_CONFLICT_RETRIES } from './context.ts';
 import { markNodesReady } from './fulfil.ts';
 import { giveBackSlot, type Placement, placeNode } from './placement.ts';
 import { requestSettled } from './requestEvents.ts';
@@ -81,7 +81,7 @@ export async function settleFailedNodes(
       const claim = claimOf(b, slot);
       if (!claim)
         await giveBackSlot(ctx, b.id, nodeId); // confirmed once, recorded elsewhere since
-      else if (ctx.clock.now() - claim.at >= SLOT_LEASE_MS)
+      else if (leaseExpired(claim.at, ctx.clock.now()))
         await giveBackSlot(ctx, b.id, nodeId, { owner: claim.by, claimedAt: claim.at });
       else report.waiting++;
       continue;

@@ -26,7 +26,7 @@ import type { BackingProvider } from '../core/provider.ts';
 import { needsMaxAgeDrain } from '../core/reaper.ts';
 import type { BackingRecord } from '../core/records.ts';
 import { keys } from '../store/table.ts';
-import { CLAIM_TAKEOVER_MS, type Context, emit, MAX_CONFLICT_RETRIES } from './context.ts';
+import { type Context, deliveryDead, emit, MAX_CONFLICT_RETRIES } from './context.ts';
 import { failBackingNode } from './failure.ts';
 
 /** Where a node went: its backing node as it was right after the claim. */
@@ -206,7 +206,7 @@ async function ownClaim(
   const claim = claimOf(b, slot);
   if (claim?.by === owner) return b;
   const now = ctx.clock.now();
-  if (!claim || now - claim.at < CLAIM_TAKEOVER_MS) {
+  if (!claim || !deliveryDead(claim.at, now)) {
     throw new BusyError(`node ${nodeId} is being placed by another delivery (on ${b.id}); retrying later`);
   }
   const parsed = parseNodeId(nodeId);
@@ -326,7 +326,7 @@ async function reserveBacking(
   }
   if (reserved.kind === 'held') {
     const holder = reserved.holders.get(id) as string;
-    if (ctx.clock.now() - ownerSince(holder) < CLAIM_TAKEOVER_MS) {
+    if (!deliveryDead(ownerSince(holder), ctx.clock.now())) {
       throw new BusyError(`backing node ${id} is being launched by another delivery; retrying later`);
     }
     if (!(await ctx.store.takeOverReservation(key, id, holder, owner))) {

@@ -6,7 +6,7 @@ import type { BackingProvider, BackingResource } from '../core/provider.ts';
 import { deadlineDecision, needsMaxAgeDrain, reapDecision } from '../core/reaper.ts';
 import type { BackingRecord } from '../core/records.ts';
 import { keys, reapPartition } from '../store/table.ts';
-import { type Context, emit, MAX_CONFLICT_RETRIES, ORPHAN_GRACE_MS, SLOT_LEASE_MS } from './context.ts';
+import { type Context, emit, leaseExpired, MAX_CONFLICT_RETRIES, ORPHAN_GRACE_MS } from './context.ts';
 import { failBackingNode, settleFailedNodes } from './failure.ts';
 import { resourceRunning } from './fulfil.ts';
 import { ensureLaunched, giveBackSlot } from './placement.ts';
@@ -185,7 +185,7 @@ async function enforceDeadlines(ctx: Context, b: BackingRecord, report: MutableR
 /** Gives back slots whose claim no recorded node confirmed within the lease; confirms the others. */
 async function checkClaims(ctx: Context, b: BackingRecord, report: MutableReport): Promise<void> {
   const now = ctx.clock.now();
-  const expired = Object.entries(b.claims ?? {}).filter(([, claim]) => now - claim.at >= SLOT_LEASE_MS);
+  const expired = Object.entries(b.claims ?? {}).filter(([, claim]) => leaseExpired(claim.at, now));
   if (expired.length === 0) return;
   const confirmed: number[] = [];
   for (const [slotText, claim] of expired) {
@@ -235,7 +235,7 @@ async function reconcileCapacity(
   report: MutableReport,
 ): Promise<void> {
   const now = ctx.clock.now();
-  const abandoned = (owner: string) => now - ownerSince(owner) >= SLOT_LEASE_MS;
+  const abandoned = (owner: string) => leaseExpired(ownerSince(owner), now);
   const liveBacking = new Set(live.map((b) => b.id));
   for (const pool of ctx.config.backingPools) {
     if (pool.maxServers === undefined) continue;

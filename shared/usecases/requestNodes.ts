@@ -13,7 +13,7 @@ import { eligiblePools, nodeAttributes } from '../core/pools.ts';
 import type { NodeRecord, RequestRecord } from '../core/records.ts';
 import { assertTransition } from '../core/states.ts';
 import { keys } from '../store/table.ts';
-import { CLAIM_TAKEOVER_MS, type Context, DELIVERY_DEADLINE_MS, MAX_CONFLICT_RETRIES } from './context.ts';
+import { type Context, DELIVERY_DEADLINE_MS, deliveryDead, MAX_CONFLICT_RETRIES } from './context.ts';
 import { hostKeysOf } from './failure.ts';
 import { markNodesReady } from './fulfil.ts';
 import { giveBackSlot, type Placement, placeNode } from './placement.ts';
@@ -273,7 +273,7 @@ async function reserveNodes(
   if (reserved.kind === 'reserved') return undefined;
   await recording.checkStored(); // placed by the holder already: a duplicate
   for (const [member, holder] of reserved.holders) {
-    if (ctx.clock.now() - ownerSince(holder) < CLAIM_TAKEOVER_MS) {
+    if (!deliveryDead(ownerSince(holder), ctx.clock.now())) {
       throw new BusyError(`request ${recording.base.id} is being placed by another delivery; retrying later`);
     }
     if (!(await ctx.store.takeOverReservation(key, member, holder, recording.owner))) {
