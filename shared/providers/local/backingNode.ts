@@ -23,6 +23,7 @@ import { readFile, rename, unlink, writeFile } from 'node:fs/promises';
 import { createServer, type Server, type Socket } from 'node:net';
 import { parseArgs } from 'node:util';
 import ssh2, { type AuthenticationType, type ServerChannel, type SessionAccept } from 'ssh2';
+import { newEd25519PrivateKey } from './hostKey.ts';
 
 const { utils } = ssh2;
 
@@ -102,7 +103,7 @@ async function loadOrCreateHostKey(path: string): Promise<HostKey> {
   } catch (err) {
     if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
   }
-  const key = toHostKey(utils.generateKeyPairSync('ed25519').private, 'just generated');
+  const key = toHostKey(newEd25519PrivateKey(), 'just generated');
   const tmp = `${path}.${process.pid}.tmp`;
   try {
     await writeFile(tmp, key.privateKey, { mode: 0o600 });

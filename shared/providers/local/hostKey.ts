@@ -1,0 +1,89 @@
+/**
+ * A local backing node's SSH host key: a new ed25519 key in OpenSSH's private-key format, built here from
+ * node:crypto rather than with `ssh2`'s `utils.generateKeyPairSync('ed25519')`. That one strips leading
+ * zero bytes from the public key, so about one key in 256 comes out malformed and `ssh2` itself then
+ * refuses it ("Malformed OpenSSH private key"; mscdex/ssh2#1390, #1513): a backing node that drew such
+ * a key died before it was ready.
+ *
+ * The format (OpenSSH's PROTOCOL.key, unencrypted): the magic `openssh-key-v1\0`, cipher and KDF `none`,
+ * one public key, then the private section (two equal check integers, the key type, the 32-byte public
+ * key, the 64-byte seed || public key, a comment) padded with 1, 2, 3, ... to a multiple of 8 bytes.
+ */
+import { generateKeyPairSync, randomBytes } from 'node:crypto';
+
+const KEY_TYPE = 'ssh-ed25519';
+const MAGIC = Buffer.from('openssh-key-v1\0', 'latin1');
+const BLOCK_SIZE = 8;
+
+/** An SSH `string`: a uint32 length, then the bytes. */
+function sshString(value: Buffer | string): Buffer {
+  const bytes = typeof value === 'string' ? Buffer.from(value, 'utf8') : value;
+  const length = Buffer.alloc(4);
+  length.writeUInt32BE(bytes.length);
+  return Buffer.concat([length, bytes]);
+}
+
+function uint32(value: number): Buffer {
+  const out = Buffer.alloc(4);
+  out.writeUInt32BE(value >>> 0);
+  return out;
+}
+
+/** The public key blob, as in known_hosts after the type: string type, string key. */
+export function ed25519PublicBlob(publicKey: Buffer): Buffer {
+  return Buffer.concat([sshString(KEY_TYPE), sshString(publicKey)]);
+}
+
+/**
+ * The OpenSSH private key file (PEM armour, 70-column base64, trailing newline) of an ed25519 key given
+ * its 32-byte seed and 32-byte public key. `checkInt` is the private section's check value (random in
+ * a real file; fixed for tests).
+ */
+export function encodeEd25519PrivateKey(
+  seed: Buffer,
+  publicKey: Buffer,
+  comment = '',
+  checkInt: number = randomBytes(4).readUInt32BE(),
+): string {
+  if (seed.length !== 32) throw new RangeError(`an ed25519 seed is 32 bytes, got ${seed.length}`);
+  if (publicKey.length !== 32) {
+    throw new RangeError(`an ed25519 public key is 32 bytes, got ${publicKey.length}`);
+  }
+  const section = Buffer.concat([
+    uint32(checkInt),
+    uint32(checkInt),
+    sshString(KEY_TYPE),
+    sshString(publicKey),
+    sshString(Buffer.concat([seed, publicKey])),
+    sshString(comment),
+  ]);
+  const padLength = (BLOCK_SIZE - (section.length % BLOCK_SIZE)) % BLOCK_SIZE;
+  const padding = Buffer.from(Array.from({ length: padLength }, (_, i) => i + 1));
+  const body = Buffer.concat([
+    MAGIC,
+    sshString('none'),
+    sshString('none'),
+    sshString(Buffer.alloc(0)),
+    uint32(1),
+    sshString(ed25519PublicBlob(publicKey)),
+    sshString(Buffer.concat([section, padding])),
+  ]);
+  const lines = body.toString('base64').match(/.{1,70}/g) ?? [];
+  return `-----BEGIN OPENSSH PRIVATE KEY-----\n${lines.join('\n')}\n-----END OPENSSH PRIVATE KEY-----\n`;
+}
+
+/** The raw 32-byte seed and public key of a new ed25519 key pair. */
+export function newEd25519KeyPair(): { seed: Buffer; publicKey: Buffer } {
+  const { privateKey } = generateKeyPairSync('ed25519');
+  const jwk = privateKey.export({ format: 'jwk' });
+  if (typeof jwk.d !== 'string' || typeof jwk.x !== 'string') {
+    throw new Error('node:crypto exported an ed25519 key without its seed or public key');
+  }
+  return { seed: Buffer.from(jwk.d, 'base64url'), publicKey: Buffer.from(jwk.x, 'base64url') };
+}
+
+/** A new ed25519 host key in OpenSSH's private-key format. */
+export function newEd25519PrivateKey(comment = ''): string {
+  const { seed, publicKey } = newEd25519KeyPair();
+  return encodeEd25519PrivateKey(seed, publicKey, comment);
+}
