@@ -312,7 +312,7 @@ describe('SSH on a local backing node', () => {
   it('lets any user in with none, password or publickey; exec greets and echoes, shell greets; exit 0', async () => {
     const { resource, port } = await backingNode('bn-exec');
     const greeting = `metastatic backing node bn-exec (${resource.resourceId})\n`;
-    const userKey = newEd25519PrivateKey(); // not ssh2's generator, which mangles one key in ~256;
+    const userKey = newEd25519PrivateKey(); // not ssh2's generator, which mangles one key in ~256
     const none = { method: 'none' } as const;
     expect(await sshRun(port, 'hello world', none)).toEqual({ out: `${greeting}hello world\n`, code: 0 });
     expect(await sshRun(port, 'uname -a', { method: 'password', password: 'anything' })).toEqual({
