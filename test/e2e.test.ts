@@ -41,7 +41,9 @@ function greeting(port: number): Promise<string> {
   });
 }
 
-describe('metastatic CLI end to end (a new user’s session)', () => {
+// Each step spawns a CLI process (node + tsx) against a dev stack of more processes: on a loaded machine a
+// step takes many times its usual few seconds. The timeouts catch hangs; they assert no speed.
+describe('metastatic CLI end to end (a new user’s session)', { timeout: 180_000 }, () => {
   let stateDir: string;
   let dev: ChildProcess;
   let devLog = '';
@@ -66,9 +68,7 @@ describe('metastatic CLI end to end (a new user’s session)', () => {
     await rm(stateDir, { recursive: true, force: true });
   });
 
-  it('packs three requests onto two backing processes, releases them and stops both after grace-time', {
-    timeout: 120_000,
-  }, async () => {
+  it('packs three requests onto two backing processes, releases them and stops both after grace-time', async () => {
     const runs = [];
     for (let i = 0; i < 3; i++)
       runs.push(await cli(withState(['request', 'small-node', '--wait', '--json', '--timeout', '30'])));
@@ -145,7 +145,7 @@ describe('metastatic CLI end to end (a new user’s session)', () => {
   });
 });
 
-describe('metastatic CLI without a running pool', () => {
+describe('metastatic CLI without a running pool', { timeout: 180_000 }, () => {
   it('validates configurations with YAML paths and exit codes', async () => {
     const dir = await mkdtemp(join(tmpdir(), 'metastatic-cfg-'));
     const bad = join(dir, 'bad.yaml');
