@@ -33,7 +33,8 @@ const pool: BackingPool = {
 };
 
 const SCAN_TIMEOUT_MS = 10_000;
-const WAIT = { timeout: 20_000, interval: 20 };
+// A backing process boots in about a second; many times that on a loaded machine (a hang detector, not a speed check).
+const WAIT = { timeout: 45_000, interval: 20 };
 
 /** The OpenSSH client, when this machine has one (checked once; the one test that needs it is skipped otherwise). */
 const hasSsh = await promisify(execFile)('ssh', ['-V']).then(

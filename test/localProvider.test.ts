@@ -30,7 +30,8 @@ const pool: BackingPool = {
   ]),
 };
 
-const WAIT = { timeout: 20_000, interval: 20 };
+// A backing process boots in about a second; many times that on a loaded machine (a hang detector, not a speed check).
+const WAIT = { timeout: 45_000, interval: 20 };
 
 interface Harness {
   readonly provider: LocalProvider;

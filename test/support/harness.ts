@@ -42,7 +42,10 @@ export interface Harness {
   send(body: unknown): Promise<void>;
   /** Drains the request queue once through the request handler. */
   drainRequests(): Promise<number>;
-  /** Waits for provider events and drains the fulfil queue until `until` holds (or times out). */
+  /**
+   * Waits for provider events and drains the fulfil queue until `until` holds, or fails after `timeoutMs`
+   * (default 45 s: backing processes boot in about a second, many times that on a loaded machine).
+   */
   fulfilUntil(until: () => Promise<boolean>, timeoutMs?: number): Promise<void>;
   close(): Promise<void>;
 }
@@ -103,7 +106,7 @@ export async function startHarness(
         if (n === 0) return total;
       }
     },
-    async fulfilUntil(until, timeoutMs = 15_000) {
+    async fulfilUntil(until, timeoutMs = 45_000) {
       const deadline = Date.now() + timeoutMs;
       while (!(await until())) {
         if (Date.now() > deadline) throw new Error('condition not reached before timeout');
