@@ -242,8 +242,25 @@ export class MetastaticPool extends Construct {
         }),
         threshold: 0,
       }),
+      // A request waiting for capacity comes back every visibility timeout (3 minutes) and reports its
+      // age each time, so every 5-minute period of a wait has a data point.
       this.addAlarm('RequestsWaitingAlarm', alarmAction, {
-        alarmDescription: 'metastatic: a request has waited more than 15 minutes in the request queue.',
+        alarmDescription:
+          'metastatic: a request has waited more than 15 minutes for capacity (CapacityWait).',
+        metric: new Metric({
+          namespace: METRICS_NAMESPACE,
+          metricName: 'CapacityWait',
+          dimensionsMap: { service: POWERTOOLS_SERVICE_NAME },
+          statistic: Stats.MAXIMUM,
+          period: Duration.minutes(5),
+        }),
+        threshold: Duration.minutes(15).toMilliseconds(),
+      }),
+      // SQS leaves messages received three times or more out of this metric: it sees requests nobody
+      // receives (the request function failing before it reads them), not requests that wait.
+      this.addAlarm('RequestQueueStalledAlarm', alarmAction, {
+        alarmDescription:
+          'metastatic: a message has sat in the request queue for more than 15 minutes without being received.',
         metric: this.requestQueue.queue.metricApproximateAgeOfOldestMessage({
           statistic: Stats.MAXIMUM,
           period: Duration.minutes(1),

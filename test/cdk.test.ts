@@ -385,9 +385,9 @@ describe('MetastaticStack (the example configuration, as bin/cdk.ts builds it)',
     );
   });
 
-  it('alarms on both dead-letter queues, failed launches, long waits and a failing reaper', () => {
+  it('alarms on both dead-letter queues, failed launches, long waits, a stalled queue and a failing reaper', () => {
     const alarms = ofType('AWS::CloudWatch::Alarm').map(([, a]) => a.Properties as Json);
-    expect(alarms).toHaveLength(5);
+    expect(alarms).toHaveLength(6);
     const dlqAlarms = alarms.filter((a) => a.MetricName === 'ApproximateNumberOfMessagesVisible');
     expect(
       dlqAlarms
@@ -404,6 +404,16 @@ describe('MetastaticStack (the example configuration, as bin/cdk.ts builds it)',
       Statistic: 'Sum',
       Period: 300,
       Threshold: 0,
+      ComparisonOperator: 'GreaterThanThreshold',
+    });
+    // Waiting requests are seen through the request function's own metric (SQS's queue age leaves them out).
+    template.hasResourceProperties('AWS::CloudWatch::Alarm', {
+      Namespace: 'Metastatic',
+      MetricName: 'CapacityWait',
+      Dimensions: [{ Name: 'service', Value: 'metastatic' }],
+      Statistic: 'Maximum',
+      Period: 300,
+      Threshold: 900_000,
       ComparisonOperator: 'GreaterThanThreshold',
     });
     template.hasResourceProperties('AWS::CloudWatch::Alarm', {

@@ -170,6 +170,28 @@ describe('request, fulfil and release flow (dynalite + fauxqs + local processes)
     expect((await store.members(keys.poolNodes('meta/main'))).size).toBe(2);
   });
 
+  it('reports how long a request has waited each time it finds no capacity (the CapacityWait metric)', async () => {
+    h = await startHarness(baseConfig({ slots: 4, maxServers: 1 }), { maxReceiveCount: 3 });
+    const waits: Array<[string, number]> = [];
+    Object.assign(h.stack.context, {
+      metrics: { count() {}, milliseconds: (name: string, ms: number) => waits.push([name, ms]) },
+    });
+    await h.send(request('first'));
+    await h.drainRequests();
+    expect(waits).toEqual([]); // placed: no wait
+    const sentAt = h.clock.now() - 600_000; // sent ten minutes ago, received for the second time
+    const out = await h.stack.handlers.request(sqsEvent([JSON.stringify(request('second'))], 2, sentAt));
+    expect(out.batchItemFailures).toHaveLength(1); // retried: it waits
+    expect(waits).toEqual([['CapacityWait', 600_000]]);
+    // A last receive still reports the wait, then ends the request.
+    h.clock.advance(180_000);
+    await h.stack.handlers.request(sqsEvent([JSON.stringify(request('second'))], 3, sentAt));
+    expect(waits.at(-1)).toEqual(['CapacityWait', 780_000]);
+    expect((await h.stack.context.store.getRequest('second'))?.reason).toMatch(
+      /^no capacity after 3 attempts/,
+    );
+  });
+
   it('releases a node: frees its slot, stamps last-used, gives back its pool place; a second release changes nothing', async () => {
     h = await startHarness(baseConfig({ slots: 2, maxServers: 5 }));
     await h.send(request('r'));

@@ -27,6 +27,8 @@ export const MetricName = {
   idleBackingNodes: 'IdleBackingNodes',
   reaped: 'Reaped',
   requestsFailed: 'RequestsFailed',
+  /** How long a request had been waiting (since it was sent) each time it found no capacity. */
+  capacityWait: 'CapacityWait',
 } as const;
 export type MetricName = (typeof MetricName)[keyof typeof MetricName];
 

@@ -3,6 +3,7 @@ import type { SQSBatchResponse, SQSEvent, SQSRecord } from 'aws-lambda';
 import { CapacityError, PermanentError } from '../core/errors.ts';
 import { nodeId } from '../core/ids.ts';
 import { parseMessage, type RequestMessage } from '../core/messages.ts';
+import { MetricName } from '../core/observability.ts';
 import type { Context } from '../usecases/context.ts';
 import { releaseNode } from '../usecases/release.ts';
 import {
@@ -28,6 +29,18 @@ export type SqsBatchHandler = (event: SQSEvent) => Promise<SQSBatchResponse>;
 async function giveUp(ctx: Context, m: RequestMessage, reason: string): Promise<void> {
   if (await failRequest(ctx, m.id, requestBodyHash(m), reason)) return;
   await recordFailure(ctx, requestedRecord(m, ctx.clock.now()), reason);
+}
+
+/**
+ * Records how long the request has waited, since it was sent, each time it finds no capacity (the
+ * `CapacityWait` metric; `RequestsWaitingAlarm` watches its maximum). SQS's own queue-age metric cannot:
+ * it leaves out a message received three times or more, and a waiting request is received every
+ * visibility timeout.
+ */
+function reportCapacityWait(ctx: Context, record: SQSRecord): void {
+  const sent = Number(record.attributes?.SentTimestamp);
+  if (!Number.isFinite(sent) || sent <= 0) return;
+  ctx.metrics?.milliseconds(MetricName.capacityWait, Math.max(0, ctx.clock.now() - sent));
 }
 
 /**
@@ -78,6 +91,7 @@ export function makeRequestHandler(ctx: Context, options: RequestHandlerOptions 
         ctx.log.warn('rejected message', { messageId: record.messageId, reason: err.message });
         return;
       }
+      if (err instanceof CapacityError) reportCapacityWait(ctx, record);
       const receives = Number(record.attributes?.ApproximateReceiveCount ?? '1');
       const last = options.maxReceiveCount !== undefined && receives >= options.maxReceiveCount;
       if (last && m.kind === 'request') {

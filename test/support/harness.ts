@@ -131,7 +131,7 @@ export async function readyNode(harness: Harness, id: string): Promise<void> {
   );
 }
 
-export function sqsEvent(bodies: readonly string[], receiveCount = 1): SQSEvent {
+export function sqsEvent(bodies: readonly string[], receiveCount = 1, sentAt = 0): SQSEvent {
   return {
     Records: bodies.map(
       (body, i): SQSRecord => ({
@@ -140,7 +140,7 @@ export function sqsEvent(bodies: readonly string[], receiveCount = 1): SQSEvent 
         body,
         attributes: {
           ApproximateReceiveCount: String(receiveCount),
-          SentTimestamp: '0',
+          SentTimestamp: String(sentAt),
           SenderId: 'test',
           ApproximateFirstReceiveTimestamp: '0',
         },
