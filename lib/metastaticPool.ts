@@ -236,7 +236,7 @@ export class MetastaticPool extends Construct {
         metric: new Metric({
           namespace: METRICS_NAMESPACE,
           metricName: 'LaunchFailed',
-          dimensionsMap: { service: POWERTOOLS_SERVICE_NAME },
+          dimensionsMap: { service: POWERTOOLS_SERVICE_NAME, pool: this.poolId },
           statistic: Stats.SUM,
           period: Duration.minutes(5),
         }),
@@ -250,7 +250,7 @@ export class MetastaticPool extends Construct {
         metric: new Metric({
           namespace: METRICS_NAMESPACE,
           metricName: 'CapacityWait',
-          dimensionsMap: { service: POWERTOOLS_SERVICE_NAME },
+          dimensionsMap: { service: POWERTOOLS_SERVICE_NAME, pool: this.poolId },
           statistic: Stats.MAXIMUM,
           period: Duration.minutes(5),
         }),

@@ -386,6 +386,11 @@ describe('MetastaticStack (the example configuration, as bin/cdk.ts builds it)',
   });
 
   it('alarms on both dead-letter queues, failed launches, long waits, a stalled queue and a failing reaper', () => {
+    // The pool's own series: pools in one account and region write the same metric names.
+    const poolDimensions = [
+      { Name: 'pool', Value: 'Metastatic-Pool-5603C6D5' },
+      { Name: 'service', Value: 'metastatic' },
+    ];
     const alarms = ofType('AWS::CloudWatch::Alarm').map(([, a]) => a.Properties as Json);
     expect(alarms).toHaveLength(6);
     const dlqAlarms = alarms.filter((a) => a.MetricName === 'ApproximateNumberOfMessagesVisible');
@@ -400,7 +405,7 @@ describe('MetastaticStack (the example configuration, as bin/cdk.ts builds it)',
     template.hasResourceProperties('AWS::CloudWatch::Alarm', {
       Namespace: 'Metastatic',
       MetricName: 'LaunchFailed',
-      Dimensions: [{ Name: 'service', Value: 'metastatic' }],
+      Dimensions: poolDimensions,
       Statistic: 'Sum',
       Period: 300,
       Threshold: 0,
@@ -410,7 +415,7 @@ describe('MetastaticStack (the example configuration, as bin/cdk.ts builds it)',
     template.hasResourceProperties('AWS::CloudWatch::Alarm', {
       Namespace: 'Metastatic',
       MetricName: 'CapacityWait',
-      Dimensions: [{ Name: 'service', Value: 'metastatic' }],
+      Dimensions: poolDimensions,
       Statistic: 'Maximum',
       Period: 300,
       Threshold: 900_000,

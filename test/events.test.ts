@@ -79,6 +79,16 @@ describe('events out', () => {
     );
     eb.restore();
   });
+
+  it('puts the pool id in every detail when it has one, so pools sharing a bus can be told apart', async () => {
+    const eb = mockClient(EventBridgeClient);
+    eb.on(PutEventsCommand).resolves({ FailedEntryCount: 0, Entries: [{ EventId: 'e1' }] });
+    const sink = new EventBridgeSink(new EventBridgeClient({ region: 'us-east-1' }), 'default', 'ci-pool');
+    await sink.publish('Request Failed', { requestId: 'r', reason: 'no capacity' });
+    const detail = eb.commandCalls(PutEventsCommand)[0]?.args[0].input.Entries?.[0]?.Detail ?? '';
+    expect(JSON.parse(detail)).toEqual({ requestId: 'r', reason: 'no capacity', poolId: 'ci-pool' });
+    eb.restore();
+  });
 });
 
 describe('spot interruption warning', () => {

@@ -100,9 +100,21 @@ describe('Lambda entry points', () => {
         EventBusName: 'pool-bus',
       }),
     );
+    const fulfilled = published.find((e) => e?.DetailType === 'Request Fulfilled');
+    expect(JSON.parse(fulfilled?.Detail ?? '{}')).toMatchObject({ requestId: 'lam-1', poolId: 'test-pool' });
     const released = await handler(sqsEvent([JSON.stringify({ kind: 'release', nodeId: 'lam-1/0' })]));
     expect(released.batchItemFailures).toEqual([]);
     expect((await store.getBacking('bn-lambda'))?.used).toBe(0);
+  });
+
+  it('writes metrics under the dimensions service and pool (the POOL_ID the stack sets)', async () => {
+    const { lambdaRuntimeFromEnv } = await import('../shared/runtime/lambdaContext.ts');
+    const runtime = lambdaRuntimeFromEnv();
+    runtime.context.metrics?.count('LaunchFailed');
+    const emf = runtime.metrics.serializeMetrics();
+    expect(emf._aws.CloudWatchMetrics[0]?.Dimensions).toEqual([['service', 'pool']]);
+    expect(emf).toMatchObject({ service: 'metastatic', pool: 'test-pool', LaunchFailed: 1 });
+    runtime.metrics.clearMetrics();
   });
 
   it('fails a request whose launches all fail, after launch-retries attempts, with the reason', async () => {

@@ -76,6 +76,7 @@ export function awsContext(args: {
     events: new EventBridgeSink(
       args.eventBridge ?? new EventBridgeClient({ region: args.region }),
       args.eventBusName,
+      args.poolId,
     ),
     metrics: args.metrics,
   };

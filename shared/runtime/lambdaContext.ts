@@ -50,7 +50,12 @@ export function lambdaRuntimeFromEnv(raw: NodeJS.ProcessEnv = process.env): Lamb
   const env = parsed.data;
   const config = parseConfigOrThrow(env.METASTATIC_CONFIG, 'METASTATIC_CONFIG');
   const log = new Logger({ serviceName: 'metastatic' });
-  const metrics = new Metrics({ serviceName: 'metastatic', namespace: 'Metastatic' });
+  // `pool` tells pools in one account and region apart (their alarms watch their own series).
+  const metrics = new Metrics({
+    serviceName: 'metastatic',
+    namespace: 'Metastatic',
+    defaultDimensions: { pool: env.POOL_ID },
+  });
   const tracer = new Tracer({ serviceName: 'metastatic' });
   const dynamodb = tracer.captureAWSv3Client(
     new DynamoDBClient({
