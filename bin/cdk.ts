@@ -3,6 +3,7 @@
  * Serverless packs (synth fails on any finding not acknowledged in the constructs).
  *
  *   npx cdk synth -c config=path/to/pool.yaml [-c poolId=...] [-c instanceRoles=role-a,role-b]
+ *                 [-c vpcId=vpc-... -c functionSubnetIds=subnet-a,subnet-b [-c functionSecurityGroupIds=sg-...]]
  *
  * The only place that reads the environment: the account the CDK CLI resolved. The region is the one
  * the configuration's aws pools name (CDK_DEFAULT_REGION is the CLI profile's, us-east-1 without one,
@@ -16,20 +17,37 @@ const app = new App();
 
 const configPath = stringContext('config') ?? 'examples/aws.yaml';
 const poolId = stringContext('poolId');
-const instanceRoles = stringContext('instanceRoles')
-  ?.split(',')
-  .map((role) => role.trim())
-  .filter((role) => role !== '');
+const instanceRoles = listContext('instanceRoles');
+const vpcId = stringContext('vpcId');
+const functionSubnetIds = listContext('functionSubnetIds');
+const functionSecurityGroupIds = listContext('functionSecurityGroupIds');
+if (!vpcId && (functionSubnetIds || functionSecurityGroupIds)) {
+  throw new Error('context functionSubnetIds and functionSecurityGroupIds need vpcId (the instances VPC)');
+}
+if (vpcId && !functionSubnetIds) {
+  throw new Error('context vpcId needs functionSubnetIds: the subnets the functions run in');
+}
 
 new MetastaticStack(app, stringContext('stackName') ?? 'Metastatic', {
   description: 'metastatic: a pool of small nodes packed as slots onto larger EC2 instances',
   configPath,
   poolId,
   instanceRoles,
+  ...(vpcId && functionSubnetIds
+    ? { functionsVpc: { vpcId, subnetIds: functionSubnetIds, securityGroupIds: functionSecurityGroupIds } }
+    : {}),
   env: { account: process.env.CDK_DEFAULT_ACCOUNT, region: stringContext('region') },
 });
 
 Validations.of(app).addPlugins(new AwsSolutionsChecks(app), new ServerlessChecks(app));
+
+/** A comma-separated context value as a list (blank entries dropped). */
+function listContext(key: string): string[] | undefined {
+  return stringContext(key)
+    ?.split(',')
+    .map((item) => item.trim())
+    .filter((item) => item !== '');
+}
 
 function stringContext(key: string): string | undefined {
   const value: unknown = app.node.tryGetContext(key);

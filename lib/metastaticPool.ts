@@ -8,6 +8,7 @@ import {
   TreatMissingData,
 } from 'aws-cdk-lib/aws-cloudwatch';
 import { SnsAction } from 'aws-cdk-lib/aws-cloudwatch-actions';
+import { type ISecurityGroup, type IVpc, SecurityGroup, type SubnetSelection } from 'aws-cdk-lib/aws-ec2';
 import { EventBus, type IEventBus, Rule, Schedule } from 'aws-cdk-lib/aws-events';
 import { LambdaFunction, SqsQueue } from 'aws-cdk-lib/aws-events-targets';
 import type { IKey } from 'aws-cdk-lib/aws-kms';
@@ -91,6 +92,25 @@ export interface MetastaticPoolProps {
    * @default - AWS managed encryption (DynamoDB) and SSE-SQS (queues)
    */
   readonly encryptionKey?: IKey;
+  /**
+   * The VPC of the backing instances: the functions run in it, so they can check an instance's
+   * `connection-port` (and scan its host keys) at its private address. Its subnets need a route to
+   * the AWS APIs the functions call (DynamoDB, SQS, EventBridge, EC2): a NAT gateway or VPC endpoints.
+   * The instances' security group must admit `connection-port` from `functionsSecurityGroups`.
+   * @default - the functions run outside any VPC and check only public addresses (`public-ipv4: true`);
+   *   with private addresses a backing node is ready when EC2 reports it running
+   */
+  readonly vpc?: IVpc;
+  /**
+   * Where in `vpc` the functions run.
+   * @default - the VPC's private subnets
+   */
+  readonly vpcSubnets?: SubnetSelection;
+  /**
+   * The functions' security groups in `vpc`.
+   * @default - one new group, all outbound traffic allowed, no inbound
+   */
+  readonly securityGroups?: readonly ISecurityGroup[];
 }
 
 /**
@@ -112,6 +132,8 @@ export class MetastaticPool extends Construct {
   readonly ec2EventsRule: Rule;
   readonly reaperSchedule: Rule;
   readonly alarms: readonly Alarm[];
+  /** The functions' security groups when they run in a VPC (empty otherwise): admit these on the instances. */
+  readonly functionsSecurityGroups: readonly ISecurityGroup[];
 
   constructor(scope: Construct, id: string, props: MetastaticPoolProps) {
     super(scope, id);
@@ -151,8 +173,31 @@ export class MetastaticPool extends Construct {
       EVENT_BUS_NAME: this.eventBus.eventBusName,
       POWERTOOLS_SERVICE_NAME,
       POWERTOOLS_METRICS_NAMESPACE: METRICS_NAMESPACE,
+      ...(props.vpc ? { METASTATIC_IN_VPC: 'true' } : {}),
     };
-    const functionDefaults = props.logRetention ? { logRetention: props.logRetention } : {};
+    if (!props.vpc && (props.vpcSubnets || props.securityGroups)) {
+      throw new Error('vpcSubnets and securityGroups place the functions in a VPC: give vpc too');
+    }
+    this.functionsSecurityGroups = props.vpc
+      ? (props.securityGroups ?? [
+          new SecurityGroup(this, 'FunctionsSecurityGroup', {
+            vpc: props.vpc,
+            description: 'metastatic pool functions (admit it on the backing instances connection-port)',
+            allowAllOutbound: true,
+          }),
+        ])
+      : [];
+    const network = props.vpc
+      ? {
+          vpc: props.vpc,
+          securityGroups: this.functionsSecurityGroups,
+          ...(props.vpcSubnets ? { vpcSubnets: props.vpcSubnets } : {}),
+        }
+      : {};
+    const functionDefaults = {
+      ...(props.logRetention ? { logRetention: props.logRetention } : {}),
+      ...network,
+    };
     this.requestFunction = new PoolFunction(this, 'Request', {
       name: 'request',
       ...functionDefaults,

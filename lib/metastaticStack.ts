@@ -1,5 +1,6 @@
 import { readFileSync } from 'node:fs';
-import { CfnOutput, type Duration, Stack, type StackProps } from 'aws-cdk-lib';
+import { CfnOutput, type Duration, Fn, Stack, type StackProps, Validations } from 'aws-cdk-lib';
+import { SecurityGroup, Subnet, Vpc } from 'aws-cdk-lib/aws-ec2';
 import type { IEventBus } from 'aws-cdk-lib/aws-events';
 import type { IKey } from 'aws-cdk-lib/aws-kms';
 import type { RetentionDays } from 'aws-cdk-lib/aws-logs';
@@ -30,6 +31,17 @@ export interface MetastaticStackProps extends StackProps {
   readonly alarmTopic?: ITopic;
   /** @default - AWS managed encryption */
   readonly encryptionKey?: IKey;
+  /**
+   * Runs the functions in the instances' VPC, by ids (see MetastaticPoolProps.vpc): the VPC, the subnets
+   * the functions run in (they need a route to the AWS APIs: NAT or VPC endpoints) and, optionally,
+   * their security groups (default: a new one, output as FunctionsSecurityGroupId).
+   * @default - the functions run outside any VPC
+   */
+  readonly functionsVpc?: {
+    readonly vpcId: string;
+    readonly subnetIds: readonly string[];
+    readonly securityGroupIds?: readonly string[];
+  };
 }
 
 /** A stack holding one metastatic pool, configured from a YAML file, with its endpoints as outputs. */
@@ -42,7 +54,9 @@ export class MetastaticStack extends Stack {
     // their EC2 events: it is the stack's region unless one is given (then the pool checks they agree).
     const region = props.env?.region ?? poolRegion(parseConfigOrThrow(config, props.configPath));
     super(scope, id, { ...props, env: { ...props.env, region } });
+    const network = props.functionsVpc && this.functionsNetwork(props.functionsVpc);
     this.pool = new MetastaticPool(this, 'Pool', {
+      ...network,
       config,
       configName: props.configPath,
       poolId: props.poolId,
@@ -67,5 +81,42 @@ export class MetastaticStack extends Stack {
       value: this.pool.poolId,
       description: 'Value of the metastatic:pool tag on the pool instances',
     });
+    const [group] = this.pool.functionsSecurityGroups;
+    if (group && !props.functionsVpc?.securityGroupIds?.length) {
+      new CfnOutput(this, 'FunctionsSecurityGroupId', {
+        value: group.securityGroupId,
+        description: 'Admit this group on the instances connection-port: the functions check it',
+      });
+    }
+  }
+
+  private functionsNetwork(given: NonNullable<MetastaticStackProps['functionsVpc']>) {
+    if (given.subnetIds.length === 0) throw new Error('functionsVpc.subnetIds: give at least one subnet');
+    // By id, without a lookup, so synth stays offline. The subnets are named, so the zones (the region's,
+    // resolved at deploy) are never used to select any.
+    const vpc = Vpc.fromVpcAttributes(this, 'Vpc', { vpcId: given.vpcId, availabilityZones: Fn.getAzs() });
+    Validations.of(vpc).acknowledge({
+      id: 'Annotation::@aws-cdk/aws-ec2:vpcAttributeIsListTokenavailabilityZones',
+      reason: 'The functions name their subnets; nothing selects subnets of this VPC by zone.',
+    });
+    const subnets = given.subnetIds.map((id, i) => {
+      const subnet = Subnet.fromSubnetId(this, `Subnet${i}`, id);
+      Validations.of(subnet).acknowledge({
+        id: 'Annotation::@aws-cdk/aws-ec2:noSubnetRouteTableId',
+        reason: 'Only the functions run in this subnet; nothing here reads its route table.',
+      });
+      return subnet;
+    });
+    return {
+      vpc,
+      vpcSubnets: { subnets },
+      ...(given.securityGroupIds?.length
+        ? {
+            securityGroups: given.securityGroupIds.map((id, i) =>
+              SecurityGroup.fromSecurityGroupId(this, `SecurityGroup${i}`, id),
+            ),
+          }
+        : {}),
+    };
   }
 }

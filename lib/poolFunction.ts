@@ -1,6 +1,7 @@
 import { fileURLToPath } from 'node:url';
 import { Duration, Validations } from 'aws-cdk-lib';
-import { type IRole, Role, ServicePrincipal } from 'aws-cdk-lib/aws-iam';
+import type { ISecurityGroup, IVpc, SubnetSelection } from 'aws-cdk-lib/aws-ec2';
+import { type IRole, ManagedPolicy, Role, ServicePrincipal } from 'aws-cdk-lib/aws-iam';
 import { Architecture, LoggingFormat, Runtime, Tracing } from 'aws-cdk-lib/aws-lambda';
 import { NodejsFunction, OutputFormat } from 'aws-cdk-lib/aws-lambda-nodejs';
 import { LogGroup, RetentionDays } from 'aws-cdk-lib/aws-logs';
@@ -43,6 +44,15 @@ export interface PoolFunctionProps {
    * @default - none
    */
   readonly environment?: Readonly<Record<string, string>>;
+  /**
+   * Runs the function in this VPC (its subnets and security groups below).
+   * @default - outside any VPC
+   */
+  readonly vpc?: IVpc;
+  /** @default - the VPC's private subnets (CDK's default selection) */
+  readonly vpcSubnets?: SubnetSelection;
+  /** @default - a security group of its own, all outbound allowed */
+  readonly securityGroups?: readonly ISecurityGroup[];
 }
 
 /**
@@ -84,6 +94,13 @@ export class PoolFunction extends Construct {
         ? { reservedConcurrentExecutions: props.reservedConcurrentExecutions }
         : {}),
       environment: { NODE_OPTIONS: '--enable-source-maps', ...props.environment },
+      ...(props.vpc
+        ? {
+            vpc: props.vpc,
+            ...(props.vpcSubnets ? { vpcSubnets: props.vpcSubnets } : {}),
+            ...(props.securityGroups ? { securityGroups: [...props.securityGroups] } : {}),
+          }
+        : {}),
       bundling: {
         // CommonJS: the code has no top-level await or import.meta on the Lambda path, and CJS output
         // needs no createRequire banner for the dependencies that call require() (ssh2, the SDK).
@@ -100,6 +117,19 @@ export class PoolFunction extends Construct {
         forceDockerBundling: false,
       },
     });
+
+    if (props.vpc) {
+      // Lambda creates and deletes the function's network interfaces with the function's role, and
+      // CloudFormation refuses a VPC function whose role cannot (a role of our own gets nothing by default).
+      role.addManagedPolicy(
+        ManagedPolicy.fromAwsManagedPolicyName('service-role/AWSLambdaVPCAccessExecutionRole'),
+      );
+      Validations.of(cfnResource(role)).acknowledge({
+        id: 'AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AWSLambdaVPCAccessExecutionRole]',
+        reason:
+          "AWS's policy for a function's network interfaces in a VPC (ec2:CreateNetworkInterface and friends on *): the permissions Lambda needs, kept current by AWS.",
+      });
+    }
 
     // Active tracing adds xray:PutTraceSegments and xray:PutTelemetryRecords on "*" to the role's
     // default policy; everything else in that policy is granted on named resources.

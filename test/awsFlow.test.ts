@@ -19,7 +19,7 @@ import { sqsEvent } from './support/harness.ts';
  * The whole flow on the embedded DynamoDB with EC2 played by the stateful fake: the same handlers as
  * in Lambda, EC2 state events fed to the fulfil handler as EventBridge -> SQS would deliver them.
  */
-const yaml = (o: { retries?: number; maxServers?: number } = {}) => `
+const yaml = (o: { retries?: number; maxServers?: number; publicIpv4?: boolean } = {}) => `
 providers:
   - name: ec2
     driver: aws
@@ -29,6 +29,7 @@ providers:
         ${o.maxServers ? `max-servers: ${o.maxServers}` : ''}
         subnet-ids: [subnet-a, subnet-b]
         security-group-id: sg-1
+        ${o.publicIpv4 ? 'public-ipv4: true' : ''}
         labels:
           - name: large
             instance-types: [m7g.2xlarge, m6g.2xlarge]
@@ -122,6 +123,35 @@ async function pool(o: { retries?: number; maxServers?: number } = {}): Promise<
 }
 
 const req = (id: string, labels = ['small']) => JSON.stringify({ kind: 'request', id, labels });
+
+describe('which addresses the functions can check', () => {
+  const contextFor = (o: { publicIpv4?: boolean; inVpc?: boolean }) =>
+    awsContext({
+      config: parseConfigOrThrow(yaml({ publicIpv4: o.publicIpv4 }), 'aws.yaml'),
+      store: new DynamoStore(dynamodb, 'unused'),
+      region: 'eu-west-1',
+      poolId: 'test-pool',
+      ...(o.inVpc === undefined ? {} : { inVpc: o.inVpc }),
+      clock: new ManualClock(0),
+      log: silentLog,
+    });
+
+  it('checks ports at public addresses, or at private ones from inside the VPC; else trusts EC2', () => {
+    expect(contextFor({ publicIpv4: true }).probePort).toBeTypeOf('function');
+    expect(contextFor({ inVpc: true }).probePort).toBeTypeOf('function');
+    // Private addresses from outside the VPC: a check could never succeed, so `running` means ready.
+    expect(contextFor({}).probePort).toBeUndefined();
+    expect(contextFor({ inVpc: false }).probePort).toBeUndefined();
+  });
+
+  it('reads METASTATIC_IN_VPC from the function environment', async () => {
+    const { LambdaEnv } = await import('../shared/runtime/lambdaContext.ts');
+    const base = { TABLE_NAME: 't', METASTATIC_CONFIG: 'x' };
+    expect(LambdaEnv.parse(base).METASTATIC_IN_VPC).toBe(false);
+    expect(LambdaEnv.parse({ ...base, METASTATIC_IN_VPC: 'true' }).METASTATIC_IN_VPC).toBe(true);
+    expect(LambdaEnv.safeParse({ ...base, METASTATIC_IN_VPC: 'yes' }).success).toBe(false);
+  });
+});
 
 describe('the whole flow against a stateful fake EC2', () => {
   it('launches one tagged instance for two nodes, fulfils them when it runs, terminates it when idle', async () => {

@@ -3,6 +3,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { App, Duration, Stack } from 'aws-cdk-lib';
 import { Annotations, Match, Template } from 'aws-cdk-lib/assertions';
+import { SecurityGroup, Vpc } from 'aws-cdk-lib/aws-ec2';
 import { Role, ServicePrincipal } from 'aws-cdk-lib/aws-iam';
 import { Key } from 'aws-cdk-lib/aws-kms';
 import { Queue } from 'aws-cdk-lib/aws-sqs';
@@ -479,6 +480,115 @@ describe('MetastaticPool options and checks', () => {
       'arn:aws:iam::123456789012:role/other',
     ]);
     expect(nagViolations(app)).toEqual([]);
+  });
+
+  it('runs the functions in the pool VPC when given one, with a security group to admit on the instances', () => {
+    const app = newApp();
+    const stack = new Stack(app, 'Test', { env: ENV });
+    const vpc = Vpc.fromVpcAttributes(stack, 'Vpc', {
+      vpcId: 'vpc-11111111',
+      availabilityZones: ['eu-west-1a', 'eu-west-1b'],
+      privateSubnetIds: ['subnet-11111111', 'subnet-22222222'],
+    });
+    const pool = new MetastaticPool(stack, 'Pool', { config: awsConfig('image-id: ami-1'), vpc });
+    const template = Template.fromStack(stack);
+    expect(pool.functionsSecurityGroups).toHaveLength(1);
+    const groupId = stack.resolve((pool.functionsSecurityGroups[0] as SecurityGroup).securityGroupId);
+    const functions = Object.values(template.findResources('AWS::Lambda::Function'));
+    expect(functions).toHaveLength(3);
+    for (const fn of functions) {
+      const props = fn.Properties as Json;
+      expect(props.VpcConfig).toEqual({
+        SubnetIds: ['subnet-11111111', 'subnet-22222222'],
+        SecurityGroupIds: [groupId],
+      });
+      // The functions then check ports at private addresses.
+      expect((props.Environment as { Variables: Json }).Variables.METASTATIC_IN_VPC).toBe('true');
+    }
+    template.hasResourceProperties('AWS::EC2::SecurityGroup', {
+      VpcId: 'vpc-11111111',
+      SecurityGroupEgress: [{ CidrIp: '0.0.0.0/0', IpProtocol: '-1' }],
+    });
+    expect(
+      template.findResources('AWS::EC2::SecurityGroup', {
+        Properties: { SecurityGroupIngress: Match.anyValue() },
+      }),
+    ).toEqual({});
+    // Lambda manages the network interfaces with the function's role.
+    const roles = Object.values(template.findResources('AWS::IAM::Role')).map((r) => r.Properties as Json);
+    for (const role of roles) {
+      expect(JSON.stringify(role.ManagedPolicyArns)).toContain(
+        'service-role/AWSLambdaVPCAccessExecutionRole',
+      );
+    }
+    expect(nagViolations(app)).toEqual([]);
+  });
+
+  it('MetastaticStack places the functions by VPC and subnet ids, offline, and outputs their new group', () => {
+    const app = newApp();
+    const stack = new MetastaticStack(app, 'InVpc', {
+      configPath: EXAMPLE,
+      env: ENV,
+      functionsVpc: { vpcId: 'vpc-11111111', subnetIds: ['subnet-aaaaaaaa', 'subnet-bbbbbbbb'] },
+    });
+    const template = Template.fromStack(stack);
+    template.resourcePropertiesCountIs(
+      'AWS::Lambda::Function',
+      { VpcConfig: { SubnetIds: ['subnet-aaaaaaaa', 'subnet-bbbbbbbb'] } },
+      3,
+    );
+    const outputs = template.toJSON().Outputs as Record<string, { Value: unknown }>;
+    expect(Annotations.fromStack(stack).findWarning('*', Match.anyValue())).toEqual([]);
+    expect(outputs.FunctionsSecurityGroupId?.Value).toEqual({
+      'Fn::GetAtt': [expect.stringMatching(/^PoolFunctionsSecurityGroup[0-9A-F]{8}$/), 'GroupId'],
+    });
+    expect(nagViolations(app)).toEqual([]);
+    // Given groups are used as they are, and there is no new group to output.
+    const own = new MetastaticStack(newApp(), 'OwnGroups', {
+      configPath: EXAMPLE,
+      env: ENV,
+      functionsVpc: {
+        vpcId: 'vpc-11111111',
+        subnetIds: ['subnet-aaaaaaaa'],
+        securityGroupIds: ['sg-0123456789abcdef0'],
+      },
+    });
+    const ownTemplate = Template.fromStack(own);
+    ownTemplate.resourceCountIs('AWS::EC2::SecurityGroup', 0);
+    expect(Object.keys(ownTemplate.toJSON().Outputs)).not.toContain('FunctionsSecurityGroupId');
+    expect(
+      () =>
+        new MetastaticStack(newApp(), 'NoSubnets', {
+          configPath: EXAMPLE,
+          env: ENV,
+          functionsVpc: { vpcId: 'vpc-11111111', subnetIds: [] },
+        }),
+    ).toThrow('functionsVpc.subnetIds: give at least one subnet');
+  });
+
+  it('uses the security groups it is given, and refuses subnets or groups without a VPC', () => {
+    const app = newApp();
+    const stack = new Stack(app, 'Test', { env: ENV });
+    const vpc = Vpc.fromVpcAttributes(stack, 'Vpc', {
+      vpcId: 'vpc-11111111',
+      availabilityZones: ['eu-west-1a'],
+      privateSubnetIds: ['subnet-11111111'],
+    });
+    const own = SecurityGroup.fromSecurityGroupId(stack, 'Own', 'sg-0123456789abcdef0');
+    const pool = new MetastaticPool(stack, 'Pool', {
+      config: awsConfig('image-id: ami-1'),
+      vpc,
+      securityGroups: [own],
+    });
+    const template = Template.fromStack(stack);
+    expect(pool.functionsSecurityGroups).toEqual([own]);
+    template.resourceCountIs('AWS::EC2::SecurityGroup', 0);
+    template.hasResourceProperties('AWS::Lambda::Function', {
+      VpcConfig: { SecurityGroupIds: ['sg-0123456789abcdef0'], SubnetIds: ['subnet-11111111'] },
+    });
+    expect(() => synth(awsConfig('image-id: ami-1'), { securityGroups: [own] })).toThrow(
+      'vpcSubnets and securityGroups place the functions in a VPC: give vpc too',
+    );
   });
 
   it('refuses an instance profile without instanceRoles, and instanceRoles without a profile', () => {

@@ -21,6 +21,8 @@ export function awsContext(args: {
   /** The region this runs in: EC2 state events arrive from it, so it owns event routing. */
   region: string;
   poolId: string;
+  /** The functions run in the pool's VPC (they reach instances at private addresses). */
+  inVpc?: boolean;
   eventBusName?: string;
   clock: Clock;
   log: Log;
@@ -62,9 +64,11 @@ export function awsContext(args: {
     forResource: (resourceId) =>
       isEc2InstanceId(resourceId) ? (regions.get(args.region) ?? [...regions.values()][0]) : undefined,
   };
-  // The functions run outside the pool's VPC, so they can reach an instance's port only on a public
-  // address. With private addresses a probe could never succeed: readiness is then EC2's `running`.
-  const reachable = awsPools.length > 0 && awsPools.every((p) => p.poolOptions['public-ipv4'] === true);
+  // Outside the pool's VPC the functions reach an instance's port only on a public address; with
+  // private addresses a probe could never succeed, so readiness is then EC2's `running`.
+  const reachable =
+    awsPools.length > 0 &&
+    (args.inVpc === true || awsPools.every((p) => p.poolOptions['public-ipv4'] === true));
   return {
     store: args.store,
     config: args.config,

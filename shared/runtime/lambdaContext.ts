@@ -23,6 +23,14 @@ export const LambdaEnv = z.object({
   EVENT_BUS_NAME: z.string().min(1).default('default'),
   /** The request queue's maxReceiveCount (see RequestHandlerOptions). */
   MAX_RECEIVE_COUNT: z.coerce.number().int().positive().optional(),
+  /**
+   * `true` when the stack put the functions in the pool's VPC: they then reach instances at private
+   * addresses, so the port check runs whatever `public-ipv4` says.
+   */
+  METASTATIC_IN_VPC: z
+    .enum(['true', 'false'])
+    .default('false')
+    .transform((v) => v === 'true'),
   /** Only for running the functions against a local DynamoDB (tests). */
   DYNAMODB_ENDPOINT: z.string().url().optional(),
   AWS_REGION: z.string().default('us-east-1'),
@@ -68,6 +76,7 @@ export function lambdaRuntimeFromEnv(raw: NodeJS.ProcessEnv = process.env): Lamb
     store: new DynamoStore(dynamodb, env.TABLE_NAME),
     region: env.AWS_REGION,
     poolId: env.POOL_ID,
+    inVpc: env.METASTATIC_IN_VPC,
     eventBusName: env.EVENT_BUS_NAME,
     clock: systemClock,
     log,
