@@ -13,6 +13,7 @@ import {
   LocalProvider,
   localResourceId,
 } from '../shared/providers/local/localProvider.ts';
+import { killBackingNode } from './support/processes.ts';
 
 const POOL_KEY = 'local/main';
 
@@ -153,13 +154,7 @@ beforeEach(async () => {
 
 afterEach(async () => {
   await Promise.allSettled(providers.splice(0).map((p) => p.shutdown()));
-  for (const pid of pids) {
-    try {
-      process.kill(pid, 'SIGKILL');
-    } catch {
-      // Already gone, as it should be.
-    }
-  }
+  for (const pid of pids) killBackingNode(pid); // already gone, as it should be
   pids.clear();
   await rm(stateDir, { recursive: true, force: true });
 });

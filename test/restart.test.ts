@@ -4,7 +4,7 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { alive, until } from './support/processes.ts';
+import { alive, killBackingNode, until } from './support/processes.ts';
 
 const bin = join(resolve(import.meta.dirname, '..'), 'bin', 'metastatic.mjs');
 
@@ -38,7 +38,7 @@ describe('kill -9 of metastatic dev and a restart on the same state dir', () => 
 
   afterAll(async () => {
     for (const d of devs) if (d.exitCode === null && d.signalCode === null) d.kill('SIGKILL');
-    for (const p of pids) if (alive(p)) process.kill(p, 'SIGKILL');
+    for (const p of pids) killBackingNode(p);
     await rm(stateDir, { recursive: true, force: true });
   });
 

@@ -1,3 +1,5 @@
+import { readFileSync } from 'node:fs';
+
 /** Whether a process exists (signal 0 probes without touching it). */
 export function alive(pid: number): boolean {
   try {
@@ -20,5 +22,24 @@ export async function until<T>(
     if (value !== undefined) return value;
     if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
     await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+/**
+ * Kills a local backing node left behind by a test, if that pid still is one: by cleanup time a pid that
+ * has exited may belong to another process (pids are reused), which must not be killed.
+ */
+export function killBackingNode(pid: number): void {
+  let cmdline: string;
+  try {
+    cmdline = readFileSync(`/proc/${pid}/cmdline`, 'utf8');
+  } catch {
+    return; // gone (or no /proc: nothing can be checked, so nothing is killed)
+  }
+  if (!cmdline.includes('backingNode.ts')) return;
+  try {
+    process.kill(pid, 'SIGKILL');
+  } catch {
+    // Exited meanwhile.
   }
 }
