@@ -6,8 +6,8 @@ import type { MetricSink } from '../core/observability.ts';
 import type { ProviderRegistry } from '../core/provider.ts';
 import { createEc2Client, Ec2Provider, isEc2InstanceId } from '../providers/aws/ec2Provider.ts';
 import { EventBridgeSink } from '../providers/events/eventBridgeSink.ts';
-import { scanHostKeys } from '../providers/hostKeys.ts';
 import { probePort } from '../providers/probe.ts';
+import { scanHostKeys } from '../providers/scanHostKeysLazily.ts';
 import type { DynamoStore } from '../store/dynamoStore.ts';
 import type { Context, Log } from '../usecases/context.ts';
 

@@ -4,9 +4,9 @@ import type { ResolvedConfig } from '../config/model.ts';
 import type { Clock } from '../core/clock.ts';
 import type { BackingProvider, ProviderRegistry } from '../core/provider.ts';
 import { JsonLinesEventSink } from '../providers/events/jsonLinesSink.ts';
-import { scanHostKeys } from '../providers/hostKeys.ts';
 import { isLocalResourceId, LocalProvider } from '../providers/local/localProvider.ts';
 import { probePort } from '../providers/probe.ts';
+import { scanHostKeys } from '../providers/scanHostKeysLazily.ts';
 import type { DynamoStore } from '../store/dynamoStore.ts';
 import type { Context, Log } from '../usecases/context.ts';
 
