@@ -82,6 +82,7 @@ program
     const loaded = await loadConfigFile(configPath);
     if (!loaded.ok) throw new CliError(`invalid configuration:\n${formatConfigErrors(loaded.errors)}`);
     const log = consoleLog(opts.logLevel, opts.logJson);
+    for (const n of loaded.config.notices) log.warn(`${configPath}: ${n.path}: ${n.message}`);
     const stack = await DevStack.start({
       config: loaded.config,
       configPath,
@@ -397,12 +398,17 @@ program
   .action(async (file: string, opts: { json?: boolean }) => {
     const result = await loadConfigFile(file);
     if (opts.json) {
-      printJson(result.ok ? { valid: true, errors: [] } : { valid: false, errors: result.errors });
+      printJson(
+        result.ok
+          ? { valid: true, errors: [], warnings: result.config.notices }
+          : { valid: false, errors: result.errors, warnings: [] },
+      );
     } else if (result.ok) {
       const c = result.config;
       print(
         `${file}: valid (${c.metastaticPools.length} metastatic pool(s), labels ${[...c.metastaticLabelNames].join(', ')})`,
       );
+      for (const n of c.notices) process.stderr.write(`warning: ${file}: ${n.path}: ${n.message}\n`);
     } else {
       process.stderr.write(`${formatConfigErrors(result.errors)}\n`);
     }

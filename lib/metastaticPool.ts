@@ -1,4 +1,4 @@
-import { Aws, CfnRule, Duration, Fn, Names, Stack, Token, Validations } from 'aws-cdk-lib';
+import { Annotations, Aws, CfnRule, Duration, Fn, Names, Stack, Token, Validations } from 'aws-cdk-lib';
 import {
   Alarm,
   ComparisonOperator,
@@ -138,6 +138,9 @@ export class MetastaticPool extends Construct {
   constructor(scope: Construct, id: string, props: MetastaticPoolProps) {
     super(scope, id);
     this.config = parseConfigOrThrow(props.config, props.configName ?? 'config');
+    for (const n of this.config.notices) {
+      Annotations.of(this).addWarningV2('metastatic:config-notice', `${n.path}: ${n.message}`);
+    }
     const local = this.config.backingPools.filter((p) => p.driver !== 'aws').map((p) => p.key);
     if (local.length > 0) {
       throw new Error(

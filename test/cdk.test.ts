@@ -566,6 +566,15 @@ describe('MetastaticPool options and checks', () => {
     ).toThrow('functionsVpc.subnetIds: give at least one subnet');
   });
 
+  it('warns at synth about configuration keys it ignores (min-ready), without failing', () => {
+    const config = `labels:\n  - name: big\n  - name: small\n    min-ready: 3\n${awsConfig('image-id: ami-1')}`;
+    const { pool } = synth(config);
+    const warnings = Annotations.fromStack(Stack.of(pool)).findWarning('*', Match.anyValue());
+    expect(warnings.map((w) => String(w.entry.data))).toEqual([
+      expect.stringContaining('labels[1].min-ready: is not supported yet and is ignored'),
+    ]);
+  });
+
   it('uses the security groups it is given, and refuses subnets or groups without a VPC', () => {
     const app = newApp();
     const stack = new Stack(app, 'Test', { env: ENV });

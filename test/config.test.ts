@@ -344,6 +344,24 @@ describe('validation rules', () => {
     );
   });
 
+  it('warns that min-ready is ignored, by YAML path, without failing the configuration', () => {
+    const result = parseObject({
+      labels: [
+        { name: 'large-node', 'min-ready': 0 },
+        { name: 'small-node', 'min-ready': 2 },
+      ],
+      ...withMeta([pool([label('small-node')])]),
+    });
+    if (!result.ok) throw new Error(JSON.stringify(result.errors));
+    expect(result.config.notices).toEqual([
+      {
+        path: 'labels[1].min-ready',
+        message: 'is not supported yet and is ignored: no node is kept ready ahead of requests',
+      },
+    ]);
+    expect(ok(parseObject(withMeta([pool([label('small-node')])]))).notices).toEqual([]);
+  });
+
   it('rejects labels missing from the top-level labels list', () => {
     const result = parseObject({
       labels: [{ name: 'small-node' }],

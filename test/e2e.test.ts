@@ -1,6 +1,6 @@
 import { type ChildProcess, execFile, spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { connect } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
@@ -159,6 +159,21 @@ describe('metastatic CLI without a running pool', { timeout: 180_000 }, () => {
     expect(invalid.stderr).toContain('providers[0].pools[0].labels[0].backing-label');
     const valid = await cli(['validate', join(root, 'examples', 'local.yaml')]);
     expect(valid.code).toBe(0);
+    expect(valid.stderr).toBe('');
+    // Valid but ignored keys are warnings: exit 0, the path on stderr, and in --json.
+    const example = await readFile(join(root, 'examples', 'local.yaml'), 'utf8');
+    const minReady = join(dir, 'min-ready.yaml');
+    await writeFile(
+      minReady,
+      `labels:\n  - name: large-node\n  - name: small-node\n    min-ready: 2\n${example}`,
+    );
+    const warned = await cli(['validate', minReady]);
+    expect(warned.code).toBe(0);
+    expect(warned.stderr).toContain(
+      `warning: ${minReady}: labels[1].min-ready: is not supported yet and is ignored`,
+    );
+    const asJson = JSON.parse((await cli(['validate', minReady, '--json'])).stdout);
+    expect(asJson).toMatchObject({ valid: true, warnings: [{ path: 'labels[1].min-ready' }] });
     await rm(dir, { recursive: true, force: true });
   });
 

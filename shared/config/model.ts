@@ -68,4 +68,12 @@ export interface ResolvedConfig {
   readonly backingPools: readonly BackingPool[];
   /** Every metastatic label name offered by some pool. */
   readonly metastaticLabelNames: ReadonlySet<string>;
+  /** Keys that are valid but have no effect yet, by YAML path: shown as warnings, never errors. */
+  readonly notices: readonly ConfigNotice[];
+}
+
+export interface ConfigNotice {
+  /** `labels[1].min-ready` */
+  readonly path: string;
+  readonly message: string;
 }

@@ -10,7 +10,14 @@
  *   schema and the rules.
  */
 import type { z } from 'zod';
-import type { BackingLabel, BackingPool, MetastaticLabel, MetastaticPool, ResolvedConfig } from './model.ts';
+import type {
+  BackingLabel,
+  BackingPool,
+  ConfigNotice,
+  MetastaticLabel,
+  MetastaticPool,
+  ResolvedConfig,
+} from './model.ts';
 import { type ConfigFile, metastaticLabelSchema } from './schema.ts';
 
 export type PathSegment = string | number;
@@ -442,5 +449,25 @@ export function resolveConfig(file: ConfigFile): ResolvedConfig {
 
   // Array.prototype.sort is stable: ties keep file order.
   metastaticPools.sort((a, b) => a.priority - b.priority);
-  return { metastaticPools, backingPoolByLabel, backingPools, metastaticLabelNames };
+  return {
+    metastaticPools,
+    backingPoolByLabel,
+    backingPools,
+    metastaticLabelNames,
+    notices: noticesOf(file),
+  };
+}
+
+/** Valid keys that do nothing yet: the user is told rather than left to wonder. */
+function noticesOf(file: ConfigFile): ConfigNotice[] {
+  const notices: ConfigNotice[] = [];
+  file.labels?.forEach((label, index) => {
+    if ((label['min-ready'] ?? 0) > 0) {
+      notices.push({
+        path: formatPath(['labels', index, 'min-ready']),
+        message: 'is not supported yet and is ignored: no node is kept ready ahead of requests',
+      });
+    }
+  });
+  return notices;
 }
