@@ -15,7 +15,7 @@ import type { IKey } from 'aws-cdk-lib/aws-kms';
 import { SqsEventSource } from 'aws-cdk-lib/aws-lambda-event-sources';
 import type { RetentionDays } from 'aws-cdk-lib/aws-logs';
 import type { ITopic } from 'aws-cdk-lib/aws-sns';
-import { Construct } from 'constructs';
+import { Construct, type IConstruct } from 'constructs';
 import { parseConfigOrThrow } from '../shared/config/load.ts';
 import type { ResolvedConfig } from '../shared/config/model.ts';
 import { cfnResource } from './cfnResource.ts';
@@ -242,6 +242,15 @@ export class MetastaticPool extends Construct {
     this.fulfilFunction.function.addEventSource(
       new SqsEventSource(this.fulfilQueue.queue, { reportBatchItemFailures: true }),
     );
+    // The request function also ends what reaches the request dead-letter queue: a message whose last
+    // delivery died before it could fail the request would otherwise leave the request waiting forever.
+    this.requestFunction.function.addEnvironment(
+      'REQUEST_DLQ_ARN',
+      this.requestQueue.deadLetterQueue.queueArn,
+    );
+    this.requestFunction.function.addEventSource(
+      new SqsEventSource(this.requestQueue.deadLetterQueue, { batchSize: 10, reportBatchItemFailures: true }),
+    );
 
     // AWS service events reach only the account's default bus, whatever bus the pool publishes to.
     // They carry no instance tags, so this rule forwards every EC2 state change in the region; the
@@ -382,14 +391,23 @@ export class MetastaticPool extends Construct {
           'Invoked synchronously by an SQS event source mapping; a function DLQ applies only to asynchronous ' +
           "invocations. Failed messages go to the source queue's dead-letter queue.",
       });
-      const mapping = fn.function.node.children.find((c) => c.node.id.startsWith('SqsEventSource'));
-      if (!mapping) throw new Error(`${fn.node.path}: no SQS event source mapping found`);
-      Validations.of(cfnResource(mapping)).acknowledge({
+      const mappings = fn.function.node.children.filter((c) => c.node.id.startsWith('SqsEventSource'));
+      if (mappings.length === 0) throw new Error(`${fn.node.path}: no SQS event source mapping found`);
+      const [mapping, deadLetterMapping] = mappings;
+      Validations.of(cfnResource(mapping as IConstruct)).acknowledge({
         id: 'Serverless-LambdaEventSourceMappingDestination',
         reason:
           'SQS event source mappings support no on-failure destination; the queue redrives a message to its ' +
           `dead-letter queue after ${queue.maxReceiveCount} receives.`,
       });
+      if (deadLetterMapping) {
+        Validations.of(cfnResource(deadLetterMapping)).acknowledge({
+          id: 'Serverless-LambdaEventSourceMappingDestination',
+          reason:
+            'The dead-letter queue is the last stop: a message the function cannot handle there stays in it ' +
+            '(its DeadLetterAlarm fires) and comes back until its retention ends.',
+        });
+      }
     }
     Validations.of(cfnResource(this.reaperFunction.function)).acknowledge({
       id: 'Serverless-LambdaDLQ',

@@ -86,12 +86,14 @@ export class QueueWithDlq extends Construct {
       ...encryption,
       enforceSSL: true,
       retentionPeriod: Duration.days(14),
+      // As the work queue's: a consumer of the dead letters (the request function's) has the same timeout.
+      visibilityTimeout,
     });
     Validations.of(cfnResource(this.deadLetterQueue)).acknowledge({
       id: 'Serverless-SQSRedrivePolicy',
       reason:
-        'This is a dead-letter queue: nothing consumes it, its messages wait 14 days for an operator ' +
-        '(DeadLetterAlarm fires on the first one) to inspect and redrive them.',
+        'This is a dead-letter queue, the last stop: a message nothing could handle waits here 14 days for ' +
+        'an operator (DeadLetterAlarm fires) to inspect and redrive it.',
     });
     this.queue = new Queue(this, 'Queue', {
       ...encryption,

@@ -167,9 +167,9 @@ describe('MetastaticStack (the example configuration, as bin/cdk.ts builds it)',
     expect(tableDefinition.GlobalSecondaryIndexes?.map((i) => i.IndexName)).toEqual(['free', 'reap']);
   });
 
-  it('reports batch item failures from both SQS event sources (10 requests per batch)', () => {
+  it('reports batch item failures from every SQS event source (10 requests per batch)', () => {
     const mappings = ofType('AWS::Lambda::EventSourceMapping');
-    expect(mappings).toHaveLength(2);
+    expect(mappings).toHaveLength(3);
     for (const [, mapping] of mappings) {
       expect((mapping.Properties as Json).FunctionResponseTypes).toEqual(['ReportBatchItemFailures']);
     }
@@ -181,6 +181,18 @@ describe('MetastaticStack (the example configuration, as bin/cdk.ts builds it)',
     template.hasResourceProperties('AWS::Lambda::EventSourceMapping', {
       FunctionName: { Ref: Match.stringLikeRegexp('^PoolFulfilFunction') },
       EventSourceArn: { 'Fn::GetAtt': [Match.stringLikeRegexp('^PoolFulfilQueue[0-9A-F]{8}$'), 'Arn'] },
+    });
+    // The request function ends what reaches its dead-letter queue, and knows that queue by ARN.
+    const dlqArn = {
+      'Fn::GetAtt': [Match.stringLikeRegexp('^PoolRequestQueueDeadLetterQueue[0-9A-F]{8}$'), 'Arn'],
+    };
+    template.hasResourceProperties('AWS::Lambda::EventSourceMapping', {
+      FunctionName: { Ref: Match.stringLikeRegexp('^PoolRequestFunction') },
+      EventSourceArn: dlqArn,
+      BatchSize: 10,
+    });
+    template.hasResourceProperties('AWS::Lambda::Function', {
+      Environment: { Variables: Match.objectLike({ REQUEST_DLQ_ARN: dlqArn }) },
     });
   });
 
@@ -283,7 +295,14 @@ describe('MetastaticStack (the example configuration, as bin/cdk.ts builds it)',
         POWERTOOLS_SERVICE_NAME: 'metastatic',
         POWERTOOLS_METRICS_NAMESPACE: 'Metastatic',
         NODE_OPTIONS: '--enable-source-maps',
-        ...(id.startsWith('PoolRequest') ? { MAX_RECEIVE_COUNT: '50' } : {}),
+        ...(id.startsWith('PoolRequest')
+          ? {
+              MAX_RECEIVE_COUNT: '50',
+              REQUEST_DLQ_ARN: {
+                'Fn::GetAtt': [expect.stringMatching(/^PoolRequestQueueDeadLetterQueue[0-9A-F]{8}$/), 'Arn'],
+              },
+            }
+          : {}),
       });
     }
   });

@@ -1,5 +1,6 @@
 import { connect } from 'node:net';
 import { afterEach, describe, expect, it } from 'vitest';
+import { DEAD_LETTERED_REASON } from '../shared/handlers/requestHandler.ts';
 import { keys } from '../shared/store/table.ts';
 import { baseConfig, type Harness, sqsEvent, startHarness } from './support/harness.ts';
 
@@ -190,6 +191,39 @@ describe('request, fulfil and release flow (dynalite + fauxqs + local processes)
     expect((await h.stack.context.store.getRequest('second'))?.reason).toMatch(
       /^no capacity after 3 attempts/,
     );
+  });
+
+  it('ends what reaches the dead-letter queue: a waiting request fails with the reason, the rest is kept', async () => {
+    h = await startHarness(baseConfig({ slots: 4, maxServers: 1 }), { maxReceiveCount: 50 });
+    await h.send(request('placed'));
+    await h.drainRequests();
+    // max-servers 1: it waits, recorded as requested, and its message is to come back.
+    const waits = await h.stack.handlers.request(sqsEvent([JSON.stringify(request('waiting'))], 1));
+    expect(waits.batchItemFailures).toHaveLength(1);
+    const store = h.stack.context.store;
+    expect((await store.getRequest('waiting'))?.state).toBe('requested');
+    // Its last delivery died before it could fail it: SQS moved it (and two others) to the dead letters.
+    const bodies = [request('waiting'), request('placed'), request('never-seen', ['small-node'])];
+    const out = await h.stack.handlers.deadLetters(
+      sqsEvent(
+        bodies.map((b) => JSON.stringify(b)),
+        1,
+      ),
+    );
+    expect(out.batchItemFailures).toEqual([]);
+    expect(await store.getRequest('waiting')).toMatchObject({
+      state: 'failed',
+      reason: DEAD_LETTERED_REASON,
+    });
+    expect((await store.getRequest('placed'))?.state).not.toBe('failed'); // placed meanwhile: untouched
+    expect(await store.getRequest('never-seen')).toMatchObject({
+      state: 'failed',
+      reason: DEAD_LETTERED_REASON,
+    });
+    // A dead-lettered release is tried once more.
+    await h.fulfilUntil(() => allReady(h as Harness, ['placed']));
+    await h.stack.handlers.deadLetters(sqsEvent([JSON.stringify({ kind: 'release', nodeId: 'placed/0' })]));
+    expect((await store.getRequest('placed'))?.nodes[0]?.state).toBe('released');
   });
 
   it('releases a node: frees its slot, stamps last-used, gives back its pool place; a second release changes nothing', async () => {

@@ -39,6 +39,7 @@ describe('Lambda entry points', () => {
       MAX_RECEIVE_COUNT: '5',
       EVENT_BUS_NAME: 'pool-bus',
       POOL_ID: 'test-pool',
+      REQUEST_DLQ_ARN: 'arn:test:requests-dlq',
       POWERTOOLS_METRICS_DISABLED: 'true',
     });
   });
@@ -105,6 +106,18 @@ describe('Lambda entry points', () => {
     const released = await handler(sqsEvent([JSON.stringify({ kind: 'release', nodeId: 'lam-1/0' })]));
     expect(released.batchItemFailures).toEqual([]);
     expect((await store.getBacking('bn-lambda'))?.used).toBe(0);
+  });
+
+  it('ends requests that reach the dead-letter queue, told apart by the event source ARN', async () => {
+    const { handler } = await import('../functions/request/index.ts');
+    const { DEAD_LETTERED_REASON } = await import('../shared/handlers/requestHandler.ts');
+    const event = sqsEvent([JSON.stringify({ kind: 'request', id: 'lam-dlq', labels: ['small-node'] })]);
+    for (const r of event.Records) r.eventSourceARN = 'arn:test:requests-dlq';
+    expect((await handler(event)).batchItemFailures).toEqual([]);
+    expect(await store.getRequest('lam-dlq')).toMatchObject({
+      state: 'failed',
+      reason: DEAD_LETTERED_REASON,
+    });
   });
 
   it('writes metrics under the dimensions service and pool (the POOL_ID the stack sets)', async () => {

@@ -1,17 +1,29 @@
 import type { SQSBatchResponse, SQSEvent } from 'aws-lambda';
-import { makeRequestHandler } from '../../shared/handlers/requestHandler.ts';
+import { makeDeadLetterHandler, makeRequestHandler } from '../../shared/handlers/requestHandler.ts';
 import { type LambdaRuntime, lambdaRuntimeFromEnv } from '../../shared/runtime/lambdaContext.ts';
 
-/** The request function: SQS batches of request / release messages (ReportBatchItemFailures). */
-let runtime: { rt: LambdaRuntime; handle: (event: SQSEvent) => Promise<SQSBatchResponse> } | undefined;
+type Handle = (event: SQSEvent) => Promise<SQSBatchResponse>;
+
+/**
+ * The request function: SQS batches of request / release messages (ReportBatchItemFailures), from the
+ * request queue or, ending what its last delivery could not, from that queue's dead-letter queue (one
+ * event source mapping per queue, so a batch comes from one of them).
+ */
+let runtime: { rt: LambdaRuntime; handle: Handle; deadLetters: Handle } | undefined;
 
 export const handler = async (event: SQSEvent): Promise<SQSBatchResponse> => {
   if (!runtime) {
     const rt = lambdaRuntimeFromEnv();
-    runtime = { rt, handle: makeRequestHandler(rt.context, { maxReceiveCount: rt.env.MAX_RECEIVE_COUNT }) };
+    runtime = {
+      rt,
+      handle: makeRequestHandler(rt.context, { maxReceiveCount: rt.env.MAX_RECEIVE_COUNT }),
+      deadLetters: makeDeadLetterHandler(rt.context),
+    };
   }
+  const dlq = runtime.rt.env.REQUEST_DLQ_ARN;
+  const fromDlq = dlq !== undefined && event.Records[0]?.eventSourceARN === dlq;
   try {
-    return await runtime.handle(event);
+    return await (fromDlq ? runtime.deadLetters : runtime.handle)(event);
   } finally {
     runtime.rt.metrics.publishStoredMetrics();
   }

@@ -31,6 +31,47 @@ async function giveUp(ctx: Context, m: RequestMessage, reason: string): Promise<
   await recordFailure(ctx, requestedRecord(m, ctx.clock.now()), reason);
 }
 
+/** Why a request whose message was dead-lettered ends: its last delivery died before it could say. */
+export const DEAD_LETTERED_REASON =
+  'its message went to the dead-letter queue: every delivery failed, the last one before it could record why';
+
+/**
+ * The request function on its own dead-letter queue. A message lands there when its last delivery
+ * failed without a word (a crash, a timeout), so the request would stay waiting forever: a request is
+ * ended as failed with DEAD_LETTERED_REASON (unless it was placed or ended meanwhile), a release is tried
+ * once more. What fails here stays in the dead-letter queue and comes back (its alarm shows it).
+ */
+export function makeDeadLetterHandler(ctx: Context): SqsBatchHandler {
+  const processor = new BatchProcessor(EventType.SQS);
+  const recordHandler = async (record: SQSRecord): Promise<void> => {
+    const parsed = parseMessage(record.body);
+    if (!parsed.ok) return; // rejected, and recorded, on its first delivery: never retried
+    const m = parsed.message;
+    try {
+      if (m.kind === 'request') {
+        await giveUp(ctx, m, DEAD_LETTERED_REASON);
+        ctx.log.warn('dead-lettered request handled (ended unless placed or ended before)', {
+          requestId: m.id,
+          messageId: record.messageId,
+        });
+      } else {
+        await releaseNode(ctx, m.nodeId, m.force ?? false);
+      }
+    } catch (err) {
+      if (err instanceof PermanentError) {
+        ctx.log.warn('rejected dead-lettered message', { messageId: record.messageId, reason: err.message });
+        return;
+      }
+      throw err;
+    }
+  };
+  return (event) =>
+    processPartialResponse(event, recordHandler, processor, {
+      throwOnFullBatchFailure: false,
+      processInParallel: false,
+    });
+}
+
 /**
  * Records how long the request has waited, since it was sent, each time it finds no capacity (the
  * `CapacityWait` metric; `RequestsWaitingAlarm` watches its maximum). SQS's own queue-age metric cannot:

@@ -6,7 +6,7 @@ import type { ResolvedConfig } from '../config/model.ts';
 import { type Clock, systemClock } from '../core/clock.ts';
 import { makeFulfilHandler } from '../handlers/fulfilHandler.ts';
 import { makeReaperHandler } from '../handlers/reaperHandler.ts';
-import { makeRequestHandler } from '../handlers/requestHandler.ts';
+import { makeDeadLetterHandler, makeRequestHandler } from '../handlers/requestHandler.ts';
 import type { LocalProvider } from '../providers/local/localProvider.ts';
 import { DynamoStore } from '../store/dynamoStore.ts';
 import { reapPartition } from '../store/table.ts';
@@ -59,6 +59,8 @@ export class DevStack {
     readonly localProvider: LocalProvider,
     readonly handlers: {
       request: ReturnType<typeof makeRequestHandler>;
+      /** The request dead-letter queue's consumer: ends what the request handler's last delivery could not. */
+      deadLetters: ReturnType<typeof makeDeadLetterHandler>;
       fulfil: ReturnType<typeof makeFulfilHandler>;
       reaper: () => Promise<ReapReport>;
     },
@@ -106,6 +108,7 @@ export class DevStack {
       });
       const handlers = {
         request: makeRequestHandler(context, { maxReceiveCount }),
+        deadLetters: makeDeadLetterHandler(context),
         fulfil: makeFulfilHandler(context),
         reaper: makeReaperHandler(context),
       };
@@ -145,6 +148,9 @@ export class DevStack {
             region: REGION,
           }),
           new SqsPoller(sqs, fulfilQueue.url, fulfilQueue.arn, handlers.fulfil, options.log, {
+            region: REGION,
+          }),
+          new SqsPoller(sqs, requestQueue.dlqUrl, requestQueue.dlqArn, handlers.deadLetters, options.log, {
             region: REGION,
           }),
         );

@@ -67,6 +67,7 @@ export interface QueuePair {
   readonly url: string;
   readonly arn: string;
   readonly dlqUrl: string;
+  readonly dlqArn: string;
 }
 
 /** A queue with its dead-letter queue, as the CDK stack defines them. */
@@ -75,7 +76,13 @@ export async function ensureQueue(
   name: string,
   options: { visibilityTimeout: number; maxReceiveCount: number },
 ): Promise<QueuePair> {
-  const dlq = await sqs.send(new CreateQueueCommand({ QueueName: `${name}-dlq` }));
+  const dlq = await sqs.send(
+    new CreateQueueCommand({
+      QueueName: `${name}-dlq`,
+      // As the work queue's: the request function consumes its dead letters too.
+      Attributes: { VisibilityTimeout: String(options.visibilityTimeout) },
+    }),
+  );
   const dlqUrl = dlq.QueueUrl as string;
   const dlqAttrs = await sqs.send(
     new GetQueueAttributesCommand({ QueueUrl: dlqUrl, AttributeNames: ['QueueArn'] }),
@@ -96,5 +103,10 @@ export async function ensureQueue(
   const attrs = await sqs.send(
     new GetQueueAttributesCommand({ QueueUrl: url, AttributeNames: ['QueueArn'] }),
   );
-  return { url, arn: attrs.Attributes?.QueueArn as string, dlqUrl };
+  return {
+    url,
+    arn: attrs.Attributes?.QueueArn as string,
+    dlqUrl,
+    dlqArn: dlqAttrs.Attributes?.QueueArn as string,
+  };
 }

@@ -21,6 +21,8 @@ export const LambdaEnv = z.object({
   POOL_ID: z.string().min(1).default('metastatic'),
   /** The EventBridge bus pool events are published to. */
   EVENT_BUS_NAME: z.string().min(1).default('default'),
+  /** The request queue's dead-letter queue: records from it go to the dead-letter handler. */
+  REQUEST_DLQ_ARN: z.string().min(1).optional(),
   /** The request queue's maxReceiveCount (see RequestHandlerOptions). */
   MAX_RECEIVE_COUNT: z.coerce.number().int().positive().optional(),
   /**

@@ -34,6 +34,8 @@ export class ChaosQueue {
   private readonly messages = new Map<string, QueuedMessage>();
   private nextId = 0;
   readonly deadLetters: QueuedMessage[] = [];
+  /** Messages ever moved to the dead letters (a consumer may have taken them out since). */
+  deadLettered = 0;
   sent = 0;
   deliveries = 0;
   /** Deliveries of a copy beyond the first (the duplicates at-least-once delivery makes). */
@@ -94,6 +96,7 @@ export class ChaosQueue {
     if (m.receives >= this.options.maxReceiveCount) {
       this.messages.delete(m.messageId);
       this.deadLetters.push(m);
+      this.deadLettered++;
     }
   }
 
