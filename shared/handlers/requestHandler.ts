@@ -42,7 +42,6 @@ export const DEAD_LETTERED_REASON =
  * once more. What fails here stays in the dead-letter queue and comes back (its alarm shows it).
  */
 export function makeDeadLetterHandler(ctx: Context): SqsBatchHandler {
-  const processor = new BatchProcessor(EventType.SQS);
   const recordHandler = async (record: SQSRecord): Promise<void> => {
     const parsed = parseMessage(record.body);
     if (!parsed.ok) return; // rejected, and recorded, on its first delivery: never retried
@@ -65,11 +64,7 @@ export function makeDeadLetterHandler(ctx: Context): SqsBatchHandler {
       throw err;
     }
   };
-  return (event) =>
-    processPartialResponse(event, recordHandler, processor, {
-      throwOnFullBatchFailure: false,
-      processInParallel: false,
-    });
+  return inOrder(recordHandler);
 }
 
 /**
@@ -90,8 +85,6 @@ function reportCapacityWait(ctx: Context, record: SQSRecord): void {
  * (under its request id when it has one) and consumed; transient failures are retried by SQS.
  */
 export function makeRequestHandler(ctx: Context, options: RequestHandlerOptions = {}): SqsBatchHandler {
-  const processor = new BatchProcessor(EventType.SQS);
-
   const recordHandler = async (record: SQSRecord): Promise<void> => {
     const parsed = parseMessage(record.body);
     if (!parsed.ok) {
@@ -149,10 +142,18 @@ export function makeRequestHandler(ctx: Context, options: RequestHandlerOptions 
       throw err;
     }
   };
+  return inOrder(recordHandler);
+}
 
-  // Records of one batch are handled in order: in parallel they would race each other for the same
-  // free slots and each launch a backing node, where in order the second packs onto the first's.
-  // Concurrency across invocations stays safe (conditional writes); this is about packing.
+/**
+ * A batch handler that handles its records one after the other, each on its own (Powertools' batch
+ * processor reports the failed ones, so only they come back). In order, not in parallel: records of one
+ * batch would otherwise race each other for the same free slots and each launch a backing node, where in
+ * order the second packs onto the first's. Concurrency across invocations stays safe (conditional
+ * writes); this is about packing.
+ */
+function inOrder(recordHandler: (record: SQSRecord) => Promise<void>): SqsBatchHandler {
+  const processor = new BatchProcessor(EventType.SQS);
   return (event) =>
     processPartialResponse(event, recordHandler, processor, {
       throwOnFullBatchFailure: false,
