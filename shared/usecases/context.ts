@@ -53,17 +53,15 @@ export async function emit(
   }
 }
 
-/**
- * A claim or reservation whose delivery started this long ago belongs to a dead delivery: another
- * delivery of the same message may take it over. Twice the request function's timeout (30 s), and a
- * delivery that runs past DELIVERY_DEADLINE_MS gives up before writing anything that builds on its
- * claims, so a live delivery's claims are never taken from it.
- */
-export const CLAIM_TAKEOVER_MS = 60_000;
-/** A delivery still placing after this long stops (and is retried) rather than record its placement. */
-export const DELIVERY_DEADLINE_MS = 30_000;
-/** A claim not confirmed by a recorded node within this long is given back by the reaper. */
-export const SLOT_LEASE_MS = 5 * 60_000;
+import { CLAIM_TAKEOVER_MS, SLOT_LEASE_MS } from '../core/timing.ts';
+
+export {
+  CLAIM_TAKEOVER_MS,
+  DELIVERY_DEADLINE_MS,
+  ORPHAN_GRACE_MS,
+  SLOT_LEASE_MS,
+} from '../core/timing.ts';
+
 /**
  * Whether the delivery behind a claim or a max-servers place, which it took (or started) at `since`, is
  * known dead: another delivery of the same message may take the claim over (see CLAIM_TAKEOVER_MS).
@@ -76,9 +74,6 @@ export function deliveryDead(since: number, now: number): boolean {
 export function leaseExpired(since: number, now: number): boolean {
   return now - since >= SLOT_LEASE_MS;
 }
-
-/** A provider resource tagged as ours with no live record is terminated once it is this old. */
-export const ORPHAN_GRACE_MS = 2 * 60_000;
 
 /** How many times a use case re-reads and retries after losing a conditional write. */
 export const MAX_CONFLICT_RETRIES = 20;

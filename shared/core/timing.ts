@@ -1,0 +1,50 @@
+/**
+ * The timing contract of the pool: the functions' timeouts, the queues' visibility timeouts, how long a
+ * delivery may work, when another delivery may take its claims over, and when the reaper gives a claim
+ * back. These numbers only make the protocol safe together, so they live here, read by both the stack
+ * (lib/) and the use cases, and `test/timing.test.ts` checks their ordering:
+ *
+ *   delivery deadline <= function timeout < claim takeover <= visibility timeout,  takeover < slot lease
+ *
+ * - A delivery stops (and is retried) before its function's timeout, so it never writes after Lambda
+ *   killed it... and a delivery older than the takeover age is known dead, because Lambda would have.
+ * - A message comes back only after its visibility timeout, when the delivery that held it is dead: the
+ *   redelivery may take that delivery's claims over at once.
+ * - The reaper gives back an unconfirmed claim only well after any delivery that took it is dead.
+ */
+
+/** Lambda's timeout of each pool function, seconds. */
+export const FUNCTION_TIMEOUT_SECONDS = { request: 30, fulfil: 30, reaper: 60 } as const;
+
+/** AWS's guidance for a queue that feeds a Lambda function: visibility >= 6 x the function's timeout. */
+export const VISIBILITY_TIMEOUT_FACTOR = 6;
+
+/** The visibility timeout of the queue a function consumes, seconds. */
+export function visibilityTimeoutSeconds(functionTimeoutSeconds: number): number {
+  return functionTimeoutSeconds * VISIBILITY_TIMEOUT_FACTOR;
+}
+
+/**
+ * A delivery still placing after this long stops (and is retried) rather than record its placement;
+ * on Lambda the invocation's remaining time may cut it shorter (see deadlineFrom).
+ */
+export const DELIVERY_DEADLINE_MS = FUNCTION_TIMEOUT_SECONDS.request * 1000;
+
+/**
+ * A claim or reservation whose delivery started this long ago belongs to a dead delivery: another
+ * delivery of the same message may take it over. Twice the request function's timeout.
+ */
+export const CLAIM_TAKEOVER_MS = 2 * FUNCTION_TIMEOUT_SECONDS.request * 1000;
+
+/** A claim not confirmed by a recorded node within this long is given back by the reaper. */
+export const SLOT_LEASE_MS = 5 * 60_000;
+
+/** A provider resource tagged as ours with no live record is terminated once it is this old. */
+export const ORPHAN_GRACE_MS = 2 * 60_000;
+
+/**
+ * What a batch keeps of an invocation's remaining time: no new record starts with less than this left,
+ * and a record's own work (a port probe, a host-key scan) ends this long before the function would be
+ * killed, so its outcome is recorded and the rest of the batch reported as item failures.
+ */
+export const INVOCATION_SAFETY_MARGIN_MS = 5_000;
