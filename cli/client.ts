@@ -43,7 +43,10 @@ async function connectStack(t: Target, stackName: string): Promise<PoolClient> {
   const cfn = new CloudFormationClient({ region });
   const info = await readStack(cfn, stackName, region).finally(() => cfn.destroy());
   const dynamodb = new DynamoDBClient({ region });
-  const sqs = new SQSClient({ region });
+  // The SQS client would otherwise send to the queue URL's host (https://sqs.<region>.amazonaws.com/...,
+  // whatever the endpoint): an endpoint set in the environment (AWS_ENDPOINT_URL[_SQS], e.g. a VPC
+  // endpoint or an AWS-protocol server) must win. On AWS both name the same regional endpoint.
+  const sqs = new SQSClient({ region, useQueueUrlAsEndpoint: false });
   const store = new DynamoStore(dynamodb, info.tableName);
   return {
     store,
