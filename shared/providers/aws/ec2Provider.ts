@@ -199,6 +199,8 @@ function toTags(entries: Iterable<readonly [string, string]>): Tag[] {
 }
 
 export class Ec2Provider implements BackingProvider {
+  /** EC2 is eventually consistent: a new instance can be "not found" for a while (BackingProvider). */
+  readonly eventuallyConsistent = true;
   private readonly client: EC2Client;
   private readonly poolId: string;
   private readonly clock: Clock;
