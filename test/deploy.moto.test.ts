@@ -12,7 +12,12 @@ import {
   PutEventsCommand,
   RemoveTargetsCommand,
 } from '@aws-sdk/client-eventbridge';
-import { GetQueueUrlCommand, SendMessageCommand, SQSClient } from '@aws-sdk/client-sqs';
+import {
+  GetQueueAttributesCommand,
+  GetQueueUrlCommand,
+  SendMessageCommand,
+  SQSClient,
+} from '@aws-sdk/client-sqs';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { DynamoStore } from '../shared/store/dynamoStore.ts';
 import type { ReapReport } from '../shared/usecases/reap.ts';
@@ -65,10 +70,9 @@ describeWithMoto('cdk deploy into moto, and the deployed bundles serving a reque
   let store: DynamoStore;
   const timings: Record<string, number> = {};
 
-  const queueArn = (output: 'RequestQueueUrl' | 'FulfilQueueUrl') => {
-    const name = stack.outputs[output]?.split('/').pop();
-    return `arn:aws:sqs:${DEPLOY_REGION}:${MOTO_ACCOUNT}:${name}`;
-  };
+  /** Queue ARNs by stack output, as SQS reports them. */
+  const arns: Record<string, string> = {};
+  const queueArn = (output: 'RequestQueueUrl' | 'FulfilQueueUrl') => arns[output] as string;
   const poolInstances = async (): Promise<Instance[]> => {
     const out = await ec2.send(
       new DescribeInstancesCommand({ Filters: [{ Name: 'tag:metastatic:pool', Values: [POOL_ID] }] }),
@@ -134,6 +138,12 @@ describeWithMoto('cdk deploy into moto, and the deployed bundles serving a reque
     events = new EventBridgeClient(clientConfig(moto));
     dynamodb = new DynamoDBClient(clientConfig(moto));
     store = new DynamoStore(dynamodb, stack.outputs.TableName as string);
+    for (const output of ['RequestQueueUrl', 'FulfilQueueUrl'] as const) {
+      const attributes = await sqs.send(
+        new GetQueueAttributesCommand({ QueueUrl: stack.outputs[output], AttributeNames: ['QueueArn'] }),
+      );
+      arns[output] = attributes.Attributes?.QueueArn as string;
+    }
     // moto: a schedule rule has no event pattern and moto matches it against every PutEvents, then
     // fails on its Lambda target (moto/events/models.py: Rule.send_to_targets raises
     // NotImplementedError for a lambda ARN). The reaper's schedule is not what is tested here.
@@ -261,6 +271,21 @@ describeWithMoto('cdk deploy into moto, and the deployed bundles serving a reque
     await publishState(instance.InstanceId as string, 'terminated');
     expect(await handleEvents()).toEqual({ records: 1, failed: [] });
     expect((await store.getBacking(backingId))?.state).toBe('stopped');
+  });
+
+  it('ends a request whose message reached the dead-letter queue, launching nothing (request bundle)', async () => {
+    // The request function's second mapping: it tells dead letters apart by REQUEST_DLQ_ARN, which
+    // must be the ARN the mapping's events carry; otherwise this request would launch an instance.
+    const dlq = stack.functions.request.environment.REQUEST_DLQ_ARN as string;
+    const dlqUrl = stack.physicalId('AWS::SQS::Queue', 'PoolRequestQueueDeadLetterQueue');
+    const body = { kind: 'request', id: 'smoke-dead', labels: ['arm-small'], requestor: 'smoke' };
+    await sqs.send(new SendMessageCommand({ QueueUrl: dlqUrl, MessageBody: JSON.stringify(body) }));
+    expect(await pollQueue(runner, sqs, stack.functions.request, dlq)).toEqual({ records: 1, failed: [] });
+    const dead = await store.getRequest('smoke-dead');
+    expect(dead?.state).toBe('failed');
+    expect(dead?.reason).toMatch(/dead-letter queue/);
+    expect(dead?.nodes.map((n) => [n.state, n.backingNodeId])).toEqual([['failed', undefined]]);
+    expect((await poolInstances()).map((i) => i.State?.Name)).toEqual(['terminated']);
   });
 
   it('destroys the stack', async () => {
