@@ -42,10 +42,12 @@ import {
  * instance, its running event goes through the rule to the fulfil queue and fulfils the request, the
  * CLI with --stack sees it and sends another, releases and the reaper terminate the instance.
  *
- * What this cannot prove (moto does not do it): IAM evaluation of the functions' roles, Lambda running
- * the functions (no Docker: the event source mappings are played by pollQueue), EC2's own events and
- * timing (moto emits none and never shows `pending`: the test publishes the state changes with
- * PutEvents, as EC2 would, and the rule does the routing).
+ * What this cannot prove (moto does not do it): IAM evaluation of the functions' roles and of the
+ * fulfil queue's policy for EventBridge (moto's CloudFormation skips AWS::SQS::QueuePolicy and
+ * AWS::CloudWatch::Alarm, and its EventBridge delivers without checking), Lambda running the functions
+ * (no Docker: the event source mappings are played by pollQueue, their batching and concurrency are
+ * not), EC2's own events and timing (moto emits none, never shows `pending` and terminates at once: the
+ * test publishes the state changes with PutEvents, as EC2 would, and the deployed rule routes them).
  */
 
 const ROOT = resolve(import.meta.dirname, '..');
@@ -156,7 +158,10 @@ describeWithMoto('cdk deploy into moto, and the deployed bundles serving a reque
   }, 300_000);
 
   afterAll(async () => {
-    console.info(`deploy smoke timings (ms): ${JSON.stringify(timings)}`);
+    console.info(
+      `deploy smoke timings (ms): ${JSON.stringify(timings)}; ` +
+        `resource types moto did not create (untested here): ${stack?.notCreated.join(', ')}`,
+    );
     for (const c of [sqs, ec2, events, dynamodb]) c?.destroy();
     await moto?.stop();
     if (dir) await rm(dir, { recursive: true, force: true });
