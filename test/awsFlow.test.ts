@@ -1,10 +1,13 @@
 import { DynamoDBClient } from '@aws-sdk/client-dynamodb';
+import { DescribeInstancesCommand, RunInstancesCommand } from '@aws-sdk/client-ec2';
 import { EventBridgeClient, PutEventsCommand } from '@aws-sdk/client-eventbridge';
+import type { SQSBatchResponse } from 'aws-lambda';
 import { mockClient } from 'aws-sdk-client-mock';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { parseConfigOrThrow } from '../shared/config/load.ts';
 import { ManualClock } from '../shared/core/clock.ts';
-import type { StateChangeEvent } from '../shared/core/events.ts';
+import { type StateChangeEvent, stateChangeEvent } from '../shared/core/events.ts';
+import { RESOURCE_NOT_FOUND_GRACE_MS } from '../shared/core/timing.ts';
 import { makeFulfilHandler } from '../shared/handlers/fulfilHandler.ts';
 import { makeRequestHandler } from '../shared/handlers/requestHandler.ts';
 import { awsContext } from '../shared/runtime/awsContext.ts';
@@ -72,8 +75,8 @@ interface Pool {
   clock: ManualClock;
   request: ReturnType<typeof makeRequestHandler>;
   fulfil: ReturnType<typeof makeFulfilHandler>;
-  /** Delivers the fake's pending state events to the fulfil handler. */
-  deliver(): Promise<void>;
+  /** Delivers the fake's pending state events to the fulfil handler (undefined: there were none). */
+  deliver(): Promise<SQSBatchResponse | undefined>;
 }
 
 let pools: FakeEc2[] = [];
@@ -117,7 +120,7 @@ async function pool(o: { retries?: number; maxServers?: number } = {}): Promise<
     async deliver() {
       await ec2.settled();
       const events = queue.splice(0);
-      if (events.length) await fulfil(sqsEvent(events.map((e) => JSON.stringify(e))));
+      return events.length ? fulfil(sqsEvent(events.map((e) => JSON.stringify(e)))) : undefined;
     },
   };
 }
@@ -238,5 +241,135 @@ describe('the whole flow against a stateful fake EC2', () => {
     expect(r?.reason).toMatch(
       /failed to launch 2 time\(s\); last: launch of large failed: .*InvalidAMIID\.NotFound/,
     );
+  });
+});
+
+describe("EC2's eventual consistency: a new instance can be unknown to DescribeInstances for a while", () => {
+  it('never fails an instance EC2 does not show yet, nor launches a second one, and uses it once shown', async () => {
+    const p = await pool();
+    p.ec2.notFoundAfterLaunchMs = 3 * 60_000;
+    await p.request(sqsEvent([req('young')]));
+    const [instance] = p.ec2.instances;
+    const backingId = (await p.ctx.store.getRequest('young'))?.nodes[0]?.backingNodeId as string;
+    // It boots; its `running` event comes while DescribeInstances still answers NotFound: retried.
+    await p.ec2.advance(60_000);
+    expect((await p.deliver())?.batchItemFailures).toEqual([{ itemIdentifier: 'm-1' }]);
+    for (const _ of [1, 2]) {
+      const report = await reap(p.ctx);
+      expect(report.failed).toEqual([]);
+      expect(report.errors).toEqual([]);
+      p.clock.advance(60_000);
+    }
+    expect(p.ec2.inputs('RunInstances')).toHaveLength(1);
+    expect(p.ec2.inputs('TerminateInstances')).toHaveLength(0);
+    expect((await p.ctx.store.getBacking(backingId))?.state).toBe('launching');
+    // EC2 shows it now: the reaper's reconciliation finds it running (the event was not taken).
+    p.clock.advance(60_000);
+    expect((await reap(p.ctx)).failed).toEqual([]);
+    expect(await p.ctx.store.getRequest('young')).toMatchObject({
+      state: 'fulfilled',
+      nodes: [{ backingNodeId: backingId, host: instance?.privateIp }],
+    });
+    expect(p.ec2.instances).toHaveLength(1);
+  });
+
+  it('takes a recorded instance for gone once EC2 has not found it past the grace, asked twice', async () => {
+    const p = await pool();
+    await p.request(sqsEvent([req('lost')]));
+    const [instance] = p.ec2.instances;
+    const id = instance?.instanceId as string;
+    const backingId = (await p.ctx.store.getRequest('lost'))?.nodes[0]?.backingNodeId as string;
+    p.ec2.hide(id); // EC2 has lost it for good
+    p.clock.advance(RESOURCE_NOT_FOUND_GRACE_MS - 1_000);
+    expect((await reap(p.ctx)).failed).toEqual([]);
+    p.clock.advance(1_000);
+    p.ec2.resetCalls();
+    const report = await reap(p.ctx);
+    expect(report.failed).toEqual([backingId]);
+    // Asked twice before it was judged gone (and its node moved to a new instance).
+    const calls = p.ec2.mock.calls().map((c) => c.args[0]);
+    const relaunch = calls.findIndex((c) => c instanceof RunInstancesCommand);
+    const asked = calls
+      .slice(0, relaunch)
+      .filter((c) => c instanceof DescribeInstancesCommand && c.input.InstanceIds?.includes(id));
+    expect(asked).toHaveLength(2);
+    // As for any vanished resource: the waiting node moves to a new instance.
+    expect(report.moved).toBe(1);
+    expect(p.ec2.inputs('RunInstances')).toHaveLength(1);
+  });
+
+  it('does not take a NotFound terminate of a young instance for done: terminates it once EC2 shows it', async () => {
+    const p = await pool();
+    p.ec2.notFoundAfterLaunchMs = 3 * 60_000;
+    await p.request(sqsEvent([req('early')]));
+    const [instance] = p.ec2.instances;
+    const backingId = (await p.ctx.store.getRequest('early'))?.nodes[0]?.backingNodeId as string;
+    await p.request(sqsEvent([JSON.stringify({ kind: 'release', nodeId: 'early/0' })]));
+    p.clock.advance(61_000); // grace-time 60 s
+    const report = await reap(p.ctx);
+    expect(report.retired).toEqual([backingId]);
+    expect(report.stopped).toEqual([]);
+    expect(report.errors).toEqual([]);
+    expect((await p.ctx.store.getBacking(backingId))?.state).toBe('retiring');
+    expect(p.ec2.instance(instance?.instanceId as string)?.state).toBe('running');
+    p.clock.advance(2 * 60_000);
+    expect((await reap(p.ctx)).stopped).toEqual([backingId]);
+    expect(p.ec2.live()).toHaveLength(0);
+  });
+});
+
+describe('the fulfil function and other instances in the region', () => {
+  const foreign = 'i-0f0f0f0f0f0f0f0f0';
+  const spotWarning = (instanceId: string) =>
+    JSON.stringify({
+      version: '0',
+      'detail-type': 'EC2 Spot Instance Interruption Warning',
+      source: 'aws.ec2',
+      detail: { 'instance-id': instanceId, 'instance-action': 'terminate' },
+    });
+
+  it('ignores events for instances no backing node records without any EC2 call; ours still work', async () => {
+    const p = await pool();
+    await p.request(sqsEvent([req('ours')]));
+    const [instance] = p.ec2.instances;
+    p.ec2.resetCalls();
+    const events = (['pending', 'running', 'shutting-down', 'terminated'] as const).map((state) =>
+      JSON.stringify(
+        stateChangeEvent({ resourceId: foreign, state, source: 'aws.ec2', region: 'eu-west-1', at: 0 }),
+      ),
+    );
+    const out = await p.fulfil(sqsEvent([...events, spotWarning(foreign)]));
+    expect(out.batchItemFailures).toEqual([]);
+    expect(p.ec2.mock.calls()).toHaveLength(0);
+    // Our instance's events: `pending` needs no call, `running` one DescribeInstances (its address).
+    await p.ec2.advance(30_000);
+    await p.deliver();
+    expect(p.ec2.mock.calls()).toHaveLength(1);
+    expect(p.ec2.inputs('DescribeInstances')[0]?.InstanceIds).toEqual([instance?.instanceId]);
+    expect((await p.ctx.store.getRequest('ours'))?.state).toBe('fulfilled');
+    // A spot warning for ours needs no EC2 call either, and fails its backing node.
+    p.ec2.resetCalls();
+    expect(
+      (await p.fulfil(sqsEvent([spotWarning(instance?.instanceId as string)]))).batchItemFailures,
+    ).toEqual([]);
+    expect(p.ec2.mock.calls()).toHaveLength(0);
+    expect((await p.ctx.store.getRequest('ours'))?.nodes[0]).toMatchObject({
+      state: 'failed',
+      reason: expect.stringContaining('spot interruption warning'),
+    });
+  });
+
+  it("forgets an instance's pointer once its backing node is stopped", async () => {
+    const p = await pool();
+    await p.request(sqsEvent([req('gone')]));
+    const id = p.ec2.instances[0]?.instanceId as string;
+    await p.ec2.advance(30_000);
+    await p.deliver();
+    expect(await p.ctx.store.backingIdOfResource(id)).toBeDefined();
+    await p.request(sqsEvent([JSON.stringify({ kind: 'release', nodeId: 'gone/0' })]));
+    await p.ec2.advance(61_000);
+    await p.deliver();
+    expect((await reap(p.ctx)).stopped).toHaveLength(1);
+    expect(await p.ctx.store.backingIdOfResource(id)).toBeUndefined();
   });
 });

@@ -1,18 +1,23 @@
+import type { Context as LambdaContext } from 'aws-lambda';
 import { makeReaperHandler } from '../../shared/handlers/reaperHandler.ts';
 import { type LambdaRuntime, lambdaRuntimeFromEnv } from '../../shared/runtime/lambdaContext.ts';
 import type { ReapReport } from '../../shared/usecases/reap.ts';
 
 /** The reaper function, invoked by an EventBridge schedule. */
-let runtime: { rt: LambdaRuntime; handle: () => Promise<ReapReport> } | undefined;
+let runtime: { rt: LambdaRuntime; handle: ReturnType<typeof makeReaperHandler> } | undefined;
 
-export const handler = async (): Promise<ReapReport> => {
+/**
+ * `context` gives the invocation's remaining time: the run leaves what does not fit to the next one
+ * (Lambda always passes it; a caller outside Lambda without one gets the function's timeout).
+ */
+export const handler = async (_event?: unknown, context?: LambdaContext): Promise<ReapReport> => {
   if (!runtime) {
     const rt = lambdaRuntimeFromEnv();
     runtime = { rt, handle: makeReaperHandler(rt.context) };
   }
   let report: ReapReport;
   try {
-    report = await runtime.handle();
+    report = await runtime.handle(context);
   } finally {
     runtime.rt.metrics.publishStoredMetrics();
   }

@@ -1,8 +1,8 @@
-import type { SQSBatchResponse, SQSEvent } from 'aws-lambda';
+import type { Context as LambdaContext, SQSBatchResponse, SQSEvent } from 'aws-lambda';
 import { makeDeadLetterHandler, makeRequestHandler } from '../../shared/handlers/requestHandler.ts';
 import { type LambdaRuntime, lambdaRuntimeFromEnv } from '../../shared/runtime/lambdaContext.ts';
 
-type Handle = (event: SQSEvent) => Promise<SQSBatchResponse>;
+type Handle = ReturnType<typeof makeRequestHandler>;
 
 /**
  * The request function: SQS batches of request / release messages (ReportBatchItemFailures), from the
@@ -11,7 +11,7 @@ type Handle = (event: SQSEvent) => Promise<SQSBatchResponse>;
  */
 let runtime: { rt: LambdaRuntime; handle: Handle; deadLetters: Handle } | undefined;
 
-export const handler = async (event: SQSEvent): Promise<SQSBatchResponse> => {
+export const handler = async (event: SQSEvent, context?: LambdaContext): Promise<SQSBatchResponse> => {
   if (!runtime) {
     const rt = lambdaRuntimeFromEnv();
     runtime = {
@@ -23,7 +23,8 @@ export const handler = async (event: SQSEvent): Promise<SQSBatchResponse> => {
   const dlq = runtime.rt.env.REQUEST_DLQ_ARN;
   const fromDlq = dlq !== undefined && event.Records[0]?.eventSourceARN === dlq;
   try {
-    return await (fromDlq ? runtime.deadLetters : runtime.handle)(event);
+    // The invocation's remaining time bounds the batch (see makeBatchHandler).
+    return await (fromDlq ? runtime.deadLetters : runtime.handle)(event, context);
   } finally {
     runtime.rt.metrics.publishStoredMetrics();
   }

@@ -25,6 +25,15 @@ export class CapacityError extends RetryableError {}
  */
 export class BusyError extends RetryableError {}
 
+/**
+ * The invocation has too little time left for this work (see core/timing.ts): it is not started, or a
+ * check it began ended without an answer. The record comes back and is tried again with a fresh deadline.
+ */
+export class DeadlineError extends RetryableError {}
+
+/** A bounded wait (a host-key scan) ran out of time without an answer. */
+export class TimeoutError extends MetastaticError {}
+
 /** A conditional write found the item changed since it was read. */
 export class ConflictError extends MetastaticError {}
 

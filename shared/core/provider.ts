@@ -34,9 +34,22 @@ export interface BackingResource {
 export interface BackingProvider {
   /** Starts a backing node. Idempotent: the same (backingNodeId, attempt) never starts a second resource. */
   launch(spec: LaunchSpec): Promise<{ resourceId: string }>;
-  /** The resource as the provider sees it now, or undefined when it does not exist (any more). */
+  /**
+   * The resource as the provider sees it now, or undefined when it does not exist (any more), or, for an
+   * eventually consistent provider, not yet (see `eventuallyConsistent`).
+   */
   describe(resourceId: string): Promise<BackingResource | undefined>;
-  /** Stops and deletes the resource. Idempotent: terminating a gone resource succeeds. */
+  /**
+   * True when a resource created a moment ago can still be unknown to `describe`, `list` and `terminate`
+   * (EC2's eventual consistency). The reaper then takes "not found" for "gone" only once the resource id
+   * has been recorded for RESOURCE_NOT_FOUND_GRACE_MS (core/timing.ts) and a second describe agrees.
+   * Unset: "not found" is final.
+   */
+  readonly eventuallyConsistent?: boolean;
+  /**
+   * Stops and deletes the resource. Idempotent: terminating a gone resource succeeds (so, with
+   * `eventuallyConsistent`, a young resource "not found" may not have been terminated: describe after).
+   */
   terminate(resourceId: string): Promise<void>;
   /** Every resource carrying this pool's tag (for reconciliation). */
   list(): Promise<BackingResource[]>;

@@ -1,5 +1,6 @@
 import type { MetastaticLabel } from '../config/model.ts';
 import type { BackingRecord } from './records.ts';
+import { RESOURCE_NOT_FOUND_GRACE_MS } from './timing.ts';
 
 /**
  * Launch and boot deadlines of a launching backing node: launch-timeout counts from the launch,
@@ -66,4 +67,14 @@ export function reapDecision(
     retire: true,
     reason: `empty for ${((now - b.lastUsedAt) / 1000).toFixed(1)}s (grace-time ${label.graceTime}s)`,
   };
+}
+
+/**
+ * Whether an eventually consistent provider's "not found" for a backing node's resource can be believed
+ * now: only once the resource id has been recorded for RESOURCE_NOT_FOUND_GRACE_MS (a new EC2 instance
+ * can be unknown to DescribeInstances for a while). Records from before `resourceRecordedAt` existed
+ * count from their launch.
+ */
+export function notFoundIsFinal(b: BackingRecord, now: number): boolean {
+  return now - (b.resourceRecordedAt ?? b.launchedAt) >= RESOURCE_NOT_FOUND_GRACE_MS;
 }

@@ -40,6 +40,11 @@ export const BackingRecord = z.object({
   version: z.number().int().nonnegative(),
   attempt: z.number().int().positive(),
   resourceId: z.string().optional(),
+  /**
+   * When `resourceId` was recorded. An eventually consistent provider's "not found" for it means gone only
+   * RESOURCE_NOT_FOUND_GRACE_MS after this (records from before it existed fall back to `launchedAt`).
+   */
+  resourceRecordedAt: z.number().optional(),
   host: z.string().optional(),
   port: z.number().int().optional(),
   attributes: Attributes.optional(),

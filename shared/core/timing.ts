@@ -5,6 +5,7 @@
  * (lib/) and the use cases, and `test/timing.test.ts` checks their ordering:
  *
  *   delivery deadline <= function timeout < claim takeover <= visibility timeout,  takeover < slot lease
+ *   safety margin + shortest check < every function timeout
  *
  * - A delivery stops (and is retried) before its function's timeout, so it never writes after Lambda
  *   killed it... and a delivery older than the takeover age is known dead, because Lambda would have.
@@ -12,6 +13,8 @@
  *   redelivery may take that delivery's claims over at once.
  * - The reaper gives back an unconfirmed claim only well after any delivery that took it is dead.
  */
+
+import type { Clock } from './clock.ts';
 
 /** Lambda's timeout of each pool function, seconds. */
 export const FUNCTION_TIMEOUT_SECONDS = { request: 30, fulfil: 30, reaper: 60 } as const;
@@ -48,3 +51,47 @@ export const ORPHAN_GRACE_MS = 2 * 60_000;
  * killed, so its outcome is recorded and the rest of the batch reported as item failures.
  */
 export const INVOCATION_SAFETY_MARGIN_MS = 5_000;
+
+/** How long one port probe waits for a TCP connection (boot-timeout allows many probes, one per try). */
+export const PORT_PROBE_TIMEOUT_MS = 5_000;
+
+/**
+ * A port probe or host-key scan starts only with at least this long left before the deadline: a check
+ * given less could not tell a slow machine from a dead one. The work is retried instead (its record comes
+ * back), with boot-timeout still counted from the first `running` report.
+ */
+export const MIN_CHECK_MS = PORT_PROBE_TIMEOUT_MS;
+
+/**
+ * EC2 is eventually consistent: for a while after RunInstances, DescribeInstances can answer
+ * InvalidInstanceID.NotFound and the tagged list can leave the new instance out ("seconds to minutes",
+ * says EC2's documentation). A resource an eventually consistent provider does not find counts as gone
+ * only once its id has been recorded this long, and a second describe does not find it either.
+ */
+export const RESOURCE_NOT_FOUND_GRACE_MS = 5 * 60_000;
+
+/** The part of Lambda's invocation context that tells how long the invocation may still run. */
+export interface InvocationTime {
+  getRemainingTimeInMillis(): number;
+}
+
+/**
+ * How long an invocation's work may still go on: its remaining time less INVOCATION_SAFETY_MARGIN_MS.
+ * Zero or less: start nothing new, and let the record come back.
+ */
+export interface Deadline {
+  remainingMs(): number;
+}
+
+export function deadlineOf(invocation: InvocationTime): Deadline {
+  return { remainingMs: () => invocation.getRemainingTimeInMillis() - INVOCATION_SAFETY_MARGIN_MS };
+}
+
+/**
+ * An invocation with no Lambda context (the embedded stack's pollers and schedule) that may run for
+ * `budgetMs` from now, measured on `clock` (the use cases' clock, so tests drive it).
+ */
+export function invocationFor(clock: Clock, budgetMs: number): InvocationTime {
+  const end = clock.now() + budgetMs;
+  return { getRemainingTimeInMillis: () => end - clock.now() };
+}

@@ -1,18 +1,17 @@
-import { BatchProcessor, EventType, processPartialResponse } from '@aws-lambda-powertools/batch';
 import type { SQSRecord } from 'aws-lambda';
 import { BackingEvent } from '../core/events.ts';
 import type { Context } from '../usecases/context.ts';
 import { handleSpotWarning, handleStateChange } from '../usecases/fulfil.ts';
-import type { SqsBatchHandler } from './requestHandler.ts';
+import { makeBatchHandler, type SqsBatchHandler } from './batchHandler.ts';
 
 /**
  * The fulfil function: a batch of "EC2 Instance State-change Notification" events delivered by
  * EventBridge through SQS (the embedded stack's local provider sends the same bodies). A body that is
- * not such an event is logged and consumed; it would never parse on a retry.
+ * not such an event is logged and consumed; it would never parse on a retry. The records run at once
+ * (events about different machines), under the invocation's deadline (see makeBatchHandler).
  */
-export function makeFulfilHandler(ctx: Context): SqsBatchHandler {
-  const processor = new BatchProcessor(EventType.SQS);
-  const recordHandler = async (record: SQSRecord): Promise<void> => {
+export function makeFulfilHandler(context: Context): SqsBatchHandler {
+  const recordHandler = async (record: SQSRecord, ctx: Context): Promise<void> => {
     let json: unknown;
     try {
       json = JSON.parse(record.body);
@@ -41,6 +40,5 @@ export function makeFulfilHandler(ctx: Context): SqsBatchHandler {
         : await handleStateChange(ctx, event);
     ctx.log.debug('state change handled', { messageId: record.messageId, outcome });
   };
-  return (event) =>
-    processPartialResponse(event, recordHandler, processor, { throwOnFullBatchFailure: false });
+  return makeBatchHandler(context, recordHandler, { inOrder: false });
 }

@@ -1,5 +1,4 @@
-import { BatchProcessor, EventType, processPartialResponse } from '@aws-lambda-powertools/batch';
-import type { SQSBatchResponse, SQSEvent, SQSRecord } from 'aws-lambda';
+import type { SQSRecord } from 'aws-lambda';
 import { CapacityError, PermanentError } from '../core/errors.ts';
 import { nodeId } from '../core/ids.ts';
 import { parseMessage, type RequestMessage } from '../core/messages.ts';
@@ -13,6 +12,7 @@ import {
   requestedRecord,
   requestNodes,
 } from '../usecases/requestNodes.ts';
+import { makeBatchHandler, type SqsBatchHandler } from './batchHandler.ts';
 
 export interface RequestHandlerOptions {
   /**
@@ -23,7 +23,7 @@ export interface RequestHandlerOptions {
   readonly maxReceiveCount?: number;
 }
 
-export type SqsBatchHandler = (event: SQSEvent) => Promise<SQSBatchResponse>;
+export type { SqsBatchHandler } from './batchHandler.ts';
 
 /** Fails a request that is still waiting (recording it failed if it was never recorded); idempotent. */
 async function giveUp(ctx: Context, m: RequestMessage, reason: string): Promise<void> {
@@ -41,8 +41,8 @@ export const DEAD_LETTERED_REASON =
  * ended as failed with DEAD_LETTERED_REASON (unless it was placed or ended meanwhile), a release is tried
  * once more. What fails here stays in the dead-letter queue and comes back (its alarm shows it).
  */
-export function makeDeadLetterHandler(ctx: Context): SqsBatchHandler {
-  const recordHandler = async (record: SQSRecord): Promise<void> => {
+export function makeDeadLetterHandler(context: Context): SqsBatchHandler {
+  const recordHandler = async (record: SQSRecord, ctx: Context): Promise<void> => {
     const parsed = parseMessage(record.body);
     if (!parsed.ok) return; // rejected, and recorded, on its first delivery: never retried
     const m = parsed.message;
@@ -64,7 +64,7 @@ export function makeDeadLetterHandler(ctx: Context): SqsBatchHandler {
       throw err;
     }
   };
-  return inOrder(recordHandler);
+  return makeBatchHandler(context, recordHandler, { inOrder: true });
 }
 
 /**
@@ -80,12 +80,13 @@ function reportCapacityWait(ctx: Context, record: SQSRecord): void {
 }
 
 /**
- * The request function: one SQS batch of request/release messages. Each record is handled alone;
- * Powertools' batch processor reports the failed ones so only they come back. Bad input is recorded
- * (under its request id when it has one) and consumed; transient failures are retried by SQS.
+ * The request function: one SQS batch of request/release messages, in order (see makeBatchHandler). Each
+ * record is handled alone; Powertools' batch processor reports the failed ones so only they come back.
+ * Bad input is recorded (under its request id when it has one) and consumed; transient failures are
+ * retried by SQS.
  */
-export function makeRequestHandler(ctx: Context, options: RequestHandlerOptions = {}): SqsBatchHandler {
-  const recordHandler = async (record: SQSRecord): Promise<void> => {
+export function makeRequestHandler(context: Context, options: RequestHandlerOptions = {}): SqsBatchHandler {
+  const recordHandler = async (record: SQSRecord, ctx: Context): Promise<void> => {
     const parsed = parseMessage(record.body);
     if (!parsed.ok) {
       ctx.log.warn('rejected message', { messageId: record.messageId, reason: parsed.reason });
@@ -142,21 +143,5 @@ export function makeRequestHandler(ctx: Context, options: RequestHandlerOptions 
       throw err;
     }
   };
-  return inOrder(recordHandler);
-}
-
-/**
- * A batch handler that handles its records one after the other, each on its own (Powertools' batch
- * processor reports the failed ones, so only they come back). In order, not in parallel: records of one
- * batch would otherwise race each other for the same free slots and each launch a backing node, where in
- * order the second packs onto the first's. Concurrency across invocations stays safe (conditional
- * writes); this is about packing.
- */
-function inOrder(recordHandler: (record: SQSRecord) => Promise<void>): SqsBatchHandler {
-  const processor = new BatchProcessor(EventType.SQS);
-  return (event) =>
-    processPartialResponse(event, recordHandler, processor, {
-      throwOnFullBatchFailure: false,
-      processInParallel: false,
-    });
+  return makeBatchHandler(context, recordHandler, { inOrder: true });
 }

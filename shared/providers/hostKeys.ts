@@ -8,6 +8,7 @@
  */
 import { connect } from 'node:net';
 import ssh2 from 'ssh2';
+import { TimeoutError } from '../core/errors.ts';
 
 /** How long a scan that got its key waits for the server to close the connection before dropping it. */
 const CLOSE_GRACE_MS = 1_000;
@@ -20,8 +21,9 @@ function endpoint(host: string, port: number): string {
 /**
  * The host key of the SSH server at host:port, as `["<type> <base64>"]` (the known_hosts / authorized_keys
  * form, e.g. `ssh-ed25519 AAAA...`). Rejects with `host-key scan of HOST:PORT failed: <reason>` when the
- * connection or the key exchange fails, and with `host-key scan of HOST:PORT timed out after Nms` when the
- * key exchange is not done within `timeoutMs`. Settles only once its socket is closed; leaves no timer.
+ * connection or the key exchange fails, and with a TimeoutError `host-key scan of HOST:PORT timed out after
+ * Nms` when the key exchange is not done within `timeoutMs` (the caller tells a scan its own deadline cut
+ * short from a dead server by it). Settles only once its socket is closed; leaves no timer.
  */
 export async function scanHostKeys(host: string, port: number, timeoutMs: number): Promise<string[]> {
   const where = endpoint(host, port);
@@ -47,7 +49,7 @@ export async function scanHostKeys(host: string, port: number, timeoutMs: number
 
     const timer = setTimeout(() => {
       if (outcome) return;
-      outcome = { error: new Error(`host-key scan of ${where} timed out after ${timeoutMs}ms`) };
+      outcome = { error: new TimeoutError(`host-key scan of ${where} timed out after ${timeoutMs}ms`) };
       socket.destroy();
     }, timeoutMs);
 

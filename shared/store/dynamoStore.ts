@@ -4,6 +4,7 @@ import {
   type DynamoDBClient,
 } from '@aws-sdk/client-dynamodb';
 import {
+  DeleteCommand,
   DynamoDBDocumentClient,
   GetCommand,
   PutCommand,
@@ -25,6 +26,7 @@ import {
   keys,
   REAP_INDEX,
   requestItem,
+  resourceItem,
 } from './table.ts';
 
 /**
@@ -32,6 +34,7 @@ import {
  * below; a failed condition becomes a ConflictError (or a domain answer), anything else is re-thrown.
  * No transactions anywhere: each write touches one item.
  */
+const pointsTo = '(attribute_not_exists(pk) OR backingNodeId = :backingNodeId)';
 const conditions = {
   itemDoesNotExist: 'attribute_not_exists(pk)',
   versionUnchanged: '#version = :expectedVersion',
@@ -379,6 +382,58 @@ export class DynamoStore {
       input.ExclusiveStartKey = out.LastEvaluatedKey;
     } while (input.ExclusiveStartKey);
     return items;
+  }
+
+  // ---- resource pointers ------------------------------------------------------------------------
+
+  /**
+   * Records which backing node a provider resource belongs to (written before the resource id is recorded
+   * on the backing node, so every recorded id has its pointer). Idempotent for the same backing node; a
+   * resource id another backing node claims is a ConflictError.
+   */
+  async pointToBacking(resourceId: string, backingNodeId: string, recordedAt: number): Promise<void> {
+    try {
+      await this.doc.send(
+        new PutCommand({
+          TableName: this.tableName,
+          Item: resourceItem(resourceId, backingNodeId, recordedAt),
+          ConditionExpression: pointsTo,
+          ExpressionAttributeValues: { ':backingNodeId': backingNodeId },
+        }),
+      );
+    } catch (err) {
+      if (err instanceof ConditionalCheckFailedException) {
+        throw new ConflictError(`resource ${resourceId} is already recorded by another backing node`, {
+          cause: err,
+        });
+      }
+      throw err;
+    }
+  }
+
+  /** The backing node that records a provider resource, or undefined when none does (one GetItem). */
+  async backingIdOfResource(resourceId: string): Promise<string | undefined> {
+    const out = await this.doc.send(
+      new GetCommand({ TableName: this.tableName, Key: keys.resource(resourceId), ConsistentRead: true }),
+    );
+    const id = out.Item?.backingNodeId;
+    return typeof id === 'string' ? id : undefined;
+  }
+
+  /** Removes a resource's pointer while it still names this backing node (idempotent). */
+  async forgetResource(resourceId: string, backingNodeId: string): Promise<void> {
+    try {
+      await this.doc.send(
+        new DeleteCommand({
+          TableName: this.tableName,
+          Key: keys.resource(resourceId),
+          ConditionExpression: pointsTo,
+          ExpressionAttributeValues: { ':backingNodeId': backingNodeId },
+        }),
+      );
+    } catch (err) {
+      if (!(err instanceof ConditionalCheckFailedException)) throw err; // another's: left alone
+    }
   }
 
   // ---- capacity sets (max-servers) --------------------------------------------------------------

@@ -8,6 +8,8 @@ import type { BackingRecord, RequestRecord } from '../core/records.ts';
  *   BACKING#<backingNodeId>         BACKING   a backing node and its slot map
  *   POOL#<provider/pool>            NODES     map of the pool's live node ids -> owner (max-servers)
  *   BACKINGPOOL#<provider/pool>     BACKING   map of the backing pool's live backing ids -> owner (its cap)
+ *   RESOURCE#<resourceId>           RESOURCE  which backing node records this provider resource (the fulfil
+ *                                             function's look-up of an EC2 event's instance, before any EC2 call)
  * Sparse indexes (attributes present only when the item belongs in them):
  *   free (fpk, fsk): backing nodes that can take a node, per pool and label, fullest then oldest first
  *   reap (rpk, rsk): IDLE (empty), LAUNCHING (by launch time), ACTIVE (ready, in use), RETIRING and
@@ -21,6 +23,7 @@ export const keys = {
   backing: (id: string) => ({ pk: `BACKING#${id}`, sk: 'BACKING' }),
   poolNodes: (poolKey: string) => ({ pk: `POOL#${poolKey}`, sk: 'NODES' }),
   backingPool: (poolKey: string) => ({ pk: `BACKINGPOOL#${poolKey}`, sk: 'BACKING' }),
+  resource: (resourceId: string) => ({ pk: `RESOURCE#${resourceId}`, sk: 'RESOURCE' }),
 } as const;
 
 export const reapPartition = {
@@ -73,6 +76,11 @@ export function backingItem(b: BackingRecord): Record<string, unknown> {
     claims: b.claims ?? {},
     ...backingIndexAttributes(b),
   });
+}
+
+/** A resource pointer: resource id -> the backing node that records it (no index attributes). */
+export function resourceItem(resourceId: string, backingNodeId: string, recordedAt: number) {
+  return { ...keys.resource(resourceId), type: 'resource', resourceId, backingNodeId, recordedAt };
 }
 
 export function requestItem(r: RequestRecord): Record<string, unknown> {

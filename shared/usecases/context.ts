@@ -2,6 +2,7 @@ import type { ResolvedConfig } from '../config/model.ts';
 import type { Clock } from '../core/clock.ts';
 import type { EventSink, MetricSink, PoolEventType } from '../core/observability.ts';
 import type { ProviderRegistry } from '../core/provider.ts';
+import type { Deadline } from '../core/timing.ts';
 import type { DynamoStore } from '../store/dynamoStore.ts';
 
 /** The structured logger the use cases need (Powertools' Logger satisfies it). */
@@ -34,6 +35,17 @@ export interface Context {
    * `npm run cost`). With `oldest` the order holds within each page of candidates the index returns.
    */
   readonly placementPolicy?: 'fullest' | 'oldest';
+  /**
+   * The invocation's time (set per invocation by the handlers, from Lambda's remaining time or, in the
+   * embedded stack, the delivery deadline): checks and placements end before it. Unset (a use case called
+   * directly, the CLI): no bound but the use cases' own (DELIVERY_DEADLINE_MS, boot-timeout).
+   */
+  readonly deadline?: Deadline;
+}
+
+/** How long the invocation's work may still go on (see Context.deadline); infinite when unbounded. */
+export function timeLeft(ctx: Context): number {
+  return ctx.deadline ? ctx.deadline.remainingMs() : Number.POSITIVE_INFINITY;
 }
 
 /**
@@ -58,7 +70,10 @@ import { CLAIM_TAKEOVER_MS, SLOT_LEASE_MS } from '../core/timing.ts';
 export {
   CLAIM_TAKEOVER_MS,
   DELIVERY_DEADLINE_MS,
+  MIN_CHECK_MS,
   ORPHAN_GRACE_MS,
+  PORT_PROBE_TIMEOUT_MS,
+  RESOURCE_NOT_FOUND_GRACE_MS,
   SLOT_LEASE_MS,
 } from '../core/timing.ts';
 

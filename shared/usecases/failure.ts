@@ -5,7 +5,13 @@ import { nodeAttributes } from '../core/pools.ts';
 import type { BackingRecord, NodeRecord, RequestRecord } from '../core/records.ts';
 import { assertTransition } from '../core/states.ts';
 import { keys } from '../store/table.ts';
-import { type Context, DELIVERY_DEADLINE_MS, leaseExpired, MAX_CONFLICT_RETRIES } from './context.ts';
+import {
+  type Context,
+  DELIVERY_DEADLINE_MS,
+  leaseExpired,
+  MAX_CONFLICT_RETRIES,
+  timeLeft,
+} from './context.ts';
 import { markNodesReady } from './fulfil.ts';
 import { giveBackSlot, type Placement, placeNode } from './placement.ts';
 import { requestSettled } from './requestEvents.ts';
@@ -117,6 +123,8 @@ export async function rehomeNode(
   fromBackingId: string,
   reason: string,
 ): Promise<'rehomed' | 'failed' | 'waiting' | 'moved-already'> {
+  // No time left in this invocation: the node keeps waiting, for the reaper's next run to move.
+  if (timeLeft(ctx) <= 0) return 'waiting';
   const r = await ctx.store.getRequest(requestId);
   const n = r?.nodes[index];
   if (!r || !n || n.state !== 'pending' || n.backingNodeId !== fromBackingId) return 'moved-already';
@@ -144,7 +152,8 @@ export async function rehomeNode(
   for (let i = 0; i < MAX_CONFLICT_RETRIES; i++) {
     const current = await ctx.store.getRequest(requestId);
     const node = current?.nodes[index];
-    const late = ctx.clock.now() - startedAt > DELIVERY_DEADLINE_MS; // our claim may be taken over
+    // Our claim may be taken over, or the invocation is about to end: give it back and wait.
+    const late = ctx.clock.now() - startedAt > DELIVERY_DEADLINE_MS || timeLeft(ctx) <= 0;
     if (!current || !node || node.state !== 'pending' || node.backingNodeId !== fromBackingId || late) {
       await giveBackSlot(ctx, placement.backing.id, n.id, { owner }); // someone else moved it first
       return late ? 'waiting' : 'moved-already';

@@ -1,13 +1,14 @@
 import { markReady } from '../core/backing.ts';
-import { ConflictError, RetryableError } from '../core/errors.ts';
+import { ConflictError, DeadlineError, RetryableError } from '../core/errors.ts';
 import type { StateChangeEvent } from '../core/events.ts';
 import { parseNodeId } from '../core/ids.ts';
 import { MetricName } from '../core/observability.ts';
 import { nodeAttributes } from '../core/pools.ts';
-import type { BackingResource } from '../core/provider.ts';
+import type { BackingProvider, BackingResource } from '../core/provider.ts';
+import { notFoundIsFinal } from '../core/reaper.ts';
 import type { BackingRecord, NodeRecord, RequestRecord } from '../core/records.ts';
 import { assertTransition } from '../core/states.ts';
-import { type Context, MAX_CONFLICT_RETRIES } from './context.ts';
+import { type Context, MAX_CONFLICT_RETRIES, PORT_PROBE_TIMEOUT_MS, timeLeft } from './context.ts';
 import { failBackingNode, hostKeysOf } from './failure.ts';
 import { scanKeys } from './placement.ts';
 import { requestSettled } from './requestEvents.ts';
@@ -27,68 +28,89 @@ export type FulfilOutcome =
  * backing node is ready, then its nodes, then the requests all of whose nodes are ready. A resource
  * that is gone fails its backing node: waiting nodes move elsewhere, ready ones fail so their users
  * learn it. Every step is idempotent, so a duplicated or re-ordered event is harmless.
+ *
+ * The rule forwards every EC2 instance's events in the region (other teams' too): the instance is looked
+ * up in the table first (its resource pointer), and an event for one no backing node records is ignored
+ * without any EC2 call. Only `running` calls EC2 (DescribeInstances, for the address); a termination needs
+ * no confirmation, EC2's event is the word.
  */
 export async function handleStateChange(ctx: Context, event: StateChangeEvent): Promise<FulfilOutcome> {
   const resourceId = event.detail['instance-id'];
   const state = event.detail.state;
-  const provider = ctx.providers.forResource(resourceId);
-  if (!provider) return { kind: 'ignored', reason: `no provider owns resource ${resourceId}` };
-  const resource = await provider.describe(resourceId);
+  if (state !== 'running' && !GONE_STATES.has(state)) {
+    return { kind: 'ignored', reason: `state ${state} needs no action` };
+  }
+  const b = await recordedBacking(ctx, resourceId);
+  if ('kind' in b) return b;
   if (state === 'running') {
-    if (!resource) return { kind: 'ignored', reason: `resource ${resourceId} no longer exists` };
+    if (b.state !== 'launching' && b.state !== 'ready') {
+      return { kind: 'ignored', reason: `backing node ${b.id} is ${b.state}` };
+    }
+    let provider: BackingProvider;
+    try {
+      provider = ctx.providers.forPool(b.backingPoolKey);
+    } catch (err) {
+      return { kind: 'ignored', reason: (err as Error).message };
+    }
+    const resource = await provider.describe(resourceId);
+    if (!resource) {
+      if (provider.eventuallyConsistent && !notFoundIsFinal(b, ctx.clock.now())) {
+        // EC2 sent the event, so the instance exists: its describe has not caught up yet.
+        throw new RetryableError(`resource ${resourceId} reported running is not found yet; retrying`);
+      }
+      return { kind: 'ignored', reason: `resource ${resourceId} no longer exists` };
+    }
     if (resource.state !== 'running') {
       return { kind: 'ignored', reason: `resource ${resourceId} is ${resource.state}` };
     }
     return resourceRunning(ctx, resource);
   }
-  if (state === 'terminated' || state === 'shutting-down' || state === 'stopped' || state === 'stopping') {
-    // Providers keep describing a gone resource for a while (EC2 does for about an hour), tags included.
-    const backingId = resource?.backingNodeId;
-    if (!backingId)
-      return { kind: 'ignored', reason: `resource ${resourceId} is not a recorded backing node` };
-    const b = await ctx.store.getBacking(backingId);
-    if (b?.resourceId !== undefined && b.resourceId !== resourceId) {
-      return {
-        kind: 'ignored',
-        reason: `resource ${resourceId} is not backing node ${backingId}'s current one`,
-      };
-    }
-    const report = await failBackingNode(ctx, backingId, `backing resource ${resourceId} is ${state}`, {
-      resourceGone: true,
-    });
-    if (!report) return { kind: 'ignored', reason: `backing node ${backingId} is ${b?.state ?? 'unknown'}` };
-    return {
-      kind: 'failed',
-      backingNodeId: backingId,
-      nodesFailed: report.failed,
-      nodesMoved: report.rehomed,
-    };
+  const report = await failBackingNode(ctx, b.id, `backing resource ${resourceId} is ${state}`, {
+    resourceGone: true,
+  });
+  if (!report) return { kind: 'ignored', reason: `backing node ${b.id} is ${b.state}` };
+  return { kind: 'failed', backingNodeId: b.id, nodesFailed: report.failed, nodesMoved: report.rehomed };
+}
+
+/** States that mean the machine serves nobody any more. */
+const GONE_STATES: ReadonlySet<string> = new Set(['terminated', 'shutting-down', 'stopped', 'stopping']);
+
+/**
+ * The backing node that records this resource, found by its pointer (no provider call), or why the
+ * event is not ours to handle.
+ */
+async function recordedBacking(
+  ctx: Context,
+  resourceId: string,
+): Promise<BackingRecord | { readonly kind: 'ignored'; readonly reason: string }> {
+  const backingId = await ctx.store.backingIdOfResource(resourceId);
+  if (!backingId) {
+    return { kind: 'ignored', reason: `resource ${resourceId} is recorded by no backing node` };
   }
-  return { kind: 'ignored', reason: `state ${state} needs no action` };
+  const b = await ctx.store.getBacking(backingId);
+  if (!b) return { kind: 'ignored', reason: `no backing node ${backingId}` };
+  if (b.resourceId !== undefined && b.resourceId !== resourceId) {
+    return { kind: 'ignored', reason: `resource ${resourceId} is not backing node ${b.id}'s current one` };
+  }
+  return b;
 }
 
 /**
  * A spot interruption warning: the instance goes in two minutes. The backing node is retired at once
  * (no more slots); its ready nodes are failed with the reason so their users learn it, and waiting
- * nodes move to another backing node. The reaper terminates it.
+ * nodes move to another backing node. The reaper terminates it. No EC2 call: the table says whose it is.
  */
 export async function handleSpotWarning(ctx: Context, resourceId: string): Promise<FulfilOutcome> {
-  const provider = ctx.providers.forResource(resourceId);
-  const resource = await provider?.describe(resourceId);
-  if (!resource) return { kind: 'ignored', reason: `resource ${resourceId} is not ours` };
+  const b = await recordedBacking(ctx, resourceId);
+  if ('kind' in b) return b;
   const report = await failBackingNode(
     ctx,
-    resource.backingNodeId,
+    b.id,
     `spot interruption warning: instance ${resourceId} is reclaimed within two minutes`,
     { resourceGone: true },
   );
-  if (!report) return { kind: 'ignored', reason: `backing node ${resource.backingNodeId} is not live` };
-  return {
-    kind: 'failed',
-    backingNodeId: resource.backingNodeId,
-    nodesFailed: report.failed,
-    nodesMoved: report.rehomed,
-  };
+  if (!report) return { kind: 'ignored', reason: `backing node ${b.id} is not live` };
+  return { kind: 'failed', backingNodeId: b.id, nodesFailed: report.failed, nodesMoved: report.rehomed };
 }
 
 /**
@@ -112,7 +134,15 @@ export async function resourceRunning(ctx: Context, resource: BackingResource): 
   const pool = ctx.config.metastaticPools.find((p) => p.key === b.poolKey);
   const bootTimeout = pool?.bootTimeout ?? 120;
   if (ctx.probePort && resource.host && resource.port !== undefined) {
-    const answered = await ctx.probePort(resource.host, resource.port, Math.min(5_000, bootTimeout * 1000));
+    const probeMs = Math.min(PORT_PROBE_TIMEOUT_MS, bootTimeout * 1000);
+    if (timeLeft(ctx) < probeMs) {
+      // Too late in this invocation for a probe that could tell: boot-timeout starts now all the same.
+      if (b.runningAt === undefined) await stampRunning(ctx, b);
+      throw new DeadlineError(
+        `no time left in this invocation to probe ${resource.host}:${resource.port} of backing node ${b.id}; retrying`,
+      );
+    }
+    const answered = await ctx.probePort(resource.host, resource.port, probeMs);
     if (!answered) {
       const since = b.runningAt ?? (await stampRunning(ctx, b));
       if (ctx.clock.now() - since >= bootTimeout * 1000) {
@@ -163,7 +193,8 @@ async function backingReady(
     if (!b) return undefined;
     if (b.state === 'ready') return b; // duplicate event
     if (b.state !== 'launching') return undefined;
-    const next = markReady({ ...b, resourceId: b.resourceId ?? resourceId }, details, ctx.clock.now());
+    const recorded = b.resourceId ? {} : { resourceId, resourceRecordedAt: ctx.clock.now() };
+    const next = markReady({ ...b, ...recorded }, details, ctx.clock.now());
     try {
       await ctx.store.putBacking(next, { version: b.version, states: ['launching'] });
       ctx.metrics?.milliseconds(MetricName.timeToReady, ctx.clock.now() - b.launchedAt);
@@ -204,6 +235,7 @@ export async function markNodesReady(ctx: Context, backing: BackingRecord): Prom
     try {
       hostKeys = await scanKeys(ctx, pool, backing);
     } catch (err) {
+      if (err instanceof RetryableError) throw err; // out of time: no verdict, the record comes back
       await failBackingNode(ctx, backing.id, `host-key scan failed: ${(err as Error).message}`, {
         resourceGone: false,
       });

@@ -16,9 +16,11 @@ import {
   BusyError,
   CapacityError,
   ConflictError,
+  DeadlineError,
   LaunchAttemptError,
   LaunchFailedError,
   RetryableError,
+  TimeoutError,
 } from '../core/errors.ts';
 import { backingNodeId, ownerSince, parseNodeId } from '../core/ids.ts';
 import { MetricName, PoolEventType } from '../core/observability.ts';
@@ -26,7 +28,7 @@ import type { BackingProvider } from '../core/provider.ts';
 import { needsMaxAgeDrain } from '../core/reaper.ts';
 import type { BackingRecord } from '../core/records.ts';
 import { keys } from '../store/table.ts';
-import { type Context, deliveryDead, emit, MAX_CONFLICT_RETRIES } from './context.ts';
+import { type Context, deliveryDead, emit, MAX_CONFLICT_RETRIES, MIN_CHECK_MS, timeLeft } from './context.ts';
 import { failBackingNode } from './failure.ts';
 
 /** Where a node went: its backing node as it was right after the claim. */
@@ -180,8 +182,9 @@ async function claimOn(
       const hostKeys = await scanKeys(ctx, pool, next);
       return { nodeId, backing: next, slot, attempt, hostKeys };
     } catch (err) {
-      const reason = `host-key scan failed: ${(err as Error).message}`;
       await giveBackSlot(ctx, next.id, nodeId, { owner });
+      if (err instanceof RetryableError) throw err; // out of time: no verdict on the backing node
+      const reason = `host-key scan failed: ${(err as Error).message}`;
       await failBackingNode(ctx, next.id, reason, { resourceGone: false });
       return undefined;
     }
@@ -225,13 +228,38 @@ async function ownClaim(
   return next;
 }
 
-/** Scans a ready backing node's SSH host keys within boot-timeout. */
+/**
+ * Scans a ready backing node's SSH host keys, within boot-timeout and the invocation's time (Context.deadline).
+ * With less than MIN_CHECK_MS left it does not start, and a scan the deadline cut short that runs out is
+ * no verdict while the backing node is within boot-timeout of its first `running` report: both throw
+ * DeadlineError (retryable: the record comes back with a fresh deadline). Any other failure is the
+ * backing node's.
+ */
 export async function scanKeys(ctx: Context, pool: MetastaticPool, b: BackingRecord): Promise<string[]> {
   if (!b.host || b.port === undefined) throw new Error(`backing node ${b.id} has no connection details`);
   const scan = ctx.scanHostKeys;
   if (!scan) throw new Error('no host-key scanner is configured');
-  const keys = await scan(b.host, b.port, pool.bootTimeout * 1000);
-  if (keys.length === 0) throw new Error(`${b.host}:${b.port} offered no host key`);
+  const where = `${b.host}:${b.port}`;
+  const bootMs = pool.bootTimeout * 1000;
+  const left = timeLeft(ctx);
+  if (left < Math.min(MIN_CHECK_MS, bootMs)) {
+    throw new DeadlineError(`no time left in this invocation to scan the host keys of ${where}; retrying`);
+  }
+  const budget = Math.min(bootMs, left);
+  let keys: string[];
+  try {
+    keys = await scan(b.host, b.port, budget);
+  } catch (err) {
+    const booting = ctx.clock.now() - (b.runningAt ?? b.readyAt ?? b.launchedAt) < bootMs;
+    if (err instanceof TimeoutError && budget < bootMs && booting) {
+      throw new DeadlineError(
+        `host-key scan of ${where} used the ${budget} ms this invocation had left, within its boot-timeout of ${pool.bootTimeout}s; retrying`,
+        { cause: err },
+      );
+    }
+    throw err;
+  }
+  if (keys.length === 0) throw new Error(`${where} offered no host key`);
   return keys;
 }
 
@@ -368,17 +396,39 @@ async function launch(ctx: Context, b: BackingRecord): Promise<BackingRecord> {
     await failBackingNode(ctx, b.id, reason, { resourceGone: true, handleNodes: false });
     throw new LaunchAttemptError(reason, { cause: err });
   }
+  let pointed = false;
+  // A pointer this delivery wrote for a resource that ends up unrecorded names nothing: removed.
+  const unpoint = async () => {
+    if (pointed) await ctx.store.forgetResource(resourceId, b.id);
+  };
   for (let i = 0; i < MAX_CONFLICT_RETRIES; i++) {
     const current = await ctx.store.getBacking(b.id);
     if (!current) throw new ConflictError(`backing node ${b.id} disappeared during launch`);
-    if (current.resourceId) return current; // a concurrent delivery recorded (and announced) it
-    if (current.state === 'stopped') return current; // too late: the orphan check terminates it
+    if (current.resourceId) {
+      // A concurrent delivery recorded (and announced) it.
+      if (current.resourceId !== resourceId) await unpoint();
+      return current;
+    }
+    if (current.state === 'stopped') {
+      await unpoint();
+      return current; // too late: the orphan check terminates it
+    }
+    // The pointer first, so every recorded resource id has one: the fulfil function finds the backing
+    // node of an EC2 event by it (and ignores, without calling EC2, events for instances not ours).
+    const now = ctx.clock.now();
+    if (!pointed) {
+      await ctx.store.pointToBacking(resourceId, b.id, now);
+      pointed = true;
+    }
     // Recorded even on a record failed meanwhile, so the reaper terminates the resource with it.
-    const next = { ...current, resourceId, version: current.version + 1 };
+    const next = { ...current, resourceId, resourceRecordedAt: now, version: current.version + 1 };
     if (current.state !== 'launching') {
-      await ctx.store.putBacking(next, { version: current.version }).catch((err: unknown) => {
+      try {
+        await ctx.store.putBacking(next, { version: current.version });
+      } catch (err) {
         if (!(err instanceof ConflictError)) throw err;
-      });
+        continue; // re-read: recorded by another delivery meanwhile, or write again
+      }
       return current;
     }
     try {

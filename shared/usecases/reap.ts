@@ -1,12 +1,19 @@
 import { confirmClaims, markDrained, markRetiring, markStopped } from '../core/backing.ts';
-import { ConflictError, LaunchAttemptError, RetryableError } from '../core/errors.ts';
+import { ConflictError, DeadlineError, LaunchAttemptError, RetryableError } from '../core/errors.ts';
 import { ownerSince, parseNodeId } from '../core/ids.ts';
 import { MetricName, PoolEventType } from '../core/observability.ts';
 import type { BackingProvider, BackingResource } from '../core/provider.ts';
-import { deadlineDecision, needsMaxAgeDrain, reapDecision } from '../core/reaper.ts';
+import { deadlineDecision, needsMaxAgeDrain, notFoundIsFinal, reapDecision } from '../core/reaper.ts';
 import type { BackingRecord } from '../core/records.ts';
 import { keys, reapPartition } from '../store/table.ts';
-import { type Context, emit, leaseExpired, MAX_CONFLICT_RETRIES, ORPHAN_GRACE_MS } from './context.ts';
+import {
+  type Context,
+  emit,
+  leaseExpired,
+  MAX_CONFLICT_RETRIES,
+  ORPHAN_GRACE_MS,
+  timeLeft,
+} from './context.ts';
 import { failBackingNode, settleFailedNodes } from './failure.ts';
 import { resourceRunning } from './fulfil.ts';
 import { ensureLaunched, giveBackSlot } from './placement.ts';
@@ -32,6 +39,11 @@ export interface ReapReport {
   /** Retirements lost to a concurrent change (an allocation won): the backing node stays. */
   readonly conflicts: number;
   readonly errors: string[];
+  /**
+   * Steps left for the next run because the invocation's time ran short (Context.deadline): not started,
+   * or a check cut short. Not errors: the next run does them.
+   */
+  readonly deferred: number;
   /** The earliest instant an idle backing node seen this run becomes due (schedule the next run by it). */
   readonly nextCheckAt?: number;
 }
@@ -66,11 +78,20 @@ export async function reap(ctx: Context): Promise<ReapReport> {
     reclaimedPlaces: 0,
     conflicts: 0,
     errors: [],
+    deferred: 0,
   };
   const guard = async (what: string, id: string, work: () => Promise<void>) => {
+    if (timeLeft(ctx) <= 0) {
+      report.deferred++;
+      return;
+    }
     try {
       await work();
     } catch (err) {
+      if (err instanceof DeadlineError) {
+        report.deferred++;
+        return;
+      }
       report.errors.push(`${what} ${id}: ${(err as Error).message}`);
       ctx.log.error(`reaper: ${what} failed; retried next run`, { backingNodeId: id, error: err as Error });
     }
@@ -108,9 +129,8 @@ export async function reap(ctx: Context): Promise<ReapReport> {
   // 6. Failed and retiring backing nodes: settle their nodes, then terminate until confirmed gone.
   for (const b of await ctx.store.queryReap(reapPartition.failed)) {
     await guard('settle', b.id, async () => {
-      const provider = providerFor(ctx, b);
-      const resource = b.resourceId ? await provider.describe(b.resourceId) : undefined;
-      const settled = await settleFailedNodes(ctx, b, isGone(resource));
+      const resourceGone = b.resourceId ? (await lookUp(ctx, providerFor(ctx, b), b)).gone : true;
+      const settled = await settleFailedNodes(ctx, b, resourceGone);
       report.moved += settled.rehomed;
       const current = await ctx.store.getBacking(b.id);
       if (current && current.used === 0) await stop(ctx, current, report);
@@ -297,6 +317,10 @@ async function reconcile(
   // Records whose resource is gone: fail them (waiting nodes move, ready nodes fail).
   for (const b of records) {
     if (!b.resourceId) continue;
+    if (timeLeft(ctx) <= 0) {
+      report.deferred++; // the rest is the next run's
+      return;
+    }
     const listedResource = listed.get(b.resourceId);
     if (listedResource && !isGone(listedResource)) {
       if (b.state === 'launching' && listedResource.state === 'running') {
@@ -310,8 +334,8 @@ async function reconcile(
     } catch {
       continue;
     }
-    const resource = await provider.describe(b.resourceId); // confirm: lists can lag
-    if (!isGone(resource)) continue;
+    // Confirm: lists can lag, and a young EC2 instance may be unknown to them for a while.
+    if (!(await lookUp(ctx, provider, b)).gone) continue;
     gone.add(b.id);
     const settled = await failBackingNode(ctx, b.id, `backing resource ${b.resourceId} vanished`, {
       resourceGone: true,
@@ -342,6 +366,33 @@ function isGone(r: BackingResource | undefined): boolean {
   return r === undefined || (r.state !== 'pending' && r.state !== 'running');
 }
 
+/** What a look at a backing node's resource found: gone, or why not (`unseen`: not found yet). */
+type Look = { readonly gone: true } | { readonly gone: false; readonly why: string; readonly unseen?: true };
+
+/**
+ * Whether a backing node's resource is gone, as far as its provider can tell now. Described in a state
+ * other than pending or running: gone. Not found: gone for a provider whose "not found" is final; for an
+ * eventually consistent one (EC2) only once the id has been recorded for RESOURCE_NOT_FOUND_GRACE_MS and
+ * a second describe does not find it either. Before that it is `unseen`: a new instance EC2 does not show
+ * yet, which must not be failed (nor its terminate taken as done).
+ */
+async function lookUp(ctx: Context, provider: BackingProvider, b: BackingRecord): Promise<Look> {
+  const id = b.resourceId as string;
+  const seen = (r: BackingResource | undefined): Look | undefined => {
+    if (r === undefined) return undefined;
+    return isGone(r) ? { gone: true } : { gone: false, why: `is still ${r.state}` };
+  };
+  const first = seen(await provider.describe(id));
+  if (first) return first;
+  if (!provider.eventuallyConsistent) return { gone: true };
+  const now = ctx.clock.now();
+  if (!notFoundIsFinal(b, now)) {
+    const age = Math.round((now - (b.resourceRecordedAt ?? b.launchedAt)) / 1000);
+    return { gone: false, unseen: true, why: `is not found yet (recorded ${age}s ago)` };
+  }
+  return seen(await provider.describe(id)) ?? { gone: true }; // one stale answer is not the last word
+}
+
 /**
  * Terminates the resource and, once the provider confirms it gone, records the backing node stopped
  * and frees its place in the backing pool. Until confirmed, it stays retiring/failed and the next run
@@ -351,15 +402,26 @@ async function stop(ctx: Context, b: BackingRecord, report: MutableReport): Prom
   if (b.resourceId) {
     const provider = providerFor(ctx, b);
     await provider.terminate(b.resourceId);
-    const after = await provider.describe(b.resourceId);
-    if (!isGone(after)) throw new Error(`resource ${b.resourceId} is still ${after?.state} after terminate`);
+    const after = await lookUp(ctx, provider, b);
+    if (!after.gone && after.unseen) {
+      // A young instance EC2 does not show yet: its terminate may have missed it. The next run again.
+      ctx.log.warn('backing resource not confirmed gone; terminated again next run', {
+        backingNodeId: b.id,
+        resourceId: b.resourceId,
+        why: after.why,
+      });
+      return;
+    }
+    if (!after.gone) throw new Error(`resource ${b.resourceId} ${after.why} after terminate`);
   }
   const current = await ctx.store.getBacking(b.id);
   if (!current || (current.state !== 'retiring' && current.state !== 'failed')) return;
   // The resource is gone: give its place in the backing pool back first. Done after the record is
   // stopped, a crash in between would leave the place taken for good (stopped records sit in no reap
   // partition, so no later run would retry it); done first, a crash just repeats it (idempotent).
+  // Its resource pointer likewise: no event for it needs handling any more.
   await ctx.store.unreserve(keys.backingPool(b.backingPoolKey), [b.id]);
+  if (b.resourceId) await ctx.store.forgetResource(b.resourceId, b.id);
   try {
     await ctx.store.putBacking(markStopped(current, ctx.clock.now()), {
       version: current.version,

@@ -3,6 +3,7 @@ import {
   BusyError,
   CapacityError,
   ConflictError,
+  DeadlineError,
   LaunchFailedError,
   PermanentError,
   RetryableError,
@@ -13,7 +14,13 @@ import { eligiblePools, nodeAttributes } from '../core/pools.ts';
 import type { NodeRecord, RequestRecord } from '../core/records.ts';
 import { assertTransition } from '../core/states.ts';
 import { keys } from '../store/table.ts';
-import { type Context, DELIVERY_DEADLINE_MS, deliveryDead, MAX_CONFLICT_RETRIES } from './context.ts';
+import {
+  type Context,
+  DELIVERY_DEADLINE_MS,
+  deliveryDead,
+  MAX_CONFLICT_RETRIES,
+  timeLeft,
+} from './context.ts';
 import { hostKeysOf } from './failure.ts';
 import { markNodesReady } from './fulfil.ts';
 import { giveBackSlot, type Placement, placeNode } from './placement.ts';
@@ -155,6 +162,11 @@ class Recording {
       throw new RetryableError(
         `placing request ${this.fresh.id} took over ${DELIVERY_DEADLINE_MS / 1000} s; retrying it`,
       );
+    }
+    // Nor this close to the end of the invocation: the delivery stops cleanly (giving its claims back)
+    // rather than be killed with them held.
+    if (timeLeft(this.ctx) <= 0) {
+      throw new DeadlineError(`placing request ${this.fresh.id} ran out of invocation time; retrying it`);
     }
     for (let i = 0; i < MAX_CONFLICT_RETRIES; i++) {
       const base = this.base;

@@ -47,6 +47,9 @@ export const STORE_METHODS = [
   'takeOverReservation',
   'unreserve',
   'reservations',
+  'pointToBacking',
+  'backingIdOfResource',
+  'forgetResource',
 ] as const;
 
 /** The BackingProvider methods (launchBlocked is synchronous and local: no boundary). */

@@ -16,6 +16,10 @@
  * - Failures on demand: `failLaunches` (by instance type, subnet, market, or all; for the next N matching
  *   launches or until cleared), `throttle` (the next N calls), `failCalls` (any error for the next N
  *   calls of some commands), `kill` (an instance dies, now or later).
+ * - Eventual consistency on demand: `notFoundAfterLaunchMs` (a new instance is unknown to DescribeInstances
+ *   and TerminateInstances for that long after RunInstances, as EC2 documents) and `hide` (one instance is
+ *   unknown for a while, or for good). An unknown instance answers InvalidInstanceID.NotFound by id and is
+ *   left out of filtered lists; it still runs, changes state and emits its events.
  */
 import {
   DescribeImagesCommand,
@@ -192,12 +196,16 @@ export class FakeEc2 {
   onEvent: ((event: StateChangeEvent) => void | Promise<void>) | undefined;
   bootDelayMs: number;
   terminateDelayMs: number;
+  /** How long a new instance stays unknown to DescribeInstances and TerminateInstances. Default 0. */
+  notFoundAfterLaunchMs = 0;
 
   private readonly forgetAfterMs: number;
   private readonly pageSize: number;
   private readonly subnets: Readonly<Record<string, string>>;
   private readonly images: Readonly<Record<string, { readonly rootDeviceName?: string }>> | undefined;
   private readonly byId = new Map<string, FakeInstance>();
+  /** Instance id -> until when the API does not know it (eventual consistency). */
+  private readonly unknownUntil = new Map<string, number>();
   private readonly tokens = new Map<string, { readonly hash: string; readonly instanceIds: string[] }>();
   private transitions: Transition[] = [];
   private failures: FailureRule[] = [];
@@ -294,6 +302,12 @@ export class FakeEc2 {
     this.schedule({ instanceId, at, state: 'shutting-down', reason });
     this.schedule({ instanceId, at: at + this.terminateDelayMs, state: 'terminated', reason });
     this.tick();
+  }
+
+  /** The instance is unknown to DescribeInstances and TerminateInstances for `ms` from now (default: for good). */
+  hide(instanceId: string, ms = Number.POSITIVE_INFINITY): void {
+    if (!this.byId.has(instanceId)) throw new Error(`fake EC2: no instance ${instanceId}`);
+    this.unknownUntil.set(instanceId, this.clock.now() + ms);
   }
 
   /** Applies every state change due by the clock's now (in time order), emitting their events. */
@@ -499,6 +513,7 @@ export class FakeEc2 {
         request: input,
       };
       this.byId.set(instanceId, instance);
+      if (this.notFoundAfterLaunchMs > 0) this.unknownUntil.set(instanceId, now + this.notFoundAfterLaunchMs);
       ids.push(instanceId);
       this.emit(instance, 'pending', now);
       this.schedule({ instanceId, at: now + this.bootDelayMs, state: 'running' });
@@ -524,7 +539,7 @@ export class FakeEc2 {
         throw ec2Error('InvalidParameterValue', 'MaxResults must be between 5 and 1000');
       }
     }
-    let selected = this.instances;
+    let selected = this.instances.filter((i) => this.known(i.instanceId));
     if (input.InstanceIds?.length) {
       this.checkIds(input.InstanceIds);
       const wanted = new Set(input.InstanceIds);
@@ -614,13 +629,18 @@ export class FakeEc2 {
   private checkIds(ids: readonly string[]): void {
     const malformed = ids.filter((id) => !INSTANCE_ID.test(id));
     if (malformed.length > 0) throw ec2Error('InvalidInstanceID.Malformed', `Invalid id: "${malformed[0]}"`);
-    const missing = ids.filter((id) => !this.byId.has(id));
+    const missing = ids.filter((id) => !this.byId.has(id) || !this.known(id));
     if (missing.length === 1) {
       throw ec2Error('InvalidInstanceID.NotFound', `The instance ID '${missing[0]}' does not exist`);
     }
     if (missing.length > 1) {
       throw ec2Error('InvalidInstanceID.NotFound', `The instance IDs '${missing.join(', ')}' do not exist`);
     }
+  }
+
+  /** Whether the API knows the instance yet (see notFoundAfterLaunchMs and hide). */
+  private known(instanceId: string): boolean {
+    return this.clock.now() >= (this.unknownUntil.get(instanceId) ?? Number.NEGATIVE_INFINITY);
   }
 
   private filterValues(name: string, i: FakeInstance): string[] {
