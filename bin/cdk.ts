@@ -4,6 +4,7 @@
  *
  *   npx cdk synth -c config=path/to/pool.yaml [-c poolId=...] [-c instanceRoles=role-a,role-b]
  *                 [-c vpcId=vpc-... -c functionSubnetIds=subnet-a,subnet-b [-c functionSecurityGroupIds=sg-...]]
+ *                 [-c ebsKmsKeyArn=arn:aws:kms:<region>:<account>:key/<id>]
  *
  * The only place that reads the environment: the account the CDK CLI resolved. The region is the one
  * the configuration's aws pools name (CDK_DEFAULT_REGION is the CLI profile's, us-east-1 without one,
@@ -33,6 +34,7 @@ new MetastaticStack(app, stringContext('stackName') ?? 'Metastatic', {
   configPath,
   poolId,
   instanceRoles,
+  ebsKmsKeyArn: stringContext('ebsKmsKeyArn'),
   ...(vpcId && functionSubnetIds
     ? { functionsVpc: { vpcId, subnetIds: functionSubnetIds, securityGroupIds: functionSecurityGroupIds } }
     : {}),

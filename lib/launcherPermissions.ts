@@ -21,6 +21,14 @@ export interface LauncherPermissionsProps {
    * @default - none (no label may have an instance profile)
    */
   readonly instanceRoles?: readonly string[];
+  /**
+   * The customer-managed KMS key (ARN, in the pools' region) that encrypts the instances' EBS volumes:
+   * EC2 uses it on the launching principal's behalf, so that principal needs kms:CreateGrant (for AWS
+   * resources only), kms:Decrypt, kms:DescribeKey, kms:GenerateDataKeyWithoutPlaintext and
+   * kms:ReEncryptFrom/To on it (AWS's EBS encryption requirements).
+   * @default - none (the volumes use the AWS managed key, aws/ebs)
+   */
+  readonly ebsKmsKeyArn?: string;
 }
 
 /** The EC2 resources RunInstances touches for the configured labels (ARNs), and what they imply. */
@@ -132,6 +140,29 @@ export class LauncherPermissions extends Construct {
             `arn:${Aws.PARTITION}:iam::${Aws.ACCOUNT_ID}:role/aws-service-role/spot.amazonaws.com/AWSServiceRoleForEC2Spot`,
           ],
           conditions: { StringEquals: { 'iam:AWSServiceName': 'spot.amazonaws.com' } },
+        }),
+      );
+    }
+    if (props.ebsKmsKeyArn !== undefined) {
+      const keyArn = checkEbsKeyArn(props.ebsKmsKeyArn, region);
+      statements.push(
+        // Grants let EC2 use the key for the volume after launch; only grants for AWS resources.
+        new PolicyStatement({
+          sid: 'EbsKeyGrantsForEc2',
+          actions: ['kms:CreateGrant'],
+          resources: [keyArn],
+          conditions: { Bool: { 'kms:GrantIsForAWSResource': 'true' } },
+        }),
+        new PolicyStatement({
+          sid: 'EbsKeyUse',
+          actions: [
+            'kms:Decrypt',
+            'kms:DescribeKey',
+            'kms:GenerateDataKeyWithoutPlaintext',
+            'kms:ReEncryptFrom',
+            'kms:ReEncryptTo',
+          ],
+          resources: [keyArn],
         }),
       );
     }
@@ -249,6 +280,22 @@ function imageArn(region: string, imageId: string): string {
 function nagArn(region: string, resource: string): string {
   const account = resource.startsWith('image/') ? '' : '<AWS::AccountId>';
   return `arn:<AWS::Partition>:ec2:${region}:${account}:${resource}`;
+}
+
+/** A KMS key ARN (not an alias: IAM grants on keys by key ARN) in the pools' region. */
+function checkEbsKeyArn(arn: string, region: string): string {
+  const match = /^arn:[a-z-]+:kms:([a-z0-9-]+):\d{12}:key\/[A-Za-z0-9-]+$/.exec(arn);
+  if (!match) {
+    throw new Error(
+      `ebsKmsKeyArn: ${arn} is not a KMS key ARN (arn:<partition>:kms:<region>:<account>:key/<key id>; not an alias)`,
+    );
+  }
+  if (match[1] !== region) {
+    throw new Error(
+      `ebsKmsKeyArn: the key is in ${match[1]}, but the instances launch in ${region}: EBS uses a key of their region`,
+    );
+  }
+  return arn;
 }
 
 /** Role names (this account) or role ARNs -> role ARNs. */

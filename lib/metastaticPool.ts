@@ -1,15 +1,28 @@
-import { Annotations, Aws, CfnRule, Duration, Fn, Names, Stack, Token, Validations } from 'aws-cdk-lib';
+import {
+  Annotations,
+  Aws,
+  CfnRule,
+  Duration,
+  Fn,
+  Names,
+  Resource,
+  Stack,
+  Token,
+  Validations,
+} from 'aws-cdk-lib';
 import {
   Alarm,
   ComparisonOperator,
   type IAlarmAction,
+  type IMetric,
+  MathExpression,
   Metric,
   Stats,
   TreatMissingData,
 } from 'aws-cdk-lib/aws-cloudwatch';
 import { SnsAction } from 'aws-cdk-lib/aws-cloudwatch-actions';
 import { type ISecurityGroup, type IVpc, SecurityGroup, type SubnetSelection } from 'aws-cdk-lib/aws-ec2';
-import { EventBus, type IEventBus, Rule, Schedule } from 'aws-cdk-lib/aws-events';
+import { EventBus, type EventPattern, type IEventBus, Rule, Schedule } from 'aws-cdk-lib/aws-events';
 import { LambdaFunction, SqsQueue } from 'aws-cdk-lib/aws-events-targets';
 import type { IKey } from 'aws-cdk-lib/aws-kms';
 import { SqsEventSource } from 'aws-cdk-lib/aws-lambda-event-sources';
@@ -18,6 +31,8 @@ import type { ITopic } from 'aws-cdk-lib/aws-sns';
 import { Construct, type IConstruct } from 'constructs';
 import { parseConfigOrThrow } from '../shared/config/load.ts';
 import type { ResolvedConfig } from '../shared/config/model.ts';
+import type { InstanceState } from '../shared/core/events.ts';
+import { FUNCTION_CONFIG_FILE } from '../shared/runtime/functionConfig.ts';
 import { cfnResource } from './cfnResource.ts';
 import { awsLabels, LauncherPermissions } from './launcherPermissions.ts';
 import { PoolFunction } from './poolFunction.ts';
@@ -34,18 +49,33 @@ export const METRICS_NAMESPACE = 'Metastatic';
  */
 export const REQUEST_MAX_RECEIVE_COUNT = 50;
 export const FULFIL_MAX_RECEIVE_COUNT = 5;
-/** The EventBridge detail types the fulfil function consumes. */
+/** The EventBridge detail types the fulfil function consumes (state changes, spot interruption warnings). */
 export const EC2_DETAIL_TYPES = [
   'EC2 Instance State-change Notification',
   'EC2 Spot Instance Interruption Warning',
 ] as const;
-/** Lambda's limit on the size of a function's environment (keys and values). */
-const LAMBDA_ENVIRONMENT_LIMIT = 4096;
-/** What an unresolved token (a table name, a bus name) is assumed to take in the environment. */
-const TOKEN_ALLOWANCE = 256;
+/**
+ * The instance states the fulfil function acts on (shared/usecases/fulfil.ts handleStateChange): running
+ * makes a backing node ready, the others fail it. `pending` needs nothing, so the rule leaves it out.
+ */
+export const EC2_EVENT_STATES = [
+  'running',
+  'shutting-down',
+  'terminated',
+  'stopping',
+  'stopped',
+] as const satisfies readonly InstanceState[];
+/** Defaults of the SQS event source mappings' maxConcurrency (see MetastaticPoolProps). */
+export const REQUEST_MAX_CONCURRENCY = 10;
+export const FULFIL_MAX_CONCURRENCY = 5;
+/** The request function's mapping of its dead-letter queue: the least Lambda allows. */
+const DEAD_LETTER_MAX_CONCURRENCY = 2;
 
 export interface MetastaticPoolProps {
-  /** The pool configuration as YAML text. Validated at synth and passed to the functions as METASTATIC_CONFIG. */
+  /**
+   * The pool configuration as YAML text. Validated at synth and shipped in each function's code package
+   * as `metastatic.yaml` (not in the environment: any size fits; a change deploys new code).
+   */
   readonly config: string;
   /**
    * What to call the configuration in validation errors (a file name).
@@ -60,10 +90,24 @@ export interface MetastaticPoolProps {
    */
   readonly poolId?: string;
   /**
-   * How often the reaper runs.
+   * How often the reaper runs. A run that fails is not retried (the next one does its work), and a run
+   * that waited longer than this to start is dropped.
    * @default Duration.minutes(1)
    */
   readonly reaperRate?: Duration;
+  /**
+   * The most request-function invocations the request queue's event source mapping runs at once (2 to
+   * 1000): messages beyond it wait in the queue rather than in parallel launches and table conflicts.
+   * @default REQUEST_MAX_CONCURRENCY (10)
+   */
+  readonly requestMaxConcurrency?: number;
+  /**
+   * The most fulfil-function invocations the fulfil queue's event source mapping runs at once (2 to
+   * 1000). Each EC2 event of a pool instance costs a DescribeInstances, whose rate EC2 limits per account
+   * and region: a burst of events waits in the queue instead of spending the account's budget.
+   * @default FULFIL_MAX_CONCURRENCY (5)
+   */
+  readonly fulfilMaxConcurrency?: number;
   /**
    * Where the pool publishes its events (request fulfilled, node released, ...).
    * @default - the account's default event bus
@@ -88,10 +132,22 @@ export interface MetastaticPoolProps {
    */
   readonly instanceRoles?: readonly string[];
   /**
-   * Customer-managed KMS key for the table and the queues.
+   * Customer-managed KMS key for the table and the queues. EventBridge must be allowed to use it to
+   * deliver EC2 events to the fulfil queue: a key this app creates gets a key-policy statement for
+   * events.amazonaws.com (from CDK's SqsQueue target, for events of this account); for an imported key
+   * synth warns, and that statement must be added to its policy by hand.
    * @default - AWS managed encryption (DynamoDB) and SSE-SQS (queues)
    */
   readonly encryptionKey?: IKey;
+  /**
+   * The ARN of the customer-managed KMS key that encrypts the instances' EBS volumes (the account's
+   * EBS default key, or a launch template's), in the pools' region. The functions launch the instances,
+   * so they are granted what EC2 needs of it on their behalf: kms:CreateGrant (for AWS resources only),
+   * kms:Decrypt, kms:DescribeKey, kms:GenerateDataKeyWithoutPlaintext, kms:ReEncryptFrom/To. The key's
+   * policy must let IAM policies of the account grant it (the default key policy does).
+   * @default - none: volumes use the AWS managed key (aws/ebs), or no encryption
+   */
+  readonly ebsKmsKeyArn?: string;
   /**
    * The VPC of the backing instances: the functions run in it, so they can check an instance's
    * `connection-port` (and scan its host keys) at its private address. Its subnets need a route to
@@ -129,7 +185,10 @@ export class MetastaticPool extends Construct {
   readonly reaperFunction: PoolFunction;
   readonly eventBus: IEventBus;
   readonly launcher: LauncherPermissions;
+  /** EC2 instance state changes (only the states the fulfil function acts on) to the fulfil queue. */
   readonly ec2EventsRule: Rule;
+  /** EC2 spot interruption warnings to the fulfil queue. */
+  readonly spotInterruptionsRule: Rule;
   readonly reaperSchedule: Rule;
   readonly alarms: readonly Alarm[];
   /** The functions' security groups when they run in a VPC (empty otherwise): admit these on the instances. */
@@ -160,6 +219,7 @@ export class MetastaticPool extends Construct {
       labels: awsLabels(this.config),
       poolId: this.poolId,
       instanceRoles: props.instanceRoles,
+      ebsKmsKeyArn: props.ebsKmsKeyArn,
     });
     this.checkRegion(this.launcher.resources.region);
 
@@ -169,9 +229,10 @@ export class MetastaticPool extends Construct {
       props.encryptionKey ? { encryptionKey: props.encryptionKey } : {},
     );
 
+    // The configuration is a file in each function's asset (FUNCTION_CONFIG_FILE), not a variable:
+    // Lambda allows 4 KB for the whole environment, which PoolFunction checks at synth.
     const common = {
       TABLE_NAME: this.table.tableName,
-      METASTATIC_CONFIG: props.config,
       POOL_ID: this.poolId,
       EVENT_BUS_NAME: this.eventBus.eventBusName,
       POWERTOOLS_SERVICE_NAME,
@@ -200,21 +261,29 @@ export class MetastaticPool extends Construct {
     const functionDefaults = {
       ...(props.logRetention ? { logRetention: props.logRetention } : {}),
       ...network,
+      files: { [FUNCTION_CONFIG_FILE]: props.config },
     };
     this.requestFunction = new PoolFunction(this, 'Request', {
       name: 'request',
       ...functionDefaults,
-      environment: checkedEnvironment({ ...common, MAX_RECEIVE_COUNT: String(REQUEST_MAX_RECEIVE_COUNT) }),
+      environment: { ...common, MAX_RECEIVE_COUNT: String(REQUEST_MAX_RECEIVE_COUNT) },
     });
     this.fulfilFunction = new PoolFunction(this, 'Fulfil', {
       name: 'fulfil',
       ...functionDefaults,
-      environment: checkedEnvironment(common),
+      environment: common,
     });
+    // Invoked asynchronously by its schedule. Lambda would retry a failed run twice (the reaper throws
+    // when a step failed) and keep a run that could not start for up to 6 hours; the next scheduled run
+    // does the same work, so neither is wanted.
+    const reaperRate = props.reaperRate ?? Duration.minutes(1);
+    const reaperEventAge = clampDuration(reaperRate, Duration.minutes(1), Duration.hours(6));
     this.reaperFunction = new PoolFunction(this, 'Reaper', {
       name: 'reaper',
       ...functionDefaults,
-      environment: checkedEnvironment(common),
+      environment: common,
+      retryAttempts: 0,
+      maxEventAge: reaperEventAge,
     });
     const functions = [this.requestFunction, this.fulfilFunction, this.reaperFunction];
 
@@ -224,6 +293,8 @@ export class MetastaticPool extends Construct {
       description: 'metastatic request queue',
       maxReceiveCount: REQUEST_MAX_RECEIVE_COUNT,
       consumerTimeout: this.requestFunction.timeout,
+      // The request function consumes its dead-letter queue, so its alarm counts what arrives there.
+      deadLetterQueueConsumed: true,
       ...encryption,
       ...alarms,
     });
@@ -237,10 +308,23 @@ export class MetastaticPool extends Construct {
 
     // Event source mappings grant the consumers ReceiveMessage/DeleteMessage/ChangeMessageVisibility.
     this.requestFunction.function.addEventSource(
-      new SqsEventSource(this.requestQueue.queue, { batchSize: 10, reportBatchItemFailures: true }),
+      new SqsEventSource(this.requestQueue.queue, {
+        batchSize: 10,
+        reportBatchItemFailures: true,
+        maxConcurrency: checkMaxConcurrency(
+          'requestMaxConcurrency',
+          props.requestMaxConcurrency ?? REQUEST_MAX_CONCURRENCY,
+        ),
+      }),
     );
     this.fulfilFunction.function.addEventSource(
-      new SqsEventSource(this.fulfilQueue.queue, { reportBatchItemFailures: true }),
+      new SqsEventSource(this.fulfilQueue.queue, {
+        reportBatchItemFailures: true,
+        maxConcurrency: checkMaxConcurrency(
+          'fulfilMaxConcurrency',
+          props.fulfilMaxConcurrency ?? FULFIL_MAX_CONCURRENCY,
+        ),
+      }),
     );
     // The request function also ends what reaches the request dead-letter queue: a message whose last
     // delivery died before it could fail the request would otherwise leave the request waiting forever.
@@ -249,27 +333,45 @@ export class MetastaticPool extends Construct {
       this.requestQueue.deadLetterQueue.queueArn,
     );
     this.requestFunction.function.addEventSource(
-      new SqsEventSource(this.requestQueue.deadLetterQueue, { batchSize: 10, reportBatchItemFailures: true }),
+      new SqsEventSource(this.requestQueue.deadLetterQueue, {
+        batchSize: 10,
+        reportBatchItemFailures: true,
+        maxConcurrency: DEAD_LETTER_MAX_CONCURRENCY,
+      }),
     );
 
     // AWS service events reach only the account's default bus, whatever bus the pool publishes to.
-    // They carry no instance tags, so this rule forwards every EC2 state change in the region; the
-    // fulfil function keeps only the pool's instances by describing each one and checking its
-    // metastatic:pool tag (an instance it does not know is dropped).
-    this.ec2EventsRule = new Rule(this, 'Ec2Events', {
-      description:
-        'EC2 instance state changes and spot interruption warnings, to the metastatic fulfil queue',
-      eventPattern: { source: ['aws.ec2'], detailType: [...EC2_DETAIL_TYPES] },
-      targets: [
-        // An event EventBridge cannot deliver lands in the fulfil dead-letter queue, next to the events
-        // the fulfil function gave up on: one place to look and redrive.
-        new SqsQueue(this.fulfilQueue.queue, { deadLetterQueue: this.fulfilQueue.deadLetterQueue }),
+    // They carry no instance tags, so these rules forward the EC2 events of every instance in the
+    // region (state changes only in the states the fulfil function acts on); the fulfil function keeps
+    // only the pool's instances. Two rules rather than one "$or" pattern: each is a plain pattern.
+    const toFulfilQueue = () =>
+      // An event EventBridge cannot deliver lands in the fulfil dead-letter queue, next to the events
+      // the fulfil function gave up on: one place to look and redrive.
+      new SqsQueue(this.fulfilQueue.queue, { deadLetterQueue: this.fulfilQueue.deadLetterQueue });
+    const [stateChange, spotWarning] = EC2_DETAIL_TYPES;
+    const ec2Rules: Array<[string, string, EventPattern]> = [
+      [
+        'Ec2Events',
+        `EC2 instance state changes (${EC2_EVENT_STATES.join(', ')}), to the metastatic fulfil queue`,
+        { source: ['aws.ec2'], detailType: [stateChange], detail: { state: [...EC2_EVENT_STATES] } },
       ],
-    });
+      [
+        'SpotInterruptions',
+        'EC2 spot interruption warnings, to the metastatic fulfil queue',
+        { source: ['aws.ec2'], detailType: [spotWarning] },
+      ],
+    ];
+    [this.ec2EventsRule, this.spotInterruptionsRule] = ec2Rules.map(
+      ([id, description, eventPattern]) =>
+        new Rule(this, id, { description, eventPattern, targets: [toFulfilQueue()] }),
+    ) as [Rule, Rule];
+    if (props.encryptionKey) this.checkKeyAdmitsEventBridge(props.encryptionKey);
+
     this.reaperSchedule = new Rule(this, 'ReaperSchedule', {
       description: 'Runs the metastatic reaper',
-      schedule: Schedule.rate(props.reaperRate ?? Duration.minutes(1)),
-      targets: [new LambdaFunction(this.reaperFunction.function)],
+      schedule: Schedule.rate(reaperRate),
+      // A tick EventBridge could not hand to Lambda within one period is superseded by the next.
+      targets: [new LambdaFunction(this.reaperFunction.function, { maxEventAge: reaperEventAge })],
     });
 
     for (const fn of functions) {
@@ -324,14 +426,24 @@ export class MetastaticPool extends Construct {
         }),
         threshold: Duration.minutes(15).toSeconds(),
       }),
+      // One period per scheduled run (a failed run is not retried), so "5 periods" is 5 runs in a row.
       this.addAlarm('ReaperErrorsAlarm', alarmAction, {
-        alarmDescription: 'metastatic: the reaper failed in 5 consecutive minutes.',
+        alarmDescription: 'metastatic: the reaper failed in 5 consecutive scheduled runs.',
         metric: this.reaperFunction.function.metricErrors({
           statistic: Stats.SUM,
-          period: Duration.minutes(1),
+          period: reaperRate,
         }),
         threshold: 0,
         evaluationPeriods: 5,
+      }),
+      // EventBridge could not deliver EC2 events to the fulfil queue, nor to its dead-letter queue (a
+      // customer-managed key EventBridge may not use fails both): the pool stops hearing of its instances.
+      this.addAlarm('Ec2EventsDeliveryAlarm', alarmAction, {
+        alarmDescription:
+          'metastatic: EventBridge failed to deliver EC2 events to the fulfil queue (FailedInvocations or ' +
+          "InvocationsFailedToBeSentToDlq of the EC2 rules > 0); check the queues' key policy and queue policy.",
+        metric: ec2DeliveryFailures([this.ec2EventsRule.ruleName, this.spotInterruptionsRule.ruleName]),
+        threshold: 0,
       }),
     ];
 
@@ -341,7 +453,7 @@ export class MetastaticPool extends Construct {
   private addAlarm(
     id: string,
     action: IAlarmAction | undefined,
-    props: { alarmDescription: string; metric: Metric; threshold: number; evaluationPeriods?: number },
+    props: { alarmDescription: string; metric: IMetric; threshold: number; evaluationPeriods?: number },
   ): Alarm {
     const alarm = new Alarm(this, id, {
       ...props,
@@ -351,6 +463,25 @@ export class MetastaticPool extends Construct {
     });
     if (action) alarm.addAlarmAction(action);
     return alarm;
+  }
+
+  /**
+   * EventBridge sends to an SQS queue encrypted with a customer-managed key only if the key policy lets
+   * events.amazonaws.com use the key (kms:GenerateDataKey to send, kms:Decrypt as AWS documents for SQS
+   * targets); without it every EC2 event fails, silently but for Ec2EventsDeliveryAlarm. For a key this
+   * app creates, CDK's SqsQueue target adds that statement to the key policy (for events from this
+   * account). An imported key's policy cannot be changed from here, and CDK drops the grant without a
+   * word: say what to add.
+   */
+  private checkKeyAdmitsEventBridge(key: IKey): void {
+    if (Resource.isOwnedResource(key)) return;
+    Annotations.of(this).addWarningV2(
+      'metastatic:encryption-key-policy',
+      `encryptionKey ${key.node.path} is imported, and this stack cannot change its policy: add a statement ` +
+        'that allows principal {"Service": "events.amazonaws.com"} "kms:GenerateDataKey" and "kms:Decrypt" on ' +
+        '"*" (condition {"StringEquals": {"aws:SourceAccount": "<this account>"}}). Without it EventBridge ' +
+        'cannot deliver EC2 events to the encrypted fulfil queue and the pool never learns that its instances run.',
+    );
   }
 
   /**
@@ -415,6 +546,14 @@ export class MetastaticPool extends Construct {
         'The reaper is idempotent and runs on a schedule: a failed run is superseded by the next one, and ' +
         'repeated failures raise ReaperErrorsAlarm.',
     });
+    Validations.of(cfnResource(this.reaperFunction.function.node.findChild('EventInvokeConfig'))).acknowledge(
+      {
+        id: 'Serverless-LambdaAsyncFailureDestination',
+        reason:
+          'A failed scheduled reaper run is neither retried nor kept: the next run does the same work, and ' +
+          'ReaperErrorsAlarm reports runs that keep failing.',
+      },
+    );
     Validations.of(cfnResource(this.reaperSchedule)).acknowledge({
       id: 'Serverless-EventBusDLQ',
       reason:
@@ -433,20 +572,49 @@ function checkPoolId(poolId: string): void {
   }
 }
 
-/** Lambda rejects an environment over 4 KB at deploy time; say so at synth, with the sizes. */
-function checkedEnvironment(env: Record<string, string>): Record<string, string> {
-  let size = 0;
-  for (const [key, value] of Object.entries(env)) {
-    size += Buffer.byteLength(key) + (Token.isUnresolved(value) ? TOKEN_ALLOWANCE : Buffer.byteLength(value));
+/** An event source mapping's maxConcurrency: Lambda accepts 2 to 1000. */
+function checkMaxConcurrency(name: string, value: number): number {
+  if (!Number.isInteger(value) || value < 2 || value > 1000) {
+    throw new Error(`${name} must be an integer from 2 to 1000 (Lambda's limits), got ${value}`);
   }
-  // NODE_OPTIONS, added by PoolFunction.
-  size += Buffer.byteLength('NODE_OPTIONS--enable-source-maps');
-  if (size > LAMBDA_ENVIRONMENT_LIMIT) {
-    const config = Buffer.byteLength(env.METASTATIC_CONFIG ?? '');
-    throw new Error(
-      `the function environment would take about ${size} bytes (the configuration ${config} of them); ` +
-        `Lambda allows ${LAMBDA_ENVIRONMENT_LIMIT}. Shorten the configuration (comments count too).`,
-    );
-  }
-  return env;
+  return value;
+}
+
+function clampDuration(value: Duration, min: Duration, max: Duration): Duration {
+  const seconds = value.toSeconds();
+  if (seconds < min.toSeconds()) return min;
+  if (seconds > max.toSeconds()) return max;
+  return value;
+}
+
+/**
+ * Failed deliveries of the EC2 rules (AWS/Events, dimension RuleName: the default bus), per 5 minutes:
+ * FailedInvocations (failed for good) plus InvocationsFailedToBeSentToDlq (the dead-letter queue refused
+ * them too). EventBridge sends these only when they are not zero, hence FILL.
+ */
+function ec2DeliveryFailures(ruleNames: readonly string[]): IMetric {
+  const usingMetrics: Record<string, IMetric> = {};
+  const terms: string[] = [];
+  ruleNames.forEach((RuleName, i) => {
+    for (const [prefix, metricName] of [
+      ['failed', 'FailedInvocations'],
+      ['lost', 'InvocationsFailedToBeSentToDlq'],
+    ] as const) {
+      const id = `${prefix}${i}`;
+      usingMetrics[id] = new Metric({
+        namespace: 'AWS/Events',
+        metricName,
+        dimensionsMap: { RuleName },
+        statistic: Stats.SUM,
+        period: Duration.minutes(5),
+      });
+      terms.push(`FILL(${id}, 0)`);
+    }
+  });
+  return new MathExpression({
+    label: 'EC2 events EventBridge failed to deliver',
+    expression: terms.join(' + '),
+    usingMetrics,
+    period: Duration.minutes(5),
+  });
 }

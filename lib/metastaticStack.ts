@@ -31,6 +31,8 @@ export interface MetastaticStackProps extends StackProps {
   readonly alarmTopic?: ITopic;
   /** @default - AWS managed encryption */
   readonly encryptionKey?: IKey;
+  /** @default - none; see MetastaticPoolProps.ebsKmsKeyArn */
+  readonly ebsKmsKeyArn?: string;
   /**
    * Runs the functions in the instances' VPC, by ids (see MetastaticPoolProps.vpc): the VPC, the subnets
    * the functions run in (they need a route to the AWS APIs: NAT or VPC endpoints) and, optionally,
@@ -66,6 +68,7 @@ export class MetastaticStack extends Stack {
       logRetention: props.logRetention,
       alarmTopic: props.alarmTopic,
       encryptionKey: props.encryptionKey,
+      ebsKmsKeyArn: props.ebsKmsKeyArn,
     });
     new CfnOutput(this, 'RequestQueueUrl', {
       value: this.pool.requestQueue.queue.queueUrl,

@@ -3,16 +3,16 @@ import {
   Alarm,
   ComparisonOperator,
   type IAlarmAction,
+  type IMetric,
+  MathExpression,
   Stats,
   TreatMissingData,
 } from 'aws-cdk-lib/aws-cloudwatch';
 import type { IKey } from 'aws-cdk-lib/aws-kms';
 import { Queue, QueueEncryption } from 'aws-cdk-lib/aws-sqs';
 import { Construct } from 'constructs';
+import { VISIBILITY_TIMEOUT_FACTOR, visibilityTimeoutSeconds } from '../shared/core/timing.ts';
 import { cfnResource } from './cfnResource.ts';
-
-/** AWS's guidance for a queue that feeds a Lambda function: visibility >= 6 x the function's timeout. */
-export const VISIBILITY_TIMEOUT_FACTOR = 6;
 
 export interface QueueWithDlqProps {
   /** Receives of a message before it moves to the dead-letter queue. */
@@ -23,8 +23,8 @@ export interface QueueWithDlqProps {
    */
   readonly consumerTimeout: Duration;
   /**
-   * Visibility timeout of the queue; must be at least 6 x `consumerTimeout`.
-   * @default 6 x consumerTimeout
+   * Visibility timeout of the queue; must be at least VISIBILITY_TIMEOUT_FACTOR (6) x `consumerTimeout`.
+   * @default visibilityTimeoutSeconds(consumerTimeout) of the timing contract (shared/core/timing.ts)
    */
   readonly visibilityTimeout?: Duration;
   /**
@@ -47,11 +47,18 @@ export interface QueueWithDlqProps {
    * @default the construct id
    */
   readonly description?: string;
+  /**
+   * A function consumes the dead-letter queue (its event source mapping receives every message within
+   * seconds), so a dead letter is rarely visible: the alarm then counts messages received from the
+   * dead-letter queue as well as those visible or in flight there.
+   * @default false: the alarm watches visible messages (they wait for an operator)
+   */
+  readonly deadLetterQueueConsumed?: boolean;
 }
 
 /**
- * An SQS queue with its dead-letter queue (14 days' retention) and an alarm that fires as soon as the
- * dead-letter queue holds a message. Both queues are encrypted and refuse requests without TLS.
+ * An SQS queue with its dead-letter queue (14 days' retention) and an alarm that fires as soon as a
+ * message reaches the dead-letter queue. Both queues are encrypted and refuse requests without TLS.
  */
 export class QueueWithDlq extends Construct {
   readonly queue: Queue;
@@ -66,7 +73,7 @@ export class QueueWithDlq extends Construct {
         `${this.node.path}: maxReceiveCount must be an integer >= 1, got ${props.maxReceiveCount}`,
       );
     }
-    const minimumVisibility = props.consumerTimeout.toSeconds() * VISIBILITY_TIMEOUT_FACTOR;
+    const minimumVisibility = visibilityTimeoutSeconds(props.consumerTimeout.toSeconds());
     const visibilityTimeout = props.visibilityTimeout ?? Duration.seconds(minimumVisibility);
     if (
       !Token.isUnresolved(visibilityTimeout.toSeconds()) &&
@@ -103,17 +110,40 @@ export class QueueWithDlq extends Construct {
       deadLetterQueue: { queue: this.deadLetterQueue, maxReceiveCount: props.maxReceiveCount },
     });
 
+    const what = props.description ?? id;
     this.deadLetterAlarm = new Alarm(this, 'DeadLetterAlarm', {
-      alarmDescription: `${props.description ?? id}: messages in the dead-letter queue (each one failed ${props.maxReceiveCount} receive(s)); inspect and redrive or delete them.`,
-      metric: this.deadLetterQueue.metricApproximateNumberOfMessagesVisible({
-        period: Duration.minutes(1),
-        statistic: Stats.MAXIMUM,
-      }),
+      alarmDescription: props.deadLetterQueueConsumed
+        ? `${what}: messages reached the dead-letter queue (a message's ${props.maxReceiveCount} receive(s) spent, or its last delivery died); its consumer ends them: look in its logs for why.`
+        : `${what}: messages in the dead-letter queue (each one failed ${props.maxReceiveCount} receive(s)); inspect and redrive or delete them.`,
+      metric: this.deadLetterMetric(props.deadLetterQueueConsumed ?? false),
       threshold: 0,
       comparisonOperator: ComparisonOperator.GREATER_THAN_THRESHOLD,
       evaluationPeriods: 1,
       treatMissingData: TreatMissingData.NOT_BREACHING,
     });
     if (props.alarmAction) this.deadLetterAlarm.addAlarmAction(props.alarmAction);
+  }
+
+  /**
+   * Visible messages (Maximum per minute) for a dead-letter queue nobody consumes. A consumed one is
+   * emptied within seconds and its gauges are sampled once a minute, so its alarm adds the in-flight
+   * gauge and the count of messages received from it (every dead letter is received at least once);
+   * FILL: SQS sends no data points for a queue idle for hours.
+   */
+  private deadLetterMetric(consumed: boolean): IMetric {
+    const period = Duration.minutes(1);
+    const dlq = this.deadLetterQueue;
+    const visible = dlq.metricApproximateNumberOfMessagesVisible({ period, statistic: Stats.MAXIMUM });
+    if (!consumed) return visible;
+    return new MathExpression({
+      label: 'messages that reached the dead-letter queue',
+      expression: 'FILL(visible, 0) + FILL(inFlight, 0) + FILL(received, 0)',
+      usingMetrics: {
+        visible,
+        inFlight: dlq.metricApproximateNumberOfMessagesNotVisible({ period, statistic: Stats.MAXIMUM }),
+        received: dlq.metricNumberOfMessagesReceived({ period, statistic: Stats.SUM }),
+      },
+      period,
+    });
   }
 }

@@ -10,10 +10,19 @@ import { Queue } from 'aws-cdk-lib/aws-sqs';
 import { AwsSolutionsChecks, ServerlessChecks } from 'cdk-nag';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { LauncherPermissions } from '../lib/launcherPermissions.ts';
-import { MetastaticPool } from '../lib/metastaticPool.ts';
+import {
+  EC2_EVENT_STATES,
+  FULFIL_MAX_CONCURRENCY,
+  MetastaticPool,
+  REQUEST_MAX_CONCURRENCY,
+} from '../lib/metastaticPool.ts';
 import { MetastaticStack } from '../lib/metastaticStack.ts';
+import { environmentSize, LAMBDA_ENVIRONMENT_LIMIT, TOKEN_ALLOWANCE } from '../lib/poolFunction.ts';
 import { ConfigInvalidError } from '../shared/config/load.ts';
+import { InstanceState } from '../shared/core/events.ts';
+import { FUNCTION_TIMEOUT_SECONDS, visibilityTimeoutSeconds } from '../shared/core/timing.ts';
 import type { AwsLabelSettings } from '../shared/providers/aws/settings.ts';
+import { FUNCTION_CONFIG_FILE } from '../shared/runtime/functionConfig.ts';
 import { tableDefinition } from '../shared/store/table.ts';
 
 /**
@@ -104,6 +113,48 @@ function allowing(statements: Statement[], action: string): Statement[] {
 
 function resourcesOf(statement: Statement): string[] {
   return asList(statement.Resource).map(flatten);
+}
+
+/** The logical ids a resource refers to (Ref, Fn::GetAtt, DependsOn). */
+function referencesOf(resource: Json): Set<string> {
+  const found = new Set<string>(asList((resource.DependsOn as string | string[] | undefined) ?? []));
+  const walk = (value: unknown): void => {
+    if (Array.isArray(value)) value.forEach(walk);
+    else if (value && typeof value === 'object') {
+      const o = value as Json;
+      if (typeof o.Ref === 'string') found.add(o.Ref);
+      const getAtt = o['Fn::GetAtt'] as string[] | undefined;
+      if (getAtt?.[0]) found.add(getAtt[0]);
+      Object.values(o).forEach(walk);
+    }
+  };
+  walk(resource.Properties);
+  return found;
+}
+
+/** A dependency cycle among the template's resources (CloudFormation refuses the stack), if any. */
+function dependencyCycle(template: Template): string[] | undefined {
+  const resources = template.toJSON().Resources as Record<string, Json>;
+  const state = new Map<string, 'visiting' | 'done'>();
+  const path: string[] = [];
+  const visit = (id: string): string[] | undefined => {
+    if (state.get(id) === 'done' || !resources[id]) return undefined;
+    if (state.get(id) === 'visiting') return [...path.slice(path.indexOf(id)), id];
+    state.set(id, 'visiting');
+    path.push(id);
+    for (const ref of referencesOf(resources[id] as Json)) {
+      const cycle = visit(ref);
+      if (cycle) return cycle;
+    }
+    path.pop();
+    state.set(id, 'done');
+    return undefined;
+  };
+  for (const id of Object.keys(resources)) {
+    const cycle = visit(id);
+    if (cycle) return cycle;
+  }
+  return undefined;
 }
 
 function nagViolations(app: App): string[] {
@@ -233,63 +284,102 @@ describe('MetastaticStack (the example configuration, as bin/cdk.ts builds it)',
     }
   });
 
-  it("sets each consumed queue's visibility timeout to at least 6 x its consumer's timeout", () => {
-    for (const [, mapping] of ofType('AWS::Lambda::EventSourceMapping')) {
+  it("sets each consumed queue's visibility timeout from the timing contract (6 x its consumer's timeout)", () => {
+    const mappings = ofType('AWS::Lambda::EventSourceMapping');
+    expect(mappings).toHaveLength(3);
+    for (const [, mapping] of mappings) {
       const p = mapping.Properties as Json;
       const queue = props(refId(p.EventSourceArn));
       const fn = props(refId(p.FunctionName));
-      expect(queue.VisibilityTimeout as number).toBeGreaterThanOrEqual(6 * (fn.Timeout as number));
+      expect(queue.VisibilityTimeout).toBe(visibilityTimeoutSeconds(fn.Timeout as number));
     }
   });
 
-  it('runs the reaper every minute', () => {
+  it('caps how many invocations each event source mapping runs at once', () => {
+    const concurrency = Object.fromEntries(
+      ofType('AWS::Lambda::EventSourceMapping').map(([, m]) => {
+        const p = m.Properties as Json;
+        return [refId(p.EventSourceArn).replace(/[0-9A-F]{8}$/, ''), p.ScalingConfig];
+      }),
+    );
+    expect(concurrency).toEqual({
+      PoolRequestQueue: { MaximumConcurrency: REQUEST_MAX_CONCURRENCY },
+      PoolRequestQueueDeadLetterQueue: { MaximumConcurrency: 2 },
+      PoolFulfilQueue: { MaximumConcurrency: FULFIL_MAX_CONCURRENCY },
+    });
+  });
+
+  it('runs the reaper every minute, never retrying a failed run nor starting one older than a minute', () => {
     template.hasResourceProperties('AWS::Events::Rule', {
       ScheduleExpression: 'rate(1 minute)',
       Targets: [
-        Match.objectLike({ Arn: { 'Fn::GetAtt': [Match.stringLikeRegexp('^PoolReaperFunction'), 'Arn'] } }),
-      ],
-    });
-  });
-
-  it('sends EC2 state changes and spot interruption warnings to the fulfil queue, failures to its DLQ', () => {
-    template.hasResourceProperties('AWS::Events::Rule', {
-      EventPattern: {
-        source: ['aws.ec2'],
-        'detail-type': ['EC2 Instance State-change Notification', 'EC2 Spot Instance Interruption Warning'],
-      },
-      Targets: [
         Match.objectLike({
-          Arn: { 'Fn::GetAtt': [Match.stringLikeRegexp('^PoolFulfilQueue[0-9A-F]{8}$'), 'Arn'] },
-          DeadLetterConfig: {
-            Arn: { 'Fn::GetAtt': [Match.stringLikeRegexp('^PoolFulfilQueueDeadLetterQueue'), 'Arn'] },
-          },
+          Arn: { 'Fn::GetAtt': [Match.stringLikeRegexp('^PoolReaperFunction'), 'Arn'] },
+          RetryPolicy: { MaximumEventAgeInSeconds: 60 },
         }),
       ],
     });
-    // The rule is on the default bus: AWS service events reach no other.
-    const rules = ofType('AWS::Events::Rule');
-    for (const [, rule] of rules) expect((rule.Properties as Json).EventBusName).toBeUndefined();
+    // The schedule invokes asynchronously: Lambda's own retries (2 by default) and queue age govern it.
+    const configs = ofType('AWS::Lambda::EventInvokeConfig');
+    expect(configs).toHaveLength(1);
+    expect(configs[0]?.[1].Properties).toEqual({
+      FunctionName: { Ref: expect.stringMatching(/^PoolReaperFunction/) },
+      Qualifier: '$LATEST',
+      MaximumRetryAttempts: 0,
+      MaximumEventAgeInSeconds: 60,
+    });
   });
 
-  it('runs the functions on Node.js 24, ARM64, 512 MB, traced, 30/30/60 s, with the environment contract', () => {
+  it('sends EC2 state changes (only the states the fulfil function acts on) and spot warnings to the fulfil queue', () => {
+    // Every state but pending: the fulfil function acts on these and ignores pending.
+    expect([...EC2_EVENT_STATES].sort()).toEqual(InstanceState.options.filter((s) => s !== 'pending').sort());
+    const target = [
+      Match.objectLike({
+        Arn: { 'Fn::GetAtt': [Match.stringLikeRegexp('^PoolFulfilQueue[0-9A-F]{8}$'), 'Arn'] },
+        DeadLetterConfig: {
+          Arn: { 'Fn::GetAtt': [Match.stringLikeRegexp('^PoolFulfilQueueDeadLetterQueue'), 'Arn'] },
+        },
+      }),
+    ];
+    const patterns = ofType('AWS::Events::Rule')
+      .map(([, rule]) => rule.Properties as Json)
+      .filter((p) => p.EventPattern !== undefined);
+    expect(patterns.map((p) => p.EventPattern)).toEqual([
+      {
+        source: ['aws.ec2'],
+        'detail-type': ['EC2 Instance State-change Notification'],
+        detail: { state: ['running', 'shutting-down', 'terminated', 'stopping', 'stopped'] },
+      },
+      { source: ['aws.ec2'], 'detail-type': ['EC2 Spot Instance Interruption Warning'] },
+    ]);
+    for (const p of patterns) {
+      template.hasResourceProperties('AWS::Events::Rule', { EventPattern: p.EventPattern, Targets: target });
+    }
+    // The rules are on the default bus: AWS service events reach no other.
+    for (const [, rule] of ofType('AWS::Events::Rule')) {
+      expect((rule.Properties as Json).EventBusName).toBeUndefined();
+    }
+  });
+
+  it('runs the functions on Node.js 24, ARM64, 512 MB, traced, with the contract timeouts and environment', () => {
     const functions = ofType('AWS::Lambda::Function');
     expect(functions.map(([id]) => id.replace(/Function[0-9A-F]{8}$/, '')).sort()).toEqual([
       'PoolFulfil',
       'PoolReaper',
       'PoolRequest',
     ]);
-    const config = readFileSync(EXAMPLE, 'utf8');
     for (const [id, fn] of functions) {
       const p = fn.Properties as Json;
       expect(p.Architectures).toEqual(['arm64']);
       expect(p.Runtime).toBe('nodejs24.x');
       expect(p.MemorySize).toBe(512);
       expect(p.TracingConfig).toEqual({ Mode: 'Active' });
-      expect(p.Timeout).toBe(id.startsWith('PoolReaper') ? 60 : 30);
+      const name = id.replace(/^Pool(\w+)Function[0-9A-F]{8}$/, '$1').toLowerCase();
+      expect(p.Timeout).toBe(FUNCTION_TIMEOUT_SECONDS[name as keyof typeof FUNCTION_TIMEOUT_SECONDS]);
+      // The configuration is not in the environment: it is a file in the function's code (below).
       const env = (p.Environment as { Variables: Json }).Variables;
       expect(env).toEqual({
         TABLE_NAME: { Ref: TABLE_LOGICAL_ID },
-        METASTATIC_CONFIG: config,
         POOL_ID: 'Metastatic-Pool-5603C6D5',
         EVENT_BUS_NAME: 'default',
         POWERTOOLS_SERVICE_NAME: 'metastatic',
@@ -304,6 +394,16 @@ describe('MetastaticStack (the example configuration, as bin/cdk.ts builds it)',
             }
           : {}),
       });
+    }
+  });
+
+  it('ships the configuration, as given, next to each function bundle', () => {
+    const config = readFileSync(EXAMPLE, 'utf8');
+    for (const fn of [stack.pool.requestFunction, stack.pool.fulfilFunction, stack.pool.reaperFunction]) {
+      const code = fn.function.node.findChild('Code') as unknown as { assetPath: string };
+      const dir = join(app.outdir, code.assetPath);
+      expect(readFileSync(join(dir, FUNCTION_CONFIG_FILE), 'utf8')).toBe(config);
+      expect(readFileSync(join(dir, 'index.js'), 'utf8')).toContain(FUNCTION_CONFIG_FILE);
     }
   });
 
@@ -405,23 +505,100 @@ describe('MetastaticStack (the example configuration, as bin/cdk.ts builds it)',
     );
   });
 
-  it('alarms on both dead-letter queues, failed launches, long waits, a stalled queue and a failing reaper', () => {
+  it('alarms on both dead-letter queues, failed launches, long waits, a stalled queue, a failing reaper and lost EC2 events', () => {
     // The pool's own series: pools in one account and region write the same metric names.
     const poolDimensions = [
       { Name: 'pool', Value: 'Metastatic-Pool-5603C6D5' },
       { Name: 'service', Value: 'metastatic' },
     ];
-    const alarms = ofType('AWS::CloudWatch::Alarm').map(([, a]) => a.Properties as Json);
-    expect(alarms).toHaveLength(6);
-    const dlqAlarms = alarms.filter((a) => a.MetricName === 'ApproximateNumberOfMessagesVisible');
-    expect(
-      dlqAlarms
-        .map((a) => refId(((a.Dimensions as Json[])[0] as Json).Value).replace(/[0-9A-F]{8}$/, ''))
-        .sort(),
-    ).toEqual(['PoolFulfilQueueDeadLetterQueue', 'PoolRequestQueueDeadLetterQueue']);
-    for (const a of dlqAlarms) {
-      expect(a).toMatchObject({ Threshold: 0, ComparisonOperator: 'GreaterThanThreshold' });
+    const alarms = ofType('AWS::CloudWatch::Alarm');
+    expect(alarms.map(([id]) => id.replace(/[0-9A-F]{8}$/, '')).sort()).toEqual([
+      'PoolEc2EventsDeliveryAlarm',
+      'PoolFulfilQueueDeadLetterAlarm',
+      'PoolLaunchFailedAlarm',
+      'PoolReaperErrorsAlarm',
+      'PoolRequestQueueDeadLetterAlarm',
+      'PoolRequestQueueStalledAlarm',
+      'PoolRequestsWaitingAlarm',
+    ]);
+    const alarm = (prefix: string) => alarms.find(([id]) => id.startsWith(prefix))?.[1].Properties as Json;
+    for (const [, a] of alarms) {
+      expect((a.Properties as Json).ComparisonOperator).toBe('GreaterThanThreshold');
     }
+    for (const id of [
+      'PoolEc2EventsDeliveryAlarm',
+      'PoolFulfilQueueDeadLetterAlarm',
+      'PoolRequestQueueDeadLetterAlarm',
+    ]) {
+      expect(alarm(id).Threshold).toBe(0);
+    }
+    // Nobody consumes the fulfil dead-letter queue: a message there stays visible.
+    expect(alarm('PoolFulfilQueueDeadLetterAlarm')).toMatchObject({
+      Namespace: 'AWS/SQS',
+      MetricName: 'ApproximateNumberOfMessagesVisible',
+      Statistic: 'Maximum',
+      Period: 60,
+      Dimensions: [
+        {
+          Name: 'QueueName',
+          Value: { 'Fn::GetAtt': [expect.stringMatching(/^PoolFulfilQueueDeadLetterQueue/), 'QueueName'] },
+        },
+      ],
+    });
+    // The request function consumes its dead-letter queue within seconds, so a dead letter is rarely
+    // visible when SQS samples the queue: the alarm adds what is in flight and what was received.
+    const requestDlq = alarm('PoolRequestQueueDeadLetterAlarm');
+    expect(requestDlq.MetricName).toBeUndefined();
+    const queries = requestDlq.Metrics as Json[];
+    expect(queries.find((q) => q.ReturnData !== false)).toMatchObject({
+      Expression: 'FILL(visible, 0) + FILL(inFlight, 0) + FILL(received, 0)',
+    });
+    const stats = Object.fromEntries(
+      queries
+        .filter((q) => q.MetricStat)
+        .map((q) => {
+          const stat = q.MetricStat as { Metric: Json; Stat: string; Period: number };
+          const [dimension] = stat.Metric.Dimensions as Json[];
+          expect(refId((dimension as Json).Value)).toMatch(/^PoolRequestQueueDeadLetterQueue/);
+          return [q.Id, `${stat.Metric.Namespace} ${stat.Metric.MetricName} ${stat.Stat} ${stat.Period}`];
+        }),
+    );
+    expect(stats).toEqual({
+      visible: 'AWS/SQS ApproximateNumberOfMessagesVisible Maximum 60',
+      inFlight: 'AWS/SQS ApproximateNumberOfMessagesNotVisible Maximum 60',
+      received: 'AWS/SQS NumberOfMessagesReceived Sum 60',
+    });
+    // Deliveries EventBridge gave up on, for both EC2 rules, by rule name (the default bus).
+    const delivery = alarm('PoolEc2EventsDeliveryAlarm').Metrics as Json[];
+    expect(
+      delivery
+        .filter((q) => q.MetricStat)
+        .map((q) => {
+          const { Metric, Stat, Period } = q.MetricStat as { Metric: Json; Stat: string; Period: number };
+          const [dimension] = Metric.Dimensions as Array<{ Name: string; Value: unknown }>;
+          const rule = refId(dimension?.Value).replace(/[0-9A-F]{8}$/, '');
+          return `${Metric.Namespace} ${Metric.MetricName} ${dimension?.Name}=${rule} ${Stat} ${Period}`;
+        })
+        .sort(),
+    ).toEqual(
+      ['PoolEc2Events', 'PoolSpotInterruptions']
+        .flatMap((rule) =>
+          ['FailedInvocations', 'InvocationsFailedToBeSentToDlq'].map(
+            (metric) => `AWS/Events ${metric} RuleName=${rule} Sum 300`,
+          ),
+        )
+        .sort(),
+    );
+    expect(delivery.find((q) => q.ReturnData !== false)?.Expression).toBe(
+      'FILL(failed0, 0) + FILL(lost0, 0) + FILL(failed1, 0) + FILL(lost1, 0)',
+    );
+    // One period per scheduled run: five failed runs in a row.
+    expect(alarm('PoolReaperErrorsAlarm')).toMatchObject({
+      Namespace: 'AWS/Lambda',
+      MetricName: 'Errors',
+      Period: 60,
+      EvaluationPeriods: 5,
+    });
     template.hasResourceProperties('AWS::CloudWatch::Alarm', {
       Namespace: 'Metastatic',
       MetricName: 'LaunchFailed',
@@ -690,7 +867,37 @@ describe('MetastaticPool options and checks', () => {
       encryptionKey: key,
     });
     const template = Template.fromStack(stack);
-    template.hasResourceProperties('AWS::Events::Rule', { ScheduleExpression: 'rate(5 minutes)' });
+    // A run waits at most one period to start, and the error alarm counts runs, not minutes.
+    template.hasResourceProperties('AWS::Events::Rule', {
+      ScheduleExpression: 'rate(5 minutes)',
+      Targets: [Match.objectLike({ RetryPolicy: { MaximumEventAgeInSeconds: 300 } })],
+    });
+    template.hasResourceProperties('AWS::Lambda::EventInvokeConfig', {
+      MaximumRetryAttempts: 0,
+      MaximumEventAgeInSeconds: 300,
+    });
+    template.hasResourceProperties('AWS::CloudWatch::Alarm', {
+      MetricName: 'Errors',
+      Period: 300,
+      EvaluationPeriods: 5,
+    });
+    // EventBridge may use the queues' key to deliver EC2 events (CDK's SqsQueue target adds it for a key
+    // of the app; the stack must not depend on itself through the key policy).
+    const [keyResource] = Object.values(template.findResources('AWS::KMS::Key'));
+    if (!keyResource) throw new Error('no key in the template');
+    const keyPolicy = (
+      keyResource.Properties as { KeyPolicy: { Statement: Array<Statement & { Principal?: unknown }> } }
+    ).KeyPolicy.Statement;
+    const forEvents = keyPolicy.filter(
+      (st) => JSON.stringify(st.Principal) === JSON.stringify({ Service: 'events.amazonaws.com' }),
+    );
+    const allowed = forEvents.flatMap((st) => asList(st.Action));
+    expect(allowed).toEqual(expect.arrayContaining(['kms:Decrypt', 'kms:GenerateDataKey*']));
+    expect(forEvents.every((st) => st.Condition?.StringEquals?.['aws:SourceAccount'] === ENV.account)).toBe(
+      true,
+    );
+    expect(dependencyCycle(template)).toBeUndefined();
+    expect(Annotations.fromStack(stack).findWarning('*', Match.anyValue())).toEqual([]);
     const [terminate] = allowing(statementsOf(template), 'ec2:TerminateInstances');
     expect(terminate?.Condition).toEqual({ StringEquals: { 'aws:ResourceTag/metastatic:pool': 'ci-pool' } });
     for (const queue of Object.values(template.findResources('AWS::SQS::Queue'))) {
@@ -700,6 +907,126 @@ describe('MetastaticPool options and checks', () => {
       SSESpecification: { SSEEnabled: true, SSEType: 'KMS', KMSMasterKeyId: Match.anyValue() },
     });
     expect(nagViolations(app)).toEqual([]);
+  });
+
+  it('warns that an imported queue key must admit EventBridge (its policy cannot be changed here)', () => {
+    const app = newApp();
+    const stack = new Stack(app, 'Test', { env: ENV });
+    const key = Key.fromKeyArn(
+      stack,
+      'Imported',
+      'arn:aws:kms:eu-west-1:123456789012:key/11111111-2222-3333-4444-555555555555',
+    );
+    new MetastaticPool(stack, 'Pool', { config: awsConfig('image-id: ami-1'), encryptionKey: key });
+    const warnings = Annotations.fromStack(stack).findWarning('*', Match.anyValue());
+    expect(warnings.map((w) => String(w.entry.data))).toEqual([
+      expect.stringMatching(
+        /encryptionKey Test\/Imported is imported.*events\.amazonaws\.com.*kms:GenerateDataKey.*kms:Decrypt/,
+      ),
+    ]);
+  });
+
+  it('grants what EC2 needs of a customer-managed EBS key, to the launching roles, on that key only', () => {
+    const keyArn = 'arn:aws:kms:eu-west-1:123456789012:key/11111111-2222-3333-4444-555555555555';
+    const { app, template } = synth(awsConfig('image-id: ami-1'), { ebsKmsKeyArn: keyArn });
+    const statements = statementsOf(template);
+    const grants = allowing(statements, 'kms:CreateGrant');
+    expect(grants).toEqual([
+      expect.objectContaining({
+        Resource: keyArn,
+        Condition: { Bool: { 'kms:GrantIsForAWSResource': 'true' } },
+      }),
+    ]);
+    const use = allowing(statements, 'kms:GenerateDataKeyWithoutPlaintext');
+    expect(use).toHaveLength(1);
+    expect(use[0]).toMatchObject({ Resource: keyArn });
+    expect(asList(use[0]?.Action as string | string[]).sort()).toEqual([
+      'kms:Decrypt',
+      'kms:DescribeKey',
+      'kms:GenerateDataKeyWithoutPlaintext',
+      'kms:ReEncryptFrom',
+      'kms:ReEncryptTo',
+    ]);
+    expect(use[0]?.Condition).toBeUndefined();
+    // In the launcher policy, which every function role carries.
+    const launcher = Object.entries(template.findResources('AWS::IAM::Policy')).find(([id]) =>
+      id.startsWith('PoolLauncherPolicy'),
+    );
+    expect(JSON.stringify(launcher?.[1])).toContain('kms:CreateGrant');
+    expect(nagViolations(app)).toEqual([]);
+    // Without the key nothing of KMS is granted.
+    expect(allowing(statementsOf(synth(awsConfig('image-id: ami-1')).template), 'kms:CreateGrant')).toEqual(
+      [],
+    );
+    expect(() => synth(awsConfig('image-id: ami-1'), { ebsKmsKeyArn: 'alias/ebs' })).toThrow(
+      /ebsKmsKeyArn: alias\/ebs is not a KMS key ARN/,
+    );
+    expect(() =>
+      synth(awsConfig('image-id: ami-1'), { ebsKmsKeyArn: keyArn.replace('eu-west-1', 'us-east-1') }),
+    ).toThrow(/the key is in us-east-1, but the instances launch in eu-west-1/);
+  });
+
+  it("takes the event source mappings' concurrency caps, within what Lambda accepts", () => {
+    const { template } = synth(awsConfig('image-id: ami-1'), {
+      requestMaxConcurrency: 50,
+      fulfilMaxConcurrency: 2,
+    });
+    const caps = Object.values(template.findResources('AWS::Lambda::EventSourceMapping')).map(
+      (m) => ((m.Properties as Json).ScalingConfig as Json).MaximumConcurrency,
+    );
+    expect(caps.sort()).toEqual([2, 2, 50]);
+    expect(() => synth(awsConfig('image-id: ami-1'), { fulfilMaxConcurrency: 1 })).toThrow(
+      'fulfilMaxConcurrency must be an integer from 2 to 1000',
+    );
+  });
+
+  it('measures a function environment as Lambda does: its variables as JSON, after every variable is set', () => {
+    expect(environmentSize({ A: 'x' })).toBe(Buffer.byteLength('{"A":"x"}'));
+    expect(environmentSize({ A: 'a"b\nc' })).toBe(Buffer.byteLength(JSON.stringify({ A: 'a"b\nc' })));
+    expect(environmentSize({ T: { Ref: 'Table' } })).toBe(`{"T":""}`.length + TOKEN_ALLOWANCE);
+    expect(environmentSize({ J: { 'Fn::Join': ['', ['arn:', { Ref: 'AWS::Partition' }, ':x']] } })).toBe(
+      `{"J":"arn::x"}`.length + TOKEN_ALLOWANCE,
+    );
+
+    // A variable added after the pool is built, of quotes and newlines: Lambda's JSON doubles them, a
+    // count of key and value bytes (the old check's way) does not.
+    const pool = () => {
+      const app = newApp();
+      const stack = new Stack(app, 'Test', { env: ENV });
+      const built = new MetastaticPool(stack, 'Pool', { config: awsConfig('image-id: ami-1') });
+      const fulfilEnvironment = () => {
+        const functions = Template.fromStack(stack).findResources('AWS::Lambda::Function');
+        const fulfil = Object.entries(functions).find(([id]) => id.startsWith('PoolFulfil'));
+        if (!fulfil) throw new Error('no fulfil function in the template');
+        return (fulfil[1].Properties as { Environment: { Variables: Record<string, unknown> } }).Environment
+          .Variables;
+      };
+      return { fn: built.fulfilFunction.function, fulfilEnvironment };
+    };
+    const baseline = environmentSize(pool().fulfilEnvironment());
+    /** A pool whose fulfil function gets EXTRA, sized so that its environment takes `total` bytes as JSON. */
+    const withExtra = (total: number) => {
+      const built = pool();
+      const escaped = total - baseline - ',"EXTRA":""'.length;
+      const pairs = Math.floor(escaped / 4); // '"\n' is 2 bytes, 4 as JSON
+      const value = '"\n'.repeat(pairs) + 'x'.repeat(escaped - 4 * pairs);
+      built.fn.addEnvironment('EXTRA', value);
+      return { ...built, value };
+    };
+    const fits = withExtra(LAMBDA_ENVIRONMENT_LIMIT);
+    expect(environmentSize(fits.fulfilEnvironment())).toBe(LAMBDA_ENVIRONMENT_LIMIT);
+    const over = withExtra(LAMBDA_ENVIRONMENT_LIMIT + 1);
+    expect(() => over.fulfilEnvironment()).toThrow(
+      /environment of Test\/Pool\/Fulfil takes 4097 bytes as Lambda measures it.*Lambda allows 4096.*Largest: EXTRA/s,
+    );
+    // The old way of counting (key and value bytes, a token as TOKEN_ALLOWANCE) finds it well under.
+    const overVariables = { ...fits.fulfilEnvironment(), EXTRA: over.value };
+    const counted = Object.entries(overVariables).reduce(
+      (n, [k, v]) =>
+        n + Buffer.byteLength(k) + (typeof v === 'string' ? Buffer.byteLength(v) : TOKEN_ALLOWANCE),
+      0,
+    );
+    expect(counted).toBeLessThan(LAMBDA_ENVIRONMENT_LIMIT);
   });
 
   it('validates the configuration at synth', () => {

@@ -10,13 +10,22 @@ import { createEc2Client } from '../providers/aws/ec2Provider.ts';
 import { DynamoStore } from '../store/dynamoStore.ts';
 import type { Context } from '../usecases/context.ts';
 import { awsContext } from './awsContext.ts';
+import { readFunctionConfig } from './functionConfig.ts';
 import { PowertoolsMetricSink } from './powertoolsMetrics.ts';
 
-/** The environment a metastatic Lambda function reads (set by the CDK stack). */
+/**
+ * The environment a metastatic Lambda function reads (set by the CDK stack). The configuration is not
+ * in it: it is a file next to the function's code (see functionConfig.ts).
+ */
 export const LambdaEnv = z.object({
   TABLE_NAME: z.string().min(1),
-  /** The pool configuration as YAML text, embedded at deploy time. */
-  METASTATIC_CONFIG: z.string().min(1),
+  /** Set by Lambda: the function's code directory, where the stack put the configuration file. */
+  LAMBDA_TASK_ROOT: z.string().min(1).optional(),
+  /**
+   * The pool configuration as YAML text, read only where LAMBDA_TASK_ROOT holds no configuration file
+   * (tests, the handlers run outside Lambda). The stack never sets it.
+   */
+  METASTATIC_CONFIG: z.string().min(1).optional(),
   /** The value of the `metastatic:pool` tag on this deployment's instances. */
   POOL_ID: z.string().min(1).default('metastatic'),
   /** The EventBridge bus pool events are published to. */
@@ -47,8 +56,9 @@ export interface LambdaRuntime {
 }
 
 /**
- * Builds the use-case context of a Lambda function from its environment, once per container:
- * Powertools logger, metrics and tracer (SDK clients traced), the EC2 provider, the EventBridge sink.
+ * Builds the use-case context of a Lambda function from its environment and its configuration file,
+ * once per container (the entry points keep the result): Powertools logger, metrics and tracer (SDK
+ * clients traced), the EC2 provider, the EventBridge sink.
  */
 export function lambdaRuntimeFromEnv(raw: NodeJS.ProcessEnv = process.env): LambdaRuntime {
   const parsed = LambdaEnv.safeParse(raw);
@@ -58,7 +68,8 @@ export function lambdaRuntimeFromEnv(raw: NodeJS.ProcessEnv = process.env): Lamb
     );
   }
   const env = parsed.data;
-  const config = parseConfigOrThrow(env.METASTATIC_CONFIG, 'METASTATIC_CONFIG');
+  const { text, source } = readFunctionConfig(env);
+  const config = parseConfigOrThrow(text, source);
   const log = new Logger({ serviceName: 'metastatic' });
   // `pool` tells pools in one account and region apart (their alarms watch their own series).
   const metrics = new Metrics({
