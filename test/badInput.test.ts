@@ -637,27 +637,27 @@ const EVENTS: readonly EventCase[] = [
   {
     name: 'a state change for an unknown EC2 instance',
     body: stateChange(UNKNOWN_EC2, 'terminated'),
-    ignored: `no provider owns resource ${UNKNOWN_EC2}`,
+    ignored: `resource ${UNKNOWN_EC2} is recorded by no backing node`,
   },
   {
     name: 'running for an unknown local instance',
     body: stateChange(UNKNOWN_LOCAL, 'running'),
-    ignored: `resource ${UNKNOWN_LOCAL} no longer exists`,
+    ignored: `resource ${UNKNOWN_LOCAL} is recorded by no backing node`,
   },
   {
     name: 'terminated for an unknown local instance',
     body: stateChange(UNKNOWN_LOCAL, 'terminated'),
-    ignored: `resource ${UNKNOWN_LOCAL} is not a recorded backing node`,
+    ignored: `resource ${UNKNOWN_LOCAL} is recorded by no backing node`,
   },
   {
     name: 'a spot warning for an unknown EC2 instance',
     body: spotWarning(UNKNOWN_EC2),
-    ignored: `resource ${UNKNOWN_EC2} is not ours`,
+    ignored: `resource ${UNKNOWN_EC2} is recorded by no backing node`,
   },
   {
     name: 'a spot warning for an unknown local instance',
     body: spotWarning(UNKNOWN_LOCAL),
-    ignored: `resource ${UNKNOWN_LOCAL} is not ours`,
+    ignored: `resource ${UNKNOWN_LOCAL} is recorded by no backing node`,
   },
 ];
 
