@@ -31,8 +31,8 @@ export type FulfilOutcome =
  *
  * The rule forwards every EC2 instance's events in the region (other teams' too): the instance is looked
  * up in the table first (its resource pointer), and an event for one no backing node records is ignored
- * without any EC2 call. Only `running` calls EC2 (DescribeInstances, for the address); a termination needs
- * no confirmation, EC2's event is the word.
+ * without any EC2 call. Only `running` for a launching backing node calls EC2 (DescribeInstances, for the
+ * address); a termination needs no confirmation, EC2's event is the word.
  */
 export async function handleStateChange(ctx: Context, event: StateChangeEvent): Promise<FulfilOutcome> {
   const resourceId = event.detail['instance-id'];
@@ -43,9 +43,11 @@ export async function handleStateChange(ctx: Context, event: StateChangeEvent): 
   const b = await recordedBacking(ctx, resourceId);
   if ('kind' in b) return b;
   if (state === 'running') {
-    if (b.state !== 'launching' && b.state !== 'ready') {
-      return { kind: 'ignored', reason: `backing node ${b.id} is ${b.state}` };
+    if (b.state === 'ready') {
+      // A duplicate (or the reaper was first): nothing to learn from EC2, only nodes to settle.
+      return { kind: 'ready', backingNodeId: b.id, nodesReady: await markNodesReady(ctx, b) };
     }
+    if (b.state !== 'launching') return { kind: 'ignored', reason: `backing node ${b.id} is ${b.state}` };
     let provider: BackingProvider;
     try {
       provider = ctx.providers.forPool(b.backingPoolKey);
