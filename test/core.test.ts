@@ -14,9 +14,10 @@ import { IllegalTransitionError } from '../shared/core/errors.ts';
 import { backingNodeId, nodeId, parseNodeId } from '../shared/core/ids.ts';
 import { parseMessage } from '../shared/core/messages.ts';
 import { eligiblePools, nodeAttributes } from '../shared/core/pools.ts';
-import { deadlineDecision, reapDecision } from '../shared/core/reaper.ts';
+import { deadlineDecision, notFoundIsFinal, reapDecision } from '../shared/core/reaper.ts';
 import type { BackingRecord } from '../shared/core/records.ts';
 import { assertTransition, backingTransitions, canTransition } from '../shared/core/states.ts';
+import { RESOURCE_NOT_FOUND_GRACE_MS } from '../shared/core/timing.ts';
 import { backingIndexAttributes } from '../shared/store/table.ts';
 import { baseConfig } from './support/harness.ts';
 
@@ -274,6 +275,20 @@ describe('launch and boot deadlines', () => {
   it.each(cases)('%s', (_name, b, elapsed, reason) => {
     const d = deadlineDecision(backing(b), timeouts, T0 + elapsed);
     expect(d.fail ? d.reason : undefined).toBe(reason);
+  });
+});
+
+describe("an eventually consistent provider's not-found", () => {
+  it('is believed only once the resource id has been recorded for the grace', () => {
+    const b = backing({ state: 'launching', launchedAt: T0 - 3_600_000, resourceRecordedAt: T0 });
+    expect(notFoundIsFinal(b, T0 + RESOURCE_NOT_FOUND_GRACE_MS - 1)).toBe(false);
+    expect(notFoundIsFinal(b, T0 + RESOURCE_NOT_FOUND_GRACE_MS)).toBe(true);
+  });
+
+  it('counts from the launch for a record written before the recording time was kept', () => {
+    const b = backing({ state: 'launching', resourceId: 'i-0123456789abcdef0' });
+    expect(notFoundIsFinal(b, T0 + RESOURCE_NOT_FOUND_GRACE_MS - 1)).toBe(false);
+    expect(notFoundIsFinal(b, T0 + RESOURCE_NOT_FOUND_GRACE_MS)).toBe(true);
   });
 });
 
