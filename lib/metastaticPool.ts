@@ -151,7 +151,8 @@ export interface MetastaticPoolProps {
   /**
    * The VPC of the backing instances: the functions run in it, so they can check an instance's
    * `connection-port` (and scan its host keys) at its private address. Its subnets need a route to
-   * the AWS APIs the functions call (DynamoDB, SQS, EventBridge, EC2): a NAT gateway or VPC endpoints.
+   * the AWS APIs the functions call (DynamoDB, EC2, EventBridge; they never call SQS, the event source
+   * mappings do): a NAT gateway or VPC endpoints (docs/aws.md lists them).
    * The instances' security group must admit `connection-port` from `functionsSecurityGroups`.
    * @default - the functions run outside any VPC and check only public addresses (`public-ipv4: true`);
    *   with private addresses a backing node is ready when EC2 reports it running
