@@ -1,14 +1,23 @@
 export { LauncherPermissions, type LauncherPermissionsProps, POOL_TAG_KEY } from './launcherPermissions.ts';
 export {
   EC2_DETAIL_TYPES,
+  EC2_EVENT_STATES,
+  FULFIL_MAX_CONCURRENCY,
   FULFIL_MAX_RECEIVE_COUNT,
   METRICS_NAMESPACE,
   MetastaticPool,
   type MetastaticPoolProps,
   POWERTOOLS_SERVICE_NAME,
+  REQUEST_MAX_CONCURRENCY,
   REQUEST_MAX_RECEIVE_COUNT,
 } from './metastaticPool.ts';
 export { MetastaticStack, type MetastaticStackProps } from './metastaticStack.ts';
-export { PoolFunction, type PoolFunctionName, type PoolFunctionProps } from './poolFunction.ts';
+export {
+  environmentSize,
+  LAMBDA_ENVIRONMENT_LIMIT,
+  PoolFunction,
+  type PoolFunctionName,
+  type PoolFunctionProps,
+} from './poolFunction.ts';
 export { PoolTable, type PoolTableProps } from './poolTable.ts';
 export { QueueWithDlq, type QueueWithDlqProps } from './queueWithDlq.ts';
