@@ -387,6 +387,11 @@ export class MetastaticPool extends Construct {
       fn.function.node.addDependency(this.launcher.policy);
     }
 
+    const reaperPeriod = clampDuration(reaperRate, Duration.minutes(1), Duration.days(1));
+    const reaperRuns = Math.max(
+      1,
+      Math.min(5, Math.floor(Duration.days(1).toSeconds() / reaperPeriod.toSeconds())),
+    );
     this.alarms = [
       this.requestQueue.deadLetterAlarm,
       this.fulfilQueue.deadLetterAlarm,
@@ -427,15 +432,16 @@ export class MetastaticPool extends Construct {
         }),
         threshold: Duration.minutes(15).toSeconds(),
       }),
-      // One period per scheduled run (a failed run is not retried), so "5 periods" is 5 runs in a row.
+      // One period per scheduled run (a failed run is not retried), so 5 periods are 5 runs in a row;
+      // CloudWatch evaluates at most one day, so a slow schedule is judged on fewer runs.
       this.addAlarm('ReaperErrorsAlarm', alarmAction, {
-        alarmDescription: 'metastatic: the reaper failed in 5 consecutive scheduled runs.',
+        alarmDescription: `metastatic: the reaper failed in ${reaperRuns} consecutive scheduled runs.`,
         metric: this.reaperFunction.function.metricErrors({
           statistic: Stats.SUM,
-          period: reaperRate,
+          period: reaperPeriod,
         }),
         threshold: 0,
-        evaluationPeriods: 5,
+        evaluationPeriods: reaperRuns,
       }),
       // EventBridge could not deliver EC2 events to the fulfil queue, nor to its dead-letter queue (a
       // customer-managed key EventBridge may not use fails both): the pool stops hearing of its instances.

@@ -881,6 +881,14 @@ describe('MetastaticPool options and checks', () => {
       Period: 300,
       EvaluationPeriods: 5,
     });
+    // CloudWatch evaluates at most a day: a reaper every 6 hours is judged on its last 4 runs.
+    const slow = synth(awsConfig('image-id: ami-1'), { reaperRate: Duration.hours(6) }).template;
+    slow.hasResourceProperties('AWS::CloudWatch::Alarm', {
+      MetricName: 'Errors',
+      Period: 21_600,
+      EvaluationPeriods: 4,
+    });
+    slow.hasResourceProperties('AWS::Lambda::EventInvokeConfig', { MaximumEventAgeInSeconds: 21_600 });
     // EventBridge may use the queues' key to deliver EC2 events (CDK's SqsQueue target adds it for a key
     // of the app; the stack must not depend on itself through the key policy).
     const [keyResource] = Object.values(template.findResources('AWS::KMS::Key'));
