@@ -214,8 +214,8 @@ export class MetastaticPool extends Construct {
       ? new SnsAction(props.alarmTopic)
       : undefined;
     this.eventBus = props.eventBus ?? EventBus.fromEventBusName(this, 'DefaultBus', 'default');
-    // Before the functions (whose bundling takes seconds): the checks of the aws pools and of
-    // instanceRoles fail fast.
+    // Before the functions (whose bundling takes seconds): the checks of the aws pools, of
+    // instanceRoles, ebsKmsKeyArn and the mappings' concurrency fail fast.
     this.launcher = new LauncherPermissions(this, 'Launcher', {
       labels: awsLabels(this.config),
       poolId: this.poolId,
@@ -223,6 +223,14 @@ export class MetastaticPool extends Construct {
       ebsKmsKeyArn: props.ebsKmsKeyArn,
     });
     this.checkRegion(this.launcher.resources.region);
+    const requestMaxConcurrency = checkMaxConcurrency(
+      'requestMaxConcurrency',
+      props.requestMaxConcurrency ?? REQUEST_MAX_CONCURRENCY,
+    );
+    const fulfilMaxConcurrency = checkMaxConcurrency(
+      'fulfilMaxConcurrency',
+      props.fulfilMaxConcurrency ?? FULFIL_MAX_CONCURRENCY,
+    );
 
     this.table = new PoolTable(
       this,
@@ -312,19 +320,13 @@ export class MetastaticPool extends Construct {
       new SqsEventSource(this.requestQueue.queue, {
         batchSize: 10,
         reportBatchItemFailures: true,
-        maxConcurrency: checkMaxConcurrency(
-          'requestMaxConcurrency',
-          props.requestMaxConcurrency ?? REQUEST_MAX_CONCURRENCY,
-        ),
+        maxConcurrency: requestMaxConcurrency,
       }),
     );
     this.fulfilFunction.function.addEventSource(
       new SqsEventSource(this.fulfilQueue.queue, {
         reportBatchItemFailures: true,
-        maxConcurrency: checkMaxConcurrency(
-          'fulfilMaxConcurrency',
-          props.fulfilMaxConcurrency ?? FULFIL_MAX_CONCURRENCY,
-        ),
+        maxConcurrency: fulfilMaxConcurrency,
       }),
     );
     // The request function also ends what reaches the request dead-letter queue: a message whose last
