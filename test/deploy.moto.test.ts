@@ -19,6 +19,7 @@ import {
   SQSClient,
 } from '@aws-sdk/client-sqs';
 import { afterAll, beforeAll, expect, it } from 'vitest';
+import { FULFIL_MAX_CONCURRENCY } from '../lib/metastaticPool.ts';
 import { DynamoStore } from '../shared/store/dynamoStore.ts';
 import type { ReapReport } from '../shared/usecases/reap.ts';
 import { describeWithMoto, MOTO_ACCOUNT, MOTO_CREDENTIALS, type Moto, startMoto } from './support/moto.ts';
@@ -82,12 +83,12 @@ describeWithMoto('cdk deploy into moto, and the deployed bundles serving a reque
     return (out.Reservations ?? []).flatMap((r) => r.Instances ?? []);
   };
   /** What EC2 would publish on the default bus; the deployed rule routes it. */
-  const publishState = async (instanceId: string, state: string) => {
+  const publishState = async (instanceId: string, state: string, source = 'aws.ec2') => {
     const out = await events.send(
       new PutEventsCommand({
         Entries: [
           {
-            Source: 'aws.ec2',
+            Source: source,
             DetailType: 'EC2 Instance State-change Notification',
             Detail: JSON.stringify({ 'instance-id': instanceId, state }),
             Resources: [`arn:aws:ec2:${DEPLOY_REGION}:${MOTO_ACCOUNT}:instance/${instanceId}`],
@@ -183,8 +184,13 @@ describeWithMoto('cdk deploy into moto, and the deployed bundles serving a reque
       [queueArn('RequestQueueUrl'), request.environment.REQUEST_DLQ_ARN].sort(),
     );
     expect(request.eventSources.every((s) => s.reportsItemFailures)).toBe(true);
+    // A scale-out elsewhere in the account cannot drain its DescribeInstances rate through this mapping.
     expect(fulfil.eventSources).toEqual([
-      expect.objectContaining({ queueArn: queueArn('FulfilQueueUrl'), reportsItemFailures: true }),
+      expect.objectContaining({
+        queueArn: queueArn('FulfilQueueUrl'),
+        reportsItemFailures: true,
+        maxConcurrency: FULFIL_MAX_CONCURRENCY,
+      }),
     ]);
     expect(reaper.eventSources).toEqual([]);
   });
@@ -223,6 +229,17 @@ describeWithMoto('cdk deploy into moto, and the deployed bundles serving a reque
     expect(r?.nodes[0]).toMatchObject({ state: 'ready', host: instance.PrivateIpAddress });
     const backing = await store.getBacking(r?.nodes[0]?.backingNodeId as string);
     expect(backing).toMatchObject({ state: 'ready', resourceId: instance.InstanceId, used: 1 });
+  });
+
+  it('routes only the EC2 states the pool handles, and the fulfil bundle drops instances it does not record', async () => {
+    // Filtered out by the deployed rule: a state the pool does not handle, and another source.
+    await publishState(instance.InstanceId as string, 'pending');
+    await publishState(instance.InstanceId as string, 'running', 'my.app');
+    expect(await handleEvents()).toEqual({ records: 0, failed: [] });
+    // Routed: a handled state of an instance this pool does not record (another team's).
+    await publishState('i-0123456789abcdef0', 'stopping');
+    expect(await handleEvents()).toEqual({ records: 1, failed: [] });
+    expect((await store.getRequest(requestId))?.state).toBe('fulfilled');
   });
 
   it('serves the CLI with --stack: lists the request, and a request it sends lands on the same instance', async () => {

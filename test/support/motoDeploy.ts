@@ -141,7 +141,12 @@ export interface DeployedFunction {
   /** The asset directory in cdk.out that was zipped and uploaded as its code. */
   readonly assetDir: string;
   /** Its SQS event source mappings. */
-  readonly eventSources: readonly { queueArn: string; batchSize: number; reportsItemFailures: boolean }[];
+  readonly eventSources: readonly {
+    queueArn: string;
+    batchSize: number;
+    reportsItemFailures: boolean;
+    maxConcurrency?: number;
+  }[];
 }
 
 export interface DeployedStack {
@@ -217,6 +222,7 @@ export async function describeDeployed(
           EventSourceArn: string;
           BatchSize: number;
           FunctionResponseTypes?: string[];
+          ScalingConfig?: { MaximumConcurrency?: number };
         }[];
       };
       // The code CloudFormation deployed is the object the template names: <asset hash>.zip.
@@ -235,6 +241,7 @@ export async function describeDeployed(
           queueArn: m.EventSourceArn,
           batchSize: m.BatchSize,
           reportsItemFailures: (m.FunctionResponseTypes ?? []).includes('ReportBatchItemFailures'),
+          maxConcurrency: m.ScalingConfig?.MaximumConcurrency,
         })),
       };
     };
