@@ -274,6 +274,34 @@ function conformance(start: () => Promise<Engine>): () => void {
       });
     });
 
+    describe('resource pointers', () => {
+      it('points a resource at one backing node; another backing node is refused', async () => {
+        expect(await store.backingIdOfResource('i-1')).toBeUndefined();
+        await store.pointToBacking('i-1', 'b1', 1_000);
+        await store.pointToBacking('i-1', 'b1', 2_000); // idempotent for the same backing node
+        expect(await store.backingIdOfResource('i-1')).toBe('b1');
+        const other = store.pointToBacking('i-1', 'b2', 3_000);
+        await expect(other).rejects.toBeInstanceOf(ConflictError);
+        await expect(other).rejects.toThrow('resource i-1 is already recorded by another backing node');
+        expect(await store.backingIdOfResource('i-1')).toBe('b1');
+        // Pointers are neither requests nor backing nodes in the admin listings.
+        expect(await store.listBacking()).toEqual([]);
+        expect(await store.listRequests()).toEqual([]);
+      });
+
+      it('forgets a pointer only for the backing node it names, idempotently', async () => {
+        await store.pointToBacking('i-1', 'b1', 1_000);
+        await store.forgetResource('i-1', 'b2');
+        expect(await store.backingIdOfResource('i-1')).toBe('b1');
+        await store.forgetResource('i-1', 'b1');
+        expect(await store.backingIdOfResource('i-1')).toBeUndefined();
+        await store.forgetResource('i-1', 'b1');
+        await store.forgetResource('never-recorded', 'b1');
+        await store.pointToBacking('i-1', 'b2', 4_000); // free again
+        expect(await store.backingIdOfResource('i-1')).toBe('b2');
+      });
+    });
+
     describe('capacity sets', () => {
       const set = keys.poolNodes('meta/main');
 
