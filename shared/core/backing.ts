@@ -1,6 +1,7 @@
 import type { MetastaticLabel } from '../config/model.ts';
 import type { BackingRecord, Claim } from './records.ts';
 import { allocatableBackingStates, assertTransition } from './states.ts';
+import { boundedReason } from './text.ts';
 
 /**
  * Pure operations on a backing node record. Each returns the next record (version + 1); the store
@@ -93,7 +94,7 @@ export function confirmClaims(b: BackingRecord, slots: readonly number[]): Backi
 
 /** Stops a backing node taking new nodes; it goes as soon as it is empty. */
 export function markDrained(b: BackingRecord, reason: string): BackingRecord {
-  return { ...b, drained: true, reason, version: b.version + 1 };
+  return { ...b, drained: true, reason: boundedReason(reason), version: b.version + 1 };
 }
 
 /** Frees a slot and stamps last-used (grace-time counts from here). */
@@ -157,12 +158,12 @@ export function markReady(
 export function markRetiring(b: BackingRecord, now: number, reason: string): BackingRecord {
   assertTransition('backing', b.state, 'retiring');
   if (b.used !== 0) throw new Error(`backing node ${b.id} holds ${b.used} node(s) and cannot retire`);
-  return { ...b, state: 'retiring', retiredAt: now, reason, version: b.version + 1 };
+  return { ...b, state: 'retiring', retiredAt: now, reason: boundedReason(reason), version: b.version + 1 };
 }
 
 export function markFailed(b: BackingRecord, now: number, reason: string): BackingRecord {
   assertTransition('backing', b.state, 'failed');
-  return { ...b, state: 'failed', retiredAt: now, reason, version: b.version + 1 };
+  return { ...b, state: 'failed', retiredAt: now, reason: boundedReason(reason), version: b.version + 1 };
 }
 
 export function markStopped(b: BackingRecord, now: number): BackingRecord {

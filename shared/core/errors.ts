@@ -40,6 +40,12 @@ export class ConflictError extends MetastaticError {}
 /** A state change that the state table does not allow. */
 export class IllegalTransitionError extends MetastaticError {}
 
+/**
+ * DynamoDB refused an item larger than its 400 KB limit. Writing it again cannot succeed, so it is not
+ * retried: the pool bounds what it stores (core/text.ts, core/messages.ts), and this names a bound missed.
+ */
+export class ItemTooLargeError extends PermanentError {}
+
 /** A node id that names no node. */
 export class UnknownNodeError extends PermanentError {}
 

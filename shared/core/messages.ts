@@ -1,11 +1,18 @@
 import { z } from 'zod';
 import { requestIdPattern } from './ids.ts';
+import { boundedReason, clip, listSome, quote } from './text.ts';
 
 /**
  * The public message API of the request queue (documented in the README). Strict: unknown keys are
  * rejected so a typo never silently changes a request.
+ *
+ * The limits keep what a message can make the pool store within DynamoDB's 400 KB item: a request's
+ * labels are stored twice (the set, and each node's label), so 64 labels of 255 characters take at most
+ * ~100 KB (test/core.test.ts measures the largest request the schema admits). SQS's own limit, 256 KB
+ * per message, is far above what a valid message needs.
  */
 export const MAX_NODE_SET = 64;
+export const MAX_LABEL_LENGTH = 255;
 
 export const RequestMessage = z.strictObject({
   kind: z.literal('request'),
@@ -16,7 +23,12 @@ export const RequestMessage = z.strictObject({
       'must be 1-128 characters of A-Z a-z 0-9 . _ : - starting with a letter or digit',
     ),
   labels: z
-    .array(z.string().min(1, 'a label must not be empty'))
+    .array(
+      z
+        .string()
+        .min(1, 'a label must not be empty')
+        .max(MAX_LABEL_LENGTH, `a label has at most ${MAX_LABEL_LENGTH} characters`),
+    )
     .min(1, 'a request needs at least one label')
     .max(MAX_NODE_SET, `a node set has at most ${MAX_NODE_SET} labels`),
   requestor: z.string().max(256, 'must be at most 256 characters').optional(),
@@ -42,8 +54,20 @@ export type ParsedMessage =
       readonly reason: string;
       /** The request id, when the body carried a usable one: the failure is recorded under it. */
       readonly requestId?: string;
+      /**
+       * The labels the body asked for, when they were strings, bounded like a valid message's (at most
+       * MAX_NODE_SET, each cut to MAX_LABEL_LENGTH) so that the failure record fits in an item.
+       */
       readonly labels?: string[];
     };
+
+/** Issues of an invalid message listed in its reason before the rest is only counted. */
+const MAX_ISSUES = 3;
+
+/** What a rejected message's record keeps of its labels: bounded, whatever the body held. */
+function boundedLabels(labels: readonly string[]): string[] {
+  return labels.slice(0, MAX_NODE_SET).map((l) => clip(l, MAX_LABEL_LENGTH));
+}
 
 /** Parses an SQS body into a message, or a reason a user can act on. */
 export function parseMessage(body: string): ParsedMessage {
@@ -51,7 +75,7 @@ export function parseMessage(body: string): ParsedMessage {
   try {
     json = JSON.parse(body);
   } catch (err) {
-    return { ok: false, reason: `malformed JSON: ${(err as Error).message}` };
+    return { ok: false, reason: boundedReason(`malformed JSON: ${(err as Error).message}`) };
   }
   if (json === null || typeof json !== 'object' || Array.isArray(json)) {
     return { ok: false, reason: 'message must be a JSON object' };
@@ -60,7 +84,7 @@ export function parseMessage(body: string): ParsedMessage {
   const requestId = typeof obj.id === 'string' && requestIdPattern.test(obj.id) ? obj.id : undefined;
   const labels =
     Array.isArray(obj.labels) && obj.labels.every((l) => typeof l === 'string')
-      ? (obj.labels as string[])
+      ? boundedLabels(obj.labels as string[])
       : undefined;
   if (obj.kind !== 'request' && obj.kind !== 'release') {
     return {
@@ -68,19 +92,23 @@ export function parseMessage(body: string): ParsedMessage {
       reason:
         obj.kind === undefined
           ? 'missing "kind" (expected "request" or "release")'
-          : `unknown kind ${JSON.stringify(obj.kind)} (expected "request" or "release")`,
+          : `unknown kind ${typeof obj.kind === 'string' ? quote(obj.kind) : clip(JSON.stringify(obj.kind), 64)} (expected "request" or "release")`,
       requestId: obj.kind === undefined ? undefined : requestId,
       labels,
     };
   }
   const parsed = PoolMessage.safeParse(json, { reportInput: true });
   if (parsed.success) return { ok: true, message: parsed.data };
-  const reason = parsed.error.issues
-    .map((i) => `${i.path.length ? `${i.path.join('.')}: ` : ''}${describeIssue(i)}`)
+  // A body can hold thousands of bad values (20,000 over-long labels): name a few, count the rest.
+  const issues = parsed.error.issues;
+  const reason = issues
+    .slice(0, MAX_ISSUES)
+    .map((i) => `${i.path.length ? `${clip(i.path.join('.'), 64)}: ` : ''}${describeIssue(i)}`)
     .join('; ');
+  const more = issues.length > MAX_ISSUES ? ` (and ${issues.length - MAX_ISSUES} more issues)` : '';
   return {
     ok: false,
-    reason: `invalid ${obj.kind} message: ${reason}`,
+    reason: boundedReason(`invalid ${obj.kind} message: ${reason}${more}`),
     requestId: obj.kind === 'request' ? requestId : undefined,
     labels,
   };
@@ -104,7 +132,7 @@ function describeIssue(i: z.core.$ZodIssue): string {
     return `must be ${article(expected)}, not ${kindOf(i.input)}`;
   }
   if (i.code === 'unrecognized_keys') {
-    return `unknown key${i.keys.length > 1 ? 's' : ''} ${i.keys.map((k) => JSON.stringify(k)).join(', ')}`;
+    return `unknown key${i.keys.length > 1 ? 's' : ''} ${listSome(i.keys)}`;
   }
   return i.message;
 }

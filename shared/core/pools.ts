@@ -1,4 +1,5 @@
 import type { MetastaticPool, ResolvedConfig } from '../config/model.ts';
+import { clip, listSome, MAX_QUOTED_LENGTH } from './text.ts';
 
 /**
  * Which pools may serve a node set, in the order to try them. A node set is served by one pool
@@ -10,23 +11,25 @@ export type PoolChoice =
   | { readonly ok: false; readonly reason: string };
 
 export function eligiblePools(config: ResolvedConfig, labels: readonly string[]): PoolChoice {
+  // The labels come from users: a reason names a few of them, each cut short (core/text.ts).
   const unknown = [...new Set(labels.filter((l) => !config.metastaticLabelNames.has(l)))];
   if (unknown.length > 0) {
     const known = [...config.metastaticLabelNames].sort().join(', ') || 'none';
     return {
       ok: false,
-      reason: `unknown label${unknown.length > 1 ? 's' : ''} ${unknown.map((l) => `"${l}"`).join(', ')} (configured: ${known})`,
+      reason: `unknown label${unknown.length > 1 ? 's' : ''} ${listSome(unknown)} (configured: ${known})`,
     };
   }
+  const named = listSome([...new Set(labels)], (l) => clip(l, MAX_QUOTED_LENGTH));
   const offering = config.metastaticPools.filter((p) => labels.every((l) => p.labels.has(l)));
   if (offering.length === 0) {
-    return { ok: false, reason: `no pool offers all of the labels ${labels.join(', ')} together` };
+    return { ok: false, reason: `no pool offers all of the labels ${named} together` };
   }
   const enabled = offering.filter((p) => p.maxServers === undefined || p.maxServers > 0);
   if (enabled.length === 0) {
     return {
       ok: false,
-      reason: `every pool offering ${labels.join(', ')} is disabled (max-servers <= 0): ${offering.map((p) => p.key).join(', ')}`,
+      reason: `every pool offering ${named} is disabled (max-servers <= 0): ${offering.map((p) => p.key).join(', ')}`,
     };
   }
   const fitting = enabled.filter((p) => p.maxServers === undefined || p.maxServers >= labels.length);

@@ -1,7 +1,7 @@
 import type { SQSRecord } from 'aws-lambda';
 import { CapacityError, PermanentError } from '../core/errors.ts';
 import { nodeId } from '../core/ids.ts';
-import { parseMessage, type RequestMessage } from '../core/messages.ts';
+import { type ParsedMessage, parseMessage, type RequestMessage } from '../core/messages.ts';
 import { MetricName } from '../core/observability.ts';
 import type { Context } from '../usecases/context.ts';
 import { releaseNode } from '../usecases/release.ts';
@@ -31,6 +31,32 @@ async function giveUp(ctx: Context, m: RequestMessage, reason: string): Promise<
   await recordFailure(ctx, requestedRecord(m, ctx.clock.now()), reason);
 }
 
+/**
+ * Records a message that cannot be a request under the request id it carries (if any), failed with the
+ * reason, so its sender finds out. Idempotent: an id already taken is never overwritten. What is
+ * recorded is bounded whatever the body held (labels: see parseMessage; the reason: core/text.ts).
+ */
+async function recordRejected(ctx: Context, parsed: Extract<ParsedMessage, { ok: false }>): Promise<void> {
+  const id = parsed.requestId;
+  if (!id) return;
+  const labels = parsed.labels ?? [];
+  const now = ctx.clock.now();
+  await recordFailure(
+    ctx,
+    {
+      id,
+      labels,
+      bodyHash: 'invalid',
+      state: 'requested',
+      createdAt: now,
+      updatedAt: now,
+      version: 0,
+      nodes: labels.map((label, i) => ({ id: nodeId(id, i), label, state: 'requested' })),
+    },
+    parsed.reason,
+  );
+}
+
 /** Why a request whose message was dead-lettered ends: its last delivery died before it could say. */
 export const DEAD_LETTERED_REASON =
   'its message went to the dead-letter queue: every delivery failed, the last one before it could record why';
@@ -44,7 +70,12 @@ export const DEAD_LETTERED_REASON =
 export function makeDeadLetterHandler(context: Context): SqsBatchHandler {
   const recordHandler = async (record: SQSRecord, ctx: Context): Promise<void> => {
     const parsed = parseMessage(record.body);
-    if (!parsed.ok) return; // rejected, and recorded, on its first delivery: never retried
+    if (!parsed.ok) {
+      // Rejected on its first delivery, which records it; if that record never got written (the
+      // deliveries failed), it is written here: a request id the sender waits on always gets an answer.
+      await recordRejected(ctx, parsed);
+      return;
+    }
     const m = parsed.message;
     try {
       if (m.kind === 'request') {
@@ -90,28 +121,7 @@ export function makeRequestHandler(context: Context, options: RequestHandlerOpti
     const parsed = parseMessage(record.body);
     if (!parsed.ok) {
       ctx.log.warn('rejected message', { messageId: record.messageId, reason: parsed.reason });
-      if (parsed.requestId) {
-        const labels = parsed.labels ?? [];
-        const now = ctx.clock.now();
-        await recordFailure(
-          ctx,
-          {
-            id: parsed.requestId,
-            labels,
-            bodyHash: 'invalid',
-            state: 'requested',
-            createdAt: now,
-            updatedAt: now,
-            version: 0,
-            nodes: labels.map((label, i) => ({
-              id: nodeId(parsed.requestId as string, i),
-              label,
-              state: 'requested',
-            })),
-          },
-          parsed.reason,
-        );
-      }
+      await recordRejected(ctx, parsed);
       return;
     }
     const m = parsed.message;

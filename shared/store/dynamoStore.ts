@@ -15,7 +15,7 @@ import {
   UpdateCommand,
 } from '@aws-sdk/lib-dynamodb';
 import { unmarshall } from '@aws-sdk/util-dynamodb';
-import { ConflictError } from '../core/errors.ts';
+import { ConflictError, ItemTooLargeError } from '../core/errors.ts';
 import { BackingRecord, type Claim, RequestRecord } from '../core/records.ts';
 import type { BackingState } from '../core/states.ts';
 import {
@@ -44,6 +44,13 @@ const conditions = {
   roomInMap: '(attribute_not_exists(#owners) OR size(#owners) <= :room)',
 } as const;
 
+/** DynamoDB's answer to a put or update whose item would exceed 400 KB (dynalite answers alike). */
+function isItemTooLarge(err: unknown): boolean {
+  return (
+    err instanceof Error && err.name === 'ValidationException' && /item size.*exceeded/i.test(err.message)
+  );
+}
+
 export interface BackingExpectation {
   readonly version: number;
   readonly states?: readonly BackingState[];
@@ -64,6 +71,23 @@ export class DynamoStore {
     readonly tableName: string,
   ) {
     this.doc = DynamoDBDocumentClient.from(client, { marshallOptions: { removeUndefinedValues: true } });
+    // An item over DynamoDB's size limit fails the same way every time: a permanent error, not a
+    // transient one retried until the message's receives run out.
+    this.doc.middlewareStack.add(
+      (next) => async (args) => {
+        try {
+          return await next(args);
+        } catch (err) {
+          if (isItemTooLarge(err)) {
+            throw new ItemTooLargeError(`DynamoDB refused the item: ${(err as Error).message}`, {
+              cause: err,
+            });
+          }
+          throw err;
+        }
+      },
+      { step: 'initialize', name: 'metastaticItemTooLarge' },
+    );
   }
 
   // ---- requests -------------------------------------------------------------------------------

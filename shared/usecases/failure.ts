@@ -4,6 +4,7 @@ import { ownerToken, parseNodeId } from '../core/ids.ts';
 import { nodeAttributes } from '../core/pools.ts';
 import type { BackingRecord, NodeRecord, RequestRecord } from '../core/records.ts';
 import { assertTransition } from '../core/states.ts';
+import { boundedReason } from '../core/text.ts';
 import { keys } from '../store/table.ts';
 import {
   type Context,
@@ -218,9 +219,10 @@ export async function rehomeNode(
 export async function failNodes(
   ctx: Context,
   requestId: string,
-  reason: string,
+  why: string,
   which: (n: NodeRecord) => boolean,
 ): Promise<void> {
+  const reason = boundedReason(why); // stored on every failing node: keep the item within DynamoDB's limit
   for (let i = 0; i < MAX_CONFLICT_RETRIES; i++) {
     const r = await ctx.store.getRequest(requestId);
     if (!r) return;

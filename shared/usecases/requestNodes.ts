@@ -13,6 +13,7 @@ import type { RequestMessage } from '../core/messages.ts';
 import { eligiblePools, nodeAttributes } from '../core/pools.ts';
 import type { NodeRecord, RequestRecord } from '../core/records.ts';
 import { assertTransition } from '../core/states.ts';
+import { boundedReason } from '../core/text.ts';
 import { keys } from '../store/table.ts';
 import {
   type Context,
@@ -381,11 +382,8 @@ async function recheckPending(ctx: Context, request: RequestRecord): Promise<voi
 }
 
 /** Records a request that can never be served, unless its id is already taken (never overwrite). */
-export async function recordFailure(
-  ctx: Context,
-  fresh: RequestRecord,
-  reason: string,
-): Promise<RequestRecord> {
+export async function recordFailure(ctx: Context, fresh: RequestRecord, why: string): Promise<RequestRecord> {
+  const reason = boundedReason(why); // stored on the request and each node: within the item limit
   const failed: RequestRecord = {
     ...fresh,
     state: 'failed',
@@ -404,8 +402,9 @@ export async function failRequest(
   ctx: Context,
   requestId: string,
   bodyHash: string,
-  reason: string,
+  why: string,
 ): Promise<RequestRecord | undefined> {
+  const reason = boundedReason(why);
   const r = await ctx.store.getRequest(requestId);
   if (r?.state !== 'requested' || r.bodyHash !== bodyHash) return r;
   assertTransition('request', r.state, 'failed');
