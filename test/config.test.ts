@@ -91,6 +91,7 @@ describe('the shipped example', () => {
       minRetentionTime: 0,
       maxAge: undefined,
       hostKeyChecking: false,
+      requestTimeout: 10_800,
     });
     expect([...config.metastaticLabelNames]).toEqual(['small-node']);
 

@@ -51,6 +51,7 @@ const label = (o: Partial<MetastaticLabel> = {}): MetastaticLabel => ({
   minRetentionTime: 0,
   maxAge: undefined,
   hostKeyChecking: false,
+  requestTimeout: 10_800,
   ...o,
 });
 

@@ -17,6 +17,8 @@ export interface MetastaticLabel {
   /** Seconds after launch after which the backing node takes no new nodes; undefined = off. */
   readonly maxAge: number | undefined;
   readonly hostKeyChecking: boolean;
+  /** Seconds a request for this label may wait to be placed (request-timeout: label, pool or provider). */
+  readonly requestTimeout: number;
 }
 
 /** A metastatic pool: serves node sets from its labels, capped by maxServers. */

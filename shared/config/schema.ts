@@ -37,6 +37,17 @@ const positiveSeconds = () => {
 
 const bool = () => z.boolean({ error: 'true or false' });
 
+/** request-timeout: how long a request may wait to be placed (issue 14 builds on it). */
+export const DEFAULT_REQUEST_TIMEOUT = 3 * 3600;
+export const MAX_REQUEST_TIMEOUT = 7 * 24 * 3600;
+const requestTimeout = () => {
+  const phrase = `a number of seconds > 0 and <= ${MAX_REQUEST_TIMEOUT}`;
+  return z.number({ error: phrase }).positive({ error: phrase }).max(MAX_REQUEST_TIMEOUT, { error: phrase });
+};
+const REQUEST_TIMEOUT_HELP =
+  'Seconds a request may wait to be placed (from when it was first recorded); then the reaper ends it failed. ' +
+  `Set on the provider, pool or label: the most specific wins. At most ${MAX_REQUEST_TIMEOUT} (7 days).`;
+
 /** One instance, so the JSON Schema defines it once. */
 const jsonValue = z.json();
 const attributes = () => z.record(z.string(), jsonValue, { error: 'a mapping of names to values' });
@@ -72,6 +83,7 @@ export const metastaticLabelSchema = z.strictObject(
     'host-key-checking': bool()
       .optional()
       .describe("Scan the backing node's SSH host keys at each slot allocation. Default: the pool's value."),
+    'request-timeout': requestTimeout().optional().describe(`${REQUEST_TIMEOUT_HELP} Default: the pool's value.`),
   },
   { error: MAPPING },
 );
@@ -87,6 +99,9 @@ export const metastaticPoolSchema = z.strictObject(
       .default({})
       .describe("Override the backing node's attributes (top-level keys only)."),
     'host-key-checking': bool().default(false).describe('Default for the labels of this pool.'),
+    'request-timeout': requestTimeout()
+      .optional()
+      .describe(`${REQUEST_TIMEOUT_HELP} Default: the provider's value.`),
     labels: nonEmptyList(metastaticLabelSchema, 'labels'),
   },
   { error: MAPPING },
@@ -109,6 +124,7 @@ export const metastaticProviderSchema = z.strictObject(
       .default(3)
       .describe('Total number of launch attempts (not retries after the first).'),
     priority: integer().default(100).describe('Default priority of the pools (lower wins).'),
+    'request-timeout': requestTimeout().default(DEFAULT_REQUEST_TIMEOUT).describe(REQUEST_TIMEOUT_HELP),
     pools: nonEmptyList(metastaticPoolSchema, 'pools'),
   },
   { error: MAPPING },

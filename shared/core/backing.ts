@@ -109,7 +109,8 @@ export function freeSlot(b: BackingRecord, slot: number, now: number): BackingRe
 export function newBackingRecord(args: {
   id: string;
   poolKey: string;
-  label: MetastaticLabel;
+  /** What of its label a backing node records. */
+  label: Pick<MetastaticLabel, 'name' | 'backingLabel' | 'maxParallelJobs' | 'maxAge'> & Partial<MetastaticLabel>;
   backingPoolKey: string;
   firstNodeId: string;
   /** The delivery launching it, which holds the claim on slot 0. */
