@@ -1,6 +1,9 @@
 import {
   DescribeImagesCommand,
   DescribeInstancesCommand,
+  DescribeLaunchTemplateVersionsCommand,
+  type DescribeLaunchTemplateVersionsCommandInput,
+  type ResponseLaunchTemplateData,
   RunInstancesCommand,
   type RunInstancesCommandInput,
   TerminateInstancesCommand,
@@ -12,19 +15,28 @@ import { ManualClock } from '../shared/core/clock.ts';
 import { CapacityError, RetryableError } from '../shared/core/errors.ts';
 import { StateChangeEvent } from '../shared/core/events.ts';
 import type { LaunchSpec } from '../shared/core/provider.ts';
-import { backoffDelay, DEFAULT_BACKOFF } from '../shared/providers/aws/ec2Errors.ts';
+import {
+  backoffDelay,
+  DEFAULT_BACKOFF,
+  quotaScope,
+  vcpuQuotaBucket,
+} from '../shared/providers/aws/ec2Errors.ts';
 import {
   clientToken,
   Ec2Provider,
   type Ec2ProviderOptions,
   isEc2InstanceId,
+  networkParameters,
   OFFERING_BACKOFF_MS,
+  offeringsOf,
   QUOTA_PAUSE_MS,
   TAG_BACKING_NODE_ID,
   TAG_BACKING_POOL,
   TAG_LABEL,
   TAG_POOL,
+  TEMPLATE_CACHE_MS,
 } from '../shared/providers/aws/ec2Provider.ts';
+import { awsPoolSettings } from '../shared/providers/aws/settings.ts';
 import { EC2_EVENT_SOURCE, ec2Error, FakeEc2, type FakeEc2Options } from './support/fakeEc2.ts';
 
 type Obj = Record<string, unknown>;
@@ -45,6 +57,16 @@ function awsPool(poolOptions: Obj, labels: Record<string, Obj>, key = POOL_KEY):
     poolOptions: { 'subnet-id': 'subnet-1', ...poolOptions },
     labels: new Map(Object.entries(labels).map(([name, options]) => [name, { name, options }])),
   };
+}
+
+/** The settings of LABEL in a setup's pool (for offeringsOf). */
+function awsPoolSettingsOf(options: { pool?: Obj; labels: Record<string, Obj> }, useSpot = false) {
+  const pool = awsPool(options.pool ?? {}, {
+    [LABEL]: { ...options.labels[LABEL], ...(useSpot ? { 'use-spot': true } : {}) },
+  });
+  const settings = awsPoolSettings(pool).get(LABEL);
+  if (!settings) throw new Error('no settings');
+  return settings;
 }
 
 const simpleLabel: Obj = { 'instance-type': 'm7i.large', 'image-id': 'ami-0abc' };
@@ -103,8 +125,36 @@ function runInputs(fake: FakeEc2): RunInstancesCommandInput[] {
 function offeringsTried(fake: FakeEc2): string[] {
   return runInputs(fake).map(
     (input) =>
-      `${input.InstanceType} ${input.NetworkInterfaces?.[0]?.SubnetId} ${input.InstanceMarketOptions ? 'spot' : 'on-demand'}`,
+      `${input.InstanceType} ${input.SubnetId ?? input.NetworkInterfaces?.[0]?.SubnetId} ${input.InstanceMarketOptions ? 'spot' : 'on-demand'}`,
   );
+}
+
+/**
+ * Launch templates as DescribeLaunchTemplateVersions answers them (the fake EC2 has none): by id or name,
+ * any version. Returns the inputs of the calls.
+ */
+function templates(
+  fake: FakeEc2,
+  data: Record<string, ResponseLaunchTemplateData>,
+): DescribeLaunchTemplateVersionsCommandInput[] {
+  const calls: DescribeLaunchTemplateVersionsCommandInput[] = [];
+  fake.mock
+    .on(DescribeLaunchTemplateVersionsCommand)
+    .callsFake((input: DescribeLaunchTemplateVersionsCommandInput) => {
+      calls.push(structuredClone(input));
+      const key = input.LaunchTemplateId ?? input.LaunchTemplateName ?? '';
+      const found = data[key];
+      if (!found) {
+        throw ec2Error(
+          'InvalidLaunchTemplateName.NotFoundException',
+          'At least one of the launch templates specified in the request does not exist.',
+        );
+      }
+      return {
+        LaunchTemplateVersions: [{ LaunchTemplateName: key, VersionNumber: 1, LaunchTemplateData: found }],
+      };
+    });
+  return calls;
 }
 
 async function rejection(promise: Promise<unknown>): Promise<Error> {
@@ -168,15 +218,8 @@ describe('launch: the RunInstances request', () => {
         UserData: Buffer.from('#!/bin/sh\necho hi\n').toString('base64'),
         IamInstanceProfile: { Name: 'builder' },
         InstanceType: 'm7i.large',
-        NetworkInterfaces: [
-          {
-            DeviceIndex: 0,
-            SubnetId: 'subnet-1',
-            AssociatePublicIpAddress: false,
-            DeleteOnTermination: true,
-            Groups: ['sg-1', 'sg-2'],
-          },
-        ],
+        SubnetId: 'subnet-1',
+        SecurityGroupIds: ['sg-1', 'sg-2'],
         ClientToken: token,
       },
     ]);
@@ -214,10 +257,22 @@ describe('launch: the RunInstances request', () => {
     expect(clientToken('other', spec(), offering)).not.toBe(clientToken(POOL_ID, spec(), offering));
   });
 
-  it('asks for a public IPv4 address when the pool says so, and connects to it', async () => {
-    const { fake, provider } = setup({ pool: { 'public-ipv4': true } });
+  it('asks for a public IPv4 address when the pool says so (only then with a network interface), and connects to it', async () => {
+    const { fake, provider } = setup({ pool: { 'public-ipv4': true, 'security-group-ids': ['sg-1'] } });
     const { resourceId } = await provider.launch(spec());
-    expect(runInputs(fake)[0]?.NetworkInterfaces?.[0]?.AssociatePublicIpAddress).toBe(true);
+    const [input] = runInputs(fake);
+    // RunInstances: with a network interface, subnet and groups go in it, never at instance level.
+    expect(input?.NetworkInterfaces).toEqual([
+      {
+        DeviceIndex: 0,
+        SubnetId: 'subnet-1',
+        AssociatePublicIpAddress: true,
+        DeleteOnTermination: true,
+        Groups: ['sg-1'],
+      },
+    ]);
+    expect(input?.SubnetId).toBeUndefined();
+    expect(input?.SecurityGroupIds).toBeUndefined();
     const resource = await provider.describe(resourceId);
     expect(resource?.host).toBe(fake.instance(resourceId)?.publicIp);
     expect(resource?.host).toMatch(/^203\.0\.113\./);
@@ -229,6 +284,7 @@ describe('launch: the RunInstances request', () => {
         [LABEL]: { 'instance-type': 'c7i.large', 'launch-template': { name: 'builders', version: 3 } },
       },
     });
+    templates(fake, { builders: {} });
     await provider.launch(spec());
     const [input] = runInputs(fake);
     expect(input?.LaunchTemplate).toEqual({ LaunchTemplateName: 'builders', Version: '3' });
@@ -280,6 +336,138 @@ describe('launch: the RunInstances request', () => {
   });
 });
 
+describe('launch: network parameters and launch templates (RunInstances rules)', () => {
+  const templated = (template: Obj, extra: Obj = {}): Record<string, Obj> => ({
+    [LABEL]: { 'instance-type': 'm7i.large', 'launch-template': template, ...extra },
+  });
+
+  it('sends subnet and groups at instance level with a template that sets its own groups there', async () => {
+    // Defect: NetworkInterfaces was always sent; with a template carrying SecurityGroupIds EC2 answers
+    // InvalidParameterCombination ("Network interfaces and an instance-level security groups ...").
+    const { fake, provider } = setup({ labels: templated({ name: 'builders' }) });
+    const calls = templates(fake, { builders: { SecurityGroupIds: ['sg-template'] } });
+    await provider.launch(spec());
+    const [input] = runInputs(fake);
+    expect(input?.LaunchTemplate).toEqual({ LaunchTemplateName: 'builders' });
+    expect(input?.SubnetId).toBe('subnet-1');
+    expect(input?.NetworkInterfaces).toBeUndefined();
+    expect(input?.SecurityGroupIds).toBeUndefined(); // the template's groups apply
+    expect(calls).toEqual([{ LaunchTemplateName: 'builders', Versions: ['$Default'] }]);
+  });
+
+  it("lets the pool's security groups override the template's instance-level ones", async () => {
+    const { fake, provider } = setup({
+      pool: { 'security-group-ids': ['sg-pool'] },
+      labels: templated({ id: 'lt-1', version: 2 }),
+    });
+    const calls = templates(fake, { 'lt-1': { SecurityGroupIds: ['sg-template'] } });
+    await provider.launch(spec());
+    expect(runInputs(fake)[0]).toMatchObject({ SubnetId: 'subnet-1', SecurityGroupIds: ['sg-pool'] });
+    expect(calls).toEqual([{ LaunchTemplateId: 'lt-1', Versions: ['2'] }]);
+  });
+
+  it("puts the subnet into a template's network interfaces, keeping their groups, never at instance level", async () => {
+    const { fake, provider } = setup({ labels: templated({ name: 'eni' }) });
+    templates(fake, {
+      eni: {
+        NetworkInterfaces: [
+          { DeviceIndex: 0, Groups: ['sg-a', 'sg-b'], DeleteOnTermination: true, Ipv6AddressCount: 1 },
+          { DeviceIndex: 1, SubnetId: 'subnet-side', Groups: ['sg-side'] },
+        ],
+      },
+    });
+    await provider.launch(spec());
+    const [input] = runInputs(fake);
+    expect(input?.SubnetId).toBeUndefined();
+    expect(input?.SecurityGroupIds).toBeUndefined();
+    expect(input?.NetworkInterfaces).toEqual([
+      {
+        DeviceIndex: 0,
+        SubnetId: 'subnet-1',
+        Groups: ['sg-a', 'sg-b'],
+        DeleteOnTermination: true,
+        Ipv6AddressCount: 1,
+      },
+      { DeviceIndex: 1, SubnetId: 'subnet-side', Groups: ['sg-side'] },
+    ]);
+  });
+
+  it("replaces the template interface's groups with the pool's and asks for a public address with public-ipv4", async () => {
+    const parameters = networkParameters({ securityGroupIds: ['sg-pool'], publicIpv4: true }, 'subnet-2', {
+      describe: 'name=eni version $Default',
+      interfaces: [{ DeviceIndex: 0, Groups: ['sg-a'], AssociatePublicIpAddress: false }],
+      instanceGroups: [],
+    });
+    expect(parameters).toEqual({
+      NetworkInterfaces: [
+        { DeviceIndex: 0, SubnetId: 'subnet-2', Groups: ['sg-pool'], AssociatePublicIpAddress: true },
+      ],
+    });
+  });
+
+  it('refuses combinations EC2 rejects, naming the template and what to change, without calling RunInstances', async () => {
+    const { fake, provider } = setup({
+      pool: { 'public-ipv4': true },
+      labels: templated({ name: 'builders' }),
+    });
+    templates(fake, { builders: { SecurityGroupIds: ['sg-template'] } });
+    const err = await rejection(provider.launch(spec()));
+    expect(err).not.toBeInstanceOf(RetryableError);
+    expect(err.message).toBe(
+      "launch template name=builders version $Default sets security groups at instance level (sg-template): public-ipv4 needs a network interface in the request, and EC2 rejects a network interface with instance-level security groups (InvalidParameterCombination); move the groups into the template's network interface (DeviceIndex 0, Groups), or give them as the pool's security-group-ids and remove them from the template",
+    );
+    expect(runInputs(fake)).toHaveLength(0);
+
+    const both = { describe: 't', interfaces: [{ DeviceIndex: 0 }], instanceGroups: ['sg-1'] };
+    expect(() => networkParameters({ securityGroupIds: [], publicIpv4: false }, 'subnet-1', both)).toThrow(
+      /also has network interfaces, and EC2 rejects instance-level security groups with network interfaces/,
+    );
+    const attached = {
+      describe: 't',
+      interfaces: [{ DeviceIndex: 0, NetworkInterfaceId: 'eni-1' }],
+      instanceGroups: [],
+    };
+    expect(() =>
+      networkParameters({ securityGroupIds: [], publicIpv4: false }, 'subnet-1', attached),
+    ).toThrow('launch template t attaches the existing network interface eni-1');
+  });
+
+  it('reads a numbered template version once, and $Default again after 5 minutes', async () => {
+    const { fake, clock, provider } = setup({
+      labels: {
+        numbered: { 'instance-type': 'm7i.large', 'launch-template': { name: 'a', version: 4 } },
+        moving: { 'instance-type': 'm7i.large', 'launch-template': { name: 'b' } },
+      },
+    });
+    const calls = templates(fake, { a: {}, b: {} });
+    await provider.launch(spec('bn-1', 1, 'numbered'));
+    await provider.launch(spec('bn-2', 1, 'moving'));
+    clock.advance(TEMPLATE_CACHE_MS - 1);
+    await provider.launch(spec('bn-3', 1, 'numbered'));
+    await provider.launch(spec('bn-4', 1, 'moving'));
+    expect(calls).toHaveLength(2);
+    clock.advance(1);
+    await provider.launch(spec('bn-5', 1, 'numbered'));
+    await provider.launch(spec('bn-6', 1, 'moving'));
+    expect(calls.map((c) => `${c.LaunchTemplateName} ${c.Versions?.join()}`)).toEqual([
+      'a 4',
+      'b $Default',
+      'b $Default',
+    ]);
+  });
+
+  it('fails the attempt when the launch template cannot be read', async () => {
+    const { fake, provider } = setup({ labels: templated({ name: 'missing' }) });
+    templates(fake, {});
+    const err = await rejection(provider.launch(spec()));
+    expect(err).not.toBeInstanceOf(RetryableError);
+    expect(err.message).toBe(
+      'DescribeLaunchTemplateVersions (launch template name=missing version $Default) failed: InvalidLaunchTemplateName.NotFoundException: At least one of the launch templates specified in the request does not exist.',
+    );
+    expect(runInputs(fake)).toHaveLength(0);
+  });
+});
+
 describe('pools from the configuration loader', () => {
   it('launches from pools as parseConfig resolves them (defaults applied)', async () => {
     const result = parseConfig(
@@ -303,6 +491,7 @@ describe('pools from the configuration loader', () => {
     if (!result.ok) throw new Error(JSON.stringify(result.errors));
     const fake = new FakeEc2();
     fakes.push(fake);
+    templates(fake, { 'lt-1': {} });
     const provider = new Ec2Provider({
       client: fake.client,
       pools: result.config.backingPools,
@@ -382,6 +571,36 @@ describe('launch: offerings and capacity', () => {
     expect((await provider.describe(resourceId))?.attributes.spot).toBe(false);
   });
 
+  it('tries spot in every subnet and instance type before any on-demand offering', async () => {
+    // Defect: offerings went type x subnet x [spot, on-demand], so one spot miss bought on-demand.
+    const { fake, provider } = setup({
+      ...twoByTwo,
+      labels: { [LABEL]: { ...twoByTwo.labels[LABEL], 'use-spot': true } },
+    });
+    expect(
+      offeringsOf(awsPoolSettingsOf(twoByTwo, true)).map(
+        (o) => `${o.instanceType} ${o.subnetId} ${o.market}`,
+      ),
+    ).toEqual([
+      'm7i.large subnet-1 spot',
+      'm7i.large subnet-2 spot',
+      'm6i.large subnet-1 spot',
+      'm6i.large subnet-2 spot',
+      'm7i.large subnet-1 on-demand',
+      'm7i.large subnet-2 on-demand',
+      'm6i.large subnet-1 on-demand',
+      'm6i.large subnet-2 on-demand',
+    ]);
+    fake.failLaunches({ code: 'InsufficientInstanceCapacity', market: 'spot', instanceType: 'm7i.large' });
+    const { resourceId } = await provider.launch(spec());
+    expect(offeringsTried(fake)).toEqual([
+      'm7i.large subnet-1 spot',
+      'm7i.large subnet-2 spot',
+      'm6i.large subnet-1 spot',
+    ]);
+    expect(fake.instance(resourceId)).toMatchObject({ instanceType: 'm6i.large', spot: true });
+  });
+
   it('remembers an offering without capacity for 5 minutes, then tries it again', async () => {
     const { fake, clock, provider } = setup(twoByTwo);
     fake.failLaunches({ code: 'InsufficientInstanceCapacity', instanceType: 'm7i.large', times: 2 });
@@ -419,16 +638,18 @@ describe('launch: offerings and capacity', () => {
     fake.failLaunches({ code: 'InsufficientInstanceCapacity', message: 'none left' });
     const err = await rejection(provider.launch(spec()));
     expect(err).not.toBeInstanceOf(RetryableError);
+    const spotMiss =
+      'InsufficientInstanceCapacity: We currently do not have sufficient capacity in the Availability Zone you requested.';
     expect(err.message).toBe(
       [
         'no capacity for label large in backing pool ec2/main: ',
-        'm7i.large in subnet-1 (spot): InsufficientInstanceCapacity: We currently do not have sufficient capacity in the Availability Zone you requested.; ',
+        `m7i.large in subnet-1 (spot): ${spotMiss}; `,
+        `m7i.large in subnet-2 (spot): ${spotMiss}; `,
+        `m6i.large in subnet-1 (spot): ${spotMiss}; `,
+        `m6i.large in subnet-2 (spot): ${spotMiss}; `,
         'm7i.large in subnet-1 (on-demand): InsufficientInstanceCapacity: none left; ',
-        'm7i.large in subnet-2 (spot): InsufficientInstanceCapacity: We currently do not have sufficient capacity in the Availability Zone you requested.; ',
         'm7i.large in subnet-2 (on-demand): InsufficientInstanceCapacity: none left; ',
-        'm6i.large in subnet-1 (spot): InsufficientInstanceCapacity: We currently do not have sufficient capacity in the Availability Zone you requested.; ',
         'm6i.large in subnet-1 (on-demand): Unsupported: not in this zone; ',
-        'm6i.large in subnet-2 (spot): InsufficientInstanceCapacity: We currently do not have sufficient capacity in the Availability Zone you requested.; ',
         'm6i.large in subnet-2 (on-demand): Unsupported: not in this zone',
       ].join(''),
     );
@@ -438,10 +659,12 @@ describe('launch: offerings and capacity', () => {
     clock.advance(60_000);
     const waiting = await rejection(provider.launch(spec('bn-2')));
     expect(waiting).toBeInstanceOf(CapacityError);
-    expect(waiting.message).toMatch(/^no capacity for label large in backing pool ec2\/main until /);
+    expect(waiting.message).toMatch(
+      /^no offering of label large in backing pool ec2\/main can launch until 2026-01-01T00:05:00\.000Z: m7i\.large in subnet-1 \(spot\): InsufficientInstanceCapacity; /,
+    );
     expect(runInputs(fake)).toHaveLength(8);
     expect(provider.launchBlocked(POOL_KEY, LABEL)).toBe(waiting.message);
-    expect(provider.launchBlocked(POOL_KEY)).toBeUndefined();
+    expect(provider.launchBlocked(POOL_KEY)).toBe(waiting.message); // its only label
 
     clock.advance(OFFERING_BACKOFF_MS);
     fake.clearFailures();
@@ -450,16 +673,74 @@ describe('launch: offerings and capacity', () => {
     expect(offeringsTried(fake).slice(8)).toEqual(['m7i.large subnet-1 spot']);
   });
 
-  it('pauses the pool on a quota error: CapacityError, launchBlocked, cleared after 5 minutes', async () => {
+  it('on MaxSpotInstanceCountExceeded skips every spot offering for 5 minutes and launches on-demand', async () => {
+    // Defect: the spot quota paused the whole pool, though on-demand has quotas of its own.
+    const { fake, clock, provider } = setup({
+      ...twoByTwo,
+      labels: { [LABEL]: { ...twoByTwo.labels[LABEL], 'use-spot': true } },
+    });
+    fake.failLaunches({
+      code: 'MaxSpotInstanceCountExceeded',
+      message: 'Max spot instance count exceeded',
+      market: 'spot',
+    });
+    const first = await provider.launch(spec('bn-1'));
+    expect(offeringsTried(fake)).toEqual(['m7i.large subnet-1 spot', 'm7i.large subnet-1 on-demand']);
+    expect(fake.instance(first.resourceId)?.spot).toBe(false);
+    expect(provider.launchBlocked(POOL_KEY, LABEL)).toBeUndefined();
+    expect(provider.launchBlocked(POOL_KEY)).toBeUndefined();
+
+    clock.advance(QUOTA_PAUSE_MS - 1);
+    await provider.launch(spec('bn-2'));
+    expect(offeringsTried(fake).slice(2)).toEqual(['m7i.large subnet-1 on-demand']);
+
+    clock.advance(1);
+    fake.clearFailures();
+    const later = await provider.launch(spec('bn-3'));
+    expect(offeringsTried(fake).slice(3)).toEqual(['m7i.large subnet-1 spot']);
+    expect(fake.instance(later.resourceId)?.spot).toBe(true);
+  });
+
+  it('on VcpuLimitExceeded skips the vCPU bucket of that market only, and tries the others', async () => {
+    const { fake, provider } = setup({
+      labels: {
+        [LABEL]: {
+          'instance-types': ['m7i.large', 'm6i.large', 'g5.xlarge'],
+          'image-id': 'ami-0abc',
+          'use-spot': true,
+        },
+      },
+    });
+    // Spot m7i hits the spot Standard quota: spot m6i (same bucket) is skipped, spot g5 is tried.
+    fake.failLaunches({ code: 'VcpuLimitExceeded', market: 'spot', instanceType: 'm7i.large' });
+    fake.failLaunches({ code: 'InsufficientInstanceCapacity', market: 'spot', instanceType: 'g5.xlarge' });
+    const { resourceId } = await provider.launch(spec());
+    expect(offeringsTried(fake)).toEqual([
+      'm7i.large subnet-1 spot',
+      'g5.xlarge subnet-1 spot',
+      'm7i.large subnet-1 on-demand', // the on-demand Standard quota is another one
+    ]);
+    expect(fake.instance(resourceId)).toMatchObject({ instanceType: 'm7i.large', spot: false });
+  });
+
+  it('makes the request wait when only quotas failed: CapacityError, launchBlocked, cleared after 5 minutes', async () => {
     const { fake, clock, provider } = setup(twoByTwo);
     fake.failNextLaunches(1, 'VcpuLimitExceeded');
     const err = await rejection(provider.launch(spec()));
     expect(err).toBeInstanceOf(CapacityError);
+    const scope = 'on-demand Standard (A, C, D, H, I, M, R, T, Z) instances';
     expect(err.message).toBe(
-      'launching in backing pool ec2/main is paused until 2026-01-01T00:05:00.000Z after VcpuLimitExceeded: You have requested more vCPU capacity than your current vCPU limit allows.',
+      [
+        'no offering of label large in backing pool ec2/main can launch until 2026-01-01T00:05:00.000Z: ',
+        `m7i.large in subnet-1 (on-demand): VcpuLimitExceeded (quota: ${scope}); `,
+        `m7i.large in subnet-2 (on-demand): VcpuLimitExceeded (quota: ${scope}); `,
+        `m6i.large in subnet-1 (on-demand): VcpuLimitExceeded (quota: ${scope}); `,
+        `m6i.large in subnet-2 (on-demand): VcpuLimitExceeded (quota: ${scope})`,
+      ].join(''),
     );
-    expect(runInputs(fake)).toHaveLength(1); // no fallback: every offering shares the quota
-    expect(provider.launchBlocked(POOL_KEY)).toBe(err.message);
+    // Every offering is on-demand and in the Standard bucket: one call, then all are skipped.
+    expect(runInputs(fake)).toHaveLength(1);
+    expect(provider.launchBlocked(POOL_KEY, LABEL)).toBe(err.message);
     expect(provider.launchBlocked('ec2/other')).toBeUndefined();
 
     clock.advance(QUOTA_PAUSE_MS - 1);
@@ -472,13 +753,28 @@ describe('launch: offerings and capacity', () => {
     expect(runInputs(fake)).toHaveLength(2);
   });
 
-  it.each(['InstanceLimitExceeded', 'MaxSpotInstanceCountExceeded'])('treats %s as a quota', async (code) => {
-    const { fake, provider } = setup();
-    fake.failNextLaunches(1, code, 'limit');
-    const err = await rejection(provider.launch(spec()));
-    expect(err).toBeInstanceOf(CapacityError);
-    expect(err.message).toBe(provider.launchBlocked(POOL_KEY));
-    expect(err.message).toContain(`after ${code}: limit`);
+  it('on InstanceLimitExceeded skips that instance type in that market only', async () => {
+    const { fake, provider } = setup(twoByTwo);
+    fake.failLaunches({ code: 'InstanceLimitExceeded', message: 'limit', instanceType: 'm7i.large' });
+    await provider.launch(spec());
+    expect(offeringsTried(fake)).toEqual(['m7i.large subnet-1 on-demand', 'm6i.large subnet-1 on-demand']);
+  });
+
+  it('shares quotas between the pools of one provider (one account)', async () => {
+    const clock = new ManualClock();
+    const fake = new FakeEc2({ clock });
+    fakes.push(fake);
+    const provider = new Ec2Provider({
+      client: fake.client,
+      pools: [awsPool({}, { [LABEL]: simpleLabel }), awsPool({}, { [LABEL]: simpleLabel }, 'ec2/second')],
+      poolId: POOL_ID,
+      clock,
+    });
+    fake.failNextLaunches(1, 'VcpuLimitExceeded');
+    await expect(provider.launch(spec())).rejects.toBeInstanceOf(CapacityError);
+    expect(provider.launchBlocked('ec2/second', LABEL)).toMatch(
+      /VcpuLimitExceeded \(quota: on-demand Standard/,
+    );
   });
 
   it('fails the attempt with the code and message of any other error, without trying other offerings', async () => {
@@ -491,6 +787,41 @@ describe('launch: offerings and capacity', () => {
     );
     expect(runInputs(fake)).toHaveLength(1);
     expect(provider.launchBlocked(POOL_KEY, LABEL)).toBeUndefined();
+  });
+});
+
+describe('quota scopes', () => {
+  it.each([
+    ['m7i.large', 'Standard (A, C, D, H, I, M, R, T, Z)'],
+    ['c7gn.xlarge', 'Standard (A, C, D, H, I, M, R, T, Z)'],
+    ['im4gn.large', 'Standard (A, C, D, H, I, M, R, T, Z)'],
+    ['t4g.micro', 'Standard (A, C, D, H, I, M, R, T, Z)'],
+    ['z1d.large', 'Standard (A, C, D, H, I, M, R, T, Z)'],
+    ['dl1.24xlarge', 'DL'],
+    ['hpc7g.4xlarge', 'HPC'],
+    ['inf2.xlarge', 'Inf'],
+    ['trn1.2xlarge', 'Trn'],
+    ['g5.xlarge', 'G and VT'],
+    ['gr6.4xlarge', 'G and VT'],
+    ['vt1.3xlarge', 'G and VT'],
+    ['p5.48xlarge', 'P'],
+    ['x2idn.16xlarge', 'X'],
+    ['f1.2xlarge', 'F'],
+    ['u-6tb1.metal', 'High Memory (U)'],
+    ['q9.large', 'Q'], // a family it does not know: a bucket of its own
+  ])('puts %s in the vCPU bucket %s', (type, bucket) => {
+    expect(vcpuQuotaBucket(type)).toBe(bucket);
+  });
+
+  it('scopes each quota code by market, and by bucket or type where the quota has them', () => {
+    const spot = { instanceType: 'm7i.large', market: 'spot' } as const;
+    const onDemand = { instanceType: 'm7i.large', market: 'on-demand' } as const;
+    expect(quotaScope('MaxSpotInstanceCountExceeded', spot)).toBe('spot instances');
+    expect(quotaScope('VcpuLimitExceeded', spot)).toBe('spot Standard (A, C, D, H, I, M, R, T, Z) instances');
+    expect(quotaScope('VcpuLimitExceeded', onDemand)).toBe(
+      'on-demand Standard (A, C, D, H, I, M, R, T, Z) instances',
+    );
+    expect(quotaScope('InstanceLimitExceeded', onDemand)).toBe('on-demand m7i.large instances');
   });
 });
 
@@ -585,6 +916,10 @@ describe('describe', () => {
     expect(fake.instance(resourceId)?.spot).toBe(true);
   });
 
+  it('says it is eventually consistent (a new instance can be unknown to describe and terminate a moment)', () => {
+    expect(setup().provider.eventuallyConsistent).toBe(true);
+  });
+
   it('returns undefined for an instance that is not ours, unknown, or not an instance id', async () => {
     const { fake, provider } = setup();
     const foreign = await fake.client.send(
@@ -659,6 +994,23 @@ describe('list', () => {
       MaxResults: 1000,
     });
     expect(inputs[1]).toEqual({ ...inputs[0], NextToken: '2' });
+  });
+
+  it('asks for pages of listPageSize (EC2 accepts 5 to 1000)', async () => {
+    const { fake, provider } = setup({ provider: { listPageSize: 5 } });
+    for (let i = 1; i <= 6; i++) await provider.launch(spec(`bn-${i}`));
+    fake.resetCalls();
+    expect(await provider.list()).toHaveLength(6);
+    const inputs = fake.inputs('DescribeInstances');
+    expect(inputs.map((i) => [i.MaxResults, i.NextToken])).toEqual([
+      [5, undefined],
+      [5, '5'],
+    ]);
+    for (const listPageSize of [4, 1001, 2.5]) {
+      expect(() => setup({ provider: { listPageSize } })).toThrow(
+        `Ec2Provider: listPageSize must be an integer from 5 to 1000 (EC2's MaxResults), not ${listPageSize}`,
+      );
+    }
   });
 
   it('restarts the listing after a throttled page', async () => {

@@ -2,10 +2,14 @@
  * How the EC2 provider sorts EC2 API errors, and its one backoff policy for throttling.
  *
  * - capacity: this offering (instance type x subnet x spot/on-demand) cannot be served now; try the next.
- * - quota: an account limit; more launches in the pool would fail the same way, so launching pauses.
+ * - quota: an account limit was reached. It holds for the launches of its scope only (quotaScope): the
+ *   provider skips the offerings in that scope for a while and goes on with the others.
  * - throttle / transient: the call may succeed if repeated a little later (with the same ClientToken).
- * - not-found: the instance (or image) does not exist.
+ * - not-found: the instance (or image) does not exist, or (EC2 is eventually consistent) not yet.
  * - other: a configuration or permission problem; the launch attempt fails with the code and message.
+ *
+ * EC2 sends capacity errors (InsufficientInstanceCapacity...) and RequestLimitExceeded as server errors
+ * (HTTP 500 / 503), quotas and not-found as client errors (400): the code decides, never the status.
  */
 
 /** EC2 error codes meaning "no capacity for this offering now" (the next offering may have some). */
@@ -23,12 +27,74 @@ export const CAPACITY_ERROR_CODES: ReadonlySet<string> = new Set([
 /** Capacity errors that hold for every instance type in the subnet, not only the one tried. */
 export const SUBNET_WIDE_ERROR_CODES: ReadonlySet<string> = new Set(['InsufficientFreeAddressesInSubnet']);
 
-/** EC2 error codes of account quotas: the pool pauses launching. */
+/** EC2 error codes of account quotas: the offerings in the quota's scope (quotaScope) are skipped for a while. */
 export const QUOTA_ERROR_CODES: ReadonlySet<string> = new Set([
   'VcpuLimitExceeded',
   'InstanceLimitExceeded',
   'MaxSpotInstanceCountExceeded',
 ]);
+
+/** What a quota scope is computed from: the offering that hit it. */
+export interface QuotaSubject {
+  readonly instanceType: string;
+  readonly market: 'spot' | 'on-demand';
+}
+
+/**
+ * AWS's vCPU quota bucket of an instance type ("Running On-Demand Standard (A, C, D, H, I, M, R, T, Z)
+ * instances", "All G and VT Spot Instance Requests", ...), from the letters that start its family. An
+ * unknown family is a bucket of its own: skipping too little costs one more failed call, too much a launch.
+ */
+export function vcpuQuotaBucket(instanceType: string): string {
+  const letters = /^[a-z]+/.exec(instanceType.toLowerCase())?.[0] ?? instanceType;
+  const named: Record<string, string> = {
+    inf: 'Inf',
+    trn: 'Trn',
+    dl: 'DL',
+    hpc: 'HPC',
+    vt: 'G and VT',
+    g: 'G and VT',
+    u: 'High Memory (U)',
+    f: 'F',
+    p: 'P',
+    x: 'X',
+  };
+  const known = named[letters];
+  if (known !== undefined) return known;
+  if (/^[acdhimrtz]/.test(letters)) return 'Standard (A, C, D, H, I, M, R, T, Z)';
+  if (letters.startsWith('g')) return 'G and VT';
+  return letters.toUpperCase();
+}
+
+/**
+ * The launches a quota error holds for. Quotas belong to the account and region, never to a subnet, and
+ * on-demand and spot have separate quotas on AWS:
+ * - MaxSpotInstanceCountExceeded: every spot launch (the account's spot quota; its message names no
+ *   bucket). On-demand launches go on.
+ * - VcpuLimitExceeded: launches of the same market and vCPU bucket (the message says "the instance
+ *   bucket that the specified instance type belongs to"; each bucket has an on-demand and a spot quota).
+ * - InstanceLimitExceeded: launches of the same market and instance type (the older per-type
+ *   instance-count limit).
+ */
+export function quotaScope(code: string, subject: QuotaSubject): string {
+  switch (code) {
+    case 'MaxSpotInstanceCountExceeded':
+      return 'spot instances';
+    case 'VcpuLimitExceeded':
+      return `${subject.market} ${vcpuQuotaBucket(subject.instanceType)} instances`;
+    default:
+      return `${subject.market} ${subject.instanceType} instances`;
+  }
+}
+
+/** Every quota scope that covers a launch of this instance type and market. */
+export function quotaScopesOf(subject: QuotaSubject): string[] {
+  return [
+    ...(subject.market === 'spot' ? [quotaScope('MaxSpotInstanceCountExceeded', subject)] : []),
+    quotaScope('VcpuLimitExceeded', subject),
+    quotaScope('InstanceLimitExceeded', subject),
+  ];
+}
 
 /** EC2 (and generic AWS) error codes of API rate limiting. */
 export const THROTTLING_ERROR_CODES: ReadonlySet<string> = new Set([

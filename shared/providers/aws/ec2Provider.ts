@@ -8,13 +8,33 @@
  *   offering), so a redelivered message that tries the same offering gets the same instance back. When a
  *   label has several offerings, launch() first looks for a live instance already tagged with the
  *   backing node id (a previous delivery may have fallen back to another offering).
- * - Offerings are tried in order: each instance type x each subnet, spot first when `use-spot`, then
- *   on-demand. A capacity error moves to the next offering and is remembered for 5 minutes (later
- *   launches skip that offering); when every offering fails the launch attempt fails with all reasons.
- * - A quota error (VcpuLimitExceeded...) pauses launching in the pool for 5 minutes: launch() throws
- *   CapacityError (the request waits) and launchBlocked() tells why.
+ * - Offerings are tried in order: with `use-spot`, every spot offering first (each instance type x each
+ *   subnet), then every on-demand one; without, the on-demand ones. A spot capacity miss therefore tries
+ *   spot in the other subnets and types before paying for on-demand.
+ * - A capacity error moves to the next offering and is remembered for 5 minutes (later launches skip
+ *   that offering, or the whole subnet when it ran out of addresses).
+ * - A quota error is remembered for 5 minutes against its scope only (ec2Errors.ts quotaScope: quotas
+ *   are per account and region, and on-demand and spot have separate ones): MaxSpotInstanceCountExceeded
+ *   skips every spot offering, VcpuLimitExceeded the offerings of the same market and vCPU bucket
+ *   (Standard, G and VT, P, ...), InstanceLimitExceeded those of the same market and instance type; the
+ *   launch goes on with the offerings outside the scope. Quotas are shared by every pool of this
+ *   provider (one client, one account).
+ * - When every offering fails, the attempt fails naming every reason; when every one is skipped (or
+ *   failed on a quota only), launch() throws CapacityError: the request waits instead of spending the
+ *   attempt, and launchBlocked() tells why until one of them may work again.
  * - Throttling and transient server errors are retried with jittered exponential backoff (1 s, x1.5,
  *   at most 60 s; 4 retries per call), then RetryableError (the message comes back later).
+ * - Network parameters follow RunInstances' rules (networkParameters): top-level SubnetId and
+ *   SecurityGroupIds, unless a public IPv4 address must be requested or the launch template has network
+ *   interfaces; then one network interface (DeviceIndex 0) carries subnet and groups, never the top-level
+ *   parameters ("If you specify a network interface, you must specify any security groups and subnets as
+ *   part of the network interface"; EC2 answers InvalidParameterCombination otherwise, also when the
+ *   conflicting half comes from the launch template). A label's launch template is read once
+ *   (DescribeLaunchTemplateVersions; numbered versions for good, $Default/$Latest for 5 minutes) to
+ *   know which case applies.
+ * - EC2 is eventually consistent: an instance launched a moment ago can be unknown to DescribeInstances
+ *   and TerminateInstances (`eventuallyConsistent`); describe() then returns undefined and terminate()
+ *   succeeds, and the caller decides how long "not found" means "not yet".
  *
  * The backoff here is the only retry policy: create the EC2Client with `maxAttempts: 1`
  * (createEc2Client does), otherwise the SDK's own retries multiply with these.
@@ -24,17 +44,21 @@
  *
  * IAM: ec2:RunInstances, ec2:CreateTags (for TagSpecifications), ec2:DescribeInstances,
  * ec2:DescribeImages, ec2:TerminateInstances (best restricted with `ec2:ResourceTag/metastatic:pool`),
- * iam:PassRole when labels use an instance profile.
+ * ec2:DescribeLaunchTemplateVersions when labels use launch templates, iam:PassRole when labels use an
+ * instance profile.
  */
 import { createHash } from 'node:crypto';
 import {
   type _InstanceType,
   DescribeImagesCommand,
   DescribeInstancesCommand,
+  DescribeLaunchTemplateVersionsCommand,
   EC2Client,
   type EC2ClientConfig,
   type Filter,
   type Instance,
+  type InstanceNetworkInterfaceSpecification,
+  type LaunchTemplateInstanceNetworkInterfaceSpecification,
   paginateDescribeInstances,
   RunInstancesCommand,
   type RunInstancesCommandInput,
@@ -54,9 +78,11 @@ import {
   describeEc2Error,
   ec2ErrorCode,
   ec2ErrorMessage,
+  quotaScope,
+  quotaScopesOf,
   SUBNET_WIDE_ERROR_CODES,
 } from './ec2Errors.ts';
-import { type AwsLabelSettings, awsPoolSettings } from './settings.ts';
+import { type AwsImage, type AwsLabelSettings, awsPoolSettings } from './settings.ts';
 
 // ---- tags -------------------------------------------------------------------------------------------
 
@@ -74,10 +100,15 @@ export const TAG_NAME = 'Name';
 
 /** How long an offering that had no capacity is skipped. */
 export const OFFERING_BACKOFF_MS = 5 * 60_000;
-/** How long a pool stops launching after a quota error. */
+/** How long the offerings in a quota's scope are skipped after a quota error. */
 export const QUOTA_PAUSE_MS = 5 * 60_000;
+/** How long what a `$Default`/`$Latest` launch template version says is trusted (a numbered one: always). */
+export const TEMPLATE_CACHE_MS = 5 * 60_000;
 /** TerminateInstances takes at most this many ids. */
 export const TERMINATE_BATCH_SIZE = 1000;
+/** DescribeInstances pages: EC2 accepts MaxResults from 5 to 1000. */
+export const LIST_PAGE_SIZE = 1000;
+export const MIN_LIST_PAGE_SIZE = 5;
 /** Root device name used when the image does not report one. */
 export const DEFAULT_ROOT_DEVICE = '/dev/xvda';
 
@@ -112,13 +143,16 @@ export interface Offering {
   readonly market: Market;
 }
 
-/** Every instance type (in order) x every subnet (in order), spot before on-demand when use-spot. */
+/**
+ * With use-spot every spot offering, then every on-demand one; without, the on-demand ones. Within a
+ * market: every instance type (in order) x every subnet (in order).
+ */
 export function offeringsOf(settings: AwsLabelSettings): Offering[] {
   const markets: Market[] = settings.useSpot ? ['spot', 'on-demand'] : ['on-demand'];
   const out: Offering[] = [];
-  for (const instanceType of settings.instanceTypes) {
-    for (const subnetId of settings.subnetIds) {
-      for (const market of markets) out.push({ instanceType, subnetId, market });
+  for (const market of markets) {
+    for (const instanceType of settings.instanceTypes) {
+      for (const subnetId of settings.subnetIds) out.push({ instanceType, subnetId, market });
     }
   }
   return out;
@@ -149,6 +183,114 @@ export function clientToken(poolId: string, spec: LaunchSpec, offering: Offering
   return `metastatic-${digest.slice(0, 48)}`;
 }
 
+// ---- network parameters -----------------------------------------------------------------------------
+
+/** What a launch template version says about the network: what RunInstances' rules depend on. */
+export interface TemplateNetwork {
+  /** `id=lt-1 version $Default`, for messages. */
+  readonly describe: string;
+  /** Its network interfaces (DeviceIndex 0, or unset, is the primary one). */
+  readonly interfaces: readonly LaunchTemplateInstanceNetworkInterfaceSpecification[];
+  /** Security groups it sets at instance level (SecurityGroupIds, SecurityGroups). */
+  readonly instanceGroups: readonly string[];
+}
+
+export type NetworkParameters = Pick<
+  RunInstancesCommandInput,
+  'SubnetId' | 'SecurityGroupIds' | 'NetworkInterfaces'
+>;
+
+/**
+ * The network part of RunInstances for an offering's subnet, after RunInstances' rules: with a network
+ * interface in the request or in its launch template, subnet and security groups must be given in the
+ * network interface, not at instance level (InvalidParameterCombination: "Network interfaces and an
+ * instance-level subnet ID / security groups may not be specified on the same request"), and a launch
+ * template's parameters can be overridden at launch but not removed.
+ *
+ * - No network interface in the template, no public IPv4: `SubnetId`, and `SecurityGroupIds` when the
+ *   pool names groups (they replace the template's; without, the template's groups or the VPC's default
+ *   group apply).
+ * - public-ipv4 (and no interface in the template): one interface, DeviceIndex 0, with the subnet,
+ *   AssociatePublicIpAddress and the pool's groups. A template that sets instance-level groups cannot be
+ *   combined with it (its groups cannot be removed): an Error says what to change.
+ * - The template has network interfaces: they are sent back with the primary one's SubnetId replaced by
+ *   the offering's, its Groups by the pool's (when given) and AssociatePublicIpAddress set with
+ *   public-ipv4; whether EC2 merges request and template interfaces or replaces them, the result is the
+ *   same. A template that attaches an existing interface (NetworkInterfaceId) or also sets instance-level
+ *   groups cannot launch in our subnets: an Error says so.
+ */
+export function networkParameters(
+  settings: Pick<AwsLabelSettings, 'securityGroupIds' | 'publicIpv4'>,
+  subnetId: string,
+  template?: TemplateNetwork,
+): NetworkParameters {
+  const groups = settings.securityGroupIds.length > 0 ? { Groups: [...settings.securityGroupIds] } : {};
+  const interfaces = template?.interfaces ?? [];
+  if (template && template.instanceGroups.length > 0 && (interfaces.length > 0 || settings.publicIpv4)) {
+    const why =
+      interfaces.length > 0
+        ? 'it also has network interfaces, and EC2 rejects instance-level security groups with network interfaces'
+        : 'public-ipv4 needs a network interface in the request, and EC2 rejects a network interface with instance-level security groups';
+    throw new Error(
+      `launch template ${template.describe} sets security groups at instance level (${template.instanceGroups.join(', ')}): ${why} (InvalidParameterCombination); move the groups into the template's network interface (DeviceIndex 0, Groups), or give them as the pool's security-group-ids and remove them from the template`,
+    );
+  }
+  if (interfaces.length === 0) {
+    if (!settings.publicIpv4) {
+      return {
+        SubnetId: subnetId,
+        ...(groups.Groups ? { SecurityGroupIds: groups.Groups } : {}),
+      };
+    }
+    return {
+      NetworkInterfaces: [
+        {
+          DeviceIndex: 0,
+          SubnetId: subnetId,
+          AssociatePublicIpAddress: true,
+          DeleteOnTermination: true,
+          ...groups,
+        },
+      ],
+    };
+  }
+  const isPrimary = (n: LaunchTemplateInstanceNetworkInterfaceSpecification) =>
+    (n.DeviceIndex ?? 0) === 0 && (n.NetworkCardIndex ?? 0) === 0;
+  const primary = interfaces.find(isPrimary);
+  if (primary?.NetworkInterfaceId !== undefined) {
+    throw new Error(
+      `launch template ${template?.describe} attaches the existing network interface ${primary.NetworkInterfaceId}: it can launch one instance in its subnet only; remove NetworkInterfaceId from the template`,
+    );
+  }
+  const ours: InstanceNetworkInterfaceSpecification = {
+    ...(primary ? requestInterface(primary) : { DeleteOnTermination: true }),
+    DeviceIndex: 0,
+    SubnetId: subnetId,
+    ...groups,
+    ...(settings.publicIpv4 ? { AssociatePublicIpAddress: true } : {}),
+  };
+  return {
+    NetworkInterfaces: [ours, ...interfaces.filter((n) => n !== primary).map(requestInterface)],
+  };
+}
+
+/** A launch template's network interface as a RunInstances one (the same fields, with defined values). */
+function requestInterface(
+  n: LaunchTemplateInstanceNetworkInterfaceSpecification,
+): InstanceNetworkInterfaceSpecification {
+  const out: Record<string, unknown> = {};
+  for (const [key, value] of Object.entries(n)) {
+    if (value !== undefined && !(Array.isArray(value) && value.length === 0)) out[key] = value;
+  }
+  return out as InstanceNetworkInterfaceSpecification;
+}
+
+/** `id=lt-1 version 3` / `name=builders version $Default` */
+export function describeTemplate(image: Extract<AwsImage, { kind: 'launch-template' }>): string {
+  const which = image.id !== undefined ? `id=${image.id}` : `name=${image.name}`;
+  return `${which} version ${image.version ?? '$Default'}`;
+}
+
 // ---- the provider -----------------------------------------------------------------------------------
 
 export type Ec2ProviderLog = Pick<Log, 'info' | 'warn'>;
@@ -168,11 +310,16 @@ export interface Ec2ProviderOptions {
   readonly random?: () => number;
   /** Overrides of DEFAULT_BACKOFF. */
   readonly backoff?: Partial<BackoffPolicy>;
+  /** Instances per DescribeInstances page in list() (5..1000, EC2's bounds); default 1000. */
+  readonly listPageSize?: number;
 }
 
 interface Remembered {
+  readonly kind: 'capacity' | 'quota';
   readonly code: string;
   readonly message: string;
+  /** For a quota: the launches it holds for (ec2Errors.ts quotaScope). */
+  readonly scope?: string;
   readonly at: number;
   readonly until: number;
 }
@@ -199,7 +346,7 @@ function toTags(entries: Iterable<readonly [string, string]>): Tag[] {
 }
 
 export class Ec2Provider implements BackingProvider {
-  /** EC2 is eventually consistent: a new instance can be "not found" for a while (BackingProvider). */
+  /** Right after RunInstances, DescribeInstances and TerminateInstances may not know the instance yet. */
   readonly eventuallyConsistent = true;
   private readonly client: EC2Client;
   private readonly poolId: string;
@@ -208,14 +355,18 @@ export class Ec2Provider implements BackingProvider {
   private readonly sleep: (ms: number) => Promise<void>;
   private readonly random: () => number;
   private readonly backoff: BackoffPolicy;
+  private readonly listPageSize: number;
   /** poolKey -> label -> settings. */
   private readonly settings = new Map<string, Map<string, AwsLabelSettings>>();
-  /** Offerings (or whole subnets) that had no capacity, by offeringKey / subnetKey. */
-  private readonly failedOfferings = new Map<string, Remembered>();
-  /** Pools whose launching is paused after a quota error. */
-  private readonly pausedPools = new Map<string, Remembered>();
+  /** Offerings, whole subnets or quota scopes that failed a moment ago, by offeringKey / subnetKey / quotaKey. */
+  private readonly failures = new Map<string, Remembered>();
   /** imageId -> root device name (never changes for an AMI). */
   private readonly rootDevices = new Map<string, string>();
+  /** What launch template versions say about the network, until when. */
+  private readonly templates = new Map<
+    string,
+    { readonly network: TemplateNetwork; readonly until: number }
+  >();
 
   constructor(options: Ec2ProviderOptions) {
     this.client = options.client;
@@ -225,7 +376,17 @@ export class Ec2Provider implements BackingProvider {
     this.sleep = options.sleep ?? defaultSleep;
     this.random = options.random ?? Math.random;
     this.backoff = { ...DEFAULT_BACKOFF, ...options.backoff };
+    this.listPageSize = options.listPageSize ?? LIST_PAGE_SIZE;
     if (this.poolId === '') throw new Error('Ec2Provider: poolId must not be empty');
+    if (
+      !Number.isInteger(this.listPageSize) ||
+      this.listPageSize < MIN_LIST_PAGE_SIZE ||
+      this.listPageSize > LIST_PAGE_SIZE
+    ) {
+      throw new Error(
+        `Ec2Provider: listPageSize must be an integer from ${MIN_LIST_PAGE_SIZE} to ${LIST_PAGE_SIZE} (EC2's MaxResults), not ${this.listPageSize}`,
+      );
+    }
     for (const pool of options.pools) {
       if (pool.driver === 'aws') this.settings.set(pool.key, awsPoolSettings(pool));
     }
@@ -237,32 +398,30 @@ export class Ec2Provider implements BackingProvider {
   }
 
   /**
-   * Why launching in the pool is paused now (after a quota error), or undefined when it is not. With a
-   * label, also when every offering of that label had no capacity within the last 5 minutes.
+   * Why the label cannot launch now: every one of its offerings had no capacity, or is in the scope of a
+   * quota reached, within the last 5 minutes. Without a label: when that holds for every label of the
+   * pool. Undefined while some offering may work.
    */
   launchBlocked(poolKey: string, label?: string): string | undefined {
-    const now = this.clock.now();
-    const paused = this.pausedPools.get(poolKey);
-    if (paused && paused.until > now) {
-      return `launching in backing pool ${poolKey} is paused until ${new Date(paused.until).toISOString()} after ${paused.code}: ${paused.message}`;
+    const labels = this.settings.get(poolKey);
+    if (!labels) return undefined;
+    if (label !== undefined) {
+      const settings = labels.get(label);
+      return settings ? this.labelBlocked(settings) : undefined;
     }
-    if (paused) this.pausedPools.delete(poolKey);
-    if (label === undefined) return undefined;
-    const settings = this.settings.get(poolKey)?.get(label);
-    if (!settings) return undefined;
-    const offerings = offeringsOf(settings);
-    const failures = offerings.map((o) => this.remembered(o));
-    if (failures.some((f) => f === undefined)) return undefined;
-    const until = Math.min(...failures.map((f) => f?.until ?? now));
-    return `no capacity for label ${label} in backing pool ${poolKey} until ${new Date(until).toISOString()}: ${offerings
-      .map((o, i) => `${describeOffering(o)}: ${failures[i]?.code}`)
-      .join('; ')}`;
+    const reasons: string[] = [];
+    for (const settings of labels.values()) {
+      const reason = this.labelBlocked(settings);
+      if (reason === undefined) return undefined;
+      reasons.push(reason);
+    }
+    return reasons.length > 0 ? reasons.join(' | ') : undefined;
   }
 
   async launch(spec: LaunchSpec): Promise<{ resourceId: string }> {
     const settings = this.settingsFor(spec.poolKey, spec.label);
-    // Paused by a quota, or every offering had no capacity a moment ago: wait, do not spend the attempt.
-    const blocked = this.launchBlocked(spec.poolKey, spec.label);
+    // Every offering failed (capacity or quota) a moment ago: wait, do not spend the attempt.
+    const blocked = this.labelBlocked(settings);
     if (blocked !== undefined) throw new CapacityError(blocked);
     const budget: RetryBudget = { used: 0 };
     const offerings = offeringsOf(settings);
@@ -280,28 +439,25 @@ export class Ec2Provider implements BackingProvider {
     }
 
     const base = await this.baseRequest(spec, settings, budget);
+    const template =
+      settings.image.kind === 'launch-template'
+        ? await this.templateNetwork(settings.image, budget)
+        : undefined;
     const outcomes: string[] = [];
     let tried = 0;
+    let capacityMisses = 0;
     for (const offering of offerings) {
       const remembered = this.remembered(offering);
       if (remembered) {
         const ago = Math.round((this.clock.now() - remembered.at) / 1000);
-        outcomes.push(`${describeOffering(offering)}: skipped, ${remembered.code} ${ago}s ago`);
+        outcomes.push(`${describeOffering(offering)}: skipped, ${describeMemo(remembered)} ${ago}s ago`);
         continue;
       }
       tried++;
       const input: RunInstancesCommandInput = {
         ...base,
         InstanceType: offering.instanceType as _InstanceType,
-        NetworkInterfaces: [
-          {
-            DeviceIndex: 0,
-            SubnetId: offering.subnetId,
-            AssociatePublicIpAddress: settings.publicIpv4,
-            DeleteOnTermination: true,
-            ...(settings.securityGroupIds.length > 0 ? { Groups: [...settings.securityGroupIds] } : {}),
-          },
-        ],
+        ...networkParameters(settings, offering.subnetId, template),
         ...(offering.market === 'spot'
           ? {
               InstanceMarketOptions: {
@@ -328,7 +484,8 @@ export class Ec2Provider implements BackingProvider {
         if (err instanceof RetryableError) throw err; // throttled out: the message comes back later
         const kind = classifyEc2Error(err);
         if (kind === 'capacity') {
-          this.rememberFailure(offering, err);
+          capacityMisses++;
+          this.rememberCapacity(offering, err);
           outcomes.push(`${describeOffering(offering)}: ${describeEc2Error(err)}`);
           this.log.warn('ec2 offering has no capacity', {
             backingNodeId: spec.backingNodeId,
@@ -338,16 +495,16 @@ export class Ec2Provider implements BackingProvider {
           continue;
         }
         if (kind === 'quota') {
-          const now = this.clock.now();
-          this.pausedPools.set(spec.poolKey, {
-            code: ec2ErrorCode(err),
-            message: ec2ErrorMessage(err),
-            at: now,
-            until: now + QUOTA_PAUSE_MS,
+          const memo = this.rememberQuota(offering, err);
+          outcomes.push(`${describeOffering(offering)}: ${describeEc2Error(err)}`);
+          this.log.warn('ec2 quota reached; offerings in its scope are skipped', {
+            backingNodeId: spec.backingNodeId,
+            offering: describeOffering(offering),
+            scope: memo.scope,
+            until: new Date(memo.until).toISOString(),
+            error: describeEc2Error(err),
           });
-          const reason = this.launchBlocked(spec.poolKey) ?? describeEc2Error(err);
-          this.log.warn('ec2 quota reached; launching paused', { poolKey: spec.poolKey, reason });
-          throw new CapacityError(reason, { cause: err });
+          continue;
         }
         throw new Error(
           `RunInstances (${describeOffering(offering)}) for backing node ${spec.backingNodeId} failed: ${describeEc2Error(err)}`,
@@ -356,10 +513,10 @@ export class Ec2Provider implements BackingProvider {
       }
     }
     const where = `label ${spec.label} in backing pool ${spec.poolKey}`;
-    if (tried === 0) {
+    // Nothing tried, or only quotas reached: every offering is remembered, so the request waits for one.
+    if (tried === 0 || capacityMisses === 0) {
       throw new CapacityError(
-        this.launchBlocked(spec.poolKey, spec.label) ??
-          `no capacity for ${where}; every offering failed recently: ${outcomes.join('; ')}`,
+        this.labelBlocked(settings) ?? `no offering of ${where} can launch now: ${outcomes.join('; ')}`,
       );
     }
     throw new Error(`no capacity for ${where}: ${outcomes.join('; ')}`);
@@ -393,7 +550,7 @@ export class Ec2Provider implements BackingProvider {
     const instances = await this.call('DescribeInstances', budget, async () => {
       const out: Instance[] = [];
       for await (const page of paginateDescribeInstances(
-        { client: this.client, pageSize: 1000 },
+        { client: this.client, pageSize: this.listPageSize },
         { Filters: filters },
       )) {
         for (const reservation of page.Reservations ?? []) out.push(...(reservation.Instances ?? []));
@@ -445,31 +602,121 @@ export class Ec2Provider implements BackingProvider {
     return `subnet\n${subnetId}`;
   }
 
-  /** The unexpired capacity failure of the offering (or of its whole subnet), if any. */
+  private quotaKey(scope: string): string {
+    return `quota\n${scope}`;
+  }
+
+  /** The unexpired failure remembered for the offering: its own, its subnet's, or a quota covering it. */
   private remembered(o: Offering): Remembered | undefined {
     const now = this.clock.now();
-    for (const key of [this.offeringKey(o), this.subnetKey(o.subnetId)]) {
-      const memo = this.failedOfferings.get(key);
+    const keys = [
+      this.offeringKey(o),
+      this.subnetKey(o.subnetId),
+      ...quotaScopesOf(o).map((scope) => this.quotaKey(scope)),
+    ];
+    for (const key of keys) {
+      const memo = this.failures.get(key);
       if (!memo) continue;
       if (memo.until > now) return memo;
-      this.failedOfferings.delete(key);
+      this.failures.delete(key);
     }
     return undefined;
   }
 
-  private rememberFailure(o: Offering, err: unknown): void {
+  /** The reason every offering of the label is remembered as failed, or undefined when one is not. */
+  private labelBlocked(settings: AwsLabelSettings): string | undefined {
+    const offerings = offeringsOf(settings);
+    const failures = offerings.map((o) => this.remembered(o));
+    if (failures.some((f) => f === undefined)) return undefined;
+    const until = Math.min(...failures.map((f) => f?.until ?? 0));
+    return `no offering of label ${settings.label} in backing pool ${settings.poolKey} can launch until ${new Date(until).toISOString()}: ${offerings
+      .map((o, i) => `${describeOffering(o)}: ${failures[i] ? describeMemo(failures[i]) : ''}`)
+      .join('; ')}`;
+  }
+
+  private rememberCapacity(o: Offering, err: unknown): void {
     const now = this.clock.now();
     const code = ec2ErrorCode(err);
     const memo: Remembered = {
+      kind: 'capacity',
       code,
       message: ec2ErrorMessage(err),
       at: now,
       until: now + OFFERING_BACKOFF_MS,
     };
-    this.failedOfferings.set(
+    this.failures.set(
       SUBNET_WIDE_ERROR_CODES.has(code) ? this.subnetKey(o.subnetId) : this.offeringKey(o),
       memo,
     );
+  }
+
+  private rememberQuota(o: Offering, err: unknown): Remembered {
+    const now = this.clock.now();
+    const code = ec2ErrorCode(err);
+    const scope = quotaScope(code, o);
+    const memo: Remembered = {
+      kind: 'quota',
+      code,
+      message: ec2ErrorMessage(err),
+      scope,
+      at: now,
+      until: now + QUOTA_PAUSE_MS,
+    };
+    this.failures.set(this.quotaKey(scope), memo);
+    return memo;
+  }
+
+  /**
+   * What the label's launch template version says about the network (DescribeLaunchTemplateVersions),
+   * remembered for good for a numbered version and TEMPLATE_CACHE_MS for $Default/$Latest (they move).
+   */
+  private async templateNetwork(
+    image: Extract<AwsImage, { kind: 'launch-template' }>,
+    budget: RetryBudget,
+  ): Promise<TemplateNetwork> {
+    const version = image.version ?? '$Default';
+    const key = `${image.id ?? ''}\n${image.name ?? ''}\n${version}`;
+    const now = this.clock.now();
+    const known = this.templates.get(key);
+    if (known && known.until > now) return known.network;
+    const describe = describeTemplate(image);
+    let data:
+      | {
+          NetworkInterfaces?: LaunchTemplateInstanceNetworkInterfaceSpecification[] | undefined;
+          SecurityGroupIds?: string[] | undefined;
+          SecurityGroups?: string[] | undefined;
+        }
+      | undefined;
+    try {
+      const out = await this.call('DescribeLaunchTemplateVersions', budget, () =>
+        this.client.send(
+          new DescribeLaunchTemplateVersionsCommand({
+            ...(image.id !== undefined ? { LaunchTemplateId: image.id } : { LaunchTemplateName: image.name }),
+            Versions: [version],
+          }),
+        ),
+      );
+      data = out.LaunchTemplateVersions?.[0]?.LaunchTemplateData;
+    } catch (err) {
+      if (err instanceof RetryableError) throw err;
+      throw new Error(
+        `DescribeLaunchTemplateVersions (launch template ${describe}) failed: ${describeEc2Error(err)}`,
+        {
+          cause: err,
+        },
+      );
+    }
+    if (!data) throw new Error(`launch template ${describe} does not exist`);
+    const network: TemplateNetwork = {
+      describe,
+      interfaces: data.NetworkInterfaces ?? [],
+      instanceGroups: [...(data.SecurityGroupIds ?? []), ...(data.SecurityGroups ?? [])],
+    };
+    this.templates.set(key, {
+      network,
+      until: /^\d+$/.test(version) ? Number.POSITIVE_INFINITY : now + TEMPLATE_CACHE_MS,
+    });
+    return network;
   }
 
   /**
@@ -669,4 +916,9 @@ export class Ec2Provider implements BackingProvider {
       }
     }
   }
+}
+
+/** `InsufficientInstanceCapacity` / `MaxSpotInstanceCountExceeded (quota: spot instances)` */
+function describeMemo(memo: Remembered): string {
+  return memo.kind === 'quota' ? `${memo.code} (quota: ${memo.scope})` : memo.code;
 }
