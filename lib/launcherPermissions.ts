@@ -122,11 +122,17 @@ export class LauncherPermissions extends Construct {
         resources: [arn('instance/*')],
         conditions: { StringEquals: { [`aws:ResourceTag/${POOL_TAG_KEY}`]: props.poolId } },
       }),
-      // Neither supports resource-level permissions. DescribeInstances: state of an instance and the list
-      // of the pool's (filtered by its tag); DescribeImages: an image's root device, for the root volume.
+      // None supports resource-level permissions. DescribeInstances: state of an instance and the list
+      // of the pool's (filtered by its tag); DescribeImages: an image's root device, for the root volume;
+      // DescribeLaunchTemplateVersions: whether a label's template has network interfaces (RunInstances
+      // then takes subnet and groups only inside one).
       new PolicyStatement({
         sid: 'Describe',
-        actions: ['ec2:DescribeInstances', 'ec2:DescribeImages'],
+        actions: [
+          'ec2:DescribeInstances',
+          'ec2:DescribeImages',
+          ...(resources.launchTemplate ? ['ec2:DescribeLaunchTemplateVersions'] : []),
+        ],
         resources: ['*'],
       }),
     ];
@@ -195,7 +201,7 @@ export class LauncherPermissions extends Construct {
     Validations.of(cfnResource(this.policy)).acknowledge({
       id: 'AwsSolutions-IAM5[Resource::*]',
       reason:
-        'ec2:DescribeInstances and ec2:DescribeImages support no resource-level permissions (the functions ' +
+        'ec2:DescribeInstances, ec2:DescribeImages and ec2:DescribeLaunchTemplateVersions support no resource-level permissions (the functions ' +
         'filter instances by the pool tag).',
     });
   }

@@ -837,6 +837,10 @@ describe('MetastaticPool options and checks', () => {
       'arn:<AWS::Partition>:ec2:eu-west-1:<AWS::AccountId>:security-group/*',
       'arn:<AWS::Partition>:ec2:eu-west-1:<AWS::AccountId>:subnet/subnet-11111111',
     ]);
+    // The provider reads the template's network settings (Describe* has no resource-level permissions).
+    expect(allowing(statementsOf(template), 'ec2:DescribeLaunchTemplateVersions')).toEqual([
+      expect.objectContaining({ Resource: '*' }),
+    ]);
     // Each of those wildcards is acknowledged with its own reason; a template by id is named by ARN.
     expect(nagViolations(app)).toEqual([]);
     const byId = newApp();
