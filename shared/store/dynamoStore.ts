@@ -25,8 +25,10 @@ import {
   freePartition,
   keys,
   REAP_INDEX,
+  reapPartition,
   requestItem,
   resourceItem,
+  waitingSortKey,
 } from './table.ts';
 
 /**
@@ -86,7 +88,8 @@ export class DynamoStore {
           throw err;
         }
       },
-      { step: 'initialize', name: 'metastaticItemTooLarge' },
+      // The document client shares the client's stack: a second store on one client replaces it.
+      { step: 'initialize', name: 'metastaticItemTooLarge', override: true },
     );
   }
 
@@ -406,6 +409,26 @@ export class DynamoStore {
       input.ExclusiveStartKey = out.LastEvaluatedKey;
     } while (input.ExclusiveStartKey);
     return items;
+  }
+
+  /**
+   * One page of the requests still waiting to be placed (WAITING partition of the reap index) that were
+   * created before `createdBefore` (epoch ms), oldest first; pass the returned cursor for the next page.
+   */
+  async waitingRequests(
+    createdBefore: number,
+    cursor?: Record<string, unknown>,
+  ): Promise<{ items: RequestRecord[]; cursor?: Record<string, unknown> }> {
+    const out = await this.doc.send(
+      new QueryCommand({
+        TableName: this.tableName,
+        IndexName: REAP_INDEX,
+        KeyConditionExpression: 'rpk = :p AND rsk < :b',
+        ExpressionAttributeValues: { ':p': reapPartition.waiting, ':b': waitingSortKey(createdBefore) },
+        ExclusiveStartKey: cursor,
+      }),
+    );
+    return { items: (out.Items ?? []).map((i) => RequestRecord.parse(i)), cursor: out.LastEvaluatedKey };
   }
 
   // ---- resource pointers ------------------------------------------------------------------------
