@@ -13,12 +13,17 @@ import { ManualClock } from '../shared/core/clock.ts';
 import { IllegalTransitionError } from '../shared/core/errors.ts';
 import { backingNodeId, nodeId, parseNodeId } from '../shared/core/ids.ts';
 import { parseMessage } from '../shared/core/messages.ts';
-import { eligiblePools, nodeAttributes } from '../shared/core/pools.ts';
+import {
+  eligiblePools,
+  nodeAttributes,
+  requestTimeoutOf,
+  shortestRequestTimeout,
+} from '../shared/core/pools.ts';
 import { deadlineDecision, notFoundIsFinal, reapDecision } from '../shared/core/reaper.ts';
 import type { BackingRecord } from '../shared/core/records.ts';
 import { assertTransition, backingTransitions, canTransition } from '../shared/core/states.ts';
 import { RESOURCE_NOT_FOUND_GRACE_MS } from '../shared/core/timing.ts';
-import { backingIndexAttributes } from '../shared/store/table.ts';
+import { backingIndexAttributes, requestIndexAttributes } from '../shared/store/table.ts';
 import { baseConfig } from './support/harness.ts';
 
 const clock = new ManualClock(Date.parse('2026-06-01T00:00:00Z'));
@@ -139,6 +144,27 @@ describe('index attributes', () => {
     expect(backingIndexAttributes(backing({ state: 'failed', used: 2 })).rpk).toBe('FAILED');
     expect(backingIndexAttributes(backing({ state: 'stopped' })).rpk).toBeUndefined();
   });
+
+  it('files a request in WAITING, oldest first, exactly while it is requested', () => {
+    const r = (state: 'requested' | 'pending' | 'fulfilled' | 'failed', createdAt = T0) => ({
+      id: 'r',
+      labels: [],
+      bodyHash: 'h',
+      state,
+      createdAt,
+      updatedAt: createdAt,
+      version: 0,
+      nodes: [],
+    });
+    expect(requestIndexAttributes(r('requested'))).toEqual({ rpk: 'WAITING', rsk: `00${T0}#r` });
+    expect(
+      (requestIndexAttributes(r('requested', 9)).rsk as string) <
+        (requestIndexAttributes(r('requested', 10)).rsk as string),
+    ).toBe(true);
+    for (const state of ['pending', 'fulfilled', 'failed'] as const) {
+      expect(requestIndexAttributes(r(state))).toEqual({});
+    }
+  });
 });
 
 describe('reaper decisions', () => {
@@ -203,6 +229,29 @@ describe('pool choice', () => {
     const choice = eligiblePools(off, ['small-node']);
     expect(choice.ok).toBe(false);
     expect(!choice.ok && choice.reason).toMatch(/disabled/);
+  });
+  it('gives a node set the longest request-timeout of its labels in the pools that offer them all', () => {
+    const two = parseConfigOrThrow(
+      `${baseConfig()}
+      - name: second
+        request-timeout: 50
+        labels:
+          - name: small-node
+            backing-label: large-node
+            max-parallel-jobs: 2
+            grace-time: 60
+            request-timeout: 20
+          - name: other-node
+            backing-label: large-node
+            max-parallel-jobs: 2
+            grace-time: 60
+`,
+      'two.yaml',
+    );
+    expect(requestTimeoutOf(two, ['small-node'])).toBe(10_800); // meta/main's default beats second's 20
+    expect(requestTimeoutOf(two, ['small-node', 'other-node'])).toBe(50); // only second offers both
+    expect(requestTimeoutOf(two, ['gone-node'])).toBe(10_800); // offered nowhere: the default
+    expect(shortestRequestTimeout(two)).toBe(20);
   });
   it('lets pool node-attributes override backing attributes at the top level only', () => {
     expect(nodeAttributes({ a: 1, nested: { x: 1 } }, { nested: { y: 2 }, b: 2 })).toEqual({

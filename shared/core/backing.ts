@@ -110,7 +110,8 @@ export function newBackingRecord(args: {
   id: string;
   poolKey: string;
   /** What of its label a backing node records. */
-  label: Pick<MetastaticLabel, 'name' | 'backingLabel' | 'maxParallelJobs' | 'maxAge'> & Partial<MetastaticLabel>;
+  label: Pick<MetastaticLabel, 'name' | 'backingLabel' | 'maxParallelJobs' | 'maxAge'> &
+    Partial<MetastaticLabel>;
   backingPoolKey: string;
   firstNodeId: string;
   /** The delivery launching it, which holds the claim on slot 0. */

@@ -1,4 +1,5 @@
 import type { MetastaticPool, ResolvedConfig } from '../config/model.ts';
+import { DEFAULT_REQUEST_TIMEOUT } from '../config/schema.ts';
 import { clip, listSome, MAX_QUOTED_LENGTH } from './text.ts';
 
 /**
@@ -41,6 +42,25 @@ export function eligiblePools(config: ResolvedConfig, labels: readonly string[])
     };
   }
   return { ok: true, pools: fitting };
+}
+
+/**
+ * How long a request for `labels` may wait to be placed, in seconds (request-timeout: the label's, else
+ * its pool's, else its provider's). A node set waits as long as the most patient of the settings that
+ * could serve it allow: the longest over its labels in every pool offering them all. A request no pool
+ * offers any more (its labels were removed) gets the default.
+ */
+export function requestTimeoutOf(config: ResolvedConfig, labels: readonly string[]): number {
+  const timeouts = config.metastaticPools
+    .filter((p) => labels.every((l) => p.labels.has(l)))
+    .flatMap((p) => labels.map((l) => p.labels.get(l)?.requestTimeout ?? DEFAULT_REQUEST_TIMEOUT));
+  return timeouts.length > 0 ? Math.max(...timeouts) : DEFAULT_REQUEST_TIMEOUT;
+}
+
+/** The shortest request-timeout any request can have (seconds): no request younger than it is due. */
+export function shortestRequestTimeout(config: ResolvedConfig): number {
+  const all = config.metastaticPools.flatMap((p) => [...p.labels.values()].map((l) => l.requestTimeout));
+  return Math.min(DEFAULT_REQUEST_TIMEOUT, ...all);
 }
 
 /** A node's attributes: the backing node's are the defaults; the pool's node-attributes override top-level keys. */

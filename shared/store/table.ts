@@ -13,7 +13,8 @@ import type { BackingRecord, RequestRecord } from '../core/records.ts';
  * Sparse indexes (attributes present only when the item belongs in them):
  *   free (fpk, fsk): backing nodes that can take a node, per pool and label, fullest then oldest first
  *   reap (rpk, rsk): IDLE (empty), LAUNCHING (by launch time), ACTIVE (ready, in use), RETIRING and
- *                    FAILED (to terminate): every backing node that is not stopped is in exactly one
+ *                    FAILED (to terminate): every backing node that is not stopped is in exactly one;
+ *                    WAITING: every request still `requested`, oldest first (request-timeout)
  */
 export const FREE_INDEX = 'free';
 export const REAP_INDEX = 'reap';
@@ -33,6 +34,8 @@ export const reapPartition = {
   active: 'ACTIVE',
   retiring: 'RETIRING',
   failed: 'FAILED',
+  /** Requests not placed yet (state `requested`), by creation time: the reaper ends those past request-timeout. */
+  waiting: 'WAITING',
 } as const;
 
 export function freePartition(poolKey: string, label: string): string {
@@ -83,8 +86,24 @@ export function resourceItem(resourceId: string, backingNodeId: string, recorded
   return { ...keys.resource(resourceId), type: 'resource', resourceId, backingNodeId, recordedAt };
 }
 
+/**
+ * The reap index attributes of a request: in WAITING exactly while it is `requested`. Every request write
+ * but the release's node update (which never meets a `requested` request) is a whole-item put, so they
+ * follow its state.
+ */
+export function requestIndexAttributes(r: RequestRecord): { rpk?: string; rsk?: string } {
+  return r.state === 'requested'
+    ? { rpk: reapPartition.waiting, rsk: waitingSortKey(r.createdAt, r.id) }
+    : {};
+}
+
+/** WAITING's sort key: creation time first, so "created before T" is one key condition (`rsk < T`). */
+export function waitingSortKey(createdAt: number, id = ''): string {
+  return `${pad(createdAt, 15)}#${id}`;
+}
+
 export function requestItem(r: RequestRecord): Record<string, unknown> {
-  return stripUndefined({ ...keys.request(r.id), type: 'request', ...r });
+  return stripUndefined({ ...keys.request(r.id), type: 'request', ...r, ...requestIndexAttributes(r) });
 }
 
 function stripUndefined(o: Record<string, unknown>): Record<string, unknown> {

@@ -17,6 +17,7 @@ import {
 import { failBackingNode, settleFailedNodes } from './failure.ts';
 import { resourceRunning } from './fulfil.ts';
 import { ensureLaunched, giveBackSlot } from './placement.ts';
+import { endExpiredRequests } from './waiting.ts';
 
 export interface ReapReport {
   /** Backing nodes marked retiring this run. */
@@ -36,6 +37,11 @@ export interface ReapReport {
    * died before it recorded what it reserved them for.
    */
   readonly reclaimedPlaces: number;
+  /**
+   * Requests ended `failed` this run because they were still waiting past their request-timeout (their
+   * message may be gone: see waiting.ts).
+   */
+  readonly expiredRequests: string[];
   /** Retirements lost to a concurrent change (an allocation won): the backing node stays. */
   readonly conflicts: number;
   readonly errors: string[];
@@ -64,7 +70,8 @@ type MutableReport = { -readonly [K in keyof ReapReport]: ReapReport[K] };
  * 4. ready backing nodes past max-age are drained (no new nodes; they go when empty);
  * 5. claims no recorded node confirmed within the slot lease are given back;
  * 6. failed and retiring backing nodes are settled and terminated until the provider confirms;
- * 7. places in max-servers sets held by no live backing node or node past the slot lease are given back.
+ * 7. places in max-servers sets held by no live backing node or node past the slot lease are given back;
+ * 8. requests still waiting past their request-timeout end `failed` (WAITING partition, waiting.ts).
  * A crash anywhere leaves records in partitions the next run picks up.
  */
 export async function reap(ctx: Context): Promise<ReapReport> {
@@ -76,6 +83,7 @@ export async function reap(ctx: Context): Promise<ReapReport> {
     orphans: [],
     reclaimedSlots: 0,
     reclaimedPlaces: 0,
+    expiredRequests: [],
     conflicts: 0,
     errors: [],
     deferred: 0,
@@ -144,6 +152,12 @@ export async function reap(ctx: Context): Promise<ReapReport> {
   await guard('capacity', '-', async () => {
     const failed = await ctx.store.queryReap(reapPartition.failed);
     await reconcileCapacity(ctx, [...idle, ...launching, ...active, ...failed, ...retiring], report);
+  });
+  // 8. Requests still waiting past their request-timeout end, whatever became of their message.
+  await guard('request-timeout', '-', async () => {
+    const ended = await endExpiredRequests(ctx);
+    report.expiredRequests.push(...ended.expired);
+    if (!ended.complete) report.deferred++;
   });
   // Gauges, from what this run read.
   ctx.metrics?.count(

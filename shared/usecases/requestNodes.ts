@@ -71,7 +71,13 @@ export async function requestNodes(ctx: Context, m: RequestMessage): Promise<Req
   const bodyHash = fresh.bodyHash;
   const choice = eligiblePools(ctx.config, m.labels);
   if (!choice.ok) {
-    return { kind: 'failed', request: await recordFailure(ctx, fresh, choice.reason) };
+    const recorded = await recordFailure(ctx, fresh, choice.reason);
+    // Recorded waiting before the configuration lost its labels: it can never be placed now, so it ends
+    // here rather than wait, its message consumed, until its request-timeout.
+    if (recorded.state === 'requested' && recorded.bodyHash === bodyHash) {
+      return { kind: 'failed', request: (await failRequest(ctx, m.id, bodyHash, choice.reason)) ?? recorded };
+    }
+    return { kind: 'failed', request: recorded };
   }
   const recording = new Recording(ctx, fresh, ownerToken(now), now);
   const waits: string[] = [];
