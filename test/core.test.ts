@@ -19,10 +19,16 @@ import {
   requestTimeoutOf,
   shortestRequestTimeout,
 } from '../shared/core/pools.ts';
-import { deadlineDecision, notFoundIsFinal, reapDecision } from '../shared/core/reaper.ts';
+import { claimDue, deadlineDecision, notFoundIsFinal, reapDecision } from '../shared/core/reaper.ts';
 import type { BackingRecord } from '../shared/core/records.ts';
 import { assertTransition, backingTransitions, canTransition } from '../shared/core/states.ts';
-import { RESOURCE_NOT_FOUND_GRACE_MS } from '../shared/core/timing.ts';
+import {
+  CLAIM_TAKEOVER_MS,
+  FUNCTION_TIMEOUT_SECONDS,
+  RESOURCE_NOT_FOUND_GRACE_MS,
+  SLOT_LEASE_MS,
+  visibilityTimeoutSeconds,
+} from '../shared/core/timing.ts';
 import { backingIndexAttributes, requestIndexAttributes } from '../shared/store/table.ts';
 import { baseConfig } from './support/harness.ts';
 
@@ -203,6 +209,27 @@ describe('reaper decisions', () => {
   it.each(cases)('%s', (_name, b, l, elapsed, retire) => {
     const decision = reapDecision(backing(b), l === undefined ? undefined : label(l), T0 + elapsed);
     expect(decision.retire).toBe(retire);
+  });
+});
+
+describe('unconfirmed claims the reaper looks at', () => {
+  // The backing node launched for node "n/0" (attempt 1) and one it was merely found on.
+  const launched = backing({ id: backingNodeId('meta/main', 'small-node', 'n/0', 1), attempt: 1 });
+  const found = backing({ id: 'bn-found', attempt: 1 });
+  const claim = { at: T0, by: 'x' };
+  const cases: [string, BackingRecord, number, number | undefined, boolean][] = [
+    ['found: its delivery may live', found, CLAIM_TAKEOVER_MS - 1, undefined, false],
+    ['found: its delivery is known dead', found, CLAIM_TAKEOVER_MS, undefined, true],
+    ['launched for it: kept for a redelivery', launched, CLAIM_TAKEOVER_MS, undefined, false],
+    ['launched for it: the slot lease passed', launched, SLOT_LEASE_MS, undefined, true],
+    ['launched for it: from a process before this one', launched, 0, T0 + 1, true],
+    ['found: taken by this process', found, 0, T0, false],
+  ];
+  it.each(cases)('%s', (_name, b, age, deadBefore, due) => {
+    expect(claimDue(b, 'n/0', claim, T0 + age, deadBefore)).toBe(due);
+  });
+  it('keep a claim a redelivery finds by id until after the redelivery comes', () => {
+    expect(SLOT_LEASE_MS).toBeGreaterThan(visibilityTimeoutSeconds(FUNCTION_TIMEOUT_SECONDS.request) * 1000);
   });
 });
 

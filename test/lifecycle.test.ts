@@ -195,22 +195,27 @@ describe('reconciliation', () => {
     expect(node?.state).toBe('pending');
   });
 
-  it('gives back a slot whose claim was never recorded once the lease has passed', async () => {
+  it('gives back a slot whose claim was never recorded once its delivery is known dead', async () => {
     h = await startHarness(config({}));
     await readyNode(h, 'kept');
     const store = h.stack.context.store;
     const b = (await store.listBacking())[0];
     if (!b) throw new Error('no backing node');
-    // A handler claimed slot 1 and crashed before recording its node.
+    // A handler claimed slot 1 (of a backing node it found, not one launched for it) and crashed before
+    // recording its node: the claim goes once its delivery is known dead (CLAIM_TAKEOVER_MS, 60 s).
     const { next } = withClaimedSlot(b, 'crashed/0', h.clock.now(), 'crashed-delivery');
     await store.putBacking(next, { version: b.version });
-    h.clock.advance(4 * 60 * SEC);
+    h.clock.advance(59 * SEC);
     expect((await h.stack.reapNow()).reclaimedSlots).toBe(0);
-    h.clock.advance(60 * SEC);
+    h.clock.advance(1 * SEC);
     expect((await h.stack.reapNow()).reclaimedSlots).toBe(1);
     const after = await store.getBacking(b.id);
     expect(after?.slotMap).toEqual({ '0': 'kept/0' });
-    expect(after?.claims).toEqual({}); // the recorded claim was confirmed
+    // kept/0's claim is on the backing node launched for it: looked at (and confirmed) after the lease.
+    expect(Object.keys(after?.claims ?? {})).toEqual(['0']);
+    h.clock.advance(4 * 60 * SEC);
+    expect((await h.stack.reapNow()).reclaimedSlots).toBe(0);
+    expect((await store.getBacking(b.id))?.claims).toEqual({}); // the recorded claim was confirmed
   });
 });
 

@@ -1,12 +1,14 @@
 import { afterEach, describe, expect, it } from 'vitest';
 import { spreadSlot } from '../shared/core/backing.ts';
 import { BusyError } from '../shared/core/errors.ts';
-import { ownerSince, ownerToken } from '../shared/core/ids.ts';
+import { ownerSince, ownerToken, supersedes } from '../shared/core/ids.ts';
 import { Claim } from '../shared/core/records.ts';
+import { makeRequestHandler } from '../shared/handlers/requestHandler.ts';
 import { keys } from '../shared/store/table.ts';
-import { CLAIM_TAKEOVER_MS, SLOT_LEASE_MS } from '../shared/usecases/context.ts';
+import { CLAIM_TAKEOVER_MS, type Context, SLOT_LEASE_MS } from '../shared/usecases/context.ts';
 import { giveBackSlot } from '../shared/usecases/placement.ts';
 import { requestNodes } from '../shared/usecases/requestNodes.ts';
+import { crashingStore } from './support/crashingStore.ts';
 import { baseConfig, type Harness, readyNode, sqsEvent, startHarness } from './support/harness.ts';
 
 /**
@@ -34,6 +36,20 @@ describe('owner tokens', () => {
     expect(ownerSince(t)).toBe(1_700_000_000_123);
     expect(ownerToken(5)).not.toBe(ownerToken(5));
     expect(ownerSince('not-a-token')).toBe(0); // unknown shape: treated as very old
+  });
+
+  it('name the message and receive of a queue delivery: a later receive supersedes an earlier one, nothing else does', () => {
+    const first = ownerToken(5, { messageId: 'msg-a', receiveCount: 1 });
+    const second = ownerToken(6, { messageId: 'msg-a', receiveCount: 2 });
+    expect(first).toMatch(/^[0-9a-z]+\.[0-9a-f]{12}\.[0-9a-f]{12}-1$/);
+    expect(ownerSince(second)).toBe(6);
+    expect(supersedes(second, first)).toBe(true);
+    expect(supersedes(first, second)).toBe(false);
+    expect(supersedes(second, ownerToken(7, { messageId: 'msg-a', receiveCount: 2 }))).toBe(false); // a copy
+    expect(supersedes(second, ownerToken(1, { messageId: 'msg-b', receiveCount: 1 }))).toBe(false); // a resend
+    expect(supersedes(second, ownerToken(1))).toBe(false); // re-homing
+    expect(supersedes(ownerToken(9), first)).toBe(false);
+    expect(supersedes(second, 'unowned')).toBe(false);
   });
 
   it('read a claim written before owners existed as an abandoned one', () => {
@@ -205,5 +221,125 @@ describe('deliveries never undo each other', () => {
     // What live records hold stays, however old.
     expect([...(await store.members(keys.backingPool('local/main')))]).toEqual([live.id]);
     expect([...(await store.members(keys.poolNodes('meta/main')))]).toEqual(['live/0']);
+  });
+});
+
+describe('a redelivery continues with the claims of the first try (issue 10, defect 8)', () => {
+  it('takes over the claim and place an earlier receive left when it crashed, at once: same slot', async () => {
+    h = await startHarness(baseConfig({ slots: 4, maxServers: 10 }), { maxReceiveCount: 50 });
+    await readyNode(h, 'base');
+    const ctx = h.stack.context;
+    const read = await readyBacking(h);
+    const body = JSON.stringify({ kind: 'request', id: 'cut', labels: ['small-node'] });
+    // Receive 1 reserves a place, claims a slot, and dies right after the claim.
+    const dying = makeRequestHandler({ ...ctx, store: crashingStore(ctx.store, (m) => m === 'claimSlot') });
+    expect((await dying(sqsEvent([body], 1))).batchItemFailures).toHaveLength(1);
+    const left = await ctx.store.getBacking(read.id);
+    const slot = Object.entries(left?.slotMap ?? {}).find(([, n]) => n === 'cut/0')?.[0];
+    expect(slot).toBeDefined();
+    const firstClaim = left?.claims?.[slot as string];
+    expect(firstClaim?.by).toMatch(/-1$/);
+    expect(await ctx.store.getRequest('cut')).toBeUndefined(); // it recorded nothing
+    // Receive 2 of the same message, no time later: the same slot and place, taken over at once.
+    expect((await h.stack.handlers.request(sqsEvent([body], 2))).batchItemFailures).toEqual([]);
+    const placed = await ctx.store.getRequest('cut');
+    expect(placed).toMatchObject({ state: 'fulfilled' });
+    expect(placed?.nodes[0]).toMatchObject({ state: 'ready', backingNodeId: read.id, slot: Number(slot) });
+    expect(placed?.placer).toBeUndefined(); // placed: nobody places it any more
+    const after = await ctx.store.getBacking(read.id);
+    expect(after?.used).toBe(2); // base and cut: no second slot
+    expect(after?.claims?.[slot as string]?.by).toMatch(/-2$/);
+    const places = await ctx.store.reservations(keys.poolNodes('meta/main'));
+    expect(places.get('cut/0')).toBe(after?.claims?.[slot as string]?.by);
+  });
+
+  it('leaves an earlier receive that still runs unable to record anything once a later one took over', async () => {
+    h = await startHarness(baseConfig({ slots: 4 }));
+    await readyNode(h, 'base');
+    const ctx = h.stack.context;
+    const read = await readyBacking(h);
+    const message = { kind: 'request' as const, id: 'slow', labels: ['small-node'] };
+    // Receive 1 claims a slot, then stalls just before it writes the placed request.
+    let resume: () => void = () => {};
+    const stalled = new Promise<void>((r) => {
+      resume = r;
+    });
+    let reachedWrite: () => void = () => {};
+    const atWrite = new Promise<void>((r) => {
+      reachedWrite = r;
+    });
+    const slowStore = new Proxy(ctx.store, {
+      get(target, prop) {
+        const value = Reflect.get(target, prop, target) as (...a: unknown[]) => Promise<unknown>;
+        if (prop !== 'createRequest') return typeof value === 'function' ? value.bind(target) : value;
+        return async (...args: unknown[]) => {
+          reachedWrite();
+          await stalled;
+          return value.apply(target, args);
+        };
+      },
+    });
+    const first = requestNodes({ ...ctx, store: slowStore }, message, {
+      messageId: 'm-slow',
+      receiveCount: 1,
+    });
+    await atWrite;
+    // Receive 2 takes the claim over at once, then runs out of time and gives the slot back.
+    let timeUp = false;
+    const takenOver = (m: string) => {
+      if (m === 'putBacking') timeUp = true; // the takeover's write
+      return false;
+    };
+    const second: Context = {
+      ...ctx,
+      store: crashingStore(ctx.store, takenOver),
+      deadline: { remainingMs: () => (timeUp ? 0 : 10_000) },
+    };
+    await expect(requestNodes(second, message, { messageId: 'm-slow', receiveCount: 2 })).rejects.toThrow(
+      /ran out of invocation time/,
+    );
+    expect(Object.values((await ctx.store.getBacking(read.id))?.slotMap ?? {})).toEqual(['base/0']);
+    // Receive 1 wakes up: the request names receive 2 as its placer, so it records nothing.
+    resume();
+    await expect(first).rejects.toThrow(/being placed by a later delivery of its message/);
+    const r = await ctx.store.getRequest('slow');
+    expect(r?.state).toBe('requested');
+    expect(r?.placer).toMatch(/-2$/);
+    expect(Object.values((await ctx.store.getBacking(read.id))?.slotMap ?? {})).toEqual(['base/0']);
+  });
+
+  it('takes over at once what a delivery of the process before this embedded stack holds, for a resend too', async () => {
+    h = await startHarness(baseConfig({ slots: 4, maxServers: 10 }));
+    await readyNode(h, 'base');
+    const ctx = h.stack.context;
+    expect(ctx.deliveriesDeadBefore).toBeDefined();
+    const before = (ctx.deliveriesDeadBefore as number) - 1_000; // a second before this stack started
+    const read = await readyBacking(h);
+    // The process before this one died (kill -9) right after reserving a place and claiming a slot for
+    // "resent/0"; its queue died with it. The client sends the request again: a new message.
+    const dead = ownerToken(before);
+    await ctx.store.reserve(keys.poolNodes('meta/main'), ['resent/0'], 10, dead);
+    await ctx.store.claimSlot(read, 2, 'resent/0', { at: before, by: dead });
+    const out = await h.stack.handlers.request(
+      sqsEvent([JSON.stringify({ kind: 'request', id: 'resent', labels: ['small-node'] })]),
+    );
+    expect(out.batchItemFailures).toEqual([]); // not busy for CLAIM_TAKEOVER_MS
+    expect((await ctx.store.getRequest('resent'))?.nodes[0]).toMatchObject({
+      backingNodeId: read.id,
+      slot: 2,
+    });
+    expect((await ctx.store.getBacking(read.id))?.used).toBe(2);
+  });
+
+  it('has the reaper give back at once a claim a delivery of the process before this embedded stack left', async () => {
+    h = await startHarness(baseConfig({ slots: 4 }));
+    await readyNode(h, 'base');
+    const ctx = h.stack.context;
+    const before = (ctx.deliveriesDeadBefore as number) - 1;
+    const read = await readyBacking(h);
+    await ctx.store.claimSlot(read, 1, 'never/0', { at: before, by: ownerToken(before) });
+    await ctx.store.claimSlot(read, 3, 'alive/0', { at: h.clock.now(), by: ownerToken(h.clock.now()) });
+    expect((await h.stack.reapNow()).reclaimedSlots).toBe(1);
+    expect((await ctx.store.getBacking(read.id))?.slotMap).toEqual({ '0': 'base/0', '3': 'alive/0' });
   });
 });

@@ -1,8 +1,11 @@
 import { afterEach, describe, expect, it } from 'vitest';
 import { spreadSlot, withClaimedSlot } from '../shared/core/backing.ts';
 import { ConflictError } from '../shared/core/errors.ts';
+import { makeRequestHandler } from '../shared/handlers/requestHandler.ts';
+import { CLAIM_TAKEOVER_MS, SLOT_LEASE_MS } from '../shared/usecases/context.ts';
 import { reap } from '../shared/usecases/reap.ts';
-import { baseConfig, type Harness, readyNode, startHarness } from './support/harness.ts';
+import { crashingStore } from './support/crashingStore.ts';
+import { baseConfig, type Harness, readyNode, sqsEvent, startHarness } from './support/harness.ts';
 import { alive } from './support/processes.ts';
 
 let h: Harness | undefined;
@@ -129,5 +132,43 @@ describe('slot claims under contention (dynalite)', () => {
     expect(holders.filter((n) => n !== 'base/0').sort()).toEqual(
       claimers.filter((_, i) => results[i]).sort(),
     );
+  });
+});
+
+describe('claims a crashed delivery left (issue 10, defect 8)', () => {
+  it('gives back a claim that filled its backing node once its delivery is known dead, not after the slot lease', async () => {
+    h = await startHarness(baseConfig({ slots: 2 }), { maxReceiveCount: 50 });
+    await readyNode(h, 'base');
+    const ctx = h.stack.context;
+    const [full] = await ctx.store.listBacking();
+    // A delivery claims the last slot and dies: the backing node left the free index with it.
+    const dying = makeRequestHandler({ ...ctx, store: crashingStore(ctx.store, (m) => m === 'claimSlot') });
+    const body = JSON.stringify({ kind: 'request', id: 'lost', labels: ['small-node'] });
+    expect((await dying(sqsEvent([body], 1))).batchItemFailures).toHaveLength(1);
+    expect((await ctx.store.getBacking(full?.id as string))?.used).toBe(2);
+    expect(await ctx.store.findCandidates('meta/main', 'small-node', 10)).toMatchObject({ items: [] });
+    h.clock.advance(CLAIM_TAKEOVER_MS - 1);
+    expect((await h.stack.reapNow()).reclaimedSlots).toBe(0); // its delivery may live
+    h.clock.advance(1);
+    expect((await h.stack.reapNow()).reclaimedSlots).toBe(1);
+    expect((await ctx.store.getBacking(full?.id as string))?.slotMap).toEqual({ '0': 'base/0' });
+  });
+
+  it('keeps the claim on a backing node launched for its node for the slot lease: a redelivery finds it by id', async () => {
+    h = await startHarness(baseConfig({ slots: 2 }), { maxReceiveCount: 50 });
+    const ctx = h.stack.context;
+    // A delivery writes the intent (the node in slot 0, claimed), launches, and dies before recording.
+    const dying = makeRequestHandler({
+      ...ctx,
+      store: crashingStore(ctx.store, (m) => m === 'pointToBacking'),
+    });
+    const body = JSON.stringify({ kind: 'request', id: 'launching', labels: ['small-node'] });
+    expect((await dying(sqsEvent([body], 1))).batchItemFailures).toHaveLength(1);
+    const [b] = await ctx.store.listBacking();
+    expect(b?.slotMap).toEqual({ '0': 'launching/0' });
+    h.clock.advance(CLAIM_TAKEOVER_MS);
+    expect((await h.stack.reapNow()).reclaimedSlots).toBe(0);
+    h.clock.advance(SLOT_LEASE_MS - CLAIM_TAKEOVER_MS);
+    expect((await h.stack.reapNow()).reclaimedSlots).toBe(1);
   });
 });

@@ -1,6 +1,7 @@
 import type { MetastaticLabel } from '../config/model.ts';
-import type { BackingRecord } from './records.ts';
-import { RESOURCE_NOT_FOUND_GRACE_MS } from './timing.ts';
+import { backingNodeId } from './ids.ts';
+import type { BackingRecord, Claim } from './records.ts';
+import { CLAIM_TAKEOVER_MS, RESOURCE_NOT_FOUND_GRACE_MS, SLOT_LEASE_MS } from './timing.ts';
 
 /**
  * Launch and boot deadlines of a launching backing node: launch-timeout counts from the launch,
@@ -77,4 +78,30 @@ export function reapDecision(
  */
 export function notFoundIsFinal(b: BackingRecord, now: number): boolean {
   return now - (b.resourceRecordedAt ?? b.launchedAt) >= RESOURCE_NOT_FOUND_GRACE_MS;
+}
+
+/**
+ * Whether the reaper checks an unconfirmed claim now (and gives its slot back unless a recorded node
+ * holds it). A claim is never older than its delivery, and a delivery records its nodes within
+ * DELIVERY_DEADLINE_MS, so a claim is unconfirmed past CLAIM_TAKEOVER_MS only if its delivery died:
+ * - a claim on the backing node launched for its node (its id derives from the node id and attempt): a
+ *   redelivery finds it by that id and takes it over, so it is kept for the slot lease (SLOT_LEASE_MS,
+ *   longer than the request queue's visibility timeout), lest the backing node go idle and a second
+ *   one be launched;
+ * - a claim on any other backing node, found on the `free` index: a redelivery cannot find it once the
+ *   claim filled that backing node, and needs it no more than any free slot, so it goes as soon as its
+ *   delivery is known dead (CLAIM_TAKEOVER_MS);
+ * - any claim of a delivery that started before `deadBefore` (Context.deliveriesDeadBefore), at once.
+ */
+export function claimDue(
+  b: BackingRecord,
+  nodeId: string,
+  claim: Claim,
+  now: number,
+  deadBefore?: number,
+): boolean {
+  if (now - claim.at >= SLOT_LEASE_MS) return true;
+  if (deadBefore !== undefined && claim.at < deadBefore) return true;
+  const launchedForIt = b.id === backingNodeId(b.poolKey, b.label, nodeId, b.attempt);
+  return !launchedForIt && now - claim.at >= CLAIM_TAKEOVER_MS;
 }

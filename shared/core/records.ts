@@ -100,6 +100,12 @@ export const RequestRecord = z.object({
   state: z.enum(values(RequestState)),
   reason: z.string().optional(),
   poolKey: z.string().optional(),
+  /**
+   * While `requested`: the owner token of the delivery that recorded it, or that made itself the placer
+   * to take over an earlier receive's claims (Recording.fence): a delivery of an earlier receive of the
+   * same message that finds it records nothing more.
+   */
+  placer: z.string().optional(),
   createdAt: z.number(),
   updatedAt: z.number(),
   version: z.number().int().nonnegative(),

@@ -9,9 +9,13 @@
  *
  * - A delivery stops (and is retried) before its function's timeout, so it never writes after Lambda
  *   killed it... and a delivery older than the takeover age is known dead, because Lambda would have.
- * - A message comes back only after its visibility timeout, when the delivery that held it is dead: the
- *   redelivery may take that delivery's claims over at once.
- * - The reaper gives back an unconfirmed claim only well after any delivery that took it is dead.
+ * - A message comes back only after its visibility timeout, when the delivery that held it is dead (or
+ *   about to be: an invocation that started late): the redelivery takes that delivery's claims and places
+ *   over at once, after making itself the request's placer so the earlier one can record nothing more
+ *   (core/ids.ts `supersedes`, usecases/requestNodes.ts `Recording.fence`).
+ * - The reaper gives back an unconfirmed claim only once any delivery that took it is known dead
+ *   (CLAIM_TAKEOVER_MS), and one a redelivery finds by id (on the backing node launched for its node)
+ *   only after the slot lease, which outlasts the visibility timeout (core/reaper.ts `claimDue`).
  */
 
 import type { Clock } from './clock.ts';
@@ -39,7 +43,10 @@ export const DELIVERY_DEADLINE_MS = FUNCTION_TIMEOUT_SECONDS.request * 1000;
  */
 export const CLAIM_TAKEOVER_MS = 2 * FUNCTION_TIMEOUT_SECONDS.request * 1000;
 
-/** A claim not confirmed by a recorded node within this long is given back by the reaper. */
+/**
+ * A claim not confirmed by a recorded node within this long is given back by the reaper (sooner, once
+ * its delivery is known dead, when no redelivery would look for it: core/reaper.ts `claimDue`).
+ */
 export const SLOT_LEASE_MS = 5 * 60_000;
 
 /** A provider resource tagged as ours with no live record is terminated once it is this old. */

@@ -125,9 +125,11 @@ export function makeRequestHandler(context: Context, options: RequestHandlerOpti
       return;
     }
     const m = parsed.message;
+    const receives = Number(record.attributes?.ApproximateReceiveCount ?? '1');
     try {
       if (m.kind === 'request') {
-        await requestNodes(ctx, m);
+        // Which receive of which message: a redelivery takes over what an earlier receive left at once.
+        await requestNodes(ctx, m, { messageId: record.messageId, receiveCount: receives });
       } else {
         await releaseNode(ctx, m.nodeId, m.force ?? false);
       }
@@ -137,7 +139,6 @@ export function makeRequestHandler(context: Context, options: RequestHandlerOpti
         return;
       }
       if (err instanceof CapacityError) reportCapacityWait(ctx, record);
-      const receives = Number(record.attributes?.ApproximateReceiveCount ?? '1');
       const last = options.maxReceiveCount !== undefined && receives >= options.maxReceiveCount;
       if (last && m.kind === 'request') {
         // Its last receive: the request ends here, with the reason, rather than in the dead-letter queue.

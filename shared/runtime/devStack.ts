@@ -97,7 +97,7 @@ export class DevStack {
         maxReceiveCount: 5,
       });
 
-      const { context, localProvider } = embeddedContext({
+      const { context: embedded, localProvider } = embeddedContext({
         config: options.config,
         stateDir,
         store: new DynamoStore(dynamodb, TABLE_NAME),
@@ -106,6 +106,9 @@ export class DevStack {
         clock,
         log: options.log,
       });
+      // Deliveries run only in this process: what one that started before it holds is abandoned (its
+      // claims and places are taken over, or given back by the reaper, at once).
+      const context: Context = { ...embedded, deliveriesDeadBefore: clock.now() };
       const handlers = {
         request: makeRequestHandler(context, { maxReceiveCount }),
         deadLetters: makeDeadLetterHandler(context),

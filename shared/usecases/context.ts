@@ -41,6 +41,14 @@ export interface Context {
    * directly, the CLI): no bound but the use cases' own (DELIVERY_DEADLINE_MS, boot-timeout).
    */
   readonly deadline?: Deadline;
+  /**
+   * Every delivery that started before this instant is known dead, whatever its age: the embedded stack
+   * sets its own start time, since deliveries run only in its process and the process before it is gone
+   * (with its in-memory queue). Its claims and places are then taken over, or given back by the reaper,
+   * at once instead of after CLAIM_TAKEOVER_MS / the slot lease. Unset on AWS, where many function
+   * instances run at once and only age tells.
+   */
+  readonly deliveriesDeadBefore?: number;
 }
 
 /** How long the invocation's work may still go on (see Context.deadline); infinite when unbounded. */
@@ -79,10 +87,11 @@ export {
 
 /**
  * Whether the delivery behind a claim or a max-servers place, which it took (or started) at `since`, is
- * known dead: another delivery of the same message may take the claim over (see CLAIM_TAKEOVER_MS).
+ * known dead: another delivery of the same message may take the claim over (see CLAIM_TAKEOVER_MS), or
+ * it started before `deadBefore` (Context.deliveriesDeadBefore).
  */
-export function deliveryDead(since: number, now: number): boolean {
-  return now - since >= CLAIM_TAKEOVER_MS;
+export function deliveryDead(since: number, now: number, deadBefore?: number): boolean {
+  return now - since >= CLAIM_TAKEOVER_MS || (deadBefore !== undefined && since < deadBefore);
 }
 
 /** Whether a claim or place taken at `since` has gone unconfirmed past the slot lease: the reaper gives it back. */

@@ -22,7 +22,7 @@ import {
   RetryableError,
   TimeoutError,
 } from '../core/errors.ts';
-import { backingNodeId, ownerSince, parseNodeId } from '../core/ids.ts';
+import { backingNodeId, ownerSince, parseNodeId, supersedes } from '../core/ids.ts';
 import { MetricName, PoolEventType } from '../core/observability.ts';
 import type { BackingProvider } from '../core/provider.ts';
 import { needsMaxAgeDrain } from '../core/reaper.ts';
@@ -51,6 +51,12 @@ export interface PlaceOptions {
   readonly owner: string;
   /** Called before launching a backing node, the one side effect a duplicate must never repeat. */
   readonly beforeLaunch?: () => Promise<void>;
+  /**
+   * Called before taking over a claim or place of a delivery this one supersedes (an earlier receive of
+   * the same message, core/ids.ts): it must make sure that delivery can record nothing more (the request
+   * delivery makes itself the placer). Without it, such claims are taken over only once abandoned.
+   */
+  readonly beforeTakeover?: () => Promise<void>;
   /** Attempts this node already used (re-homing after a failed backing node). */
   readonly previousAttempts?: number;
 }
@@ -87,7 +93,7 @@ export async function placeNode(
     const queue = found.items.sort(order);
     for (let next = queue.shift(); next; next = queue.shift()) {
       const contention: Contention = { losses };
-      const placed = await claimOn(ctx, pool, label, next, nodeId, attempt, options.owner, contention);
+      const placed = await claimOn(ctx, pool, label, next, nodeId, attempt, options, contention);
       if (placed) return placed;
       const lost = contention.lost;
       if (!lost) continue;
@@ -104,7 +110,7 @@ export async function placeNode(
   }
   // A launch is the one side effect a duplicate must never repeat: the caller checks first.
   await options.beforeLaunch?.();
-  return launchFor(ctx, pool, label, nodeId, attempt, options.owner);
+  return launchFor(ctx, pool, label, nodeId, attempt, options);
 }
 
 /** What a claim attempt learnt of concurrent claimants. */
@@ -126,15 +132,16 @@ async function claimOn(
   candidate: BackingRecord,
   nodeId: string,
   attempt: number,
-  owner: string,
+  options: PlaceOptions,
   contention: Contention,
 ): Promise<Placement | undefined> {
+  const owner = options.owner;
   let b: BackingRecord | undefined = candidate;
   for (let i = 0; i < MAX_CONFLICT_RETRIES && b; i++) {
     const held = slotOf(b, nodeId);
     if (held !== undefined) {
-      // An earlier claim for this node: ours (a retry), or a dead delivery's that we take over.
-      const mine = await ownClaim(ctx, b, held, nodeId, owner);
+      // An earlier claim for this node: ours (a retry), or a dead or superseded delivery's, taken over.
+      const mine = await ownClaim(ctx, b, held, nodeId, options);
       if (!mine) {
         b = await ctx.store.getBacking(b.id);
         continue;
@@ -194,24 +201,30 @@ async function claimOn(
 
 /**
  * Makes sure the claim `nodeId` holds on `slot` of `b` is this delivery's: it is already (a retry
- * within the delivery), or it belongs to a delivery known dead (older than CLAIM_TAKEOVER_MS, its node
- * not recorded there) and is taken over with one conditional write. Returns the record after that,
- * undefined when the record changed meanwhile (re-read and look again), and throws BusyError when a
- * live delivery holds the claim or the node is recorded there (a placed request: the caller finds out).
+ * within the delivery), or it belongs to a delivery this one supersedes (an earlier receive of the same
+ * message: taken over at once, after `beforeTakeover` fenced it off) or to one known dead (older than
+ * CLAIM_TAKEOVER_MS), its node not recorded there, and is taken over with one conditional write. Returns
+ * the record after that, undefined when the record changed meanwhile (re-read and look again), and
+ * throws BusyError when a live delivery holds the claim or the node is recorded there (a placed
+ * request: the caller finds out).
  */
 async function ownClaim(
   ctx: Context,
   b: BackingRecord,
   slot: number,
   nodeId: string,
-  owner: string,
+  options: PlaceOptions,
 ): Promise<BackingRecord | undefined> {
+  const owner = options.owner;
   const claim = claimOf(b, slot);
   if (claim?.by === owner) return b;
   const now = ctx.clock.now();
-  if (!claim || !deliveryDead(claim.at, now)) {
+  const superseded =
+    claim !== undefined && options.beforeTakeover !== undefined && supersedes(owner, claim.by);
+  if (!claim || !(superseded || deliveryDead(claim.at, now, ctx.deliveriesDeadBefore))) {
     throw new BusyError(`node ${nodeId} is being placed by another delivery (on ${b.id}); retrying later`);
   }
+  if (superseded) await options.beforeTakeover?.();
   const parsed = parseNodeId(nodeId);
   const n = parsed ? (await ctx.store.getRequest(parsed.requestId))?.nodes[parsed.index] : undefined;
   if (n?.backingNodeId === b.id && n.slot === slot && (n.state === 'pending' || n.state === 'ready')) {
@@ -269,8 +282,9 @@ async function launchFor(
   label: MetastaticLabel,
   nodeId: string,
   firstAttempt: number,
-  owner: string,
+  options: PlaceOptions,
 ): Promise<Placement> {
+  const owner = options.owner;
   const backingPool = ctx.config.backingPoolByLabel.get(label.backingLabel);
   if (!backingPool) throw new RetryableError(`no backing pool provides label ${label.backingLabel}`);
   // Attempt n launches the backing node derived from (node, n): a redelivery finds the same record,
@@ -284,7 +298,7 @@ async function launchFor(
       const blocked = providerOf(ctx, backingPool.key)?.launchBlocked?.(backingPool.key, label.backingLabel);
       if (blocked) throw new CapacityError(`launching in ${backingPool.key} is paused: ${blocked}`);
       if (backingPool.maxServers !== undefined) {
-        await reserveBacking(ctx, backingPool.key, backingPool.maxServers, id, owner, label.backingLabel);
+        await reserveBacking(ctx, backingPool.key, backingPool.maxServers, id, options, label.backingLabel);
       }
       // Intent first: the record exists before the resource, so a crash never leaves an unknown machine.
       const fresh = newBackingRecord({
@@ -309,7 +323,7 @@ async function launchFor(
     if (slot === undefined) {
       throw new RetryableError(`backing node ${id} exists without node ${nodeId}; retrying placement`);
     }
-    const mine = await ownClaim(ctx, record, slot, nodeId, owner);
+    const mine = await ownClaim(ctx, record, slot, nodeId, options);
     if (!mine) throw new RetryableError(`backing node ${id} changed while being taken over; retrying`);
     try {
       record = await ensureLaunched(ctx, mine);
@@ -342,9 +356,10 @@ async function reserveBacking(
   backingPoolKey: string,
   maxServers: number,
   id: string,
-  owner: string,
+  options: PlaceOptions,
   backingLabel: string,
 ): Promise<void> {
+  const owner = options.owner;
   const key = keys.backingPool(backingPoolKey);
   const reserved = await ctx.store.reserve(key, [id], maxServers, owner);
   if (reserved.kind === 'full') {
@@ -354,9 +369,11 @@ async function reserveBacking(
   }
   if (reserved.kind === 'held') {
     const holder = reserved.holders.get(id) as string;
-    if (!deliveryDead(ownerSince(holder), ctx.clock.now())) {
+    const superseded = options.beforeTakeover !== undefined && supersedes(owner, holder);
+    if (!superseded && !deliveryDead(ownerSince(holder), ctx.clock.now(), ctx.deliveriesDeadBefore)) {
       throw new BusyError(`backing node ${id} is being launched by another delivery; retrying later`);
     }
+    if (superseded) await options.beforeTakeover?.();
     if (!(await ctx.store.takeOverReservation(key, id, holder, owner))) {
       throw new BusyError(`the place of backing node ${id} changed hands; retrying later`);
     }

@@ -3,7 +3,13 @@ import { ConflictError, DeadlineError, LaunchAttemptError, RetryableError } from
 import { ownerSince, parseNodeId } from '../core/ids.ts';
 import { MetricName, PoolEventType } from '../core/observability.ts';
 import type { BackingProvider, BackingResource } from '../core/provider.ts';
-import { deadlineDecision, needsMaxAgeDrain, notFoundIsFinal, reapDecision } from '../core/reaper.ts';
+import {
+  claimDue,
+  deadlineDecision,
+  needsMaxAgeDrain,
+  notFoundIsFinal,
+  reapDecision,
+} from '../core/reaper.ts';
 import type { BackingRecord } from '../core/records.ts';
 import { keys, reapPartition } from '../store/table.ts';
 import {
@@ -216,10 +222,19 @@ async function enforceDeadlines(ctx: Context, b: BackingRecord, report: MutableR
   report.moved += settled?.rehomed ?? 0;
 }
 
-/** Gives back slots whose claim no recorded node confirmed within the lease; confirms the others. */
+/**
+ * Gives back slots whose claim no recorded node confirmed in time (core/reaper.ts, claimDue: the slot
+ * lease, or sooner once the delivery is known dead for a claim a redelivery would not find); confirms
+ * the others.
+ */
 async function checkClaims(ctx: Context, b: BackingRecord, report: MutableReport): Promise<void> {
   const now = ctx.clock.now();
-  const expired = Object.entries(b.claims ?? {}).filter(([, claim]) => leaseExpired(claim.at, now));
+  const expired = Object.entries(b.claims ?? {}).filter(([slot, claim]) => {
+    const nodeId = b.slotMap[slot];
+    return nodeId === undefined
+      ? leaseExpired(claim.at, now)
+      : claimDue(b, nodeId, claim, now, ctx.deliveriesDeadBefore);
+  });
   if (expired.length === 0) return;
   const confirmed: number[] = [];
   for (const [slotText, claim] of expired) {
@@ -269,7 +284,9 @@ async function reconcileCapacity(
   report: MutableReport,
 ): Promise<void> {
   const now = ctx.clock.now();
-  const abandoned = (owner: string) => leaseExpired(ownerSince(owner), now);
+  const deadBefore = ctx.deliveriesDeadBefore;
+  const abandoned = (owner: string) =>
+    leaseExpired(ownerSince(owner), now) || (deadBefore !== undefined && ownerSince(owner) < deadBefore);
   const liveBacking = new Set(live.map((b) => b.id));
   for (const pool of ctx.config.backingPools) {
     if (pool.maxServers === undefined) continue;

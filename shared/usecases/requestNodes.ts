@@ -8,7 +8,7 @@ import {
   PermanentError,
   RetryableError,
 } from '../core/errors.ts';
-import { contentHash, nodeId, ownerSince, ownerToken } from '../core/ids.ts';
+import { contentHash, type DeliveryOf, nodeId, ownerSince, ownerToken, supersedes } from '../core/ids.ts';
 import type { RequestMessage } from '../core/messages.ts';
 import { eligiblePools, nodeAttributes } from '../core/pools.ts';
 import type { NodeRecord, RequestRecord } from '../core/records.ts';
@@ -64,8 +64,16 @@ export function requestBodyHash(m: RequestMessage): string {
  *
  * Throws CapacityError when no pool has room now (the message comes back later), PermanentError for
  * a request id reused with another body.
+ *
+ * `delivery` names the queue message and receive this is: a redelivery takes the claims and places an
+ * earlier receive of the same message left at once (Recording.fence), instead of waiting until they are
+ * old enough to be abandoned (CLAIM_TAKEOVER_MS).
  */
-export async function requestNodes(ctx: Context, m: RequestMessage): Promise<RequestOutcome> {
+export async function requestNodes(
+  ctx: Context,
+  m: RequestMessage,
+  delivery?: DeliveryOf,
+): Promise<RequestOutcome> {
   const now = ctx.clock.now();
   const fresh = requestedRecord(m, now);
   const bodyHash = fresh.bodyHash;
@@ -79,7 +87,7 @@ export async function requestNodes(ctx: Context, m: RequestMessage): Promise<Req
     }
     return { kind: 'failed', request: recorded };
   }
-  const recording = new Recording(ctx, fresh, ownerToken(now), now);
+  const recording = new Recording(ctx, fresh, ownerToken(now, delivery), now);
   const waits: string[] = [];
   try {
     for (const pool of choice.pools) {
@@ -136,6 +144,20 @@ class AlreadyPlaced extends Error {
 }
 
 /**
+ * A delivery of a later receive of this message made itself the placer (Recording.fence) to take over
+ * what this one holds: this one records nothing and gives back what is still its own.
+ */
+class Superseded extends BusyError {
+  constructor(readonly request: RequestRecord) {
+    super(`request ${request.id} is being placed by a later delivery of its message; this one stops`);
+  }
+}
+
+/** What the stored request says about this delivery's work: it is someone else's to finish, or done. */
+const isStoredVerdict = (err: unknown): err is AlreadyPlaced | IdReused | Superseded =>
+  err instanceof AlreadyPlaced || err instanceof IdReused || err instanceof Superseded;
+
+/**
  * What this delivery knows of the stored request: nothing yet (the warm path writes it once, at the
  * end) or the `requested` record it wrote or found.
  */
@@ -158,8 +180,54 @@ class Recording {
   /** Makes sure a `requested` record exists; throws AlreadyPlaced if a delivery got further. */
   async ensure(): Promise<void> {
     if (this.stored) return;
-    const existing = await this.ctx.store.createRequest(this.fresh);
-    this.stored = existing ? this.adopt(existing) : this.fresh;
+    const recorded = { ...this.fresh, placer: this.owner };
+    const existing = await this.ctx.store.createRequest(recorded);
+    this.stored = existing ? this.adopt(existing) : recorded;
+  }
+
+  /**
+   * Makes this delivery the request's placer before it takes over what an earlier receive of its message
+   * holds (supersedes): a conditional write of the `requested` record (created if need be) naming it.
+   * Every write of a placement is conditioned on the record (version, or its absence), and a delivery
+   * that finds a later receive's placer stops (Superseded), so the earlier delivery, even if it still
+   * runs, can no longer record nodes on claims this one took over and may give back. Throws AlreadyPlaced
+   * when a delivery placed it meanwhile, Superseded when a still later receive is the placer.
+   */
+  async fence(): Promise<void> {
+    for (let i = 0; i < MAX_CONFLICT_RETRIES; i++) {
+      const existing = await this.ctx.store.getRequest(this.fresh.id);
+      if (!existing) {
+        const fenced = { ...this.fresh, placer: this.owner };
+        if (!(await this.ctx.store.createRequest(fenced))) {
+          this.stored = fenced;
+          return;
+        }
+        continue; // created meanwhile: read it
+      }
+      const base = this.adopt(existing);
+      if (base.placer === this.owner) {
+        this.stored = base;
+        return;
+      }
+      const fenced = {
+        ...base,
+        placer: this.owner,
+        updatedAt: this.ctx.clock.now(),
+        version: base.version + 1,
+      };
+      try {
+        await this.ctx.store.putRequest(fenced, base.version);
+        this.stored = fenced;
+        this.ctx.log.info('a later delivery of the message takes over the placement', {
+          requestId: base.id,
+          from: base.placer,
+        });
+        return;
+      } catch (err) {
+        if (!(err instanceof ConflictError)) throw err;
+      }
+    }
+    throw new ConflictError(`gave up taking over the placement of request ${this.fresh.id}`);
   }
 
   /** Writes the placed request; returns the winner instead when another delivery placed it first. */
@@ -212,6 +280,8 @@ class Recording {
   private adopt(existing: RequestRecord): RequestRecord {
     if (existing.bodyHash !== this.fresh.bodyHash) throw new IdReused(existing, this.fresh);
     if (existing.state !== 'requested') throw new AlreadyPlaced(existing);
+    if (existing.placer !== undefined && supersedes(existing.placer, this.owner))
+      throw new Superseded(existing);
     return existing;
   }
 }
@@ -233,7 +303,11 @@ async function tryPool(ctx: Context, pool: MetastaticPool, recording: Recording)
       const label = pool.labels.get(node.label);
       if (!label) throw new Error(`pool ${pool.key} lost label ${node.label}`);
       placements.push(
-        await placeNode(ctx, pool, label, node.id, { owner, beforeLaunch: () => recording.ensure() }),
+        await placeNode(ctx, pool, label, node.id, {
+          owner,
+          beforeLaunch: () => recording.ensure(),
+          beforeTakeover: () => recording.fence(),
+        }),
       );
     }
     const now = ctx.clock.now();
@@ -241,13 +315,13 @@ async function tryPool(ctx: Context, pool: MetastaticPool, recording: Recording)
   } catch (err) {
     // All or nothing: give back what this delivery took (never what another delivery holds, nor what
     // the stored request records), then let the next pool (or a retry) try.
-    let other = err instanceof AlreadyPlaced || err instanceof IdReused ? err.request : undefined;
+    let other = isStoredVerdict(err) ? err.request : undefined;
     let found: unknown;
     if (!other) {
       try {
         other = await recording.checkStored();
       } catch (stored) {
-        if (!(stored instanceof AlreadyPlaced || stored instanceof IdReused)) throw stored;
+        if (!isStoredVerdict(stored)) throw stored;
         other = stored.request;
         found = stored;
       }
@@ -291,8 +365,13 @@ async function reserveNodes(
   if (reserved.kind === 'full') return `${pool.key} is at max-servers (${maxServers})`;
   if (reserved.kind === 'reserved') return undefined;
   await recording.checkStored(); // placed by the holder already: a duplicate
+  let fenced = false;
   for (const [member, holder] of reserved.holders) {
-    if (!deliveryDead(ownerSince(holder), ctx.clock.now())) {
+    if (supersedes(recording.owner, holder)) {
+      // An earlier receive of this message: taken over at once, once it can record nothing more.
+      if (!fenced) await recording.fence();
+      fenced = true;
+    } else if (!deliveryDead(ownerSince(holder), ctx.clock.now(), ctx.deliveriesDeadBefore)) {
       throw new BusyError(`request ${recording.base.id} is being placed by another delivery; retrying later`);
     }
     if (!(await ctx.store.takeOverReservation(key, member, holder, recording.owner))) {
@@ -332,7 +411,8 @@ function placedRequest(
   });
   const state = nodes.every((n) => n.state === 'ready') ? 'fulfilled' : 'pending';
   assertTransition('request', base.state, state);
-  return { ...base, state, poolKey: pool.key, nodes, updatedAt: now, version: base.version + 1 };
+  const { placer: _placed, ...rest } = base; // placed: no delivery places it any more
+  return { ...rest, state, poolKey: pool.key, nodes, updatedAt: now, version: base.version + 1 };
 }
 
 /** Takes this delivery's reservations back, except for nodes the stored request holds live in this pool. */
@@ -414,8 +494,9 @@ export async function failRequest(
   const r = await ctx.store.getRequest(requestId);
   if (r?.state !== 'requested' || r.bodyHash !== bodyHash) return r;
   assertTransition('request', r.state, 'failed');
+  const { placer: _ended, ...rest } = r;
   const next: RequestRecord = {
-    ...r,
+    ...rest,
     state: 'failed',
     reason,
     nodes: r.nodes.map((n) => ({ ...n, state: 'failed', reason })),
