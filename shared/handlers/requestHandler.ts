@@ -65,7 +65,9 @@ export const DEAD_LETTERED_REASON =
  * The request function on its own dead-letter queue. A message lands there when its last delivery
  * failed without a word (a crash, a timeout), so the request would stay waiting forever: a request is
  * ended as failed with DEAD_LETTERED_REASON (unless it was placed or ended meanwhile), a release is tried
- * once more. What fails here stays in the dead-letter queue and comes back (its alarm shows it).
+ * once more, and a body that is no valid message is recorded under its request id (if any) with the
+ * reason, as its first delivery should have. What fails here stays in the dead-letter queue and comes
+ * back (its alarm shows it); what it records is bounded, so no message fails here for its size.
  */
 export function makeDeadLetterHandler(context: Context): SqsBatchHandler {
   const recordHandler = async (record: SQSRecord, ctx: Context): Promise<void> => {
