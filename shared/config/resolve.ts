@@ -403,7 +403,8 @@ export function resolveConfig(file: ConfigFile): ResolvedConfig {
             minRetentionTime: label['min-retention-time'],
             maxAge: maxAge === undefined || maxAge === 0 ? undefined : maxAge,
             hostKeyChecking: label['host-key-checking'] ?? poolHostKeyChecking,
-            requestTimeout: label['request-timeout'] ?? pool['request-timeout'] ?? provider['request-timeout'],
+            requestTimeout:
+              label['request-timeout'] ?? pool['request-timeout'] ?? provider['request-timeout'],
           });
           metastaticLabelNames.add(label.name);
         }

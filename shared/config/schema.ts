@@ -83,7 +83,9 @@ export const metastaticLabelSchema = z.strictObject(
     'host-key-checking': bool()
       .optional()
       .describe("Scan the backing node's SSH host keys at each slot allocation. Default: the pool's value."),
-    'request-timeout': requestTimeout().optional().describe(`${REQUEST_TIMEOUT_HELP} Default: the pool's value.`),
+    'request-timeout': requestTimeout()
+      .optional()
+      .describe(`${REQUEST_TIMEOUT_HELP} Default: the pool's value.`),
   },
   { error: MAPPING },
 );
