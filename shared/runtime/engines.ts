@@ -8,7 +8,7 @@ import {
 } from '@aws-sdk/client-dynamodb';
 import { CreateQueueCommand, GetQueueAttributesCommand, type SQSClient } from '@aws-sdk/client-sqs';
 import dynalite from 'dynalite';
-import { startFauxqs } from 'fauxqs';
+import { buildApp } from 'fauxqs';
 import { tableDefinition } from '../store/table.ts';
 
 /**
@@ -42,10 +42,17 @@ export async function startDynalite(
   };
 }
 
+/**
+ * fauxqs (SQS) on loopback. Its own `startFauxqs` listens on 0.0.0.0 whatever host it is given (1.9.2),
+ * which would let anyone who reaches the machine read, send and delete the pool's messages; so the app is
+ * built here and listens on `host` (127.0.0.1 unless a test says otherwise).
+ */
 export async function startSqsEngine(options: { host?: string; port?: number } = {}): Promise<Engine> {
   const host = options.host ?? '127.0.0.1';
-  const server = await startFauxqs({ port: options.port ?? 0, host, logger: false });
-  return { endpoint: `http://${host}:${server.port}`, close: () => server.stop() };
+  const app = buildApp({ logger: false, host });
+  const address = await app.listen({ port: options.port ?? 0, host });
+  const { port } = new URL(address);
+  return { endpoint: `http://${host}:${port}`, close: () => app.close() };
 }
 
 /** Creates the pool's table unless it exists (a restart on the same state dir keeps it). */
