@@ -7,6 +7,7 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { formatConfigErrors, parseConfig } from '../shared/config/load.ts';
+import { NAME_RULE } from '../shared/config/schema.ts';
 import {
   SpotInterruptionDetailType,
   StateChangeDetailType,
@@ -720,17 +721,17 @@ const CONFIGS: readonly ConfigCase[] = [
   {
     name: 'wrong type',
     yaml: configWith('            max-parallel-jobs: two\n'),
-    errors: `${L}:15:32: ${LABEL}.max-parallel-jobs: max-parallel-jobs: expected an integer >= 1, got "two"`,
+    errors: `${L}:15:32: ${LABEL}.max-parallel-jobs: max-parallel-jobs: expected an integer >= 1 and <= 1000, got "two"`,
   },
   {
     name: 'negative grace-time',
     yaml: configWith('            grace-time: -1\n'),
-    errors: `${L}:15:25: ${LABEL}.grace-time: grace-time: expected a number of seconds >= 0, got -1`,
+    errors: `${L}:15:25: ${LABEL}.grace-time: grace-time: expected a number of seconds >= 0 and <= 604800, got -1`,
   },
   {
     name: 'max-parallel-jobs 0',
     yaml: configWith('            max-parallel-jobs: 0\n'),
-    errors: `${L}:15:32: ${LABEL}.max-parallel-jobs: max-parallel-jobs: expected an integer >= 1, got 0`,
+    errors: `${L}:15:32: ${LABEL}.max-parallel-jobs: max-parallel-jobs: expected an integer >= 1 and <= 1000, got 0`,
   },
   {
     name: 'max-age below min-retention-time',
@@ -793,6 +794,34 @@ const CONFIGS: readonly ConfigCase[] = [
     name: 'YAML syntax error: a duplicate key',
     yaml: configWith('            grace-time: 5\n            grace-time: 10\n'),
     errors: `${L}:16:13: YAML syntax error: Map keys must be unique`,
+  },
+  // Issue 10: numbers without a maximum validated and then broke the pool; '#' in names made two labels
+  // share a backing node; a host with a space reached the backing process's command line.
+  {
+    name: 'max-parallel-jobs beyond its maximum (1e9 crashed the second request)',
+    yaml: configWith('            max-parallel-jobs: 1000000000\n'),
+    errors: `${L}:15:32: ${LABEL}.max-parallel-jobs: max-parallel-jobs: expected an integer >= 1 and <= 1000, got 1000000000`,
+  },
+  {
+    name: "boot-delay beyond a day (1e12 overflowed Node's timer)",
+    yaml: configWith().replace(
+      '          - name: large-node\n',
+      '          - name: large-node\n            boot-delay: 1e12\n',
+    ),
+    errors: `${L}:8:25: providers[0].pools[0].labels[0].boot-delay: boot-delay: expected a number of seconds >= 0 and <= 86400, got 1000000000000`,
+  },
+  {
+    name: "'#' in a pool or label name (main + x#y and main#x + y built one index key)",
+    yaml: `${configWith().replace('name: small-node', 'name: x#y')}      - name: main#x\n        labels:\n          - name: y\n            backing-label: large-node\n`,
+    errors: [
+      `${L}:13:19: ${LABEL}.name: name: expected a name of ${NAME_RULE}, got "x#y"`,
+      `${L}:15:15: providers[1].pools[1].name: name: expected a name of ${NAME_RULE}, got "main#x"`,
+    ].join('\n'),
+  },
+  {
+    name: 'a local host with an argument in it',
+    yaml: configWith().replace('    driver: local\n', '    driver: local\n    host: 127.0.0.1 --evil\n'),
+    errors: `${L}:4:11: providers[0].host: host: expected an IPv4 or IPv6 address or a DNS name, got "127.0.0.1 --evil"`,
   },
   {
     name: 'an empty file',
@@ -976,7 +1005,7 @@ describe('bad configurations: every error with its file, line, column and path',
         path: `${LABEL}.grace-time`,
         line: 15,
         column: 25,
-        message: 'grace-time: expected a number of seconds >= 0, got -1',
+        message: 'grace-time: expected a number of seconds >= 0 and <= 604800, got -1',
       },
     ]);
   });

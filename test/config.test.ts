@@ -380,7 +380,7 @@ describe('validation rules', () => {
     });
     expect(problems(result)).toEqual([
       'labels[2].name: duplicate label name "a" (first used at labels[1])',
-      'labels[2].min-ready: min-ready: expected an integer >= 0, got -1',
+      'labels[2].min-ready: min-ready: expected an integer >= 0 and <= 1000, got -1',
     ]);
   });
 });
@@ -450,15 +450,15 @@ describe('field errors', () => {
       ),
     );
     expect(problems(result)).toEqual([
-      'providers[1].launch-timeout: launch-timeout: expected a number of seconds > 0, got 0',
-      'providers[1].launch-retries: launch-retries: expected an integer >= 1, got 0',
-      'providers[1].boot-timeout: boot-timeout: expected a number of seconds > 0, got an empty value',
-      'providers[1].pools[0].priority: priority: expected an integer, got 1.5',
-      'providers[1].pools[0].max-servers: max-servers: expected an integer, got "ten"',
+      'providers[1].launch-timeout: launch-timeout: expected a number of seconds > 0 and <= 86400, got 0',
+      'providers[1].launch-retries: launch-retries: expected an integer >= 1 and <= 20, got 0',
+      'providers[1].boot-timeout: boot-timeout: expected a number of seconds > 0 and <= 86400, got an empty value',
+      'providers[1].pools[0].priority: priority: expected an integer >= -1000000 and <= 1000000, got 1.5',
+      'providers[1].pools[0].max-servers: max-servers: expected an integer <= 1000, got "ten"',
       'providers[1].pools[0].node-attributes: node-attributes: expected a mapping of names to values, got a list',
-      'providers[1].pools[0].labels[0].max-parallel-jobs: max-parallel-jobs: expected an integer >= 1, got 0',
-      'providers[1].pools[0].labels[0].grace-time: grace-time: expected a number of seconds >= 0, got "60"',
-      'providers[1].pools[0].labels[0].min-retention-time: min-retention-time: expected a number of seconds >= 0, got -1',
+      'providers[1].pools[0].labels[0].max-parallel-jobs: max-parallel-jobs: expected an integer >= 1 and <= 1000, got 0',
+      'providers[1].pools[0].labels[0].grace-time: grace-time: expected a number of seconds >= 0 and <= 604800, got "60"',
+      'providers[1].pools[0].labels[0].min-retention-time: min-retention-time: expected a number of seconds >= 0 and <= 604800, got -1',
       'providers[1].pools[0].labels[0].host-key-checking: host-key-checking: expected true or false, got "yes"',
     ]);
   });
@@ -492,8 +492,8 @@ describe('field errors', () => {
       ],
     });
     expect(problems(result)).toEqual([
-      'providers[0].pools[0].max-servers: max-servers: expected an integer >= 1, got 0',
-      'providers[0].pools[0].labels[0].boot-delay: boot-delay: expected a number of seconds >= 0, got -0.5',
+      'providers[0].pools[0].max-servers: max-servers: expected an integer >= 1 and <= 1000, got 0',
+      'providers[0].pools[0].labels[0].boot-delay: boot-delay: expected a number of seconds >= 0 and <= 86400, got -0.5',
     ]);
   });
 
@@ -560,8 +560,8 @@ describe('field errors', () => {
     expect(errors.map((e) => `${e.line}:${e.column} ${e.path}: ${e.message}`)).toEqual([
       '9:19 providers[0].pools[0].labels[0].name: label "large-node" is not listed in the top-level labels',
       '10:13 providers[0].pools[0].labels[0].boot_delay: unknown key "boot_delay"; did you mean "boot-delay"?',
-      '13:21 providers[1].launch-retries: launch-retries: expected an integer >= 1, got 0',
-      '19:32 providers[1].pools[0].labels[0].max-parallel-jobs: max-parallel-jobs: expected an integer >= 1, got 0',
+      '13:21 providers[1].launch-retries: launch-retries: expected an integer >= 1 and <= 20, got 0',
+      '19:32 providers[1].pools[0].labels[0].max-parallel-jobs: max-parallel-jobs: expected an integer >= 1 and <= 1000, got 0',
       '21:22 providers[1].pools[0].labels[0].max-age: max-age: must be 0 (off) or >= min-retention-time (10), got 5',
       '22:11 providers[2].name: duplicate provider name "meta" (first used at providers[1])',
       '23:13 providers[2].driver: driver must be one of metastatic, local, aws, got "nope"',
@@ -571,7 +571,7 @@ describe('field errors', () => {
   it('formats errors one per line as file:line:col: path: message', () => {
     const result = parseObject(withMeta([pool([label('a', { 'max-parallel-jobs': 0 })])]));
     expect(formatConfigErrors(errorsOf(result))).toBe(
-      'test.yaml:15:32: providers[1].pools[0].labels[0].max-parallel-jobs: max-parallel-jobs: expected an integer >= 1, got 0',
+      'test.yaml:15:32: providers[1].pools[0].labels[0].max-parallel-jobs: max-parallel-jobs: expected an integer >= 1 and <= 1000, got 0',
     );
     expect(
       formatConfigErrors([
@@ -744,12 +744,12 @@ describe('the aws driver', () => {
         parseObject(awsConfig({}, { 'volume-size': 0, 'volume-type': 'gp9', 'connection-port': 70000 })),
       ),
     ).toEqual([
-      'providers[0].pools[0].labels[0].volume-size: volume-size: expected an integer >= 1, got 0',
+      'providers[0].pools[0].labels[0].volume-size: volume-size: expected an integer >= 1 and <= 65536, got 0',
       'providers[0].pools[0].labels[0].volume-type: volume-type: expected one of gp3, gp2, io2, io1, st1, sc1, standard, got "gp9"',
       'providers[0].pools[0].labels[0].connection-port: connection-port: expected a port number from 1 to 65535, got 70000',
     ]);
     expect(problems(parseObject(awsConfig({}, { 'volume-size': '100G' })))).toEqual([
-      'providers[0].pools[0].labels[0].volume-size: volume-size: expected an integer >= 1, got "100G"',
+      'providers[0].pools[0].labels[0].volume-size: volume-size: expected an integer >= 1 and <= 65536, got "100G"',
     ]);
     expect(
       problems(
@@ -789,7 +789,7 @@ describe('the aws driver', () => {
       'providers[0].region: missing required key "region"',
       'providers[0].pools[0].subnet-ids: missing required key "subnet-ids" (or "subnet-id")',
       'providers[0].pools[0].subnet: unknown key "subnet"',
-      'providers[0].pools[0].max-servers: max-servers: expected an integer >= 1, got 0',
+      'providers[0].pools[0].max-servers: max-servers: expected an integer >= 1 and <= 1000, got 0',
       'providers[0].pools[0].security-group-id: give either security-group-ids or security-group-id, not both',
       'providers[0].pools[0].labels[0].instance_type: unknown key "instance_type"; did you mean "instance-type"?',
       'providers[0].pools[0].labels[0].tags.metastatic:pool: tag key "metastatic:pool" is reserved (keys starting with "metastatic:" are set by metastatic)',
@@ -812,6 +812,254 @@ describe('the aws driver', () => {
       'providers[0].pools[0].name: missing required key "name"',
       'providers[0].pools[0].labels[0].name: missing required key "name"',
     ]);
+  });
+});
+
+describe('limits (issue 10): every number has a maximum, names and hosts a shape', () => {
+  /**
+   * Every numeric key of every driver at its largest allowed value (max-age and min-retention-time both
+   * at the week, so max-age >= min-retention-time holds).
+   */
+  const biggest = (): Obj => ({
+    labels: [{ name: 'small-node', 'min-ready': 1000 }, { name: 'large-node' }, { name: 'ec2-node' }],
+    providers: [
+      {
+        name: 'local',
+        driver: 'local',
+        host: '127.0.0.1',
+        pools: [{ name: 'main', 'max-servers': 1000, labels: [{ name: 'large-node', 'boot-delay': 86400 }] }],
+      },
+      {
+        name: 'ec2',
+        driver: 'aws',
+        region: 'eu-west-1',
+        pools: [
+          {
+            name: 'spot',
+            'subnet-id': 'subnet-1',
+            'max-servers': 1000,
+            labels: [
+              {
+                name: 'ec2-node',
+                'instance-type': 'm7i.large',
+                'launch-template': { id: 'lt-1', version: 1_000_000 },
+                'connection-port': 65535,
+              },
+            ],
+          },
+        ],
+      },
+      {
+        name: 'meta',
+        driver: 'metastatic',
+        'boot-timeout': 86400,
+        'launch-timeout': 86400,
+        'launch-retries': 20,
+        priority: 1_000_000,
+        'request-timeout': 604800,
+        pools: [
+          {
+            name: 'main',
+            priority: -1_000_000,
+            'max-servers': 1000,
+            'request-timeout': 604800,
+            labels: [
+              label('small-node', {
+                'max-parallel-jobs': 1000,
+                'grace-time': 604800,
+                'min-retention-time': 604800,
+                'max-age': 604800,
+                'request-timeout': 604800,
+              }),
+            ],
+          },
+        ],
+      },
+    ],
+  });
+
+  /** Sets the value at a path like `providers[2].pools[0].priority`. */
+  function setAt(config: Obj, path: string, value: unknown): Obj {
+    const segments = path.split(/\.|\[(\d+)\]/).filter((s) => s !== undefined && s !== '');
+    let at = config as Record<string, unknown>;
+    segments.slice(0, -1).forEach((s) => {
+      at = at[s] as Record<string, unknown>;
+    });
+    at[segments[segments.length - 1] as string] = value;
+    return config;
+  }
+
+  it('accepts every number at its largest allowed value', () => {
+    const config = ok(parseObject(biggest()));
+    const meta = config.metastaticPools[0];
+    expect(meta?.labels.get('small-node')?.maxParallelJobs).toBe(1000);
+    expect(meta?.launchRetries).toBe(20);
+    expect(config.backingPoolByLabel.get('large-node')?.labels.get('large-node')?.options['boot-delay']).toBe(
+      86400,
+    );
+  });
+
+  const L = 'providers[0].pools[0].labels[0]';
+  const A = 'providers[1].pools[0].labels[0]';
+  const M = 'providers[2]';
+  const ML = 'providers[2].pools[0].labels[0]';
+  // [path, a value just too large (or the one that broke the pool), what the error says it expected]
+  const tooLarge: [string, number, string][] = [
+    ['labels[0].min-ready', 1001, 'an integer >= 0 and <= 1000'],
+    ['providers[0].pools[0].max-servers', 1001, 'an integer >= 1 and <= 1000'],
+    [`${L}.boot-delay`, 1e12, 'a number of seconds >= 0 and <= 86400'],
+    [`${L}.boot-delay`, 86400.5, 'a number of seconds >= 0 and <= 86400'],
+    ['providers[1].pools[0].max-servers', 1001, 'an integer >= 1 and <= 1000'],
+    [`${A}.connection-port`, 65536, 'a port number from 1 to 65535'],
+    [`${A}.launch-template.version`, 1_000_001, 'an integer >= 1 and <= 1000000'],
+    [`${M}.boot-timeout`, 86401, 'a number of seconds > 0 and <= 86400'],
+    [`${M}.launch-timeout`, 86401, 'a number of seconds > 0 and <= 86400'],
+    [`${M}.launch-retries`, 21, 'an integer >= 1 and <= 20'],
+    [`${M}.priority`, 1_000_001, 'an integer >= -1000000 and <= 1000000'],
+    [`${M}.request-timeout`, 604801, 'a number of seconds > 0 and <= 604800'],
+    [`${M}.pools[0].priority`, -1_000_001, 'an integer >= -1000000 and <= 1000000'],
+    [`${M}.pools[0].max-servers`, 1001, 'an integer <= 1000'],
+    [`${M}.pools[0].request-timeout`, 604801, 'a number of seconds > 0 and <= 604800'],
+    [`${ML}.max-parallel-jobs`, 1_000_000_000, 'an integer >= 1 and <= 1000'],
+    [`${ML}.max-parallel-jobs`, 1001, 'an integer >= 1 and <= 1000'],
+    [`${ML}.grace-time`, 604801, 'a number of seconds >= 0 and <= 604800'],
+    [`${ML}.min-retention-time`, 604801, 'a number of seconds >= 0 and <= 604800'],
+    [`${ML}.max-age`, 604801, 'a number of seconds >= 0 and <= 604800'],
+    [`${ML}.request-timeout`, 604801, 'a number of seconds > 0 and <= 604800'],
+  ];
+
+  it.each(tooLarge)('refuses %s: %s, naming the YAML path', (path, value, expected) => {
+    const key = path.split('.').pop();
+    expect(problems(parseObject(setAt(biggest(), path, value)))).toEqual([
+      `${path}: ${key}: expected ${expected}, got ${value}`,
+    ]);
+  });
+
+  it('keeps a volume-size within the EBS limits of its volume-type (gp3 when unset)', () => {
+    const aws = (extra: Obj) => ({
+      providers: [
+        {
+          name: 'ec2',
+          driver: 'aws',
+          region: 'eu-west-1',
+          pools: [
+            {
+              name: 'spot',
+              'subnet-id': 'subnet-1',
+              labels: [{ name: 'large-node', 'instance-type': 'm7i.large', 'image-id': 'ami-1', ...extra }],
+            },
+          ],
+        },
+        { name: 'meta', driver: 'metastatic', pools: [pool([label('small-node')])] },
+      ],
+    });
+    const at = 'providers[0].pools[0].labels[0].volume-size';
+    for (const fits of [
+      { 'volume-size': 16384 },
+      { 'volume-size': 16384, 'volume-type': 'gp2' },
+      { 'volume-size': 65536, 'volume-type': 'io2' },
+      { 'volume-size': 125, 'volume-type': 'st1' },
+      { 'volume-size': 1024, 'volume-type': 'standard' },
+    ]) {
+      ok(parseObject(aws(fits)));
+    }
+    expect(problems(parseObject(aws({ 'volume-size': 16385 })))).toEqual([
+      `${at}: volume-size: a gp3 volume is 1 to 16384 GiB, got 16385`,
+    ]);
+    expect(problems(parseObject(aws({ 'volume-size': 65536, 'volume-type': 'io1' })))).toEqual([
+      `${at}: volume-size: a io1 volume is 4 to 16384 GiB, got 65536`,
+    ]);
+    expect(problems(parseObject(aws({ 'volume-size': 1025, 'volume-type': 'standard' })))).toEqual([
+      `${at}: volume-size: a standard volume is 1 to 1024 GiB, got 1025`,
+    ]);
+    expect(problems(parseObject(aws({ 'volume-size': 100, 'volume-type': 'sc1' })))).toEqual([
+      `${at}: volume-size: a sc1 volume is 125 to 16384 GiB, got 100`,
+    ]);
+    expect(problems(parseObject(aws({ 'volume-size': 65537, 'volume-type': 'io2' })))).toEqual([
+      `${at}: volume-size: expected an integer >= 1 and <= 65536, got 65537`,
+    ]);
+  });
+
+  const NAME = 'expected a name of 1-64 characters of A-Z a-z 0-9 . _ - starting with a letter or digit';
+
+  it('refuses the pool and label names that built one index key: main + "x#y" and "main#x" + y', () => {
+    const result = parseObject(
+      withMeta([pool([label('x#y')], {}, 'main'), pool([label('y')], {}, 'main#x')]),
+    );
+    expect(problems(result)).toEqual([
+      `providers[1].pools[0].labels[0].name: name: ${NAME}, got "x#y"`,
+      `providers[1].pools[1].name: name: ${NAME}, got "main#x"`,
+    ]);
+  });
+
+  it('restricts the characters of provider, pool, label and backing-label names', () => {
+    const bad = ['a/b', 'a b', '-a', '.a', '', 'ä', 'a:b', 'x'.repeat(65)];
+    for (const name of bad) {
+      const shown = JSON.stringify(name.length > 40 ? `${name.slice(0, 37)}...` : name);
+      expect(problems(parseObject(withMeta([pool([label(name)])], { name })))).toEqual([
+        `providers[1].name: name: ${NAME}, got ${shown}`,
+        `providers[1].pools[0].labels[0].name: name: ${NAME}, got ${shown}`,
+      ]);
+      expect(
+        problems(parseObject(withMeta([pool([label('small-node', { 'backing-label': name })])]))),
+      ).toEqual([`providers[1].pools[0].labels[0].backing-label: backing-label: ${NAME}, got ${shown}`]);
+    }
+    const result = parseObject({
+      labels: [{ name: 'large#node' }],
+      providers: [
+        {
+          ...localProvider(['large#node'], 'loc#al'),
+          pools: [{ name: 'ma#in', labels: [{ name: 'large#node' }] }],
+        },
+      ],
+    });
+    expect(errorsOf(result).map((e) => e.path)).toEqual([
+      'labels[0].name',
+      'providers[0].name',
+      'providers[0].pools[0].name',
+      'providers[0].pools[0].labels[0].name',
+    ]);
+    // What examples/ and the tests use stays valid, up to 64 characters.
+    const longest = `A${'x'.repeat(62)}9`;
+    ok(parseObject(withMeta([pool([label('small_node.v2-x')], {}, longest)], { name: 'Meta.1' })));
+  });
+
+  it('accepts a local host that is an IPv4 or IPv6 address or a DNS name, and nothing else', () => {
+    const withHost = (host: unknown) => ({
+      providers: [
+        { ...localProvider(), host },
+        { name: 'meta', driver: 'metastatic', pools: [pool([label('small-node')])] },
+      ],
+    });
+    for (const host of [
+      '127.0.0.1',
+      '0.0.0.0',
+      '::1',
+      'fd00::1:2',
+      'localhost',
+      'build-1.example.com',
+      'example.com.',
+    ]) {
+      expect(ok(parseObject(withHost(host))).backingPools[0]?.providerOptions.host).toBe(host);
+    }
+    for (const host of [
+      '127.0.0.1 --evil',
+      '--evil',
+      '-h',
+      '999.1.1.1',
+      '1234',
+      'a b',
+      'a_b.example',
+      '[::1]',
+      'host:22',
+      '',
+      'x'.repeat(64),
+    ]) {
+      const shown = JSON.stringify(host.length > 40 ? `${host.slice(0, 37)}...` : host);
+      expect(problems(parseObject(withHost(host)))).toEqual([
+        `providers[0].host: host: expected an IPv4 or IPv6 address or a DNS name, got ${shown}`,
+      ]);
+    }
   });
 });
 

@@ -18,7 +18,13 @@ import type {
   MetastaticPool,
   ResolvedConfig,
 } from './model.ts';
-import { type ConfigFile, metastaticLabelSchema } from './schema.ts';
+import {
+  type ConfigFile,
+  type EBS_VOLUME_TYPES,
+  MAX_VOLUME_SIZE,
+  metastaticLabelSchema,
+  NAME_PATTERN,
+} from './schema.ts';
 
 export type PathSegment = string | number;
 
@@ -221,8 +227,15 @@ export function checkConfigRules(data: unknown): PathIssue[] {
       });
     }
 
+    // A backing-label that is not a valid name gets its field error only.
     const backingLabel = asString(label['backing-label']);
-    if (backingLabel === undefined || firstBackingOffer.has(backingLabel)) continue;
+    if (
+      backingLabel === undefined ||
+      !NAME_PATTERN.test(backingLabel) ||
+      firstBackingOffer.has(backingLabel)
+    ) {
+      continue;
+    }
     const metastatic = firstMetastaticOffer.get(backingLabel);
     if (metastatic) {
       issues.push({
@@ -295,6 +308,17 @@ export function checkConfigRules(data: unknown): PathIssue[] {
 
 // ---- driver aws: rules across keys -----------------------------------------------------------------
 
+/** EBS volume sizes in GiB by type, [min, max] (io2: Block Express). */
+export const EBS_VOLUME_SIZES = {
+  gp3: [1, 16_384],
+  gp2: [1, 16_384],
+  io2: [4, 65_536],
+  io1: [4, 16_384],
+  st1: [125, 16_384],
+  sc1: [125, 16_384],
+  standard: [1, 1_024],
+} as const satisfies Record<(typeof EBS_VOLUME_TYPES)[number], readonly [number, number]>;
+
 /** Tag key prefixes that users may not set: AWS reserves `aws:`, metastatic sets its own. */
 export const RESERVED_TAG_PREFIXES = ['aws:', 'metastatic:'] as const;
 
@@ -363,6 +387,25 @@ function checkAwsRules(provider: Record<string, unknown>, providerPath: readonly
             message: `${key} cannot be combined with launch-template (the template defines the root volume)`,
           });
         }
+      }
+      // Per volume type (gp3 when unset); a size outside every type's range is the schema's error, and
+      // with a launch-template the size is an error of its own (above).
+      const size = label['volume-size'];
+      const type = label['volume-type'] ?? 'gp3';
+      const range = EBS_VOLUME_SIZES[type as keyof typeof EBS_VOLUME_SIZES];
+      if (
+        label['launch-template'] === undefined &&
+        range !== undefined &&
+        typeof size === 'number' &&
+        Number.isInteger(size) &&
+        size >= 1 &&
+        size <= MAX_VOLUME_SIZE &&
+        (size < range[0] || size > range[1])
+      ) {
+        issues.push({
+          path: [...labelPath, 'volume-size'],
+          message: `volume-size: a ${type} volume is ${range[0]} to ${range[1]} GiB, got ${size}`,
+        });
       }
       const tags = asRecord(label.tags);
       for (const key of Object.keys(tags ?? {})) {

@@ -12,41 +12,91 @@ import { z } from 'zod';
 export const DRIVERS = ['metastatic', 'local', 'aws'] as const;
 export type Driver = (typeof DRIVERS)[number];
 
+// ---- limits -----------------------------------------------------------------------------------------
+// Every number has a maximum (issue 10): an unbounded value validated, then broke the pool at run time
+// (max-parallel-jobs 1e9 built an array of every free slot, boot-delay 1e12 overflowed Node's timer).
+// Each bound is documented with its reason in the README's "Limits" table.
+
+/** A day, in seconds: launch and boot bounds (a machine not up within a day will not come up). */
+export const MAX_BOOT_SECONDS = 24 * 3600;
+/** A week, in seconds: how long a backing node is kept or a request waits. */
+export const MAX_KEEP_SECONDS = 7 * 24 * 3600;
+/**
+ * Slots per backing node. The free index orders backing nodes by free slots padded to 5 digits
+ * (shared/store/table.ts, ordering breaks above 99,999), and the slot map is one DynamoDB item (400 KB):
+ * 1,000 slots of the longest node ids (131 characters) take ~140 KB.
+ */
+export const MAX_PARALLEL_JOBS = 1000;
+/**
+ * Servers of a pool (and min-ready). A pool's capacity set is one DynamoDB item (400 KB): 1,000 of the
+ * longest node ids with their owner tokens take ~170 KB.
+ */
+export const MAX_SERVERS = 1000;
+/** Launch attempts per node: each may take up to launch-timeout; more only delay the failure. */
+export const MAX_LAUNCH_RETRIES = 20;
+/** Priorities: only their order matters; the bound keeps them plain integers. */
+export const MAX_PRIORITY = 1_000_000;
+/** EC2 keeps at most 10,000 versions of a launch template; version numbers never reach this. */
+export const MAX_TEMPLATE_VERSION = 1_000_000;
+/** EBS: the largest volume of any type (io2 Block Express, 64 TiB); per type in resolve.ts. */
+export const MAX_VOLUME_SIZE = 65_536;
+
+/**
+ * Provider, pool and label names (and backing-label). The table joins them with `/` and `#` into keys
+ * (`FREE#<provider>/<pool>#<label>`), so neither may appear in a name: `main` + `x#y` and `main#x` + `y`
+ * would share a key and so a backing node.
+ */
+export const NAME_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/;
+export const NAME_RULE = '1-64 characters of A-Z a-z 0-9 . _ - starting with a letter or digit';
+
 // ---- leaf builders ----------------------------------------------------------------------------------
 
 const NON_EMPTY_STRING = 'a non-empty string';
 const nonEmptyString = () => z.string({ error: NON_EMPTY_STRING }).min(1, { error: NON_EMPTY_STRING });
 
-const integer = () => z.int({ error: 'an integer' });
+const NAME = `a name of ${NAME_RULE}`;
+const name = () => z.string({ error: NAME }).regex(NAME_PATTERN, { error: NAME });
 
-const intAtLeast = (min: number) => {
-  const phrase = `an integer >= ${min}`;
-  return z.int({ error: phrase }).min(min, { error: phrase });
+const intBetween = (min: number, max: number) => {
+  const phrase = `an integer >= ${min} and <= ${max}`;
+  return z.int({ error: phrase }).min(min, { error: phrase }).max(max, { error: phrase });
 };
+
+const priority = () => intBetween(-MAX_PRIORITY, MAX_PRIORITY);
 
 /** Seconds; fractions allowed. */
-const seconds = () => {
-  const phrase = 'a number of seconds >= 0';
-  return z.number({ error: phrase }).min(0, { error: phrase });
+const seconds = (max: number) => {
+  const phrase = `a number of seconds >= 0 and <= ${max}`;
+  return z.number({ error: phrase }).min(0, { error: phrase }).max(max, { error: phrase });
 };
 
-const positiveSeconds = () => {
-  const phrase = 'a number of seconds > 0';
-  return z.number({ error: phrase }).positive({ error: phrase });
+const positiveSeconds = (max: number) => {
+  const phrase = `a number of seconds > 0 and <= ${max}`;
+  return z.number({ error: phrase }).positive({ error: phrase }).max(max, { error: phrase });
 };
 
 const bool = () => z.boolean({ error: 'true or false' });
 
 /** request-timeout: how long a request may wait to be placed (issue 14 builds on it). */
 export const DEFAULT_REQUEST_TIMEOUT = 3 * 3600;
-export const MAX_REQUEST_TIMEOUT = 7 * 24 * 3600;
-const requestTimeout = () => {
-  const phrase = `a number of seconds > 0 and <= ${MAX_REQUEST_TIMEOUT}`;
-  return z.number({ error: phrase }).positive({ error: phrase }).max(MAX_REQUEST_TIMEOUT, { error: phrase });
-};
+export const MAX_REQUEST_TIMEOUT = MAX_KEEP_SECONDS;
+const requestTimeout = () => positiveSeconds(MAX_REQUEST_TIMEOUT);
 const REQUEST_TIMEOUT_HELP =
   'Seconds a request may wait to be placed (from when it was first recorded); then the reaper ends it failed. ' +
   `Set on the provider, pool or label: the most specific wins. At most ${MAX_REQUEST_TIMEOUT} (7 days).`;
+
+/**
+ * A local provider's host: an IPv4 or IPv6 address or a DNS name. It is passed to each backing process's
+ * command line, so a space or a leading '-' (`127.0.0.1 --evil`) must never get through; a name of digits
+ * and dots only is not an address (999.1.1.1) and not a DNS name either.
+ */
+const DNS_NAME =
+  /^(?![0-9.]+$)(?=.{1,253}\.?$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$/;
+const HOST = 'an IPv4 or IPv6 address or a DNS name';
+const host = () =>
+  z.union([z.ipv4({ error: HOST }), z.ipv6({ error: HOST }), z.string({ error: HOST }).regex(DNS_NAME)], {
+    error: HOST,
+  });
 
 /** One instance, so the JSON Schema defines it once. */
 const jsonValue = z.json();
@@ -63,22 +113,26 @@ const MAPPING = 'a mapping';
 
 export const metastaticLabelSchema = z.strictObject(
   {
-    name: nonEmptyString().describe('The label users request; unique within the pool.'),
-    'backing-label': nonEmptyString().describe(
+    name: name().describe('The label users request; unique within the pool.'),
+    'backing-label': name().describe(
       'The label of a local or aws pool whose nodes (backing nodes) are divided into slots for this label.',
     ),
-    'max-parallel-jobs': intAtLeast(1).default(1).describe('Slots per backing node.'),
-    'grace-time': seconds()
+    'max-parallel-jobs': intBetween(1, MAX_PARALLEL_JOBS)
+      .default(1)
+      .describe(`Slots per backing node; at most ${MAX_PARALLEL_JOBS}.`),
+    'grace-time': seconds(MAX_KEEP_SECONDS)
       .default(60)
-      .describe('Seconds an empty backing node is kept after its last slot was freed.'),
-    'min-retention-time': seconds()
+      .describe('Seconds an empty backing node is kept after its last slot was freed; at most 7 days.'),
+    'min-retention-time': seconds(MAX_KEEP_SECONDS)
       .default(0)
-      .describe('Seconds after its launch before a backing node may be released (minimum billing periods).'),
-    'max-age': seconds()
+      .describe(
+        'Seconds after its launch before a backing node may be released (minimum billing periods); at most 7 days.',
+      ),
+    'max-age': seconds(MAX_KEEP_SECONDS)
       .optional()
       .describe(
         'Seconds after its launch after which a backing node takes no new nodes and goes once empty; ' +
-          'unset or 0 = off. Must be >= min-retention-time.',
+          'unset or 0 = off. Must be >= min-retention-time; at most 7 days.',
       ),
     'host-key-checking': bool()
       .optional()
@@ -92,11 +146,15 @@ export const metastaticLabelSchema = z.strictObject(
 
 export const metastaticPoolSchema = z.strictObject(
   {
-    name: nonEmptyString().describe('Unique within the provider.'),
-    priority: integer().optional().describe("Lower wins. Default: the provider's priority."),
-    'max-servers': integer()
+    name: name().describe('Unique within the provider.'),
+    priority: priority().optional().describe("Lower wins. Default: the provider's priority."),
+    'max-servers': z
+      .int({ error: `an integer <= ${MAX_SERVERS}` })
+      .max(MAX_SERVERS, { error: `an integer <= ${MAX_SERVERS}` })
       .optional()
-      .describe("This pool's metastatic nodes in any state; unset = unlimited; <= 0 disables the pool."),
+      .describe(
+        `This pool's metastatic nodes in any state; unset = unlimited; <= 0 disables the pool; at most ${MAX_SERVERS}.`,
+      ),
     'node-attributes': attributes()
       .default({})
       .describe("Override the backing node's attributes (top-level keys only)."),
@@ -111,21 +169,25 @@ export const metastaticPoolSchema = z.strictObject(
 
 export const metastaticProviderSchema = z.strictObject(
   {
-    name: nonEmptyString().describe('Unique among providers.'),
+    name: name().describe('Unique among providers.'),
     driver: z.literal('metastatic'),
     // Nodepool's documentation says 60, but its code uses 120; we follow the code.
-    'boot-timeout': positiveSeconds()
+    'boot-timeout': positiveSeconds(MAX_BOOT_SECONDS)
       .default(120)
       .describe(
-        'Seconds after the provider reports a backing node running within which its connection port must answer; also bounds each SSH host-key scan.',
+        'Seconds after the provider reports a backing node running within which its connection port must answer; also bounds each SSH host-key scan. At most a day.',
       ),
-    'launch-timeout': positiveSeconds()
+    'launch-timeout': positiveSeconds(MAX_BOOT_SECONDS)
       .default(3600)
-      .describe("Seconds from the start of a node's launch (including its backing node's) to ready."),
-    'launch-retries': intAtLeast(1)
+      .describe(
+        "Seconds from the start of a node's launch (including its backing node's) to ready; at most a day.",
+      ),
+    'launch-retries': intBetween(1, MAX_LAUNCH_RETRIES)
       .default(3)
-      .describe('Total number of launch attempts (not retries after the first).'),
-    priority: integer().default(100).describe('Default priority of the pools (lower wins).'),
+      .describe(
+        `Total number of launch attempts (not retries after the first); at most ${MAX_LAUNCH_RETRIES}.`,
+      ),
+    priority: priority().default(100).describe('Default priority of the pools (lower wins).'),
     'request-timeout': requestTimeout().default(DEFAULT_REQUEST_TIMEOUT).describe(REQUEST_TIMEOUT_HELP),
     pools: nonEmptyList(metastaticPoolSchema, 'pools'),
   },
@@ -136,8 +198,10 @@ export const metastaticProviderSchema = z.strictObject(
 
 export const localLabelSchema = z.strictObject(
   {
-    name: nonEmptyString().describe('A backing label; unique within the pool.'),
-    'boot-delay': seconds().default(0).describe('Seconds before the process accepts connections.'),
+    name: name().describe('A backing label; unique within the pool.'),
+    'boot-delay': seconds(MAX_BOOT_SECONDS)
+      .default(0)
+      .describe('Seconds before the process accepts connections; at most a day.'),
     attributes: attributes().default({}).describe('Attributes the backing node reports.'),
   },
   { error: MAPPING },
@@ -145,10 +209,10 @@ export const localLabelSchema = z.strictObject(
 
 export const localPoolSchema = z.strictObject(
   {
-    name: nonEmptyString().describe('Unique within the provider.'),
-    'max-servers': intAtLeast(1)
+    name: name().describe('Unique within the provider.'),
+    'max-servers': intBetween(1, MAX_SERVERS)
       .optional()
-      .describe('Backing nodes this pool may run at once; unset = unlimited.'),
+      .describe(`Backing nodes this pool may run at once; unset = unlimited; at most ${MAX_SERVERS}.`),
     labels: nonEmptyList(localLabelSchema, 'labels'),
   },
   { error: MAPPING },
@@ -156,9 +220,11 @@ export const localPoolSchema = z.strictObject(
 
 export const localProviderSchema = z.strictObject(
   {
-    name: nonEmptyString().describe('Unique among providers.'),
+    name: name().describe('Unique among providers.'),
     driver: z.literal('local'),
-    host: nonEmptyString().default('127.0.0.1').describe('Address the backing processes listen on.'),
+    host: host()
+      .default('127.0.0.1')
+      .describe('Address the backing processes listen on: an IPv4 or IPv6 address or a DNS name.'),
     pools: nonEmptyList(localPoolSchema, 'pools'),
   },
   { error: MAPPING },
@@ -180,7 +246,9 @@ export const awsLaunchTemplateSchema = z.strictObject(
     id: nonEmptyString().optional().describe('The launch template id (lt-...); give id or name.'),
     name: nonEmptyString().optional().describe('The launch template name; give id or name.'),
     version: z
-      .union([nonEmptyString(), intAtLeast(1)], { error: 'a version number, "$Latest" or "$Default"' })
+      .union([nonEmptyString(), intBetween(1, MAX_TEMPLATE_VERSION)], {
+        error: 'a version number, "$Latest" or "$Default"',
+      })
       .optional()
       .describe('A version number, "$Latest" or "$Default". Default: the default version.'),
   },
@@ -197,7 +265,7 @@ export const awsIamInstanceProfileSchema = z.strictObject(
 
 export const awsLabelSchema = z.strictObject(
   {
-    name: nonEmptyString().describe('A backing label; unique within the pool.'),
+    name: name().describe('A backing label; unique within the pool.'),
     'instance-type': nonEmptyString()
       .optional()
       .describe('The EC2 instance type. Give instance-type or instance-types.'),
@@ -220,7 +288,11 @@ export const awsLabelSchema = z.strictObject(
     'iam-instance-profile': awsIamInstanceProfileSchema
       .optional()
       .describe('The IAM instance profile, by name or by ARN.'),
-    'volume-size': intAtLeast(1).optional().describe("Root volume size in GiB. Default: the image's."),
+    'volume-size': intBetween(1, MAX_VOLUME_SIZE)
+      .optional()
+      .describe(
+        "Root volume size in GiB, within the EBS limits of its volume-type (gp3, gp2, io1, st1, sc1: 16384; io2: 65536; standard: 1024). Default: the image's.",
+      ),
     'volume-type': z
       .enum(EBS_VOLUME_TYPES, { error: `one of ${EBS_VOLUME_TYPES.join(', ')}` })
       .optional()
@@ -251,10 +323,10 @@ export const awsLabelSchema = z.strictObject(
 
 export const awsPoolSchema = z.strictObject(
   {
-    name: nonEmptyString().describe('Unique within the provider.'),
-    'max-servers': intAtLeast(1)
+    name: name().describe('Unique within the provider.'),
+    'max-servers': intBetween(1, MAX_SERVERS)
       .optional()
-      .describe('Backing nodes this pool may run at once; unset = unlimited.'),
+      .describe(`Backing nodes this pool may run at once; unset = unlimited; at most ${MAX_SERVERS}.`),
     'subnet-ids': stringList('subnet ids')
       .optional()
       .describe(
@@ -277,7 +349,7 @@ export const awsPoolSchema = z.strictObject(
 
 export const awsProviderSchema = z.strictObject(
   {
-    name: nonEmptyString().describe('Unique among providers.'),
+    name: name().describe('Unique among providers.'),
     driver: z.literal('aws'),
     region: nonEmptyString().describe('The AWS region, e.g. eu-west-1.'),
     pools: nonEmptyList(awsPoolSchema, 'pools'),
@@ -295,8 +367,10 @@ export const providerSchema = z.discriminatedUnion(
 
 export const topLevelLabelSchema = z.strictObject(
   {
-    name: nonEmptyString(),
-    'min-ready': intAtLeast(0).optional().describe('Nodes of this label to keep ready.'),
+    name: name(),
+    'min-ready': intBetween(0, MAX_SERVERS)
+      .optional()
+      .describe(`Nodes of this label to keep ready; at most ${MAX_SERVERS}.`),
   },
   { error: MAPPING },
 );
