@@ -1010,3 +1010,44 @@ describe('bad configurations: every error with its file, line, column and path',
     ]);
   });
 });
+
+describe('a local host that validates but cannot be listened on', () => {
+  // 192.0.2.1 (TEST-NET-1, RFC 5737) is an address, so it passes the schema, but it is on no interface
+  // here: the backing process fails to listen (EADDRNOTAVAIL) and exits before it is ready. The cause
+  // used to stay in the log, the request ending with "backing resource ... is terminated".
+  const config = `
+providers:
+  - name: local
+    driver: local
+    host: 192.0.2.1
+    pools:
+      - name: main
+        labels:
+          - name: large-node
+  - name: meta
+    driver: metastatic
+    launch-retries: 1
+    pools:
+      - name: main
+        labels:
+          - name: small-node
+            backing-label: large-node
+`;
+  let h: Harness | undefined;
+  afterAll(async () => {
+    await h?.close();
+  });
+
+  it("carries the process's own error into the backing node's and the request's failure reason", async () => {
+    h = await startHarness(config);
+    const store = h.stack.context.store;
+    await h.send(request('unlistenable'));
+    await h.drainRequests();
+    await h.fulfilUntil(async () => (await store.getRequest('unlistenable'))?.state === 'failed');
+    const [backing] = await store.listBacking();
+    const cause =
+      /^backing resource local-[0-9a-f]{16} is terminated: exited before it was ready \(exit code 2\): backing node: server error: listen EADDRNOTAVAIL: address not available 192\.0\.2\.1$/;
+    expect(backing?.reason).toMatch(cause);
+    expect((await store.getRequest('unlistenable'))?.reason).toContain(backing?.reason);
+  });
+});

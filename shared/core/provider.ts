@@ -58,6 +58,12 @@ export interface BackingProvider {
    * Requests then wait instead of spending launch attempts.
    */
   launchBlocked?(poolKey: string, label?: string): string | undefined;
+  /**
+   * Why a resource that ended on its own ended, when the provider knows (a local backing process that
+   * exited before it was ready: its exit code and last error line), for the backing node's failure
+   * reason. Undefined when unknown (EC2's state-change events carry no reason).
+   */
+  endReason?(resourceId: string): string | undefined;
 }
 
 /** Finds the provider adapter for a backing pool, or for a resource named in a state event. */

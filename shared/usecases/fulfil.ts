@@ -67,9 +67,10 @@ export async function handleStateChange(ctx: Context, event: StateChangeEvent): 
     }
     return resourceRunning(ctx, resource);
   }
-  const report = await failBackingNode(ctx, b.id, `backing resource ${resourceId} is ${state}`, {
-    resourceGone: true,
-  });
+  // The provider may know why (a local process's own error, e.g. a host it cannot listen on).
+  const cause = ctx.providers.forResource(resourceId)?.endReason?.(resourceId);
+  const reason = `backing resource ${resourceId} is ${state}${cause ? `: ${cause}` : ''}`;
+  const report = await failBackingNode(ctx, b.id, reason, { resourceGone: true });
   if (!report) return { kind: 'ignored', reason: `backing node ${b.id} is ${b.state}` };
   return { kind: 'failed', backingNodeId: b.id, nodesFailed: report.failed, nodesMoved: report.rehomed };
 }

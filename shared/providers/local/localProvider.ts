@@ -19,6 +19,7 @@ import type { BackingPool } from '../../config/model.ts';
 import type { Clock } from '../../core/clock.ts';
 import { type InstanceState, type StateChangeEvent, stateChangeEvent } from '../../core/events.ts';
 import type { BackingProvider, BackingResource, LaunchSpec } from '../../core/provider.ts';
+import { clip } from '../../core/text.ts';
 
 export const LOCAL_EVENT_SOURCE = 'metastatic.local';
 
@@ -29,6 +30,8 @@ const KILL_WAIT_MS = 5_000;
 const POLL_MS = 50;
 const STDERR_TAIL_CHARS = 4_000;
 const STDOUT_BUFFER_CHARS = 64_000;
+/** Characters of a child's last stderr line carried into a failure reason. */
+const MAX_END_REASON_LINE = 300;
 
 export interface LocalProviderLogger {
   info(msg: string, extra?: object): void;
@@ -212,6 +215,8 @@ export class LocalProvider implements BackingProvider {
    * (backingNodeId, attempt) again returns the ended resource instead of starting a second one.
    */
   private readonly ended = new Map<string, LocalRecord>();
+  /** Why a child exited before it was ready (see endReason). */
+  private readonly endReasons = new Map<string, string>();
   private events: Promise<void> = Promise.resolve();
   private closed = false;
 
@@ -295,6 +300,15 @@ export class LocalProvider implements BackingProvider {
       [...this.children.values()].filter((c) => !c.hasExited).map((c) => this.terminate(c.record.resourceId)),
     );
     await this.flush();
+  }
+
+  /**
+   * Why a child of this instance exited before it was ready: its exit code or signal and the last line
+   * it wrote to stderr (e.g. `backing node: server error: getaddrinfo ENOTFOUND ...` for a host it cannot
+   * listen on), so the cause reaches the backing node's failure reason and not only the log.
+   */
+  endReason(resourceId: string): string | undefined {
+    return this.endReasons.get(resourceId);
   }
 
   /** Resolves once every event emitted so far has been handed to `onEvent`. */
@@ -553,6 +567,12 @@ export class LocalProvider implements BackingProvider {
     this.children.delete(resourceId);
     this.ended.set(resourceId, child.record);
     const wasReady = child.record.state === 'running';
+    if (!wasReady) {
+      const how = signal ? `signal ${signal}` : `exit code ${code}`;
+      const lastLine = child.stderrTail.trim().split('\n').pop()?.trim();
+      const said = lastLine ? `: ${clip(lastLine, MAX_END_REASON_LINE)}` : '';
+      this.endReasons.set(resourceId, `exited before it was ready (${how})${said}`);
+    }
     this.logger.warn(
       `local provider: backing node exited ${wasReady ? 'unexpectedly' : 'before it was ready'}`,
       {
