@@ -1,6 +1,6 @@
 import type { BackingRecord, NodeRecord, RequestRecord } from '../shared/core/records.ts';
 
-/** The JSON shapes the CLI prints with --json: a public API for scripts (documented in the README). */
+/** The JSON shapes the CLI prints with --json: a public API for scripts (documented in docs/cli.md). */
 export function nodeJson(n: NodeRecord) {
   return {
     id: n.id,

@@ -15,7 +15,7 @@ export type Driver = (typeof DRIVERS)[number];
 // ---- limits -----------------------------------------------------------------------------------------
 // Every number has a maximum (issue 10): an unbounded value validated, then broke the pool at run time
 // (max-parallel-jobs 1e9 built an array of every free slot, boot-delay 1e12 overflowed Node's timer).
-// Each bound is documented with its reason in the README's "Limits" table.
+// Each bound is documented with its reason in the "Limits" table of docs/configuration.md.
 
 /** A day, in seconds: launch and boot bounds (a machine not up within a day will not come up). */
 export const MAX_BOOT_SECONDS = 24 * 3600;

@@ -3,7 +3,7 @@ import { requestIdPattern } from './ids.ts';
 import { boundedReason, clip, listSome, quote } from './text.ts';
 
 /**
- * The public message API of the request queue (documented in the README). Strict: unknown keys are
+ * The public message API of the request queue (documented in docs/messages.md). Strict: unknown keys are
  * rejected so a typo never silently changes a request.
  *
  * The limits keep what a message can make the pool store within DynamoDB's 400 KB item: a request's
