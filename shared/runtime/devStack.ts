@@ -1,4 +1,4 @@
-import { mkdir, rename, rm, writeFile } from 'node:fs/promises';
+import { rename, rm, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { DynamoDBClient } from '@aws-sdk/client-dynamodb';
 import { SQSClient } from '@aws-sdk/client-sqs';
@@ -16,6 +16,7 @@ import type { ReapReport } from '../usecases/reap.ts';
 import { type DevInfo, devInfoPath } from './devInfo.ts';
 import { embeddedContext } from './embeddedContext.ts';
 import { type Engine, ensureQueue, ensureTable, startDynalite, startSqsEngine } from './engines.ts';
+import { holdPrivateUmask, makePrivateDir } from './privateState.ts';
 import { SqsPoller } from './sqsPoller.ts';
 
 export interface DevStackOptions {
@@ -66,11 +67,14 @@ export class DevStack {
     },
     private readonly engines: Engine[],
     private readonly options: DevStackOptions,
+    /** Gives back the private umask held while the stack runs (privateState.ts). */
+    private readonly releaseUmask: () => void,
   ) {}
 
   static async start(options: DevStackOptions): Promise<DevStack> {
     const stateDir = resolve(options.stateDir);
-    await mkdir(stateDir, { recursive: true });
+    const releaseUmask = holdPrivateUmask();
+    await makePrivateDir(stateDir);
     const clock = options.clock ?? systemClock;
     const engines: Engine[] = [];
     try {
@@ -128,7 +132,17 @@ export class DevStack {
         pid: process.pid,
         startedAt: new Date(clock.now()).toISOString(),
       };
-      const stack = new DevStack(info, context, dynamodb, sqs, localProvider, handlers, engines, options);
+      const stack = new DevStack(
+        info,
+        context,
+        dynamodb,
+        sqs,
+        localProvider,
+        handlers,
+        engines,
+        options,
+        releaseUmask,
+      );
       if (!options.noPollers) {
         // A previous run may have left backing processes (adopted now) or lost some (kill -9, a
         // reboot): reconcile before serving anything, so no request lands on a dead backing node.
@@ -167,6 +181,7 @@ export class DevStack {
       return stack;
     } catch (err) {
       await Promise.allSettled(engines.map((e) => e.close()));
+      releaseUmask();
       throw err;
     }
   }
@@ -267,5 +282,6 @@ export class DevStack {
     this.sqs.destroy();
     await Promise.allSettled(this.engines.map((e) => e.close()));
     await rm(devInfoPath(this.info.stateDir), { force: true });
+    this.releaseUmask();
   }
 }
