@@ -1,4 +1,5 @@
 import type { Log } from '../shared/usecases/context.ts';
+import { terminalJson, terminalText } from './terminal.ts';
 
 const levels = { debug: 10, info: 20, warn: 30, error: 40 } as const;
 export type Level = keyof typeof levels;
@@ -17,7 +18,7 @@ export function consoleLog(minLevel: Level, json = false): Log {
       for (const [k, v] of Object.entries(fields)) if (v instanceof Error) fields[k] = v.message;
       if (json) {
         process.stderr.write(
-          `${JSON.stringify({ level: level.toUpperCase(), timestamp: new Date().toISOString(), message, ...fields })}\n`,
+          `${terminalJson(JSON.stringify({ level: level.toUpperCase(), timestamp: new Date().toISOString(), message, ...fields }))}\n`,
         );
         return;
       }
@@ -25,7 +26,9 @@ export function consoleLog(minLevel: Level, json = false): Log {
       const rest = Object.entries(fields)
         .map(([k, v]) => `${k}=${typeof v === 'string' ? v : JSON.stringify(v)}`)
         .join(' ');
-      process.stderr.write(`${time} ${level.toUpperCase().padEnd(5)} ${message}${rest ? `  ${rest}` : ''}\n`);
+      process.stderr.write(
+        `${terminalText(`${time} ${level.toUpperCase().padEnd(5)} ${message}${rest ? `  ${rest}` : ''}`)}\n`,
+      );
     };
   return { debug: write('debug'), info: write('info'), warn: write('warn'), error: write('error') };
 }

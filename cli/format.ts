@@ -1,4 +1,5 @@
 import type { BackingRecord, NodeRecord, RequestRecord } from '../shared/core/records.ts';
+import { terminalText } from './terminal.ts';
 
 /** The JSON shapes the CLI prints with --json: a public API for scripts (documented in docs/cli.md). */
 export function nodeJson(n: NodeRecord) {
@@ -50,7 +51,8 @@ export function backingJson(b: BackingRecord) {
 export function table(headers: readonly string[], rows: readonly (readonly unknown[])[]): string {
   const cells = [
     headers,
-    ...rows.map((r) => r.map((c) => (c === undefined || c === null ? '-' : String(c)))),
+    // Escaped per cell, before padding, so a cell's width is what the terminal shows.
+    ...rows.map((r) => r.map((c) => (c === undefined || c === null ? '-' : terminalText(String(c))))),
   ];
   const widths = headers.map((_, i) => Math.max(...cells.map((r) => (r[i] ?? '').length)));
   return cells

@@ -19,6 +19,7 @@ import { connect } from './client.ts';
 import { consoleLog, type Level } from './consoleLog.ts';
 import { CliError } from './errors.ts';
 import { ago, backingJson, nodeJson, requestJson, table } from './format.ts';
+import { terminalJson, terminalText } from './terminal.ts';
 
 const packageRoot = resolve(dirname(fileURLToPath(import.meta.url)), '..');
 const exampleConfig = join(packageRoot, 'examples', 'local.yaml');
@@ -30,8 +31,9 @@ const seconds = (name: string) => (value: string) => {
   return n;
 };
 
-const print = (text: string) => process.stdout.write(`${text}\n`);
-const printJson = (value: unknown) => print(JSON.stringify(value, null, 2));
+const print = (text: string) => process.stdout.write(`${terminalText(text)}\n`);
+const printJson = (value: unknown) =>
+  process.stdout.write(`${terminalJson(JSON.stringify(value, null, 2))}\n`);
 
 const program = new Command()
   .name('metastatic')
@@ -103,7 +105,9 @@ program
         `Try it from another shell:  npx metastatic request ${[...loaded.config.metastaticLabelNames][0] ?? 'LABEL'} --wait`,
         'Ctrl-C stops the pool and every backing process.',
         '',
-      ].join('\n'),
+      ]
+        .map(terminalText)
+        .join('\n'),
     );
     await new Promise<void>((done) => {
       let stopping = false;
@@ -112,7 +116,7 @@ program
         stopping = true;
         process.stderr.write(`\n${signal}: stopping the pool...\n`);
         stack.stop().then(done, (err) => {
-          process.stderr.write(`error while stopping: ${(err as Error).message}\n`);
+          process.stderr.write(terminalText(`error while stopping: ${(err as Error).message}\n`));
           done();
         });
       };
@@ -178,7 +182,7 @@ program
           process.exitCode = 1;
           if (!opts.json)
             process.stderr.write(
-              `request ${id} ${r?.state === 'failed' ? 'failed' : 'not fulfilled'}: ${why}\n`,
+              terminalText(`request ${id} ${r?.state === 'failed' ? 'failed' : 'not fulfilled'}: ${why}\n`),
             );
         }
       } finally {
@@ -304,7 +308,7 @@ program
           ],
         ),
       );
-      for (const e of report.errors) process.stderr.write(`error: ${e}\n`);
+      for (const e of report.errors) process.stderr.write(terminalText(`error: ${e}\n`));
       if (report.errors.length > 0) process.exitCode = 1;
     });
   });
@@ -408,9 +412,10 @@ program
       print(
         `${file}: valid (${c.metastaticPools.length} metastatic pool(s), labels ${[...c.metastaticLabelNames].join(', ')})`,
       );
-      for (const n of c.notices) process.stderr.write(`warning: ${file}: ${n.path}: ${n.message}\n`);
+      for (const n of c.notices)
+        process.stderr.write(terminalText(`warning: ${file}: ${n.path}: ${n.message}\n`));
     } else {
-      process.stderr.write(`${formatConfigErrors(result.errors)}\n`);
+      process.stderr.write(terminalText(`${formatConfigErrors(result.errors)}\n`));
     }
     if (!result.ok) process.exitCode = 1;
   });
@@ -482,11 +487,12 @@ async function waitForRequest(
     if (r && (r.state === 'fulfilled' || r.state === 'failed')) break;
     const status = r ? `${r.state}, ${nodeSummary(r)}` : 'queued';
     if (tty) {
+      // Our own carriage return and erase-line stay; what the status carries is escaped.
       process.stderr.write(
-        `\rwaiting for ${id}: ${status} (${((Date.now() - started) / 1000).toFixed(1)}s)\x1b[K`,
+        `\r${terminalText(`waiting for ${id}: ${status} (${((Date.now() - started) / 1000).toFixed(1)}s)`)}\x1b[K`,
       );
     } else if (status !== shown) {
-      process.stderr.write(`waiting for ${id}: ${status}\n`);
+      process.stderr.write(terminalText(`waiting for ${id}: ${status}\n`));
     }
     shown = status;
     await sleep(100);
@@ -504,10 +510,10 @@ try {
     // --help and --version exit 0; usage errors (already printed by commander) exit 2.
     process.exitCode = err.exitCode === 0 ? 0 : 2;
   } else if (err instanceof CliError) {
-    process.stderr.write(`metastatic: ${err.message}\n`);
+    process.stderr.write(terminalText(`metastatic: ${err.message}\n`));
     process.exitCode = err.exitCode;
   } else {
-    process.stderr.write(`metastatic: ${(err as Error).stack ?? String(err)}\n`);
+    process.stderr.write(terminalText(`metastatic: ${(err as Error).stack ?? String(err)}\n`));
     process.exitCode = 1;
   }
 }
