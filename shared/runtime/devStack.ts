@@ -1,9 +1,10 @@
 import { rename, rm, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { DynamoDBClient } from '@aws-sdk/client-dynamodb';
-import { SQSClient } from '@aws-sdk/client-sqs';
+import { SendMessageCommand, SQSClient } from '@aws-sdk/client-sqs';
 import type { ResolvedConfig } from '../config/model.ts';
 import { type Clock, systemClock } from '../core/clock.ts';
+import type { RequestRecord } from '../core/records.ts';
 import { makeFulfilHandler } from '../handlers/fulfilHandler.ts';
 import { makeReaperHandler } from '../handlers/reaperHandler.ts';
 import { makeDeadLetterHandler, makeRequestHandler } from '../handlers/requestHandler.ts';
@@ -13,6 +14,7 @@ import { reapPartition } from '../store/table.ts';
 import type { Context, Log } from '../usecases/context.ts';
 import { failBackingNode } from '../usecases/failure.ts';
 import type { ReapReport } from '../usecases/reap.ts';
+import { requestMessageOf, waitingRequests } from '../usecases/waiting.ts';
 import { type DevInfo, devInfoPath } from './devInfo.ts';
 import { embeddedContext } from './embeddedContext.ts';
 import { type Engine, ensureQueue, ensureTable, startDynalite, startSqsEngine } from './engines.ts';
@@ -154,6 +156,7 @@ export class DevStack {
         } catch (err) {
           options.log.error('startup reconciliation failed', { error: err as Error });
         }
+        await resendWaiting(context, sqs, requestQueue.url, options.log);
         // A release starts a grace-time: let the reaper know so the backing node goes when it ends.
         const requestAndNudge: typeof handlers.request = async (event) => {
           const response = await handlers.request(event);
@@ -283,5 +286,32 @@ export class DevStack {
     await Promise.allSettled(this.engines.map((e) => e.close()));
     await rm(devInfoPath(this.info.stateDir), { force: true });
     this.releaseUmask();
+  }
+}
+
+/**
+ * The queues live in memory: a request still waiting when the previous run stopped (Ctrl-C, a crash)
+ * lost its message with them, and nothing would ever serve or end it but its request-timeout. Its
+ * message is sent again (the same body: the stored request is continued under its id).
+ */
+async function resendWaiting(ctx: Context, sqs: SQSClient, queueUrl: string, log: Log): Promise<void> {
+  let waiting: RequestRecord[];
+  try {
+    waiting = await waitingRequests(ctx);
+  } catch (err) {
+    log.error('could not list the requests still waiting; they end at their request-timeout', {
+      error: err as Error,
+    });
+    return;
+  }
+  for (const r of waiting) {
+    await sqs.send(
+      new SendMessageCommand({ QueueUrl: queueUrl, MessageBody: JSON.stringify(requestMessageOf(r)) }),
+    );
+  }
+  if (waiting.length > 0) {
+    log.info('requests still waiting from the previous run sent again', {
+      requests: waiting.map((r) => r.id),
+    });
   }
 }
