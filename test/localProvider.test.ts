@@ -369,6 +369,28 @@ describe('LocalProvider', () => {
     expect(isAlive(pid)).toBe(false);
   });
 
+  it('reports an adopted node that dies as terminated, promptly, as it does for its own children (issue 10, defect 3)', async () => {
+    const first = makeProvider();
+    const { resourceId } = await first.provider.launch(spec('bn-adopted-dies'));
+    const pid = await pidOf(first.provider, resourceId);
+    await waitForState(first, resourceId, 'running');
+
+    // A restarted pool: a second provider that did not start the process adopts it from the state file.
+    const second = makeProvider();
+    expect((await second.provider.describe(resourceId))?.state).toBe('running');
+    expect(second.events).toEqual([]);
+
+    process.kill(pid, 'SIGKILL');
+    // Without the watch nothing reports it until someone describes it again (the next reaper run); the
+    // wait's timeout is a hang detector, not a speed check.
+    await vi.waitFor(() => expect(statesOf(second.events, resourceId)).toEqual(['terminated']), {
+      timeout: 10_000,
+      interval: 20,
+    });
+    expect(await second.provider.describe(resourceId)).toMatchObject({ state: 'terminated' });
+    await second.provider.shutdown();
+  });
+
   it('drops a stale record whose process is gone', async () => {
     const h = makeProvider();
     const { resourceId } = await h.provider.launch(spec('bn-stale'));

@@ -28,6 +28,11 @@ const TERMINATE_GRACE_MS = 5_000;
 /** How long to wait for a process to disappear after SIGKILL (it always does; this only bounds a hang). */
 const KILL_WAIT_MS = 5_000;
 const POLL_MS = 50;
+/**
+ * How often the processes adopted from an earlier run are checked: they are not our children, so no
+ * exit event tells us they died; a dead one is reported `terminated` within this long, as a child is at once.
+ */
+export const ADOPTED_WATCH_MS = 500;
 const STDERR_TAIL_CHARS = 4_000;
 const STDOUT_BUFFER_CHARS = 64_000;
 /** Characters of a child's last stderr line carried into a failure reason. */
@@ -215,6 +220,9 @@ export class LocalProvider implements BackingProvider {
    * (backingNodeId, attempt) again returns the ended resource instead of starting a second one.
    */
   private readonly ended = new Map<string, LocalRecord>();
+  /** Processes adopted from an earlier run (alive when last seen), by resource id: watched (watchAdopted). */
+  private readonly adopted = new Map<string, LocalRecord>();
+  private adoptedWatch: NodeJS.Timeout | undefined;
   /** Why a child exited before it was ready (see endReason). */
   private readonly endReasons = new Map<string, string>();
   private events: Promise<void> = Promise.resolve();
@@ -295,6 +303,7 @@ export class LocalProvider implements BackingProvider {
    */
   async shutdown(): Promise<void> {
     this.closed = true;
+    this.stopWatchingAdopted();
     await Promise.allSettled([...this.launches.values()]);
     await Promise.allSettled(
       [...this.children.values()].filter((c) => !c.hasExited).map((c) => this.terminate(c.record.resourceId)),
@@ -356,7 +365,10 @@ export class LocalProvider implements BackingProvider {
   private async liveRecord(resourceId: string): Promise<LocalRecord | undefined> {
     const record = await this.readRecord(resourceId);
     if (!record) return undefined;
-    if (await isAlive(record.pid, resourceId)) return record;
+    if (await isAlive(record.pid, resourceId)) {
+      if (!this.children.has(resourceId) && !this.launches.has(resourceId)) this.watchAdopted(record);
+      return record;
+    }
     // A launch or a child of ours may have (re)written the record meanwhile: only a non-child's is stale.
     if (!this.children.has(resourceId) && !this.launches.has(resourceId)) await this.removeFile(resourceId);
     return undefined;
@@ -605,8 +617,49 @@ export class LocalProvider implements BackingProvider {
     this.logger.info('local provider: backing node terminated', { resourceId });
   }
 
+  /**
+   * Watches a live process this instance did not start (adopted from an earlier run's state file): when
+   * it dies it is reported `terminated`, as a child's exit is, so no node is placed on its dead port
+   * until the next reaper run.
+   */
+  private watchAdopted(record: LocalRecord): void {
+    if (this.closed) return;
+    this.adopted.set(record.resourceId, record);
+    if (this.adoptedWatch) return;
+    this.adoptedWatch = setInterval(() => void this.checkAdopted(), ADOPTED_WATCH_MS);
+    this.adoptedWatch.unref();
+  }
+
+  private stopWatchingAdopted(): void {
+    clearInterval(this.adoptedWatch);
+    this.adoptedWatch = undefined;
+  }
+
+  private checking = false;
+
+  private async checkAdopted(): Promise<void> {
+    if (this.checking) return;
+    this.checking = true;
+    try {
+      for (const [resourceId, record] of this.adopted) {
+        if (this.closed) return;
+        // Our own terminate() reports its end itself.
+        if (this.adoptedStops.has(resourceId) || (await isAlive(record.pid, resourceId))) continue;
+        this.adopted.delete(resourceId);
+        this.ended.set(resourceId, record);
+        this.logger.warn('local provider: adopted backing node exited', { resourceId, pid: record.pid });
+        await this.removeFile(resourceId).catch(() => {});
+        this.emit(resourceId, 'terminated');
+      }
+    } finally {
+      this.checking = false;
+      if (this.adopted.size === 0) this.stopWatchingAdopted();
+    }
+  }
+
   /** Stops a resource known only from its state file (started by an earlier run of the provider). */
   private async stopAdopted(resourceId: string): Promise<void> {
+    this.adopted.delete(resourceId);
     const record = await this.readRecord(resourceId);
     if (!record) return;
     const alive = () => isAlive(record.pid, resourceId);
