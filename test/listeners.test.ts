@@ -2,6 +2,7 @@ import { readdirSync, readFileSync, readlinkSync } from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startDynalite, startSqsEngine } from '../shared/runtime/engines.ts';
 import { type Harness, startHarness } from './support/harness.ts';
+import { smallOnLarge } from './support/pools.ts';
 
 /**
  * What a process listens on, read from /proc: the TCP sockets in LISTEN state whose inodes are among
@@ -90,23 +91,7 @@ describe.runIf(linux)('listening sockets', () => {
   describe('a running embedded pool', () => {
     let h: Harness;
     beforeAll(async () => {
-      h = await startHarness(`
-providers:
-  - name: local
-    driver: local
-    pools:
-      - name: main
-        labels:
-          - name: large
-  - name: meta
-    driver: metastatic
-    pools:
-      - name: main
-        labels:
-          - name: small
-            backing-label: large
-            max-parallel-jobs: 2
-`);
+      h = await startHarness(smallOnLarge());
     });
     afterAll(async () => {
       await h?.close();

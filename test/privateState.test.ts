@@ -6,6 +6,7 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { parseConfigOrThrow } from '../shared/config/load.ts';
 import { DevStack } from '../shared/runtime/devStack.ts';
 import { silentLog } from '../shared/usecases/context.ts';
+import { smallOnLarge } from './support/pools.ts';
 
 /** Every path under `dir` whose mode lets its group or others in, with the mode. */
 async function looseModes(dir: string): Promise<string[]> {
@@ -29,23 +30,7 @@ async function countFiles(dir: string): Promise<number> {
   return n;
 }
 
-const yaml = `
-providers:
-  - name: local
-    driver: local
-    pools:
-      - name: main
-        labels:
-          - name: large
-  - name: meta
-    driver: metastatic
-    pools:
-      - name: main
-        labels:
-          - name: small
-            backing-label: large
-            max-parallel-jobs: 2
-`;
+const yaml = smallOnLarge();
 
 describe.runIf(process.platform !== 'win32')('state files', () => {
   const dirs: string[] = [];

@@ -6,29 +6,10 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { parseConfigOrThrow } from '../shared/config/load.ts';
 import { DevStack } from '../shared/runtime/devStack.ts';
 import { silentLog } from '../shared/usecases/context.ts';
+import { smallOnLarge } from './support/pools.ts';
 
 /** One backing process with one slot: a second request waits for capacity. */
-const config = parseConfigOrThrow(
-  `
-providers:
-  - name: local
-    driver: local
-    pools:
-      - name: main
-        max-servers: 1
-        labels:
-          - name: large
-  - name: meta
-    driver: metastatic
-    pools:
-      - name: main
-        labels:
-          - name: small
-            backing-label: large
-            max-parallel-jobs: 1
-`,
-  'resend.yaml',
-);
+const config = parseConfigOrThrow(smallOnLarge({ maxServers: 1, maxParallelJobs: 1 }), 'resend.yaml');
 
 async function until(what: string, check: () => Promise<boolean>, ms = 45_000): Promise<void> {
   const deadline = Date.now() + ms;

@@ -9,6 +9,7 @@ import { terminalJson, terminalText } from '../cli/terminal.ts';
 import { parseConfigOrThrow } from '../shared/config/load.ts';
 import { DevStack } from '../shared/runtime/devStack.ts';
 import { silentLog } from '../shared/usecases/context.ts';
+import { smallOnLarge } from './support/pools.ts';
 
 const ESC = '\u001b';
 const hostile = [
@@ -66,25 +67,7 @@ describe('the CLI on hostile labels', () => {
   beforeAll(async () => {
     stateDir = await mkdtemp(join(tmpdir(), 'metastatic-terminal-'));
     stack = await DevStack.start({
-      config: parseConfigOrThrow(
-        `
-providers:
-  - name: local
-    driver: local
-    pools:
-      - name: main
-        labels:
-          - name: large
-  - name: meta
-    driver: metastatic
-    pools:
-      - name: main
-        labels:
-          - name: small
-            backing-label: large
-`,
-        'terminal.yaml',
-      ),
+      config: parseConfigOrThrow(smallOnLarge(), 'terminal.yaml'),
       stateDir,
       reaperInterval: 3600,
       log: silentLog,
