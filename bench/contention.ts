@@ -19,9 +19,9 @@ import { compareCandidates, isClaimable, withClaimedSlot } from '../shared/core/
 import { ConflictError } from '../shared/core/errors.ts';
 import { nodeId } from '../shared/core/ids.ts';
 import type { BackingRecord } from '../shared/core/records.ts';
+import { giveBackSlot } from '../shared/usecases/backingNodes.ts';
+import { MAX_CONFLICT_RETRIES } from '../shared/usecases/conflicts.ts';
 import type { Context } from '../shared/usecases/context.ts';
-import { MAX_CONFLICT_RETRIES } from '../shared/usecases/context.ts';
-import { giveBackSlot } from '../shared/usecases/placement.ts';
 import { releaseNode } from '../shared/usecases/release.ts';
 import { requestNodes } from '../shared/usecases/requestNodes.ts';
 import { fmtMs, readyBacking, round, type Summary, summarize, table } from './common.ts';

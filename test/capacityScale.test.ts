@@ -48,15 +48,17 @@ describe('the largest pool: max-servers at its maximum, every place taken', () =
 
   it('fills to max-servers and refuses one more place', { timeout: 120_000 }, async () => {
     for (const d of deliveries) {
-      expect(await store.reserve(set, d.members, max, d.owner)).toEqual({ kind: 'reserved' });
+      expect(await store.capacity.reserve(set, d.members, max, d.owner)).toEqual({ kind: 'reserved' });
     }
-    expect((await store.reservations(set)).size).toBe(max);
-    expect(await store.reserve(set, [longest(max)], max, owner(2_000_000_000, -1))).toEqual({ kind: 'full' });
+    expect((await store.capacity.reservations(set)).size).toBe(max);
+    expect(await store.capacity.reserve(set, [longest(max)], max, owner(2_000_000_000, -1))).toEqual({
+      kind: 'full',
+    });
     // A redelivered reserve of places its owner already holds is still reserved when the set is full.
     const last = deliveries.at(-1) as (typeof deliveries)[number];
-    expect(await store.reserve(set, last.members, max, last.owner)).toEqual({ kind: 'reserved' });
+    expect(await store.capacity.reserve(set, last.members, max, last.owner)).toEqual({ kind: 'reserved' });
     // A concurrent delivery of the same ids is told who holds them, not "full".
-    const held = await store.reserve(set, last.members.slice(0, 2), max, owner(2_000_000_000, -2));
+    const held = await store.capacity.reserve(set, last.members.slice(0, 2), max, owner(2_000_000_000, -2));
     expect(held).toEqual({
       kind: 'held',
       holders: new Map(last.members.slice(0, 2).map((m) => [m, last.owner])),
@@ -65,32 +67,34 @@ describe('the largest pool: max-servers at its maximum, every place taken', () =
 
   it('releases one place and admits exactly one more', async () => {
     const d = deliveries[50] as (typeof deliveries)[number];
-    await store.unreserve(set, [d.members[0] as string]);
+    await store.capacity.unreserve(set, [d.members[0] as string]);
     const late = owner(2_000_000_000, -3);
-    expect(await store.reserve(set, [longest(max), longest(max + 1)], max, late)).toEqual({ kind: 'full' });
-    expect(await store.reserve(set, [longest(max)], max, late)).toEqual({ kind: 'reserved' });
-    expect(await store.reserve(set, [longest(max + 1)], max, late)).toEqual({ kind: 'full' });
-    expect((await store.reservations(set)).size).toBe(max);
+    expect(await store.capacity.reserve(set, [longest(max), longest(max + 1)], max, late)).toEqual({
+      kind: 'full',
+    });
+    expect(await store.capacity.reserve(set, [longest(max)], max, late)).toEqual({ kind: 'reserved' });
+    expect(await store.capacity.reserve(set, [longest(max + 1)], max, late)).toEqual({ kind: 'full' });
+    expect((await store.capacity.reservations(set)).size).toBe(max);
   });
 
   it('takes one place over from its owner only, at the limit', async () => {
     const d = deliveries[60] as (typeof deliveries)[number];
     const m = d.members[3] as string;
     const redelivery = owner(2_000_000_000, 60);
-    expect(await store.takeOverReservation(set, m, d.owner, redelivery)).toBe(true);
-    expect(await store.takeOverReservation(set, m, d.owner, owner(2_000_000_000, -4))).toBe(false);
-    expect((await store.reservations(set)).get(m)).toBe(redelivery);
+    expect(await store.capacity.takeOverReservation(set, m, d.owner, redelivery)).toBe(true);
+    expect(await store.capacity.takeOverReservation(set, m, d.owner, owner(2_000_000_000, -4))).toBe(false);
+    expect((await store.capacity.reservations(set)).get(m)).toBe(redelivery);
     // The earlier delivery, undoing its own work, no longer gives that place back.
-    await store.unreserve(set, [m], d.owner);
-    expect((await store.reservations(set)).get(m)).toBe(redelivery);
+    await store.capacity.unreserve(set, [m], d.owner);
+    expect((await store.capacity.reservations(set)).get(m)).toBe(redelivery);
   });
 
   it("gives back the dead deliveries' places, conditioned on their owner, and nothing else", async () => {
-    const holders = await store.reservations(set);
+    const holders = await store.capacity.reservations(set);
     const dead = [...holders].filter(([, by]) => deliveries.slice(0, 10).some((d) => d.owner === by));
     expect(dead).toHaveLength(100);
-    for (const [m, by] of dead) await store.unreserve(set, [m], by);
-    const after = await store.reservations(set);
+    for (const [m, by] of dead) await store.capacity.unreserve(set, [m], by);
+    const after = await store.capacity.reservations(set);
     expect(after.size).toBe(max - 100);
     for (const [m] of dead) expect(after.has(m)).toBe(false);
     for (const d of deliveries.slice(10)) {
@@ -98,8 +102,10 @@ describe('the largest pool: max-servers at its maximum, every place taken', () =
     }
     // The room they left is usable up to the cap again, and no further.
     const refill = Array.from({ length: 100 }, (_, i) => longest(2 * max + i));
-    expect(await store.reserve(set, refill, max, owner(2_000_000_000, -5))).toEqual({ kind: 'reserved' });
-    expect(await store.reserve(set, [longest(3 * max)], max, owner(2_000_000_000, -6))).toEqual({
+    expect(await store.capacity.reserve(set, refill, max, owner(2_000_000_000, -5))).toEqual({
+      kind: 'reserved',
+    });
+    expect(await store.capacity.reserve(set, [longest(3 * max)], max, owner(2_000_000_000, -6))).toEqual({
       kind: 'full',
     });
   });

@@ -21,7 +21,7 @@ import {
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { FULFIL_MAX_CONCURRENCY } from '../lib/metastaticPool.ts';
 import { DynamoStore } from '../shared/store/dynamoStore.ts';
-import type { ReapReport } from '../shared/usecases/reap.ts';
+import type { ReapReport } from '../shared/usecases/reapReport.ts';
 import { describeWithMoto, MOTO_ACCOUNT, MOTO_CREDENTIALS, type Moto, startMoto } from './support/moto.ts';
 import {
   BundleRunner,

@@ -1,7 +1,6 @@
 import { connect } from 'node:net';
 import { afterEach, describe, expect, it } from 'vitest';
 import { DEAD_LETTERED_REASON } from '../shared/handlers/requestHandler.ts';
-import { keys } from '../shared/store/table.ts';
 import { baseConfig, type Harness, sqsEvent, startHarness } from './support/harness.ts';
 
 let h: Harness | undefined;
@@ -159,7 +158,7 @@ describe('request, fulfil and release flow (dynalite + fauxqs + local processes)
     expect(r?.reason).toMatch(/^no capacity after 2 attempts: .*local\/main is at max-servers \(1\)/);
     const backing = await store.listBacking();
     expect(backing.every((b) => b.used === 0 && Object.keys(b.slotMap).length === 0)).toBe(true);
-    expect([...(await store.members(keys.poolNodes('meta/main')))]).toEqual([]);
+    expect([...(await store.nodePlaces('meta/main')).keys()]).toEqual([]);
   });
 
   it('holds max-servers: a pool at its limit leaves the request waiting', async () => {
@@ -168,7 +167,7 @@ describe('request, fulfil and release flow (dynalite + fauxqs + local processes)
     await h.drainRequests();
     const store = h.stack.context.store;
     expect((await store.getRequest('m3'))?.reason).toMatch(/meta\/main is at max-servers \(2\)/);
-    expect((await store.members(keys.poolNodes('meta/main'))).size).toBe(2);
+    expect((await store.nodePlaces('meta/main')).size).toBe(2);
   });
 
   it('reports how long a request has waited each time it finds no capacity (the CapacityWait metric)', async () => {
@@ -242,7 +241,7 @@ describe('request, fulfil and release flow (dynalite + fauxqs + local processes)
     expect(after?.slotMap).toEqual({});
     expect(after?.lastUsedAt).toBe((before?.lastUsedAt ?? 0) + 5_000);
     expect((await store.getRequest('r'))?.nodes[0]?.state).toBe('released');
-    expect((await store.members(keys.poolNodes('meta/main'))).size).toBe(0);
+    expect((await store.nodePlaces('meta/main')).size).toBe(0);
   });
 
   it('tries pools in priority order and moves on when the first is full', async () => {
@@ -282,7 +281,7 @@ describe('a backing node lost from outside', () => {
     expect(b?.reason).toMatch(/is terminated$/);
     const node = (await store.getRequest('k'))?.nodes[0];
     expect(node).toMatchObject({ state: 'failed', reason: b?.reason });
-    expect((await store.members(keys.poolNodes('meta/main'))).size).toBe(0);
+    expect((await store.nodePlaces('meta/main')).size).toBe(0);
     const report = await h.stack.reapNow();
     expect(report.stopped).toEqual([b?.id]);
     expect((await store.getBacking(b?.id as string))?.state).toBe('stopped');
@@ -309,7 +308,7 @@ describe('redelivery after the fact', () => {
     let [b] = await store.listBacking();
     expect(b?.used).toBe(0);
     expect((await store.getRequest('late'))?.nodes[0]?.state).toBe('released');
-    expect((await store.members(keys.poolNodes('meta/main'))).size).toBe(0);
+    expect((await store.nodePlaces('meta/main')).size).toBe(0);
 
     // Backing node gone: the duplicate is stopped before it launches anything.
     h.clock.advance(1_000);
@@ -320,6 +319,6 @@ describe('redelivery after the fact', () => {
     expect(all).toHaveLength(1);
     [b] = all;
     expect(b?.state).toBe('stopped');
-    expect((await store.members(keys.poolNodes('meta/main'))).size).toBe(0);
+    expect((await store.nodePlaces('meta/main')).size).toBe(0);
   });
 });

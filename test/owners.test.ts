@@ -3,10 +3,10 @@ import { spreadSlot } from '../shared/core/backing.ts';
 import { BusyError } from '../shared/core/errors.ts';
 import { ownerSince, ownerToken, supersedes } from '../shared/core/ids.ts';
 import { Claim } from '../shared/core/records.ts';
+import { CLAIM_TAKEOVER_MS, SLOT_LEASE_MS } from '../shared/core/timing.ts';
 import { makeRequestHandler } from '../shared/handlers/requestHandler.ts';
-import { keys } from '../shared/store/table.ts';
-import { CLAIM_TAKEOVER_MS, type Context, SLOT_LEASE_MS } from '../shared/usecases/context.ts';
-import { giveBackSlot } from '../shared/usecases/placement.ts';
+import { giveBackSlot } from '../shared/usecases/backingNodes.ts';
+import type { Context } from '../shared/usecases/context.ts';
 import { requestNodes } from '../shared/usecases/requestNodes.ts';
 import { crashingStore } from './support/crashingStore.ts';
 import { baseConfig, type Harness, readyNode, sqsEvent, startHarness } from './support/harness.ts';
@@ -186,23 +186,23 @@ describe('deliveries never undo each other', () => {
   it('reports places held by another owner, removes only its own, and hands over a dead one', async () => {
     h = await startHarness(baseConfig({ maxServers: 3 }));
     const store = h.stack.context.store;
-    const key = keys.poolNodes('meta/main');
-    expect(await store.reserve(key, ['r/0', 'r/1'], 3, 'A')).toEqual({ kind: 'reserved' });
-    expect(await store.reserve(key, ['r/0', 'r/1'], 3, 'A')).toEqual({ kind: 'reserved' }); // a retry
-    const held = await store.reserve(key, ['r/0', 'r/1'], 3, 'B');
+    const pool = 'meta/main';
+    expect(await store.reserveNodePlaces(pool, ['r/0', 'r/1'], 3, 'A')).toEqual({ kind: 'reserved' });
+    expect(await store.reserveNodePlaces(pool, ['r/0', 'r/1'], 3, 'A')).toEqual({ kind: 'reserved' }); // a retry
+    const held = await store.reserveNodePlaces(pool, ['r/0', 'r/1'], 3, 'B');
     expect(held.kind === 'held' ? Object.fromEntries(held.holders) : held).toEqual({
       'r/0': 'A',
       'r/1': 'A',
     });
-    expect(await store.reserve(key, ['s/0', 's/1'], 3, 'C')).toEqual({ kind: 'full' });
-    await store.unreserve(key, ['r/0', 'r/1'], 'B'); // not B's: nothing happens
-    expect([...(await store.members(key))].sort()).toEqual(['r/0', 'r/1']);
-    expect(await store.takeOverReservation(key, 'r/0', 'B', 'C')).toBe(false);
-    expect(await store.takeOverReservation(key, 'r/0', 'A', 'C')).toBe(true);
-    await store.unreserve(key, ['r/0', 'r/1'], 'A');
-    expect(Object.fromEntries(await store.reservations(key))).toEqual({ 'r/0': 'C' });
-    await store.unreserve(key, ['r/0']); // a recorded node's release: whoever holds it
-    expect((await store.members(key)).size).toBe(0);
+    expect(await store.reserveNodePlaces(pool, ['s/0', 's/1'], 3, 'C')).toEqual({ kind: 'full' });
+    await store.freeNodePlaces(pool, ['r/0', 'r/1'], 'B'); // not B's: nothing happens
+    expect([...(await store.nodePlaces(pool)).keys()].sort()).toEqual(['r/0', 'r/1']);
+    expect(await store.takeOverNodePlace(pool, 'r/0', 'B', 'C')).toBe(false);
+    expect(await store.takeOverNodePlace(pool, 'r/0', 'A', 'C')).toBe(true);
+    await store.freeNodePlaces(pool, ['r/0', 'r/1'], 'A');
+    expect(Object.fromEntries(await store.nodePlaces(pool))).toEqual({ 'r/0': 'C' });
+    await store.freeNodePlaces(pool, ['r/0']); // a recorded node's release: whoever holds it
+    expect((await store.nodePlaces(pool)).size).toBe(0);
   });
 
   it('has the reaper give back places no live record holds, once the slot lease has passed', async () => {
@@ -212,15 +212,15 @@ describe('deliveries never undo each other', () => {
     const live = await readyBacking(h);
     // A delivery reserved these and died before it wrote the records they were for.
     const dead = ownerToken(h.clock.now());
-    await store.reserve(keys.backingPool('local/main'), ['bn-never-written'], 2, dead);
-    await store.reserve(keys.poolNodes('meta/main'), ['gone/0'], 4, dead);
+    await store.reserveBackingPlace('local/main', 'bn-never-written', 2, dead);
+    await store.reserveNodePlaces('meta/main', ['gone/0'], 4, dead);
     h.clock.advance(SLOT_LEASE_MS - 1_000);
     expect((await h.stack.reapNow()).reclaimedPlaces).toBe(0);
     h.clock.advance(1_000);
     expect((await h.stack.reapNow()).reclaimedPlaces).toBe(2);
     // What live records hold stays, however old.
-    expect([...(await store.members(keys.backingPool('local/main')))]).toEqual([live.id]);
-    expect([...(await store.members(keys.poolNodes('meta/main')))]).toEqual(['live/0']);
+    expect([...(await store.backingPlaces('local/main')).keys()]).toEqual([live.id]);
+    expect([...(await store.nodePlaces('meta/main')).keys()]).toEqual(['live/0']);
   });
 });
 
@@ -249,7 +249,7 @@ describe('a redelivery continues with the claims of the first try (issue 10, def
     const after = await ctx.store.getBacking(read.id);
     expect(after?.used).toBe(2); // base and cut: no second slot
     expect(after?.claims?.[slot as string]?.by).toMatch(/-2$/);
-    const places = await ctx.store.reservations(keys.poolNodes('meta/main'));
+    const places = await ctx.store.nodePlaces('meta/main');
     expect(places.get('cut/0')).toBe(after?.claims?.[slot as string]?.by);
   });
 
@@ -318,7 +318,7 @@ describe('a redelivery continues with the claims of the first try (issue 10, def
     // The process before this one died (kill -9) right after reserving a place and claiming a slot for
     // "resent/0"; its queue died with it. The client sends the request again: a new message.
     const dead = ownerToken(before);
-    await ctx.store.reserve(keys.poolNodes('meta/main'), ['resent/0'], 10, dead);
+    await ctx.store.reserveNodePlaces('meta/main', ['resent/0'], 10, dead);
     await ctx.store.claimSlot(read, 2, 'resent/0', { at: before, by: dead });
     const out = await h.stack.handlers.request(
       sqsEvent([JSON.stringify({ kind: 'request', id: 'resent', labels: ['small-node'] })]),

@@ -1,8 +1,8 @@
 import { afterEach, describe, expect, it } from 'vitest';
 import { spreadSlot, withClaimedSlot } from '../shared/core/backing.ts';
 import { ConflictError } from '../shared/core/errors.ts';
+import { CLAIM_TAKEOVER_MS, SLOT_LEASE_MS } from '../shared/core/timing.ts';
 import { makeRequestHandler } from '../shared/handlers/requestHandler.ts';
-import { CLAIM_TAKEOVER_MS, SLOT_LEASE_MS } from '../shared/usecases/context.ts';
 import { reap } from '../shared/usecases/reap.ts';
 import { crashingStore } from './support/crashingStore.ts';
 import { baseConfig, type Harness, readyNode, sqsEvent, startHarness } from './support/harness.ts';
@@ -48,7 +48,7 @@ describe('reaper (dynalite + local processes, manual clock)', () => {
     await h.send({ kind: 'release', nodeId: 'x/0' });
     await h.drainRequests();
     const store = h.stack.context.store;
-    const [read] = await store.queryReap('IDLE');
+    const [read] = await store.backingInPhase('idle');
     expect(read?.used).toBe(0);
     // An allocation lands between the reaper's read and its write.
     const { next } = withClaimedSlot(read as NonNullable<typeof read>, 'late/0', h.clock.now(), 'late');

@@ -2,10 +2,11 @@ import { CreateTableCommand, DynamoDBClient } from '@aws-sdk/client-dynamodb';
 import { DynamoDBDocumentClient, PutCommand } from '@aws-sdk/lib-dynamodb';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { ConflictError } from '../shared/core/errors.ts';
+import type { BackingPhase } from '../shared/core/poolStore.ts';
 import type { BackingRecord, RequestRecord } from '../shared/core/records.ts';
 import { startDynalite } from '../shared/runtime/engines.ts';
 import { DynamoStore } from '../shared/store/dynamoStore.ts';
-import { backingItem, keys, reapPartition, tableDefinition } from '../shared/store/table.ts';
+import { backingItem, keys, tableDefinition } from '../shared/store/table.ts';
 import { describeWithMoto, MOTO_CREDENTIALS, startMoto } from './support/moto.ts';
 
 /**
@@ -153,8 +154,8 @@ function conformance(start: () => Promise<Engine>): () => void {
         // Fullest first: the index entry was rewritten with the free count after the claim.
         const { items } = await store.findCandidates('meta/main', 'small', 10);
         expect(items.map((b) => [b.id, b.used])).toEqual([['b1', 1]]);
-        expect((await store.queryReap(reapPartition.active)).map((b) => b.id)).toEqual(['b1']);
-        expect(await store.queryReap(reapPartition.idle)).toEqual([]);
+        expect((await store.backingInPhase('active')).map((b) => b.id)).toEqual(['b1']);
+        expect(await store.backingInPhase('idle')).toEqual([]);
       });
 
       it('refuses a claimed slot and answers with the item as it is now', async () => {
@@ -249,19 +250,20 @@ function conformance(start: () => Promise<Engine>): () => void {
         await store.createBacking(backing('going', { state: 'retiring', retiredAt: 10 }));
         await store.createBacking(backing('broken', { state: 'failed', retiredAt: 20 }));
         await store.createBacking(backing('gone', { state: 'stopped', stoppedAt: 30 }));
-        const ids = async (p: string, before?: string) => (await store.queryReap(p, before)).map((b) => b.id);
-        expect(await ids(reapPartition.idle)).toEqual(['idle-1', 'idle-2']);
-        expect(await ids(reapPartition.idle, '000000000002000')).toEqual(['idle-1']);
-        expect(await ids(reapPartition.active)).toEqual(['busy']);
-        expect(await ids(reapPartition.launching)).toEqual(['boot']);
-        expect(await ids(reapPartition.retiring)).toEqual(['going']);
-        expect(await ids(reapPartition.failed)).toEqual(['broken']);
-        // Many items: queryReap follows LastEvaluatedKey (1 MB pages; large items make several).
+        const ids = async (p: BackingPhase, before?: string) =>
+          (await store.backingInPhase(p, before)).map((b) => b.id);
+        expect(await ids('idle')).toEqual(['idle-1', 'idle-2']);
+        expect(await ids('idle', '000000000002000')).toEqual(['idle-1']);
+        expect(await ids('active')).toEqual(['busy']);
+        expect(await ids('launching')).toEqual(['boot']);
+        expect(await ids('retiring')).toEqual(['going']);
+        expect(await ids('failed')).toEqual(['broken']);
+        // Many items: backingInPhase follows LastEvaluatedKey (1 MB pages; large items make several).
         const padding = 'x'.repeat(300_000);
         for (let i = 0; i < 5; i++)
           await putRaw({ ...backingItem(backing(`big-${i}`, { lastUsedAt: 5_000 + i })), padding });
         queries = 0;
-        expect(await ids(reapPartition.idle)).toHaveLength(7);
+        expect(await ids('idle')).toHaveLength(7);
         expect(queries).toBeGreaterThan(1);
       });
 
@@ -306,43 +308,47 @@ function conformance(start: () => Promise<Engine>): () => void {
       const set = keys.poolNodes('meta/main');
 
       it('creates the set with the first reservation and refuses members past the limit', async () => {
-        expect(await store.reserve(set, ['a', 'b'], 3, 'o1')).toEqual({ kind: 'reserved' });
-        expect(await store.reserve(set, ['c', 'd'], 3, 'o2')).toEqual({ kind: 'full' });
-        expect(await store.reserve(set, ['c'], 3, 'o2')).toEqual({ kind: 'reserved' });
-        expect(await store.reserve(set, ['d'], 3, 'o2')).toEqual({ kind: 'full' });
-        expect(Object.fromEntries(await store.reservations(set))).toEqual({ a: 'o1', b: 'o1', c: 'o2' });
+        expect(await store.capacity.reserve(set, ['a', 'b'], 3, 'o1')).toEqual({ kind: 'reserved' });
+        expect(await store.capacity.reserve(set, ['c', 'd'], 3, 'o2')).toEqual({ kind: 'full' });
+        expect(await store.capacity.reserve(set, ['c'], 3, 'o2')).toEqual({ kind: 'reserved' });
+        expect(await store.capacity.reserve(set, ['d'], 3, 'o2')).toEqual({ kind: 'full' });
+        expect(Object.fromEntries(await store.capacity.reservations(set))).toEqual({
+          a: 'o1',
+          b: 'o1',
+          c: 'o2',
+        });
       });
 
       it('counts its own members as reserved, reports members held by others, asks again for the rest', async () => {
-        await store.reserve(set, ['a'], 3, 'o1');
-        expect(await store.reserve(set, ['a'], 1, 'o1')).toEqual({ kind: 'reserved' });
-        expect(await store.reserve(set, ['a', 'b'], 3, 'o2')).toEqual({
+        await store.capacity.reserve(set, ['a'], 3, 'o1');
+        expect(await store.capacity.reserve(set, ['a'], 1, 'o1')).toEqual({ kind: 'reserved' });
+        expect(await store.capacity.reserve(set, ['a', 'b'], 3, 'o2')).toEqual({
           kind: 'held',
           holders: new Map([['a', 'o1']]),
         });
-        expect(await store.reserve(set, ['a', 'b'], 3, 'o1')).toEqual({ kind: 'reserved' });
-        expect(await store.members(set)).toEqual(new Set(['a', 'b']));
+        expect(await store.capacity.reserve(set, ['a', 'b'], 3, 'o1')).toEqual({ kind: 'reserved' });
+        expect(await store.capacity.members(set)).toEqual(new Set(['a', 'b']));
       });
 
       it('gives back only the members an owner holds; without an owner, any', async () => {
-        await store.reserve(set, ['a', 'b'], 5, 'o1');
-        await store.reserve(set, ['c'], 5, 'o2');
-        await store.unreserve(set, ['a', 'c'], 'o1');
-        expect(Object.fromEntries(await store.reservations(set))).toEqual({ b: 'o1', c: 'o2' });
-        await store.unreserve(set, ['c', 'missing']);
-        expect(Object.fromEntries(await store.reservations(set))).toEqual({ b: 'o1' });
+        await store.capacity.reserve(set, ['a', 'b'], 5, 'o1');
+        await store.capacity.reserve(set, ['c'], 5, 'o2');
+        await store.capacity.unreserve(set, ['a', 'c'], 'o1');
+        expect(Object.fromEntries(await store.capacity.reservations(set))).toEqual({ b: 'o1', c: 'o2' });
+        await store.capacity.unreserve(set, ['c', 'missing']);
+        expect(Object.fromEntries(await store.capacity.reservations(set))).toEqual({ b: 'o1' });
         // No set at all: nothing to remove, and no error.
-        await store.unreserve(keys.poolNodes('other'), ['a']);
-        await store.unreserve(keys.poolNodes('other'), ['a'], 'o1');
-        expect(await store.members(keys.poolNodes('other'))).toEqual(new Set());
+        await store.capacity.unreserve(keys.poolNodes('other'), ['a']);
+        await store.capacity.unreserve(keys.poolNodes('other'), ['a'], 'o1');
+        expect(await store.capacity.members(keys.poolNodes('other'))).toEqual(new Set());
       });
 
       it('takes a reservation over only from its current owner', async () => {
-        await store.reserve(set, ['a'], 5, 'dead');
-        expect(await store.takeOverReservation(set, 'a', 'dead', 'alive')).toBe(true);
-        expect(await store.takeOverReservation(set, 'a', 'dead', 'late')).toBe(false);
-        expect(await store.takeOverReservation(set, 'missing', 'dead', 'alive')).toBe(false);
-        expect(Object.fromEntries(await store.reservations(set))).toEqual({ a: 'alive' });
+        await store.capacity.reserve(set, ['a'], 5, 'dead');
+        expect(await store.capacity.takeOverReservation(set, 'a', 'dead', 'alive')).toBe(true);
+        expect(await store.capacity.takeOverReservation(set, 'a', 'dead', 'late')).toBe(false);
+        expect(await store.capacity.takeOverReservation(set, 'missing', 'dead', 'alive')).toBe(false);
+        expect(Object.fromEntries(await store.capacity.reservations(set))).toEqual({ a: 'alive' });
       });
     });
   };

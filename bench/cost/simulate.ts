@@ -11,7 +11,8 @@ import { DeleteTableCommand } from '@aws-sdk/client-dynamodb';
 import { parseConfigOrThrow } from '../../shared/config/load.ts';
 import { ManualClock } from '../../shared/core/clock.ts';
 import { CapacityError } from '../../shared/core/errors.ts';
-import type { BackingRecord, RequestRecord } from '../../shared/core/records.ts';
+import type { PoolStore } from '../../shared/core/poolStore.ts';
+import type { RequestRecord } from '../../shared/core/records.ts';
 import { ensureTable } from '../../shared/runtime/engines.ts';
 import { DynamoStore } from '../../shared/store/dynamoStore.ts';
 import { type Context, silentLog } from '../../shared/usecases/context.ts';
@@ -106,20 +107,21 @@ export interface BoundResult {
   readonly series: Series;
 }
 
-/** The real store, counting free-index pages that came back full (see PolicyResult). */
-class ObservedStore extends DynamoStore {
-  fullPages = 0;
-
-  override async findCandidates(
-    poolKey: string,
-    label: string,
-    limit: number,
-    cursor?: Record<string, unknown>,
-  ): Promise<{ items: BackingRecord[]; cursor?: Record<string, unknown> }> {
-    const out = await super.findCandidates(poolKey, label, limit, cursor);
-    if (out.cursor) this.fullPages++;
+/**
+ * The real store, wrapped to count free-index pages that came back full (see PolicyResult): every other
+ * call goes to the store untouched.
+ */
+function countingFullPages(store: PoolStore): { store: PoolStore; fullPages: () => number } {
+  let full = 0;
+  const findCandidates: PoolStore['findCandidates'] = async (...args) => {
+    const out = await store.findCandidates(...args);
+    if (out.cursor) full++;
     return out;
-  }
+  };
+  const wrapped = new Proxy(store, {
+    get: (target, prop) => (prop === 'findCandidates' ? findCandidates : Reflect.get(target, prop, target)),
+  });
+  return { store: wrapped, fullPages: () => full };
 }
 
 /** The pool's configuration: one metastatic label per trace label, all on one backing label. */
@@ -201,7 +203,8 @@ async function run(
     bootMs: o.bootS * 1000,
     schedule: (at, resourceId) => queue.push(at - epoch, { kind: 'boot', resourceId }),
   });
-  const store = new ObservedStore(engine.client, tableName);
+  const observed = countingFullPages(new DynamoStore(engine.client, tableName));
+  const store = observed.store;
   const ctx: Context = {
     store,
     config,
@@ -350,7 +353,7 @@ async function run(
     waitS: waitStats(waits),
     warmHits,
     capacityRetries,
-    fullCandidatePages: store.fullPages,
+    fullCandidatePages: observed.fullPages(),
     gap: { idleSeconds: idleMs / 1000, heldBoundSeconds: packedBound(heldDeltas, o.slots).instanceSeconds },
     ...(withSeries ? { backing: stepSeries(backingDeltas), inUse: stepSeries(inUseDeltas) } : {}),
   };

@@ -34,8 +34,15 @@ export class DeadlineError extends RetryableError {}
 /** A bounded wait (a host-key scan) ran out of time without an answer. */
 export class TimeoutError extends MetastaticError {}
 
-/** A conditional write found the item changed since it was read. */
+/** A conditional write found the item changed since it was read, or a step gave up retrying such writes. */
 export class ConflictError extends MetastaticError {}
+
+/**
+ * A version-checked write lost to a concurrent writer: the item changed since it was read. The one
+ * error usecases/conflicts.ts retries (re-read, decide again); a ConflictError of any other kind (a
+ * step that gave up, a resource another backing node records) is not retried by an outer step.
+ */
+export class LostWriteError extends ConflictError {}
 
 /** A state change that the state table does not allow. */
 export class IllegalTransitionError extends MetastaticError {}

@@ -3,15 +3,11 @@ import { CapacityError, PermanentError } from '../core/errors.ts';
 import { nodeId } from '../core/ids.ts';
 import { type ParsedMessage, parseMessage, type RequestMessage } from '../core/messages.ts';
 import { MetricName } from '../core/observability.ts';
+import { requestBodyHash, requestedRecord } from '../core/request.ts';
 import type { Context } from '../usecases/context.ts';
 import { releaseNode } from '../usecases/release.ts';
-import {
-  failRequest,
-  recordFailure,
-  requestBodyHash,
-  requestedRecord,
-  requestNodes,
-} from '../usecases/requestNodes.ts';
+import { requestNodes } from '../usecases/requestNodes.ts';
+import { failRequest, recordFailure } from '../usecases/requests.ts';
 import { makeBatchHandler, type SqsBatchHandler } from './batchHandler.ts';
 
 export interface RequestHandlerOptions {

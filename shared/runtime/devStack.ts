@@ -10,10 +10,9 @@ import { makeReaperHandler } from '../handlers/reaperHandler.ts';
 import { makeDeadLetterHandler, makeRequestHandler } from '../handlers/requestHandler.ts';
 import type { LocalProvider } from '../providers/local/localProvider.ts';
 import { DynamoStore } from '../store/dynamoStore.ts';
-import { reapPartition } from '../store/table.ts';
 import type { Context, Log } from '../usecases/context.ts';
 import { failBackingNode } from '../usecases/failure.ts';
-import type { ReapReport } from '../usecases/reap.ts';
+import type { ReapReport } from '../usecases/reapReport.ts';
 import { requestMessageOf, waitingRequests } from '../usecases/waiting.ts';
 import { type DevInfo, devInfoPath } from './devInfo.ts';
 import { embeddedContext } from './embeddedContext.ts';
@@ -255,9 +254,9 @@ export class DevStack {
     }
     await this.localProvider.flush();
     const live = [
-      ...(await this.context.store.queryReap(reapPartition.idle)),
-      ...(await this.context.store.queryReap(reapPartition.launching)),
-      ...(await this.context.store.queryReap(reapPartition.active)),
+      ...(await this.context.store.backingInPhase('idle')),
+      ...(await this.context.store.backingInPhase('launching')),
+      ...(await this.context.store.backingInPhase('active')),
     ];
     for (const b of live) {
       if (!local.has(b.backingPoolKey)) continue;

@@ -8,44 +8,30 @@ import {
   DynamoDBDocumentClient,
   GetCommand,
   PutCommand,
-  QueryCommand,
-  type QueryCommandInput,
-  ScanCommand,
-  type ScanCommandInput,
   UpdateCommand,
 } from '@aws-sdk/lib-dynamodb';
 import { unmarshall } from '@aws-sdk/util-dynamodb';
-import { ConflictError, ItemTooLargeError } from '../core/errors.ts';
+import { ConflictError, ItemTooLargeError, LostWriteError } from '../core/errors.ts';
+import type {
+  BackingExpectation,
+  BackingPhase,
+  Page,
+  PageCursor,
+  PoolStore,
+  Reservation,
+  SlotClaim,
+} from '../core/poolStore.ts';
 import { BackingRecord, type Claim, RequestRecord } from '../core/records.ts';
-import type { BackingState } from '../core/states.ts';
-import {
-  backingIndexAttributes,
-  backingItem,
-  FREE_INDEX,
-  freePartition,
-  keys,
-  REAP_INDEX,
-  reapPartition,
-  requestItem,
-  resourceItem,
-  waitingSortKey,
-} from './table.ts';
+import { CapacitySets } from './capacitySets.ts';
+import { IndexQueries } from './indexQueries.ts';
+import { backingItem, keys, requestItem, resourceItem } from './table.ts';
+import { backingExpected, claimSlotUpdate, conditions, pointsTo, releaseNodeUpdate } from './writes.ts';
 
 /**
  * The DynamoDB adapter. Every write that could race is conditional, built from the named fragments
  * below; a failed condition becomes a ConflictError (or a domain answer), anything else is re-thrown.
  * No transactions anywhere: each write touches one item.
  */
-const pointsTo = '(attribute_not_exists(pk) OR backingNodeId = :backingNodeId)';
-const conditions = {
-  itemDoesNotExist: 'attribute_not_exists(pk)',
-  versionUnchanged: '#version = :expectedVersion',
-  stateIsOneOf: (n: number) =>
-    `#state IN (${Array.from({ length: n }, (_, i) => `:expectedState${i}`).join(', ')})`,
-  usedIs: '#used = :expectedUsed',
-  roomInMap: '(attribute_not_exists(#owners) OR size(#owners) <= :room)',
-} as const;
-
 /** DynamoDB's answer to a put or update whose item would exceed 400 KB (dynalite answers alike). */
 function isItemTooLarge(err: unknown): boolean {
   return (
@@ -53,20 +39,11 @@ function isItemTooLarge(err: unknown): boolean {
   );
 }
 
-export interface BackingExpectation {
-  readonly version: number;
-  readonly states?: readonly BackingState[];
-  readonly used?: number;
-}
-
-export type Reservation =
-  | { readonly kind: 'reserved' }
-  | { readonly kind: 'full' }
-  /** Some members are held by other owners: a concurrent (or dead) delivery of the same message. */
-  | { readonly kind: 'held'; readonly holders: ReadonlyMap<string, string> };
-
-export class DynamoStore {
+export class DynamoStore implements PoolStore {
   private readonly doc: DynamoDBDocumentClient;
+  /** The capacity sets behind the places in max-servers (also reachable for tests and the bench). */
+  readonly capacity: CapacitySets;
+  private readonly indexes: IndexQueries;
 
   constructor(
     client: DynamoDBClient,
@@ -91,6 +68,8 @@ export class DynamoStore {
       // The document client shares the client's stack: a second store on one client replaces it.
       { step: 'initialize', name: 'metastaticItemTooLarge', override: true },
     );
+    this.capacity = new CapacitySets(this.doc, tableName);
+    this.indexes = new IndexQueries(this.doc, tableName);
   }
 
   // ---- requests -------------------------------------------------------------------------------
@@ -135,7 +114,7 @@ export class DynamoStore {
       );
     } catch (err) {
       if (err instanceof ConditionalCheckFailedException) {
-        throw new ConflictError(`request ${next.id} changed since version ${expectedVersion}`, {
+        throw new LostWriteError(`request ${next.id} changed since version ${expectedVersion}`, {
           cause: err,
         });
       }
@@ -159,25 +138,7 @@ export class DynamoStore {
         new UpdateCommand({
           TableName: this.tableName,
           Key: keys.request(requestId),
-          UpdateExpression: `SET #nodes[${index}].#state = :released, #nodes[${index}].releasedAt = :now, updatedAt = :now ADD #version :one`,
-          // A held node is released only by a forced (operator) release.
-          ConditionExpression: `#nodes[${index}].#state IN (:pending, :ready) AND #rstate IN (:pending, :fulfilled)${
-            force ? '' : ` AND attribute_not_exists(#nodes[${index}].held)`
-          }`,
-          ExpressionAttributeNames: {
-            '#nodes': 'nodes',
-            '#state': 'state',
-            '#rstate': 'state',
-            '#version': 'version',
-          },
-          ExpressionAttributeValues: {
-            ':released': 'released',
-            ':now': now,
-            ':one': 1,
-            ':pending': 'pending',
-            ':ready': 'ready',
-            ':fulfilled': 'fulfilled',
-          },
+          ...releaseNodeUpdate(index, now, force),
           ReturnValues: 'ALL_NEW',
         }),
       );
@@ -227,34 +188,17 @@ export class DynamoStore {
    * still in one of the expected states with the expected number of used slots.
    */
   async putBacking(next: BackingRecord, expect: BackingExpectation): Promise<void> {
-    const parts: string[] = [conditions.versionUnchanged];
-    const names: Record<string, string> = { '#version': 'version' };
-    const values: Record<string, unknown> = { ':expectedVersion': expect.version };
-    if (expect.states) {
-      parts.push(conditions.stateIsOneOf(expect.states.length));
-      names['#state'] = 'state';
-      expect.states.forEach((s, i) => {
-        values[`:expectedState${i}`] = s;
-      });
-    }
-    if (expect.used !== undefined) {
-      parts.push(conditions.usedIs);
-      names['#used'] = 'used';
-      values[':expectedUsed'] = expect.used;
-    }
     try {
       await this.doc.send(
         new PutCommand({
           TableName: this.tableName,
           Item: backingItem(next),
-          ConditionExpression: parts.join(' AND '),
-          ExpressionAttributeNames: names,
-          ExpressionAttributeValues: values,
+          ...backingExpected(expect),
         }),
       );
     } catch (err) {
       if (err instanceof ConditionalCheckFailedException) {
-        throw new ConflictError(`backing node ${next.id} changed since version ${expect.version}`, {
+        throw new LostWriteError(`backing node ${next.id} changed since version ${expect.version}`, {
           cause: err,
         });
       }
@@ -271,66 +215,13 @@ export class DynamoStore {
    * on `used` being what was read. Returns the record after the claim; on a failed condition, the item
    * as it is now (ReturnValuesOnConditionCheckFailure, no extra read) to choose again from.
    */
-  async claimSlot(
-    read: BackingRecord,
-    slot: number,
-    nodeId: string,
-    claim: Claim,
-  ): Promise<{ claimed: true; record: BackingRecord } | { claimed: false; current?: BackingRecord }> {
-    const filling = read.used + 1 >= read.slots;
-    const after = backingIndexAttributes({ ...read, used: read.used + 1 });
-    const names: Record<string, string> = {
-      '#slotMap': 'slotMap',
-      '#claims': 'claims',
-      '#slot': String(slot),
-      '#used': 'used',
-      '#version': 'version',
-      '#state': 'state',
-    };
-    const values: Record<string, unknown> = {
-      ':node': nodeId,
-      ':claim': claim,
-      ':one': 1,
-      ':state': read.state,
-      ':slots': read.slots,
-      ':now': claim.at,
-      ':true': true,
-      ':rpk': after.rpk,
-      ':rsk': after.rsk,
-    };
-    const set = [
-      '#slotMap.#slot = :node',
-      '#claims.#slot = :claim',
-      '#used = #used + :one',
-      '#version = #version + :one',
-      'rpk = :rpk',
-      'rsk = :rsk',
-    ];
-    const condition = [
-      'attribute_not_exists(#slotMap.#slot)',
-      '#state = :state',
-      '#used < :slots',
-      '(attribute_not_exists(drained) OR drained <> :true)',
-      '(attribute_not_exists(noNewNodesAfter) OR noNewNodesAfter > :now)',
-    ];
-    let remove = '';
-    if (filling) {
-      condition.push('#used = :readUsed');
-      values[':readUsed'] = read.used;
-      remove = ' REMOVE fpk, fsk';
-    } else {
-      set.push('fsk = :fsk'); // fullest first, as of this claim (a concurrent one may be newer)
-      values[':fsk'] = after.fsk;
-    }
+  async claimSlot(read: BackingRecord, slot: number, nodeId: string, claim: Claim): Promise<SlotClaim> {
     try {
       const out = await this.doc.send(
         new UpdateCommand({
           TableName: this.tableName,
           Key: keys.backing(read.id),
-          UpdateExpression: `SET ${set.join(', ')}${remove}`,
-          ConditionExpression: condition.join(' AND '),
-          ExpressionAttributeNames: names,
-          ExpressionAttributeValues: values,
+          ...claimSlotUpdate(read, slot, nodeId, claim),
           ReturnValues: 'ALL_NEW',
           ReturnValuesOnConditionCheckFailure: 'ALL_OLD',
         }),
@@ -369,66 +260,21 @@ export class DynamoStore {
       });
   }
 
-  /**
-   * Backing nodes of a pool's label that can take a node, fullest first then oldest: one Query of
-   * `limit` items; pass the returned cursor to read the next page (rarely needed: the first claimable
-   * candidate almost always wins).
-   */
-  async findCandidates(
+  findCandidates(
     poolKey: string,
     label: string,
     limit: number,
-    cursor?: Record<string, unknown>,
-  ): Promise<{ items: BackingRecord[]; cursor?: Record<string, unknown> }> {
-    const out = await this.doc.send(
-      new QueryCommand({
-        TableName: this.tableName,
-        IndexName: FREE_INDEX,
-        KeyConditionExpression: 'fpk = :p',
-        ExpressionAttributeValues: { ':p': freePartition(poolKey, label) },
-        Limit: limit,
-        ExclusiveStartKey: cursor,
-      }),
-    );
-    return { items: (out.Items ?? []).map((i) => BackingRecord.parse(i)), cursor: out.LastEvaluatedKey };
+    cursor?: PageCursor,
+  ): Promise<Page<BackingRecord>> {
+    return this.indexes.findCandidates(poolKey, label, limit, cursor);
   }
 
-  /** Every backing node in a partition of the reap index, optionally only those sorted before `before`. */
-  async queryReap(partition: string, before?: string): Promise<BackingRecord[]> {
-    const input: QueryCommandInput = {
-      TableName: this.tableName,
-      IndexName: REAP_INDEX,
-      KeyConditionExpression: before === undefined ? 'rpk = :p' : 'rpk = :p AND rsk < :b',
-      ExpressionAttributeValues:
-        before === undefined ? { ':p': partition } : { ':p': partition, ':b': before },
-    };
-    const items: BackingRecord[] = [];
-    do {
-      const out = await this.doc.send(new QueryCommand(input));
-      for (const i of out.Items ?? []) items.push(BackingRecord.parse(i));
-      input.ExclusiveStartKey = out.LastEvaluatedKey;
-    } while (input.ExclusiveStartKey);
-    return items;
+  backingInPhase(phase: BackingPhase, before?: string): Promise<BackingRecord[]> {
+    return this.indexes.backingInPhase(phase, before);
   }
 
-  /**
-   * One page of the requests still waiting to be placed (WAITING partition of the reap index) that were
-   * created before `createdBefore` (epoch ms), oldest first; pass the returned cursor for the next page.
-   */
-  async waitingRequests(
-    createdBefore: number,
-    cursor?: Record<string, unknown>,
-  ): Promise<{ items: RequestRecord[]; cursor?: Record<string, unknown> }> {
-    const out = await this.doc.send(
-      new QueryCommand({
-        TableName: this.tableName,
-        IndexName: REAP_INDEX,
-        KeyConditionExpression: 'rpk = :p AND rsk < :b',
-        ExpressionAttributeValues: { ':p': reapPartition.waiting, ':b': waitingSortKey(createdBefore) },
-        ExclusiveStartKey: cursor,
-      }),
-    );
-    return { items: (out.Items ?? []).map((i) => RequestRecord.parse(i)), cursor: out.LastEvaluatedKey };
+  waitingRequests(createdBefore: number, cursor?: PageCursor): Promise<Page<RequestRecord>> {
+    return this.indexes.waitingRequests(createdBefore, cursor);
   }
 
   // ---- resource pointers ------------------------------------------------------------------------
@@ -483,186 +329,62 @@ export class DynamoStore {
     }
   }
 
-  // ---- capacity sets (max-servers) --------------------------------------------------------------
+  // ---- places in max-servers (capacity sets, capacitySets.ts) ---------------------------------------
 
-  /**
-   * Adds members to a capacity set, held by `owner`, if the set stays within `limit`. A capacity set
-   * is a map member -> owner token on one item, so a delivery can tell its own reservations from a
-   * concurrent delivery's of the same ids, and gives back only its own. Members this owner already
-   * holds count as reserved even when the set is full; members another owner holds are reported.
-   */
-  async reserve(
-    key: { pk: string; sk: string },
-    members: readonly string[],
-    limit: number,
+  reserveNodePlaces(
+    poolKey: string,
+    nodeIds: readonly string[],
+    max: number,
     owner: string,
   ): Promise<Reservation> {
-    const names: Record<string, string> = { '#owners': 'owners' };
-    const set: string[] = [];
-    const free: string[] = [];
-    members.forEach((m, i) => {
-      names[`#m${i}`] = m;
-      set.push(`#owners.#m${i} = :owner`);
-      free.push(`attribute_not_exists(#owners.#m${i})`);
-    });
-    const update = new UpdateCommand({
-      TableName: this.tableName,
-      Key: key,
-      UpdateExpression: `SET ${set.join(', ')}`,
-      ConditionExpression: [conditions.roomInMap, ...free].join(' AND '),
-      ExpressionAttributeNames: names,
-      ExpressionAttributeValues: { ':owner': owner, ':room': limit - members.length },
-    });
-    try {
-      await this.sendCreatingMap(key, update);
-      return { kind: 'reserved' };
-    } catch (err) {
-      if (!(err instanceof ConditionalCheckFailedException)) throw err;
-    }
-    const held = await this.reservations(key);
-    const holders = new Map<string, string>();
-    for (const m of members) {
-      const by = held.get(m);
-      if (by !== undefined && by !== owner) holders.set(m, by);
-    }
-    if (holders.size > 0) return { kind: 'held', holders };
-    const missing = members.filter((m) => held.get(m) !== owner);
-    if (missing.length === 0) return { kind: 'reserved' };
-    // Some were ours already (a retry within this delivery): ask again for the rest alone.
-    return missing.length < members.length ? this.reserve(key, missing, limit, owner) : { kind: 'full' };
+    return this.capacity.reserve(keys.poolNodes(poolKey), nodeIds, max, owner);
   }
 
-  /** Hands a reservation over from an owner known to be dead; false when it is no longer theirs. */
-  async takeOverReservation(
-    key: { pk: string; sk: string },
-    member: string,
+  takeOverNodePlace(poolKey: string, nodeId: string, from: string, to: string): Promise<boolean> {
+    return this.capacity.takeOverReservation(keys.poolNodes(poolKey), nodeId, from, to);
+  }
+
+  freeNodePlaces(poolKey: string, nodeIds: readonly string[], owner?: string): Promise<void> {
+    return this.capacity.unreserve(keys.poolNodes(poolKey), nodeIds, owner);
+  }
+
+  nodePlaces(poolKey: string): Promise<Map<string, string>> {
+    return this.capacity.reservations(keys.poolNodes(poolKey));
+  }
+
+  reserveBackingPlace(
+    backingPoolKey: string,
+    backingId: string,
+    max: number,
+    owner: string,
+  ): Promise<Reservation> {
+    return this.capacity.reserve(keys.backingPool(backingPoolKey), [backingId], max, owner);
+  }
+
+  takeOverBackingPlace(
+    backingPoolKey: string,
+    backingId: string,
     from: string,
     to: string,
   ): Promise<boolean> {
-    try {
-      await this.doc.send(
-        new UpdateCommand({
-          TableName: this.tableName,
-          Key: key,
-          UpdateExpression: 'SET #owners.#m = :to',
-          ConditionExpression: '#owners.#m = :from',
-          ExpressionAttributeNames: { '#owners': 'owners', '#m': member },
-          ExpressionAttributeValues: { ':from': from, ':to': to },
-        }),
-      );
-      return true;
-    } catch (err) {
-      if (err instanceof ConditionalCheckFailedException) return false;
-      throw err;
-    }
+    return this.capacity.takeOverReservation(keys.backingPool(backingPoolKey), backingId, from, to);
   }
 
-  /**
-   * Removes members from a capacity set (idempotent). With `owner`, only the members that owner
-   * still holds: a delivery undoing its own work never removes a concurrent delivery's reservation.
-   */
-  async unreserve(
-    key: { pk: string; sk: string },
-    members: readonly string[],
-    owner?: string,
-  ): Promise<void> {
-    if (members.length === 0) return;
-    if (owner === undefined) {
-      const names: Record<string, string> = { '#owners': 'owners' };
-      members.forEach((m, i) => {
-        names[`#m${i}`] = m;
-      });
-      try {
-        await this.doc.send(
-          new UpdateCommand({
-            TableName: this.tableName,
-            Key: key,
-            UpdateExpression: `REMOVE ${members.map((_, i) => `#owners.#m${i}`).join(', ')}`,
-            ConditionExpression: 'attribute_exists(#owners)',
-            ExpressionAttributeNames: names,
-          }),
-        );
-      } catch (err) {
-        if (!(err instanceof ConditionalCheckFailedException)) throw err; // no set: nothing to remove
-      }
-      return;
-    }
-    for (const m of members) {
-      try {
-        await this.doc.send(
-          new UpdateCommand({
-            TableName: this.tableName,
-            Key: key,
-            UpdateExpression: 'REMOVE #owners.#m',
-            ConditionExpression: '#owners.#m = :owner',
-            ExpressionAttributeNames: { '#owners': 'owners', '#m': m },
-            ExpressionAttributeValues: { ':owner': owner },
-          }),
-        );
-      } catch (err) {
-        if (!(err instanceof ConditionalCheckFailedException)) throw err; // not (or no longer) ours
-      }
-    }
+  freeBackingPlace(backingPoolKey: string, backingId: string, owner?: string): Promise<void> {
+    return this.capacity.unreserve(keys.backingPool(backingPoolKey), [backingId], owner);
   }
 
-  /** Who holds each member of a capacity set (member -> owner token). */
-  async reservations(key: { pk: string; sk: string }): Promise<Map<string, string>> {
-    const out = await this.doc.send(
-      new GetCommand({ TableName: this.tableName, Key: key, ConsistentRead: true }),
-    );
-    const owners = out.Item?.owners as Record<string, unknown> | undefined;
-    return new Map(Object.entries(owners ?? {}).map(([m, by]) => [m, String(by)]));
+  backingPlaces(backingPoolKey: string): Promise<Map<string, string>> {
+    return this.capacity.reservations(keys.backingPool(backingPoolKey));
   }
 
-  async members(key: { pk: string; sk: string }): Promise<Set<string>> {
-    return new Set((await this.reservations(key)).keys());
+  // ---- admin listings (a Scan: for operators only, never on a request path) ---------------------
+
+  listRequests(): Promise<RequestRecord[]> {
+    return this.indexes.listRequests();
   }
 
-  /** Sends an update that sets map entries, creating the map first when the item has none yet. */
-  private async sendCreatingMap(key: { pk: string; sk: string }, update: UpdateCommand): Promise<void> {
-    try {
-      await this.doc.send(update);
-      return;
-    } catch (err) {
-      // DynamoDB cannot SET a path inside a map that does not exist yet.
-      if (!(err instanceof Error && err.name === 'ValidationException' && /document path/i.test(err.message)))
-        throw err;
-    }
-    await this.doc.send(
-      new UpdateCommand({
-        TableName: this.tableName,
-        Key: key,
-        UpdateExpression: 'SET #owners = if_not_exists(#owners, :empty)',
-        ExpressionAttributeNames: { '#owners': 'owners' },
-        ExpressionAttributeValues: { ':empty': {} },
-      }),
-    );
-    await this.doc.send(update);
-  }
-
-  // ---- admin listings (Scan is for operators only, never on a request path) -------------------
-
-  async listRequests(): Promise<RequestRecord[]> {
-    return (await this.scanType('request')).map((i) => RequestRecord.parse(i));
-  }
-
-  async listBacking(): Promise<BackingRecord[]> {
-    return (await this.scanType('backing')).map((i) => BackingRecord.parse(i));
-  }
-
-  private async scanType(type: string): Promise<Record<string, unknown>[]> {
-    const input: ScanCommandInput = {
-      TableName: this.tableName,
-      FilterExpression: '#type = :t',
-      ExpressionAttributeNames: { '#type': 'type' },
-      ExpressionAttributeValues: { ':t': type },
-    };
-    const items: Record<string, unknown>[] = [];
-    do {
-      const out = await this.doc.send(new ScanCommand(input));
-      items.push(...(out.Items ?? []));
-      input.ExclusiveStartKey = out.LastEvaluatedKey;
-    } while (input.ExclusiveStartKey);
-    return items;
+  listBacking(): Promise<BackingRecord[]> {
+    return this.indexes.listBacking();
   }
 }

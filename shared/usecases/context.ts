@@ -1,9 +1,9 @@
 import type { ResolvedConfig } from '../config/model.ts';
 import type { Clock } from '../core/clock.ts';
 import type { EventSink, MetricSink, PoolEventType } from '../core/observability.ts';
+import type { PoolStore } from '../core/poolStore.ts';
 import type { ProviderRegistry } from '../core/provider.ts';
-import type { Deadline } from '../core/timing.ts';
-import type { DynamoStore } from '../store/dynamoStore.ts';
+import { CLAIM_TAKEOVER_MS, type Deadline, SLOT_LEASE_MS } from '../core/timing.ts';
 
 /** The structured logger the use cases need (Powertools' Logger satisfies it). */
 export interface Log {
@@ -17,7 +17,7 @@ export const silentLog: Log = { debug() {}, info() {}, warn() {}, error() {} };
 
 /** Everything a use case depends on, injected by the Lambda entry point or the embedded stack. */
 export interface Context {
-  readonly store: DynamoStore;
+  readonly store: PoolStore;
   readonly config: ResolvedConfig;
   readonly providers: ProviderRegistry;
   readonly clock: Clock;
@@ -73,18 +73,6 @@ export async function emit(
   }
 }
 
-import { CLAIM_TAKEOVER_MS, SLOT_LEASE_MS } from '../core/timing.ts';
-
-export {
-  CLAIM_TAKEOVER_MS,
-  DELIVERY_DEADLINE_MS,
-  MIN_CHECK_MS,
-  ORPHAN_GRACE_MS,
-  PORT_PROBE_TIMEOUT_MS,
-  RESOURCE_NOT_FOUND_GRACE_MS,
-  SLOT_LEASE_MS,
-} from '../core/timing.ts';
-
 /**
  * Whether the delivery behind a claim or a max-servers place, which it took (or started) at `since`, is
  * known dead: another delivery of the same message may take the claim over (see CLAIM_TAKEOVER_MS), or
@@ -98,6 +86,3 @@ export function deliveryDead(since: number, now: number, deadBefore?: number): b
 export function leaseExpired(since: number, now: number): boolean {
   return now - since >= SLOT_LEASE_MS;
 }
-
-/** How many times a use case re-reads and retries after losing a conditional write. */
-export const MAX_CONFLICT_RETRIES = 20;

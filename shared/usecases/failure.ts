@@ -1,28 +1,32 @@
-import { claimOf, markFailed } from '../core/backing.ts';
-import { BusyError, CapacityError, ConflictError, LaunchFailedError } from '../core/errors.ts';
+import { claimOf } from '../core/backing.ts';
+import { BusyError, CapacityError, LaunchFailedError } from '../core/errors.ts';
 import { ownerToken, parseNodeId } from '../core/ids.ts';
-import { nodeAttributes } from '../core/pools.ts';
-import type { BackingRecord, NodeRecord, RequestRecord } from '../core/records.ts';
-import { assertTransition } from '../core/states.ts';
-import { boundedReason } from '../core/text.ts';
-import { keys } from '../store/table.ts';
-import {
-  type Context,
-  DELIVERY_DEADLINE_MS,
-  leaseExpired,
-  MAX_CONFLICT_RETRIES,
-  timeLeft,
-} from './context.ts';
-import { markNodesReady } from './fulfil.ts';
-import { giveBackSlot, type Placement, placeNode } from './placement.ts';
-import { requestSettled } from './requestEvents.ts';
+import type { BackingRecord } from '../core/records.ts';
+import { placedNode, withNodes } from '../core/request.ts';
+import { DELIVERY_DEADLINE_MS } from '../core/timing.ts';
+import { type FailBacking, giveBackSlot, markBackingFailed } from './backingNodes.ts';
+import { retryOnConflict } from './conflicts.ts';
+import { type Context, leaseExpired, timeLeft } from './context.ts';
+import { markNodesReady } from './nodesReady.ts';
+import { type Placement, placeNode } from './placement.ts';
+import { failNodes, requestSettled } from './requests.ts';
+
+/**
+ * A backing node that failed, and the nodes on it. This is where the domain recurses: settling a failed
+ * backing node moves its waiting nodes (placeNode, markNodesReady), and placing or readying a node can
+ * find another backing node bad and fail it, which settles that one's nodes in turn. placement.ts and
+ * nodesReady.ts do not import this module: the step is passed to them as `failBadBacking` (FailBacking).
+ * It ends: each step fails a backing node that was live before, and a node moves at most launch-retries
+ * times.
+ */
 
 export interface FailOptions {
-  /** The resource is gone (terminated, reclaimed, killed): its ready nodes fail too. */
+  /**
+   * The resource is gone or going (terminated, spot reclaim, vanished): ready nodes fail too. When
+   * false (a boot or host-key failure of a resource that still runs), ready nodes keep running.
+   */
   readonly resourceGone: boolean;
-  /** Settle the nodes on it now (default); the launch path leaves that to its caller. */
-  readonly handleNodes?: boolean;
-  /** Leave waiting nodes where they are, for the reaper to move later (the pool is shutting down). */
+  /** Leave the nodes waiting on it in place for the reaper to move (the embedded pool is shutting down). */
   readonly deferRehoming?: boolean;
 }
 
@@ -45,28 +49,14 @@ export async function failBackingNode(
   reason: string,
   options: FailOptions,
 ): Promise<SettleReport | undefined> {
-  let failed: BackingRecord | undefined;
-  for (let i = 0; i < MAX_CONFLICT_RETRIES && !failed; i++) {
-    const b = await ctx.store.getBacking(backingId);
-    if (!b) return undefined;
-    if (b.state === 'failed') {
-      failed = b;
-      break;
-    }
-    if (b.state !== 'launching' && b.state !== 'ready') return undefined;
-    const next = markFailed(b, ctx.clock.now(), reason);
-    try {
-      await ctx.store.putBacking(next, { version: b.version, states: ['launching', 'ready'] });
-      failed = next;
-      ctx.log.warn('backing node failed', { backingNodeId: backingId, resourceId: b.resourceId, reason });
-    } catch (err) {
-      if (!(err instanceof ConflictError)) throw err;
-    }
-  }
-  if (!failed) throw new ConflictError(`gave up failing backing node ${backingId}`);
-  if (options.handleNodes === false) return undefined;
+  const failed = await markBackingFailed(ctx, backingId, reason);
+  if (!failed) return undefined;
   return settleFailedNodes(ctx, failed, options.resourceGone, options.deferRehoming);
 }
+
+/** The step placement and readiness take to fail a backing node they found bad (its resource still runs). */
+export const failBadBacking: FailBacking = (ctx, backingId, reason) =>
+  failBackingNode(ctx, backingId, reason, { resourceGone: false });
 
 /** Settles every slot of a failed backing node (see failBackingNode). */
 export async function settleFailedNodes(
@@ -141,7 +131,12 @@ export async function rehomeNode(
   const owner = ownerToken(startedAt);
   let placement: Placement;
   try {
-    placement = await placeNode(ctx, pool, label, n.id, { owner, previousAttempts: attempts });
+    // The recursion (see the top of this module): placing it may fail another backing node.
+    placement = await placeNode(ctx, pool, label, n.id, {
+      owner,
+      previousAttempts: attempts,
+      failBacking: failBadBacking,
+    });
   } catch (err) {
     // No room now, or another re-homing of this node is under way: retried on the reaper's next run.
     if (err instanceof CapacityError || err instanceof BusyError) return 'waiting';
@@ -150,115 +145,38 @@ export async function rehomeNode(
     await failNodes(ctx, requestId, why, () => true);
     return 'failed';
   }
-  for (let i = 0; i < MAX_CONFLICT_RETRIES; i++) {
+  const moved = await retryOnConflict(`moving node ${n.id}`, async () => {
     const current = await ctx.store.getRequest(requestId);
     const node = current?.nodes[index];
     // Our claim may be taken over, or the invocation is about to end: give it back and wait.
     const late = ctx.clock.now() - startedAt > DELIVERY_DEADLINE_MS || timeLeft(ctx) <= 0;
     if (!current || !node || node.state !== 'pending' || node.backingNodeId !== fromBackingId || late) {
-      await giveBackSlot(ctx, placement.backing.id, n.id, { owner }); // someone else moved it first
-      return late ? 'waiting' : 'moved-already';
+      return late ? 'waiting' : 'moved-already'; // someone else moved it first
     }
-    const ready = placement.backing.state === 'ready';
-    const moved: NodeRecord = {
-      ...node,
-      state: ready ? 'ready' : 'pending',
-      backingNodeId: placement.backing.id,
-      slot: placement.slot,
-      attempts: placement.attempt,
-      ...(ready
-        ? {
-            host: placement.backing.host,
-            port: placement.backing.port,
-            attributes: nodeAttributes(placement.backing.attributes, pool.nodeAttributes),
-            hostKeys: placement.hostKeys ?? hostKeysOf(placement.backing),
-            readyAt: ctx.clock.now(),
-          }
-        : {}),
-    };
-    const nodes = current.nodes.map((x, j) => (j === index ? moved : x));
-    const next: RequestRecord = {
-      ...current,
-      nodes,
-      updatedAt: ctx.clock.now(),
-      version: current.version + 1,
-    };
-    if (current.state === 'pending' && nodes.every((x) => x.state === 'ready' || x.state === 'released')) {
-      assertTransition('request', current.state, 'fulfilled');
-      next.state = 'fulfilled';
-    }
-    try {
-      await ctx.store.putRequest(next, current.version);
-    } catch (err) {
-      if (!(err instanceof ConflictError)) throw err;
-      continue;
-    }
-    await giveBackSlot(ctx, fromBackingId, n.id);
-    if (next.state === 'fulfilled') await requestSettled(ctx, next);
-    ctx.log.info('node moved to another backing node', {
-      nodeId: n.id,
-      from: fromBackingId,
-      to: placement.backing.id,
-      attempt: placement.attempt,
-      reason,
-    });
-    if (!ready) {
-      const b = await ctx.store.getBacking(placement.backing.id);
-      if (b?.state === 'ready') await markNodesReady(ctx, b);
-    }
-    return 'rehomed';
+    const now = ctx.clock.now();
+    const nodes = current.nodes.map((x, j) =>
+      j === index ? placedNode(x, placement, pool.nodeAttributes, now) : x,
+    );
+    const next = withNodes(current, nodes, now);
+    await ctx.store.putRequest(next, current.version);
+    return next;
+  });
+  if (typeof moved === 'string') {
+    await giveBackSlot(ctx, placement.backing.id, n.id, { owner });
+    return moved;
   }
-  throw new ConflictError(`gave up moving node ${n.id}`);
-}
-
-/**
- * Fails the matching live nodes of a request, with the reason. A request not yet fulfilled fails as a
- * whole (a node set is all or nothing): all its live nodes fail. Every failed node gives back its slot
- * and its place in the pool's max-servers.
- */
-export async function failNodes(
-  ctx: Context,
-  requestId: string,
-  why: string,
-  which: (n: NodeRecord) => boolean,
-): Promise<void> {
-  const reason = boundedReason(why); // stored on every failing node: keep the item within DynamoDB's limit
-  for (let i = 0; i < MAX_CONFLICT_RETRIES; i++) {
-    const r = await ctx.store.getRequest(requestId);
-    if (!r) return;
-    const wholeRequest = r.state === 'pending' || r.state === 'requested';
-    const live = (n: NodeRecord) => n.state === 'pending' || n.state === 'ready' || n.state === 'requested';
-    const failing = r.nodes.filter((n) => live(n) && (wholeRequest || which(n)));
-    if (failing.length === 0) return;
-    const ids = new Set(failing.map((n) => n.id));
-    const nodes = r.nodes.map((n): NodeRecord => {
-      if (!ids.has(n.id)) return n;
-      assertTransition('node', n.state, 'failed');
-      return { ...n, state: 'failed', reason };
-    });
-    const next: RequestRecord = { ...r, nodes, updatedAt: ctx.clock.now(), version: r.version + 1 };
-    if (wholeRequest) {
-      assertTransition('request', r.state, 'failed');
-      next.state = 'failed';
-      next.reason = reason;
-    }
-    try {
-      await ctx.store.putRequest(next, r.version);
-    } catch (err) {
-      if (!(err instanceof ConflictError)) throw err;
-      continue;
-    }
-    ctx.log.warn(wholeRequest ? 'request failed' : 'node failed', { requestId, nodes: [...ids], reason });
-    if (wholeRequest) await requestSettled(ctx, next);
-    for (const n of failing) if (n.backingNodeId) await giveBackSlot(ctx, n.backingNodeId, n.id);
-    if (r.poolKey) await ctx.store.unreserve(keys.poolNodes(r.poolKey), [...ids]);
-    return;
+  await giveBackSlot(ctx, fromBackingId, n.id);
+  if (moved.state === 'fulfilled') await requestSettled(ctx, moved);
+  ctx.log.info('node moved to another backing node', {
+    nodeId: n.id,
+    from: fromBackingId,
+    to: placement.backing.id,
+    attempt: placement.attempt,
+    reason,
+  });
+  if (placement.backing.state !== 'ready') {
+    const b = await ctx.store.getBacking(placement.backing.id);
+    if (b?.state === 'ready') await markNodesReady(ctx, b, failBadBacking);
   }
-  throw new ConflictError(`gave up failing nodes of request ${requestId}`);
-}
-
-/** The backing node's own host keys, which a node takes when host-key-checking is off. */
-export function hostKeysOf(b: BackingRecord): string[] | undefined {
-  const keys = b.attributes?.hostKeys;
-  return Array.isArray(keys) && keys.every((k) => typeof k === 'string') ? (keys as string[]) : undefined;
+  return 'rehomed';
 }

@@ -1,17 +1,15 @@
 import { markReady } from '../core/backing.ts';
-import { ConflictError, DeadlineError, RetryableError } from '../core/errors.ts';
+import { DeadlineError, RetryableError } from '../core/errors.ts';
 import type { StateChangeEvent } from '../core/events.ts';
-import { parseNodeId } from '../core/ids.ts';
 import { MetricName } from '../core/observability.ts';
-import { nodeAttributes } from '../core/pools.ts';
 import type { BackingProvider, BackingResource } from '../core/provider.ts';
 import { notFoundIsFinal } from '../core/reaper.ts';
-import type { BackingRecord, NodeRecord, RequestRecord } from '../core/records.ts';
-import { assertTransition } from '../core/states.ts';
-import { type Context, MAX_CONFLICT_RETRIES, PORT_PROBE_TIMEOUT_MS, timeLeft } from './context.ts';
-import { failBackingNode, hostKeysOf } from './failure.ts';
-import { scanKeys } from './placement.ts';
-import { requestSettled } from './requestEvents.ts';
+import type { BackingRecord } from '../core/records.ts';
+import { PORT_PROBE_TIMEOUT_MS } from '../core/timing.ts';
+import { retryOnConflict, unlessConflict } from './conflicts.ts';
+import { type Context, timeLeft } from './context.ts';
+import { failBackingNode, failBadBacking } from './failure.ts';
+import { markNodesReady } from './nodesReady.ts';
 
 export type FulfilOutcome =
   | { readonly kind: 'ignored'; readonly reason: string }
@@ -45,7 +43,7 @@ export async function handleStateChange(ctx: Context, event: StateChangeEvent): 
   if (state === 'running') {
     if (b.state === 'ready') {
       // A duplicate (or the reaper was first): nothing to learn from EC2, only nodes to settle.
-      return { kind: 'ready', backingNodeId: b.id, nodesReady: await markNodesReady(ctx, b) };
+      return { kind: 'ready', backingNodeId: b.id, nodesReady: await markNodesReady(ctx, b, failBadBacking) };
     }
     if (b.state !== 'launching') return { kind: 'ignored', reason: `backing node ${b.id} is ${b.state}` };
     let provider: BackingProvider;
@@ -125,7 +123,7 @@ export async function resourceRunning(ctx: Context, resource: BackingResource): 
   const b = await ctx.store.getBacking(resource.backingNodeId);
   if (!b) return { kind: 'ignored', reason: `no backing node ${resource.backingNodeId}` };
   if (b.state === 'ready') {
-    return { kind: 'ready', backingNodeId: b.id, nodesReady: await markNodesReady(ctx, b) };
+    return { kind: 'ready', backingNodeId: b.id, nodesReady: await markNodesReady(ctx, b, failBadBacking) };
   }
   if (b.state !== 'launching') return { kind: 'ignored', reason: `backing node ${b.id} is ${b.state}` };
   if (b.resourceId !== undefined && b.resourceId !== resource.resourceId) {
@@ -170,19 +168,20 @@ export async function resourceRunning(ctx: Context, resource: BackingResource): 
   });
   if (!backing)
     return { kind: 'ignored', reason: `no launching backing node for resource ${resource.resourceId}` };
-  return { kind: 'ready', backingNodeId: backing.id, nodesReady: await markNodesReady(ctx, backing) };
+  return {
+    kind: 'ready',
+    backingNodeId: backing.id,
+    nodesReady: await markNodesReady(ctx, backing, failBadBacking),
+  };
 }
 
 /** Records when the provider first reported the machine running (boot-timeout counts from here). */
 async function stampRunning(ctx: Context, b: BackingRecord): Promise<number> {
   const now = ctx.clock.now();
-  try {
-    await ctx.store.putBacking({ ...b, runningAt: now, version: b.version + 1 }, { version: b.version });
-    return now;
-  } catch (err) {
-    if (!(err instanceof ConflictError)) throw err;
-    return (await ctx.store.getBacking(b.id))?.runningAt ?? now;
-  }
+  const stamped = await unlessConflict(() =>
+    ctx.store.putBacking({ ...b, runningAt: now, version: b.version + 1 }, { version: b.version }),
+  );
+  return stamped ? now : ((await ctx.store.getBacking(b.id))?.runningAt ?? now);
 }
 
 async function backingReady(
@@ -191,127 +190,21 @@ async function backingReady(
   resourceId: string,
   details: { host?: string; port?: number; attributes: Record<string, unknown> },
 ): Promise<BackingRecord | undefined> {
-  for (let i = 0; i < MAX_CONFLICT_RETRIES; i++) {
+  return retryOnConflict(`marking backing node ${backingId} ready`, async () => {
     const b = await ctx.store.getBacking(backingId);
     if (!b) return undefined;
     if (b.state === 'ready') return b; // duplicate event
     if (b.state !== 'launching') return undefined;
     const recorded = b.resourceId ? {} : { resourceId, resourceRecordedAt: ctx.clock.now() };
     const next = markReady({ ...b, ...recorded }, details, ctx.clock.now());
-    try {
-      await ctx.store.putBacking(next, { version: b.version, states: ['launching'] });
-      ctx.metrics?.milliseconds(MetricName.timeToReady, ctx.clock.now() - b.launchedAt);
-      ctx.log.info('backing node ready', {
-        backingNodeId: b.id,
-        resourceId,
-        host: details.host,
-        port: details.port,
-      });
-      return next;
-    } catch (err) {
-      if (!(err instanceof ConflictError)) throw err;
-    }
-  }
-  throw new ConflictError(
-    `gave up marking backing node ${backingId} ready after ${MAX_CONFLICT_RETRIES} conflicts`,
-  );
-}
-
-/**
- * Marks every pending node on a ready backing node ready, and fulfils the requests whose nodes are
- * now all ready. Called by the fulfil flow and, to close the race with it, by the request flow after
- * it records pending nodes.
- */
-export async function markNodesReady(ctx: Context, backing: BackingRecord): Promise<number> {
-  const byRequest = new Map<string, string[]>();
-  for (const nodeId of Object.values(backing.slotMap)) {
-    const parsed = parseNodeId(nodeId);
-    if (!parsed) continue;
-    byRequest.set(parsed.requestId, [...(byRequest.get(parsed.requestId) ?? []), nodeId]);
-  }
-  if (byRequest.size === 0) return 0;
-  const pool = ctx.config.metastaticPools.find((p) => p.key === backing.poolKey);
-  const label = pool?.labels.get(backing.label);
-  let hostKeys = hostKeysOf(backing);
-  if (pool && label?.hostKeyChecking && (await anyPendingOn(ctx, backing.id, [...byRequest.keys()]))) {
-    // host-key-checking: the nodes becoming ready together share one scan of the backing node.
-    try {
-      hostKeys = await scanKeys(ctx, pool, backing);
-    } catch (err) {
-      if (err instanceof RetryableError) throw err; // out of time: no verdict, the record comes back
-      await failBackingNode(ctx, backing.id, `host-key scan failed: ${(err as Error).message}`, {
-        resourceGone: false,
-      });
-      return 0;
-    }
-  }
-  let count = 0;
-  for (const requestId of byRequest.keys()) {
-    count += await updateRequestNodes(ctx, requestId, (r) => {
-      let changed = 0;
-      const nodes = r.nodes.map((n): NodeRecord => {
-        if (n.backingNodeId !== backing.id || n.state !== 'pending') return n;
-        assertTransition('node', n.state, 'ready');
-        changed++;
-        return {
-          ...n,
-          state: 'ready',
-          host: backing.host,
-          port: backing.port,
-          attributes: nodeAttributes(backing.attributes, pool?.nodeAttributes ?? {}),
-          hostKeys,
-          readyAt: ctx.clock.now(),
-        };
-      });
-      return { nodes, changed };
+    await ctx.store.putBacking(next, { version: b.version, states: ['launching'] });
+    ctx.metrics?.milliseconds(MetricName.timeToReady, ctx.clock.now() - b.launchedAt);
+    ctx.log.info('backing node ready', {
+      backingNodeId: b.id,
+      resourceId,
+      host: details.host,
+      port: details.port,
     });
-  }
-  return count;
-}
-
-/** Whether any node of these requests still waits on the backing node (a scan is only owed to those). */
-async function anyPendingOn(
-  ctx: Context,
-  backingId: string,
-  requestIds: readonly string[],
-): Promise<boolean> {
-  for (const id of requestIds) {
-    const r = await ctx.store.getRequest(id);
-    if (r?.nodes.some((n) => n.state === 'pending' && n.backingNodeId === backingId)) return true;
-  }
-  return false;
-}
-
-/** Applies a change to a request's nodes (re-reading on conflict) and settles the request's state. */
-export async function updateRequestNodes(
-  ctx: Context,
-  requestId: string,
-  change: (r: RequestRecord) => { nodes: NodeRecord[]; changed: number },
-): Promise<number> {
-  for (let i = 0; i < MAX_CONFLICT_RETRIES; i++) {
-    const r = await ctx.store.getRequest(requestId);
-    if (!r || r.state === 'requested') return 0; // not placed yet: the request flow re-checks after placing
-    const { nodes, changed } = change(r);
-    if (changed === 0) return 0;
-    const next: RequestRecord = { ...r, nodes, updatedAt: ctx.clock.now(), version: r.version + 1 };
-    if (r.state === 'pending' && nodes.every((n) => n.state === 'ready' || n.state === 'released')) {
-      assertTransition('request', r.state, 'fulfilled');
-      next.state = 'fulfilled';
-    } else if (r.state === 'pending' && nodes.some((n) => n.state === 'failed')) {
-      assertTransition('request', r.state, 'failed');
-      next.state = 'failed';
-      next.reason = nodes.find((n) => n.state === 'failed')?.reason ?? 'a node failed';
-    }
-    try {
-      await ctx.store.putRequest(next, r.version);
-      if (next.state !== r.state) {
-        ctx.log.info(`request ${next.state}`, { requestId, reason: next.reason });
-        await requestSettled(ctx, next);
-      }
-      return changed;
-    } catch (err) {
-      if (!(err instanceof ConflictError)) throw err;
-    }
-  }
-  throw new ConflictError(`gave up updating request ${requestId} after ${MAX_CONFLICT_RETRIES} conflicts`);
+    return next;
+  });
 }

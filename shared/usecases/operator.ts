@@ -1,8 +1,10 @@
 import { markDrained } from '../core/backing.ts';
-import { ConflictError, InvalidStateError, UnknownNodeError } from '../core/errors.ts';
+import { InvalidStateError, UnknownNodeError } from '../core/errors.ts';
 import { parseNodeId } from '../core/ids.ts';
-import type { BackingRecord, NodeRecord, RequestRecord } from '../core/records.ts';
-import { type Context, MAX_CONFLICT_RETRIES } from './context.ts';
+import type { BackingRecord, NodeRecord } from '../core/records.ts';
+import { heldNode } from '../core/request.ts';
+import { retryOnConflict } from './conflicts.ts';
+import type { Context } from './context.ts';
 
 /**
  * Operator verbs. Each is one conditional write from the state that was read, retried on conflict.
@@ -12,7 +14,7 @@ import { type Context, MAX_CONFLICT_RETRIES } from './context.ts';
 export async function holdNode(ctx: Context, id: string): Promise<NodeRecord> {
   const parsed = parseNodeId(id);
   if (!parsed) throw new UnknownNodeError(`unknown node "${id}": node ids look like <request-id>/<index>`);
-  for (let i = 0; i < MAX_CONFLICT_RETRIES; i++) {
+  return retryOnConflict(`holding node ${id}`, async () => {
     const r = await ctx.store.getRequest(parsed.requestId);
     const n = r?.nodes[parsed.index];
     if (!r || !n) throw new UnknownNodeError(`unknown node "${id}"`);
@@ -20,27 +22,24 @@ export async function holdNode(ctx: Context, id: string): Promise<NodeRecord> {
       throw new InvalidStateError(`node ${id} is ${n.state}; only a pending or ready node can be held`);
     }
     if (n.held) return n;
-    const held: NodeRecord = { ...n, held: true };
-    const next: RequestRecord = {
-      ...r,
-      nodes: r.nodes.map((x, j) => (j === parsed.index ? held : x)),
-      updatedAt: ctx.clock.now(),
-      version: r.version + 1,
-    };
-    try {
-      await ctx.store.putRequest(next, r.version);
-      ctx.log.info('node held', { nodeId: id, backingNodeId: n.backingNodeId });
-      return held;
-    } catch (err) {
-      if (!(err instanceof ConflictError)) throw err;
-    }
-  }
-  throw new ConflictError(`gave up holding node ${id}`);
+    const held = heldNode(n);
+    await ctx.store.putRequest(
+      {
+        ...r,
+        nodes: r.nodes.map((x, j) => (j === parsed.index ? held : x)),
+        updatedAt: ctx.clock.now(),
+        version: r.version + 1,
+      },
+      r.version,
+    );
+    ctx.log.info('node held', { nodeId: id, backingNodeId: n.backingNodeId });
+    return held;
+  });
 }
 
 /** Stops new allocations on a backing node; it goes as soon as it is empty (no grace). */
 export async function drainBacking(ctx: Context, id: string): Promise<BackingRecord> {
-  for (let i = 0; i < MAX_CONFLICT_RETRIES; i++) {
+  return retryOnConflict(`draining backing node ${id}`, async () => {
     const b = await ctx.store.getBacking(id);
     if (!b) throw new UnknownNodeError(`unknown backing node "${id}"`);
     if (b.state !== 'launching' && b.state !== 'ready') {
@@ -50,13 +49,8 @@ export async function drainBacking(ctx: Context, id: string): Promise<BackingRec
     }
     if (b.drained) return b;
     const next = markDrained(b, 'drained by an operator');
-    try {
-      await ctx.store.putBacking(next, { version: b.version, states: ['launching', 'ready'] });
-      ctx.log.info('backing node drained', { backingNodeId: id });
-      return next;
-    } catch (err) {
-      if (!(err instanceof ConflictError)) throw err;
-    }
-  }
-  throw new ConflictError(`gave up draining backing node ${id}`);
+    await ctx.store.putBacking(next, { version: b.version, states: ['launching', 'ready'] });
+    ctx.log.info('backing node drained', { backingNodeId: id });
+    return next;
+  });
 }

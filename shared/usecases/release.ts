@@ -1,13 +1,12 @@
 import { ConflictError, HeldNodeError, UnknownNodeError } from '../core/errors.ts';
 import { parseNodeId } from '../core/ids.ts';
 import { PoolEventType } from '../core/observability.ts';
-import type { NodeRecord, RequestRecord } from '../core/records.ts';
-import { assertTransition } from '../core/states.ts';
-import { keys } from '../store/table.ts';
-import { type Context, emit, MAX_CONFLICT_RETRIES } from './context.ts';
-import { giveBackSlot } from './placement.ts';
-import { requestSettled } from './requestEvents.ts';
-import { failRequest } from './requestNodes.ts';
+import type { NodeRecord } from '../core/records.ts';
+import { withNodes } from '../core/request.ts';
+import { giveBackSlot } from './backingNodes.ts';
+import { retryOnConflict } from './conflicts.ts';
+import { type Context, emit } from './context.ts';
+import { failRequest, requestSettled } from './requests.ts';
 
 export type ReleaseOutcome =
   | { readonly kind: 'released'; readonly node: NodeRecord }
@@ -60,7 +59,7 @@ export async function releaseNode(ctx: Context, id: string, force = false): Prom
   const pool = ctx.config.metastaticPools.find((p) => p.key === request.poolKey);
   // Reservations exist only for pools with max-servers (a pool removed from the config: clean up anyway).
   if (request.poolKey && (!pool || pool.maxServers !== undefined)) {
-    await ctx.store.unreserve(keys.poolNodes(request.poolKey), [node.id]);
+    await ctx.store.freeNodePlaces(request.poolKey, [node.id]);
   }
   if (!already) {
     ctx.log.info('node released', { nodeId: id, backingNodeId: node.backingNodeId });
@@ -77,23 +76,17 @@ export async function releaseNode(ctx: Context, id: string, force = false): Prom
 
 /** A pending request whose last waiting node was released has nothing left to wait for. */
 async function settleIfAllReady(ctx: Context, requestId: string): Promise<void> {
-  for (let i = 0; i < MAX_CONFLICT_RETRIES; i++) {
-    const r = await ctx.store.getRequest(requestId);
-    if (r?.state !== 'pending') return;
-    if (!r.nodes.every((n) => n.state === 'ready' || n.state === 'released')) return;
-    assertTransition('request', r.state, 'fulfilled');
-    const next: RequestRecord = {
-      ...r,
-      state: 'fulfilled',
-      updatedAt: ctx.clock.now(),
-      version: r.version + 1,
-    };
-    try {
+  const settled = await retryOnConflict(
+    `settling request ${requestId}`,
+    async () => {
+      const r = await ctx.store.getRequest(requestId);
+      if (r?.state !== 'pending') return undefined;
+      const next = withNodes(r, r.nodes, ctx.clock.now());
+      if (next.state !== 'fulfilled') return undefined;
       await ctx.store.putRequest(next, r.version);
-      await requestSettled(ctx, next);
-      return;
-    } catch (err) {
-      if (!(err instanceof ConflictError)) throw err;
-    }
-  }
+      return next;
+    },
+    () => undefined,
+  );
+  if (settled) await requestSettled(ctx, settled);
 }

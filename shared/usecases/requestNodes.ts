@@ -1,56 +1,22 @@
 import type { MetastaticPool } from '../config/model.ts';
-import {
-  BusyError,
-  CapacityError,
-  ConflictError,
-  DeadlineError,
-  LaunchFailedError,
-  PermanentError,
-  RetryableError,
-} from '../core/errors.ts';
-import { contentHash, type DeliveryOf, nodeId, ownerSince, ownerToken, supersedes } from '../core/ids.ts';
+import { BusyError, CapacityError, LaunchFailedError } from '../core/errors.ts';
+import { type DeliveryOf, ownerSince, ownerToken, supersedes } from '../core/ids.ts';
 import type { RequestMessage } from '../core/messages.ts';
-import { eligiblePools, nodeAttributes } from '../core/pools.ts';
+import { eligiblePools } from '../core/pools.ts';
 import type { NodeRecord, RequestRecord } from '../core/records.ts';
-import { assertTransition } from '../core/states.ts';
-import { boundedReason } from '../core/text.ts';
-import { keys } from '../store/table.ts';
-import {
-  type Context,
-  DELIVERY_DEADLINE_MS,
-  deliveryDead,
-  MAX_CONFLICT_RETRIES,
-  timeLeft,
-} from './context.ts';
-import { hostKeysOf } from './failure.ts';
-import { markNodesReady } from './fulfil.ts';
-import { giveBackSlot, type Placement, placeNode } from './placement.ts';
-import { requestSettled } from './requestEvents.ts';
+import { placedNode, placedRequest, requestedRecord } from '../core/request.ts';
+import { giveBackSlot } from './backingNodes.ts';
+import { type Context, deliveryDead } from './context.ts';
+import { failBadBacking } from './failure.ts';
+import { markNodesReady } from './nodesReady.ts';
+import { type Placement, placeNode } from './placement.ts';
+import { AlreadyPlaced, isStoredVerdict, Recording } from './recording.ts';
+import { failRequest, recordFailure, requestSettled } from './requests.ts';
 
 export type RequestOutcome =
   | { readonly kind: 'duplicate'; readonly request: RequestRecord }
   | { readonly kind: 'placed'; readonly request: RequestRecord }
   | { readonly kind: 'failed'; readonly request: RequestRecord };
-
-/** The record of a request as received: `requested`, nothing placed, version 0. */
-export function requestedRecord(m: RequestMessage, now: number): RequestRecord {
-  return {
-    id: m.id,
-    labels: m.labels,
-    requestor: m.requestor,
-    priority: m.priority,
-    bodyHash: requestBodyHash(m),
-    state: 'requested',
-    createdAt: now,
-    updatedAt: now,
-    version: 0,
-    nodes: m.labels.map((label, i) => ({ id: nodeId(m.id, i), label, state: 'requested' })),
-  };
-}
-
-export function requestBodyHash(m: RequestMessage): string {
-  return contentHash({ labels: m.labels, requestor: m.requestor, priority: m.priority });
-}
 
 /**
  * Serves a request message: reserves room in the first pool (by priority) that has it and places
@@ -116,176 +82,6 @@ export async function requestNodes(
   throw new CapacityError(`request ${m.id} waits for capacity: ${waits.join('; ')}`);
 }
 
-/** The request id belongs to a request with another body; its nodes (same ids) are not ours to touch. */
-class IdReused extends PermanentError {
-  constructor(
-    readonly request: RequestRecord,
-    sent: Pick<RequestRecord, 'labels' | 'requestor' | 'priority'>,
-  ) {
-    const differs = [
-      request.labels.join('\n') !== sent.labels.join('\n') ? 'labels' : undefined,
-      request.requestor !== sent.requestor ? 'requestor' : undefined,
-      request.priority !== sent.priority ? 'priority' : undefined,
-    ].filter((f) => f !== undefined);
-    super(
-      `request id "${request.id}" is already used by another request (labels ${request.labels.join(', ')}` +
-        `${request.requestor === undefined ? '' : `, requestor ${request.requestor}`}` +
-        `${request.priority === undefined ? '' : `, priority ${request.priority}`}); ` +
-        `this one differs in ${differs.join(' and ') || 'its body'}: use a new id for a new request`,
-    );
-  }
-}
-
-/** The request was already placed (or ended) by an earlier or concurrent delivery. */
-class AlreadyPlaced extends Error {
-  constructor(readonly request: RequestRecord) {
-    super(`request ${request.id} is already ${request.state}`);
-  }
-}
-
-/**
- * A delivery of a later receive of this message made itself the placer (Recording.fence) to take over
- * what this one holds: this one records nothing and gives back what is still its own.
- */
-class Superseded extends BusyError {
-  constructor(readonly request: RequestRecord) {
-    super(`request ${request.id} is being placed by a later delivery of its message; this one stops`);
-  }
-}
-
-/** What the stored request says about this delivery's work: it is someone else's to finish, or done. */
-const isStoredVerdict = (err: unknown): err is AlreadyPlaced | IdReused | Superseded =>
-  err instanceof AlreadyPlaced || err instanceof IdReused || err instanceof Superseded;
-
-/**
- * What this delivery knows of the stored request: nothing yet (the warm path writes it once, at the
- * end) or the `requested` record it wrote or found.
- */
-class Recording {
-  private stored: RequestRecord | undefined;
-
-  constructor(
-    private readonly ctx: Context,
-    private readonly fresh: RequestRecord,
-    /** This delivery's owner token: its claims and reservations carry it. */
-    readonly owner: string,
-    private readonly startedAt: number,
-  ) {}
-
-  /** The record to build the placed request from. */
-  get base(): RequestRecord {
-    return this.stored ?? this.fresh;
-  }
-
-  /** Makes sure a `requested` record exists; throws AlreadyPlaced if a delivery got further. */
-  async ensure(): Promise<void> {
-    if (this.stored) return;
-    const recorded = { ...this.fresh, placer: this.owner };
-    const existing = await this.ctx.store.createRequest(recorded);
-    this.stored = existing ? this.adopt(existing) : recorded;
-  }
-
-  /**
-   * Makes this delivery the request's placer before it takes over what an earlier receive of its message
-   * holds (supersedes): a conditional write of the `requested` record (created if need be) naming it.
-   * Every write of a placement is conditioned on the record (version, or its absence), and a delivery
-   * that finds a later receive's placer stops (Superseded), so the earlier delivery, even if it still
-   * runs, can no longer record nodes on claims this one took over and may give back. Throws AlreadyPlaced
-   * when a delivery placed it meanwhile, Superseded when a still later receive is the placer.
-   */
-  async fence(): Promise<void> {
-    for (let i = 0; i < MAX_CONFLICT_RETRIES; i++) {
-      const existing = await this.ctx.store.getRequest(this.fresh.id);
-      if (!existing) {
-        const fenced = { ...this.fresh, placer: this.owner };
-        if (!(await this.ctx.store.createRequest(fenced))) {
-          this.stored = fenced;
-          return;
-        }
-        continue; // created meanwhile: read it
-      }
-      const base = this.adopt(existing);
-      if (base.placer === this.owner) {
-        this.stored = base;
-        return;
-      }
-      const fenced = {
-        ...base,
-        placer: this.owner,
-        updatedAt: this.ctx.clock.now(),
-        version: base.version + 1,
-      };
-      try {
-        await this.ctx.store.putRequest(fenced, base.version);
-        this.stored = fenced;
-        this.ctx.log.info('a later delivery of the message takes over the placement', {
-          requestId: base.id,
-          from: base.placer,
-        });
-        return;
-      } catch (err) {
-        if (!(err instanceof ConflictError)) throw err;
-      }
-    }
-    throw new ConflictError(`gave up taking over the placement of request ${this.fresh.id}`);
-  }
-
-  /** Writes the placed request; returns the winner instead when another delivery placed it first. */
-  async write(next: (base: RequestRecord) => RequestRecord): Promise<RequestRecord | undefined> {
-    // Past the deadline our claims may be taken over as abandoned: record nothing built on them.
-    if (this.ctx.clock.now() - this.startedAt > DELIVERY_DEADLINE_MS) {
-      throw new RetryableError(
-        `placing request ${this.fresh.id} took over ${DELIVERY_DEADLINE_MS / 1000} s; retrying it`,
-      );
-    }
-    // Nor this close to the end of the invocation: the delivery stops cleanly (giving its claims back)
-    // rather than be killed with them held.
-    if (timeLeft(this.ctx) <= 0) {
-      throw new DeadlineError(`placing request ${this.fresh.id} ran out of invocation time; retrying it`);
-    }
-    for (let i = 0; i < MAX_CONFLICT_RETRIES; i++) {
-      const base = this.base;
-      const placed = next(base);
-      let existing: RequestRecord | undefined;
-      if (this.stored) {
-        try {
-          await this.ctx.store.putRequest(placed, base.version);
-          return undefined;
-        } catch (err) {
-          if (!(err instanceof ConflictError)) throw err;
-          existing = await this.ctx.store.getRequest(this.fresh.id);
-        }
-      } else {
-        existing = await this.ctx.store.createRequest(placed);
-        if (!existing) return undefined;
-      }
-      if (!existing) throw new RetryableError(`request ${this.fresh.id} vanished while being placed`);
-      try {
-        this.stored = this.adopt(existing); // a waiting record: place onto it
-      } catch (err) {
-        if (err instanceof AlreadyPlaced) return err.request;
-        throw err;
-      }
-    }
-    throw new ConflictError(`gave up writing request ${this.fresh.id}`);
-  }
-
-  /** Throws AlreadyPlaced or IdReused when the stored request (if any) is not ours to place. */
-  async checkStored(): Promise<RequestRecord | undefined> {
-    const existing = await this.ctx.store.getRequest(this.fresh.id);
-    if (existing) this.adopt(existing);
-    return existing;
-  }
-
-  private adopt(existing: RequestRecord): RequestRecord {
-    if (existing.bodyHash !== this.fresh.bodyHash) throw new IdReused(existing, this.fresh);
-    if (existing.state !== 'requested') throw new AlreadyPlaced(existing);
-    if (existing.placer !== undefined && supersedes(existing.placer, this.owner))
-      throw new Superseded(existing);
-    return existing;
-  }
-}
-
 type PoolResult = { kind: 'placed'; request: RequestRecord } | { kind: 'full'; reason: string };
 
 async function tryPool(ctx: Context, pool: MetastaticPool, recording: Recording): Promise<PoolResult> {
@@ -307,11 +103,14 @@ async function tryPool(ctx: Context, pool: MetastaticPool, recording: Recording)
           owner,
           beforeLaunch: () => recording.ensure(),
           beforeTakeover: () => recording.fence(),
+          failBacking: failBadBacking,
         }),
       );
     }
     const now = ctx.clock.now();
-    winner = await recording.write((base) => placedRequest(base, pool, placements, now));
+    winner = await recording.write((base) =>
+      placedRequest(base, pool.key, placedNodes(base, pool, placements, now), now),
+    );
   } catch (err) {
     // All or nothing: give back what this delivery took (never what another delivery holds, nor what
     // the stored request records), then let the next pool (or a retry) try.
@@ -338,7 +137,13 @@ async function tryPool(ctx: Context, pool: MetastaticPool, recording: Recording)
     if (pool.maxServers !== undefined) await unreserveOwn(ctx, pool, nodeIds, owner, winner);
     throw new AlreadyPlaced(winner);
   }
-  const placed = placedRequest(recording.base, pool, placements, ctx.clock.now());
+  const now = ctx.clock.now();
+  const placed = placedRequest(
+    recording.base,
+    pool.key,
+    placedNodes(recording.base, pool, placements, now),
+    now,
+  );
   ctx.log.info(`request ${placed.state}`, { requestId, pool: pool.key, nodes: nodeIds });
   await requestSettled(ctx, placed);
   if (placed.state === 'pending') {
@@ -360,8 +165,7 @@ async function reserveNodes(
   nodeIds: readonly string[],
   recording: Recording,
 ): Promise<string | undefined> {
-  const key = keys.poolNodes(pool.key);
-  const reserved = await ctx.store.reserve(key, nodeIds, maxServers, recording.owner);
+  const reserved = await ctx.store.reserveNodePlaces(pool.key, nodeIds, maxServers, recording.owner);
   if (reserved.kind === 'full') return `${pool.key} is at max-servers (${maxServers})`;
   if (reserved.kind === 'reserved') return undefined;
   await recording.checkStored(); // placed by the holder already: a duplicate
@@ -374,45 +178,11 @@ async function reserveNodes(
     } else if (!deliveryDead(ownerSince(holder), ctx.clock.now(), ctx.deliveriesDeadBefore)) {
       throw new BusyError(`request ${recording.base.id} is being placed by another delivery; retrying later`);
     }
-    if (!(await ctx.store.takeOverReservation(key, member, holder, recording.owner))) {
+    if (!(await ctx.store.takeOverNodePlace(pool.key, member, holder, recording.owner))) {
       throw new BusyError(`the place of node ${member} changed hands; retrying later`);
     }
   }
   return reserveNodes(ctx, pool, maxServers, nodeIds, recording);
-}
-
-function placedRequest(
-  base: RequestRecord,
-  pool: MetastaticPool,
-  placements: readonly Placement[],
-  now: number,
-): RequestRecord {
-  const nodes = base.nodes.map((n, i): NodeRecord => {
-    const p = placements[i] as Placement;
-    const ready = p.backing.state === 'ready';
-    const state = ready ? 'ready' : 'pending';
-    assertTransition('node', n.state, state);
-    return {
-      ...n,
-      state,
-      backingNodeId: p.backing.id,
-      slot: p.slot,
-      attempts: p.attempt,
-      ...(ready
-        ? {
-            host: p.backing.host,
-            port: p.backing.port,
-            attributes: nodeAttributes(p.backing.attributes, pool.nodeAttributes),
-            hostKeys: p.hostKeys ?? hostKeysOf(p.backing),
-            readyAt: now,
-          }
-        : {}),
-    };
-  });
-  const state = nodes.every((n) => n.state === 'ready') ? 'fulfilled' : 'pending';
-  assertTransition('request', base.state, state);
-  const { placer: _placed, ...rest } = base; // placed: no delivery places it any more
-  return { ...rest, state, poolKey: pool.key, nodes, updatedAt: now, version: base.version + 1 };
 }
 
 /** Takes this delivery's reservations back, except for nodes the stored request holds live in this pool. */
@@ -428,8 +198,8 @@ async function unreserveOwn(
       ? other.nodes.filter((n) => n.state === 'pending' || n.state === 'ready').map((n) => n.id)
       : [],
   );
-  await ctx.store.unreserve(
-    keys.poolNodes(pool.key),
+  await ctx.store.freeNodePlaces(
+    pool.key,
     nodeIds.filter((id) => !live.has(id)),
     owner,
   );
@@ -463,53 +233,16 @@ async function recheckPending(ctx: Context, request: RequestRecord): Promise<voi
   for (const id of backingIds) {
     if (!id) continue;
     const b = await ctx.store.getBacking(id);
-    if (b?.state === 'ready') await markNodesReady(ctx, b);
+    if (b?.state === 'ready') await markNodesReady(ctx, b, failBadBacking);
   }
 }
 
-/** Records a request that can never be served, unless its id is already taken (never overwrite). */
-export async function recordFailure(ctx: Context, fresh: RequestRecord, why: string): Promise<RequestRecord> {
-  const reason = boundedReason(why); // stored on the request and each node: within the item limit
-  const failed: RequestRecord = {
-    ...fresh,
-    state: 'failed',
-    reason,
-    nodes: fresh.nodes.map((n) => ({ ...n, state: 'failed', reason })),
-  };
-  const existing = await ctx.store.createRequest(failed);
-  if (existing) return existing; // the id is taken: never overwrite, and it is not this one that failed
-  ctx.log.warn('request failed', { requestId: fresh.id, reason });
-  await requestSettled(ctx, failed);
-  return failed;
-}
-
-/** Ends a request that is still waiting (state requested) as failed with a reason; idempotent. */
-export async function failRequest(
-  ctx: Context,
-  requestId: string,
-  bodyHash: string,
-  why: string,
-): Promise<RequestRecord | undefined> {
-  const reason = boundedReason(why);
-  const r = await ctx.store.getRequest(requestId);
-  if (r?.state !== 'requested' || r.bodyHash !== bodyHash) return r;
-  assertTransition('request', r.state, 'failed');
-  const { placer: _ended, ...rest } = r;
-  const next: RequestRecord = {
-    ...rest,
-    state: 'failed',
-    reason,
-    nodes: r.nodes.map((n) => ({ ...n, state: 'failed', reason })),
-    updatedAt: ctx.clock.now(),
-    version: r.version + 1,
-  };
-  try {
-    await ctx.store.putRequest(next, r.version);
-  } catch (err) {
-    if (!(err instanceof ConflictError)) throw err;
-    return ctx.store.getRequest(requestId);
-  }
-  ctx.log.warn('request failed', { requestId, reason });
-  await requestSettled(ctx, next);
-  return next;
+/** The request's nodes on the places this delivery took, in order. */
+function placedNodes(
+  base: RequestRecord,
+  pool: MetastaticPool,
+  placements: readonly Placement[],
+  now: number,
+): NodeRecord[] {
+  return base.nodes.map((n, i) => placedNode(n, placements[i] as Placement, pool.nodeAttributes, now));
 }

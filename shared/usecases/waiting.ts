@@ -2,7 +2,7 @@ import type { RequestMessage } from '../core/messages.ts';
 import { requestTimeoutOf, shortestRequestTimeout } from '../core/pools.ts';
 import type { RequestRecord } from '../core/records.ts';
 import { type Context, timeLeft } from './context.ts';
-import { failRequest } from './requestNodes.ts';
+import { failRequest } from './requests.ts';
 
 /**
  * Requests still waiting to be placed (state `requested`). A waiting request lives on through its

@@ -36,6 +36,7 @@ import { ManualClock } from '../../shared/core/clock.ts';
 import type { StateChangeEvent } from '../../shared/core/events.ts';
 import type { BackingProvider, ProviderRegistry } from '../../shared/core/provider.ts';
 import type { BackingRecord, RequestRecord } from '../../shared/core/records.ts';
+import { SLOT_LEASE_MS } from '../../shared/core/timing.ts';
 import { makeFulfilHandler } from '../../shared/handlers/fulfilHandler.ts';
 import { makeReaperHandler } from '../../shared/handlers/reaperHandler.ts';
 import {
@@ -47,8 +48,8 @@ import { Ec2Provider, isEc2InstanceId } from '../../shared/providers/aws/ec2Prov
 import { type Engine, ensureTable, startDynalite } from '../../shared/runtime/engines.ts';
 import { DynamoStore } from '../../shared/store/dynamoStore.ts';
 import { keys } from '../../shared/store/table.ts';
-import { type Context, type Log, SLOT_LEASE_MS } from '../../shared/usecases/context.ts';
-import type { ReapReport } from '../../shared/usecases/reap.ts';
+import type { Context, Log } from '../../shared/usecases/context.ts';
+import type { ReapReport } from '../../shared/usecases/reapReport.ts';
 import { CrashInjector, type HandlerKind, label, PROVIDER_METHODS, STORE_METHODS } from './chaosCrash.ts';
 import {
   checkFinal,
@@ -683,7 +684,7 @@ export class ChaosRun {
   }
 
   private traceWrite(method: string, args: unknown[], result: unknown): void {
-    if (!/^(create|put|claim|release|reserve|takeOver|unreserve)/.test(method)) return;
+    if (!/^(create|put|claim|release|reserve|takeOver|free)/.test(method)) return;
     const text = JSON.stringify(args.map((a) => (a instanceof Set ? [...a] : a)));
     const ids = this.options.trace ?? [];
     if (!ids.some((id) => text.includes(id))) return;
@@ -835,7 +836,7 @@ export class ChaosRun {
     if (this.ec2.instances.some((i) => i.state === 'pending' || i.state === 'running')) return false;
     if (this.notStopped !== 0) return false;
     const sets = [keys.poolNodes(this.poolKey), keys.backingPool(this.backingPoolKey)];
-    for (const key of sets) if ((await this.raw.members(key)).size > 0) return false;
+    for (const key of sets) if ((await this.raw.capacity.members(key)).size > 0) return false;
     return true;
   }
 
@@ -1073,8 +1074,8 @@ export class ChaosRun {
       now: this.clock.now(),
       requests: await this.raw.listRequests(),
       backing: await this.raw.listBacking(),
-      poolNodes: await this.raw.members(keys.poolNodes(this.poolKey)),
-      backingPool: await this.raw.members(keys.backingPool(this.backingPoolKey)),
+      poolNodes: await this.raw.capacity.members(keys.poolNodes(this.poolKey)),
+      backingPool: await this.raw.capacity.members(keys.backingPool(this.backingPoolKey)),
       instances: this.ec2.instances,
     };
   }

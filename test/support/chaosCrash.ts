@@ -31,7 +31,7 @@ export interface Boundary {
   readonly phase: 'before' | 'after';
 }
 
-/** The store methods the use cases call (docs: shared/store/dynamoStore.ts). */
+/** The store methods the use cases call (the port: shared/core/poolStore.ts). */
 export const STORE_METHODS = [
   'createRequest',
   'getRequest',
@@ -42,11 +42,15 @@ export const STORE_METHODS = [
   'putBacking',
   'claimSlot',
   'findCandidates',
-  'queryReap',
-  'reserve',
-  'takeOverReservation',
-  'unreserve',
-  'reservations',
+  'backingInPhase',
+  'reserveNodePlaces',
+  'takeOverNodePlace',
+  'freeNodePlaces',
+  'nodePlaces',
+  'reserveBackingPlace',
+  'takeOverBackingPlace',
+  'freeBackingPlace',
+  'backingPlaces',
   'pointToBacking',
   'backingIdOfResource',
   'forgetResource',
@@ -85,7 +89,7 @@ export class CrashInjector {
   /** Times a boundary was passed over for want of calls. */
   readonly passedOver = new Map<string, number>();
   total = 0;
-  /** Calls of each wrapped method by handler kind (`reaper store.queryReap`...), crashed ones included. */
+  /** Calls of each wrapped method by handler kind (`reaper store.backingInPhase`...), crashed ones included. */
   readonly calls = new Map<string, number>();
   /** Full cycles through every boundary. */
   cycles = 0;

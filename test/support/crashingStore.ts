@@ -1,11 +1,11 @@
-import type { DynamoStore } from '../../shared/store/dynamoStore.ts';
+import type { PoolStore } from '../../shared/core/poolStore.ts';
 
 /**
  * A store whose invocation dies at a point: once `dies(method)` says so after a call took effect, that
  * call and every later one throw, as when Lambda kills the function mid-way (the chaos suite's crash
  * points, for one test at a time).
  */
-export function crashingStore(store: DynamoStore, dies: (method: string) => boolean): DynamoStore {
+export function crashingStore(store: PoolStore, dies: (method: string) => boolean): PoolStore {
   let dead = false;
   return new Proxy(store, {
     get(target, prop) {

@@ -1,0 +1,117 @@
+import type { BackingRecord, Claim, RequestRecord } from './records.ts';
+import type { BackingState } from './states.ts';
+
+/**
+ * What the use cases need of the table, named for what they do with it (the port; DynamoStore in
+ * shared/store is the adapter, docs/table.md the items and indexes behind each method). Every write
+ * that could race is conditional: `put*` and `claimSlot` require the version that was read and throw
+ * ConflictError when another writer changed the item since; `create*` write only a new item and return
+ * the existing one instead. Capacity (max-servers) is held per member by an owner token, so a delivery
+ * gives back only what it took itself.
+ */
+export interface PoolStore {
+  // ---- requests
+  /** Records a new request; returns the existing one instead when the id is taken. */
+  createRequest(r: RequestRecord): Promise<RequestRecord | undefined>;
+  getRequest(id: string): Promise<RequestRecord | undefined>;
+  /** Replaces a request whose stored version is still `expectedVersion` (ConflictError otherwise). */
+  putRequest(next: RequestRecord, expectedVersion: number): Promise<void>;
+  /**
+   * Marks one node of a placed request released in one conditional update (it must be pending or
+   * ready, and not held unless `force`); undefined when the condition failed (the caller reads and decides).
+   */
+  releaseNodeEntry(
+    requestId: string,
+    index: number,
+    now: number,
+    force?: boolean,
+  ): Promise<RequestRecord | undefined>;
+  /** One page of the requests still waiting to be placed, created before `createdBefore`, oldest first. */
+  waitingRequests(createdBefore: number, cursor?: PageCursor): Promise<Page<RequestRecord>>;
+
+  // ---- backing nodes
+  getBacking(id: string): Promise<BackingRecord | undefined>;
+  /** Records a new backing node (the intent, before its launch); returns the existing one instead. */
+  createBacking(b: BackingRecord): Promise<BackingRecord | undefined>;
+  /** Replaces a backing node as expected (version, and optionally state and slots used). */
+  putBacking(next: BackingRecord, expect: BackingExpectation): Promise<void>;
+  /** Claims one free slot of the backing node as read, in one conditional write. */
+  claimSlot(read: BackingRecord, slot: number, nodeId: string, claim: Claim): Promise<SlotClaim>;
+  /** Backing nodes of a pool's label with a free slot, fullest first then oldest, a page at a time. */
+  findCandidates(
+    poolKey: string,
+    label: string,
+    limit: number,
+    cursor?: PageCursor,
+  ): Promise<Page<BackingRecord>>;
+  /** Every backing node in one phase of its life (the reaper's view), optionally sorted before `before`. */
+  backingInPhase(phase: BackingPhase, before?: string): Promise<BackingRecord[]>;
+
+  // ---- resource pointers (provider resource -> backing node)
+  /** Records which backing node a resource belongs to; ConflictError when another one records it. */
+  pointToBacking(resourceId: string, backingNodeId: string, recordedAt: number): Promise<void>;
+  backingIdOfResource(resourceId: string): Promise<string | undefined>;
+  /** Removes a resource's pointer while it still names this backing node (idempotent). */
+  forgetResource(resourceId: string, backingNodeId: string): Promise<void>;
+
+  // ---- places in a metastatic pool's max-servers (one per live node)
+  /** Takes places for `nodeIds`, held by `owner`, if the pool stays within `max`. */
+  reserveNodePlaces(
+    poolKey: string,
+    nodeIds: readonly string[],
+    max: number,
+    owner: string,
+  ): Promise<Reservation>;
+  /** Hands a node's place over from `from` (known dead or superseded) to `to`; false when not theirs. */
+  takeOverNodePlace(poolKey: string, nodeId: string, from: string, to: string): Promise<boolean>;
+  /** Gives places back (idempotent); with `owner`, only those that owner still holds. */
+  freeNodePlaces(poolKey: string, nodeIds: readonly string[], owner?: string): Promise<void>;
+  /** Who holds each place of the pool (node id -> owner token). */
+  nodePlaces(poolKey: string): Promise<Map<string, string>>;
+
+  // ---- places in a backing pool's max-servers (one per live backing node)
+  reserveBackingPlace(
+    backingPoolKey: string,
+    backingId: string,
+    max: number,
+    owner: string,
+  ): Promise<Reservation>;
+  takeOverBackingPlace(backingPoolKey: string, backingId: string, from: string, to: string): Promise<boolean>;
+  freeBackingPlace(backingPoolKey: string, backingId: string, owner?: string): Promise<void>;
+  backingPlaces(backingPoolKey: string): Promise<Map<string, string>>;
+
+  // ---- operator listings (a Scan: never on a request path)
+  listRequests(): Promise<RequestRecord[]>;
+  listBacking(): Promise<BackingRecord[]>;
+}
+
+/**
+ * The phases the reaper looks at, each a partition of the reap index: `idle` (empty, launching or
+ * ready), `launching` (in use), `active` (ready, in use), `retiring`, `failed`. A stopped backing node
+ * is in none.
+ */
+export type BackingPhase = 'idle' | 'launching' | 'active' | 'retiring' | 'failed';
+
+export type PageCursor = Record<string, unknown>;
+
+export interface Page<T> {
+  readonly items: T[];
+  readonly cursor?: PageCursor;
+}
+
+export interface BackingExpectation {
+  readonly version: number;
+  readonly states?: readonly BackingState[];
+  readonly used?: number;
+}
+
+export type SlotClaim =
+  | { readonly claimed: true; readonly record: BackingRecord }
+  /** Lost: the item as it is now (when it still exists), to choose again from. */
+  | { readonly claimed: false; readonly current?: BackingRecord };
+
+export type Reservation =
+  | { readonly kind: 'reserved' }
+  | { readonly kind: 'full' }
+  /** Some members are held by other owners: a concurrent (or dead) delivery of the same message. */
+  | { readonly kind: 'held'; readonly holders: ReadonlyMap<string, string> };

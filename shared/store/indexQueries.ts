@@ -1,0 +1,105 @@
+import {
+  type DynamoDBDocumentClient,
+  QueryCommand,
+  type QueryCommandInput,
+  ScanCommand,
+  type ScanCommandInput,
+} from '@aws-sdk/lib-dynamodb';
+import type { BackingPhase, Page, PageCursor } from '../core/poolStore.ts';
+import { BackingRecord, RequestRecord } from '../core/records.ts';
+import { FREE_INDEX, freePartition, REAP_INDEX, reapPartition, waitingSortKey } from './table.ts';
+
+/**
+ * The store's reads of many items: Queries of the sparse indexes (free, reap; docs/table.md) for the
+ * request path and the reaper, and the operator listings (a Scan, never on a request path).
+ */
+export class IndexQueries {
+  constructor(
+    private readonly doc: DynamoDBDocumentClient,
+    private readonly tableName: string,
+  ) {}
+
+  /**
+   * Backing nodes of a pool's label that can take a node, fullest first then oldest: one Query of
+   * `limit` items; pass the returned cursor to read the next page (rarely needed: the first claimable
+   * candidate almost always wins).
+   */
+  async findCandidates(
+    poolKey: string,
+    label: string,
+    limit: number,
+    cursor?: PageCursor,
+  ): Promise<Page<BackingRecord>> {
+    const out = await this.doc.send(
+      new QueryCommand({
+        TableName: this.tableName,
+        IndexName: FREE_INDEX,
+        KeyConditionExpression: 'fpk = :p',
+        ExpressionAttributeValues: { ':p': freePartition(poolKey, label) },
+        Limit: limit,
+        ExclusiveStartKey: cursor,
+      }),
+    );
+    return { items: (out.Items ?? []).map((i) => BackingRecord.parse(i)), cursor: out.LastEvaluatedKey };
+  }
+
+  /** Every backing node in a phase (its partition of the reap index), optionally only those sorted before `before`. */
+  async backingInPhase(phase: BackingPhase, before?: string): Promise<BackingRecord[]> {
+    const partition = reapPartition[phase];
+    const input: QueryCommandInput = {
+      TableName: this.tableName,
+      IndexName: REAP_INDEX,
+      KeyConditionExpression: before === undefined ? 'rpk = :p' : 'rpk = :p AND rsk < :b',
+      ExpressionAttributeValues:
+        before === undefined ? { ':p': partition } : { ':p': partition, ':b': before },
+    };
+    const items: BackingRecord[] = [];
+    do {
+      const out = await this.doc.send(new QueryCommand(input));
+      for (const i of out.Items ?? []) items.push(BackingRecord.parse(i));
+      input.ExclusiveStartKey = out.LastEvaluatedKey;
+    } while (input.ExclusiveStartKey);
+    return items;
+  }
+
+  /**
+   * One page of the requests still waiting to be placed (WAITING partition of the reap index) that were
+   * created before `createdBefore` (epoch ms), oldest first; pass the returned cursor for the next page.
+   */
+  async waitingRequests(createdBefore: number, cursor?: PageCursor): Promise<Page<RequestRecord>> {
+    const out = await this.doc.send(
+      new QueryCommand({
+        TableName: this.tableName,
+        IndexName: REAP_INDEX,
+        KeyConditionExpression: 'rpk = :p AND rsk < :b',
+        ExpressionAttributeValues: { ':p': reapPartition.waiting, ':b': waitingSortKey(createdBefore) },
+        ExclusiveStartKey: cursor,
+      }),
+    );
+    return { items: (out.Items ?? []).map((i) => RequestRecord.parse(i)), cursor: out.LastEvaluatedKey };
+  }
+
+  async listRequests(): Promise<RequestRecord[]> {
+    return (await this.scanType('request')).map((i) => RequestRecord.parse(i));
+  }
+
+  async listBacking(): Promise<BackingRecord[]> {
+    return (await this.scanType('backing')).map((i) => BackingRecord.parse(i));
+  }
+
+  private async scanType(type: string): Promise<Record<string, unknown>[]> {
+    const input: ScanCommandInput = {
+      TableName: this.tableName,
+      FilterExpression: '#type = :t',
+      ExpressionAttributeNames: { '#type': 'type' },
+      ExpressionAttributeValues: { ':t': type },
+    };
+    const items: Record<string, unknown>[] = [];
+    do {
+      const out = await this.doc.send(new ScanCommand(input));
+      items.push(...(out.Items ?? []));
+      input.ExclusiveStartKey = out.LastEvaluatedKey;
+    } while (input.ExclusiveStartKey);
+    return items;
+  }
+}

@@ -1,0 +1,137 @@
+import type { BackingExpectation } from '../core/poolStore.ts';
+import type { BackingRecord, Claim } from '../core/records.ts';
+import { backingIndexAttributes } from './table.ts';
+
+/**
+ * The conditions and update expressions of the store's conditional writes, named and built here as
+ * plain data (no client), so each rule is read in one place: dynamoStore.ts sends them and turns a
+ * failed condition into a ConflictError or a domain answer.
+ */
+
+/** A resource pointer may be written (or removed) only while it is absent or names this backing node. */
+export const pointsTo = '(attribute_not_exists(pk) OR backingNodeId = :backingNodeId)';
+export const conditions = {
+  itemDoesNotExist: 'attribute_not_exists(pk)',
+  versionUnchanged: '#version = :expectedVersion',
+  stateIsOneOf: (n: number) =>
+    `#state IN (${Array.from({ length: n }, (_, i) => `:expectedState${i}`).join(', ')})`,
+  usedIs: '#used = :expectedUsed',
+} as const;
+
+type Expression = {
+  UpdateExpression?: string;
+  ConditionExpression: string;
+  ExpressionAttributeNames: Record<string, string>;
+  ExpressionAttributeValues?: Record<string, unknown>;
+};
+
+/**
+ * Marks one node of a request released: the node must still be pending or ready, in a placed request;
+ * a held node only by a forced (operator) release.
+ */
+export function releaseNodeUpdate(index: number, now: number, force: boolean): Expression {
+  return {
+    UpdateExpression: `SET #nodes[${index}].#state = :released, #nodes[${index}].releasedAt = :now, updatedAt = :now ADD #version :one`,
+    // A held node is released only by a forced (operator) release.
+    ConditionExpression: `#nodes[${index}].#state IN (:pending, :ready) AND #rstate IN (:pending, :fulfilled)${
+      force ? '' : ` AND attribute_not_exists(#nodes[${index}].held)`
+    }`,
+    ExpressionAttributeNames: {
+      '#nodes': 'nodes',
+      '#state': 'state',
+      '#rstate': 'state',
+      '#version': 'version',
+    },
+    ExpressionAttributeValues: {
+      ':released': 'released',
+      ':now': now,
+      ':one': 1,
+      ':pending': 'pending',
+      ':ready': 'ready',
+      ':fulfilled': 'fulfilled',
+    },
+  };
+}
+
+/** A backing node put only as read: same version and, optionally, state among `states` and `used` slots. */
+export function backingExpected(expect: BackingExpectation): Expression {
+  const parts: string[] = [conditions.versionUnchanged];
+  const names: Record<string, string> = { '#version': 'version' };
+  const values: Record<string, unknown> = { ':expectedVersion': expect.version };
+  if (expect.states) {
+    parts.push(conditions.stateIsOneOf(expect.states.length));
+    names['#state'] = 'state';
+    expect.states.forEach((s, i) => {
+      values[`:expectedState${i}`] = s;
+    });
+  }
+  if (expect.used !== undefined) {
+    parts.push(conditions.usedIs);
+    names['#used'] = 'used';
+    values[':expectedUsed'] = expect.used;
+  }
+  return {
+    ConditionExpression: parts.join(' AND '),
+    ExpressionAttributeNames: names,
+    ExpressionAttributeValues: values,
+  };
+}
+
+/**
+ * Claims `slot` for `nodeId`: the slot is free, the backing node still takes nodes (state as read, room,
+ * not drained, within max-age). A claim that takes the last free slot (by what was read) also takes the
+ * item out of the free index, conditioned on `used` being what was read.
+ */
+export function claimSlotUpdate(read: BackingRecord, slot: number, nodeId: string, claim: Claim): Expression {
+  const filling = read.used + 1 >= read.slots;
+  const after = backingIndexAttributes({ ...read, used: read.used + 1 });
+  const names: Record<string, string> = {
+    '#slotMap': 'slotMap',
+    '#claims': 'claims',
+    '#slot': String(slot),
+    '#used': 'used',
+    '#version': 'version',
+    '#state': 'state',
+  };
+  const values: Record<string, unknown> = {
+    ':node': nodeId,
+    ':claim': claim,
+    ':one': 1,
+    ':state': read.state,
+    ':slots': read.slots,
+    ':now': claim.at,
+    ':true': true,
+    ':rpk': after.rpk,
+    ':rsk': after.rsk,
+  };
+  const set = [
+    '#slotMap.#slot = :node',
+    '#claims.#slot = :claim',
+    '#used = #used + :one',
+    '#version = #version + :one',
+    'rpk = :rpk',
+    'rsk = :rsk',
+  ];
+  const condition = [
+    'attribute_not_exists(#slotMap.#slot)',
+    '#state = :state',
+    '#used < :slots',
+    '(attribute_not_exists(drained) OR drained <> :true)',
+    '(attribute_not_exists(noNewNodesAfter) OR noNewNodesAfter > :now)',
+  ];
+  let remove = '';
+  if (filling) {
+    condition.push('#used = :readUsed');
+    values[':readUsed'] = read.used;
+    remove = ' REMOVE fpk, fsk';
+  } else {
+    set.push('fsk = :fsk'); // fullest first, as of this claim (a concurrent one may be newer)
+    values[':fsk'] = after.fsk;
+  }
+  return {
+    UpdateExpression: `SET ${set.join(', ')}${remove}`,
+    ConditionExpression: condition.join(' AND '),
+    ExpressionAttributeNames: names,
+    ExpressionAttributeValues: values,
+  };
+}

@@ -1,0 +1,36 @@
+export interface ReapReport {
+  /** Backing nodes marked retiring this run. */
+  readonly retired: string[];
+  /** Backing nodes whose resource is confirmed gone this run. */
+  readonly stopped: string[];
+  /** Backing nodes failed this run (deadline passed, resource vanished), with the reason. */
+  readonly failed: string[];
+  /** Nodes moved off failed backing nodes this run. */
+  readonly moved: number;
+  /** Resources tagged as ours with no live record, terminated this run. */
+  readonly orphans: string[];
+  /** Slots given back because no recorded node confirmed their claim within the lease. */
+  readonly reclaimedSlots: number;
+  /**
+   * Places in a max-servers set given back because nothing live holds them: reserved by a delivery that
+   * died before it recorded what it reserved them for.
+   */
+  readonly reclaimedPlaces: number;
+  /**
+   * Requests ended `failed` this run because they were still waiting past their request-timeout (their
+   * message may be gone: see waiting.ts).
+   */
+  readonly expiredRequests: string[];
+  /** Retirements lost to a concurrent change (an allocation won): the backing node stays. */
+  readonly conflicts: number;
+  readonly errors: string[];
+  /**
+   * Steps left for the next run because the invocation's time ran short (Context.deadline): not started,
+   * or a check cut short. Not errors: the next run does them.
+   */
+  readonly deferred: number;
+  /** The earliest instant an idle backing node seen this run becomes due (schedule the next run by it). */
+  readonly nextCheckAt?: number;
+}
+
+export type MutableReport = { -readonly [K in keyof ReapReport]: ReapReport[K] };

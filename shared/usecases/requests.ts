@@ -1,0 +1,139 @@
+import { ConflictError } from '../core/errors.ts';
+import { MetricName, PoolEventType } from '../core/observability.ts';
+import type { NodeRecord, RequestRecord } from '../core/records.ts';
+import { failedNode, failedRequest, isLive, withNodes } from '../core/request.ts';
+import { boundedReason } from '../core/text.ts';
+import { giveBackSlot } from './backingNodes.ts';
+import { retryOnConflict } from './conflicts.ts';
+import { type Context, emit } from './context.ts';
+
+/**
+ * Writes of a request record after it was received: its nodes change, it settles (core/request.ts
+ * decides how), it fails. Each is one version-checked write from what was read, retried on conflict;
+ * only the writer that wins a change of the request's state publishes its end (requestSettled).
+ */
+
+/** Publishes the end of a request (fulfilled or failed) and counts failures. */
+export async function requestSettled(ctx: Context, r: RequestRecord): Promise<void> {
+  if (r.state === 'fulfilled') {
+    await emit(ctx, PoolEventType.requestFulfilled, {
+      requestId: r.id,
+      requestor: r.requestor,
+      labels: r.labels,
+      nodes: r.nodes.map((n) => ({
+        id: n.id,
+        label: n.label,
+        state: n.state,
+        host: n.host,
+        port: n.port,
+        backingNodeId: n.backingNodeId,
+        slot: n.slot,
+      })),
+    });
+  } else if (r.state === 'failed') {
+    ctx.metrics?.count(MetricName.requestsFailed);
+    await emit(ctx, PoolEventType.requestFailed, {
+      requestId: r.id,
+      requestor: r.requestor,
+      labels: r.labels,
+      reason: r.reason,
+    });
+  }
+}
+
+/** Records a request that can never be served, unless its id is already taken (never overwrite). */
+export async function recordFailure(ctx: Context, fresh: RequestRecord, why: string): Promise<RequestRecord> {
+  // Created as it would have been, failed: the first version of the record.
+  const failed: RequestRecord = { ...failedRequest(fresh, why, fresh.updatedAt), version: fresh.version };
+  const existing = await ctx.store.createRequest(failed);
+  if (existing) return existing; // the id is taken: never overwrite, and it is not this one that failed
+  ctx.log.warn('request failed', { requestId: fresh.id, reason: failed.reason });
+  await requestSettled(ctx, failed);
+  return failed;
+}
+
+/** Ends a request that is still waiting (state requested) as failed with a reason; idempotent. */
+export async function failRequest(
+  ctx: Context,
+  requestId: string,
+  bodyHash: string,
+  why: string,
+): Promise<RequestRecord | undefined> {
+  const r = await ctx.store.getRequest(requestId);
+  if (r?.state !== 'requested' || r.bodyHash !== bodyHash) return r;
+  const next = failedRequest(r, why, ctx.clock.now());
+  try {
+    await ctx.store.putRequest(next, r.version);
+  } catch (err) {
+    // Placed, or ended, meanwhile: whatever it is now is the answer.
+    if (err instanceof ConflictError) return ctx.store.getRequest(requestId);
+    throw err;
+  }
+  ctx.log.warn('request failed', { requestId, reason: next.reason });
+  await requestSettled(ctx, next);
+  return next;
+}
+
+/**
+ * Applies a change to a placed request's nodes (re-reading on conflict) and settles the request's state
+ * by them (core/request.ts settledState). Returns how many nodes changed. A request still waiting to be
+ * placed is left alone: the request flow re-checks after placing it.
+ */
+export async function updateRequestNodes(
+  ctx: Context,
+  requestId: string,
+  change: (r: RequestRecord) => { nodes: NodeRecord[]; changed: number },
+): Promise<number> {
+  const done = await retryOnConflict(`updating request ${requestId}`, async () => {
+    const r = await ctx.store.getRequest(requestId);
+    if (!r || r.state === 'requested') return { changed: 0 };
+    const { nodes, changed } = change(r);
+    if (changed === 0) return { changed: 0 };
+    const next = withNodes(r, nodes, ctx.clock.now());
+    await ctx.store.putRequest(next, r.version);
+    return { changed, settled: next.state !== r.state ? next : undefined };
+  });
+  if (done.settled) {
+    ctx.log.info(`request ${done.settled.state}`, { requestId, reason: done.settled.reason });
+    await requestSettled(ctx, done.settled);
+  }
+  return done.changed;
+}
+
+/**
+ * Fails the matching live nodes of a request, with the reason. A request not yet fulfilled fails as a
+ * whole (a node set is all or nothing): all its live nodes fail. Every failed node gives back its slot
+ * and its place in the pool's max-servers.
+ */
+export async function failNodes(
+  ctx: Context,
+  requestId: string,
+  why: string,
+  which: (n: NodeRecord) => boolean,
+): Promise<void> {
+  const reason = boundedReason(why);
+  const done = await retryOnConflict(`failing nodes of request ${requestId}`, async () => {
+    const r = await ctx.store.getRequest(requestId);
+    if (!r) return undefined;
+    const wholeRequest = r.state === 'pending' || r.state === 'requested';
+    const failing = r.nodes.filter((n) => isLive(n) && (wholeRequest || which(n)));
+    if (failing.length === 0) return undefined;
+    const ids = new Set(failing.map((n) => n.id));
+    const now = ctx.clock.now();
+    const next = wholeRequest
+      ? failedRequest(r, reason, now, (n) => ids.has(n.id))
+      : withNodes(
+          r,
+          r.nodes.map((n) => (ids.has(n.id) ? failedNode(n, reason) : n)),
+          now,
+        );
+    await ctx.store.putRequest(next, r.version);
+    return { r, next, failing, ids, wholeRequest };
+  });
+  if (!done) return;
+  const { r, next, failing, ids, wholeRequest } = done;
+  ctx.log.warn(wholeRequest ? 'request failed' : 'node failed', { requestId, nodes: [...ids], reason });
+  if (wholeRequest) await requestSettled(ctx, next);
+  for (const n of failing) if (n.backingNodeId) await giveBackSlot(ctx, n.backingNodeId, n.id);
+  if (r.poolKey) await ctx.store.freeNodePlaces(r.poolKey, [...ids]);
+}
