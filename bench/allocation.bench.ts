@@ -33,6 +33,7 @@ import { parseConfigOrThrow } from '../shared/config/load.ts';
 import type { BackingRecord, RequestRecord } from '../shared/core/records.ts';
 import { DevStack, REGION, TABLE_NAME } from '../shared/runtime/devStack.ts';
 import { backingItem, FREE_INDEX, keys, requestItem } from '../shared/store/table.ts';
+import { largeNode, poolConfig, smallNode } from '../testkit/configs.ts';
 import { type BundlesFigures, bundlesReport, measureBundles } from './bundles.ts';
 import { fmtMs, log, quantile, round, type Summary, sleep, summarize, table, yesNo } from './common.ts';
 import { type ContentionFigures, contentionReport, measureContention } from './contention.ts';
@@ -63,26 +64,13 @@ const AIM_LATENCY_RATIO = 1.5;
 const LABEL = 'small-node';
 
 function configYaml(maxServers: number | undefined): string {
-  return `
-providers:
-  - name: local
-    driver: local
-    pools:
-      - name: main
-        max-servers: 4
-        labels:
-          - name: large-node
-            boot-delay: 0
-  - name: meta
-    driver: metastatic
-    pools:
-      - name: main
-${maxServers === undefined ? '' : `        max-servers: ${maxServers}\n`}        labels:
-          - name: ${LABEL}
-            backing-label: large-node
-            max-parallel-jobs: ${SLOTS}
-            grace-time: 86400
-`;
+  return poolConfig({
+    backing: { pool: { 'max-servers': 4 }, labels: [largeNode({ 'boot-delay': 0 })] },
+    meta: {
+      pool: { 'max-servers': maxServers },
+      labels: [smallNode({ name: LABEL, 'max-parallel-jobs': SLOTS, 'grace-time': 86400 })],
+    },
+  });
 }
 
 // ---- small helpers --------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 /**
- * The chaos suite at full size (or any size): the same run as test/chaos.test.ts (see
- * test/support/chaos.ts), with progress lines, for longer runs than `npm test` affords.
+ * The chaos suite at full size (or any size): the same run as test/chaos/chaos.test.ts (see
+ * testkit/chaos.ts), with progress lines, for longer runs than `npm test` affords.
  *
  *   npm run test:chaos                                  1,000 requests, a fresh seed
  *   npm run test:chaos -- --requests 300 --seed 42      a size, a seed (replay)
@@ -12,8 +12,8 @@
  * CHAOS_REQUESTS / CHAOS_SEED / CHAOS_TRACE are read too (flags win). Exits 1 on the first run that
  * breaks an invariant, printing the violations (with ids) and the seed to replay it.
  */
-import { ChaosFailure, formatFailure, formatSummary, runChaos } from '../test/support/chaos.ts';
-import { parseSeed } from '../test/support/chaosRandom.ts';
+import { ChaosFailure, formatFailure, formatSummary, runChaos } from '../testkit/chaos.ts';
+import { parseSeed } from '../testkit/chaosRandom.ts';
 
 function flag(name: string): string | undefined {
   const args = process.argv.slice(2);

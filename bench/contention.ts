@@ -24,6 +24,7 @@ import { MAX_CONFLICT_RETRIES } from '../shared/usecases/conflicts.ts';
 import type { Context } from '../shared/usecases/context.ts';
 import { releaseNode } from '../shared/usecases/release.ts';
 import { requestNodes } from '../shared/usecases/requestNodes.ts';
+import { poolConfig, smallNode } from '../testkit/configs.ts';
 import { fmtMs, readyBacking, round, type Summary, summarize, table } from './common.ts';
 import { type Claimant, InstrumentedStore, newClaimant } from './storeFixture.ts';
 
@@ -42,24 +43,10 @@ const LABEL = 'small-node';
 /** placeNode's page size (placement.ts CANDIDATES_PER_QUERY). */
 const CANDIDATES_PER_QUERY = 10;
 
-export const contentionConfigYaml = (slots: number) => `
-providers:
-  - name: local
-    driver: local
-    pools:
-      - name: main
-        labels:
-          - name: large-node
-  - name: meta
-    driver: metastatic
-    pools:
-      - name: main
-        labels:
-          - name: ${LABEL}
-            backing-label: large-node
-            max-parallel-jobs: ${slots}
-            grace-time: 86400
-`;
+export const contentionConfigYaml = (slots: number) =>
+  poolConfig({
+    meta: { labels: [smallNode({ name: LABEL, 'max-parallel-jobs': slots, 'grace-time': 86400 })] },
+  });
 
 export interface ModelFigures {
   readonly topK: number;

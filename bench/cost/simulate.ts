@@ -20,6 +20,7 @@ import { resourceRunning } from '../../shared/usecases/fulfil.ts';
 import { reap } from '../../shared/usecases/reap.ts';
 import { releaseNode } from '../../shared/usecases/release.ts';
 import { requestNodes } from '../../shared/usecases/requestNodes.ts';
+import { poolConfig } from '../../testkit/configs.ts';
 import type { SimEngine } from './engine.ts';
 import { EventQueue } from './queue.ts';
 import { SimProvider, simRegistry } from './simProvider.ts';
@@ -126,30 +127,19 @@ function countingFullPages(store: PoolStore): { store: PoolStore; fullPages: () 
 
 /** The pool's configuration: one metastatic label per trace label, all on one backing label. */
 export function configYaml(labels: readonly string[], o: SimOptions): string {
-  const metaLabels = labels
-    .map(
-      (l) => `
-          - name: ${JSON.stringify(l)}
-            backing-label: large
-            max-parallel-jobs: ${o.slots}
-            grace-time: ${o.graceS}
-            min-retention-time: ${o.minRetentionS}`,
-    )
-    .join('');
-  return `
-providers:
-  - name: sim
-    driver: local
-    pools:
-      - name: main
-        labels:
-          - name: large
-  - name: meta
-    driver: metastatic
-    pools:
-      - name: main
-${o.maxServers === undefined ? '' : `        max-servers: ${o.maxServers}\n`}        labels:${metaLabels}
-`;
+  return poolConfig({
+    backing: { name: 'sim', labels: [{ name: 'large' }] },
+    meta: {
+      pool: { 'max-servers': o.maxServers },
+      labels: labels.map((name) => ({
+        name,
+        'backing-label': 'large',
+        'max-parallel-jobs': o.slots,
+        'grace-time': o.graceS,
+        'min-retention-time': o.minRetentionS,
+      })),
+    },
+  });
 }
 
 export const POOL_KEY = 'meta/main';

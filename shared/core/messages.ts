@@ -8,7 +8,7 @@ import { boundedReason, clip, listSome, quote } from './text.ts';
  *
  * The limits keep what a message can make the pool store within DynamoDB's 400 KB item: a request's
  * labels are stored twice (the set, and each node's label), so 64 labels of 255 characters take at most
- * ~100 KB (test/core.test.ts measures the largest request the schema admits). SQS's own limit, 256 KB
+ * ~100 KB (test/unit/core.test.ts measures the largest request the schema admits). SQS's own limit, 256 KB
  * per message, is far above what a valid message needs.
  */
 export const MAX_NODE_SET = 64;

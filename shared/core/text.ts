@@ -4,7 +4,7 @@
  * thousands of them, would push the item past DynamoDB's 400 KB limit, and the write that records a
  * permanent failure would itself fail, again and again. So reasons are cut to MAX_REASON_LENGTH and the
  * values they quote to MAX_QUOTED_LENGTH (the limits of the request message itself are in messages.ts;
- * test/core.test.ts checks that the largest request the schema admits fits in an item).
+ * test/unit/core.test.ts checks that the largest request the schema admits fits in an item).
  */
 
 /** Characters (UTF-16 code units, at most 3 bytes each in UTF-8) of a stored reason. */

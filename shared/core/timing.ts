@@ -2,7 +2,7 @@
  * The timing contract of the pool: the functions' timeouts, the queues' visibility timeouts, how long a
  * delivery may work, when another delivery may take its claims over, and when the reaper gives a claim
  * back. These numbers only make the protocol safe together, so they live here, read by both the stack
- * (lib/) and the use cases, and `test/timing.test.ts` checks their ordering:
+ * (lib/) and the use cases, and `test/unit/timing.test.ts` checks their ordering:
  *
  *   delivery deadline <= function timeout < claim takeover <= visibility timeout,  takeover < slot lease
  *   safety margin + shortest check < every function timeout

@@ -1,0 +1,368 @@
+import { DynamoDBClient } from '@aws-sdk/client-dynamodb';
+import { DescribeInstancesCommand, RunInstancesCommand } from '@aws-sdk/client-ec2';
+import { EventBridgeClient, PutEventsCommand } from '@aws-sdk/client-eventbridge';
+import type { SQSBatchResponse } from 'aws-lambda';
+import { mockClient } from 'aws-sdk-client-mock';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { parseConfigOrThrow } from '../../shared/config/load.ts';
+import { ManualClock } from '../../shared/core/clock.ts';
+import { type StateChangeEvent, stateChangeEvent } from '../../shared/core/events.ts';
+import { RESOURCE_NOT_FOUND_GRACE_MS } from '../../shared/core/timing.ts';
+import { makeFulfilHandler } from '../../shared/handlers/fulfilHandler.ts';
+import { makeRequestHandler } from '../../shared/handlers/requestHandler.ts';
+import { awsContext } from '../../shared/runtime/awsContext.ts';
+import { type Engine, ensureTable, startDynalite } from '../../shared/runtime/engines.ts';
+import { DynamoStore } from '../../shared/store/dynamoStore.ts';
+import { type Context, silentLog } from '../../shared/usecases/context.ts';
+import { reap } from '../../shared/usecases/reap.ts';
+import { poolConfig } from '../../testkit/configs.ts';
+import { FakeEc2 } from '../../testkit/fakeEc2.ts';
+import { sqsEvent } from '../../testkit/harness.ts';
+
+/**
+ * The whole flow on the embedded DynamoDB with EC2 played by the stateful fake: the same handlers as
+ * in Lambda, EC2 state events fed to the fulfil handler as EventBridge -> SQS would deliver them.
+ */
+const yaml = (o: { retries?: number; maxServers?: number; publicIpv4?: boolean } = {}) =>
+  poolConfig({
+    backing: {
+      driver: 'aws',
+      provider: { region: 'eu-west-1' },
+      pool: {
+        'max-servers': o.maxServers || undefined,
+        'subnet-ids': ['subnet-a', 'subnet-b'],
+        'security-group-id': 'sg-1',
+        'public-ipv4': o.publicIpv4 || undefined,
+      },
+      labels: [{ name: 'large', 'instance-types': ['m7g.2xlarge', 'm6g.2xlarge'], 'image-id': 'ami-123' }],
+    },
+    meta: {
+      provider: { 'launch-retries': o.retries ?? 3 },
+      labels: [{ name: 'small', 'backing-label': 'large', 'max-parallel-jobs': 2, 'grace-time': 60 }],
+    },
+  });
+
+let engine: Engine;
+let dynamodb: DynamoDBClient;
+let table = 0;
+const eventBridge = mockClient(EventBridgeClient);
+
+beforeAll(async () => {
+  engine = await startDynalite();
+  dynamodb = new DynamoDBClient({
+    endpoint: engine.endpoint,
+    region: 'eu-west-1',
+    credentials: { accessKeyId: 'x', secretAccessKey: 'x' },
+  });
+  eventBridge.on(PutEventsCommand).resolves({ FailedEntryCount: 0, Entries: [{ EventId: 'e' }] });
+});
+afterAll(async () => {
+  eventBridge.restore();
+  dynamodb.destroy();
+  await engine.close();
+});
+
+interface Pool {
+  ctx: Context;
+  ec2: FakeEc2;
+  clock: ManualClock;
+  request: ReturnType<typeof makeRequestHandler>;
+  fulfil: ReturnType<typeof makeFulfilHandler>;
+  /** Delivers the fake's pending state events to the fulfil handler (undefined: there were none). */
+  deliver(): Promise<SQSBatchResponse | undefined>;
+}
+
+let pools: FakeEc2[] = [];
+afterEach(() => {
+  for (const p of pools) p.restore();
+  pools = [];
+});
+
+async function pool(o: { retries?: number; maxServers?: number } = {}): Promise<Pool> {
+  const tableName = `aws-flow-${++table}`;
+  await ensureTable(dynamodb, tableName);
+  const clock = new ManualClock(Date.parse('2026-06-01T00:00:00Z'));
+  const queue: StateChangeEvent[] = [];
+  const ec2 = new FakeEc2({
+    region: 'eu-west-1',
+    clock,
+    bootDelayMs: 30_000,
+    onEvent: (e) => void queue.push(e),
+  });
+  pools.push(ec2);
+  const base = awsContext({
+    config: parseConfigOrThrow(yaml(o), 'aws.yaml'),
+    store: new DynamoStore(dynamodb, tableName),
+    region: 'eu-west-1',
+    poolId: 'test-pool',
+    clock,
+    log: silentLog,
+    ec2Client: () => ec2.client,
+    eventBridge: new EventBridgeClient({ region: 'eu-west-1' }),
+  });
+  // The instances' private IPs are not reachable from here: their port "answers" by fiat.
+  const ctx: Context = { ...base, probePort: async () => true };
+  const request = makeRequestHandler(ctx, { maxReceiveCount: 3 });
+  const fulfil = makeFulfilHandler(ctx);
+  return {
+    ctx,
+    ec2,
+    clock,
+    request,
+    fulfil,
+    async deliver() {
+      await ec2.settled();
+      const events = queue.splice(0);
+      return events.length ? fulfil(sqsEvent(events.map((e) => JSON.stringify(e)))) : undefined;
+    },
+  };
+}
+
+const req = (id: string, labels = ['small']) => JSON.stringify({ kind: 'request', id, labels });
+
+describe('which addresses the functions can check', () => {
+  const contextFor = (o: { publicIpv4?: boolean; inVpc?: boolean }) =>
+    awsContext({
+      config: parseConfigOrThrow(yaml({ publicIpv4: o.publicIpv4 }), 'aws.yaml'),
+      store: new DynamoStore(dynamodb, 'unused'),
+      region: 'eu-west-1',
+      poolId: 'test-pool',
+      ...(o.inVpc === undefined ? {} : { inVpc: o.inVpc }),
+      clock: new ManualClock(0),
+      log: silentLog,
+    });
+
+  it('checks ports at public addresses, or at private ones from inside the VPC; else trusts EC2', () => {
+    expect(contextFor({ publicIpv4: true }).probePort).toBeTypeOf('function');
+    expect(contextFor({ inVpc: true }).probePort).toBeTypeOf('function');
+    // Private addresses from outside the VPC: a check could never succeed, so `running` means ready.
+    expect(contextFor({}).probePort).toBeUndefined();
+    expect(contextFor({ inVpc: false }).probePort).toBeUndefined();
+  });
+
+  it('reads METASTATIC_IN_VPC from the function environment', async () => {
+    const { LambdaEnv } = await import('../../shared/runtime/lambdaContext.ts');
+    const base = { TABLE_NAME: 't', METASTATIC_CONFIG: 'x' };
+    expect(LambdaEnv.parse(base).METASTATIC_IN_VPC).toBe(false);
+    expect(LambdaEnv.parse({ ...base, METASTATIC_IN_VPC: 'true' }).METASTATIC_IN_VPC).toBe(true);
+    expect(LambdaEnv.safeParse({ ...base, METASTATIC_IN_VPC: 'yes' }).success).toBe(false);
+  });
+});
+
+describe('the whole flow against a stateful fake EC2', () => {
+  it('launches one tagged instance for two nodes, fulfils them when it runs, terminates it when idle', async () => {
+    const p = await pool();
+    await p.request(sqsEvent([req('a'), req('b')]));
+    expect(p.ec2.live()).toHaveLength(1);
+    expect((await p.ctx.store.getRequest('a'))?.state).toBe('pending');
+    await p.ec2.advance(30_000);
+    await p.deliver();
+    const a = await p.ctx.store.getRequest('a');
+    expect(a?.state).toBe('fulfilled');
+    expect(a?.nodes[0]?.host).toMatch(/^10\./);
+    expect(a?.nodes[0]?.port).toBe(22);
+    await p.request(
+      sqsEvent([
+        JSON.stringify({ kind: 'release', nodeId: 'a/0' }),
+        JSON.stringify({ kind: 'release', nodeId: 'b/0' }),
+      ]),
+    );
+    p.clock.advance(61_000);
+    const report = await reap(p.ctx);
+    expect(report.retired).toHaveLength(1);
+    await p.ec2.advance(10_000);
+    expect(p.ec2.live()).toHaveLength(0);
+  });
+
+  it('never launches twice for a redelivered message', async () => {
+    const p = await pool();
+    await p.request(sqsEvent([req('dup')]));
+    await p.request(sqsEvent([req('dup')]));
+    expect(p.ec2.instances).toHaveLength(1);
+  });
+
+  it('falls back to the next instance type on a capacity error', async () => {
+    const p = await pool();
+    p.ec2.failLaunches({ code: 'InsufficientInstanceCapacity', instanceType: 'm7g.2xlarge' });
+    await p.request(sqsEvent([req('cap')]));
+    const [instance] = p.ec2.instances;
+    expect(instance?.instanceType).toBe('m6g.2xlarge');
+  });
+
+  it('makes requests wait, not fail, while a quota error pauses the pool', async () => {
+    const p = await pool();
+    p.ec2.failNextLaunches(1, 'VcpuLimitExceeded');
+    const out = await p.request(sqsEvent([req('quota')]));
+    expect(out.batchItemFailures).toHaveLength(1); // comes back later
+    expect((await p.ctx.store.getRequest('quota'))?.state).toBe('requested');
+    // Still paused: no EC2 call, still waiting.
+    const calls = p.ec2.inputs('RunInstances').length;
+    await p.request(sqsEvent([req('quota')], 2));
+    expect(p.ec2.inputs('RunInstances').length).toBe(calls);
+    // The pause ends: the same backing node is launched with the same token.
+    p.clock.advance(5 * 60_000 + 1);
+    await p.request(sqsEvent([req('quota')], 2));
+    expect(p.ec2.live()).toHaveLength(1);
+    expect((await p.ctx.store.getRequest('quota'))?.state).toBe('pending');
+  });
+
+  it('moves waiting nodes when their instance dies, and fails ready ones so their users learn it', async () => {
+    const p = await pool();
+    await p.request(sqsEvent([req('r1')]));
+    await p.ec2.advance(30_000);
+    await p.deliver();
+    const [first] = p.ec2.live();
+    await p.request(sqsEvent([req('r2')])); // joins the ready instance
+    expect((await p.ctx.store.getRequest('r2'))?.state).toBe('fulfilled');
+    p.ec2.kill(first?.instanceId as string);
+    await p.ec2.advance(10_000);
+    await p.deliver();
+    for (const id of ['r1', 'r2']) {
+      expect((await p.ctx.store.getRequest(id))?.nodes[0]).toMatchObject({
+        state: 'failed',
+        reason: expect.stringContaining(first?.instanceId as string),
+      });
+    }
+  });
+
+  it('fails a request after launch-retries attempts that all fail, with the AWS message', async () => {
+    const p = await pool({ retries: 2 });
+    p.ec2.failLaunches({ code: 'InvalidAMIID.NotFound' });
+    await p.request(sqsEvent([req('bad')]));
+    const r = await p.ctx.store.getRequest('bad');
+    expect(r?.state).toBe('failed');
+    expect(r?.reason).toMatch(
+      /failed to launch 2 time\(s\); last: launch of large failed: .*InvalidAMIID\.NotFound/,
+    );
+  });
+});
+
+describe("EC2's eventual consistency: a new instance can be unknown to DescribeInstances for a while", () => {
+  it('never fails an instance EC2 does not show yet, nor launches a second one, and uses it once shown', async () => {
+    const p = await pool();
+    p.ec2.notFoundAfterLaunchMs = 3 * 60_000;
+    await p.request(sqsEvent([req('young')]));
+    const [instance] = p.ec2.instances;
+    const backingId = (await p.ctx.store.getRequest('young'))?.nodes[0]?.backingNodeId as string;
+    // It boots; its `running` event comes while DescribeInstances still answers NotFound: retried.
+    await p.ec2.advance(60_000);
+    expect((await p.deliver())?.batchItemFailures).toEqual([{ itemIdentifier: 'm-1' }]);
+    for (const _ of [1, 2]) {
+      const report = await reap(p.ctx);
+      expect(report.failed).toEqual([]);
+      expect(report.errors).toEqual([]);
+      p.clock.advance(60_000);
+    }
+    expect(p.ec2.inputs('RunInstances')).toHaveLength(1);
+    expect(p.ec2.inputs('TerminateInstances')).toHaveLength(0);
+    expect((await p.ctx.store.getBacking(backingId))?.state).toBe('launching');
+    // EC2 shows it now: the reaper's reconciliation finds it running (the event was not taken).
+    p.clock.advance(60_000);
+    expect((await reap(p.ctx)).failed).toEqual([]);
+    expect(await p.ctx.store.getRequest('young')).toMatchObject({
+      state: 'fulfilled',
+      nodes: [{ backingNodeId: backingId, host: instance?.privateIp }],
+    });
+    expect(p.ec2.instances).toHaveLength(1);
+  });
+
+  it('takes a recorded instance for gone once EC2 has not found it past the grace, asked twice', async () => {
+    const p = await pool();
+    await p.request(sqsEvent([req('lost')]));
+    const [instance] = p.ec2.instances;
+    const id = instance?.instanceId as string;
+    const backingId = (await p.ctx.store.getRequest('lost'))?.nodes[0]?.backingNodeId as string;
+    p.ec2.hide(id); // EC2 has lost it for good
+    p.clock.advance(RESOURCE_NOT_FOUND_GRACE_MS - 1_000);
+    expect((await reap(p.ctx)).failed).toEqual([]);
+    p.clock.advance(1_000);
+    p.ec2.resetCalls();
+    const report = await reap(p.ctx);
+    expect(report.failed).toEqual([backingId]);
+    // Asked twice before it was judged gone (and its node moved to a new instance).
+    const calls = p.ec2.mock.calls().map((c) => c.args[0]);
+    const relaunch = calls.findIndex((c) => c instanceof RunInstancesCommand);
+    const asked = calls
+      .slice(0, relaunch)
+      .filter((c) => c instanceof DescribeInstancesCommand && c.input.InstanceIds?.includes(id));
+    expect(asked).toHaveLength(2);
+    // As for any vanished resource: the waiting node moves to a new instance.
+    expect(report.moved).toBe(1);
+    expect(p.ec2.inputs('RunInstances')).toHaveLength(1);
+  });
+
+  it('does not take a NotFound terminate of a young instance for done: terminates it once EC2 shows it', async () => {
+    const p = await pool();
+    p.ec2.notFoundAfterLaunchMs = 3 * 60_000;
+    await p.request(sqsEvent([req('early')]));
+    const [instance] = p.ec2.instances;
+    const backingId = (await p.ctx.store.getRequest('early'))?.nodes[0]?.backingNodeId as string;
+    await p.request(sqsEvent([JSON.stringify({ kind: 'release', nodeId: 'early/0' })]));
+    p.clock.advance(61_000); // grace-time 60 s
+    const report = await reap(p.ctx);
+    expect(report.retired).toEqual([backingId]);
+    expect(report.stopped).toEqual([]);
+    expect(report.errors).toEqual([]);
+    expect((await p.ctx.store.getBacking(backingId))?.state).toBe('retiring');
+    expect(p.ec2.instance(instance?.instanceId as string)?.state).toBe('running');
+    p.clock.advance(2 * 60_000);
+    expect((await reap(p.ctx)).stopped).toEqual([backingId]);
+    expect(p.ec2.live()).toHaveLength(0);
+  });
+});
+
+describe('the fulfil function and other instances in the region', () => {
+  const foreign = 'i-0f0f0f0f0f0f0f0f0';
+  const spotWarning = (instanceId: string) =>
+    JSON.stringify({
+      version: '0',
+      'detail-type': 'EC2 Spot Instance Interruption Warning',
+      source: 'aws.ec2',
+      detail: { 'instance-id': instanceId, 'instance-action': 'terminate' },
+    });
+
+  it('ignores events for instances no backing node records without any EC2 call; ours still work', async () => {
+    const p = await pool();
+    await p.request(sqsEvent([req('ours')]));
+    const [instance] = p.ec2.instances;
+    p.ec2.resetCalls();
+    const events = (['pending', 'running', 'shutting-down', 'terminated'] as const).map((state) =>
+      JSON.stringify(
+        stateChangeEvent({ resourceId: foreign, state, source: 'aws.ec2', region: 'eu-west-1', at: 0 }),
+      ),
+    );
+    const out = await p.fulfil(sqsEvent([...events, spotWarning(foreign)]));
+    expect(out.batchItemFailures).toEqual([]);
+    expect(p.ec2.mock.calls()).toHaveLength(0);
+    // Our instance's events: `pending` needs no call, `running` one DescribeInstances (its address).
+    await p.ec2.advance(30_000);
+    await p.deliver();
+    expect(p.ec2.mock.calls()).toHaveLength(1);
+    expect(p.ec2.inputs('DescribeInstances')[0]?.InstanceIds).toEqual([instance?.instanceId]);
+    expect((await p.ctx.store.getRequest('ours'))?.state).toBe('fulfilled');
+    // A spot warning for ours needs no EC2 call either, and fails its backing node.
+    p.ec2.resetCalls();
+    expect(
+      (await p.fulfil(sqsEvent([spotWarning(instance?.instanceId as string)]))).batchItemFailures,
+    ).toEqual([]);
+    expect(p.ec2.mock.calls()).toHaveLength(0);
+    expect((await p.ctx.store.getRequest('ours'))?.nodes[0]).toMatchObject({
+      state: 'failed',
+      reason: expect.stringContaining('spot interruption warning'),
+    });
+  });
+
+  it("forgets an instance's pointer once its backing node is stopped", async () => {
+    const p = await pool();
+    await p.request(sqsEvent([req('gone')]));
+    const id = p.ec2.instances[0]?.instanceId as string;
+    await p.ec2.advance(30_000);
+    await p.deliver();
+    expect(await p.ctx.store.backingIdOfResource(id)).toBeDefined();
+    await p.request(sqsEvent([JSON.stringify({ kind: 'release', nodeId: 'gone/0' })]));
+    await p.ec2.advance(61_000);
+    await p.deliver();
+    expect((await reap(p.ctx)).stopped).toHaveLength(1);
+    expect(await p.ctx.store.backingIdOfResource(id)).toBeUndefined();
+  });
+});

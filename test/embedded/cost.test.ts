@@ -1,0 +1,89 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { type SimEngine, startSimEngine } from '../../bench/cost/engine.ts';
+import { model } from '../../bench/cost/model.ts';
+import { DEFAULT_OPTIONS, lowerBound, perJob, type SimOptions, simulate } from '../../bench/cost/simulate.ts';
+import { formatTraceCsv, parseTraceCsv, syntheticTrace } from '../../bench/cost/traces.ts';
+
+/**
+ * The cost simulator (bench/cost, `npm run cost`) on a 20-job trace: the real use cases on dynalite,
+ * a virtual clock. Only figures are checked, never timing.
+ */
+let engine: SimEngine;
+beforeAll(async () => {
+  engine = await startSimEngine();
+});
+afterAll(async () => {
+  await engine.close();
+});
+
+const trace = syntheticTrace('bursty', 7, 20);
+const options = (o: Partial<SimOptions> = {}): SimOptions => ({ ...DEFAULT_OPTIONS, ...o });
+
+describe('the cost simulator', () => {
+  it('never beats the lower bound, and agrees with the reference model', async () => {
+    const bound = lowerBound(trace, DEFAULT_OPTIONS.slots).instanceSeconds;
+    expect(bound).toBeGreaterThan(0);
+    for (const [policy, graceS] of [
+      ['fullest', 0],
+      ['oldest', 0],
+      ['fullest', 300],
+    ] as const) {
+      const o = options({ policy, graceS });
+      const r = await simulate(engine, trace, o, { series: false });
+      expect(r.instanceSeconds).toBeGreaterThanOrEqual(bound);
+      expect(r.waitS.max).toBeLessThanOrEqual(DEFAULT_OPTIONS.bootS);
+      const m = model(trace, o);
+      expect([r.instanceSeconds, r.backingLaunched, r.warmHits]).toEqual([
+        m.instanceSeconds,
+        m.backingLaunched,
+        m.warmHits,
+      ]);
+    }
+    expect(perJob(trace, DEFAULT_OPTIONS.bootS).instanceSeconds).toBeGreaterThanOrEqual(bound);
+  });
+
+  it('one instance per job costs the sum of boot + duration, computed or run through the real code', async () => {
+    const expected = trace.jobs.reduce((s, j) => s + DEFAULT_OPTIONS.bootS + j.durationMs / 1000, 0);
+    expect(perJob(trace, DEFAULT_OPTIONS.bootS).instanceSeconds).toBeCloseTo(expected, 6);
+    // max-parallel-jobs 1, grace-time 0, a reaper that runs the instant a backing node is empty.
+    const real = await simulate(engine, trace, options({ slots: 1, graceS: 0, reaperTickS: 0 }));
+    expect(real.instanceSeconds).toBeCloseTo(expected, 6);
+    expect(real.backingLaunched).toBe(trace.jobs.length);
+  });
+
+  it('simulates the reaper on every tick or only when something can be due, with the same bill', async () => {
+    const o = options({ graceS: 60, minRetentionS: 600 });
+    const due = await simulate(engine, trace, o, { series: false });
+    const periodic = await simulate(engine, trace, { ...o, reaperMode: 'periodic' }, { series: false });
+    expect(periodic.instanceSeconds).toBe(due.instanceSeconds);
+    expect(periodic.backingLaunched).toBe(due.backingLaunched);
+    expect(periodic.dynamodbCalls).toBeGreaterThan(due.dynamodbCalls);
+  });
+
+  it('generates the same trace for the same seed, and reads back what it writes', () => {
+    for (const kind of ['steady', 'bursty', 'diurnal'] as const) {
+      const a = syntheticTrace(kind, 42, 50);
+      expect(syntheticTrace(kind, 42, 50)).toEqual(a);
+      expect(syntheticTrace(kind, 43, 50).jobs).not.toEqual(a.jobs);
+      expect(parseTraceCsv(formatTraceCsv(a), kind).jobs).toEqual(a.jobs);
+    }
+    // Pinned: mulberry32 and the distributions give these numbers everywhere.
+    expect(trace.jobs.slice(0, 3).map((j) => [j.arrivalMs, j.durationMs])).toEqual([
+      [11462, 159595],
+      [17450, 206793],
+      [30202, 370949],
+    ]);
+  });
+
+  it('reads a CSV trace and reports what is wrong in one', () => {
+    const t = parseTraceCsv('# comment\narrival_s,duration_s,label\n5,60,big\n1.5,30,\n', 'mine');
+    expect(t.jobs).toEqual([
+      { index: 0, arrivalMs: 1500, durationMs: 30_000, label: 'small' },
+      { index: 1, arrivalMs: 5000, durationMs: 60_000, label: 'big' },
+    ]);
+    expect(() => parseTraceCsv('arrival,duration\n1,2\n', 'x.csv')).toThrow(/x.csv:1: expected the header/);
+    expect(() => parseTraceCsv('arrival_s,duration_s,label\n1,0,a\n', 'x.csv')).toThrow(
+      /x.csv:2: duration_s/,
+    );
+  });
+});

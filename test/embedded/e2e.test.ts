@@ -1,0 +1,195 @@
+import { type ChildProcess, execFile, spawn } from 'node:child_process';
+import { existsSync } from 'node:fs';
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { connect } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { alive, until } from '../../testkit/processes.ts';
+
+const root = resolve(import.meta.dirname, '..', '..');
+const bin = join(root, 'bin', 'metastatic.mjs');
+
+interface Run {
+  code: number;
+  stdout: string;
+  stderr: string;
+}
+
+function cli(args: string[], env: NodeJS.ProcessEnv = {}): Promise<Run> {
+  return new Promise((done) => {
+    execFile(
+      process.execPath,
+      [bin, ...args],
+      { env: { ...process.env, ...env }, timeout: 60_000 },
+      (err, stdout, stderr) => {
+        const code = err ? (typeof err.code === 'number' ? err.code : 1) : 0;
+        done({ code, stdout, stderr });
+      },
+    );
+  });
+}
+
+function greeting(port: number): Promise<string> {
+  return new Promise((ok, fail) => {
+    const s = connect(port, '127.0.0.1');
+    s.once('data', (d) => {
+      ok(d.toString());
+      s.destroy();
+    });
+    s.once('error', fail);
+  });
+}
+
+// Each step spawns a CLI process (node + tsx) against a dev stack of more processes: on a loaded machine a
+// step takes many times its usual few seconds. The timeouts catch hangs; they assert no speed.
+describe('metastatic CLI end to end (a new user’s session)', { timeout: 180_000 }, () => {
+  let stateDir: string;
+  let dev: ChildProcess;
+  let devLog = '';
+  const withState = (args: string[]) => ['--state-dir', stateDir, ...args];
+
+  beforeAll(async () => {
+    stateDir = await mkdtemp(join(tmpdir(), 'metastatic-e2e-'));
+    dev = spawn(process.execPath, [bin, '--state-dir', stateDir, 'dev', '--reaper-interval', '0.3'], {
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    dev.stdout?.on('data', (d) => {
+      devLog += d;
+    });
+    dev.stderr?.on('data', (d) => {
+      devLog += d;
+    });
+    await until('dev.json', async () => (existsSync(join(stateDir, 'dev.json')) ? true : undefined));
+  });
+
+  afterAll(async () => {
+    if (dev.exitCode === null) dev.kill('SIGKILL');
+    await rm(stateDir, { recursive: true, force: true });
+  });
+
+  it('packs three requests onto two backing processes, releases them and stops both after grace-time', async () => {
+    const runs = [];
+    for (let i = 0; i < 3; i++)
+      runs.push(await cli(withState(['request', 'small-node', '--wait', '--json', '--timeout', '30'])));
+    for (const r of runs) expect(r.code, r.stderr + devLog).toBe(0);
+    const requests = runs.map((r) => JSON.parse(r.stdout));
+    for (const r of requests) {
+      expect(r.state).toBe('fulfilled');
+      expect(r.nodes).toHaveLength(1);
+      expect(Object.keys(r.nodes[0]).sort()).toEqual(
+        ['attributes', 'backingNodeId', 'host', 'hostKeys', 'id', 'label', 'port', 'slot', 'state'].sort(),
+      );
+    }
+    const nodes = requests.map((r) => r.nodes[0]);
+    expect(new Set(nodes.map((n) => n.backingNodeId)).size).toBe(2);
+    expect(nodes[0].backingNodeId).toBe(nodes[1].backingNodeId);
+    for (const n of nodes) expect(await greeting(n.port)).toContain(n.backingNodeId);
+    const pids = [...new Set(nodes.map((n) => n.attributes.pid as number))];
+    expect(pids.every(alive)).toBe(true);
+
+    const listed = JSON.parse((await cli(withState(['list', 'backing', '--json']))).stdout);
+    expect(listed.map((b: { usedSlots: number }) => b.usedSlots).sort()).toEqual([1, 2]);
+    expect(Object.keys(listed[0])).toEqual(
+      expect.arrayContaining([
+        'id',
+        'label',
+        'state',
+        'slots',
+        'usedSlots',
+        'host',
+        'port',
+        'launchedAt',
+        'lastUsedAt',
+      ]),
+    );
+
+    for (const n of nodes) {
+      const rel = await cli(withState(['release', n.id, '--json']));
+      expect(rel.code, rel.stderr).toBe(0);
+      expect(JSON.parse(rel.stdout).state).toBe('released');
+    }
+    // grace-time is 2 s in examples/local.yaml; the reaper runs every 0.3 s.
+    await until('both backing nodes stopped', async () => {
+      const out = JSON.parse((await cli(withState(['list', 'backing', '--json']))).stdout);
+      return out.length === 0 ? true : undefined;
+    });
+    await until('backing processes gone', async () => (pids.some(alive) ? undefined : true));
+    const all = JSON.parse((await cli(withState(['list', 'backing', '--json', '--all']))).stdout);
+    expect(all.map((b: { state: string }) => b.state)).toEqual(['stopped', 'stopped']);
+  });
+
+  it('reports an unknown node and a usage error with distinct exit codes', async () => {
+    const unknown = await cli(withState(['release', 'nobody/0']));
+    expect(unknown.code).toBe(1);
+    expect(unknown.stderr).toContain('unknown node nobody/0');
+    const usage = await cli(withState(['release', 'not-a-node-id']));
+    expect(usage.code).toBe(2);
+    const badLabel = await cli(withState(['request', 'no-such-label', '--wait', '--json']));
+    expect(badLabel.code).toBe(1);
+    expect(JSON.parse(badLabel.stdout)).toMatchObject({
+      state: 'failed',
+      reason: expect.stringContaining('unknown label'),
+    });
+  });
+
+  it('stops on SIGINT, leaving no backing process and no dev.json', async () => {
+    const r = JSON.parse((await cli(withState(['request', 'small-node', '--wait', '--json']))).stdout);
+    const pid = r.nodes[0].attributes.pid as number;
+    expect(alive(pid)).toBe(true);
+    const exited = new Promise<number | null>((ok) => dev.once('exit', (code) => ok(code)));
+    dev.kill('SIGINT');
+    expect(await exited).toBe(0);
+    expect(alive(pid)).toBe(false);
+    expect(existsSync(join(stateDir, 'dev.json'))).toBe(false);
+  });
+});
+
+describe('metastatic CLI without a running pool', { timeout: 180_000 }, () => {
+  it('validates configurations with YAML paths and exit codes', async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'metastatic-cfg-'));
+    const bad = join(dir, 'bad.yaml');
+    await writeFile(
+      bad,
+      'providers:\n  - name: meta\n    driver: metastatic\n    pools:\n      - name: main\n        labels:\n          - name: s\n            backing-label: nowhere\n            max-parallel-jobs: 0\n',
+    );
+    const invalid = await cli(['validate', bad]);
+    expect(invalid.code).toBe(1);
+    expect(invalid.stderr).toContain('providers[0].pools[0].labels[0].max-parallel-jobs');
+    expect(invalid.stderr).toContain('providers[0].pools[0].labels[0].backing-label');
+    const valid = await cli(['validate', join(root, 'examples', 'local.yaml')]);
+    expect(valid.code).toBe(0);
+    expect(valid.stderr).toBe('');
+    // Valid but ignored keys are warnings: exit 0, the path on stderr, and in --json.
+    const example = await readFile(join(root, 'examples', 'local.yaml'), 'utf8');
+    const minReady = join(dir, 'min-ready.yaml');
+    await writeFile(
+      minReady,
+      `labels:\n  - name: large-node\n  - name: small-node\n    min-ready: 2\n${example}`,
+    );
+    const warned = await cli(['validate', minReady]);
+    expect(warned.code).toBe(0);
+    expect(warned.stderr).toContain(
+      `warning: ${minReady}: labels[1].min-ready: is not supported yet and is ignored`,
+    );
+    const asJson = JSON.parse((await cli(['validate', minReady, '--json'])).stdout);
+    expect(asJson).toMatchObject({ valid: true, warnings: [{ path: 'labels[1].min-ready' }] });
+    await rm(dir, { recursive: true, force: true });
+  });
+
+  it('explains how to start a pool when none is running', async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'metastatic-none-'));
+    const r = await cli(['--state-dir', dir, 'list', 'nodes']);
+    expect(r.code).toBe(1);
+    expect(r.stderr).toContain('no running pool found');
+    expect(r.stderr).toContain('npm start');
+    await rm(dir, { recursive: true, force: true });
+  });
+
+  it('exits 2 on usage errors and 0 on --help', async () => {
+    expect((await cli(['frobnicate'])).code).toBe(2);
+    const help = await cli(['request', '--help']);
+    expect(help.code).toBe(0);
+    expect(help.stdout).toContain('--wait');
+  });
+});

@@ -1,0 +1,119 @@
+import { readFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { EventBridgeClient, PutEventsCommand } from '@aws-sdk/client-eventbridge';
+import { mockClient } from 'aws-sdk-client-mock';
+import { afterEach, describe, expect, it } from 'vitest';
+import { SpotInterruptionDetailType } from '../../shared/core/events.ts';
+import { EventBridgeSink } from '../../shared/providers/events/eventBridgeSink.ts';
+import { baseConfig } from '../../testkit/configs.ts';
+import { type Harness, sqsEvent, startHarness } from '../../testkit/harness.ts';
+
+let h: Harness | undefined;
+afterEach(async () => {
+  await h?.close();
+  h = undefined;
+});
+
+async function published(
+  harness: Harness,
+): Promise<Array<{ 'detail-type': string; detail: Record<string, unknown> }>> {
+  const text = await readFile(join(harness.stack.info.stateDir, 'events.jsonl'), 'utf8').catch(() => '');
+  return text
+    .split('\n')
+    .filter(Boolean)
+    .map((l) => JSON.parse(l));
+}
+
+describe('events out', () => {
+  it('publishes launched, fulfilled, released and stopped, once each', async () => {
+    h = await startHarness(baseConfig({ grace: 0 }));
+    await h.send({ kind: 'request', id: 'ev', labels: ['small-node'] });
+    await h.send({ kind: 'request', id: 'ev', labels: ['small-node'] }); // a duplicate publishes nothing
+    await h.drainRequests();
+    await h.fulfilUntil(async () => (await h?.stack.context.store.getRequest('ev'))?.state === 'fulfilled');
+    await h.send({ kind: 'release', nodeId: 'ev/0' });
+    await h.drainRequests();
+    h.clock.advance(1);
+    await h.stack.reapNow();
+    const events = await published(h);
+    expect(events.map((e) => e['detail-type'])).toEqual([
+      'Backing Node Launched',
+      'Request Fulfilled',
+      'Node Released',
+      'Backing Node Stopped',
+    ]);
+    expect(events[1]?.detail).toMatchObject({ requestId: 'ev', nodes: [{ id: 'ev/0', state: 'ready' }] });
+  });
+
+  it('publishes a failed request with its reason', async () => {
+    h = await startHarness(baseConfig());
+    await h.stack.handlers.request(
+      sqsEvent([JSON.stringify({ kind: 'request', id: 'bad', labels: ['nope'] })]),
+    );
+    const [event] = await published(h);
+    expect(event).toMatchObject({
+      'detail-type': 'Request Failed',
+      source: 'metastatic',
+      detail: { requestId: 'bad', reason: 'unknown label "nope" (configured: small-node)' },
+    });
+  });
+
+  it('sends each event to the configured EventBridge bus and reports rejected entries', async () => {
+    const eb = mockClient(EventBridgeClient);
+    eb.on(PutEventsCommand)
+      .resolvesOnce({ FailedEntryCount: 0, Entries: [{ EventId: 'e1' }] })
+      .resolvesOnce({ FailedEntryCount: 1, Entries: [{ ErrorCode: 'AccessDenied', ErrorMessage: 'no' }] });
+    const sink = new EventBridgeSink(new EventBridgeClient({ region: 'us-east-1' }), 'pool-bus');
+    await sink.publish('Node Released', { nodeId: 'a/0' });
+    expect(eb.commandCalls(PutEventsCommand)[0]?.args[0].input).toEqual({
+      Entries: [
+        {
+          EventBusName: 'pool-bus',
+          Source: 'metastatic',
+          DetailType: 'Node Released',
+          Detail: '{"nodeId":"a/0"}',
+        },
+      ],
+    });
+    await expect(sink.publish('Node Released', { nodeId: 'b/0' })).rejects.toThrow(
+      'PutEvents rejected Node Released: AccessDenied no',
+    );
+    eb.restore();
+  });
+
+  it('puts the pool id in every detail when it has one, so pools sharing a bus can be told apart', async () => {
+    const eb = mockClient(EventBridgeClient);
+    eb.on(PutEventsCommand).resolves({ FailedEntryCount: 0, Entries: [{ EventId: 'e1' }] });
+    const sink = new EventBridgeSink(new EventBridgeClient({ region: 'us-east-1' }), 'default', 'ci-pool');
+    await sink.publish('Request Failed', { requestId: 'r', reason: 'no capacity' });
+    const detail = eb.commandCalls(PutEventsCommand)[0]?.args[0].input.Entries?.[0]?.Detail ?? '';
+    expect(JSON.parse(detail)).toEqual({ requestId: 'r', reason: 'no capacity', poolId: 'ci-pool' });
+    eb.restore();
+  });
+});
+
+describe('spot interruption warning', () => {
+  it('retires the backing node at once and fails its ready nodes so their users learn it', async () => {
+    h = await startHarness(baseConfig({ slots: 2 }));
+    await h.send({ kind: 'request', id: 'spot', labels: ['small-node'] });
+    await h.drainRequests();
+    await h.fulfilUntil(async () => (await h?.stack.context.store.getRequest('spot'))?.state === 'fulfilled');
+    const store = h.stack.context.store;
+    const [b] = await store.listBacking();
+    const warning = {
+      version: '0',
+      'detail-type': SpotInterruptionDetailType,
+      source: 'aws.ec2',
+      resources: [],
+      detail: { 'instance-id': b?.resourceId, 'instance-action': 'terminate' },
+    };
+    const out = await h.stack.handlers.fulfil(sqsEvent([JSON.stringify(warning)]));
+    expect(out.batchItemFailures).toEqual([]);
+    expect((await store.getBacking(b?.id as string))?.state).toBe('failed');
+    expect((await store.getRequest('spot'))?.nodes[0]).toMatchObject({
+      state: 'failed',
+      reason: expect.stringContaining('spot interruption warning'),
+    });
+    expect((await h.stack.reapNow()).stopped).toEqual([b?.id]);
+  });
+});

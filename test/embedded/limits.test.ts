@@ -1,0 +1,161 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { ItemTooLargeError, PermanentError } from '../../shared/core/errors.ts';
+import { nodeId } from '../../shared/core/ids.ts';
+import { MAX_LABEL_LENGTH, MAX_NODE_SET, RequestMessage } from '../../shared/core/messages.ts';
+import type { RequestRecord } from '../../shared/core/records.ts';
+import { clip, MAX_REASON_LENGTH } from '../../shared/core/text.ts';
+import { baseConfig } from '../../testkit/configs.ts';
+import { type Harness, sqsEvent, startHarness } from '../../testkit/harness.ts';
+
+/**
+ * A permanent error ends its request at once, with the real reason, in an item DynamoDB accepts
+ * (issue 10, defect 2). Before the bounds, a failure record quoting its labels could exceed the 400 KB
+ * item: the write failed with "Item size has exceeded the maximum allowed size", a transient error to
+ * the handler, so the request was retried until its receives ran out and ended with the size error (or,
+ * when even that record was too large, went to the dead-letter queue, whose consumer failed forever).
+ * Everything runs on dynalite, which enforces DynamoDB's item limit, through the real request handler.
+ */
+let h: Harness;
+beforeAll(async () => {
+  h = await startHarness(baseConfig(), { maxReceiveCount: 50 });
+});
+afterAll(async () => {
+  await h?.close();
+});
+
+const body = (id: string, labels: unknown) => JSON.stringify({ kind: 'request', id, labels });
+/** One delivery of `bodies`, as the first receive of each: what a permanent error must settle at once. */
+const deliverOnce = (bodies: string[]) => h.stack.handlers.request(sqsEvent(bodies, 1));
+
+describe('permanent errors end the request at once, with the real reason, within the item limit', () => {
+  it('fails 64 unknown 100-character labels on the first receive with "unknown labels", naming a few', async () => {
+    const labels = Array.from({ length: 64 }, (_, i) => `${String(i).padStart(3, '0')}${'x'.repeat(97)}`);
+    const out = await deliverOnce([body('unknown-64', labels)]);
+    expect(out.batchItemFailures).toEqual([]); // consumed: not retried
+    const r = await h.stack.context.store.getRequest('unknown-64');
+    expect(r?.state).toBe('failed');
+    expect(r?.labels).toEqual(labels); // a valid message is recorded as sent
+    expect(r?.reason).toMatch(/^unknown labels "000x+… \(\d+ more characters\)", "001x+…/);
+    expect(r?.reason).toContain('and 59 more');
+    expect(r?.reason?.length).toBeLessThanOrEqual(MAX_REASON_LENGTH);
+    expect(r?.nodes).toHaveLength(64);
+    expect(r?.nodes.every((n) => n.state === 'failed' && n.reason === r.reason)).toBe(true);
+  });
+
+  it('fails a 250 KB label on the first receive: a label has at most 255 characters', async () => {
+    const huge = 'y'.repeat(250_000);
+    const out = await deliverOnce([body('label-250k', [huge])]);
+    expect(out.batchItemFailures).toEqual([]);
+    const r = await h.stack.context.store.getRequest('label-250k');
+    expect(r).toMatchObject({
+      state: 'failed',
+      reason: `invalid request message: labels.0: a label has at most ${MAX_LABEL_LENGTH} characters`,
+    });
+    // What was asked for, cut to the bound: enough to recognise it.
+    expect(r?.labels).toEqual([clip(huge, MAX_LABEL_LENGTH)]);
+    expect(r?.labels[0]?.length).toBe(MAX_LABEL_LENGTH);
+  });
+
+  it('records an invalid message of 20,000 labels under its id on the first receive', async () => {
+    const out = await deliverOnce([body('labels-20k', Array<string>(20_000).fill('small-node'))]);
+    expect(out.batchItemFailures).toEqual([]);
+    const r = await h.stack.context.store.getRequest('labels-20k');
+    expect(r).toMatchObject({
+      state: 'failed',
+      reason: `invalid request message: labels: a node set has at most ${MAX_NODE_SET} labels`,
+    });
+    expect(r?.labels).toHaveLength(MAX_NODE_SET);
+  });
+
+  it('names a few of thousands of issues and counts the rest', async () => {
+    const out = await deliverOnce([body('bad-60', Array<string>(60).fill('z'.repeat(300)))]);
+    expect(out.batchItemFailures).toEqual([]);
+    const r = await h.stack.context.store.getRequest('bad-60');
+    expect(r?.reason).toBe(
+      `invalid request message: labels.0: a label has at most ${MAX_LABEL_LENGTH} characters; ` +
+        `labels.1: a label has at most ${MAX_LABEL_LENGTH} characters; ` +
+        `labels.2: a label has at most ${MAX_LABEL_LENGTH} characters (and 57 more issues)`,
+    );
+  });
+
+  it('quotes at most 64 characters of an unknown key', async () => {
+    const key = 'k'.repeat(100_000);
+    await deliverOnce([JSON.stringify({ kind: 'request', id: 'bad-key', labels: ['small-node'], [key]: 1 })]);
+    const r = await h.stack.context.store.getRequest('bad-key');
+    expect(r?.state).toBe('failed');
+    expect(r?.reason).toMatch(/^invalid request message: unknown key "k+… \(\d+ more characters\)"$/);
+    expect(r?.reason?.length).toBeLessThan(120);
+  });
+});
+
+describe('the dead-letter consumer', () => {
+  it('ends a dead-lettered request with a 250 KB label with its real reason instead of failing forever', async () => {
+    const out = await h.stack.handlers.deadLetters(sqsEvent([body('dlq-250k', ['w'.repeat(250_000)])], 50));
+    expect(out.batchItemFailures).toEqual([]);
+    expect(await h.stack.context.store.getRequest('dlq-250k')).toMatchObject({
+      state: 'failed',
+      reason: `invalid request message: labels.0: a label has at most ${MAX_LABEL_LENGTH} characters`,
+    });
+  });
+
+  it('records a dead-lettered invalid message that was never recorded (its deliveries failed)', async () => {
+    const out = await h.stack.handlers.deadLetters(
+      sqsEvent([body('dlq-20k', Array<string>(20_000).fill('small-node'))], 50),
+    );
+    expect(out.batchItemFailures).toEqual([]);
+    expect(await h.stack.context.store.getRequest('dlq-20k')).toMatchObject({
+      state: 'failed',
+      reason: `invalid request message: labels: a node set has at most ${MAX_NODE_SET} labels`,
+    });
+  });
+});
+
+describe('the bounds', () => {
+  /** The largest request record the schema admits, every node failed with the longest reason. */
+  function largestFailedRequest(id: string): RequestRecord {
+    // U+4E00 is 3 bytes in UTF-8: the most a UTF-16 code unit costs.
+    const wide = (n: number) => '\u4e00'.repeat(n);
+    const labels = Array.from({ length: MAX_NODE_SET }, () => wide(MAX_LABEL_LENGTH));
+    const reason = wide(MAX_REASON_LENGTH);
+    const message = RequestMessage.parse({ kind: 'request', id, labels, requestor: wide(256), priority: 1 });
+    return {
+      id: message.id,
+      labels: message.labels,
+      requestor: message.requestor,
+      priority: message.priority,
+      bodyHash: 'h'.repeat(32),
+      state: 'failed',
+      reason,
+      poolKey: wide(100),
+      createdAt: Date.now(),
+      updatedAt: Date.now(),
+      version: 1_000_000,
+      nodes: labels.map((label, i) => ({ id: nodeId(id, i), label, state: 'failed', reason, attempts: 3 })),
+    };
+  }
+
+  it('the largest request the message schema admits, failed with the longest reasons, fits in an item', async () => {
+    const id = `a${'b'.repeat(127)}`; // the longest request id
+    const r = largestFailedRequest(id);
+    expect(Buffer.byteLength(JSON.stringify(r))).toBeGreaterThan(150_000); // a real test of the bound
+    expect(await h.stack.context.store.createRequest(r)).toBeUndefined();
+    expect((await h.stack.context.store.getRequest(id))?.nodes).toHaveLength(MAX_NODE_SET);
+  });
+
+  it('a write DynamoDB refuses as too large is a permanent error, not a retried one', async () => {
+    const r = { ...largestFailedRequest('too-large'), reason: 'r'.repeat(400_000) };
+    const err = await h.stack.context.store.createRequest(r).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(ItemTooLargeError);
+    expect(err).toBeInstanceOf(PermanentError);
+    expect((err as Error).message).toMatch(/Item size has exceeded the maximum allowed size/);
+  });
+
+  it('a clipped text never ends in half a character', () => {
+    const text = `${'a'.repeat(10)}${'😀'.repeat(10)}`;
+    for (let max = 20; max < 40; max++) {
+      const out = clip(text, max);
+      expect(out.length).toBeLessThanOrEqual(max);
+      expect(Buffer.from(out, 'utf8').toString('utf8')).toBe(out); // no lone surrogate (would become U+FFFD)
+    }
+  });
+});

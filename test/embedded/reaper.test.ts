@@ -1,0 +1,175 @@
+import { afterEach, describe, expect, it } from 'vitest';
+import { spreadSlot, withClaimedSlot } from '../../shared/core/backing.ts';
+import { ConflictError } from '../../shared/core/errors.ts';
+import { CLAIM_TAKEOVER_MS, SLOT_LEASE_MS } from '../../shared/core/timing.ts';
+import { makeRequestHandler } from '../../shared/handlers/requestHandler.ts';
+import { reap } from '../../shared/usecases/reap.ts';
+import { baseConfig } from '../../testkit/configs.ts';
+import { crashingStore } from '../../testkit/crashingStore.ts';
+import { type Harness, readyNode, sqsEvent, startHarness } from '../../testkit/harness.ts';
+import { alive } from '../../testkit/processes.ts';
+
+let h: Harness | undefined;
+afterEach(async () => {
+  await h?.close();
+  h = undefined;
+});
+
+describe('reaper (dynalite + local processes, manual clock)', () => {
+  it('stops an empty backing node once grace-time has passed since its last release, not before', async () => {
+    h = await startHarness(baseConfig({ slots: 2, grace: 30 }));
+    await readyNode(h, 'g');
+    const store = h.stack.context.store;
+    const pid = (await store.getRequest('g'))?.nodes[0]?.attributes?.pid as number;
+    expect(alive(pid)).toBe(true);
+
+    h.clock.advance(100_000); // long idle while in use: irrelevant, it holds a node
+    expect((await h.stack.reapNow()).retired).toEqual([]);
+    await h.send({ kind: 'release', nodeId: 'g/0' });
+    await h.drainRequests();
+
+    h.clock.advance(29_000);
+    expect((await h.stack.reapNow()).retired).toEqual([]);
+    h.clock.advance(1_000);
+    const report = await h.stack.reapNow();
+    expect(report.retired).toHaveLength(1);
+    expect(report.stopped).toEqual(report.retired);
+    const [b] = await store.listBacking();
+    expect(b?.state).toBe('stopped');
+    expect(alive(pid)).toBe(false);
+    // A stopped backing node is no candidate: the next request launches a new one.
+    await h.send({ kind: 'request', id: 'after', labels: ['small-node'] });
+    await h.drainRequests();
+    expect((await store.getRequest('after'))?.nodes[0]?.backingNodeId).not.toBe(b?.id);
+  });
+
+  it('never retires a backing node that a claim reached after the reaper read it', async () => {
+    h = await startHarness(baseConfig({ slots: 2, grace: 0 }));
+    await readyNode(h, 'x');
+    await h.send({ kind: 'release', nodeId: 'x/0' });
+    await h.drainRequests();
+    const store = h.stack.context.store;
+    const [read] = await store.backingInPhase('idle');
+    expect(read?.used).toBe(0);
+    // An allocation lands between the reaper's read and its write.
+    const { next } = withClaimedSlot(read as NonNullable<typeof read>, 'late/0', h.clock.now(), 'late');
+    await store.putBacking(next, { version: read?.version as number, states: ['launching', 'ready'] });
+    const { markRetiring } = await import('../../shared/core/backing.ts');
+    await expect(
+      store.putBacking(markRetiring(read as NonNullable<typeof read>, h.clock.now(), 'test'), {
+        version: read?.version as number,
+        states: ['ready'],
+        used: 0,
+      }),
+    ).rejects.toBeInstanceOf(ConflictError);
+    const report = await reap(h.stack.context);
+    expect(report.retired).toEqual([]);
+    expect((await store.getBacking(read?.id as string))?.state).toBe('ready');
+  });
+
+  it('races the reaper against many allocations without ever stopping a backing node that holds a node', async () => {
+    h = await startHarness(baseConfig({ slots: 4, grace: 0 }));
+    await readyNode(h, 'seed');
+    await h.send({ kind: 'release', nodeId: 'seed/0' });
+    await h.drainRequests();
+    const store = h.stack.context.store;
+    const ctx = h.stack.context;
+    const { requestNodes } = await import('../../shared/usecases/requestNodes.ts');
+    // Allocations and reaper runs interleave freely on one nearly-empty backing node.
+    const work: Promise<unknown>[] = [];
+    for (let i = 0; i < 12; i++) {
+      work.push(
+        requestNodes(ctx, { kind: 'request', id: `race-${i}`, labels: ['small-node'] }).catch(
+          () => undefined,
+        ),
+      );
+      work.push(reap(ctx));
+    }
+    await Promise.all(work);
+    for (const b of await store.listBacking()) {
+      if (b.state === 'stopped' || b.state === 'retiring') {
+        expect(b.used).toBe(0);
+      }
+    }
+    // Every placed node sits on a backing node that is not stopped, in a slot that names it.
+    for (let i = 0; i < 12; i++) {
+      const r = await store.getRequest(`race-${i}`);
+      for (const n of r?.nodes ?? []) {
+        if (n.state !== 'pending' && n.state !== 'ready') continue;
+        const b = await store.getBacking(n.backingNodeId as string);
+        expect(b?.state === 'ready' || b?.state === 'launching').toBe(true);
+        expect(b?.slotMap[String(n.slot)]).toBe(n.id);
+      }
+    }
+  });
+});
+
+describe('slot claims under contention (dynalite)', () => {
+  it('gives every slot to exactly one node when many claims hit one backing node at once', async () => {
+    h = await startHarness(baseConfig({ slots: 8 }));
+    await readyNode(h, 'base'); // one ready backing node, slot 0 used
+    const store = h.stack.context.store;
+    const [b0] = await store.listBacking();
+    const id = b0?.id as string;
+    const claimers = Array.from({ length: 24 }, (_, i) => `n-${i}/0`);
+    // The production claim: one UpdateItem on a slot chosen by node id, retried on what it returns.
+    const results = await Promise.all(
+      claimers.map(async (nodeId) => {
+        let b = await store.getBacking(id);
+        for (let i = 0; b && b.used < b.slots; i++) {
+          const slot = spreadSlot(b, `${nodeId}#${i}`) as number;
+          const out = await store.claimSlot(b, slot, nodeId, { at: Date.now(), by: nodeId });
+          if (out.claimed) return true;
+          b = out.current;
+        }
+        return false;
+      }),
+    );
+    expect(results.filter(Boolean)).toHaveLength(7);
+    const final = await store.getBacking(id);
+    const holders = Object.values(final?.slotMap ?? {});
+    expect(final?.used).toBe(8);
+    expect(new Set(holders).size).toBe(8);
+    expect(holders.filter((n) => n !== 'base/0').sort()).toEqual(
+      claimers.filter((_, i) => results[i]).sort(),
+    );
+  });
+});
+
+describe('claims a crashed delivery left (issue 10, defect 8)', () => {
+  it('gives back a claim that filled its backing node once its delivery is known dead, not after the slot lease', async () => {
+    h = await startHarness(baseConfig({ slots: 2 }), { maxReceiveCount: 50 });
+    await readyNode(h, 'base');
+    const ctx = h.stack.context;
+    const [full] = await ctx.store.listBacking();
+    // A delivery claims the last slot and dies: the backing node left the free index with it.
+    const dying = makeRequestHandler({ ...ctx, store: crashingStore(ctx.store, (m) => m === 'claimSlot') });
+    const body = JSON.stringify({ kind: 'request', id: 'lost', labels: ['small-node'] });
+    expect((await dying(sqsEvent([body], 1))).batchItemFailures).toHaveLength(1);
+    expect((await ctx.store.getBacking(full?.id as string))?.used).toBe(2);
+    expect(await ctx.store.findCandidates('meta/main', 'small-node', 10)).toMatchObject({ items: [] });
+    h.clock.advance(CLAIM_TAKEOVER_MS - 1);
+    expect((await h.stack.reapNow()).reclaimedSlots).toBe(0); // its delivery may live
+    h.clock.advance(1);
+    expect((await h.stack.reapNow()).reclaimedSlots).toBe(1);
+    expect((await ctx.store.getBacking(full?.id as string))?.slotMap).toEqual({ '0': 'base/0' });
+  });
+
+  it('keeps the claim on a backing node launched for its node for the slot lease: a redelivery finds it by id', async () => {
+    h = await startHarness(baseConfig({ slots: 2 }), { maxReceiveCount: 50 });
+    const ctx = h.stack.context;
+    // A delivery writes the intent (the node in slot 0, claimed), launches, and dies before recording.
+    const dying = makeRequestHandler({
+      ...ctx,
+      store: crashingStore(ctx.store, (m) => m === 'pointToBacking'),
+    });
+    const body = JSON.stringify({ kind: 'request', id: 'launching', labels: ['small-node'] });
+    expect((await dying(sqsEvent([body], 1))).batchItemFailures).toHaveLength(1);
+    const [b] = await ctx.store.listBacking();
+    expect(b?.slotMap).toEqual({ '0': 'launching/0' });
+    h.clock.advance(CLAIM_TAKEOVER_MS);
+    expect((await h.stack.reapNow()).reclaimedSlots).toBe(0);
+    h.clock.advance(SLOT_LEASE_MS - CLAIM_TAKEOVER_MS);
+    expect((await h.stack.reapNow()).reclaimedSlots).toBe(1);
+  });
+});

@@ -1,0 +1,194 @@
+import { afterEach, describe, expect, it } from 'vitest';
+import { parseConfigOrThrow } from '../../shared/config/load.ts';
+import { requestNodes } from '../../shared/usecases/requestNodes.ts';
+import { requestMessageOf, requestTimeoutReason, waitingRequests } from '../../shared/usecases/waiting.ts';
+import { largeNode, poolConfig, smallNode } from '../../testkit/configs.ts';
+import { type Harness, readyNode, sqsEvent, startHarness } from '../../testkit/harness.ts';
+
+/**
+ * A request waiting for capacity lives on through its message; when the message is gone (the embedded
+ * stack's queue died with its process, issue 10 defect 6), the reaper ends it once its request-timeout
+ * has passed: label, else pool, else provider, the most specific wins. On dynalite, through the real
+ * request handler and reaper.
+ */
+let h: Harness | undefined;
+afterEach(async () => {
+  await h?.close();
+  h = undefined;
+});
+
+/**
+ * One backing node may run (local/main max-servers 1) and it has one slot, so once `blocker` holds it
+ * every other request waits. small-node sets request-timeout on the label (30 s), mid-node inherits its
+ * pool's (120 s), big-node (another pool) its provider's (300 s).
+ */
+const CONFIG = poolConfig({
+  backing: { pool: { 'max-servers': 1 }, labels: [largeNode({ 'boot-delay': 0 })] },
+  meta: {
+    provider: { 'request-timeout': 300 },
+    pool: { 'request-timeout': 120 },
+    labels: [
+      smallNode({ 'max-parallel-jobs': 1, 'request-timeout': 30 }),
+      smallNode({ name: 'mid-node', 'max-parallel-jobs': 1 }),
+    ],
+    morePools: [{ name: 'other', labels: [smallNode({ name: 'big-node', 'max-parallel-jobs': 1 })] }],
+  },
+});
+
+const body = (id: string, labels: string[]) => JSON.stringify({ kind: 'request', id, labels });
+
+/** Delivers a request once (first receive): with no room it is recorded waiting and its message fails. */
+async function waitOnce(harness: Harness, id: string, labels: string[]): Promise<void> {
+  const out = await harness.stack.handlers.request(sqsEvent([body(id, labels)], 1));
+  expect(out.batchItemFailures).toHaveLength(1); // comes back later... or, here, never: the message is gone
+  expect((await harness.stack.context.store.getRequest(id))?.state).toBe('requested');
+}
+
+/** The DynamoDB commands the stack's client sends while `work` runs, with their index and partition. */
+async function commandsDuring(harness: Harness, work: () => Promise<unknown>): Promise<string[]> {
+  const seen: string[] = [];
+  const name = `spy-${Math.random()}`;
+  harness.stack.dynamodb.middlewareStack.add(
+    (next, context) => async (args) => {
+      const input = args.input as { IndexName?: string; ExpressionAttributeValues?: Record<string, unknown> };
+      const partition = JSON.stringify(input.ExpressionAttributeValues?.[':p'] ?? '');
+      seen.push(`${context.commandName} ${input.IndexName ?? ''} ${partition}`);
+      return next(args);
+    },
+    { step: 'initialize', name },
+  );
+  try {
+    await work();
+  } finally {
+    harness.stack.dynamodb.middlewareStack.remove(name);
+  }
+  return seen;
+}
+
+describe('request-timeout', () => {
+  it('resolves the most specific setting: label, else pool, else provider (default 10800 s)', () => {
+    const config = parseConfigOrThrow(CONFIG, 'waiting.yaml');
+    const [main, other] = config.metastaticPools;
+    expect(main?.labels.get('small-node')?.requestTimeout).toBe(30);
+    expect(main?.labels.get('mid-node')?.requestTimeout).toBe(120);
+    expect(other?.labels.get('big-node')?.requestTimeout).toBe(300);
+    const plain = parseConfigOrThrow(CONFIG.replace(/ *request-timeout: \d+\n/g, ''), 'plain.yaml');
+    expect(plain.metastaticPools[0]?.labels.get('small-node')?.requestTimeout).toBe(10_800);
+    expect(() =>
+      parseConfigOrThrow(CONFIG.replace('request-timeout: 300', 'request-timeout: 604801'), 'x.yaml'),
+    ).toThrow(/request-timeout: expected a number of seconds > 0 and <= 604800, got 604801/);
+  });
+
+  it('ends waiting requests whose message is gone once their request-timeout passed, never before, without a Scan', async () => {
+    h = await startHarness(CONFIG);
+    const store = h.stack.context.store;
+    await h.send({ kind: 'request', id: 'blocker', labels: ['small-node'] });
+    await h.drainRequests(); // holds the only backing node
+    await waitOnce(h, 'small', ['small-node']);
+    await waitOnce(h, 'mid', ['mid-node']);
+    await waitOnce(h, 'big', ['big-node']);
+    await waitOnce(h, 'set', ['small-node', 'mid-node']); // waits for the longest of its labels: 120 s
+    expect((await waitingRequests(h.stack.context)).map((r) => r.id).sort()).toEqual([
+      'big',
+      'mid',
+      'set',
+      'small',
+    ]);
+
+    h.clock.advance(29_999);
+    expect((await h.stack.reapNow()).expiredRequests).toEqual([]);
+    h.clock.advance(1);
+    let report = await h.stack.reapNow();
+    expect(report.expiredRequests).toEqual(['small']);
+    const small = await store.getRequest('small');
+    expect(small).toMatchObject({ state: 'failed', reason: requestTimeoutReason(30, 30_000) });
+    expect(small?.nodes).toEqual([
+      expect.objectContaining({ state: 'failed', reason: requestTimeoutReason(30, 30_000) }),
+    ]);
+
+    h.clock.advance(90_000); // 120 s
+    const harness = h;
+    const commands = await commandsDuring(harness, async () => {
+      report = await harness.stack.reapNow();
+    });
+    expect(report.expiredRequests.sort()).toEqual(['mid', 'set']);
+    expect(commands.filter((c) => c.startsWith('ScanCommand'))).toEqual([]);
+    expect(commands).toContain('QueryCommand reap "WAITING"');
+
+    h.clock.advance(180_000); // 300 s
+    expect((await h.stack.reapNow()).expiredRequests).toEqual(['big']);
+    expect((await h.stack.reapNow()).expiredRequests).toEqual([]); // ended once
+    expect(await waitingRequests(h.stack.context)).toEqual([]);
+    expect((await store.getRequest('blocker'))?.state).not.toBe('failed'); // placed: no request-timeout
+  });
+
+  it('makes a delivery that comes after the end a duplicate that holds nothing', async () => {
+    h = await startHarness(CONFIG);
+    await readyNode(h, 'blocker');
+    await waitOnce(h, 'late', ['mid-node']);
+    h.clock.advance(120_000);
+    expect((await h.stack.reapNow()).expiredRequests).toEqual(['late']);
+    await h.send({ kind: 'release', nodeId: 'blocker/0' }); // room now
+    await h.drainRequests();
+    const out = await requestNodes(h.stack.context, { kind: 'request', id: 'late', labels: ['mid-node'] });
+    expect(out.kind).toBe('duplicate');
+    expect(out.request.state).toBe('failed');
+    for (const b of await h.stack.context.store.listBacking()) {
+      expect(Object.values(b.slotMap)).not.toContain('late/0');
+    }
+  });
+
+  it('gives back the message that re-queues a waiting request under its id', async () => {
+    h = await startHarness(CONFIG);
+    await readyNode(h, 'blocker');
+    await h.stack.handlers.request(
+      sqsEvent([
+        JSON.stringify({
+          kind: 'request',
+          id: 'again',
+          labels: ['small-node'],
+          requestor: 'ci',
+          priority: 3,
+        }),
+      ]),
+    );
+    const [waiting] = await waitingRequests(h.stack.context);
+    expect(waiting?.id).toBe('again');
+    const message = requestMessageOf(waiting as NonNullable<typeof waiting>);
+    expect(message).toEqual({
+      kind: 'request',
+      id: 'again',
+      labels: ['small-node'],
+      requestor: 'ci',
+      priority: 3,
+    });
+    await h.send({ kind: 'release', nodeId: 'blocker/0' });
+    await h.drainRequests();
+    await h.send(message); // the same body: adopted, placed, not refused as a reused id
+    await h.drainRequests();
+    expect((await h.stack.context.store.getRequest('again'))?.state).toMatch(/^(pending|fulfilled)$/);
+  });
+
+  it('ends a waiting request whose labels the configuration no longer offers when its message comes back', async () => {
+    h = await startHarness(CONFIG);
+    await readyNode(h, 'blocker');
+    await waitOnce(h, 'orphan', ['big-node']);
+    const without = parseConfigOrThrow(
+      CONFIG.replace(/ {6}- name: other\n[\s\S]*$/, '').replace(
+        'request-timeout: 300',
+        'request-timeout: 300',
+      ),
+      'without.yaml',
+    );
+    expect(without.metastaticLabelNames.has('big-node')).toBe(false);
+    const out = await requestNodes(
+      { ...h.stack.context, config: without },
+      { kind: 'request', id: 'orphan', labels: ['big-node'] },
+    );
+    expect(out.kind).toBe('failed');
+    expect(await h.stack.context.store.getRequest('orphan')).toMatchObject({
+      state: 'failed',
+      reason: 'unknown label "big-node" (configured: mid-node, small-node)',
+    });
+  });
+});

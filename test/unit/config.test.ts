@@ -1,0 +1,1083 @@
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { describe, expect, it } from 'vitest';
+import { stringify } from 'yaml';
+import { configJsonSchema } from '../../shared/config/jsonSchema.ts';
+import {
+  type ConfigError,
+  ConfigInvalidError,
+  type ConfigResult,
+  formatConfigErrors,
+  loadConfigFile,
+  loadConfigOrThrow,
+  parseConfig,
+} from '../../shared/config/load.ts';
+import type { ResolvedConfig } from '../../shared/config/model.ts';
+import { poolConfig, smallNode } from '../../testkit/configs.ts';
+
+const root = fileURLToPath(new URL('../..', import.meta.url));
+const examplePath = join(root, 'examples/local.yaml');
+
+/** Strips the common indentation of a template literal (and its first and last empty lines). */
+function dedent(text: string): string {
+  const lines = text
+    .replace(/^\n/, '')
+    .replace(/\n[ ]*$/, '\n')
+    .split('\n');
+  const indent = Math.min(
+    ...lines.filter((line) => line.trim() !== '').map((line) => line.length - line.trimStart().length),
+  );
+  return lines.map((line) => line.slice(indent)).join('\n');
+}
+
+function ok(result: ConfigResult): ResolvedConfig {
+  if (!result.ok) throw new Error(`expected a valid configuration:\n${formatConfigErrors(result.errors)}`);
+  return result.config;
+}
+
+function errorsOf(result: ConfigResult): ConfigError[] {
+  if (result.ok) throw new Error('expected the configuration to be rejected');
+  return result.errors;
+}
+
+/** Errors as `path: message`, the shape most tests assert. */
+function problems(result: ConfigResult): string[] {
+  return errorsOf(result).map((error) => `${error.path}: ${error.message}`);
+}
+
+const parseObject = (config: unknown) => parseConfig(stringify(config), 'test.yaml');
+
+const localProvider = (labels: string[] = ['large-node'], name = 'local') => ({
+  name,
+  driver: 'local',
+  pools: [{ name: 'main', labels: labels.map((label) => ({ name: label })) }],
+});
+
+type Obj = Record<string, unknown>;
+
+/** A valid two-provider config: `local` (large-node) and `meta` with the given pools. */
+function withMeta(pools: Obj[], metaProvider: Obj = {}, backingLabels?: string[]): Obj {
+  return {
+    providers: [localProvider(backingLabels), { name: 'meta', driver: 'metastatic', ...metaProvider, pools }],
+  };
+}
+
+const pool = (labels: Obj[], extra: Obj = {}, name = 'main') => ({ name, ...extra, labels });
+const label = (name: string, extra: Obj = {}) => ({ name, 'backing-label': 'large-node', ...extra });
+
+describe('the shipped example', () => {
+  it('is valid and resolves the defaults', async () => {
+    const config = ok(await loadConfigFile(examplePath));
+    expect(config.metastaticPools).toHaveLength(1);
+    const [meta] = config.metastaticPools;
+    expect(meta).toMatchObject({
+      key: 'meta/main',
+      providerName: 'meta',
+      poolName: 'main',
+      priority: 100,
+      maxServers: 10,
+      nodeAttributes: {},
+      hostKeyChecking: false,
+      launchTimeout: 3600,
+      bootTimeout: 120,
+      launchRetries: 3,
+    });
+    expect(meta?.labels.get('small-node')).toEqual({
+      name: 'small-node',
+      backingLabel: 'large-node',
+      maxParallelJobs: 2,
+      graceTime: 2,
+      minRetentionTime: 0,
+      maxAge: undefined,
+      hostKeyChecking: false,
+      requestTimeout: 10_800,
+    });
+    expect([...config.metastaticLabelNames]).toEqual(['small-node']);
+
+    const backing = config.backingPoolByLabel.get('large-node');
+    expect(backing).toBe(config.backingPools[0]);
+    expect(backing).toMatchObject({
+      key: 'local/main',
+      providerName: 'local',
+      poolName: 'main',
+      driver: 'local',
+      maxServers: 8,
+      providerOptions: { driver: 'local', host: '127.0.0.1' },
+      poolOptions: { 'max-servers': 8 },
+    });
+    expect(backing?.labels.get('large-node')).toEqual({
+      name: 'large-node',
+      options: { 'boot-delay': 0.5, attributes: {} },
+    });
+  });
+
+  it('loads through loadConfigOrThrow', async () => {
+    const config = await loadConfigOrThrow(examplePath);
+    expect(config.metastaticPools[0]?.key).toBe('meta/main');
+  });
+});
+
+describe('resolution', () => {
+  it('inherits host-key-checking from the pool unless the label sets it', () => {
+    const config = ok(
+      parseObject(
+        withMeta([
+          pool([label('a'), label('b', { 'host-key-checking': false })], { 'host-key-checking': true }, 'p1'),
+          pool([label('c'), label('d', { 'host-key-checking': true })], {}, 'p2'),
+        ]),
+      ),
+    );
+    const [p1, p2] = config.metastaticPools;
+    expect(p1?.hostKeyChecking).toBe(true);
+    expect(p1?.labels.get('a')?.hostKeyChecking).toBe(true);
+    expect(p1?.labels.get('b')?.hostKeyChecking).toBe(false);
+    expect(p2?.hostKeyChecking).toBe(false);
+    expect(p2?.labels.get('c')?.hostKeyChecking).toBe(false);
+    expect(p2?.labels.get('d')?.hostKeyChecking).toBe(true);
+  });
+
+  it('orders metastatic pools by priority, ties in file order, pools inheriting the provider priority', () => {
+    const config = ok(
+      parseObject({
+        providers: [
+          localProvider(),
+          {
+            name: 'm1',
+            driver: 'metastatic',
+            pools: [pool([label('a')], {}, 'default'), pool([label('a')], { priority: 5 }, 'urgent')],
+          },
+          {
+            name: 'm2',
+            driver: 'metastatic',
+            priority: 50,
+            pools: [pool([label('a')], {}, 'x'), pool([label('a')], { priority: 100 }, 'y')],
+          },
+          { name: 'm3', driver: 'metastatic', pools: [pool([label('a')], { priority: 50 }, 'z')] },
+        ],
+      }),
+    );
+    expect(config.metastaticPools.map((p) => [p.key, p.priority])).toEqual([
+      ['m1/urgent', 5],
+      ['m2/x', 50],
+      ['m3/z', 50],
+      ['m1/default', 100],
+      ['m2/y', 100],
+    ]);
+  });
+
+  it('treats max-age 0 as off', () => {
+    const config = ok(
+      parseObject(
+        withMeta(
+          [
+            pool([
+              label('off', { 'max-age': 0 }),
+              label('on', { 'backing-label': 'other-node', 'max-age': 600 }),
+            ]),
+          ],
+          {},
+          ['large-node', 'other-node'],
+        ),
+      ),
+    );
+    const labels = config.metastaticPools[0]?.labels;
+    expect(labels?.get('off')?.maxAge).toBeUndefined();
+    expect(labels?.get('on')?.maxAge).toBe(600);
+  });
+
+  it('resolves provider options and allows max-servers <= 0 on a metastatic pool', () => {
+    const config = ok(
+      parseObject(
+        withMeta(
+          [pool([label('a')], { 'max-servers': 0, 'node-attributes': { zone: 'z1', tags: { a: 1 } } })],
+          {
+            'launch-timeout': 1.5,
+            'boot-timeout': 0.5,
+            'launch-retries': 1,
+            priority: 7,
+          },
+        ),
+      ),
+    );
+    expect(config.metastaticPools[0]).toMatchObject({
+      maxServers: 0,
+      priority: 7,
+      launchTimeout: 1.5,
+      bootTimeout: 0.5,
+      launchRetries: 1,
+      nodeAttributes: { zone: 'z1', tags: { a: 1 } },
+    });
+  });
+
+  it('maps each backing label to the first pool offering it', () => {
+    const config = ok(
+      parseObject({
+        providers: [
+          localProvider(['large-node'], 'first'),
+          localProvider(['large-node', 'other'], 'second'),
+          { name: 'meta', driver: 'metastatic', pools: [pool([label('a')])] },
+        ],
+      }),
+    );
+    expect(config.backingPools.map((p) => p.key)).toEqual(['first/main', 'second/main']);
+    expect(config.backingPoolByLabel.get('large-node')?.key).toBe('first/main');
+    expect(config.backingPoolByLabel.get('other')?.key).toBe('second/main');
+  });
+});
+
+describe('validation rules', () => {
+  it('rejects max-age below min-retention-time', () => {
+    const text = poolConfig({ meta: { labels: [smallNode({ 'min-retention-time': 600, 'max-age': 300 })] } });
+    expect(errorsOf(parseConfig(text, 'test.yaml'))).toEqual([
+      {
+        file: 'test.yaml',
+        path: 'providers[1].pools[0].labels[0].max-age',
+        line: 16,
+        column: 22,
+        message: 'max-age: must be 0 (off) or >= min-retention-time (600), got 300',
+      },
+    ]);
+  });
+
+  it('accepts max-age equal to min-retention-time', () => {
+    ok(parseObject(withMeta([pool([label('a', { 'max-age': 600, 'min-retention-time': 600 })])])));
+  });
+
+  it('rejects labels sharing a backing-label that disagree', () => {
+    const result = parseObject(
+      withMeta([
+        pool(
+          [label('a', { 'max-parallel-jobs': 2, 'max-age': 0 }), label('b', { 'max-parallel-jobs': 2 })],
+          {},
+          'p1',
+        ),
+        pool(
+          [label('c', { 'max-parallel-jobs': 4, 'grace-time': 60, 'min-retention-time': 5, 'max-age': 10 })],
+          {},
+          'p2',
+        ),
+      ]),
+    );
+    expect(problems(result)).toEqual([
+      'providers[1].pools[1].labels[0].max-parallel-jobs: max-parallel-jobs: labels sharing backing-label "large-node" must agree; this label has 4, providers[1].pools[0].labels[0] has 2',
+      'providers[1].pools[1].labels[0].min-retention-time: min-retention-time: labels sharing backing-label "large-node" must agree; this label has 5, providers[1].pools[0].labels[0] has 0',
+      'providers[1].pools[1].labels[0].max-age: max-age: labels sharing backing-label "large-node" must agree; this label has 10, providers[1].pools[0].labels[0] has off',
+    ]);
+  });
+
+  it('allows labels of different providers to share a backing-label with different settings', () => {
+    ok(
+      parseObject({
+        providers: [
+          localProvider(),
+          { name: 'm1', driver: 'metastatic', pools: [pool([label('a', { 'max-parallel-jobs': 2 })])] },
+          { name: 'm2', driver: 'metastatic', pools: [pool([label('b', { 'max-parallel-jobs': 3 })])] },
+        ],
+      }),
+    );
+  });
+
+  it('rejects a backing-label that no backing pool offers', () => {
+    expect(problems(parseObject(withMeta([pool([label('a', { 'backing-label': 'huge-node' })])])))).toEqual([
+      'providers[1].pools[0].labels[0].backing-label: backing-label: no local or aws pool offers label "huge-node"',
+    ]);
+  });
+
+  it('rejects a backing-label naming a metastatic label', () => {
+    expect(
+      problems(parseObject(withMeta([pool([label('a'), label('b', { 'backing-label': 'a' })])]))),
+    ).toEqual([
+      'providers[1].pools[0].labels[1].backing-label: backing-label must name a label of a local or aws pool; "a" is a metastatic label (providers[1].pools[0].labels[0])',
+    ]);
+  });
+
+  it('rejects duplicate provider names', () => {
+    const result = parseObject({
+      providers: [localProvider(), { name: 'local', driver: 'metastatic', pools: [pool([label('a')])] }],
+    });
+    expect(problems(result)).toEqual([
+      'providers[1].name: duplicate provider name "local" (first used at providers[0])',
+    ]);
+  });
+
+  it('rejects duplicate pool names within a provider', () => {
+    expect(problems(parseObject(withMeta([pool([label('a')]), pool([label('b')])])))).toEqual([
+      'providers[1].pools[1].name: duplicate pool name "main" in provider "meta" (first used at providers[1].pools[0])',
+    ]);
+  });
+
+  it('rejects duplicate label names within a pool', () => {
+    expect(problems(parseObject(withMeta([pool([label('a'), label('a')])])))).toEqual([
+      'providers[1].pools[0].labels[1].name: duplicate label name "a" in pool "main" (first used at providers[1].pools[0].labels[0])',
+    ]);
+  });
+
+  it('rejects a label offered both by a metastatic and a backing pool', () => {
+    expect(problems(parseObject(withMeta([pool([label('large-node')])])))).toEqual([
+      'providers[1].pools[0].labels[0].name: label "large-node" is also offered by a local or aws pool (providers[0].pools[0].labels[0]); a label name must be either metastatic or backing, not both',
+    ]);
+  });
+
+  it('accepts the top-level labels list when it lists every label', () => {
+    ok(
+      parseObject({
+        labels: [{ name: 'large-node' }, { name: 'small-node', 'min-ready': 2 }, { name: 'unused' }],
+        ...withMeta([pool([label('small-node')])]),
+      }),
+    );
+  });
+
+  it('warns that min-ready is ignored, by YAML path, without failing the configuration', () => {
+    const result = parseObject({
+      labels: [
+        { name: 'large-node', 'min-ready': 0 },
+        { name: 'small-node', 'min-ready': 2 },
+      ],
+      ...withMeta([pool([label('small-node')])]),
+    });
+    if (!result.ok) throw new Error(JSON.stringify(result.errors));
+    expect(result.config.notices).toEqual([
+      {
+        path: 'labels[1].min-ready',
+        message: 'is not supported yet and is ignored: no node is kept ready ahead of requests',
+      },
+    ]);
+    expect(ok(parseObject(withMeta([pool([label('small-node')])]))).notices).toEqual([]);
+  });
+
+  it('rejects labels missing from the top-level labels list', () => {
+    const result = parseObject({
+      labels: [{ name: 'small-node' }],
+      ...withMeta([pool([label('small-node')])]),
+    });
+    expect(problems(result)).toEqual([
+      'providers[0].pools[0].labels[0].name: label "large-node" is not listed in the top-level labels',
+    ]);
+  });
+
+  it('rejects duplicate and malformed top-level labels', () => {
+    const result = parseObject({
+      labels: [{ name: 'large-node' }, { name: 'a' }, { name: 'a', 'min-ready': -1 }],
+      ...withMeta([pool([label('a')])]),
+    });
+    expect(problems(result)).toEqual([
+      'labels[2].name: duplicate label name "a" (first used at labels[1])',
+      'labels[2].min-ready: min-ready: expected an integer >= 0 and <= 1000, got -1',
+    ]);
+  });
+});
+
+describe('field errors', () => {
+  it('rejects an unknown key and suggests the kebab-case spelling', () => {
+    const text = poolConfig({ meta: { labels: [smallNode({ grace_time: 10 })] } });
+    expect(errorsOf(parseConfig(text, 'test.yaml'))).toEqual([
+      {
+        file: 'test.yaml',
+        path: 'providers[1].pools[0].labels[0].grace_time',
+        line: 15,
+        column: 13,
+        message: 'unknown key "grace_time"; did you mean "grace-time"?',
+      },
+    ]);
+  });
+
+  it('suggests a close spelling and stays quiet when nothing is close', () => {
+    const result = parseObject(withMeta([pool([label('a', { 'max-paralel-jobs': 2, colour: 'red' })])]));
+    expect(problems(result)).toEqual([
+      'providers[1].pools[0].labels[0].max-paralel-jobs: unknown key "max-paralel-jobs"; did you mean "max-parallel-jobs"?',
+      'providers[1].pools[0].labels[0].colour: unknown key "colour"',
+    ]);
+  });
+
+  it('rejects a key of another driver', () => {
+    const result = parseObject(withMeta([pool([label('a', { 'boot-delay': 1 })])]));
+    expect(problems(result)).toEqual([
+      'providers[1].pools[0].labels[0].boot-delay: unknown key "boot-delay"',
+    ]);
+  });
+
+  it('rejects wrong types and out-of-range values', () => {
+    const result = parseObject(
+      withMeta(
+        [
+          pool(
+            [
+              label('a', {
+                'max-parallel-jobs': 0,
+                'grace-time': '60',
+                'min-retention-time': -1,
+                'host-key-checking': 'yes',
+              }),
+            ],
+            { priority: 1.5, 'max-servers': 'ten', 'node-attributes': [1] },
+          ),
+        ],
+        { 'launch-timeout': 0, 'launch-retries': 0, 'boot-timeout': null },
+      ),
+    );
+    expect(problems(result)).toEqual([
+      'providers[1].launch-timeout: launch-timeout: expected a number of seconds > 0 and <= 86400, got 0',
+      'providers[1].launch-retries: launch-retries: expected an integer >= 1 and <= 20, got 0',
+      'providers[1].boot-timeout: boot-timeout: expected a number of seconds > 0 and <= 86400, got an empty value',
+      'providers[1].pools[0].priority: priority: expected an integer >= -1000000 and <= 1000000, got 1.5',
+      'providers[1].pools[0].max-servers: max-servers: expected an integer <= 1000, got "ten"',
+      'providers[1].pools[0].node-attributes: node-attributes: expected a mapping of names to values, got a list',
+      'providers[1].pools[0].labels[0].max-parallel-jobs: max-parallel-jobs: expected an integer >= 1 and <= 1000, got 0',
+      'providers[1].pools[0].labels[0].grace-time: grace-time: expected a number of seconds >= 0 and <= 604800, got "60"',
+      'providers[1].pools[0].labels[0].min-retention-time: min-retention-time: expected a number of seconds >= 0 and <= 604800, got -1',
+      'providers[1].pools[0].labels[0].host-key-checking: host-key-checking: expected true or false, got "yes"',
+    ]);
+  });
+
+  it('rejects missing required keys', () => {
+    const result = parseObject(withMeta([pool([{ name: 'a' }]), { name: 'p2' }]));
+    expect(problems(result)).toEqual([
+      'providers[1].pools[0].labels[0].backing-label: missing required key "backing-label"',
+      'providers[1].pools[1].labels: missing required key "labels"',
+    ]);
+  });
+
+  it('rejects an unknown or missing driver', () => {
+    const result = parseObject({
+      providers: [localProvider(), { name: 'x', driver: 'gce', pools: [] }, { name: 'y' }],
+    });
+    expect(problems(result)).toEqual([
+      'providers[1].driver: driver must be one of metastatic, local, aws, got "gce"',
+      'providers[2].driver: missing required key "driver" (one of metastatic, local, aws)',
+    ]);
+  });
+
+  it('rejects local pool and label options out of range', () => {
+    const result = parseObject({
+      providers: [
+        {
+          name: 'local',
+          driver: 'local',
+          pools: [{ name: 'main', 'max-servers': 0, labels: [{ name: 'large-node', 'boot-delay': -0.5 }] }],
+        },
+      ],
+    });
+    expect(problems(result)).toEqual([
+      'providers[0].pools[0].max-servers: max-servers: expected an integer >= 1 and <= 1000, got 0',
+      'providers[0].pools[0].labels[0].boot-delay: boot-delay: expected a number of seconds >= 0 and <= 86400, got -0.5',
+    ]);
+  });
+
+  it('rejects an empty or non-mapping document and empty lists', () => {
+    expect(problems(parseConfig('', 'test.yaml'))).toEqual([
+      ': configuration: expected a mapping with a "providers" list, got an empty value',
+    ]);
+    expect(problems(parseConfig('providers: []\n', 'test.yaml'))).toEqual([
+      'providers: providers: expected a non-empty list of providers, got an empty list',
+    ]);
+    expect(problems(parseObject({ providers: ['local'] }))).toEqual([
+      'providers[0]: expected a mapping, got "local"',
+    ]);
+  });
+
+  it('reports YAML syntax errors with their position', () => {
+    const text = 'providers:\n  - name: local\n    driver: [local\n';
+    const errors = errorsOf(parseConfig(text, 'test.yaml'));
+    expect(errors.length).toBeGreaterThan(0);
+    expect(errors[0]).toMatchObject({ file: 'test.yaml', path: '', line: 4, column: 1 });
+    expect(errors[0]?.message).toMatch(/^YAML syntax error: /);
+  });
+
+  it('reports duplicate YAML keys as syntax errors', () => {
+    const errors = errorsOf(parseConfig('providers: []\nproviders: []\n', 'test.yaml'));
+    expect(errors).toEqual([
+      {
+        file: 'test.yaml',
+        path: '',
+        line: 2,
+        column: 1,
+        message: 'YAML syntax error: Map keys must be unique',
+      },
+    ]);
+  });
+
+  it('reports every error at once, field errors and rule violations together', () => {
+    const text = dedent(`
+      labels:
+        - name: small-node
+      providers:
+        - name: local
+          driver: local
+          pools:
+            - name: main
+              labels:
+                - name: large-node
+                  boot_delay: 1
+        - name: meta
+          driver: metastatic
+          launch-retries: 0
+          pools:
+            - name: main
+              labels:
+                - name: small-node
+                  backing-label: missing-node
+                  max-parallel-jobs: 0
+                  min-retention-time: 10
+                  max-age: 5
+        - name: meta
+          driver: nope
+    `);
+    const errors = errorsOf(parseConfig(text, 'test.yaml'));
+    expect(errors.map((e) => `${e.line}:${e.column} ${e.path}: ${e.message}`)).toEqual([
+      '9:19 providers[0].pools[0].labels[0].name: label "large-node" is not listed in the top-level labels',
+      '10:13 providers[0].pools[0].labels[0].boot_delay: unknown key "boot_delay"; did you mean "boot-delay"?',
+      '13:21 providers[1].launch-retries: launch-retries: expected an integer >= 1 and <= 20, got 0',
+      '19:32 providers[1].pools[0].labels[0].max-parallel-jobs: max-parallel-jobs: expected an integer >= 1 and <= 1000, got 0',
+      '21:22 providers[1].pools[0].labels[0].max-age: max-age: must be 0 (off) or >= min-retention-time (10), got 5',
+      '22:11 providers[2].name: duplicate provider name "meta" (first used at providers[1])',
+      '23:13 providers[2].driver: driver must be one of metastatic, local, aws, got "nope"',
+    ]);
+  });
+
+  it('formats errors one per line as file:line:col: path: message', () => {
+    const result = parseObject(withMeta([pool([label('a', { 'max-parallel-jobs': 0 })])]));
+    expect(formatConfigErrors(errorsOf(result))).toBe(
+      'test.yaml:15:32: providers[1].pools[0].labels[0].max-parallel-jobs: max-parallel-jobs: expected an integer >= 1 and <= 1000, got 0',
+    );
+    expect(
+      formatConfigErrors([
+        { path: '', message: 'whole file' },
+        { file: 'a.yaml', path: 'providers', line: 2, column: 3, message: 'bad' },
+      ]),
+    ).toBe('<config>: whole file\na.yaml:2:3: providers: bad');
+  });
+});
+
+describe('the aws driver', () => {
+  const metaFor = (backingLabel = 'large-node') => ({
+    name: 'meta',
+    driver: 'metastatic',
+    pools: [pool([label('small-node', { 'backing-label': backingLabel })])],
+  });
+  const awsConfig = (
+    poolExtra: Obj = {},
+    labelExtra: Obj = {},
+    providerExtra: Obj = { region: 'eu-west-1' },
+  ) => ({
+    providers: [
+      {
+        name: 'ec2',
+        driver: 'aws',
+        ...providerExtra,
+        pools: [
+          {
+            name: 'spot',
+            'subnet-id': 'subnet-1',
+            ...poolExtra,
+            labels: [
+              { name: 'large-node', 'instance-type': 'm7i.4xlarge', 'image-id': 'ami-1', ...labelExtra },
+            ],
+          },
+        ],
+      },
+      metaFor(),
+    ],
+  });
+
+  it('accepts a full pool and passes its options on with defaults applied', () => {
+    const config = ok(
+      parseObject({
+        providers: [
+          {
+            name: 'ec2',
+            driver: 'aws',
+            region: 'eu-west-1',
+            pools: [
+              {
+                name: 'spot',
+                'max-servers': 4,
+                'subnet-ids': ['subnet-1', 'subnet-2'],
+                'security-group-id': 'sg-1',
+                'public-ipv4': true,
+                labels: [
+                  {
+                    name: 'large-node',
+                    'instance-types': ['m7i.4xlarge', 'm6i.4xlarge'],
+                    'image-id': 'ami-0123',
+                    'key-name': 'ops',
+                    userdata: '#!/bin/sh\necho hi\n',
+                    'iam-instance-profile': { name: 'builder' },
+                    'volume-size': 200,
+                    tags: { team: 'ci' },
+                    'use-spot': true,
+                  },
+                  {
+                    name: 'templated',
+                    'instance-type': 'c7i.large',
+                    'launch-template': { name: 'builders', version: 3 },
+                    'connection-port': 2222,
+                  },
+                ],
+              },
+            ],
+          },
+          metaFor(),
+        ],
+      }),
+    );
+    expect(config.backingPoolByLabel.get('large-node')).toMatchObject({
+      key: 'ec2/spot',
+      driver: 'aws',
+      maxServers: 4,
+      providerOptions: { driver: 'aws', region: 'eu-west-1' },
+      poolOptions: {
+        'max-servers': 4,
+        'subnet-ids': ['subnet-1', 'subnet-2'],
+        'security-group-id': 'sg-1',
+        'public-ipv4': true,
+      },
+    });
+    const labels = config.backingPools[0]?.labels;
+    expect(labels?.get('large-node')?.options).toEqual({
+      'instance-types': ['m7i.4xlarge', 'm6i.4xlarge'],
+      'image-id': 'ami-0123',
+      'key-name': 'ops',
+      userdata: '#!/bin/sh\necho hi\n',
+      'iam-instance-profile': { name: 'builder' },
+      'volume-size': 200,
+      tags: { team: 'ci' },
+      'use-spot': true,
+      'connection-port': 22,
+    });
+    expect(labels?.get('templated')?.options).toEqual({
+      'instance-type': 'c7i.large',
+      'launch-template': { name: 'builders', version: 3 },
+      'connection-port': 2222,
+      tags: {},
+      'use-spot': false,
+    });
+  });
+
+  it('defaults public-ipv4 to false', () => {
+    const config = ok(parseObject(awsConfig()));
+    expect(config.backingPools[0]?.poolOptions).toEqual({ 'subnet-id': 'subnet-1', 'public-ipv4': false });
+  });
+
+  it('rejects both instance-type and instance-types, and a label without any', () => {
+    const result = parseObject({
+      providers: [
+        {
+          name: 'ec2',
+          driver: 'aws',
+          region: 'eu-west-1',
+          pools: [
+            {
+              name: 'p',
+              'subnet-id': 'subnet-1',
+              labels: [
+                {
+                  name: 'large-node',
+                  'image-id': 'ami-1',
+                  'instance-type': 'm7i.large',
+                  'instance-types': ['m6i.large'],
+                },
+                { name: 'other', 'image-id': 'ami-1' },
+              ],
+            },
+          ],
+        },
+        metaFor(),
+      ],
+    });
+    expect(problems(result)).toEqual([
+      'providers[0].pools[0].labels[0].instance-types: give either instance-type or instance-types, not both',
+      'providers[0].pools[0].labels[1].instance-type: missing required key "instance-type" (or "instance-types", a list tried in order)',
+    ]);
+  });
+
+  it('requires an image: image-id or launch-template (by id or name), not both', () => {
+    expect(problems(parseObject(awsConfig({}, { 'image-id': undefined })))).toEqual([
+      'providers[0].pools[0].labels[0].image-id: missing required key "image-id" (or "launch-template")',
+    ]);
+    expect(problems(parseObject(awsConfig({}, { 'launch-template': { id: 'lt-1' } })))).toEqual([
+      'providers[0].pools[0].labels[0].launch-template: give either image-id or launch-template, not both',
+    ]);
+    expect(
+      problems(
+        parseObject(awsConfig({}, { 'image-id': undefined, 'launch-template': { version: '$Latest' } })),
+      ),
+    ).toEqual(['providers[0].pools[0].labels[0].launch-template.id: missing required key "id" (or "name")']);
+  });
+
+  it('rejects a bad volume-size, volume-type and connection-port, and root volume keys with a template', () => {
+    expect(
+      problems(
+        parseObject(awsConfig({}, { 'volume-size': 0, 'volume-type': 'gp9', 'connection-port': 70000 })),
+      ),
+    ).toEqual([
+      'providers[0].pools[0].labels[0].volume-size: volume-size: expected an integer >= 1 and <= 65536, got 0',
+      'providers[0].pools[0].labels[0].volume-type: volume-type: expected one of gp3, gp2, io2, io1, st1, sc1, standard, got "gp9"',
+      'providers[0].pools[0].labels[0].connection-port: connection-port: expected a port number from 1 to 65535, got 70000',
+    ]);
+    expect(problems(parseObject(awsConfig({}, { 'volume-size': '100G' })))).toEqual([
+      'providers[0].pools[0].labels[0].volume-size: volume-size: expected an integer >= 1 and <= 65536, got "100G"',
+    ]);
+    expect(
+      problems(
+        parseObject(
+          awsConfig(
+            {},
+            {
+              'image-id': undefined,
+              'launch-template': { id: 'lt-1' },
+              'volume-size': 50,
+              'volume-type': 'io2',
+            },
+          ),
+        ),
+      ),
+    ).toEqual([
+      'providers[0].pools[0].labels[0].volume-size: volume-size cannot be combined with launch-template (the template defines the root volume)',
+      'providers[0].pools[0].labels[0].volume-type: volume-type cannot be combined with launch-template (the template defines the root volume)',
+    ]);
+  });
+
+  it('requires a region and a subnet, and rejects unknown keys, reserved tags and max-servers < 1', () => {
+    const result = parseObject(
+      awsConfig(
+        {
+          'subnet-id': undefined,
+          subnet: 'subnet-1',
+          'max-servers': 0,
+          'security-group-ids': ['sg-1'],
+          'security-group-id': 'sg-2',
+        },
+        { instance_type: 'x', tags: { 'metastatic:pool': 'x', 'aws:cost': 'y', team: 'ci' } },
+        {},
+      ),
+    );
+    expect(problems(result)).toEqual([
+      'providers[0].region: missing required key "region"',
+      'providers[0].pools[0].subnet-ids: missing required key "subnet-ids" (or "subnet-id")',
+      'providers[0].pools[0].subnet: unknown key "subnet"',
+      'providers[0].pools[0].max-servers: max-servers: expected an integer >= 1 and <= 1000, got 0',
+      'providers[0].pools[0].security-group-id: give either security-group-ids or security-group-id, not both',
+      'providers[0].pools[0].labels[0].instance_type: unknown key "instance_type"; did you mean "instance-type"?',
+      'providers[0].pools[0].labels[0].tags.metastatic:pool: tag key "metastatic:pool" is reserved (keys starting with "metastatic:" are set by metastatic)',
+      'providers[0].pools[0].labels[0].tags.aws:cost: tag key "aws:cost" is reserved (keys starting with "aws:" are set by AWS)',
+    ]);
+  });
+
+  it('still requires names', () => {
+    const result = parseObject({
+      providers: [
+        {
+          driver: 'aws',
+          region: 'eu-west-1',
+          pools: [{ 'subnet-id': 's', labels: [{ 'instance-type': 'x', 'image-id': 'ami-1' }] }],
+        },
+      ],
+    });
+    expect(problems(result)).toEqual([
+      'providers[0].name: missing required key "name"',
+      'providers[0].pools[0].name: missing required key "name"',
+      'providers[0].pools[0].labels[0].name: missing required key "name"',
+    ]);
+  });
+});
+
+describe('limits (issue 10): every number has a maximum, names and hosts a shape', () => {
+  /**
+   * Every numeric key of every driver at its largest allowed value (max-age and min-retention-time both
+   * at the week, so max-age >= min-retention-time holds).
+   */
+  const biggest = (): Obj => ({
+    labels: [{ name: 'small-node', 'min-ready': 1000 }, { name: 'large-node' }, { name: 'ec2-node' }],
+    providers: [
+      {
+        name: 'local',
+        driver: 'local',
+        host: '127.0.0.1',
+        pools: [{ name: 'main', 'max-servers': 1000, labels: [{ name: 'large-node', 'boot-delay': 86400 }] }],
+      },
+      {
+        name: 'ec2',
+        driver: 'aws',
+        region: 'eu-west-1',
+        pools: [
+          {
+            name: 'spot',
+            'subnet-id': 'subnet-1',
+            'max-servers': 1000,
+            labels: [
+              {
+                name: 'ec2-node',
+                'instance-type': 'm7i.large',
+                'launch-template': { id: 'lt-1', version: 1_000_000 },
+                'connection-port': 65535,
+              },
+            ],
+          },
+        ],
+      },
+      {
+        name: 'meta',
+        driver: 'metastatic',
+        'boot-timeout': 86400,
+        'launch-timeout': 86400,
+        'launch-retries': 20,
+        priority: 1_000_000,
+        'request-timeout': 604800,
+        pools: [
+          {
+            name: 'main',
+            priority: -1_000_000,
+            'max-servers': 1000,
+            'request-timeout': 604800,
+            labels: [
+              label('small-node', {
+                'max-parallel-jobs': 1000,
+                'grace-time': 604800,
+                'min-retention-time': 604800,
+                'max-age': 604800,
+                'request-timeout': 604800,
+              }),
+            ],
+          },
+        ],
+      },
+    ],
+  });
+
+  /** Sets the value at a path like `providers[2].pools[0].priority`. */
+  function setAt(config: Obj, path: string, value: unknown): Obj {
+    const segments = path.split(/\.|\[(\d+)\]/).filter((s) => s !== undefined && s !== '');
+    let at = config as Record<string, unknown>;
+    segments.slice(0, -1).forEach((s) => {
+      at = at[s] as Record<string, unknown>;
+    });
+    at[segments[segments.length - 1] as string] = value;
+    return config;
+  }
+
+  it('accepts every number at its largest allowed value', () => {
+    const config = ok(parseObject(biggest()));
+    const meta = config.metastaticPools[0];
+    expect(meta?.labels.get('small-node')?.maxParallelJobs).toBe(1000);
+    expect(meta?.launchRetries).toBe(20);
+    expect(config.backingPoolByLabel.get('large-node')?.labels.get('large-node')?.options['boot-delay']).toBe(
+      86400,
+    );
+  });
+
+  const L = 'providers[0].pools[0].labels[0]';
+  const A = 'providers[1].pools[0].labels[0]';
+  const M = 'providers[2]';
+  const ML = 'providers[2].pools[0].labels[0]';
+  // [path, a value just too large (or the one that broke the pool), what the error says it expected]
+  const tooLarge: [string, number, string][] = [
+    ['labels[0].min-ready', 1001, 'an integer >= 0 and <= 1000'],
+    ['providers[0].pools[0].max-servers', 1001, 'an integer >= 1 and <= 1000'],
+    [`${L}.boot-delay`, 1e12, 'a number of seconds >= 0 and <= 86400'],
+    [`${L}.boot-delay`, 86400.5, 'a number of seconds >= 0 and <= 86400'],
+    ['providers[1].pools[0].max-servers', 1001, 'an integer >= 1 and <= 1000'],
+    [`${A}.connection-port`, 65536, 'a port number from 1 to 65535'],
+    [`${A}.launch-template.version`, 1_000_001, 'an integer >= 1 and <= 1000000'],
+    [`${M}.boot-timeout`, 86401, 'a number of seconds > 0 and <= 86400'],
+    [`${M}.launch-timeout`, 86401, 'a number of seconds > 0 and <= 86400'],
+    [`${M}.launch-retries`, 21, 'an integer >= 1 and <= 20'],
+    [`${M}.priority`, 1_000_001, 'an integer >= -1000000 and <= 1000000'],
+    [`${M}.request-timeout`, 604801, 'a number of seconds > 0 and <= 604800'],
+    [`${M}.pools[0].priority`, -1_000_001, 'an integer >= -1000000 and <= 1000000'],
+    [`${M}.pools[0].max-servers`, 1001, 'an integer <= 1000'],
+    [`${M}.pools[0].request-timeout`, 604801, 'a number of seconds > 0 and <= 604800'],
+    [`${ML}.max-parallel-jobs`, 1_000_000_000, 'an integer >= 1 and <= 1000'],
+    [`${ML}.max-parallel-jobs`, 1001, 'an integer >= 1 and <= 1000'],
+    [`${ML}.grace-time`, 604801, 'a number of seconds >= 0 and <= 604800'],
+    [`${ML}.min-retention-time`, 604801, 'a number of seconds >= 0 and <= 604800'],
+    [`${ML}.max-age`, 604801, 'a number of seconds >= 0 and <= 604800'],
+    [`${ML}.request-timeout`, 604801, 'a number of seconds > 0 and <= 604800'],
+  ];
+
+  it.each(tooLarge)('refuses %s: %s, naming the YAML path', (path, value, expected) => {
+    const key = path.split('.').pop();
+    expect(problems(parseObject(setAt(biggest(), path, value)))).toEqual([
+      `${path}: ${key}: expected ${expected}, got ${value}`,
+    ]);
+  });
+
+  it('keeps a volume-size within the EBS limits of its volume-type (gp3 when unset)', () => {
+    const aws = (extra: Obj) => ({
+      providers: [
+        {
+          name: 'ec2',
+          driver: 'aws',
+          region: 'eu-west-1',
+          pools: [
+            {
+              name: 'spot',
+              'subnet-id': 'subnet-1',
+              labels: [{ name: 'large-node', 'instance-type': 'm7i.large', 'image-id': 'ami-1', ...extra }],
+            },
+          ],
+        },
+        { name: 'meta', driver: 'metastatic', pools: [pool([label('small-node')])] },
+      ],
+    });
+    const at = 'providers[0].pools[0].labels[0].volume-size';
+    for (const fits of [
+      { 'volume-size': 16384 },
+      { 'volume-size': 16384, 'volume-type': 'gp2' },
+      { 'volume-size': 65536, 'volume-type': 'io2' },
+      { 'volume-size': 125, 'volume-type': 'st1' },
+      { 'volume-size': 1024, 'volume-type': 'standard' },
+    ]) {
+      ok(parseObject(aws(fits)));
+    }
+    expect(problems(parseObject(aws({ 'volume-size': 16385 })))).toEqual([
+      `${at}: volume-size: a gp3 volume is 1 to 16384 GiB, got 16385`,
+    ]);
+    expect(problems(parseObject(aws({ 'volume-size': 65536, 'volume-type': 'io1' })))).toEqual([
+      `${at}: volume-size: a io1 volume is 4 to 16384 GiB, got 65536`,
+    ]);
+    expect(problems(parseObject(aws({ 'volume-size': 1025, 'volume-type': 'standard' })))).toEqual([
+      `${at}: volume-size: a standard volume is 1 to 1024 GiB, got 1025`,
+    ]);
+    expect(problems(parseObject(aws({ 'volume-size': 100, 'volume-type': 'sc1' })))).toEqual([
+      `${at}: volume-size: a sc1 volume is 125 to 16384 GiB, got 100`,
+    ]);
+    expect(problems(parseObject(aws({ 'volume-size': 65537, 'volume-type': 'io2' })))).toEqual([
+      `${at}: volume-size: expected an integer >= 1 and <= 65536, got 65537`,
+    ]);
+  });
+
+  const NAME = 'expected a name of 1-64 characters of A-Z a-z 0-9 . _ - starting with a letter or digit';
+
+  it('refuses the pool and label names that built one index key: main + "x#y" and "main#x" + y', () => {
+    const result = parseObject(
+      withMeta([pool([label('x#y')], {}, 'main'), pool([label('y')], {}, 'main#x')]),
+    );
+    expect(problems(result)).toEqual([
+      `providers[1].pools[0].labels[0].name: name: ${NAME}, got "x#y"`,
+      `providers[1].pools[1].name: name: ${NAME}, got "main#x"`,
+    ]);
+  });
+
+  it('restricts the characters of provider, pool, label and backing-label names', () => {
+    const bad = ['a/b', 'a b', '-a', '.a', '', 'ä', 'a:b', 'x'.repeat(65)];
+    for (const name of bad) {
+      const shown = JSON.stringify(name.length > 40 ? `${name.slice(0, 37)}...` : name);
+      expect(problems(parseObject(withMeta([pool([label(name)])], { name })))).toEqual([
+        `providers[1].name: name: ${NAME}, got ${shown}`,
+        `providers[1].pools[0].labels[0].name: name: ${NAME}, got ${shown}`,
+      ]);
+      expect(
+        problems(parseObject(withMeta([pool([label('small-node', { 'backing-label': name })])]))),
+      ).toEqual([`providers[1].pools[0].labels[0].backing-label: backing-label: ${NAME}, got ${shown}`]);
+    }
+    const result = parseObject({
+      labels: [{ name: 'large#node' }],
+      providers: [
+        {
+          ...localProvider(['large#node'], 'loc#al'),
+          pools: [{ name: 'ma#in', labels: [{ name: 'large#node' }] }],
+        },
+      ],
+    });
+    expect(errorsOf(result).map((e) => e.path)).toEqual([
+      'labels[0].name',
+      'providers[0].name',
+      'providers[0].pools[0].name',
+      'providers[0].pools[0].labels[0].name',
+    ]);
+    // What examples/ and the tests use stays valid, up to 64 characters.
+    const longest = `A${'x'.repeat(62)}9`;
+    ok(parseObject(withMeta([pool([label('small_node.v2-x')], {}, longest)], { name: 'Meta.1' })));
+  });
+
+  it('accepts a local host that is an IPv4 or IPv6 address or a DNS name, and nothing else', () => {
+    const withHost = (host: unknown) => ({
+      providers: [
+        { ...localProvider(), host },
+        { name: 'meta', driver: 'metastatic', pools: [pool([label('small-node')])] },
+      ],
+    });
+    for (const host of [
+      '127.0.0.1',
+      '0.0.0.0',
+      '::1',
+      'fd00::1:2',
+      'localhost',
+      'build-1.example.com',
+      'example.com.',
+    ]) {
+      expect(ok(parseObject(withHost(host))).backingPools[0]?.providerOptions.host).toBe(host);
+    }
+    for (const host of [
+      '127.0.0.1 --evil',
+      '--evil',
+      '-h',
+      '999.1.1.1',
+      '1234',
+      'a b',
+      'a_b.example',
+      '[::1]',
+      'host:22',
+      '',
+      'x'.repeat(64),
+    ]) {
+      const shown = JSON.stringify(host.length > 40 ? `${host.slice(0, 37)}...` : host);
+      expect(problems(parseObject(withHost(host)))).toEqual([
+        `providers[0].host: host: expected an IPv4 or IPv6 address or a DNS name, got ${shown}`,
+      ]);
+    }
+  });
+});
+
+describe('loading files', () => {
+  it('reports an unreadable file', async () => {
+    const result = await loadConfigFile(join(root, 'does-not-exist.yaml'));
+    expect(errorsOf(result)[0]?.message).toMatch(/^cannot read the configuration: ENOENT/);
+  });
+
+  it('throws ConfigInvalidError carrying the errors', async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'metastatic-config-'));
+    try {
+      const path = join(dir, 'bad.yaml');
+      await writeFile(path, 'providers: []\n');
+      const error = await loadConfigOrThrow(path).catch((e: unknown) => e);
+      expect(error).toBeInstanceOf(ConfigInvalidError);
+      expect((error as ConfigInvalidError).errors).toEqual([
+        {
+          file: path,
+          path: 'providers',
+          line: 1,
+          column: 12,
+          message: 'providers: expected a non-empty list of providers, got an empty list',
+        },
+      ]);
+      expect((error as Error).message).toContain(`${path}:1:12: providers: providers: expected`);
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+});
+
+describe('the JSON schema', () => {
+  it('describes the providers list', () => {
+    const schema = configJsonSchema() as {
+      properties?: { providers?: unknown };
+      additionalProperties?: unknown;
+    };
+    expect(schema.properties?.providers).toBeTypeOf('object');
+    expect(schema.additionalProperties).toBe(false);
+  });
+
+  it('does not require keys that have defaults', () => {
+    const text = JSON.stringify(configJsonSchema());
+    expect(text).toContain('"default":60');
+    expect(text).toContain('"required":["name","backing-label"]');
+  });
+
+  it('matches the committed docs/config.schema.json', async () => {
+    const committed = await readFile(join(root, 'docs/config.schema.json'), 'utf8');
+    expect(committed).toBe(`${JSON.stringify(configJsonSchema(), null, 2)}\n`);
+  });
+});

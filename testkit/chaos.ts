@@ -1,0 +1,1259 @@
+/**
+ * The chaos run: the whole flow (request, fulfil and reaper handlers, as in Lambda) on the embedded
+ * DynamoDB (dynalite) with EC2 played by the stateful fake, under faults, on virtual time.
+ *
+ * - Requests: single nodes and node sets of 2-4 (and a few with an unknown label, which must fail with
+ *   a reason) arrive over time on an in-memory at-least-once queue (chaosQueue.ts): every message is
+ *   delivered twice, in random order; failed or crashed batches come back after the visibility timeout.
+ * - Each tick (100 ms of virtual time): the fake EC2 applies due state changes (boots, deaths) and its
+ *   events go to the fulfil queue; up to 16 request-handler invocations (batches of 1-10) and 4
+ *   fulfil-handler invocations run concurrently with one reaper run; every invocation is its own
+ *   "container" (handler + EC2 provider), as Lambda runs them.
+ * - Jobs: when a request is fulfilled its user releases its nodes 1-15 s later, so backing nodes fill,
+ *   empty and are reaped.
+ * - Faults: 5% of RunInstances calls fail, 5% of launched instances die before they boot (together 10%
+ *   of launches fail); one instance type has no capacity in phases; EC2 throttles in bursts; 10% of
+ *   instances die some time after boot; a handler crash is injected at each store/provider boundary in
+ *   turn (chaosCrash.ts).
+ * - Invariants (chaosInvariants.ts) are checked every few ticks on a Scan of the table, continuously on
+ *   every write the handlers make (a mirror kept from the store's results) and on every EC2 call, and
+ *   at the end, after everything is released and the reaper ran until quiescent.
+ * A violation stops the run with the seed, the virtual time and the ids involved.
+ */
+import { performance } from 'node:perf_hooks';
+import { DynamoDBClient } from '@aws-sdk/client-dynamodb';
+import {
+  type EC2Client,
+  RunInstancesCommand,
+  type RunInstancesCommandInput,
+  type RunInstancesCommandOutput,
+  TerminateInstancesCommand,
+  type TerminateInstancesCommandInput,
+} from '@aws-sdk/client-ec2';
+import { parseConfigOrThrow } from '../shared/config/load.ts';
+import type { ResolvedConfig } from '../shared/config/model.ts';
+import { ManualClock } from '../shared/core/clock.ts';
+import type { StateChangeEvent } from '../shared/core/events.ts';
+import type { BackingProvider, ProviderRegistry } from '../shared/core/provider.ts';
+import type { BackingRecord, RequestRecord } from '../shared/core/records.ts';
+import { SLOT_LEASE_MS } from '../shared/core/timing.ts';
+import { makeFulfilHandler } from '../shared/handlers/fulfilHandler.ts';
+import { makeReaperHandler } from '../shared/handlers/reaperHandler.ts';
+import {
+  makeDeadLetterHandler,
+  makeRequestHandler,
+  type SqsBatchHandler,
+} from '../shared/handlers/requestHandler.ts';
+import { Ec2Provider, isEc2InstanceId } from '../shared/providers/aws/ec2Provider.ts';
+import { type Engine, ensureTable, startDynalite } from '../shared/runtime/engines.ts';
+import { DynamoStore } from '../shared/store/dynamoStore.ts';
+import { keys } from '../shared/store/table.ts';
+import type { Context, Log } from '../shared/usecases/context.ts';
+import type { ReapReport } from '../shared/usecases/reapReport.ts';
+import { CrashInjector, type HandlerKind, label, PROVIDER_METHODS, STORE_METHODS } from './chaosCrash.ts';
+import {
+  checkFinal,
+  checkInvariants,
+  holdsCapacity,
+  type Limits,
+  type Snapshot,
+  TAG_BACKING_NODE_ID,
+  Tracker,
+} from './chaosInvariants.ts';
+import { ChaosQueue, type QueuedMessage, toSqsEvent } from './chaosQueue.ts';
+import { Random } from './chaosRandom.ts';
+import { poolConfig } from './configs.ts';
+import { ec2Error, FakeEc2 } from './fakeEc2.ts';
+
+// ---- the pool under test ----------------------------------------------------------------------------
+
+export const CHAOS_POOL = {
+  backingMax: 12,
+  nodesMax: 40,
+  slots: 4,
+  graceSeconds: 2,
+  launchRetries: 3,
+  launchTimeoutSeconds: 120,
+  /** The instance type that has no capacity in phases (the other one always has). */
+  scarceType: 'm7g.2xlarge',
+  otherType: 'm6g.2xlarge',
+} as const;
+
+/** The pool under test; without `nodeCap` the metastatic pool has no max-servers (the default in a user's config). */
+const chaosYaml = (nodeCap: boolean) =>
+  poolConfig({
+    backing: {
+      driver: 'aws',
+      provider: { region: 'eu-west-1' },
+      pool: {
+        'max-servers': CHAOS_POOL.backingMax,
+        'subnet-ids': ['subnet-a', 'subnet-b'],
+        'security-group-id': 'sg-1',
+      },
+      labels: [
+        {
+          name: 'large',
+          'instance-types': [CHAOS_POOL.scarceType, CHAOS_POOL.otherType],
+          'image-id': 'ami-123',
+        },
+      ],
+    },
+    meta: {
+      provider: {
+        'launch-retries': CHAOS_POOL.launchRetries,
+        'launch-timeout': CHAOS_POOL.launchTimeoutSeconds,
+      },
+      pool: { 'max-servers': nodeCap ? CHAOS_POOL.nodesMax : undefined },
+      labels: [
+        {
+          name: 'small',
+          'backing-label': 'large',
+          'max-parallel-jobs': CHAOS_POOL.slots,
+          'grace-time': CHAOS_POOL.graceSeconds,
+        },
+      ],
+    },
+  });
+
+const POOL_ID = 'chaos-pool';
+const REGION = 'eu-west-1';
+const START = Date.parse('2026-06-01T00:00:00Z');
+
+// ---- knobs --------------------------------------------------------------------------------------------
+
+export interface ChaosOptions {
+  /** Node requests (single nodes and node sets). */
+  readonly requests: number;
+  readonly seed: number;
+  /**
+   * Whether the metastatic pool has max-servers (default true). Without it, duplicate deliveries of a
+   * request never meet at a capacity place and meet only at claims and backing records.
+   */
+  readonly nodeCap?: boolean;
+  /** Concurrent request-handler invocations per tick. Default 16. */
+  readonly concurrency?: number;
+  /** Concurrent fulfil-handler invocations per tick. Default 4. */
+  readonly fulfilConcurrency?: number;
+  /** Virtual time per tick (the reaper runs every tick). Default 100 ms. */
+  readonly tickMs?: number;
+  /** The queues are polled every this many ticks. Default 5 (500 ms). */
+  readonly pollEveryTicks?: number;
+  /** Invariants on a Scan every this many ticks. Default 20 (2 s). */
+  readonly checkEveryTicks?: number;
+  /** Mean virtual time between two requests of a wave. Default 300 ms. */
+  readonly meanArrivalMs?: number;
+  /** A fulfilled request's job runs this long (virtual ms, uniform), then its nodes are released. */
+  readonly jobMs?: readonly [number, number];
+  /**
+   * Requests outstanding but no request, node or backing node changed state for this long (virtual):
+   * fail. Default 90 s: jobs last at most 15 s and boots 8 s, but the longest recovery the design
+   * allows is a launch cut short by a crash, which the reaper finishes 60 s later
+   * (UNFINISHED_LAUNCH_MS in shared/usecases/reap.ts); nodes placed on that backing node meanwhile wait.
+   */
+  readonly watchdogMs?: number;
+  /** One tick's invocations taking longer than this (real time) is a hang: fail. Default 30 s. */
+  readonly tickTimeoutMs?: number;
+  /** A dynalite endpoint to use; default: a new one in this process. */
+  readonly endpoint?: string;
+  /** Progress lines (the long runner prints them). */
+  readonly progress?: (line: string) => void;
+  /**
+   * Ids (request, node or backing ids, or parts of them) whose every write is traced; the trace is
+   * printed with a failure. CHAOS_TRACE in the test and the runner.
+   */
+  readonly trace?: readonly string[];
+}
+
+const FAULTS = {
+  /** RunInstances calls failing with an API error. */
+  launchApiFailure: 0.05,
+  /** Launched instances dying before they boot (pending -> terminated). */
+  launchDeath: 0.05,
+  /** Instances dying some time after boot (within deathWindowMs). */
+  deathAfterBoot: 0.1,
+  deathWindowMs: 40_000,
+  /** Per tick: a burst of throttled EC2 calls (2-10 calls in a row). */
+  throttleBurst: 0.02,
+  /** Per tick: the scarce instance type's capacity phase flips (mean phase 60 s). */
+  capacityFlip: 1 / 600,
+  bootDelayMs: 8_000,
+  terminateDelayMs: 5_000,
+} as const;
+
+const QUEUES = {
+  request: { visibilityMs: 4_000, maxReceiveCount: 50, maxDelayMs: 1_500 },
+  fulfil: { visibilityMs: 3_000, maxReceiveCount: 5, maxDelayMs: 2_000 },
+} as const;
+
+// ---- the report ------------------------------------------------------------------------------------------
+
+export interface ChaosReport {
+  seed: number;
+  requests: number;
+  nodes: number;
+  fulfilled: number;
+  failed: number;
+  failedByClass: Record<string, number>;
+  /** Nodes of fulfilled requests that failed later (their instance died). */
+  nodesLostAfterReady: number;
+  launches: number;
+  launchApiFailures: number;
+  launchDeaths: number;
+  deathsAfterBoot: number;
+  capacityErrors: number;
+  throttleBursts: number;
+  throttledCalls: number;
+  duplicatesDelivered: number;
+  redeliveries: number;
+  crashes: number;
+  crashesByKind: Record<HandlerKind, number>;
+  /** Crash boundaries: how many there are, how many crashed at least once, which never did. */
+  boundaries: { total: number; hit: number; neverHit: string[] };
+  maxInstances: number;
+  /** Backing records holding capacity at once (launching/ready, or retiring/failed with a live instance). */
+  maxBackingRecords: number;
+  maxLiveNodes: number;
+  /** Whether the metastatic pool had max-servers. */
+  nodeCap: boolean;
+  staleEntries: number;
+  doubleEntries: number;
+  reclaimedSlots: number;
+  reclaimedPlaces: number;
+  orphansTerminated: number;
+  deadLetters: { request: number; fulfil: number };
+  /** Request dead letters the dead-letter consumer handled (its deliveries, crashes included). */
+  deadLettersHandled: number;
+  retryReasons: Record<string, number>;
+  reaperErrors: Record<string, number>;
+  /** Writes touching the traced ids (ChaosOptions.trace), in order. */
+  trace: string[];
+  ticks: number;
+  checks: number;
+  /** DynamoDB calls and EC2 provider calls the handlers made. */
+  calls: { store: number; provider: number };
+  /** Real time spent (ms): EC2 and queues between invocations, invocations, invariant checks. */
+  timing: { ec2: number; invocations: number; checks: number };
+  virtualSeconds: number;
+  realSeconds: number;
+  violations: string[];
+}
+
+export class ChaosFailure extends Error {
+  constructor(readonly report: ChaosReport) {
+    super(formatFailure(report));
+    this.name = 'ChaosFailure';
+  }
+}
+
+// ---- the run ---------------------------------------------------------------------------------------------
+
+interface Container {
+  readonly kind: HandlerKind;
+  readonly handler: SqsBatchHandler;
+}
+
+interface ClientRequest {
+  readonly id: string;
+  readonly body: string;
+  readonly at: number;
+  readonly nodes: number;
+  sent: boolean;
+  releaseAt?: number;
+  releasesSent: boolean;
+  done: boolean;
+}
+
+class Stop extends Error {}
+
+const liveCount = (r: RequestRecord | undefined) =>
+  r ? r.nodes.filter((n) => n.state === 'pending' || n.state === 'ready').length : 0;
+const nodeStates = (r: RequestRecord | undefined) => (r ? r.nodes.map((n) => n.state).join(',') : '');
+
+/** Replaces ids in a message so that messages of one kind count together. */
+export function normalize(text: string): string {
+  return text
+    .replace(/bn-[0-9a-f]{16}/g, 'bn-*')
+    .replace(/i-[0-9a-f]{17}/g, 'i-*')
+    .replace(/req-\d+(\/\d+)?/g, 'req-*')
+    .replace(/#\d+/g, '#*')
+    .replace(/version \d+/g, 'version *')
+    .replace(/\d{4}-\d\d-\d\dT[\d:.]+Z/g, '<time>')
+    .replace(/\d+(\.\d+)?s\b/g, '*s')
+    .replace(/after \d+ /g, 'after * ')
+    .slice(0, 160);
+}
+
+/** The use-case functions on the stack (innermost first), for the trace. */
+function callers(): string {
+  const frames = (new Error().stack ?? '').split('\n').slice(1);
+  const names: string[] = [];
+  for (const f of frames) {
+    const m = /at (?:async )?(?:[\w$]+\.)?([\w$]+) \(.*\/shared\/(?:usecases|handlers)\//.exec(f);
+    if (m?.[1] && names.at(-1) !== m[1]) names.push(m[1]);
+  }
+  return names.join(' < ') || '?';
+}
+
+/** Errors whose message says a core invariant broke (never expected, whatever the faults). */
+const BUG_PATTERN =
+  /illegal .* transition|cannot retire|is not a function|Cannot read|undefined is not|ZodError/i;
+
+export function failureClass(reason: string | undefined): string {
+  const r = reason ?? '';
+  if (/unknown label/.test(r)) return 'unknown-label';
+  if (/no capacity after/.test(r)) return 'no-capacity';
+  if (/gave up after/.test(r)) return 'gave-up';
+  if (/^cancelled:/.test(r)) return 'cancelled';
+  if (/dead-letter queue/.test(r)) return 'dead-lettered';
+  if (/failed to launch|failed after \d+ attempt|used all \d+ attempt/.test(r)) return 'launch-retries';
+  if (/timeout/.test(r)) return 'timeout';
+  if (/terminated|shutting-down|vanished|spot/.test(r)) return 'backing-lost';
+  return 'other';
+}
+
+export class ChaosRun {
+  private readonly clock = new ManualClock(START);
+  private readonly random: Random;
+  private readonly sched: Random;
+  private readonly faults: Random;
+  private readonly jitter: Random;
+  private readonly config: ResolvedConfig;
+  private readonly poolKey: string;
+  private readonly backingPoolKey: string;
+  private readonly tickMs: number;
+  private readonly limits: Limits;
+  private readonly tracker = new Tracker();
+  private readonly crash: CrashInjector;
+  private readonly requestQueue: ChaosQueue;
+  private readonly fulfilQueue: ChaosQueue;
+  private readonly eventBuffer: StateChangeEvent[] = [];
+
+  private engine: Engine | undefined;
+  private dynamodb!: DynamoDBClient;
+  private raw!: DynamoStore;
+  private store!: DynamoStore;
+  private ec2!: FakeEc2;
+  private chaosClient!: EC2Client;
+  private requestContainers: Container[] = [];
+  /** The request function on the request dead-letter queue (its own event source mapping). */
+  private deadLetterContainer!: Container;
+  private fulfilContainers: Container[] = [];
+  private reaper!: () => Promise<ReapReport>;
+
+  // the client side: arrivals and jobs
+  private readonly client: ClientRequest[] = [];
+  private readonly clientById = new Map<string, ClientRequest>();
+  private nextArrival = 0;
+  private notDone = 0;
+
+  // mirror of every write the handlers made (from the store's results)
+  private readonly requests = new Map<string, RequestRecord>();
+  private readonly backing = new Map<string, BackingRecord>();
+  private readonly touched = new Set<string>();
+  private liveNodes = 0;
+  private notStopped = 0;
+  private lastProgressAt = START;
+
+  // EC2 bookkeeping
+  private readonly knownTokens = new Set<string>();
+  private readonly knownInstances = new Set<string>();
+  private readonly deathDecided = new Set<string>();
+  private capacityPhase = true;
+
+  private readonly report: ChaosReport;
+  private readonly started = performance.now();
+  private readonly violations: string[] = [];
+
+  constructor(private readonly options: ChaosOptions) {
+    this.random = new Random(options.seed);
+    this.sched = this.random.fork('schedule');
+    this.faults = this.random.fork('faults');
+    this.jitter = this.random.fork('jitter');
+    this.tickMs = options.tickMs ?? 100;
+    this.config = parseConfigOrThrow(chaosYaml(options.nodeCap ?? true), 'chaos.yaml');
+    const pool = this.config.metastaticPools[0];
+    const backingPool = this.config.backingPools[0];
+    if (!pool || !backingPool) throw new Error('chaos config has no pools');
+    this.poolKey = pool.key;
+    this.backingPoolKey = backingPool.key;
+    this.limits = {
+      nodesMax: (options.nodeCap ?? true) ? CHAOS_POOL.nodesMax : undefined,
+      backingMax: CHAOS_POOL.backingMax,
+      // A claim's lease, then a reaper run or two; a crashed release comes back much sooner.
+      staleEntryMs: SLOT_LEASE_MS + 60_000,
+      unsettledMs: 5 * 60_000,
+      // ORPHAN_GRACE_MS (2 min) after launch, then a reaper run.
+      orphanMs: 3 * 60_000,
+    };
+    this.crash = new CrashInjector(this.random.fork('crash'), this.clock, { maxK: 3, patienceMs: 20_000 });
+    this.requestQueue = new ChaosQueue(
+      { name: 'request', copies: 2, ...QUEUES.request },
+      this.clock,
+      this.random.fork('request-queue'),
+    );
+    this.fulfilQueue = new ChaosQueue(
+      { name: 'fulfil', copies: 2, ...QUEUES.fulfil },
+      this.clock,
+      this.random.fork('fulfil-queue'),
+    );
+    this.report = {
+      seed: options.seed,
+      requests: options.requests,
+      nodes: 0,
+      fulfilled: 0,
+      failed: 0,
+      failedByClass: {},
+      nodesLostAfterReady: 0,
+      launches: 0,
+      launchApiFailures: 0,
+      launchDeaths: 0,
+      deathsAfterBoot: 0,
+      capacityErrors: 0,
+      throttleBursts: 0,
+      throttledCalls: 0,
+      duplicatesDelivered: 0,
+      redeliveries: 0,
+      crashes: 0,
+      crashesByKind: { request: 0, fulfil: 0, reaper: 0 },
+      boundaries: { total: this.crash.boundaries.length, hit: 0, neverHit: [] },
+      maxInstances: 0,
+      maxBackingRecords: 0,
+      maxLiveNodes: 0,
+      nodeCap: options.nodeCap ?? true,
+      staleEntries: 0,
+      doubleEntries: 0,
+      reclaimedSlots: 0,
+      reclaimedPlaces: 0,
+      orphansTerminated: 0,
+      deadLetters: { request: 0, fulfil: 0 },
+      deadLettersHandled: 0,
+      retryReasons: {},
+      reaperErrors: {},
+      trace: [],
+      ticks: 0,
+      checks: 0,
+      calls: { store: 0, provider: 0 },
+      timing: { ec2: 0, invocations: 0, checks: 0 },
+      virtualSeconds: 0,
+      realSeconds: 0,
+      violations: this.violations,
+    };
+    this.planArrivals();
+  }
+
+  // ---- setup -------------------------------------------------------------------------------------------
+
+  private planArrivals(): void {
+    // Waves of 5-30 requests with quiet gaps of 3-12 s between them, so backing nodes also empty,
+    // get reaped and are launched again while requests keep coming.
+    const mean = this.options.meanArrivalMs ?? 300;
+    let at = START + 1_000;
+    let wave = 0;
+    for (let i = 0; i < this.options.requests; i++) {
+      if (wave === 0) {
+        wave = this.sched.int(5, 30);
+        if (i > 0) at += this.sched.int(3_000, 12_000);
+      }
+      wave--;
+      at += this.sched.int(0, 2 * mean);
+      let labels: string[];
+      if (this.sched.chance(0.02)) labels = ['gpu-huge'];
+      else if (this.sched.chance(0.5)) labels = ['small'];
+      else labels = Array.from({ length: this.sched.int(2, 4) }, () => 'small');
+      const id = `req-${i}`;
+      const c: ClientRequest = {
+        id,
+        body: JSON.stringify({ kind: 'request', id, labels }),
+        at,
+        nodes: labels.length,
+        sent: false,
+        releasesSent: false,
+        done: false,
+      };
+      this.client.push(c);
+      this.clientById.set(id, c);
+      this.report.nodes += labels.length;
+    }
+    this.notDone = this.client.length;
+  }
+
+  private async setup(): Promise<void> {
+    let endpoint = this.options.endpoint;
+    if (!endpoint) {
+      this.engine = await startDynalite();
+      endpoint = this.engine.endpoint;
+    }
+    this.dynamodb = new DynamoDBClient({
+      endpoint,
+      region: REGION,
+      credentials: { accessKeyId: 'x', secretAccessKey: 'x' },
+    });
+    const tableName = `chaos-${this.options.seed}-${Date.now()}`;
+    await ensureTable(this.dynamodb, tableName);
+    this.raw = new DynamoStore(this.dynamodb, tableName);
+    this.store = this.crash.wrap('store', this.raw, STORE_METHODS, (m, args, result) =>
+      this.observe(m, args, result),
+    );
+    this.ec2 = new FakeEc2({
+      region: REGION,
+      clock: this.clock,
+      bootDelayMs: FAULTS.bootDelayMs,
+      terminateDelayMs: FAULTS.terminateDelayMs,
+      onEvent: (e) => void this.eventBuffer.push(e),
+    });
+    this.ec2.failLaunches({ code: 'InsufficientInstanceCapacity', instanceType: CHAOS_POOL.scarceType });
+    this.chaosClient = this.wrapEc2Client(this.ec2.client);
+    const concurrency = this.options.concurrency ?? 16;
+    for (let i = 0; i < concurrency; i++) {
+      this.requestContainers.push({
+        kind: 'request',
+        handler: makeRequestHandler(this.context('request'), {
+          maxReceiveCount: QUEUES.request.maxReceiveCount,
+        }),
+      });
+    }
+    this.deadLetterContainer = {
+      kind: 'request',
+      handler: makeDeadLetterHandler(this.context('request')),
+    };
+    for (let i = 0; i < (this.options.fulfilConcurrency ?? 4); i++) {
+      this.fulfilContainers.push({ kind: 'fulfil', handler: makeFulfilHandler(this.context('fulfil')) });
+    }
+    this.reaper = makeReaperHandler(this.context('reaper'));
+  }
+
+  /** One Lambda container's context: its own EC2 provider (its own memory of failed offerings). */
+  private context(kind: HandlerKind): Context {
+    const provider = new Ec2Provider({
+      client: this.chaosClient,
+      pools: this.config.backingPools.filter((p) => p.driver === 'aws'),
+      poolId: POOL_ID,
+      clock: this.clock,
+      // Backoff on virtual time: a throttled call is retried at once (the burst is what it consumes).
+      sleep: async () => {},
+      random: () => this.jitter.next(),
+    });
+    const wrapped = this.crash.wrap<BackingProvider>('provider', provider, PROVIDER_METHODS);
+    const providers: ProviderRegistry = {
+      forPool: (key) => {
+        if (provider.servesPool(key)) return wrapped;
+        throw new Error(`unknown backing pool ${key}`);
+      },
+      forResource: (id) => (isEc2InstanceId(id) ? wrapped : undefined),
+    };
+    return {
+      store: this.store,
+      config: this.config,
+      providers,
+      clock: this.clock,
+      log: this.log(kind),
+      // The instances' addresses are not reachable from here: their port answers by fiat.
+      probePort: async () => true,
+    };
+  }
+
+  private log(kind: HandlerKind): Log {
+    const count = (table: Record<string, number>, text: string) => {
+      const key = normalize(text);
+      table[key] = (table[key] ?? 0) + 1;
+    };
+    return {
+      debug() {},
+      info: (message, ...extra) => {
+        if (message !== 'message will be retried') return;
+        const reason = String(extra[0]?.reason ?? '');
+        count(this.report.retryReasons, `${kind}: ${reason}`);
+        if (this.options.trace?.some((id) => reason.includes(id))) {
+          const inv = this.crash.current();
+          this.report.trace.push(
+            `[t+${((this.clock.now() - START) / 1000).toFixed(1)}s tick ${this.report.ticks}] ` +
+              `${inv ? `${inv.kind} #${inv.id}` : kind}: message will be retried: ${reason}`,
+          );
+        }
+        if (BUG_PATTERN.test(reason)) this.violation(`${kind} handler error: ${reason}`);
+      },
+      warn: (message, ...extra) => {
+        if (message === 'rejected message' || message === 'rejected event') {
+          this.violation(`${kind} handler rejected a well-formed ${message.slice(9)}: ${extra[0]?.reason}`);
+        }
+      },
+      error: (message, ...extra) => {
+        const e = extra[0]?.error;
+        const text = e instanceof Error ? e.message : String(extra[0]?.reason ?? '');
+        if (BUG_PATTERN.test(text)) this.violation(`${kind}: ${message}: ${text}`);
+      },
+    };
+  }
+
+  /** The EC2 client the providers use: injects launch failures, watches launches and terminations. */
+  private wrapEc2Client(client: EC2Client): EC2Client {
+    const send = async (command: unknown, ...rest: unknown[]): Promise<unknown> => {
+      if (command instanceof RunInstancesCommand) this.beforeRun(command.input);
+      if (command instanceof TerminateInstancesCommand) this.beforeTerminate(command.input);
+      let out: unknown;
+      try {
+        out = await (client.send as (c: unknown, ...r: unknown[]) => Promise<unknown>)(command, ...rest);
+      } catch (err) {
+        const name = (err as Error).name;
+        if (name === 'InsufficientInstanceCapacity') this.report.capacityErrors++;
+        if (name === 'RequestLimitExceeded') this.report.throttledCalls++;
+        throw err;
+      }
+      if (command instanceof RunInstancesCommand)
+        this.afterRun(command.input, out as RunInstancesCommandOutput);
+      return out;
+    };
+    return new Proxy(client, {
+      get: (t, prop) => {
+        if (prop === 'send') return send;
+        const value = Reflect.get(t, prop, t) as unknown;
+        return typeof value === 'function' ? (value as (...a: unknown[]) => unknown).bind(t) : value;
+      },
+    });
+  }
+
+  private beforeRun(input: RunInstancesCommandInput): void {
+    const token = input.ClientToken;
+    if (token !== undefined && this.knownTokens.has(token)) return; // a replay: EC2 returns the same instance
+    if (this.faults.chance(FAULTS.launchApiFailure)) {
+      this.report.launchApiFailures++;
+      throw ec2Error('ChaosLaunchFailure', 'fake EC2 (chaos): the launch failed');
+    }
+  }
+
+  private afterRun(input: RunInstancesCommandInput, out: RunInstancesCommandOutput): void {
+    if (input.ClientToken !== undefined) this.knownTokens.add(input.ClientToken);
+    for (const i of out.Instances ?? []) {
+      const id = i.InstanceId;
+      if (!id || this.knownInstances.has(id)) continue;
+      this.knownInstances.add(id);
+      this.report.launches++;
+      if (this.faults.chance(FAULTS.launchDeath)) {
+        this.deathDecided.add(id);
+        this.report.launchDeaths++;
+        this.ec2.kill(id, {
+          afterMs: this.faults.int(0, FAULTS.bootDelayMs - 1),
+          reason: 'Server.InternalError: Internal error on launch',
+        });
+      }
+    }
+    const running = this.ec2.instances.filter((i) => i.state === 'pending' || i.state === 'running');
+    this.report.maxInstances = Math.max(this.report.maxInstances, running.length);
+    if (running.length > CHAOS_POOL.backingMax) {
+      this.violation(
+        `${running.length} pending/running instances > backing max-servers ${CHAOS_POOL.backingMax} after a launch: ` +
+          running.map((i) => `${i.instanceId}=${i.tags[TAG_BACKING_NODE_ID]}`).join(', '),
+      );
+    }
+  }
+
+  /** No instance is terminated while its backing node holds a slot. */
+  private beforeTerminate(input: TerminateInstancesCommandInput): void {
+    for (const id of input.InstanceIds ?? []) {
+      const i = this.ec2.instance(id);
+      if (!i || (i.state !== 'pending' && i.state !== 'running')) continue;
+      const backingId = i.tags[TAG_BACKING_NODE_ID] ?? '';
+      const b = this.backing.get(backingId);
+      if (b && b.used > 0 && (b.resourceId === id || b.resourceId === undefined)) {
+        this.violation(
+          `instance ${id} is being terminated while backing ${b.id} (${b.state}) holds ${JSON.stringify(b.slotMap)}`,
+        );
+      }
+    }
+  }
+
+  // ---- the mirror --------------------------------------------------------------------------------------
+
+  private observe(method: string, args: unknown[], result: unknown): void {
+    if (this.options.trace?.length) this.traceWrite(method, args, result);
+    switch (method) {
+      case 'createRequest':
+        if (result === undefined) this.mirrorRequest(args[0] as RequestRecord);
+        break;
+      case 'putRequest':
+        this.mirrorRequest(args[0] as RequestRecord);
+        break;
+      case 'releaseNodeEntry':
+        if (result) this.mirrorRequest(result as RequestRecord);
+        break;
+      case 'createBacking':
+        if (result === undefined) this.mirrorBacking(args[0] as BackingRecord);
+        break;
+      case 'putBacking':
+        this.mirrorBacking(args[0] as BackingRecord);
+        break;
+      case 'claimSlot': {
+        const out = result as { claimed: boolean; record?: BackingRecord; current?: BackingRecord };
+        const seen = out.claimed ? out.record : out.current;
+        if (seen) this.mirrorBacking(seen);
+        break;
+      }
+    }
+  }
+
+  private traceWrite(method: string, args: unknown[], result: unknown): void {
+    if (!/^(create|put|claim|release|reserve|takeOver|free)/.test(method)) return;
+    const text = JSON.stringify(args.map((a) => (a instanceof Set ? [...a] : a)));
+    const ids = this.options.trace ?? [];
+    if (!ids.some((id) => text.includes(id))) return;
+    const inv = this.crash.current();
+    const outcome = method.startsWith('create') ? (result === undefined ? 'created' : 'exists') : 'ok';
+    this.report.trace.push(
+      `[t+${((this.clock.now() - START) / 1000).toFixed(1)}s tick ${this.report.ticks}] ` +
+        `${inv ? `${inv.kind} #${inv.id}` : 'harness'} ${method} ${outcome} (via ${callers()}): ${text.slice(0, 600)}`,
+    );
+  }
+
+  private mirrorRequest(next: RequestRecord): void {
+    const old = this.requests.get(next.id);
+    if (old && old.version >= next.version) return;
+    const r = structuredClone(next);
+    this.requests.set(r.id, r);
+    this.liveNodes += liveCount(r) - liveCount(old);
+    this.report.maxLiveNodes = Math.max(this.report.maxLiveNodes, this.liveNodes);
+    if (this.limits.nodesMax !== undefined && this.liveNodes > this.limits.nodesMax) {
+      this.violation(
+        `${this.liveNodes} live nodes > metastatic max-servers ${CHAOS_POOL.nodesMax} (after a write of ${r.id})`,
+      );
+    }
+    if (old?.state !== r.state || nodeStates(old) !== nodeStates(r)) {
+      this.lastProgressAt = this.clock.now();
+      this.touched.add(r.id);
+    }
+  }
+
+  private mirrorBacking(next: BackingRecord): void {
+    const old = this.backing.get(next.id);
+    if (old && old.version >= next.version) return;
+    const b = structuredClone(next);
+    this.backing.set(b.id, b);
+    this.notStopped += (b.state !== 'stopped' ? 1 : 0) - (old && old.state !== 'stopped' ? 1 : 0);
+    if (holdsCapacity(b, (id) => this.ec2.instance(id))) {
+      const holding = [...this.backing.values()].filter((x) =>
+        holdsCapacity(x, (id) => this.ec2.instance(id)),
+      );
+      this.report.maxBackingRecords = Math.max(this.report.maxBackingRecords, holding.length);
+      if (holding.length > CHAOS_POOL.backingMax) {
+        this.violation(
+          `${holding.length} backing records holding capacity > backing max-servers ${CHAOS_POOL.backingMax} ` +
+            `(after a write of ${b.id}): ${holding.map((x) => `${x.id} (${x.state})`).join(', ')}`,
+        );
+      }
+    }
+    if ((b.state === 'retiring' || b.state === 'stopped') && b.used > 0) {
+      this.violation(`backing ${b.id} was written ${b.state} while holding ${JSON.stringify(b.slotMap)}`);
+    }
+    if (old?.state !== b.state) this.lastProgressAt = this.clock.now();
+  }
+
+  // ---- the loop -------------------------------------------------------------------------------------------
+
+  async run(): Promise<ChaosReport> {
+    await this.setup();
+    try {
+      await this.load();
+      await this.drain();
+      this.finishFigures();
+      if (this.violations.length > 0) throw new ChaosFailure(this.report);
+      return this.report;
+    } catch (err) {
+      if (!(err instanceof Stop)) throw err;
+      this.finishFigures();
+      throw new ChaosFailure(this.report);
+    } finally {
+      this.ec2.restore();
+      this.dynamodb.destroy();
+      await this.engine?.close();
+    }
+  }
+
+  /** Requests arrive, are served and released, until every one of them is done. */
+  private async load(): Promise<void> {
+    const checkEvery = this.options.checkEveryTicks ?? 20;
+    const watchdogMs = this.options.watchdogMs ?? 90_000;
+    let lastLine = START;
+    while (this.notDone > 0) {
+      await this.tick(this.tickMs, true);
+      if (this.report.ticks % checkEvery === 0) await this.check();
+      const now = this.clock.now();
+      // Outstanding requests must see progress (a request or node changing state, a backing node
+      // changing state) at least every watchdogMs; an idle pool owes none.
+      const outstanding = this.notDone - (this.client.length - this.nextArrival);
+      if (outstanding === 0) this.lastProgressAt = now;
+      if (now - this.lastProgressAt > watchdogMs) {
+        this.violation(
+          `watchdog: no progress for ${((now - this.lastProgressAt) / 1000).toFixed(1)}s (virtual); ` +
+            `not done: ${this.describeOutstanding()}`,
+        );
+      }
+      for (const c of this.client) {
+        if (c.sent && !c.done && now - c.at > 15 * 60_000) {
+          this.violation(
+            `request ${c.id} not done ${(now - c.at) / 1000}s after it was sent: ${this.describe(c)}`,
+          );
+          break;
+        }
+      }
+      if (this.violations.length > 0) throw new Stop();
+      if (this.options.progress && now - lastLine >= 60_000) {
+        lastLine = now;
+        this.options.progress(this.progressLine());
+      }
+    }
+  }
+
+  /** Everything is released: the reaper runs until nothing is left. */
+  private async drain(): Promise<void> {
+    for (const r of this.requests.values()) {
+      for (const n of r.nodes) {
+        if (n.state === 'pending' || n.state === 'ready') {
+          this.requestQueue.send(JSON.stringify({ kind: 'release', nodeId: n.id }));
+        }
+      }
+    }
+    // The reaper every 5 s (virtual) from here, for up to 20 minutes: past the slot lease and the orphan grace.
+    for (let i = 1; i <= 240; i++) {
+      await this.tick(5_000, false);
+      if (i % 4 === 0) await this.check();
+      if (this.violations.length > 0) throw new Stop();
+      if (await this.quiescent()) break;
+    }
+    const snapshot = await this.snapshot();
+    this.violations.push(...checkInvariants(snapshot, this.limits, this.tracker));
+    this.violations.push(
+      ...checkFinal(
+        snapshot,
+        this.client.map((c) => c.id),
+      ),
+    );
+    for (const m of this.requestQueue.deadLetters) {
+      this.violations.push(
+        `request message left in the dead-letter queue (its consumer never handled it): ${m.body}`,
+      );
+    }
+  }
+
+  /**
+   * Nothing left to do: no message, no instance, every backing record stopped, the capacity sets
+   * empty (a place a dead delivery left is given back by the reaper once the slot lease has passed;
+   * one still there when the drain ends is leaked for good: the final check reports it).
+   */
+  private async quiescent(): Promise<boolean> {
+    if (this.requestQueue.size > 0 || this.fulfilQueue.size > 0) return false;
+    if (this.requestQueue.deadLetters.length > 0) return false;
+    if (this.ec2.instances.some((i) => i.state === 'pending' || i.state === 'running')) return false;
+    if (this.notStopped !== 0) return false;
+    const sets = [keys.poolNodes(this.poolKey), keys.backingPool(this.backingPoolKey)];
+    for (const key of sets) if ((await this.raw.capacity.members(key)).size > 0) return false;
+    return true;
+  }
+
+  private async tick(dt: number, faults: boolean): Promise<void> {
+    const t0 = performance.now();
+    this.clock.advance(dt);
+    this.report.ticks++;
+    if (faults) this.injectEc2Faults();
+    this.ec2.tick();
+    await this.ec2.settled();
+    this.decideDeaths();
+    this.flushEvents();
+    this.sendArrivals();
+    this.sendReleases();
+    const work: Promise<void>[] = [];
+    // The queues are polled every pollEveryTicks (Lambda's pollers gather a batching window), so
+    // what arrived meanwhile, duplicates included, is handled by concurrent invocations at once.
+    if (this.report.ticks % (this.options.pollEveryTicks ?? 5) === 0 || !faults) {
+      for (const [queue, containers] of [
+        [this.requestQueue, this.requestContainers],
+        [this.fulfilQueue, this.fulfilContainers],
+      ] as const) {
+        for (const [i, batch] of this.batches(queue, containers.length).entries()) {
+          work.push(this.invoke(containers[i] as Container, batch, queue));
+        }
+      }
+      if (this.requestQueue.deadLetters.length > 0) work.push(this.drainDeadLetters());
+    }
+    work.push(this.runReaper());
+    const t1 = performance.now();
+    await this.withTimeout(Promise.all(work));
+    const t2 = performance.now();
+    await this.ec2.settled();
+    this.flushEvents();
+    this.settleClient();
+    this.report.timing.ec2 += t1 - t0 + (performance.now() - t2);
+    this.report.timing.invocations += t2 - t1;
+  }
+
+  /**
+   * Receives the visible messages into at most `invocations` batches of 1-10: either spread over as
+   * many invocations as possible (most contention), or in batches of random size (records of a batch
+   * are handled in order).
+   */
+  private batches(queue: ChaosQueue, invocations: number): QueuedMessage[][] {
+    const out: QueuedMessage[][] = [];
+    const spread = this.sched.chance(0.5);
+    while (out.length < invocations) {
+      const size = spread ? 1 : this.sched.int(1, 10);
+      const batch = queue.receive(size);
+      if (batch.length === 0) break;
+      out.push(batch);
+    }
+    if (spread) {
+      // More messages than invocations: the rest join the batches, up to 10 each.
+      for (const batch of out) {
+        const more = queue.receive(9);
+        batch.push(...more);
+        if (more.length < 9) break;
+      }
+    }
+    return out;
+  }
+
+  private injectEc2Faults(): void {
+    if (this.faults.chance(FAULTS.throttleBurst)) {
+      this.report.throttleBursts++;
+      this.ec2.throttle(this.faults.int(2, 10));
+    }
+    if (this.faults.chance(FAULTS.capacityFlip)) {
+      this.capacityPhase = !this.capacityPhase;
+      this.ec2.clearFailures();
+      if (this.capacityPhase) {
+        this.ec2.failLaunches({ code: 'InsufficientInstanceCapacity', instanceType: CHAOS_POOL.scarceType });
+      }
+    }
+  }
+
+  /** 10% of the instances that reach running die some time later. */
+  private decideDeaths(): void {
+    for (const i of this.ec2.instances) {
+      if (i.state !== 'running' || this.deathDecided.has(i.instanceId)) continue;
+      this.deathDecided.add(i.instanceId);
+      if (this.faults.chance(FAULTS.deathAfterBoot)) {
+        this.report.deathsAfterBoot++;
+        this.ec2.kill(i.instanceId, { afterMs: this.faults.int(0, FAULTS.deathWindowMs) });
+      }
+    }
+  }
+
+  /** EventBridge -> SQS: each state-change event goes to the fulfil queue (delivered twice). */
+  private flushEvents(): void {
+    for (const e of this.eventBuffer.splice(0)) this.fulfilQueue.send(JSON.stringify(e));
+  }
+
+  private sendArrivals(): void {
+    const now = this.clock.now();
+    while (this.nextArrival < this.client.length) {
+      const c = this.client[this.nextArrival] as ClientRequest;
+      if (c.at > now) break;
+      this.requestQueue.send(c.body);
+      c.sent = true;
+      this.nextArrival++;
+    }
+  }
+
+  private sendReleases(): void {
+    const now = this.clock.now();
+    for (const c of this.client) {
+      if (c.releaseAt === undefined || c.releasesSent || c.releaseAt > now) continue;
+      c.releasesSent = true;
+      for (let i = 0; i < c.nodes; i++) {
+        this.requestQueue.send(JSON.stringify({ kind: 'release', nodeId: `${c.id}/${i}` }));
+      }
+      this.touched.add(c.id);
+    }
+  }
+
+  /** The users: a fulfilled request's job runs 1-15 s (jobMs), then its nodes are released. */
+  private settleClient(): void {
+    const now = this.clock.now();
+    for (const id of [...this.touched].sort()) {
+      const c = this.clientById.get(id);
+      const r = this.requests.get(id);
+      if (!c || !r || c.done) continue;
+      if (r.state === 'fulfilled' && c.releaseAt === undefined) {
+        const [min, max] = this.options.jobMs ?? [1_000, 15_000];
+        c.releaseAt = now + this.sched.int(min, max);
+      }
+      const released = r.nodes.every((n) => n.state === 'released' || n.state === 'failed');
+      if (r.state === 'failed' || (r.state === 'fulfilled' && c.releasesSent && released)) {
+        c.done = true;
+        this.notDone--;
+      }
+    }
+    this.touched.clear();
+  }
+
+  private async invoke(c: Container, batch: QueuedMessage[], queue: ChaosQueue): Promise<void> {
+    const arn = `arn:aws:sqs:${REGION}:000000000000:chaos-${c.kind}`;
+    const out = await this.crash.run(c.kind, () => c.handler(toSqsEvent(batch, arn)));
+    const ids = this.options.trace ?? [];
+    const traced = batch.filter((m) => ids.some((id) => m.body.includes(id)));
+    if (traced.length > 0 || (ids.length > 0 && out.crashedAt)) {
+      const failures = out.ok ? out.value.batchItemFailures.map((f) => f.itemIdentifier) : [];
+      this.report.trace.push(
+        `[t+${((this.clock.now() - START) / 1000).toFixed(1)}s tick ${this.report.ticks}] ${c.kind} #${out.invocation} ` +
+          `handled ${(traced.length > 0 ? traced : batch).map((m) => `${m.messageId} (receive ${m.receives}) ${m.body.slice(0, 200)}`).join('; ')}` +
+          ` -> ${out.crashedAt ? `crashed ${out.crashedAt}` : out.ok ? `ok, failed items: ${failures.join(',') || 'none'}` : `threw ${String(out.error)}`}`,
+      );
+    }
+    if (!out.ok || out.crashedAt) {
+      // Lambda crashed (or the handler threw): the whole batch comes back.
+      if (!out.ok && !out.crashedAt) {
+        this.violation(`${c.kind} handler threw: ${(out.error as Error)?.stack ?? String(out.error)}`);
+      }
+      for (const m of batch) queue.fail(m);
+      return;
+    }
+    const failed = new Set(out.value.batchItemFailures.map((f) => f.itemIdentifier));
+    for (const m of batch) {
+      if (failed.has(m.messageId)) queue.fail(m);
+      else queue.ack(m);
+    }
+  }
+
+  /**
+   * The dead-letter queue's consumer: it ends what the request handler's last delivery could not. It
+   * crashes like any invocation; what it does not handle stays for the next poll.
+   */
+  private async drainDeadLetters(): Promise<void> {
+    const batch = this.requestQueue.deadLetters.splice(0, 10);
+    const arn = `arn:aws:sqs:${REGION}:000000000000:chaos-request-dlq`;
+    const out = await this.crash.run('request', () =>
+      this.deadLetterContainer.handler(toSqsEvent(batch, arn)),
+    );
+    this.report.deadLettersHandled += batch.length;
+    if (!out.ok || out.crashedAt) {
+      if (!out.ok && !out.crashedAt) {
+        this.violation(`dead-letter handler threw: ${(out.error as Error)?.stack ?? String(out.error)}`);
+      }
+      this.requestQueue.deadLetters.push(...batch);
+      return;
+    }
+    const failed = new Set(out.value.batchItemFailures.map((f) => f.itemIdentifier));
+    this.requestQueue.deadLetters.push(...batch.filter((m) => failed.has(m.messageId)));
+  }
+
+  private async runReaper(): Promise<void> {
+    const out = await this.crash.run('reaper', () => this.reaper());
+    if (out.crashedAt && this.options.trace?.length) {
+      this.report.trace.push(
+        `[t+${((this.clock.now() - START) / 1000).toFixed(1)}s tick ${this.report.ticks}] reaper #${out.invocation} crashed ${out.crashedAt}`,
+      );
+    }
+    if (!out.ok) {
+      if (!out.crashedAt) this.violation(`reaper threw: ${(out.error as Error)?.stack ?? String(out.error)}`);
+      return;
+    }
+    const report = out.value;
+    this.report.reclaimedSlots += report.reclaimedSlots;
+    this.report.reclaimedPlaces += report.reclaimedPlaces;
+    this.report.orphansTerminated += report.orphans.length;
+    for (const e of report.errors) {
+      if (/injected crash|is dead \(crashed/.test(e)) continue;
+      const key = normalize(e);
+      this.report.reaperErrors[key] = (this.report.reaperErrors[key] ?? 0) + 1;
+      if (BUG_PATTERN.test(e)) this.violation(`reaper: ${e}`);
+    }
+  }
+
+  private async withTimeout<T>(work: Promise<T>): Promise<T> {
+    const ms = this.options.tickTimeoutMs ?? 30_000;
+    let timer: NodeJS.Timeout | undefined;
+    const timeout = new Promise<never>((_, reject) => {
+      timer = setTimeout(
+        () => reject(new Error(`tick ${this.report.ticks}: handlers still running after ${ms} ms (real)`)),
+        ms,
+      );
+    });
+    try {
+      return await Promise.race([work, timeout]);
+    } catch (err) {
+      this.violation((err as Error).message);
+      throw new Stop();
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  // ---- checks ---------------------------------------------------------------------------------------------
+
+  private async snapshot(): Promise<Snapshot> {
+    return {
+      now: this.clock.now(),
+      requests: await this.raw.listRequests(),
+      backing: await this.raw.listBacking(),
+      poolNodes: await this.raw.capacity.members(keys.poolNodes(this.poolKey)),
+      backingPool: await this.raw.capacity.members(keys.backingPool(this.backingPoolKey)),
+      instances: this.ec2.instances,
+    };
+  }
+
+  private async check(): Promise<void> {
+    const t0 = performance.now();
+    this.report.checks++;
+    const s = await this.snapshot();
+    // The harness's own consistency: the mirror saw every write (else a write bypassed the proxy).
+    for (const r of s.requests) {
+      const m = this.requests.get(r.id);
+      if (m?.version !== r.version) {
+        this.violation(
+          `harness: mirror of request ${r.id} is at version ${m?.version}, table at ${r.version}`,
+        );
+      }
+    }
+    for (const b of s.backing) {
+      const m = this.backing.get(b.id);
+      if (m?.version !== b.version) {
+        this.violation(
+          `harness: mirror of backing ${b.id} is at version ${m?.version}, table at ${b.version}`,
+        );
+      }
+    }
+    for (const v of checkInvariants(s, this.limits, this.tracker)) this.violation(v);
+    this.report.timing.checks += performance.now() - t0;
+  }
+
+  private violation(text: string): void {
+    const at = `[t+${((this.clock.now() - START) / 1000).toFixed(1)}s tick ${this.report.ticks}]`;
+    if (this.violations.length < 200) this.violations.push(`${at} ${text}`);
+  }
+
+  // ---- figures -----------------------------------------------------------------------------------------------
+
+  private finishFigures(): void {
+    const r = this.report;
+    r.fulfilled = 0;
+    r.failed = 0;
+    r.failedByClass = {};
+    r.nodesLostAfterReady = 0;
+    for (const c of this.client) {
+      const rec = this.requests.get(c.id);
+      if (rec?.state === 'fulfilled') {
+        r.fulfilled++;
+        r.nodesLostAfterReady += rec.nodes.filter((n) => n.state === 'failed').length;
+      } else if (rec?.state === 'failed') {
+        r.failed++;
+        const k = failureClass(rec.reason);
+        r.failedByClass[k] = (r.failedByClass[k] ?? 0) + 1;
+      }
+    }
+    r.duplicatesDelivered = this.requestQueue.duplicateDeliveries + this.fulfilQueue.duplicateDeliveries;
+    r.redeliveries = this.requestQueue.redeliveries + this.fulfilQueue.redeliveries;
+    r.crashes = this.crash.total;
+    r.crashesByKind = { ...this.crash.byKind };
+    const labels = this.crash.boundaries.map(label);
+    r.boundaries = {
+      total: labels.length,
+      hit: labels.filter((l) => this.crash.injected.has(l)).length,
+      neverHit: labels.filter((l) => !this.crash.injected.has(l)),
+    };
+    r.calls = { store: 0, provider: 0 };
+    for (const [name, n] of this.crash.calls) {
+      if (name.includes(' store.')) r.calls.store += n;
+      else r.calls.provider += n;
+    }
+    r.staleEntries = this.tracker.staleEntries.size;
+    r.doubleEntries = this.tracker.doubleEntries.size;
+    r.deadLetters = {
+      request: this.requestQueue.deadLettered,
+      fulfil: this.fulfilQueue.deadLettered,
+    };
+    r.virtualSeconds = Math.round((this.clock.now() - START) / 1000);
+    r.realSeconds = Math.round((performance.now() - this.started) / 100) / 10;
+  }
+
+  private describe(c: ClientRequest): string {
+    const r = this.requests.get(c.id);
+    if (!r) return 'never recorded';
+    return `${r.state}${r.reason ? ` (${r.reason})` : ''}; nodes ${r.nodes
+      .map((n) => `${n.id}=${n.state}${n.backingNodeId ? `@${n.backingNodeId}#${n.slot}` : ''}`)
+      .join(', ')}; releases ${c.releasesSent ? 'sent' : c.releaseAt ? 'scheduled' : 'not due'}`;
+  }
+
+  private describeOutstanding(): string {
+    const out = this.client.filter((c) => c.sent && !c.done);
+    return `${out.length} request(s): ${out
+      .slice(0, 5)
+      .map((c) => `${c.id}: ${this.describe(c)}`)
+      .join(' | ')}`;
+  }
+
+  private progressLine(): string {
+    const done = this.client.length - this.notDone;
+    return (
+      `t+${Math.round((this.clock.now() - START) / 1000)}s: ${this.nextArrival}/${this.client.length} sent, ` +
+      `${done} done, ${this.liveNodes} live nodes, ${this.notStopped} backing, ${this.crash.total} crashes, ` +
+      `${Math.round((performance.now() - this.started) / 1000)}s real`
+    );
+  }
+}
+
+export function runChaos(options: ChaosOptions): Promise<ChaosReport> {
+  return new ChaosRun(options).run();
+}
+
+// ---- output -------------------------------------------------------------------------------------------------
+
+const sec = (ms: number) => `${(ms / 1000).toFixed(1)}s`;
+
+export function formatSummary(r: ChaosReport): string {
+  const classes = Object.entries(r.failedByClass)
+    .sort(([a], [b]) => (a < b ? -1 : 1))
+    .map(([k, n]) => `${k} ${n}`)
+    .join(', ');
+  const rows: [string, string][] = [
+    ['seed', `${r.seed} (replay: npm run test:chaos -- --requests ${r.requests} --seed ${r.seed})`],
+    ['requests / nodes', `${r.requests} / ${r.nodes}`],
+    ['fulfilled', `${r.fulfilled} (nodes lost after ready: ${r.nodesLostAfterReady})`],
+    ['failed', `${r.failed}${classes ? ` (${classes})` : ''}`],
+    [
+      'launches',
+      `${r.launches} instances; failures: ${r.launchApiFailures} API + ${r.launchDeaths} died booting; ` +
+        `${r.capacityErrors} capacity errors`,
+    ],
+    ['deaths after boot', String(r.deathsAfterBoot)],
+    ['throttling', `${r.throttleBursts} bursts, ${r.throttledCalls} calls throttled`],
+    ['deliveries', `${r.duplicatesDelivered} duplicates, ${r.redeliveries} redeliveries`],
+    [
+      'crashes',
+      `${r.crashes} (request ${r.crashesByKind.request}, fulfil ${r.crashesByKind.fulfil}, reaper ` +
+        `${r.crashesByKind.reaper}); ${r.boundaries.hit}/${r.boundaries.total} boundaries` +
+        (r.boundaries.neverHit.length ? ` (never: ${r.boundaries.neverHit.join(', ')})` : ''),
+    ],
+    [
+      'max concurrent',
+      `${r.maxInstances} instances, ${r.maxBackingRecords} backing records holding capacity (cap ${CHAOS_POOL.backingMax}); ` +
+        `${r.maxLiveNodes} live nodes (cap ${r.nodeCap ? CHAOS_POOL.nodesMax : 'none'})`,
+    ],
+    [
+      'recovered',
+      `${r.staleEntries} stale slot entries seen (${r.doubleEntries} node ids in two slot maps), ` +
+        `${r.reclaimedSlots} claims reclaimed, ${r.reclaimedPlaces} capacity places reclaimed, ` +
+        `${r.orphansTerminated} orphans terminated`,
+    ],
+    [
+      'dead letters',
+      `request ${r.deadLetters.request} (ended by their consumer; ${r.deadLettersHandled} deliveries), fulfil ${r.deadLetters.fulfil}`,
+    ],
+    ['calls', `${r.calls.store} DynamoDB (store), ${r.calls.provider} EC2 provider`],
+    [
+      'duration',
+      `${r.realSeconds}s real (invocations ${sec(r.timing.invocations)}, checks ${sec(r.timing.checks)}, ` +
+        `EC2/queues ${sec(r.timing.ec2)}), ${r.virtualSeconds}s virtual, ${r.ticks} ticks, ${r.checks} invariant checks`,
+    ],
+  ];
+  const width = Math.max(...rows.map(([k]) => k.length));
+  return ['chaos run', ...rows.map(([k, v]) => `  ${k.padEnd(width)}  ${v}`)].join('\n');
+}
+
+export function formatFailure(r: ChaosReport): string {
+  const shown = r.violations.slice(0, 25);
+  return [
+    `chaos: ${r.violations.length} invariant violation(s) with seed ${r.seed} ` +
+      `(replay: npm run test:chaos -- --requests ${r.requests} --seed ${r.seed} [--trace <id>,<id>])`,
+    ...shown.map((v) => `  - ${v}`),
+    ...(r.violations.length > shown.length ? [`  ... and ${r.violations.length - shown.length} more`] : []),
+    ...(r.trace.length > 0 ? ['trace:', ...r.trace.map((t) => `  ${t}`)] : []),
+    formatSummary(r),
+  ].join('\n');
+}

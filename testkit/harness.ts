@@ -1,0 +1,155 @@
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { SendMessageCommand } from '@aws-sdk/client-sqs';
+import type { SQSEvent, SQSRecord } from 'aws-lambda';
+import { onTestFailed } from 'vitest';
+import { parseConfigOrThrow } from '../shared/config/load.ts';
+import { ManualClock } from '../shared/core/clock.ts';
+import { DevStack } from '../shared/runtime/devStack.ts';
+import { SqsPoller } from '../shared/runtime/sqsPoller.ts';
+import { type Log, silentLog } from '../shared/usecases/context.ts';
+
+/**
+ * What the stack logged (info and up), kept quiet unless the test fails: then they are printed, so a
+ * failure that depends on timing (a backing process that died, a scan that failed) shows its cause.
+ */
+function recordingLog(): Log {
+  const lines: string[] = [];
+  const keep =
+    (level: string) =>
+    (message: string, fields?: object): void => {
+      lines.push(`${new Date().toISOString()} ${level} ${message} ${JSON.stringify(fields ?? {})}`);
+    };
+  try {
+    onTestFailed(() => {
+      if (lines.length > 0) console.error(`what the stack logged:\n${lines.join('\n')}`);
+    });
+  } catch {
+    // Started outside a test (beforeAll): nothing to attach the report to.
+  }
+  return { debug() {}, info: keep('info'), warn: keep('warn'), error: keep('error') };
+}
+
+/**
+ * A test pool: the embedded stack (dynalite in memory, fauxqs, the real local provider) with the queue
+ * pollers off, so a test decides when each queue is drained and what time it is.
+ */
+export interface Harness {
+  readonly stack: DevStack;
+  readonly clock: ManualClock;
+  /** Sends a raw body to the request queue. */
+  send(body: unknown): Promise<void>;
+  /** Drains the request queue once through the request handler. */
+  drainRequests(): Promise<number>;
+  /**
+   * Waits for provider events and drains the fulfil queue until `until` holds, or fails after `timeoutMs`
+   * (default 45 s: backing processes boot in about a second, many times that on a loaded machine).
+   */
+  fulfilUntil(until: () => Promise<boolean>, timeoutMs?: number): Promise<void>;
+  close(): Promise<void>;
+}
+
+export async function startHarness(
+  yaml: string,
+  options: { maxReceiveCount?: number } = {},
+): Promise<Harness> {
+  const stateDir = await mkdtemp(join(tmpdir(), 'metastatic-test-'));
+  const clock = new ManualClock(Date.now());
+  const stack = await DevStack.start({
+    config: parseConfigOrThrow(yaml, 'test.yaml'),
+    stateDir,
+    reaperInterval: 3600,
+    log: recordingLog(),
+    clock,
+    inMemory: true,
+    noPollers: true,
+    visibilityTimeout: 0,
+    maxReceiveCount: options.maxReceiveCount ?? 3,
+  });
+  const requestPoller = new SqsPoller(
+    stack.sqs,
+    stack.info.requestQueueUrl,
+    'arn:test:requests',
+    stack.handlers.request,
+    silentLog,
+    {
+      waitSeconds: 0,
+    },
+  );
+  const fulfilPoller = new SqsPoller(
+    stack.sqs,
+    stack.info.fulfilQueueUrl,
+    'arn:test:fulfil',
+    stack.handlers.fulfil,
+    silentLog,
+    {
+      waitSeconds: 0,
+    },
+  );
+  return {
+    stack,
+    clock,
+    async send(body) {
+      await stack.sqs.send(
+        new SendMessageCommand({
+          QueueUrl: stack.info.requestQueueUrl,
+          MessageBody: typeof body === 'string' ? body : JSON.stringify(body),
+        }),
+      );
+    },
+    async drainRequests() {
+      let total = 0;
+      for (;;) {
+        const n = await requestPoller.pollOnce();
+        total += n;
+        if (n === 0) return total;
+      }
+    },
+    async fulfilUntil(until, timeoutMs = 45_000) {
+      const deadline = Date.now() + timeoutMs;
+      while (!(await until())) {
+        if (Date.now() > deadline) throw new Error('condition not reached before timeout');
+        const n = await fulfilPoller.pollOnce();
+        if (n === 0) await new Promise((r) => setTimeout(r, 20));
+      }
+    },
+    async close() {
+      await stack.stop();
+      await rm(stateDir, { recursive: true, force: true });
+    },
+  };
+}
+
+/** A hand-built SQS event, for handler tests that need exact control over a batch. */
+/** Requests one small-node node under `id` and drives the queues until the request is fulfilled. */
+export async function readyNode(harness: Harness, id: string): Promise<void> {
+  await harness.send({ kind: 'request', id, labels: ['small-node'] });
+  await harness.drainRequests();
+  await harness.fulfilUntil(
+    async () => (await harness.stack.context.store.getRequest(id))?.state === 'fulfilled',
+  );
+}
+
+export function sqsEvent(bodies: readonly string[], receiveCount = 1, sentAt = 0): SQSEvent {
+  return {
+    Records: bodies.map(
+      (body, i): SQSRecord => ({
+        messageId: `m-${i}`,
+        receiptHandle: `rh-${i}`,
+        body,
+        attributes: {
+          ApproximateReceiveCount: String(receiveCount),
+          SentTimestamp: String(sentAt),
+          SenderId: 'test',
+          ApproximateFirstReceiveTimestamp: '0',
+        },
+        messageAttributes: {},
+        md5OfBody: '',
+        eventSource: 'aws:sqs',
+        eventSourceARN: 'arn:test:requests',
+        awsRegion: 'us-east-1',
+      }),
+    ),
+  };
+}
