@@ -32,12 +32,14 @@ import {
   createEc2Client,
   Ec2Provider,
   type Ec2ProviderOptions,
-  QUOTA_PAUSE_MS,
+} from '../../shared/providers/aws/ec2Provider.ts';
+import { QUOTA_PAUSE_MS } from '../../shared/providers/aws/offerings.ts';
+import {
   TAG_BACKING_NODE_ID,
   TAG_BACKING_POOL,
   TAG_LABEL,
   TAG_POOL,
-} from '../../shared/providers/aws/ec2Provider.ts';
+} from '../../shared/providers/aws/runInstancesRequest.ts';
 import {
   type Ec2FaultProxy,
   type Ec2Request,

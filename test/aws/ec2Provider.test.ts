@@ -21,21 +21,21 @@ import {
   quotaScope,
   vcpuQuotaBucket,
 } from '../../shared/providers/aws/ec2Errors.ts';
+import { TEMPLATE_CACHE_MS } from '../../shared/providers/aws/ec2Lookups.ts';
 import {
-  clientToken,
   Ec2Provider,
   type Ec2ProviderOptions,
   isEc2InstanceId,
+} from '../../shared/providers/aws/ec2Provider.ts';
+import { OFFERING_BACKOFF_MS, offeringsOf, QUOTA_PAUSE_MS } from '../../shared/providers/aws/offerings.ts';
+import {
+  clientToken,
   networkParameters,
-  OFFERING_BACKOFF_MS,
-  offeringsOf,
-  QUOTA_PAUSE_MS,
   TAG_BACKING_NODE_ID,
   TAG_BACKING_POOL,
   TAG_LABEL,
   TAG_POOL,
-  TEMPLATE_CACHE_MS,
-} from '../../shared/providers/aws/ec2Provider.ts';
+} from '../../shared/providers/aws/runInstancesRequest.ts';
 import { awsPoolSettings } from '../../shared/providers/aws/settings.ts';
 import { EC2_EVENT_SOURCE, ec2Error, FakeEc2, type FakeEc2Options } from '../../testkit/fakeEc2.ts';
 
