@@ -8,11 +8,8 @@ import type { BackingPool } from '../../shared/config/model.ts';
 import { systemClock } from '../../shared/core/clock.ts';
 import type { StateChangeEvent } from '../../shared/core/events.ts';
 import type { LaunchSpec } from '../../shared/core/provider.ts';
-import {
-  isLocalResourceId,
-  LocalProvider,
-  localResourceId,
-} from '../../shared/providers/local/localProvider.ts';
+import { LocalProvider } from '../../shared/providers/local/localProvider.ts';
+import { isLocalResourceId, localResourceId } from '../../shared/providers/local/localRecords.ts';
 import { killBackingNode } from '../../testkit/processes.ts';
 
 const POOL_KEY = 'local/main';

@@ -1,0 +1,192 @@
+import { createHash } from 'node:crypto';
+import { readdir, readFile, rename, unlink, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import type { BackingResource } from '../../core/provider.ts';
+
+/**
+ * The local provider's records on disk. Every resource is recorded under `<stateDir>/local/<resourceId>.json`,
+ * its SSH host key (private, 0600) under `<resourceId>.key`; both go when the resource ends. A record
+ * whose pid is alive is a resource "tagged as ours", so a restarted provider can still see, describe and
+ * terminate the backing nodes of a previous run.
+ */
+
+export /** What `<stateDir>/local/<resourceId>.json` holds. */
+interface LocalRecord {
+  resourceId: string;
+  backingNodeId: string;
+  poolKey: string;
+  label: string;
+  attempt: number;
+  pid: number;
+  host: string;
+  port?: number;
+  state: 'pending' | 'running';
+  /** The SSH host public keys, `<type> <base64>`, once the node announced them. */
+  hostKeys?: string[];
+  startedAt: number;
+  readyAt?: number;
+}
+
+/** `local-` + the first 16 hex digits of sha256(`<backingNodeId>#<attempt>`). */
+export function localResourceId(backingNodeId: string, attempt: number): string {
+  return `local-${createHash('sha256').update(`${backingNodeId}#${attempt}`).digest('hex').slice(0, 16)}`;
+}
+
+/** Whether `resourceId` has the shape of a local resource id (for routing events to this provider). */
+export function isLocalResourceId(resourceId: string): boolean {
+  return /^local-[0-9a-f]{16}$/.test(resourceId);
+}
+
+export function isRecord(value: unknown): value is Record<string, unknown> {
+  return typeof value === 'object' && value !== null && !Array.isArray(value);
+}
+
+export function errorCode(err: unknown): string | undefined {
+  return isRecord(err) && typeof err.code === 'string' ? err.code : undefined;
+}
+
+export function parseRecord(resourceId: string, text: string): LocalRecord | undefined {
+  let raw: unknown;
+  try {
+    raw = JSON.parse(text);
+  } catch {
+    return undefined;
+  }
+  if (!isRecord(raw) || typeof raw.pid !== 'number' || !Number.isInteger(raw.pid) || raw.pid <= 0) {
+    return undefined;
+  }
+  const str = (v: unknown): string => (typeof v === 'string' ? v : '');
+  const num = (v: unknown): number | undefined =>
+    typeof v === 'number' && Number.isFinite(v) ? v : undefined;
+  const port = num(raw.port);
+  const hostKeys = Array.isArray(raw.hostKeys)
+    ? raw.hostKeys.filter((k): k is string => typeof k === 'string')
+    : undefined;
+  return {
+    resourceId,
+    backingNodeId: str(raw.backingNodeId),
+    poolKey: str(raw.poolKey),
+    label: str(raw.label),
+    attempt: num(raw.attempt) ?? 0,
+    pid: raw.pid,
+    host: str(raw.host) || '127.0.0.1',
+    ...(port !== undefined ? { port } : {}),
+    // The child writes `state: 'running'` with its port; a record with a port is ready either way.
+    state: raw.state === 'running' || port !== undefined ? 'running' : 'pending',
+    ...(hostKeys?.length ? { hostKeys } : {}),
+    startedAt: num(raw.startedAt) ?? 0,
+    ...(num(raw.readyAt) !== undefined ? { readyAt: num(raw.readyAt) } : {}),
+  };
+}
+
+/**
+ * Whether `pid` is a live process running resource `resourceId`. On Linux the command line must name the
+ * resource, which rules out a recycled pid and an exited-but-unreaped (zombie) child.
+ */
+export async function isAlive(pid: number, resourceId: string): Promise<boolean> {
+  try {
+    process.kill(pid, 0);
+  } catch (err) {
+    if (errorCode(err) !== 'EPERM') return false;
+  }
+  if (process.platform !== 'linux') return true;
+  try {
+    const cmdline = await readFile(`/proc/${pid}/cmdline`, 'utf8');
+    return cmdline.split('\0').includes(resourceId);
+  } catch {
+    return false;
+  }
+}
+
+/** The record files of one state directory. Writes are atomic (a temporary file renamed over the record). */
+export class RecordFiles {
+  constructor(readonly dir: string) {}
+
+  file(resourceId: string): string {
+    return join(this.dir, `${resourceId}.json`);
+  }
+
+  keyFile(resourceId: string): string {
+    return join(this.dir, `${resourceId}.key`);
+  }
+
+  async read(resourceId: string): Promise<LocalRecord | undefined> {
+    try {
+      return parseRecord(resourceId, await readFile(this.file(resourceId), 'utf8'));
+    } catch (err) {
+      if (errorCode(err) === 'ENOENT') return undefined;
+      throw err;
+    }
+  }
+
+  async write(record: LocalRecord): Promise<void> {
+    const path = this.file(record.resourceId);
+    const tmp = `${path}.${process.pid}.tmp`;
+    await writeFile(tmp, `${JSON.stringify(record, null, 2)}\n`);
+    await rename(tmp, path);
+  }
+
+  /** Removes the resource's record and its host key. */
+  async remove(resourceId: string): Promise<void> {
+    for (const path of [this.file(resourceId), this.keyFile(resourceId)]) {
+      try {
+        await unlink(path);
+      } catch (err) {
+        if (errorCode(err) !== 'ENOENT') throw err;
+      }
+    }
+  }
+
+  /** The resource ids recorded; temporary files a dead writer left behind are removed on the way. */
+  async ids(): Promise<string[]> {
+    const out: string[] = [];
+    try {
+      for (const name of await readdir(this.dir)) {
+        if (name.endsWith('.json')) out.push(name.slice(0, -'.json'.length));
+        else await this.removeOrphanTmp(name);
+      }
+    } catch (err) {
+      if (errorCode(err) !== 'ENOENT') throw err;
+    }
+    return out;
+  }
+
+  /** Removes `<id>.json.<pid>.tmp` (or `<id>.key.<pid>.tmp`) left behind by a writer that died mid-write. */
+  private async removeOrphanTmp(name: string): Promise<void> {
+    const writer = /\.(?:json|key)\.(\d+)\.tmp$/.exec(name)?.[1];
+    if (writer === undefined || Number(writer) === process.pid) return;
+    try {
+      process.kill(Number(writer), 0);
+      return; // The writer is alive: its rename is still to come.
+    } catch (err) {
+      if (errorCode(err) !== 'ESRCH') return;
+    }
+    await unlink(join(this.dir, name)).catch(() => {});
+  }
+}
+
+/** A record as the resource the provider reports, in `state`, with its label's attributes. */
+export function resourceOf(
+  record: LocalRecord,
+  state: BackingResource['state'],
+  labelAttributes: Readonly<Record<string, unknown>>,
+): BackingResource {
+  return {
+    resourceId: record.resourceId,
+    backingNodeId: record.backingNodeId,
+    poolKey: record.poolKey,
+    state,
+    ...(record.startedAt > 0 ? { launchedAt: record.startedAt } : {}),
+    ...(state === 'running' || state === 'shutting-down' ? { host: record.host } : {}),
+    ...(record.port !== undefined && state !== 'pending' ? { port: record.port } : {}),
+    attributes: {
+      ...labelAttributes,
+      provider: 'local',
+      pool: record.poolKey,
+      label: record.label,
+      resourceId: record.resourceId,
+      pid: record.pid,
+      ...(record.hostKeys ? { hostKeys: [...record.hostKeys] } : {}),
+    },
+  };
+}

@@ -1,0 +1,279 @@
+import { type ChildProcess, spawn } from 'node:child_process';
+import { createRequire } from 'node:module';
+import { fileURLToPath, pathToFileURL } from 'node:url';
+import type { BackingPool } from '../../config/model.ts';
+import { errorCode, isAlive, isRecord, type LocalRecord } from './localRecords.ts';
+
+/**
+ * The process supervisor of the local provider: starts a backing node process (backingNode.ts), reads
+ * what it announces, and stops processes, its own children or ones adopted from an earlier run, with
+ * SIGTERM then SIGKILL.
+ */
+
+/** How long a stop waits after SIGTERM before it sends SIGKILL. */
+export const TERMINATE_GRACE_MS = 5_000;
+/** How long to wait for a process to disappear after SIGKILL (it always does; this only bounds a hang). */
+export const KILL_WAIT_MS = 5_000;
+const POLL_MS = 50;
+const STDERR_TAIL_CHARS = 4_000;
+const STDOUT_BUFFER_CHARS = 64_000;
+
+export interface SupervisorLogger {
+  info(msg: string, extra?: object): void;
+  warn(msg: string, extra?: object): void;
+  error(msg: string, extra?: object): void;
+}
+
+const BACKING_NODE_SCRIPT = fileURLToPath(new URL('./backingNode.ts', import.meta.url));
+
+/**
+ * The tsx loader as an absolute URL: `--import tsx` alone resolves against the child's working directory,
+ * which fails whenever metastatic is started from outside its own tree.
+ */
+function tsxLoader(): string {
+  try {
+    return pathToFileURL(createRequire(import.meta.url).resolve('tsx')).href;
+  } catch {
+    return 'tsx';
+  }
+}
+
+/** What a backing node process of a label is started with, and what its resources report. */
+export interface LabelSettings {
+  readonly bootDelaySeconds: number;
+  readonly attributes: Readonly<Record<string, unknown>>;
+}
+
+/** A local label's settings; an unknown pool or label, or a bad boot-delay, is an Error. */
+export function labelSettings(
+  pool: BackingPool | undefined,
+  poolKey: string,
+  labelName: string,
+): LabelSettings {
+  if (!pool) throw new Error(`local provider: unknown backing pool ${poolKey}`);
+  const label = pool.labels.get(labelName);
+  if (!label) throw new Error(`local provider: backing pool ${poolKey} has no label ${labelName}`);
+  const bootDelay = label.options['boot-delay'] ?? 0;
+  if (typeof bootDelay !== 'number' || !Number.isFinite(bootDelay) || bootDelay < 0) {
+    throw new Error(`local provider: label ${labelName} of ${poolKey}: boot-delay must be seconds >= 0`);
+  }
+  const attributes = label.options.attributes;
+  return { bootDelaySeconds: bootDelay, attributes: isRecord(attributes) ? attributes : {} };
+}
+
+export interface BackingNodeArgs {
+  readonly backingNodeId: string;
+  readonly resourceId: string;
+  readonly bootDelaySeconds: number;
+  readonly host: string;
+  readonly stateFile: string;
+  readonly hostKeyFile: string;
+}
+
+/**
+ * Starts a backing node process. Every argument is passed as its own argv entry (no shell), so nothing a
+ * configuration carries is interpreted. Resolves with the process once it has a pid.
+ */
+export async function spawnBackingNode(args: BackingNodeArgs): Promise<ChildProcess> {
+  const proc = spawn(
+    process.execPath,
+    [
+      '--import',
+      tsxLoader(),
+      BACKING_NODE_SCRIPT,
+      '--id',
+      args.backingNodeId,
+      '--resource',
+      args.resourceId,
+      '--boot-delay',
+      String(args.bootDelaySeconds),
+      '--host',
+      args.host,
+      '--state-file',
+      args.stateFile,
+      '--host-key-file',
+      args.hostKeyFile,
+    ],
+    { stdio: ['ignore', 'pipe', 'pipe'] },
+  );
+  if (proc.pid === undefined) {
+    const error = await new Promise<Error>((resolve) => proc.once('error', resolve));
+    throw new Error(`local provider: cannot start backing node ${args.backingNodeId}: ${error.message}`);
+  }
+  return proc;
+}
+
+/** A child process as the supervisor watches it. */
+export interface Supervised {
+  readonly process: ChildProcess;
+  /** Resolves once the process closed (after its stdout was drained). */
+  readonly exited: Promise<void>;
+  readonly hasExited: boolean;
+  /** The last characters it wrote to stderr (for a failure reason). */
+  readonly stderrTail: string;
+}
+
+/**
+ * Watches a child: every line it writes to stdout goes to `onLine`, the tail of its stderr is kept, and
+ * `onClosed` is called once it closed. 'close' comes after 'exit' and after stdout was drained, so a
+ * line is never seen after the close.
+ */
+export function supervise(
+  proc: ChildProcess,
+  resourceId: string,
+  logger: SupervisorLogger,
+  on: {
+    readonly onLine: (line: string) => void;
+    readonly onClosed: (code: number | null, signal: NodeJS.Signals | null) => void;
+  },
+): Supervised {
+  let markExited = (): void => {};
+  const run = {
+    process: proc,
+    exited: new Promise<void>((resolve) => {
+      markExited = resolve;
+    }),
+    hasExited: false,
+    stderrTail: '',
+  };
+  proc.on('error', (err) => {
+    logger.error('local provider: backing node process error', { resourceId, error: err.message });
+  });
+  let stdout = '';
+  proc.stdout?.setEncoding('utf8');
+  proc.stdout?.on('data', (chunk: string) => {
+    stdout += chunk;
+    let newline = stdout.indexOf('\n');
+    while (newline >= 0) {
+      on.onLine(stdout.slice(0, newline).trim());
+      stdout = stdout.slice(newline + 1);
+      newline = stdout.indexOf('\n');
+    }
+    if (stdout.length > STDOUT_BUFFER_CHARS) stdout = '';
+  });
+  proc.stderr?.setEncoding('utf8');
+  proc.stderr?.on('data', (chunk: string) => {
+    run.stderrTail = (run.stderrTail + chunk).slice(-STDERR_TAIL_CHARS);
+  });
+  proc.once('close', (code, signal) => {
+    run.hasExited = true;
+    markExited();
+    on.onClosed(code, signal);
+  });
+  return run;
+}
+
+/** Stops a child: SIGTERM, then SIGKILL once TERMINATE_GRACE_MS passed; resolves once it exited (or gave up). */
+export async function stopChildProcess(
+  run: Supervised,
+  resourceId: string,
+  logger: SupervisorLogger,
+): Promise<void> {
+  run.process.kill('SIGTERM');
+  if (await within(run.exited, TERMINATE_GRACE_MS)) return;
+  logger.warn('local provider: backing node ignored SIGTERM, killing it', { resourceId });
+  run.process.kill('SIGKILL');
+  if (!(await within(run.exited, KILL_WAIT_MS))) {
+    logger.error('local provider: backing node did not exit after SIGKILL', { resourceId });
+  }
+}
+
+/**
+ * Stops a process that is not our child (adopted from an earlier run): no exit event tells when it is
+ * gone, so `alive` is polled. SIGTERM, then SIGKILL once TERMINATE_GRACE_MS passed.
+ */
+export async function stopAdoptedProcess(
+  pid: number,
+  alive: () => Promise<boolean>,
+  resourceId: string,
+  logger: SupervisorLogger,
+): Promise<void> {
+  const signalAndWait = async (signal: NodeJS.Signals, ms: number): Promise<boolean> => {
+    try {
+      process.kill(pid, signal);
+    } catch (err) {
+      if (errorCode(err) === 'ESRCH') return true;
+      throw err;
+    }
+    const deadline = Date.now() + ms;
+    while (Date.now() < deadline) {
+      if (!(await alive())) return true;
+      await new Promise((resolve) => setTimeout(resolve, POLL_MS));
+    }
+    return !(await alive());
+  };
+  if (await signalAndWait('SIGTERM', TERMINATE_GRACE_MS)) return;
+  logger.warn('local provider: backing node ignored SIGTERM, killing it', { resourceId });
+  if (!(await signalAndWait('SIGKILL', KILL_WAIT_MS))) {
+    logger.error('local provider: backing node did not exit after SIGKILL', { resourceId });
+  }
+}
+
+/** Resolves true when `promise` settles within `ms`, false otherwise; leaves no timer behind. */
+async function within(promise: Promise<void>, ms: number): Promise<boolean> {
+  let timer: NodeJS.Timeout | undefined;
+  const timeout = new Promise<false>((resolve) => {
+    timer = setTimeout(() => resolve(false), ms);
+  });
+  try {
+    return await Promise.race([promise.then(() => true as const), timeout]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+/**
+ * Polls processes adopted from an earlier run's records every `everyMs` and calls `died` once for each
+ * that is gone, except those `skip` names (being stopped: the stop reports its end itself). The timer
+ * runs only while something is watched, and never keeps the process alive.
+ */
+export class AdoptedWatch {
+  private readonly records = new Map<string, LocalRecord>();
+  private timer: NodeJS.Timeout | undefined;
+  private checking = false;
+  private stopped = false;
+
+  constructor(
+    private readonly everyMs: number,
+    private readonly died: (record: LocalRecord) => Promise<void>,
+    private readonly skip: (resourceId: string) => boolean,
+  ) {}
+
+  add(record: LocalRecord): void {
+    if (this.stopped) return;
+    this.records.set(record.resourceId, record);
+    if (this.timer) return;
+    this.timer = setInterval(() => void this.check(), this.everyMs);
+    this.timer.unref();
+  }
+
+  remove(resourceId: string): void {
+    this.records.delete(resourceId);
+  }
+
+  stop(): void {
+    this.stopped = true;
+    this.clear();
+  }
+
+  private clear(): void {
+    clearInterval(this.timer);
+    this.timer = undefined;
+  }
+
+  private async check(): Promise<void> {
+    if (this.checking) return;
+    this.checking = true;
+    try {
+      for (const [resourceId, record] of this.records) {
+        if (this.stopped) return;
+        if (this.skip(resourceId) || (await isAlive(record.pid, resourceId))) continue;
+        this.records.delete(resourceId);
+        await this.died(record);
+      }
+    } finally {
+      this.checking = false;
+      if (this.records.size === 0) this.clear();
+    }
+  }
+}
