@@ -6,9 +6,12 @@
 import { readFile } from 'node:fs/promises';
 import { type Document, isMap, isNode, isScalar, isSeq, LineCounter, parseDocument } from 'yaml';
 import type { z } from 'zod';
+import { DRIVERS } from './fields.ts';
 import type { ResolvedConfig } from './model.ts';
-import { checkConfigRules, formatPath, type PathIssue, type PathSegment, resolveConfig } from './resolve.ts';
-import { type ConfigFile, configSchema, DRIVERS, knownKeysAt } from './schema.ts';
+import { formatPath, type PathIssue, type PathSegment } from './paths.ts';
+import { resolveConfig } from './resolve.ts';
+import { checkConfigRules } from './rules.ts';
+import { type ConfigFile, configSchema, knownKeysAt } from './schema.ts';
 
 export interface ConfigError {
   /** The file the error is in (as given to parseConfig / loadConfigFile). */

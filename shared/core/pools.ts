@@ -1,5 +1,5 @@
+import { DEFAULT_REQUEST_TIMEOUT } from '../config/fields.ts';
 import type { MetastaticPool, ResolvedConfig } from '../config/model.ts';
-import { DEFAULT_REQUEST_TIMEOUT } from '../config/schema.ts';
 import { clip, listSome, MAX_QUOTED_LENGTH } from './text.ts';
 
 /**

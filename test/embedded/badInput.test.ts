@@ -6,8 +6,8 @@
  * event) against one embedded stack; configuration cases run through the loader.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { NAME_RULE } from '../../shared/config/fields.ts';
 import { formatConfigErrors, parseConfig } from '../../shared/config/load.ts';
-import { NAME_RULE } from '../../shared/config/schema.ts';
 import {
   SpotInterruptionDetailType,
   StateChangeDetailType,

@@ -1,6 +1,6 @@
 import { DynamoDBClient } from '@aws-sdk/client-dynamodb';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { MAX_SERVERS } from '../../shared/config/schema.ts';
+import { MAX_SERVERS } from '../../shared/config/fields.ts';
 import { nodeId, ownerToken } from '../../shared/core/ids.ts';
 import { ensureTable, startDynalite } from '../../shared/runtime/engines.ts';
 import { DynamoStore } from '../../shared/store/dynamoStore.ts';

@@ -3,9 +3,11 @@
  * the typed, normalized settings the EC2 provider launches from. The options are validated again here
  * (schema + the aws rules of resolve.ts), so a hand-built BackingPool fails as clearly as a file would.
  */
+
+import { type AwsProviderConfig, awsProviderSchema, type EBS_VOLUME_TYPES } from '../../config/awsSchema.ts';
 import type { BackingPool } from '../../config/model.ts';
-import { checkConfigRules, formatPath } from '../../config/resolve.ts';
-import { type AwsProviderConfig, awsProviderSchema, type EBS_VOLUME_TYPES } from '../../config/schema.ts';
+import { formatPath } from '../../config/paths.ts';
+import { checkConfigRules } from '../../config/rules.ts';
 
 /** The root volume type when the label gives none. */
 export const DEFAULT_VOLUME_TYPE = 'gp3';

@@ -1,0 +1,143 @@
+import { z } from 'zod';
+import {
+  bool,
+  intBetween,
+  MAPPING,
+  MAX_SERVERS,
+  MAX_TEMPLATE_VERSION,
+  MAX_VOLUME_SIZE,
+  name,
+  nonEmptyList,
+  nonEmptyString,
+} from './fields.ts';
+
+// ---- driver: aws (backing nodes are EC2 instances) -------------------------------------------------
+// Keys follow Nodepool's AWS driver where it has them. Rules across keys ("exactly one of instance-type
+// and instance-types", ...) are checked in awsRules.ts, like every other cross-field rule in rules.ts.
+
+const stringList = (what: string) => nonEmptyList(nonEmptyString(), what);
+
+export const EBS_VOLUME_TYPES = ['gp3', 'gp2', 'io2', 'io1', 'st1', 'sc1', 'standard'] as const;
+
+const TAG_KEY = 'a tag key of 1 to 128 characters';
+const TAG_VALUE = 'a tag value of at most 256 characters';
+
+export const awsLaunchTemplateSchema = z.strictObject(
+  {
+    id: nonEmptyString().optional().describe('The launch template id (lt-...); give id or name.'),
+    name: nonEmptyString().optional().describe('The launch template name; give id or name.'),
+    version: z
+      .union([nonEmptyString(), intBetween(1, MAX_TEMPLATE_VERSION)], {
+        error: 'a version number, "$Latest" or "$Default"',
+      })
+      .optional()
+      .describe('A version number, "$Latest" or "$Default". Default: the default version.'),
+  },
+  { error: MAPPING },
+);
+
+export const awsIamInstanceProfileSchema = z.strictObject(
+  {
+    name: nonEmptyString().optional().describe('The instance profile name; give name or arn.'),
+    arn: nonEmptyString().optional().describe('The instance profile ARN; give name or arn.'),
+  },
+  { error: MAPPING },
+);
+
+export const awsLabelSchema = z.strictObject(
+  {
+    name: name().describe('A backing label; unique within the pool.'),
+    'instance-type': nonEmptyString()
+      .optional()
+      .describe('The EC2 instance type. Give instance-type or instance-types.'),
+    'instance-types': stringList('instance types')
+      .optional()
+      .describe(
+        'EC2 instance types tried in this order when one has no capacity. Give instance-type or instance-types.',
+      ),
+    'image-id': nonEmptyString().optional().describe('The AMI (ami-...). Give image-id or launch-template.'),
+    'launch-template': awsLaunchTemplateSchema
+      .optional()
+      .describe(
+        'A launch template to launch from (it then owns the root volume). Give image-id or launch-template.',
+      ),
+    'key-name': nonEmptyString().optional().describe('The EC2 key pair installed on the instance.'),
+    userdata: z
+      .string({ error: 'a string' })
+      .optional()
+      .describe('User data (plain text; sent base64-encoded).'),
+    'iam-instance-profile': awsIamInstanceProfileSchema
+      .optional()
+      .describe('The IAM instance profile, by name or by ARN.'),
+    'volume-size': intBetween(1, MAX_VOLUME_SIZE)
+      .optional()
+      .describe(
+        "Root volume size in GiB, within the EBS limits of its volume-type (gp3, gp2, io1, st1, sc1: 16384; io2: 65536; standard: 1024). Default: the image's.",
+      ),
+    'volume-type': z
+      .enum(EBS_VOLUME_TYPES, { error: `one of ${EBS_VOLUME_TYPES.join(', ')}` })
+      .optional()
+      // No zod default: with a launch-template the key must stay absent (the template owns the volume).
+      .describe('Root volume type, default gp3 (the root volume is always encrypted).'),
+    tags: z
+      .record(
+        z.string({ error: TAG_KEY }).min(1, { error: TAG_KEY }).max(128, { error: TAG_KEY }),
+        z.string({ error: TAG_VALUE }).max(256, { error: TAG_VALUE }),
+        { error: 'a mapping of tag names to strings' },
+      )
+      .default({})
+      .describe(
+        'Extra tags for the instance and its volumes (keys "aws:..." and "metastatic:..." are reserved).',
+      ),
+    'use-spot': bool()
+      .default(false)
+      .describe('Launch spot instances, falling back to on-demand when spot has no capacity.'),
+    'connection-port': z
+      .int({ error: 'a port number from 1 to 65535' })
+      .min(1, { error: 'a port number from 1 to 65535' })
+      .max(65535, { error: 'a port number from 1 to 65535' })
+      .default(22)
+      .describe('The TCP port nodes connect to (SSH).'),
+  },
+  { error: MAPPING },
+);
+
+export const awsPoolSchema = z.strictObject(
+  {
+    name: name().describe('Unique within the provider.'),
+    'max-servers': intBetween(1, MAX_SERVERS)
+      .optional()
+      .describe(`Backing nodes this pool may run at once; unset = unlimited; at most ${MAX_SERVERS}.`),
+    'subnet-ids': stringList('subnet ids')
+      .optional()
+      .describe(
+        'Subnets to launch in, tried in this order when one has no capacity. Give subnet-ids or subnet-id.',
+      ),
+    'subnet-id': nonEmptyString()
+      .optional()
+      .describe('A single subnet to launch in. Give subnet-ids or subnet-id.'),
+    'security-group-ids': stringList('security group ids')
+      .optional()
+      .describe("Security groups of the instances. Default: the VPC's default group."),
+    'security-group-id': nonEmptyString().optional().describe('A single security group.'),
+    'public-ipv4': bool()
+      .default(false)
+      .describe('Give the instances a public IPv4 address and connect to it (instead of the private one).'),
+    labels: nonEmptyList(awsLabelSchema, 'labels'),
+  },
+  { error: MAPPING },
+);
+
+export const awsProviderSchema = z.strictObject(
+  {
+    name: name().describe('Unique among providers.'),
+    driver: z.literal('aws'),
+    region: nonEmptyString().describe('The AWS region, e.g. eu-west-1.'),
+    pools: nonEmptyList(awsPoolSchema, 'pools'),
+  },
+  { error: MAPPING },
+);
+
+export type AwsProviderConfig = z.infer<typeof awsProviderSchema>;
+export type AwsPoolConfig = z.infer<typeof awsPoolSchema>;
+export type AwsLabelConfig = z.infer<typeof awsLabelSchema>;

@@ -1,0 +1,107 @@
+import { z } from 'zod';
+
+/**
+ * The limits every number in a configuration is held to, and the leaf schemas the driver schemas are
+ * built from. Every leaf carries an error phrase such as "an integer >= 1": load.ts turns a failed check
+ * into `<key>: expected <phrase>, got <value>`, so keep the phrases short and in that grammatical form.
+ */
+
+export const DRIVERS = ['metastatic', 'local', 'aws'] as const;
+export type Driver = (typeof DRIVERS)[number];
+
+// ---- limits -----------------------------------------------------------------------------------------
+// Every number has a maximum (issue 10): an unbounded value validated, then broke the pool at run time
+// (max-parallel-jobs 1e9 built an array of every free slot, boot-delay 1e12 overflowed Node's timer).
+// Each bound is documented with its reason in the "Limits" table of docs/configuration.md.
+
+/** A day, in seconds: launch and boot bounds (a machine not up within a day will not come up). */
+export const MAX_BOOT_SECONDS = 24 * 3600;
+/** A week, in seconds: how long a backing node is kept or a request waits. */
+export const MAX_KEEP_SECONDS = 7 * 24 * 3600;
+/**
+ * Slots per backing node. The free index orders backing nodes by free slots padded to 5 digits
+ * (shared/store/table.ts, ordering breaks above 99,999), and the slot map is one DynamoDB item (400 KB):
+ * 1,000 slots of the longest node ids (131 characters) take ~140 KB.
+ */
+export const MAX_PARALLEL_JOBS = 1000;
+/**
+ * Servers of a pool (and min-ready). A pool's capacity set is one DynamoDB item (400 KB): 1,000 of the
+ * longest node ids with their owner tokens take ~170 KB.
+ */
+export const MAX_SERVERS = 1000;
+/** Launch attempts per node: each may take up to launch-timeout; more only delay the failure. */
+export const MAX_LAUNCH_RETRIES = 20;
+/** Priorities: only their order matters; the bound keeps them plain integers. */
+export const MAX_PRIORITY = 1_000_000;
+/** EC2 keeps at most 10,000 versions of a launch template; version numbers never reach this. */
+export const MAX_TEMPLATE_VERSION = 1_000_000;
+/** EBS: the largest volume of any type (io2 Block Express, 64 TiB); per type in resolve.ts. */
+export const MAX_VOLUME_SIZE = 65_536;
+
+/**
+ * Provider, pool and label names (and backing-label). The table joins them with `/` and `#` into keys
+ * (`FREE#<provider>/<pool>#<label>`), so neither may appear in a name: `main` + `x#y` and `main#x` + `y`
+ * would share a key and so a backing node.
+ */
+export const NAME_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/;
+export const NAME_RULE = '1-64 characters of A-Z a-z 0-9 . _ - starting with a letter or digit';
+
+// ---- leaf builders ----------------------------------------------------------------------------------
+
+export const NON_EMPTY_STRING = 'a non-empty string';
+export const nonEmptyString = () => z.string({ error: NON_EMPTY_STRING }).min(1, { error: NON_EMPTY_STRING });
+
+export const NAME = `a name of ${NAME_RULE}`;
+export const name = () => z.string({ error: NAME }).regex(NAME_PATTERN, { error: NAME });
+
+export const intBetween = (min: number, max: number) => {
+  const phrase = `an integer >= ${min} and <= ${max}`;
+  return z.int({ error: phrase }).min(min, { error: phrase }).max(max, { error: phrase });
+};
+
+export const priority = () => intBetween(-MAX_PRIORITY, MAX_PRIORITY);
+
+/** Seconds; fractions allowed. */
+export const seconds = (max: number) => {
+  const phrase = `a number of seconds >= 0 and <= ${max}`;
+  return z.number({ error: phrase }).min(0, { error: phrase }).max(max, { error: phrase });
+};
+
+export const positiveSeconds = (max: number) => {
+  const phrase = `a number of seconds > 0 and <= ${max}`;
+  return z.number({ error: phrase }).positive({ error: phrase }).max(max, { error: phrase });
+};
+
+export const bool = () => z.boolean({ error: 'true or false' });
+
+/** request-timeout: how long a request may wait to be placed (issue 14 builds on it). */
+export const DEFAULT_REQUEST_TIMEOUT = 3 * 3600;
+export const MAX_REQUEST_TIMEOUT = MAX_KEEP_SECONDS;
+export const requestTimeout = () => positiveSeconds(MAX_REQUEST_TIMEOUT);
+export const REQUEST_TIMEOUT_HELP =
+  'Seconds a request may wait to be placed (from when it was first recorded); then the reaper ends it failed. ' +
+  `Set on the provider, pool or label: the most specific wins. At most ${MAX_REQUEST_TIMEOUT} (7 days).`;
+
+/**
+ * A local provider's host: an IPv4 or IPv6 address or a DNS name. It is passed to each backing process's
+ * command line, so a space or a leading '-' (`127.0.0.1 --evil`) must never get through; a name of digits
+ * and dots only is not an address (999.1.1.1) and not a DNS name either.
+ */
+export const DNS_NAME =
+  /^(?![0-9.]+$)(?=.{1,253}\.?$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$/;
+export const HOST = 'an IPv4 or IPv6 address or a DNS name';
+export const host = () =>
+  z.union([z.ipv4({ error: HOST }), z.ipv6({ error: HOST }), z.string({ error: HOST }).regex(DNS_NAME)], {
+    error: HOST,
+  });
+
+/** One instance, so the JSON Schema defines it once. */
+export const jsonValue = z.json();
+export const attributes = () => z.record(z.string(), jsonValue, { error: 'a mapping of names to values' });
+
+export const nonEmptyList = <T extends z.ZodType>(item: T, what: string) => {
+  const phrase = `a non-empty list of ${what}`;
+  return z.array(item, { error: phrase }).min(1, { error: phrase });
+};
+
+export const MAPPING = 'a mapping';
