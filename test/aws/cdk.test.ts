@@ -10,14 +10,10 @@ import { Queue } from 'aws-cdk-lib/aws-sqs';
 import { AwsSolutionsChecks, ServerlessChecks } from 'cdk-nag';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { LauncherPermissions } from '../../lib/launcherPermissions.ts';
-import {
-  EC2_EVENT_STATES,
-  FULFIL_MAX_CONCURRENCY,
-  MetastaticPool,
-  REQUEST_MAX_CONCURRENCY,
-} from '../../lib/metastaticPool.ts';
+import { MetastaticPool } from '../../lib/metastaticPool.ts';
 import { MetastaticStack } from '../../lib/metastaticStack.ts';
 import { environmentSize, LAMBDA_ENVIRONMENT_LIMIT, TOKEN_ALLOWANCE } from '../../lib/poolFunction.ts';
+import { EC2_EVENT_STATES, FULFIL_MAX_CONCURRENCY, REQUEST_MAX_CONCURRENCY } from '../../lib/poolProps.ts';
 import { ConfigInvalidError } from '../../shared/config/load.ts';
 import { InstanceState } from '../../shared/core/events.ts';
 import { FUNCTION_TIMEOUT_SECONDS, visibilityTimeoutSeconds } from '../../shared/core/timing.ts';

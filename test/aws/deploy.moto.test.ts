@@ -19,7 +19,7 @@ import {
   SQSClient,
 } from '@aws-sdk/client-sqs';
 import { afterAll, beforeAll, expect, it } from 'vitest';
-import { FULFIL_MAX_CONCURRENCY } from '../../lib/metastaticPool.ts';
+import { FULFIL_MAX_CONCURRENCY } from '../../lib/poolProps.ts';
 import { DynamoStore } from '../../shared/store/dynamoStore.ts';
 import type { ReapReport } from '../../shared/usecases/reapReport.ts';
 import {
