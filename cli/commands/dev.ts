@@ -1,0 +1,68 @@
+import { existsSync } from 'node:fs';
+import { dirname, join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { formatConfigErrors, loadConfigFile } from '../../shared/config/load.ts';
+import { DevStack } from '../../shared/runtime/devStack.ts';
+import { consoleLog, type Level } from '../consoleLog.ts';
+import { CliError } from '../errors.ts';
+import { terminalText } from '../terminal.ts';
+
+const packageRoot = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
+const exampleConfig = join(packageRoot, 'examples', 'local.yaml');
+
+export interface DevOptions {
+  readonly config?: string;
+  readonly reaperInterval: number;
+  readonly logLevel: Level;
+  readonly logJson?: boolean;
+}
+
+/** `metastatic dev`: runs the pool on this machine until SIGINT or SIGTERM. */
+export async function dev(stateDir: string, opts: DevOptions): Promise<void> {
+  const configPath = resolve(
+    opts.config ?? (existsSync('metastatic.yaml') ? 'metastatic.yaml' : exampleConfig),
+  );
+  const loaded = await loadConfigFile(configPath);
+  if (!loaded.ok) throw new CliError(`invalid configuration:\n${formatConfigErrors(loaded.errors)}`);
+  const log = consoleLog(opts.logLevel, opts.logJson);
+  for (const n of loaded.config.notices) log.warn(`${configPath}: ${n.path}: ${n.message}`);
+  const stack = await DevStack.start({
+    config: loaded.config,
+    configPath,
+    stateDir,
+    reaperInterval: opts.reaperInterval,
+    log,
+  });
+  const labels = [...loaded.config.metastaticLabelNames].join(', ');
+  process.stderr.write(
+    [
+      `metastatic pool running (config ${configPath})`,
+      `  state dir       ${stack.info.stateDir}`,
+      `  DynamoDB        ${stack.info.dynamodbEndpoint}  table ${stack.info.tableName}`,
+      `  SQS             ${stack.info.sqsEndpoint}`,
+      `  request queue   ${stack.info.requestQueueUrl}`,
+      `  labels          ${labels}`,
+      `  reaper every    ${opts.reaperInterval}s`,
+      `Try it from another shell:  npx metastatic request ${[...loaded.config.metastaticLabelNames][0] ?? 'LABEL'} --wait`,
+      'Ctrl-C stops the pool and every backing process.',
+      '',
+    ]
+      .map(terminalText)
+      .join('\n'),
+  );
+  await new Promise<void>((done) => {
+    let stopping = false;
+    const stop = (signal: string) => {
+      if (stopping) return;
+      stopping = true;
+      process.stderr.write(`\n${signal}: stopping the pool...\n`);
+      stack.stop().then(done, (err) => {
+        process.stderr.write(terminalText(`error while stopping: ${(err as Error).message}\n`));
+        done();
+      });
+    };
+    process.once('SIGINT', () => stop('SIGINT'));
+    process.once('SIGTERM', () => stop('SIGTERM'));
+  });
+  process.stderr.write('stopped.\n');
+}

@@ -1,0 +1,132 @@
+import { randomBytes } from 'node:crypto';
+import { parseNodeId } from '../../shared/core/ids.ts';
+import { MAX_NODE_SET, RequestMessage } from '../../shared/core/messages.ts';
+import type { PoolStore } from '../../shared/core/poolStore.ts';
+import type { NodeRecord, RequestRecord } from '../../shared/core/records.ts';
+import { connect, type Target } from '../client.ts';
+import { CliError } from '../errors.ts';
+import { nodeJson, requestJson } from '../format.ts';
+import { nodeSummary, print, printJson, printRequest, sleep } from '../output.ts';
+import { terminalText } from '../terminal.ts';
+
+export interface RequestOptions {
+  readonly id?: string;
+  readonly requestor: string;
+  readonly priority?: number;
+  readonly wait?: boolean;
+  readonly timeout: number;
+  readonly json?: boolean;
+}
+
+/** `metastatic request LABEL...`: sends a request message; with --wait, follows it to its end. */
+export async function request(target: Target, labels: string[], opts: RequestOptions): Promise<void> {
+  const id = opts.id ?? `req-${Date.now().toString(36)}-${randomBytes(3).toString('hex')}`;
+  const parsed = RequestMessage.safeParse({
+    kind: 'request',
+    id,
+    labels,
+    requestor: opts.requestor,
+    priority: opts.priority,
+  });
+  if (!parsed.success) {
+    throw new CliError(parsed.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`).join('\n'), 2);
+  }
+  if (labels.length > MAX_NODE_SET) throw new CliError(`at most ${MAX_NODE_SET} labels per request`, 2);
+  const client = await connect(target);
+  try {
+    await client.send(parsed.data);
+    if (!opts.wait) {
+      const r = await client.store.getRequest(id);
+      const shown = r ? requestJson(r) : { id, state: 'requested', labels, nodes: [] };
+      if (opts.json) printJson(shown);
+      else print(`request ${id} sent (${shown.state}); follow it with: metastatic list requests`);
+      return;
+    }
+    const r = await waitForRequest(client.store, id, opts.timeout);
+    if (opts.json)
+      printJson(r ? requestJson(r) : { id, state: 'requested', labels, nodes: [], reason: 'timed out' });
+    else if (r) printRequest(r);
+    if (!r || r.state !== 'fulfilled') {
+      const why =
+        !r || r.state === 'requested' || r.state === 'pending'
+          ? `timed out after ${opts.timeout}s`
+          : r.reason;
+      process.exitCode = 1;
+      if (!opts.json)
+        process.stderr.write(
+          terminalText(`request ${id} ${r?.state === 'failed' ? 'failed' : 'not fulfilled'}: ${why}\n`),
+        );
+    }
+  } finally {
+    client.close();
+  }
+}
+
+/** Follows a request until it ends or the timeout passes, with a progress line on stderr. */
+async function waitForRequest(
+  store: PoolStore,
+  id: string,
+  timeoutSeconds: number,
+): Promise<RequestRecord | undefined> {
+  const started = Date.now();
+  const tty = process.stderr.isTTY;
+  let r: RequestRecord | undefined;
+  let shown = '';
+  while (Date.now() - started < timeoutSeconds * 1000) {
+    r = await store.getRequest(id);
+    if (r && (r.state === 'fulfilled' || r.state === 'failed')) break;
+    const status = r ? `${r.state}, ${nodeSummary(r)}` : 'queued';
+    if (tty) {
+      // Our own carriage return and erase-line stay; what the status carries is escaped.
+      process.stderr.write(
+        `\r${terminalText(`waiting for ${id}: ${status} (${((Date.now() - started) / 1000).toFixed(1)}s)`)}\x1b[K`,
+      );
+    } else if (status !== shown) {
+      process.stderr.write(terminalText(`waiting for ${id}: ${status}\n`));
+    }
+    shown = status;
+    await sleep(100);
+  }
+  if (tty) process.stderr.write('\r\x1b[K');
+  return r;
+}
+
+export interface ReleaseOptions {
+  readonly timeout: number;
+  readonly force?: boolean;
+  readonly json?: boolean;
+}
+
+/** `metastatic release NODE-ID`: sends a release message and waits until it is applied. */
+export async function release(target: Target, nodeIdArg: string, opts: ReleaseOptions): Promise<void> {
+  const parsed = parseNodeId(nodeIdArg);
+  if (!parsed)
+    throw new CliError(`"${nodeIdArg}" is not a node id (node ids look like <request-id>/<index>)`, 2);
+  const client = await connect(target);
+  try {
+    const node = (await client.store.getRequest(parsed.requestId))?.nodes[parsed.index];
+    if (!node) throw new CliError(`unknown node ${nodeIdArg}`);
+    if (node.held && !opts.force && (node.state === 'ready' || node.state === 'pending')) {
+      throw new CliError(`node ${nodeIdArg} is held; release it with --force`);
+    }
+    if (node.state === 'released' || node.state === 'failed') {
+      if (opts.json) printJson(nodeJson(node));
+      else print(`${nodeIdArg} was already ${node.state}`);
+      return;
+    }
+    await client.send({ kind: 'release', nodeId: nodeIdArg, ...(opts.force ? { force: true } : {}) });
+    const deadline = Date.now() + opts.timeout * 1000;
+    let current: NodeRecord | undefined = node;
+    while (current && current.state !== 'released' && current.state !== 'failed' && Date.now() < deadline) {
+      await sleep(100);
+      current = (await client.store.getRequest(parsed.requestId))?.nodes[parsed.index];
+    }
+    if (!current || (current.state !== 'released' && current.state !== 'failed')) {
+      throw new CliError(`release of ${nodeIdArg} was sent but not applied within ${opts.timeout}s`);
+    }
+    if (opts.json) printJson(nodeJson(current));
+    else print(current.state === 'released' ? `released ${nodeIdArg}` : `${nodeIdArg} is ${current.state}`);
+  } finally {
+    client.close();
+  }
+}

@@ -1,0 +1,168 @@
+import { Argument, Command, InvalidArgumentError, Option } from 'commander';
+import type { Target } from './client.ts';
+import type { Level } from './consoleLog.ts';
+
+/**
+ * The `metastatic` command line: every command, its arguments and options, and its help. Each command's
+ * work is in its own module under commands/, imported only when that command runs, so `--help` and a
+ * quick `list` load none of the modules the others need (the embedded engines, the CDK, ...).
+ */
+
+const seconds = (name: string) => (value: string) => {
+  const n = Number(value);
+  if (!Number.isFinite(n) || n < 0)
+    throw new InvalidArgumentError(`${name} must be a number of seconds >= 0`);
+  return n;
+};
+
+interface GlobalOptions {
+  readonly stateDir?: string;
+  readonly stack?: string;
+  readonly region?: string;
+  readonly stackConfig?: string;
+}
+
+export function buildProgram(): Command {
+  const program = new Command()
+    .name('metastatic')
+    .description(
+      'A pool of small nodes packed as slots onto larger backing machines.\n' +
+        'Run a local pool with `metastatic dev`, then request nodes from another shell.',
+    )
+    .option(
+      '--state-dir <dir>',
+      'state directory of the local pool (default: $METASTATIC_STATE_DIR or .metastatic)',
+    )
+    .option('--stack <name>', 'use a pool deployed with `cdk deploy` instead (default: $METASTATIC_STACK)')
+    .option('--region <region>', 'with --stack: its region (default: $AWS_REGION)')
+    .option('--stack-config <file>', 'with --stack: the pool configuration, for hold / drain / reap')
+    .showHelpAfterError('(run with --help for usage)')
+    .exitOverride();
+
+  const stateDir = async () =>
+    (await import('../shared/runtime/devInfo.ts')).stateDirFrom(program.opts<GlobalOptions>().stateDir);
+  /** Where the pool is: a local pool by state dir, or a deployed one by --stack / METASTATIC_STACK. */
+  const target = async (): Promise<Target> => {
+    const o = program.opts<GlobalOptions>();
+    return {
+      stateDir: await stateDir(),
+      stack: o.stack ?? process.env.METASTATIC_STACK,
+      region: o.region,
+      config: o.stackConfig,
+    };
+  };
+
+  program
+    .command('dev')
+    .description(
+      'run the pool on this machine: DynamoDB (dynalite), SQS (fauxqs) and local backing processes',
+    )
+    .option(
+      '-c, --config <file>',
+      'pool configuration (default: ./metastatic.yaml if present, else the shipped example)',
+    )
+    .option('--reaper-interval <seconds>', 'seconds between reaper runs', seconds('--reaper-interval'), 60)
+    .addOption(
+      new Option('--log-level <level>', 'log level')
+        .choices(['debug', 'info', 'warn', 'error'])
+        .default('info'),
+    )
+    .option('--log-json', 'log JSON lines (as in Lambda) instead of text')
+    .action(async (opts: { config?: string; reaperInterval: number; logLevel: Level; logJson?: boolean }) => {
+      const { dev } = await import('./commands/dev.ts');
+      await dev(await stateDir(), opts);
+    });
+
+  program
+    .command('request')
+    .description('request one node per LABEL (several labels form a node set, served all-or-nothing)')
+    .argument('<labels...>', 'labels to request')
+    .option('--id <id>', 'request id (default: generated); re-sending the same id never allocates twice')
+    .option('--requestor <name>', 'who asks (recorded with the request)', 'cli')
+    .option('--priority <n>', 'request priority', (v) => Number.parseInt(v, 10))
+    .option('-w, --wait', 'wait until the request is fulfilled or failed')
+    .option('--timeout <seconds>', 'with --wait: give up after this many seconds', seconds('--timeout'), 300)
+    .option('--json', 'print the request as JSON')
+    .action(async (labels: string[], opts) => {
+      const { request } = await import('./commands/request.ts');
+      await request(await target(), labels, opts);
+    });
+
+  program
+    .command('release')
+    .description('release a node: its slot is freed and its backing node may go after grace-time')
+    .argument('<node-id>', 'the node id, as printed by `request` (<request-id>/<index>)')
+    .option(
+      '--timeout <seconds>',
+      'wait at most this long for the release to be applied',
+      seconds('--timeout'),
+      30,
+    )
+    .option('--force', 'release a held node too')
+    .option('--json', 'print the node as JSON')
+    .action(async (nodeId: string, opts) => {
+      const { release } = await import('./commands/request.ts');
+      await release(await target(), nodeId, opts);
+    });
+
+  program
+    .command('hold')
+    .description('keep a node, and so its backing node, until it is released with --force')
+    .argument('<node-id>', 'the node id (<request-id>/<index>)')
+    .option('--json', 'print the node as JSON')
+    .action(async (nodeId: string, opts) => {
+      const { hold } = await import('./commands/operator.ts');
+      await hold(await target(), nodeId, opts);
+    });
+
+  program
+    .command('drain')
+    .description('stop new allocations on a backing node; it is stopped as soon as it is empty')
+    .argument('<backing-id>', 'the backing node id (see `metastatic list backing`)')
+    .option('--json', 'print the backing node as JSON')
+    .action(async (id: string, opts) => {
+      const { drain } = await import('./commands/operator.ts');
+      await drain(await target(), id, opts);
+    });
+
+  program
+    .command('reap')
+    .description('run the reaper once now: retire idle backing nodes, enforce deadlines, reconcile')
+    .option('--json', 'print the reaper report as JSON')
+    .action(async (opts) => {
+      const { reap } = await import('./commands/operator.ts');
+      await reap(await target(), opts);
+    });
+
+  program
+    .command('list')
+    .description('list nodes, backing nodes or requests')
+    .addArgument(new Argument('<what>', 'what to list').choices(['nodes', 'backing', 'requests']))
+    .option('--all', 'include released nodes, stopped backing nodes and finished requests')
+    .option('--json', 'print JSON')
+    .action(async (what: 'nodes' | 'backing' | 'requests', opts) => {
+      const { list } = await import('./commands/list.ts');
+      await list(await target(), what, opts);
+    });
+
+  program
+    .command('validate')
+    .description('check a configuration file; prints every error with its YAML path')
+    .argument('<file>', 'the YAML configuration')
+    .option('--json', 'print the errors as JSON')
+    .action(async (file: string, opts) => {
+      const { validate } = await import('./commands/config.ts');
+      await validate(file, opts);
+    });
+
+  program
+    .command('schema')
+    .description('print the JSON Schema of the configuration (for editors)')
+    .option('--out <file>', 'write it to a file instead')
+    .action(async (opts) => {
+      const { schema } = await import('./commands/config.ts');
+      await schema(opts);
+    });
+
+  return program;
+}

@@ -1,0 +1,146 @@
+import { execFileSync } from 'node:child_process';
+import { existsSync, readFileSync, statSync } from 'node:fs';
+import { dirname, join, relative, resolve } from 'node:path';
+import type { Command } from 'commander';
+import { describe, expect, it } from 'vitest';
+import { buildProgram } from '../../cli/program.ts';
+
+/**
+ * The documentation checked against the tree and the code: every relative link in the Markdown resolves
+ * (to a file, and to a heading when it names one), and docs/cli.md documents exactly the commands and
+ * options the CLI defines.
+ */
+
+const ROOT = resolve(import.meta.dirname, '..', '..');
+
+const markdownFiles = (): string[] =>
+  execFileSync('git', ['ls-files', '-co', '--exclude-standard', '*.md'], { cwd: ROOT, encoding: 'utf8' })
+    .split('\n')
+    .filter((f) => f !== '' && !f.includes('node_modules/') && existsSync(join(ROOT, f)));
+
+/** The text outside fenced code blocks and inline code, where a link is a link. */
+function prose(markdown: string): string {
+  return markdown.replace(/^(```|~~~)[^\n]*\n[\s\S]*?^\1[^\n]*$/gm, '').replace(/`[^`\n]*`/g, '``');
+}
+
+/** GitHub's anchor of a heading: lower case, punctuation but `-` and `_` dropped, spaces to `-`. */
+function slug(heading: string): string {
+  return heading
+    .trim()
+    .toLowerCase()
+    .replace(/`/g, '')
+    .replace(/\[([^\]]*)\]\([^)]*\)/g, '$1')
+    .replace(/[^\p{L}\p{N}\s_-]/gu, '')
+    .replace(/\s/g, '-');
+}
+
+/**
+ * Every anchor a Markdown file offers: its headings (repeated ones get -1, -2, ... as on GitHub) and
+ * explicit `<a id="...">` / `<a name="...">` anchors.
+ */
+function anchorsOf(markdown: string): Set<string> {
+  const seen = new Map<string, number>();
+  const out = new Set<string>();
+  const text = markdown.replace(/^(```|~~~)[^\n]*\n[\s\S]*?^\1[^\n]*$/gm, '');
+  for (const match of text.matchAll(/<a\s+(?:id|name)="([^"]+)"/g)) out.add(match[1] as string);
+  for (const line of text.split('\n')) {
+    const heading = /^#{1,6}\s+(.*?)\s*#*\s*$/.exec(line)?.[1];
+    if (heading === undefined) continue;
+    const base = slug(heading);
+    const n = seen.get(base) ?? 0;
+    seen.set(base, n + 1);
+    out.add(n === 0 ? base : `${base}-${n}`);
+  }
+  return out;
+}
+
+/** The relative links of a file that do not resolve, as `file: target (why)`. */
+function brokenLinks(file: string): string[] {
+  const text = readFileSync(join(ROOT, file), 'utf8');
+  const broken: string[] = [];
+  for (const match of prose(text).matchAll(/!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+"[^"]*")?\s*\)/g)) {
+    const target = match[1] as string;
+    if (/^[a-z][a-z0-9+.-]*:/i.test(target)) continue; // http:, https:, mailto:
+    const [path, anchor] = target.split('#', 2) as [string, string | undefined];
+    const resolved = path === '' ? join(ROOT, file) : resolve(ROOT, dirname(file), decodeURI(path));
+    if (!existsSync(resolved)) {
+      broken.push(`${file}: ${target} (no such file)`);
+      continue;
+    }
+    if (
+      anchor === undefined ||
+      anchor === '' ||
+      !resolved.endsWith('.md') ||
+      statSync(resolved).isDirectory()
+    )
+      continue;
+    if (!anchorsOf(readFileSync(resolved, 'utf8')).has(decodeURIComponent(anchor))) {
+      broken.push(`${file}: ${target} (no heading #${anchor} in ${relative(ROOT, resolved)})`);
+    }
+  }
+  return broken;
+}
+
+describe('the Markdown links', () => {
+  it('resolve to a file, and to a heading where they name one', () => {
+    const files = markdownFiles();
+    expect(files.length).toBeGreaterThan(10);
+    expect(files.flatMap(brokenLinks)).toEqual([]);
+  });
+
+  it('are checked: a missing file or heading is reported', () => {
+    expect(slug('`--json` shapes (`cli/format.ts`)')).toBe('--json-shapes-cliformatts');
+    expect(slug('Why no single writer is needed')).toBe('why-no-single-writer-is-needed');
+    expect(anchorsOf('# A\n## A\n```\n# not a heading\n```\n<a id="here"></a>')).toEqual(
+      new Set(['a', 'a-1', 'here']),
+    );
+    expect(prose('[x](a.md) `[y](b.md)`\n```\n[z](c.md)\n```\n')).toBe('[x](a.md) ``\n\n');
+  });
+});
+
+/** The rows of the table in docs/cli.md whose first header cell is `header`: first cell -> the whole row. */
+function tableRows(markdown: string, header: string): Map<string, string> {
+  const lines = markdown.split('\n');
+  const start = lines.findIndex((l) => new RegExp(`^\\|\\s*${header}\\s*\\|`).test(l));
+  const rows = new Map<string, string>();
+  if (start < 0) return rows;
+  for (const line of lines.slice(start + 2)) {
+    if (!line.startsWith('|')) break;
+    const first = line.split(/(?<!\\)\|/)[1]?.trim() ?? '';
+    rows.set(first, line);
+  }
+  return rows;
+}
+
+const longOptions = (c: Command): string[] =>
+  c.options.map((o) => o.long).filter((l): l is string => l !== undefined && l !== '--help');
+
+/** The long options a table cell names. */
+const optionsIn = (text: string): string[] => [...new Set(text.match(/--[a-z][a-z-]*/g) ?? [])];
+
+describe('docs/cli.md', () => {
+  const doc = readFileSync(join(ROOT, 'docs', 'cli.md'), 'utf8');
+  const program = buildProgram();
+
+  it('documents every command the CLI has, and no other', () => {
+    const documented = [...tableRows(doc, 'Command').keys()].map((cell) => /^`([a-z-]+)/.exec(cell)?.[1]);
+    expect(documented.sort()).toEqual(program.commands.map((c) => c.name()).sort());
+  });
+
+  it("documents each command's options, and no option it does not have", () => {
+    const rows = tableRows(doc, 'Command');
+    for (const command of program.commands) {
+      const row = [...rows.entries()].find(([cell]) => cell.startsWith(`\`${command.name()}`))?.[1] ?? '';
+      const optionsCell = row.split(/(?<!\\)\|/)[2] ?? '';
+      expect({ command: command.name(), options: optionsIn(optionsCell).sort() }).toEqual({
+        command: command.name(),
+        options: longOptions(command).sort(),
+      });
+    }
+  });
+
+  it('documents the global options', () => {
+    const documented = [...tableRows(doc, 'Option').keys()].flatMap(optionsIn);
+    expect(documented.sort()).toEqual(longOptions(program).sort());
+  });
+});
