@@ -4,11 +4,11 @@
  *
  *   npm run bench            (or: npx tsx bench/allocation.bench.ts)
  *
- * Part 1 (this file): two variants of one configuration run side by side, each on its own DevStack
+ * Part 1 (this file): two variants of one configuration run side by side, each on its own EmbeddedPool
  * with its queue pollers running, their samples interleaved: the metastatic pool with max-servers set
  * (a capacity-set write per allocation) and with max-servers unset. Each primes one backing node
  * through the real launch/fulfil flow, then measures
- *   - DynamoDB calls per warm-path allocation and per release (SDK middleware on the stack's client);
+ *   - DynamoDB calls per warm-path allocation and per release (SDK middleware on the pool's client);
  *   - enqueue-to-fulfilled latency of a warm-path request vs the floor of the same engines.
  * Then, one after the other:
  *   2. conditional-check conflicts per allocation at 16-way contention (bench/contention.ts);
@@ -31,7 +31,7 @@ import {
 import { DynamoDBDocumentClient, GetCommand, PutCommand, QueryCommand } from '@aws-sdk/lib-dynamodb';
 import { parseConfigOrThrow } from '../shared/config/load.ts';
 import type { BackingRecord, RequestRecord } from '../shared/core/records.ts';
-import { DevStack, REGION, TABLE_NAME } from '../shared/runtime/devStack.ts';
+import { EmbeddedPool, REGION, TABLE_NAME } from '../shared/runtime/embeddedPool.ts';
 import { backingItem, FREE_INDEX, keys, requestItem } from '../shared/store/table.ts';
 import { largeNode, poolConfig, smallNode } from '../testkit/configs.ts';
 import { type BundlesFigures, bundlesReport, measureBundles } from './bundles.ts';
@@ -102,7 +102,7 @@ class Window {
 }
 
 /**
- * SDK middleware on the stack's own clients: counts every DynamoDB command (per open window), notes the
+ * SDK middleware on the pool's own clients: counts every DynamoDB command (per open window), notes the
  * moment a request item is written as `fulfilled`, and when the request queue's poller received and
  * deleted a message (so the benchmark knows a message was handled without touching the poller).
  */
@@ -113,10 +113,10 @@ class Probe {
   private readonly processed: Array<() => void> = [];
 
   constructor(
-    stack: DevStack,
+    pool: EmbeddedPool,
     private readonly requestQueueUrl: string,
   ) {
-    stack.dynamodb.middlewareStack.add(
+    pool.dynamodb.middlewareStack.add(
       (next, context) => async (args) => {
         const w = this.window;
         const name = (context.commandName ?? 'unknown').replace(/Command$/, '');
@@ -136,7 +136,7 @@ class Probe {
       },
       { step: 'initialize', name: 'benchCounter' },
     );
-    stack.sqs.middlewareStack.add(
+    pool.sqs.middlewareStack.add(
       (next, context) => async (args) => {
         const out = await next(args);
         const input = args.input as { QueueUrl?: string };
@@ -211,7 +211,7 @@ interface FloorSample {
   readonly window: Window;
 }
 
-/** One configuration on its own DevStack (pollers running), with one primed backing node. */
+/** One configuration on its own EmbeddedPool (pollers running), with one primed backing node. */
 class Variant {
   private seq = 0;
   private floorSeq = 0;
@@ -224,18 +224,18 @@ class Variant {
   private constructor(
     readonly name: string,
     readonly maxServers: number | undefined,
-    private readonly stack: DevStack,
+    private readonly pool: EmbeddedPool,
     private readonly stateDir: string,
     private readonly probe: Probe,
     readonly primeMs: number,
   ) {
-    this.doc = DynamoDBDocumentClient.from(stack.dynamodb, {
+    this.doc = DynamoDBDocumentClient.from(pool.dynamodb, {
       marshallOptions: { removeUndefinedValues: true },
     });
     // A separate, uninstrumented client for the external cross-check: its reads are not counted.
     this.observer = DynamoDBDocumentClient.from(
       new DynamoDBClient({
-        endpoint: stack.info.dynamodbEndpoint,
+        endpoint: pool.info.dynamodbEndpoint,
         region: REGION,
         credentials: { accessKeyId: 'bench', secretAccessKey: 'bench' },
       }),
@@ -244,31 +244,31 @@ class Variant {
 
   static async start(name: string, maxServers: number | undefined): Promise<Variant> {
     const stateDir = await mkdtemp(join(tmpdir(), 'metastatic-bench-'));
-    let stack: DevStack | undefined;
+    let pool: EmbeddedPool | undefined;
     try {
-      stack = await DevStack.start({
+      pool = await EmbeddedPool.start({
         config: parseConfigOrThrow(configYaml(maxServers), `bench-${name}.yaml`),
         stateDir,
         reaperInterval: 3600, // the reaper never runs during the benchmark (its Queries would be counted)
         log,
         inMemory: true,
       });
-      const probe = new Probe(stack, stack.info.requestQueueUrl);
+      const probe = new Probe(pool, pool.info.requestQueueUrl);
       // Prime one backing node through the real flow: request -> launch -> fulfil event -> ready.
       const started = performance.now();
       const fulfilled = probe.whenFulfilled('prime');
       const processed = probe.whenProcessed();
-      await sendTo(stack, stack.info.requestQueueUrl, { kind: 'request', id: 'prime', labels: [LABEL] });
+      await sendTo(pool, pool.info.requestQueueUrl, { kind: 'request', id: 'prime', labels: [LABEL] });
       await within(processed, `${name}: the priming request to be handled`);
       await within(fulfilled, `${name}: the priming request to be fulfilled (backing node ready)`);
       const primeMs = performance.now() - started;
       await sleep(200); // let trailing provider events be handled before anything is counted
-      const variant = new Variant(name, maxServers, stack, stateDir, probe, primeMs);
-      variant.floorQueueUrl = (await stack.sqs.send(new CreateQueueCommand({ QueueName: 'bench-floor' })))
+      const variant = new Variant(name, maxServers, pool, stateDir, probe, primeMs);
+      variant.floorQueueUrl = (await pool.sqs.send(new CreateQueueCommand({ QueueName: 'bench-floor' })))
         .QueueUrl as string;
       return variant;
     } catch (err) {
-      await stack?.stop();
+      await pool?.stop();
       await rm(stateDir, { recursive: true, force: true });
       throw err;
     }
@@ -276,7 +276,7 @@ class Variant {
 
   async stop(): Promise<void> {
     this.observer.destroy();
-    await this.stack.stop();
+    await this.pool.stop();
     await rm(this.stateDir, { recursive: true, force: true });
   }
 
@@ -294,7 +294,7 @@ class Variant {
     let processed = probe.whenProcessed();
     probe.window = requestWindow;
     const sentAt = performance.now();
-    await sendTo(this.stack, this.stack.info.requestQueueUrl, { kind: 'request', id, labels: [LABEL] });
+    await sendTo(this.pool, this.pool.info.requestQueueUrl, { kind: 'request', id, labels: [LABEL] });
     onSent?.(id, sentAt);
     const fulfilledAt = await within(fulfilled, `request ${id} to be fulfilled`);
     await within(processed, `request ${id} to be handled`);
@@ -303,7 +303,7 @@ class Variant {
     await sleep(SETTLE_MS);
     processed = probe.whenProcessed();
     probe.window = releaseWindow;
-    await sendTo(this.stack, this.stack.info.requestQueueUrl, { kind: 'release', nodeId: `${id}/0` });
+    await sendTo(this.pool, this.pool.info.requestQueueUrl, { kind: 'release', nodeId: `${id}/0` });
     await within(processed, `release of ${id}/0 to be handled`);
     probe.window = undefined;
     await sleep(SETTLE_MS);
@@ -312,7 +312,7 @@ class Variant {
 
   /** A receive waits on fauxqs; 50 ms later a message is sent: how long until the receive returns? */
   async wakeup(): Promise<number> {
-    const { sqs } = this.stack;
+    const { sqs } = this.pool;
     const receive = sqs.send(
       new ReceiveMessageCommand({
         QueueUrl: this.floorQueueUrl,
@@ -340,10 +340,10 @@ class Variant {
    * request-like item (a copy of a real fulfilled request), DeleteMessage.
    */
   async floorSample(): Promise<FloorSample> {
-    const { sqs } = this.stack;
+    const { sqs } = this.pool;
     if (!this.floorTemplate) {
-      const backing = (await this.stack.context.store.listBacking())[0] as BackingRecord;
-      const request = (await this.stack.context.store.getRequest(`${this.name}-0`)) as RequestRecord;
+      const backing = (await this.pool.context.store.listBacking())[0] as BackingRecord;
+      const request = (await this.pool.context.store.getRequest(`${this.name}-0`)) as RequestRecord;
       this.floorTemplate = { backing, request };
       await this.doc.send(new PutCommand({ TableName: TABLE_NAME, Item: this.floorBacking() }));
     }
@@ -443,12 +443,12 @@ class Variant {
 
   /** Backing nodes in the table (1 = every allocation landed on the primed one). */
   async backingNodes(): Promise<number> {
-    return (await this.stack.context.store.listBacking()).length;
+    return (await this.pool.context.store.listBacking()).length;
   }
 }
 
-function sendTo(stack: DevStack, queueUrl: string, body: object) {
-  return stack.sqs.send(new SendMessageCommand({ QueueUrl: queueUrl, MessageBody: JSON.stringify(body) }));
+function sendTo(pool: EmbeddedPool, queueUrl: string, body: object) {
+  return pool.sqs.send(new SendMessageCommand({ QueueUrl: queueUrl, MessageBody: JSON.stringify(body) }));
 }
 
 // ---- the run --------------------------------------------------------------------------------------

@@ -2,8 +2,9 @@
  * Helpers shared by the benchmark's parts (bench/allocation.bench.ts runs them all): statistics,
  * text tables, a quiet logger, and ready backing records built without any provider.
  */
+
+import type { Log } from '../shared/core/log.ts';
 import type { BackingRecord } from '../shared/core/records.ts';
-import type { Log } from '../shared/usecases/context.ts';
 
 export const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 

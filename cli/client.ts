@@ -5,8 +5,8 @@ import { formatConfigErrors, loadConfigFile } from '../shared/config/load.ts';
 import { systemClock } from '../shared/core/clock.ts';
 import type { PoolMessage } from '../shared/core/messages.ts';
 import { awsContext } from '../shared/runtime/awsContext.ts';
-import { devInfoPath, readDevInfo } from '../shared/runtime/devInfo.ts';
 import { embeddedContext } from '../shared/runtime/embeddedContext.ts';
+import { embeddedInfoPath, readEmbeddedInfo } from '../shared/runtime/embeddedInfo.ts';
 import { DynamoStore } from '../shared/store/dynamoStore.ts';
 import type { Context } from '../shared/usecases/context.ts';
 import { consoleLog } from './consoleLog.ts';
@@ -22,7 +22,7 @@ export interface PoolClient {
   close(): void;
 }
 
-/** Where the CLI finds the pool: a local stack's state dir, or a deployed stack (--stack). */
+/** Where the CLI finds the pool: an embedded pool's state dir, or a deployed stack (--stack). */
 export interface Target {
   readonly stateDir: string;
   readonly stack?: string;
@@ -83,16 +83,16 @@ async function connectStack(t: Target, stackName: string): Promise<PoolClient> {
 }
 
 async function connectLocal(stateDir: string): Promise<PoolClient> {
-  const info = await readDevInfo(stateDir);
+  const info = await readEmbeddedInfo(stateDir);
   if (!info) {
     throw new CliError(
-      `no running pool found: ${devInfoPath(stateDir)} does not exist.\n` +
+      `no running pool found: ${embeddedInfoPath(stateDir)} does not exist.\n` +
         'Start one with `npm start` (or `npx metastatic dev`), or point --state-dir / METASTATIC_STATE_DIR at its state directory.',
     );
   }
   if (!isAlive(info.pid)) {
     throw new CliError(
-      `the pool that wrote ${devInfoPath(stateDir)} (pid ${info.pid}) is not running; start it with \`npm start\``,
+      `the pool that wrote ${embeddedInfoPath(stateDir)} (pid ${info.pid}) is not running; start it with \`npm start\``,
     );
   }
   const credentials = { accessKeyId: 'metastatic', secretAccessKey: 'metastatic' };

@@ -1,4 +1,4 @@
-import type { Log } from '../shared/usecases/context.ts';
+import type { Log } from '../shared/core/log.ts';
 import { terminalJson, terminalText } from './terminal.ts';
 
 const levels = { debug: 10, info: 20, warn: 30, error: 40 } as const;

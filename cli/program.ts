@@ -27,11 +27,11 @@ export function buildProgram(): Command {
     .name('metastatic')
     .description(
       'A pool of small nodes packed as slots onto larger backing machines.\n' +
-        'Run a local pool with `metastatic dev`, then request nodes from another shell.',
+        'Run an embedded pool with `metastatic dev`, then request nodes from another shell.',
     )
     .option(
       '--state-dir <dir>',
-      'state directory of the local pool (default: $METASTATIC_STATE_DIR or .metastatic)',
+      'state directory of the embedded pool (default: $METASTATIC_STATE_DIR or .metastatic)',
     )
     .option('--stack <name>', 'use a pool deployed with `cdk deploy` instead (default: $METASTATIC_STACK)')
     .option('--region <region>', 'with --stack: its region (default: $AWS_REGION)')
@@ -40,8 +40,8 @@ export function buildProgram(): Command {
     .exitOverride();
 
   const stateDir = async () =>
-    (await import('../shared/runtime/devInfo.ts')).stateDirFrom(program.opts<GlobalOptions>().stateDir);
-  /** Where the pool is: a local pool by state dir, or a deployed one by --stack / METASTATIC_STACK. */
+    (await import('../shared/runtime/embeddedInfo.ts')).stateDirFrom(program.opts<GlobalOptions>().stateDir);
+  /** Where the pool is: an embedded pool by state dir, or a deployed one by --stack / METASTATIC_STACK. */
   const target = async (): Promise<Target> => {
     const o = program.opts<GlobalOptions>();
     return {

@@ -5,10 +5,17 @@
  */
 
 /** C0 controls but tab and newline, DEL, C1 controls, and the invisible direction marks and overrides. */
-const UNSAFE =
-  /[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]/g;
+// biome-ignore lint/complexity/useRegexLiterals: a literal would hold control characters, which noControlCharactersInRegex refuses
+const UNSAFE = new RegExp(
+  '[\\u0000-\\u0008\\u000b-\\u001f\\u007f-\\u009f\\u061c\\u200e\\u200f\\u2028\\u2029\\u202a-\\u202e\\u2066-\\u2069]',
+  'g',
+);
 /** In JSON, C0 controls are escaped by JSON.stringify already; the rest are not. */
-const UNSAFE_IN_JSON = /[\u007f-\u009f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]/g;
+// biome-ignore lint/complexity/useRegexLiterals: kept like UNSAFE, as a string of escapes
+const UNSAFE_IN_JSON = new RegExp(
+  '[\\u007f-\\u009f\\u061c\\u200e\\u200f\\u2028\\u2029\\u202a-\\u202e\\u2066-\\u2069]',
+  'g',
+);
 
 const hex = (c: string, width: number) => c.charCodeAt(0).toString(16).padStart(width, '0');
 

@@ -66,7 +66,7 @@ export class MetastaticPool extends Construct {
     const local = this.config.backingPools.filter((p) => p.driver !== 'aws').map((p) => p.key);
     if (local.length > 0) {
       throw new Error(
-        `backing pool(s) ${local.join(', ')} use driver local, which runs only in the embedded stack ` +
+        `backing pool(s) ${local.join(', ')} use driver local, which runs only in the embedded pool ` +
           '(metastatic dev); a pool on AWS launches its backing nodes with driver aws',
       );
     }

@@ -4,7 +4,7 @@ import type { IEventBus } from 'aws-cdk-lib/aws-events';
 import type { IKey } from 'aws-cdk-lib/aws-kms';
 import type { RetentionDays } from 'aws-cdk-lib/aws-logs';
 import type { ITopic } from 'aws-cdk-lib/aws-sns';
-import type { InstanceState } from '../shared/core/events.ts';
+import type { InstanceState } from '../shared/core/stateChanges.ts';
 
 /** The construct's settings and the constants it is built with (MetastaticPool, metastaticPool.ts). */
 

@@ -31,7 +31,7 @@ const TABLE_ID = 'Resource';
 
 /**
  * The pool's single table, built from `tableDefinition` (shared/store/table.ts): the same keys and the
- * `free` and `reap` indexes the embedded stack creates with CreateTable. On-demand, point-in-time
+ * `free` and `reap` indexes the embedded pool creates with CreateTable. On-demand, point-in-time
  * recovery, encrypted, retained on delete.
  */
 export class PoolTable extends Construct {

@@ -33,9 +33,10 @@ import {
 import { parseConfigOrThrow } from '../shared/config/load.ts';
 import type { ResolvedConfig } from '../shared/config/model.ts';
 import { ManualClock } from '../shared/core/clock.ts';
-import type { StateChangeEvent } from '../shared/core/events.ts';
+import type { Log } from '../shared/core/log.ts';
 import type { BackingProvider, ProviderRegistry } from '../shared/core/provider.ts';
 import type { BackingRecord, RequestRecord } from '../shared/core/records.ts';
+import type { StateChangeEvent } from '../shared/core/stateChanges.ts';
 import { SLOT_LEASE_MS } from '../shared/core/timing.ts';
 import { makeFulfilHandler } from '../shared/handlers/fulfilHandler.ts';
 import { makeReaperHandler } from '../shared/handlers/reaperHandler.ts';
@@ -48,7 +49,7 @@ import { Ec2Provider, isEc2InstanceId } from '../shared/providers/aws/ec2Provide
 import { type Engine, ensureTable, startDynalite } from '../shared/runtime/engines.ts';
 import { DynamoStore } from '../shared/store/dynamoStore.ts';
 import { keys } from '../shared/store/table.ts';
-import type { Context, Log } from '../shared/usecases/context.ts';
+import type { Context } from '../shared/usecases/context.ts';
 import type { ReapReport } from '../shared/usecases/reapReport.ts';
 import { CrashInjector, type HandlerKind, label, PROVIDER_METHODS, STORE_METHODS } from './chaosCrash.ts';
 import {

@@ -42,7 +42,7 @@ import {
 } from '@aws-sdk/client-ec2';
 import { type AwsClientStub, mockClient } from 'aws-sdk-client-mock';
 import { ManualClock } from '../shared/core/clock.ts';
-import { type InstanceState, type StateChangeEvent, stateChangeEvent } from '../shared/core/events.ts';
+import { type InstanceState, type StateChangeEvent, stateChangeEvent } from '../shared/core/stateChanges.ts';
 
 export const EC2_EVENT_SOURCE = 'aws.ec2';
 

@@ -6,12 +6,12 @@ import type { SQSEvent, SQSRecord } from 'aws-lambda';
 import { onTestFailed } from 'vitest';
 import { parseConfigOrThrow } from '../shared/config/load.ts';
 import { ManualClock } from '../shared/core/clock.ts';
-import { DevStack } from '../shared/runtime/devStack.ts';
+import { type Log, silentLog } from '../shared/core/log.ts';
+import { EmbeddedPool } from '../shared/runtime/embeddedPool.ts';
 import { SqsPoller } from '../shared/runtime/sqsPoller.ts';
-import { type Log, silentLog } from '../shared/usecases/context.ts';
 
 /**
- * What the stack logged (info and up), kept quiet unless the test fails: then they are printed, so a
+ * What the pool logged (info and up), kept quiet unless the test fails: then they are printed, so a
  * failure that depends on timing (a backing process that died, a scan that failed) shows its cause.
  */
 function recordingLog(): Log {
@@ -23,7 +23,7 @@ function recordingLog(): Log {
     };
   try {
     onTestFailed(() => {
-      if (lines.length > 0) console.error(`what the stack logged:\n${lines.join('\n')}`);
+      if (lines.length > 0) console.error(`what the pool logged:\n${lines.join('\n')}`);
     });
   } catch {
     // Started outside a test (beforeAll): nothing to attach the report to.
@@ -32,11 +32,11 @@ function recordingLog(): Log {
 }
 
 /**
- * A test pool: the embedded stack (dynalite in memory, fauxqs, the real local provider) with the queue
+ * A test pool: the embedded pool (dynalite in memory, fauxqs, the real local provider) with the queue
  * pollers off, so a test decides when each queue is drained and what time it is.
  */
 export interface Harness {
-  readonly stack: DevStack;
+  readonly pool: EmbeddedPool;
   readonly clock: ManualClock;
   /** Sends a raw body to the request queue. */
   send(body: unknown): Promise<void>;
@@ -56,7 +56,7 @@ export async function startHarness(
 ): Promise<Harness> {
   const stateDir = await mkdtemp(join(tmpdir(), 'metastatic-test-'));
   const clock = new ManualClock(Date.now());
-  const stack = await DevStack.start({
+  const pool = await EmbeddedPool.start({
     config: parseConfigOrThrow(yaml, 'test.yaml'),
     stateDir,
     reaperInterval: 3600,
@@ -68,32 +68,32 @@ export async function startHarness(
     maxReceiveCount: options.maxReceiveCount ?? 3,
   });
   const requestPoller = new SqsPoller(
-    stack.sqs,
-    stack.info.requestQueueUrl,
+    pool.sqs,
+    pool.info.requestQueueUrl,
     'arn:test:requests',
-    stack.handlers.request,
+    pool.handlers.request,
     silentLog,
     {
       waitSeconds: 0,
     },
   );
   const fulfilPoller = new SqsPoller(
-    stack.sqs,
-    stack.info.fulfilQueueUrl,
+    pool.sqs,
+    pool.info.fulfilQueueUrl,
     'arn:test:fulfil',
-    stack.handlers.fulfil,
+    pool.handlers.fulfil,
     silentLog,
     {
       waitSeconds: 0,
     },
   );
   return {
-    stack,
+    pool,
     clock,
     async send(body) {
-      await stack.sqs.send(
+      await pool.sqs.send(
         new SendMessageCommand({
-          QueueUrl: stack.info.requestQueueUrl,
+          QueueUrl: pool.info.requestQueueUrl,
           MessageBody: typeof body === 'string' ? body : JSON.stringify(body),
         }),
       );
@@ -115,7 +115,7 @@ export async function startHarness(
       }
     },
     async close() {
-      await stack.stop();
+      await pool.stop();
       await rm(stateDir, { recursive: true, force: true });
     },
   };
@@ -127,7 +127,7 @@ export async function readyNode(harness: Harness, id: string): Promise<void> {
   await harness.send({ kind: 'request', id, labels: ['small-node'] });
   await harness.drainRequests();
   await harness.fulfilUntil(
-    async () => (await harness.stack.context.store.getRequest(id))?.state === 'fulfilled',
+    async () => (await harness.pool.context.store.getRequest(id))?.state === 'fulfilled',
   );
 }
 

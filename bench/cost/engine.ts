@@ -3,7 +3,7 @@
  *
  * By default the client reaches dynalite's own request handler directly (no socket): the requests and
  * responses are the same as over HTTP, minus the loopback HTTP work (about half of a call's time on
- * 2 cores). `http: true` uses the embedded stack's startDynalite() on a loopback port instead. Either
+ * 2 cores). `http: true` uses the embedded pool's startDynalite() on a loopback port instead. Either
  * way requests carry a fixed signature: dynalite checks that one is there, not what it is.
  */
 import { EventEmitter } from 'node:events';

@@ -2,7 +2,7 @@ import { existsSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { formatConfigErrors, loadConfigFile } from '../../shared/config/load.ts';
-import { DevStack } from '../../shared/runtime/devStack.ts';
+import { EmbeddedPool } from '../../shared/runtime/embeddedPool.ts';
 import { consoleLog, type Level } from '../consoleLog.ts';
 import { CliError } from '../errors.ts';
 import { terminalText } from '../terminal.ts';
@@ -26,7 +26,7 @@ export async function dev(stateDir: string, opts: DevOptions): Promise<void> {
   if (!loaded.ok) throw new CliError(`invalid configuration:\n${formatConfigErrors(loaded.errors)}`);
   const log = consoleLog(opts.logLevel, opts.logJson);
   for (const n of loaded.config.notices) log.warn(`${configPath}: ${n.path}: ${n.message}`);
-  const stack = await DevStack.start({
+  const pool = await EmbeddedPool.start({
     config: loaded.config,
     configPath,
     stateDir,
@@ -37,10 +37,10 @@ export async function dev(stateDir: string, opts: DevOptions): Promise<void> {
   process.stderr.write(
     [
       `metastatic pool running (config ${configPath})`,
-      `  state dir       ${stack.info.stateDir}`,
-      `  DynamoDB        ${stack.info.dynamodbEndpoint}  table ${stack.info.tableName}`,
-      `  SQS             ${stack.info.sqsEndpoint}`,
-      `  request queue   ${stack.info.requestQueueUrl}`,
+      `  state dir       ${pool.info.stateDir}`,
+      `  DynamoDB        ${pool.info.dynamodbEndpoint}  table ${pool.info.tableName}`,
+      `  SQS             ${pool.info.sqsEndpoint}`,
+      `  request queue   ${pool.info.requestQueueUrl}`,
       `  labels          ${labels}`,
       `  reaper every    ${opts.reaperInterval}s`,
       `Try it from another shell:  npx metastatic request ${[...loaded.config.metastaticLabelNames][0] ?? 'LABEL'} --wait`,
@@ -56,7 +56,7 @@ export async function dev(stateDir: string, opts: DevOptions): Promise<void> {
       if (stopping) return;
       stopping = true;
       process.stderr.write(`\n${signal}: stopping the pool...\n`);
-      stack.stop().then(done, (err) => {
+      pool.stop().then(done, (err) => {
         process.stderr.write(terminalText(`error while stopping: ${(err as Error).message}\n`));
         done();
       });

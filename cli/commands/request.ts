@@ -46,7 +46,7 @@ export async function request(target: Target, labels: string[], opts: RequestOpt
     if (opts.json)
       printJson(r ? requestJson(r) : { id, state: 'requested', labels, nodes: [], reason: 'timed out' });
     else if (r) printRequest(r);
-    if (!r || r.state !== 'fulfilled') {
+    if (r?.state !== 'fulfilled') {
       const why =
         !r || r.state === 'requested' || r.state === 'pending'
           ? `timed out after ${opts.timeout}s`

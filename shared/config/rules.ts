@@ -113,12 +113,18 @@ function walkPools(
   const incomplete = () => {
     if (kind === 'backing') walked.backingLabelsComplete = false;
   };
-  if (!Array.isArray(pools)) return incomplete();
+  if (!Array.isArray(pools)) {
+    incomplete();
+    return;
+  }
   const poolNames = new Map<string, string>();
   pools.forEach((rawPool, poolIndex) => {
     const pool = asRecord(rawPool);
     const poolPath: PathSegment[] = [...providerPath, 'pools', poolIndex];
-    if (!pool) return incomplete();
+    if (!pool) {
+      incomplete();
+      return;
+    }
     const poolName = asString(pool.name);
     uniqueName(
       walked,
@@ -127,13 +133,19 @@ function walkPools(
       poolPath,
       (first) => `duplicate pool name "${poolName}" in provider ${providerWhere} (first used at ${first})`,
     );
-    if (!Array.isArray(pool.labels)) return incomplete();
+    if (!Array.isArray(pool.labels)) {
+      incomplete();
+      return;
+    }
     const poolWhere = poolName ? `"${poolName}"` : formatPath(poolPath);
     const labelNames = new Map<string, string>();
     pool.labels.forEach((rawLabel, labelIndex) => {
       const label = asRecord(rawLabel);
       const labelPath: PathSegment[] = [...poolPath, 'labels', labelIndex];
-      if (!label) return incomplete();
+      if (!label) {
+        incomplete();
+        return;
+      }
       const labelName = asString(label.name);
       if (labelName === undefined) {
         incomplete();

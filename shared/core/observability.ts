@@ -1,6 +1,6 @@
 /**
  * What the pool tells the outside world. Events go to an EventBridge bus on AWS (consumers subscribe
- * with rules instead of polling) and to `<state-dir>/events.jsonl` in the embedded stack; metrics go
+ * with rules instead of polling) and to `<state-dir>/events.jsonl` in the embedded pool; metrics go
  * to CloudWatch as EMF through Powertools. Both are ports: the core only names what happened.
  */
 export const PoolEventType = {

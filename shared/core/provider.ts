@@ -1,6 +1,6 @@
 /**
  * The port through which the core launches and stops backing nodes. One adapter per driver: `local`
- * (child processes, for the embedded stack) and `aws` (EC2). Adapters report state changes as
+ * (child processes, for the embedded pool) and `aws` (EC2). Adapters report state changes as
  * EC2-shaped events (see events.ts), so the fulfil flow is the same everywhere.
  */
 

@@ -15,7 +15,7 @@
  *   (core/ids.ts `supersedes`, usecases/requestNodes.ts `Recording.fence`).
  * - The reaper gives back an unconfirmed claim only once any delivery that took it is known dead
  *   (CLAIM_TAKEOVER_MS), and one a redelivery finds by id (on the backing node launched for its node)
- *   only after the slot lease, which outlasts the visibility timeout (core/reaper.ts `claimDue`).
+ *   only after the slot lease, which outlasts the visibility timeout (core/lifecycle.ts `claimDue`).
  */
 
 import type { Clock } from './clock.ts';
@@ -45,7 +45,7 @@ export const CLAIM_TAKEOVER_MS = 2 * FUNCTION_TIMEOUT_SECONDS.request * 1000;
 
 /**
  * A claim not confirmed by a recorded node within this long is given back by the reaper (sooner, once
- * its delivery is known dead, when no redelivery would look for it: core/reaper.ts `claimDue`).
+ * its delivery is known dead, when no redelivery would look for it: core/lifecycle.ts `claimDue`).
  */
 export const SLOT_LEASE_MS = 5 * 60_000;
 
@@ -95,7 +95,7 @@ export function deadlineOf(invocation: InvocationTime): Deadline {
 }
 
 /**
- * An invocation with no Lambda context (the embedded stack's pollers and schedule) that may run for
+ * An invocation with no Lambda context (the embedded pool's pollers and schedule) that may run for
  * `budgetMs` from now, measured on `clock` (the use cases' clock, so tests drive it).
  */
 export function invocationFor(clock: Clock, budgetMs: number): InvocationTime {

@@ -5,7 +5,7 @@ import { DELIVERY_DEADLINE_MS, deadlineOf, type InvocationTime, invocationFor } 
 import type { Context } from '../usecases/context.ts';
 
 /**
- * An SQS batch handler. `invocation` is Lambda's context (its remaining time); the embedded stack has
+ * An SQS batch handler. `invocation` is Lambda's context (its remaining time); the embedded pool has
  * none and passes nothing: the batch then gets DELIVERY_DEADLINE_MS from its start, on the use cases' clock.
  */
 export type SqsBatchHandler = (event: SQSEvent, invocation?: InvocationTime) => Promise<SQSBatchResponse>;

@@ -1,12 +1,12 @@
 import type { SQSRecord } from 'aws-lambda';
-import { BackingEvent } from '../core/events.ts';
+import { BackingEvent } from '../core/stateChanges.ts';
 import type { Context } from '../usecases/context.ts';
 import { handleSpotWarning, handleStateChange } from '../usecases/fulfil.ts';
 import { makeBatchHandler, type SqsBatchHandler } from './batchHandler.ts';
 
 /**
  * The fulfil function: a batch of "EC2 Instance State-change Notification" events delivered by
- * EventBridge through SQS (the embedded stack's local provider sends the same bodies). A body that is
+ * EventBridge through SQS (the embedded pool's local provider sends the same bodies). A body that is
  * not such an event is logged and consumed; it would never parse on a retry. The records run at once
  * (events about different machines), under the invocation's deadline (see makeBatchHandler).
  */

@@ -4,9 +4,9 @@ import { reap } from '../usecases/reap.ts';
 import type { ReapReport } from '../usecases/reapReport.ts';
 
 /**
- * The reaper function, run on a schedule (EventBridge on AWS, a timer in the embedded stack). `invocation`
+ * The reaper function, run on a schedule (EventBridge on AWS, a timer in the embedded pool). `invocation`
  * is Lambda's context: the run ends its work before the function would be killed and leaves the rest to
- * the next run (`deferred`). The embedded stack passes none: the run gets the reaper function's timeout.
+ * the next run (`deferred`). The embedded pool passes none: the run gets the reaper function's timeout.
  */
 export function makeReaperHandler(context: Context): (invocation?: InvocationTime) => Promise<ReapReport> {
   return async (invocation) => {

@@ -2,6 +2,7 @@ import type { EC2Client } from '@aws-sdk/client-ec2';
 import { EventBridgeClient } from '@aws-sdk/client-eventbridge';
 import type { ResolvedConfig } from '../config/model.ts';
 import type { Clock } from '../core/clock.ts';
+import type { Log } from '../core/log.ts';
 import type { MetricSink } from '../core/observability.ts';
 import type { ProviderRegistry } from '../core/provider.ts';
 import { createEc2Client, Ec2Provider, isEc2InstanceId } from '../providers/aws/ec2Provider.ts';
@@ -9,7 +10,7 @@ import { EventBridgeSink } from '../providers/events/eventBridgeSink.ts';
 import { probePort } from '../providers/probe.ts';
 import { scanHostKeys } from '../providers/scanHostKeysLazily.ts';
 import type { DynamoStore } from '../store/dynamoStore.ts';
-import type { Context, Log } from '../usecases/context.ts';
+import type { Context } from '../usecases/context.ts';
 
 /**
  * The use-case context on AWS: EC2 backing nodes (one provider per region of the configured aws
@@ -57,7 +58,7 @@ export function awsContext(args: {
       const pool = args.config.backingPools.find((p) => p.key === poolKey);
       throw new Error(
         pool
-          ? `backing pool ${poolKey} uses driver ${pool.driver}, which runs only in the embedded stack (metastatic dev)`
+          ? `backing pool ${poolKey} uses driver ${pool.driver}, which runs only in the embedded pool (metastatic dev)`
           : `unknown backing pool ${poolKey}`,
       );
     },

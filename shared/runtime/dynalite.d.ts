@@ -1,4 +1,4 @@
-// dynalite ships no types; this is the part of its API the embedded stack uses.
+// dynalite ships no types; this is the part of its API the embedded pool uses.
 declare module 'dynalite' {
   import type { Server } from 'node:http';
 

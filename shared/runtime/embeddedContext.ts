@@ -2,6 +2,7 @@ import { join } from 'node:path';
 import { SendMessageCommand, type SQSClient } from '@aws-sdk/client-sqs';
 import type { ResolvedConfig } from '../config/model.ts';
 import type { Clock } from '../core/clock.ts';
+import type { Log } from '../core/log.ts';
 import type { BackingProvider, ProviderRegistry } from '../core/provider.ts';
 import { JsonLinesEventSink } from '../providers/events/jsonLinesSink.ts';
 import { LocalProvider } from '../providers/local/localProvider.ts';
@@ -9,10 +10,10 @@ import { isLocalResourceId } from '../providers/local/localRecords.ts';
 import { probePort } from '../providers/probe.ts';
 import { scanHostKeys } from '../providers/scanHostKeysLazily.ts';
 import type { DynamoStore } from '../store/dynamoStore.ts';
-import type { Context, Log } from '../usecases/context.ts';
+import type { Context } from '../usecases/context.ts';
 
 /**
- * The use-case context of the embedded stack: the local provider (backing nodes as processes under
+ * The use-case context of the embedded pool: the local provider (backing nodes as processes under
  * the state dir), whose state events go to the fulfil queue as EventBridge would send them on AWS.
  * Built by `metastatic dev` and, for operator verbs such as `reap`, by the CLI against the same
  * state dir (the provider adopts the processes recorded there).
@@ -72,7 +73,7 @@ function embeddedProviders(config: ResolvedConfig, local: LocalProvider): Provid
         const pool = config.backingPools.find((b) => b.key === poolKey);
         throw new Error(
           pool
-            ? `backing pool ${poolKey} uses driver ${pool.driver}, which the embedded stack cannot run (use driver local)`
+            ? `backing pool ${poolKey} uses driver ${pool.driver}, which the embedded pool cannot run (use driver local)`
             : `unknown backing pool ${poolKey}`,
         );
       }

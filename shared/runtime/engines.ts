@@ -12,7 +12,7 @@ import { buildApp } from 'fauxqs';
 import { tableDefinition } from '../store/table.ts';
 
 /**
- * The local engines of the embedded stack: dynalite (DynamoDB, LevelDB on disk when given a path) and
+ * The local engines of the embedded pool: dynalite (DynamoDB, LevelDB on disk when given a path) and
  * fauxqs (SQS, in memory), both in-process on loopback.
  */
 export interface Engine {

@@ -5,10 +5,10 @@ import {
   type SQSClient,
 } from '@aws-sdk/client-sqs';
 import type { SQSBatchResponse, SQSEvent, SQSRecord } from 'aws-lambda';
-import type { Log } from '../usecases/context.ts';
+import type { Log } from '../core/log.ts';
 
 /**
- * What Lambda's SQS event source mapping does, for the embedded stack: long-poll a queue, hand each
+ * What Lambda's SQS event source mapping does, for the embedded pool: long-poll a queue, hand each
  * batch to the handler as a real SQS event, delete the records the handler did not report as failed
  * (ReportBatchItemFailures), and leave the failed ones to reappear after the visibility timeout.
  */

@@ -110,7 +110,7 @@ function stripUndefined(o: Record<string, unknown>): Record<string, unknown> {
   return Object.fromEntries(Object.entries(o).filter(([, v]) => v !== undefined));
 }
 
-/** Table definition shared by the embedded stack (CreateTable) and the CDK construct (lib/poolTable.ts). */
+/** Table definition shared by the embedded pool (CreateTable) and the CDK construct (lib/poolTable.ts). */
 export const tableDefinition: Omit<CreateTableCommandInput, 'TableName'> = {
   AttributeDefinitions: [
     { AttributeName: 'pk', AttributeType: 'S' },

@@ -1,21 +1,12 @@
 import type { ResolvedConfig } from '../config/model.ts';
 import type { Clock } from '../core/clock.ts';
+import type { Log } from '../core/log.ts';
 import type { EventSink, MetricSink, PoolEventType } from '../core/observability.ts';
 import type { PoolStore } from '../core/poolStore.ts';
 import type { ProviderRegistry } from '../core/provider.ts';
 import { CLAIM_TAKEOVER_MS, type Deadline, SLOT_LEASE_MS } from '../core/timing.ts';
 
-/** The structured logger the use cases need (Powertools' Logger satisfies it). */
-export interface Log {
-  debug(message: string, ...extra: Record<string, unknown>[]): void;
-  info(message: string, ...extra: Record<string, unknown>[]): void;
-  warn(message: string, ...extra: Record<string, unknown>[]): void;
-  error(message: string, ...extra: Record<string, unknown>[]): void;
-}
-
-export const silentLog: Log = { debug() {}, info() {}, warn() {}, error() {} };
-
-/** Everything a use case depends on, injected by the Lambda entry point or the embedded stack. */
+/** Everything a use case depends on, injected by the Lambda entry point or the embedded pool. */
 export interface Context {
   readonly store: PoolStore;
   readonly config: ResolvedConfig;
@@ -37,12 +28,12 @@ export interface Context {
   readonly placementPolicy?: 'fullest' | 'oldest';
   /**
    * The invocation's time (set per invocation by the handlers, from Lambda's remaining time or, in the
-   * embedded stack, the delivery deadline): checks and placements end before it. Unset (a use case called
+   * embedded pool, the delivery deadline): checks and placements end before it. Unset (a use case called
    * directly, the CLI): no bound but the use cases' own (DELIVERY_DEADLINE_MS, boot-timeout).
    */
   readonly deadline?: Deadline;
   /**
-   * Every delivery that started before this instant is known dead, whatever its age: the embedded stack
+   * Every delivery that started before this instant is known dead, whatever its age: the embedded pool
    * sets its own start time, since deliveries run only in its process and the process before it is gone
    * (with its in-memory queue). Its claims and places are then taken over, or given back by the reaper,
    * at once instead of after CLAIM_TAKEOVER_MS / the slot lease. Unset on AWS, where many function

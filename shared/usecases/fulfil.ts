@@ -1,10 +1,10 @@
 import { markReady } from '../core/backing.ts';
 import { DeadlineError, RetryableError } from '../core/errors.ts';
-import type { StateChangeEvent } from '../core/events.ts';
+import { notFoundIsFinal } from '../core/lifecycle.ts';
 import { MetricName } from '../core/observability.ts';
 import type { BackingProvider, BackingResource } from '../core/provider.ts';
-import { notFoundIsFinal } from '../core/reaper.ts';
 import type { BackingRecord } from '../core/records.ts';
+import type { StateChangeEvent } from '../core/stateChanges.ts';
 import { PORT_PROBE_TIMEOUT_MS } from '../core/timing.ts';
 import { retryOnConflict, unlessConflict } from './conflicts.ts';
 import { type Context, timeLeft } from './context.ts';

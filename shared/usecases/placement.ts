@@ -20,7 +20,7 @@ import {
   RetryableError,
 } from '../core/errors.ts';
 import { backingNodeId, parseNodeId, supersedes } from '../core/ids.ts';
-import { needsMaxAgeDrain } from '../core/reaper.ts';
+import { needsMaxAgeDrain } from '../core/lifecycle.ts';
 import type { BackingRecord } from '../core/records.ts';
 import { holdsSlot } from '../core/request.ts';
 import {

@@ -1,8 +1,8 @@
 import { confirmClaims, markDrained, markRetiring } from '../core/backing.ts';
 import { DeadlineError, LaunchAttemptError, RetryableError } from '../core/errors.ts';
 import { parseNodeId } from '../core/ids.ts';
+import { claimDue, deadlineDecision, needsMaxAgeDrain, reapDecision } from '../core/lifecycle.ts';
 import { MetricName } from '../core/observability.ts';
-import { claimDue, deadlineDecision, needsMaxAgeDrain, reapDecision } from '../core/reaper.ts';
 import type { BackingRecord } from '../core/records.ts';
 import { holdsSlot } from '../core/request.ts';
 import { ensureLaunched, giveBackSlot } from './backingNodes.ts';
@@ -20,7 +20,7 @@ import { endExpiredRequests } from './waiting.ts';
  * 1. reconciliation both ways, first (a vanished resource must not be retired as if idle): a record
  *    whose resource is gone fails; a tagged resource with no live record is terminated; a launching
  *    record whose resource runs is made ready (a lost event);
- * 2. empty backing nodes are retired by the rules of core/reaper.ts, two-phase: a conditional write
+ * 2. empty backing nodes are retired by the rules of core/lifecycle.ts, two-phase: a conditional write
  *    (still empty, unchanged since read) marks it retiring so no allocation can land on it, then the
  *    resource is terminated and, once the provider confirms it gone, the record is marked stopped;
  * 3. launching backing nodes past launch-timeout / boot-timeout fail and their nodes move elsewhere;
@@ -174,7 +174,7 @@ async function enforceDeadlines(ctx: Context, b: BackingRecord, report: MutableR
 }
 
 /**
- * Gives back slots whose claim no recorded node confirmed in time (core/reaper.ts, claimDue: the slot
+ * Gives back slots whose claim no recorded node confirmed in time (core/lifecycle.ts, claimDue: the slot
  * lease, or sooner once the delivery is known dead for a claim a redelivery would not find); confirms
  * the others.
  */

@@ -1,8 +1,8 @@
 import { markStopped } from '../core/backing.ts';
 import { ownerSince, parseNodeId } from '../core/ids.ts';
+import { notFoundIsFinal } from '../core/lifecycle.ts';
 import { MetricName, PoolEventType } from '../core/observability.ts';
 import type { BackingProvider, BackingResource } from '../core/provider.ts';
-import { notFoundIsFinal } from '../core/reaper.ts';
 import type { BackingRecord } from '../core/records.ts';
 import { ORPHAN_GRACE_MS } from '../core/timing.ts';
 import { unlessConflict } from './conflicts.ts';

@@ -7,7 +7,7 @@ import { failRequest } from './requests.ts';
 /**
  * Requests still waiting to be placed (state `requested`). A waiting request lives on through its
  * message: each receive tries to place it again, and the receive that reaches the queue's
- * maxReceiveCount ends it. A request whose message is gone (the embedded stack's in-memory queue died
+ * maxReceiveCount ends it. A request whose message is gone (the embedded pool's in-memory queue died
  * with its process, a message deleted by hand) would wait forever, so the reaper ends every request
  * still waiting past its request-timeout, whatever became of its message. They sit in the WAITING
  * partition of the reap index, oldest first (docs/table.md): the reaper reads only those old enough to

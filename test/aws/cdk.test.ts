@@ -15,7 +15,7 @@ import { MetastaticStack } from '../../lib/metastaticStack.ts';
 import { environmentSize, LAMBDA_ENVIRONMENT_LIMIT, TOKEN_ALLOWANCE } from '../../lib/poolFunction.ts';
 import { EC2_EVENT_STATES, FULFIL_MAX_CONCURRENCY, REQUEST_MAX_CONCURRENCY } from '../../lib/poolProps.ts';
 import { ConfigInvalidError } from '../../shared/config/load.ts';
-import { InstanceState } from '../../shared/core/events.ts';
+import { InstanceState } from '../../shared/core/stateChanges.ts';
 import { FUNCTION_TIMEOUT_SECONDS, visibilityTimeoutSeconds } from '../../shared/core/timing.ts';
 import type { AwsLabelSettings } from '../../shared/providers/aws/settings.ts';
 import { FUNCTION_CONFIG_FILE } from '../../shared/runtime/functionConfig.ts';
@@ -1042,7 +1042,7 @@ describe('MetastaticPool options and checks', () => {
     const local =
       'providers:\n  - { name: l, driver: local, pools: [{ name: p, labels: [{ name: big }] }] }\n' +
       '  - { name: m, driver: metastatic, pools: [{ name: p, labels: [{ name: small, backing-label: big }] }] }\n';
-    expect(() => synth(local)).toThrow(/driver local, which runs only in the embedded stack/);
+    expect(() => synth(local)).toThrow(/driver local, which runs only in the embedded pool/);
   });
 
   it('refuses a stack in another region than the pools, and asserts the region at deploy when it is unknown', () => {

@@ -13,8 +13,8 @@ import { parseConfig } from '../../shared/config/load.ts';
 import type { BackingPool } from '../../shared/config/model.ts';
 import { ManualClock } from '../../shared/core/clock.ts';
 import { CapacityError, RetryableError } from '../../shared/core/errors.ts';
-import { StateChangeEvent } from '../../shared/core/events.ts';
 import type { LaunchSpec } from '../../shared/core/provider.ts';
+import { StateChangeEvent } from '../../shared/core/stateChanges.ts';
 import {
   backoffDelay,
   DEFAULT_BACKOFF,

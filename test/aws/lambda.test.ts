@@ -141,7 +141,7 @@ describe('Lambda entry points', () => {
     );
     expect(out.batchItemFailures).toEqual([]);
     const why =
-      'launch of large-node failed: backing pool local/main uses driver local, which runs only in the embedded stack (metastatic dev)';
+      'launch of large-node failed: backing pool local/main uses driver local, which runs only in the embedded pool (metastatic dev)';
     expect(await store.getRequest('lam-2')).toMatchObject({
       state: 'failed',
       reason: `backing node for lam-2/0 failed to launch 3 time(s); last: ${why}`,

@@ -11,7 +11,7 @@ import { describeWithMoto, MOTO_CREDENTIALS, startMoto } from '../../testkit/mot
 
 /**
  * Store conformance: every conditional write of DynamoStore, through the real SDK, on DynamoDB as
- * moto speaks it and as dynalite (the embedded stack's engine) speaks it, with the same assertions:
+ * moto speaks it and as dynalite (the embedded pool's engine) speaks it, with the same assertions:
  * a condition that holds on one engine and not on the other, an expression one of them rejects, or an
  * answer the store reads differently, fails here.
  *

@@ -3,20 +3,20 @@
  * the user sees, that the rest of its batch goes on, and that nothing is retried forever.
  *
  * Queue cases run one bad body in one batch with a known-good request (or, on the fulfil queue, a good
- * event) against one embedded stack; configuration cases run through the loader.
+ * event) against one embedded pool; configuration cases run through the loader.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { NAME_RULE } from '../../shared/config/fields.ts';
 import { formatConfigErrors, parseConfig } from '../../shared/config/load.ts';
+import type { Log } from '../../shared/core/log.ts';
+import { MAX_NODE_SET } from '../../shared/core/messages.ts';
+import type { BackingRecord, RequestRecord } from '../../shared/core/records.ts';
 import {
   SpotInterruptionDetailType,
   StateChangeDetailType,
   stateChangeEvent,
-} from '../../shared/core/events.ts';
-import { MAX_NODE_SET } from '../../shared/core/messages.ts';
-import type { BackingRecord, RequestRecord } from '../../shared/core/records.ts';
+} from '../../shared/core/stateChanges.ts';
 import { LOCAL_EVENT_SOURCE } from '../../shared/providers/local/localProvider.ts';
-import type { Log } from '../../shared/usecases/context.ts';
 import { holdNode } from '../../shared/usecases/operator.ts';
 import { largeNode, poolConfig, type Settings, smallNode } from '../../testkit/configs.ts';
 import { type Harness, sqsEvent, startHarness } from '../../testkit/harness.ts';
@@ -102,18 +102,18 @@ interface RejectedCase {
 let origBefore: RequestRecord | undefined;
 
 async function origUntouched(h: Harness): Promise<void> {
-  expect(await h.stack.context.store.getRequest('orig')).toEqual(origBefore);
+  expect(await h.pool.context.store.getRequest('orig')).toEqual(origBefore);
   const main = await mainBacking(h);
   const mine = Object.values(main.slotMap).filter((id) => id.startsWith('orig/'));
   expect(mine).toEqual(['orig/0']); // a second node claimed for the reused id was given back
 }
 
 async function notRecorded(h: Harness, id: string): Promise<void> {
-  expect(await h.stack.context.store.getRequest(id)).toBeUndefined();
+  expect(await h.pool.context.store.getRequest(id)).toBeUndefined();
 }
 
 async function mainBacking(h: Harness): Promise<BackingRecord> {
-  const main = (await h.stack.context.store.listBacking()).filter((b) => b.poolKey === 'meta/main');
+  const main = (await h.pool.context.store.listBacking()).filter((b) => b.poolKey === 'meta/main');
   expect(main).toHaveLength(1); // every good request packed onto one backing node
   return main[0] as BackingRecord;
 }
@@ -382,7 +382,7 @@ const REJECTED: readonly RejectedCase[] = [
       'request id "typo" is already used by another request (labels small-node); this one differs in priority: use a new id for a new request',
     logged: true,
     check: async (h) => {
-      expect(await h.stack.context.store.getRequest('typo')).toMatchObject({
+      expect(await h.pool.context.store.getRequest('typo')).toMatchObject({
         state: 'failed',
         reason: 'invalid request message: unknown key "prio"',
       });
@@ -412,7 +412,7 @@ const REJECTED: readonly RejectedCase[] = [
     reason: 'invalid release message: force: must be a boolean, not a string',
     logged: true,
     check: async (h) => {
-      expect((await h.stack.context.store.getRequest('held'))?.nodes[0]).toMatchObject({
+      expect((await h.pool.context.store.getRequest('held'))?.nodes[0]).toMatchObject({
         state: 'pending',
         held: true,
       });
@@ -458,7 +458,7 @@ const REJECTED: readonly RejectedCase[] = [
     reason: 'node held/0 is held; release it with `metastatic release held/0 --force`',
     logged: true,
     check: async (h) => {
-      expect((await h.stack.context.store.getRequest('held'))?.nodes[0]).toMatchObject({
+      expect((await h.pool.context.store.getRequest('held'))?.nodes[0]).toMatchObject({
         state: 'pending',
         held: true,
       });
@@ -483,7 +483,7 @@ const QUIET: readonly QuietCase[] = [
       expect(main.used).toBe(usedBefore + 1); // the good request's slot only; rel/0's is not freed twice
       expect(main.used).toBe(Object.keys(main.slotMap).length);
       expect(Object.values(main.slotMap)).not.toContain('rel/0');
-      expect((await h.stack.context.store.getRequest('rel'))?.nodes[0]?.state).toBe('released');
+      expect((await h.pool.context.store.getRequest('rel'))?.nodes[0]?.state).toBe('released');
     },
   },
   {
@@ -491,7 +491,7 @@ const QUIET: readonly QuietCase[] = [
     body: release('unknown-label/0'),
     check: async (h, usedBefore) => {
       expect((await mainBacking(h)).used).toBe(usedBefore + 1);
-      expect(await h.stack.context.store.getRequest('unknown-label')).toMatchObject({
+      expect(await h.pool.context.store.getRequest('unknown-label')).toMatchObject({
         state: 'failed',
         nodes: [{ state: 'failed', reason: `unknown label "gpu-node" ${CONFIGURED}` }],
       });
@@ -802,12 +802,12 @@ const CATALOGUE_SIZE = REJECTED.length + QUIET.length + BOUNDED.length + EVENTS.
 
 // ---- the tests ----------------------------------------------------------------------------------------
 
-describe('bad input on the queues (one embedded stack)', () => {
+describe('bad input on the queues (one embedded pool)', () => {
   let h: Harness;
   const logs: LogEntry[] = [];
   let goods = 0;
 
-  const store = () => h.stack.context.store;
+  const store = () => h.pool.context.store;
   const warnings = (message: string) =>
     logs
       .filter((l) => l.level === 'warn' && l.message === message)
@@ -815,7 +815,7 @@ describe('bad input on the queues (one embedded stack)', () => {
 
   /** Runs a batch, failing the test on any record reported for retry. */
   async function consumed(bodies: string[]): Promise<void> {
-    const response = await h.stack.handlers.request(sqsEvent(bodies));
+    const response = await h.pool.handlers.request(sqsEvent(bodies));
     expect(response.batchItemFailures).toEqual([]);
   }
 
@@ -823,7 +823,7 @@ describe('bad input on the queues (one embedded stack)', () => {
   async function withGood(bad: string, receiveCount = 1) {
     const goodId = `good-${++goods}`;
     logs.length = 0;
-    const response = await h.stack.handlers.request(
+    const response = await h.pool.handlers.request(
       sqsEvent([bad, request(goodId, ['small-node'], { requestor: 'catalogue' })], receiveCount),
     );
     return { response, goodId };
@@ -845,7 +845,7 @@ describe('bad input on the queues (one embedded stack)', () => {
 
   beforeAll(async () => {
     h = await startHarness(POOL_CONFIG, { maxReceiveCount: MAX_RECEIVES });
-    Object.assign(h.stack.context, { log: capturingLog(logs) });
+    Object.assign(h.pool.context, { log: capturingLog(logs) });
     // What the cases collide with: a placed request, a released node, a held node, a request recorded
     // failed for a typo, and a capped pool at its max-servers.
     await consumed([
@@ -856,7 +856,7 @@ describe('bad input on the queues (one embedded stack)', () => {
       request('cap-fill', ['capped-node', 'capped-node']),
     ]);
     await consumed([release('rel/0')]);
-    await holdNode(h.stack.context, 'held/0');
+    await holdNode(h.pool.context, 'held/0');
     origBefore = await store().getRequest('orig');
     expect(origBefore).toMatchObject({ state: 'pending', labels: ['small-node'] });
     expect(await store().getRequest('typo')).toMatchObject({ state: 'failed' });
@@ -938,7 +938,7 @@ describe('bad input on the queues (one embedded stack)', () => {
         at: h.clock.now(),
       });
       logs.length = 0;
-      const response = await h.stack.handlers.fulfil(sqsEvent([c.body, json(good)]));
+      const response = await h.pool.handlers.fulfil(sqsEvent([c.body, json(good)]));
       expect(response.batchItemFailures).toEqual([]);
       expect(warnings('rejected event')).toEqual(
         c.rejected ? [{ messageId: 'm-0', reason: c.rejected }] : [],
@@ -994,7 +994,7 @@ describe('a local host that validates but cannot be listened on', () => {
 
   it("carries the process's own error into the backing node's and the request's failure reason", async () => {
     h = await startHarness(config);
-    const store = h.stack.context.store;
+    const store = h.pool.context.store;
     await h.send(request('unlistenable'));
     await h.drainRequests();
     await h.fulfilUntil(async () => (await store.getRequest('unlistenable'))?.state === 'failed');

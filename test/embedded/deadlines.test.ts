@@ -5,10 +5,11 @@ import { parseConfigOrThrow } from '../../shared/config/load.ts';
 import { newBackingRecord } from '../../shared/core/backing.ts';
 import { ManualClock } from '../../shared/core/clock.ts';
 import { TimeoutError } from '../../shared/core/errors.ts';
-import { stateChangeEvent } from '../../shared/core/events.ts';
+import { silentLog } from '../../shared/core/log.ts';
 import { type EventSink, PoolEventType } from '../../shared/core/observability.ts';
 import type { BackingProvider, BackingResource } from '../../shared/core/provider.ts';
 import type { BackingRecord } from '../../shared/core/records.ts';
+import { stateChangeEvent } from '../../shared/core/stateChanges.ts';
 import {
   DELIVERY_DEADLINE_MS,
   INVOCATION_SAFETY_MARGIN_MS,
@@ -22,7 +23,7 @@ import { probePort } from '../../shared/providers/probe.ts';
 import { scanHostKeys } from '../../shared/providers/scanHostKeysLazily.ts';
 import { type Engine, ensureTable, startDynalite } from '../../shared/runtime/engines.ts';
 import { DynamoStore } from '../../shared/store/dynamoStore.ts';
-import { type Context, silentLog } from '../../shared/usecases/context.ts';
+import type { Context } from '../../shared/usecases/context.ts';
 import { poolConfig, smallNode } from '../../testkit/configs.ts';
 import { sqsEvent } from '../../testkit/harness.ts';
 
@@ -280,7 +281,7 @@ describe('a batch under the invocation deadline', () => {
     expect(p.fulfilled).toEqual(['a', 'b', 'c']);
   });
 
-  it('gives a batch DELIVERY_DEADLINE_MS when there is no Lambda context (the embedded stack)', async () => {
+  it('gives a batch DELIVERY_DEADLINE_MS when there is no Lambda context (the embedded pool)', async () => {
     const p = await pool();
     await readyBacking(p);
     const handler = makeRequestHandler(p.ctx, { maxReceiveCount: 5 });

@@ -41,7 +41,7 @@ function greeting(port: number): Promise<string> {
   });
 }
 
-// Each step spawns a CLI process (node + tsx) against a dev stack of more processes: on a loaded machine a
+// Each step spawns a CLI process (node + tsx) against a embedded pool of more processes: on a loaded machine a
 // step takes many times its usual few seconds. The timeouts catch hangs; they assert no speed.
 describe('metastatic CLI end to end (a new user’s session)', { timeout: 180_000 }, () => {
   let stateDir: string;

@@ -3,7 +3,7 @@ import { join } from 'node:path';
 import { EventBridgeClient, PutEventsCommand } from '@aws-sdk/client-eventbridge';
 import { mockClient } from 'aws-sdk-client-mock';
 import { afterEach, describe, expect, it } from 'vitest';
-import { SpotInterruptionDetailType } from '../../shared/core/events.ts';
+import { SpotInterruptionDetailType } from '../../shared/core/stateChanges.ts';
 import { EventBridgeSink } from '../../shared/providers/events/eventBridgeSink.ts';
 import { baseConfig } from '../../testkit/configs.ts';
 import { type Harness, sqsEvent, startHarness } from '../../testkit/harness.ts';
@@ -17,7 +17,7 @@ afterEach(async () => {
 async function published(
   harness: Harness,
 ): Promise<Array<{ 'detail-type': string; detail: Record<string, unknown> }>> {
-  const text = await readFile(join(harness.stack.info.stateDir, 'events.jsonl'), 'utf8').catch(() => '');
+  const text = await readFile(join(harness.pool.info.stateDir, 'events.jsonl'), 'utf8').catch(() => '');
   return text
     .split('\n')
     .filter(Boolean)
@@ -30,11 +30,11 @@ describe('events out', () => {
     await h.send({ kind: 'request', id: 'ev', labels: ['small-node'] });
     await h.send({ kind: 'request', id: 'ev', labels: ['small-node'] }); // a duplicate publishes nothing
     await h.drainRequests();
-    await h.fulfilUntil(async () => (await h?.stack.context.store.getRequest('ev'))?.state === 'fulfilled');
+    await h.fulfilUntil(async () => (await h?.pool.context.store.getRequest('ev'))?.state === 'fulfilled');
     await h.send({ kind: 'release', nodeId: 'ev/0' });
     await h.drainRequests();
     h.clock.advance(1);
-    await h.stack.reapNow();
+    await h.pool.reapNow();
     const events = await published(h);
     expect(events.map((e) => e['detail-type'])).toEqual([
       'Backing Node Launched',
@@ -47,7 +47,7 @@ describe('events out', () => {
 
   it('publishes a failed request with its reason', async () => {
     h = await startHarness(baseConfig());
-    await h.stack.handlers.request(
+    await h.pool.handlers.request(
       sqsEvent([JSON.stringify({ kind: 'request', id: 'bad', labels: ['nope'] })]),
     );
     const [event] = await published(h);
@@ -97,8 +97,8 @@ describe('spot interruption warning', () => {
     h = await startHarness(baseConfig({ slots: 2 }));
     await h.send({ kind: 'request', id: 'spot', labels: ['small-node'] });
     await h.drainRequests();
-    await h.fulfilUntil(async () => (await h?.stack.context.store.getRequest('spot'))?.state === 'fulfilled');
-    const store = h.stack.context.store;
+    await h.fulfilUntil(async () => (await h?.pool.context.store.getRequest('spot'))?.state === 'fulfilled');
+    const store = h.pool.context.store;
     const [b] = await store.listBacking();
     const warning = {
       version: '0',
@@ -107,13 +107,13 @@ describe('spot interruption warning', () => {
       resources: [],
       detail: { 'instance-id': b?.resourceId, 'instance-action': 'terminate' },
     };
-    const out = await h.stack.handlers.fulfil(sqsEvent([JSON.stringify(warning)]));
+    const out = await h.pool.handlers.fulfil(sqsEvent([JSON.stringify(warning)]));
     expect(out.batchItemFailures).toEqual([]);
     expect((await store.getBacking(b?.id as string))?.state).toBe('failed');
     expect((await store.getRequest('spot'))?.nodes[0]).toMatchObject({
       state: 'failed',
       reason: expect.stringContaining('spot interruption warning'),
     });
-    expect((await h.stack.reapNow()).stopped).toEqual([b?.id]);
+    expect((await h.pool.reapNow()).stopped).toEqual([b?.id]);
   });
 });

@@ -19,7 +19,7 @@ const request = (id: string, labels: string[] = ['small-node']) => ({
 
 async function allReady(harness: Harness, ids: string[]): Promise<boolean> {
   for (const id of ids) {
-    const r = await harness.stack.context.store.getRequest(id);
+    const r = await harness.pool.context.store.getRequest(id);
     if (r?.state !== 'fulfilled') return false;
   }
   return true;
@@ -42,7 +42,7 @@ describe('request, fulfil and release flow (dynalite + fauxqs + local processes)
     for (const id of ['a', 'b', 'c']) await h.send(request(id));
     await h.drainRequests();
 
-    const store = h.stack.context.store;
+    const store = h.pool.context.store;
     const backing = await store.listBacking();
     expect(backing).toHaveLength(2);
     expect(backing.map((b) => b.used).sort()).toEqual([1, 2]);
@@ -68,7 +68,7 @@ describe('request, fulfil and release flow (dynalite + fauxqs + local processes)
     await h.fulfilUntil(() => allReady(h as Harness, ['first']));
     await h.send(request('second'));
     await h.drainRequests();
-    const second = await h.stack.context.store.getRequest('second');
+    const second = await h.pool.context.store.getRequest('second');
     expect(second?.state).toBe('fulfilled');
     expect(second?.nodes[0]?.slot).toBe(1);
   });
@@ -78,7 +78,7 @@ describe('request, fulfil and release flow (dynalite + fauxqs + local processes)
     for (const id of ['a', 'b', 'c', 'd']) await h.send(request(id)); // a,b,c on #1; d on #2
     await h.drainRequests();
     await h.fulfilUntil(() => allReady(h as Harness, ['a', 'b', 'c', 'd']));
-    const store = h.stack.context.store;
+    const store = h.pool.context.store;
     const first = (await store.getRequest('a'))?.nodes[0]?.backingNodeId;
     await h.send({ kind: 'release', nodeId: 'a/0' }); // #1 now 2/3 used, #2 1/3 used
     await h.send(request('e'));
@@ -93,7 +93,7 @@ describe('request, fulfil and release flow (dynalite + fauxqs + local processes)
     await h.drainRequests();
     await h.send(request('dup')); // a late redelivery after the first was placed
     await h.drainRequests();
-    const backing = await h.stack.context.store.listBacking();
+    const backing = await h.pool.context.store.listBacking();
     expect(backing).toHaveLength(1);
     expect(backing[0]?.used).toBe(1);
     expect(Object.values(backing[0]?.slotMap ?? {})).toEqual(['dup/0']);
@@ -103,18 +103,18 @@ describe('request, fulfil and release flow (dynalite + fauxqs + local processes)
     h = await startHarness(baseConfig());
     await h.send(request('same'));
     await h.drainRequests();
-    const response = await h.stack.handlers.request(
+    const response = await h.pool.handlers.request(
       sqsEvent([JSON.stringify(request('same', ['small-node', 'small-node']))]),
     );
     expect(response.batchItemFailures).toEqual([]);
-    const r = await h.stack.context.store.getRequest('same');
+    const r = await h.pool.context.store.getRequest('same');
     expect(r?.labels).toEqual(['small-node']);
     expect(r?.state).not.toBe('failed');
   });
 
   it('fails bad records alone, recording the reason under the request id when there is one', async () => {
     h = await startHarness(baseConfig());
-    const response = await h.stack.handlers.request(
+    const response = await h.pool.handlers.request(
       sqsEvent([
         '{not json',
         JSON.stringify({ kind: 'launch', id: 'k1' }),
@@ -125,7 +125,7 @@ describe('request, fulfil and release flow (dynalite + fauxqs + local processes)
       ]),
     );
     expect(response.batchItemFailures).toEqual([]);
-    const store = h.stack.context.store;
+    const store = h.pool.context.store;
     expect(await store.getRequest('bad-label')).toMatchObject({
       state: 'failed',
       reason: 'unknown label "no-such-label" (configured: small-node)',
@@ -142,7 +142,7 @@ describe('request, fulfil and release flow (dynalite + fauxqs + local processes)
     h = await startHarness(baseConfig({ maxServers: 2 }));
     await h.send(request('big', ['small-node', 'small-node', 'small-node']));
     await h.drainRequests();
-    expect(await h.stack.context.store.getRequest('big')).toMatchObject({
+    expect(await h.pool.context.store.getRequest('big')).toMatchObject({
       state: 'failed',
       reason: 'a node set of 3 exceeds max-servers of every pool that offers it (largest: 2)',
     });
@@ -153,7 +153,7 @@ describe('request, fulfil and release flow (dynalite + fauxqs + local processes)
     h = await startHarness(baseConfig({ slots: 1, backingMax: 1, maxServers: 10 }), { maxReceiveCount: 2 });
     await h.send(request('set', ['small-node', 'small-node']));
     await h.drainRequests();
-    const store = h.stack.context.store;
+    const store = h.pool.context.store;
     const r = await store.getRequest('set');
     expect(r?.state).toBe('failed');
     expect(r?.reason).toMatch(/^no capacity after 2 attempts: .*local\/main is at max-servers \(1\)/);
@@ -166,7 +166,7 @@ describe('request, fulfil and release flow (dynalite + fauxqs + local processes)
     h = await startHarness(baseConfig({ slots: 4, maxServers: 2 }), { maxReceiveCount: 2 });
     for (const id of ['m1', 'm2', 'm3']) await h.send(request(id));
     await h.drainRequests();
-    const store = h.stack.context.store;
+    const store = h.pool.context.store;
     expect((await store.getRequest('m3'))?.reason).toMatch(/meta\/main is at max-servers \(2\)/);
     expect((await store.nodePlaces('meta/main')).size).toBe(2);
   });
@@ -174,21 +174,21 @@ describe('request, fulfil and release flow (dynalite + fauxqs + local processes)
   it('reports how long a request has waited each time it finds no capacity (the CapacityWait metric)', async () => {
     h = await startHarness(baseConfig({ slots: 4, maxServers: 1 }), { maxReceiveCount: 3 });
     const waits: Array<[string, number]> = [];
-    Object.assign(h.stack.context, {
+    Object.assign(h.pool.context, {
       metrics: { count() {}, milliseconds: (name: string, ms: number) => waits.push([name, ms]) },
     });
     await h.send(request('first'));
     await h.drainRequests();
     expect(waits).toEqual([]); // placed: no wait
     const sentAt = h.clock.now() - 600_000; // sent ten minutes ago, received for the second time
-    const out = await h.stack.handlers.request(sqsEvent([JSON.stringify(request('second'))], 2, sentAt));
+    const out = await h.pool.handlers.request(sqsEvent([JSON.stringify(request('second'))], 2, sentAt));
     expect(out.batchItemFailures).toHaveLength(1); // retried: it waits
     expect(waits).toEqual([['CapacityWait', 600_000]]);
     // A last receive still reports the wait, then ends the request.
     h.clock.advance(180_000);
-    await h.stack.handlers.request(sqsEvent([JSON.stringify(request('second'))], 3, sentAt));
+    await h.pool.handlers.request(sqsEvent([JSON.stringify(request('second'))], 3, sentAt));
     expect(waits.at(-1)).toEqual(['CapacityWait', 780_000]);
-    expect((await h.stack.context.store.getRequest('second'))?.reason).toMatch(
+    expect((await h.pool.context.store.getRequest('second'))?.reason).toMatch(
       /^no capacity after 3 attempts/,
     );
   });
@@ -198,13 +198,13 @@ describe('request, fulfil and release flow (dynalite + fauxqs + local processes)
     await h.send(request('placed'));
     await h.drainRequests();
     // max-servers 1: it waits, recorded as requested, and its message is to come back.
-    const waits = await h.stack.handlers.request(sqsEvent([JSON.stringify(request('waiting'))], 1));
+    const waits = await h.pool.handlers.request(sqsEvent([JSON.stringify(request('waiting'))], 1));
     expect(waits.batchItemFailures).toHaveLength(1);
-    const store = h.stack.context.store;
+    const store = h.pool.context.store;
     expect((await store.getRequest('waiting'))?.state).toBe('requested');
     // Its last delivery died before it could fail it: SQS moved it (and two others) to the dead letters.
     const bodies = [request('waiting'), request('placed'), request('never-seen', ['small-node'])];
-    const out = await h.stack.handlers.deadLetters(
+    const out = await h.pool.handlers.deadLetters(
       sqsEvent(
         bodies.map((b) => JSON.stringify(b)),
         1,
@@ -222,7 +222,7 @@ describe('request, fulfil and release flow (dynalite + fauxqs + local processes)
     });
     // A dead-lettered release is tried once more.
     await h.fulfilUntil(() => allReady(h as Harness, ['placed']));
-    await h.stack.handlers.deadLetters(sqsEvent([JSON.stringify({ kind: 'release', nodeId: 'placed/0' })]));
+    await h.pool.handlers.deadLetters(sqsEvent([JSON.stringify({ kind: 'release', nodeId: 'placed/0' })]));
     expect((await store.getRequest('placed'))?.nodes[0]?.state).toBe('released');
   });
 
@@ -231,7 +231,7 @@ describe('request, fulfil and release flow (dynalite + fauxqs + local processes)
     await h.send(request('r'));
     await h.drainRequests();
     await h.fulfilUntil(() => allReady(h as Harness, ['r']));
-    const store = h.stack.context.store;
+    const store = h.pool.context.store;
     const before = (await store.listBacking())[0];
     h.clock.advance(5_000);
     await h.send({ kind: 'release', nodeId: 'r/0' });
@@ -260,7 +260,7 @@ describe('request, fulfil and release flow (dynalite + fauxqs + local processes)
     await h.drainRequests();
     await h.send(request('p2'));
     await h.drainRequests();
-    const store = h.stack.context.store;
+    const store = h.pool.context.store;
     expect((await store.getRequest('p1'))?.poolKey).toBe('meta/main');
     expect((await store.getRequest('p2'))?.poolKey).toBe('meta/spill');
   });
@@ -272,7 +272,7 @@ describe('a backing node lost from outside', () => {
     await h.send(request('k'));
     await h.drainRequests();
     await h.fulfilUntil(() => allReady(h as Harness, ['k']));
-    const store = h.stack.context.store;
+    const store = h.pool.context.store;
     const pid = (await store.getRequest('k'))?.nodes[0]?.attributes?.pid as number;
     process.kill(pid, 'SIGKILL');
     await h.fulfilUntil(async () => (await store.listBacking())[0]?.state === 'failed');
@@ -281,7 +281,7 @@ describe('a backing node lost from outside', () => {
     const node = (await store.getRequest('k'))?.nodes[0];
     expect(node).toMatchObject({ state: 'failed', reason: b?.reason });
     expect((await store.nodePlaces('meta/main')).size).toBe(0);
-    const report = await h.stack.reapNow();
+    const report = await h.pool.reapNow();
     expect(report.stopped).toEqual([b?.id]);
     expect((await store.getBacking(b?.id as string))?.state).toBe('stopped');
     // Its user releasing the failed node afterwards is harmless.
@@ -299,7 +299,7 @@ describe('redelivery after the fact', () => {
     await h.fulfilUntil(() => allReady(h as Harness, ['late']));
     await h.send({ kind: 'release', nodeId: 'late/0' });
     await h.drainRequests();
-    const store = h.stack.context.store;
+    const store = h.pool.context.store;
 
     // Backing node still up with a free slot: the duplicate claims, loses the request write, gives back.
     await h.send(request('late'));
@@ -311,7 +311,7 @@ describe('redelivery after the fact', () => {
 
     // Backing node gone: the duplicate is stopped before it launches anything.
     h.clock.advance(1_000);
-    await h.stack.reapNow();
+    await h.pool.reapNow();
     await h.send(request('late'));
     await h.drainRequests();
     const all = await store.listBacking();

@@ -25,14 +25,14 @@ afterAll(async () => {
 
 const body = (id: string, labels: unknown) => JSON.stringify({ kind: 'request', id, labels });
 /** One delivery of `bodies`, as the first receive of each: what a permanent error must settle at once. */
-const deliverOnce = (bodies: string[]) => h.stack.handlers.request(sqsEvent(bodies, 1));
+const deliverOnce = (bodies: string[]) => h.pool.handlers.request(sqsEvent(bodies, 1));
 
 describe('permanent errors end the request at once, with the real reason, within the item limit', () => {
   it('fails 64 unknown 100-character labels on the first receive with "unknown labels", naming a few', async () => {
     const labels = Array.from({ length: 64 }, (_, i) => `${String(i).padStart(3, '0')}${'x'.repeat(97)}`);
     const out = await deliverOnce([body('unknown-64', labels)]);
     expect(out.batchItemFailures).toEqual([]); // consumed: not retried
-    const r = await h.stack.context.store.getRequest('unknown-64');
+    const r = await h.pool.context.store.getRequest('unknown-64');
     expect(r?.state).toBe('failed');
     expect(r?.labels).toEqual(labels); // a valid message is recorded as sent
     expect(r?.reason).toMatch(/^unknown labels "000x+… \(\d+ more characters\)", "001x+…/);
@@ -46,7 +46,7 @@ describe('permanent errors end the request at once, with the real reason, within
     const huge = 'y'.repeat(250_000);
     const out = await deliverOnce([body('label-250k', [huge])]);
     expect(out.batchItemFailures).toEqual([]);
-    const r = await h.stack.context.store.getRequest('label-250k');
+    const r = await h.pool.context.store.getRequest('label-250k');
     expect(r).toMatchObject({
       state: 'failed',
       reason: `invalid request message: labels.0: a label has at most ${MAX_LABEL_LENGTH} characters`,
@@ -59,7 +59,7 @@ describe('permanent errors end the request at once, with the real reason, within
   it('records an invalid message of 20,000 labels under its id on the first receive', async () => {
     const out = await deliverOnce([body('labels-20k', Array<string>(20_000).fill('small-node'))]);
     expect(out.batchItemFailures).toEqual([]);
-    const r = await h.stack.context.store.getRequest('labels-20k');
+    const r = await h.pool.context.store.getRequest('labels-20k');
     expect(r).toMatchObject({
       state: 'failed',
       reason: `invalid request message: labels: a node set has at most ${MAX_NODE_SET} labels`,
@@ -70,7 +70,7 @@ describe('permanent errors end the request at once, with the real reason, within
   it('names a few of thousands of issues and counts the rest', async () => {
     const out = await deliverOnce([body('bad-60', Array<string>(60).fill('z'.repeat(300)))]);
     expect(out.batchItemFailures).toEqual([]);
-    const r = await h.stack.context.store.getRequest('bad-60');
+    const r = await h.pool.context.store.getRequest('bad-60');
     expect(r?.reason).toBe(
       `invalid request message: labels.0: a label has at most ${MAX_LABEL_LENGTH} characters; ` +
         `labels.1: a label has at most ${MAX_LABEL_LENGTH} characters; ` +
@@ -81,7 +81,7 @@ describe('permanent errors end the request at once, with the real reason, within
   it('quotes at most 64 characters of an unknown key', async () => {
     const key = 'k'.repeat(100_000);
     await deliverOnce([JSON.stringify({ kind: 'request', id: 'bad-key', labels: ['small-node'], [key]: 1 })]);
-    const r = await h.stack.context.store.getRequest('bad-key');
+    const r = await h.pool.context.store.getRequest('bad-key');
     expect(r?.state).toBe('failed');
     expect(r?.reason).toMatch(/^invalid request message: unknown key "k+… \(\d+ more characters\)"$/);
     expect(r?.reason?.length).toBeLessThan(120);
@@ -90,20 +90,20 @@ describe('permanent errors end the request at once, with the real reason, within
 
 describe('the dead-letter consumer', () => {
   it('ends a dead-lettered request with a 250 KB label with its real reason instead of failing forever', async () => {
-    const out = await h.stack.handlers.deadLetters(sqsEvent([body('dlq-250k', ['w'.repeat(250_000)])], 50));
+    const out = await h.pool.handlers.deadLetters(sqsEvent([body('dlq-250k', ['w'.repeat(250_000)])], 50));
     expect(out.batchItemFailures).toEqual([]);
-    expect(await h.stack.context.store.getRequest('dlq-250k')).toMatchObject({
+    expect(await h.pool.context.store.getRequest('dlq-250k')).toMatchObject({
       state: 'failed',
       reason: `invalid request message: labels.0: a label has at most ${MAX_LABEL_LENGTH} characters`,
     });
   });
 
   it('records a dead-lettered invalid message that was never recorded (its deliveries failed)', async () => {
-    const out = await h.stack.handlers.deadLetters(
+    const out = await h.pool.handlers.deadLetters(
       sqsEvent([body('dlq-20k', Array<string>(20_000).fill('small-node'))], 50),
     );
     expect(out.batchItemFailures).toEqual([]);
-    expect(await h.stack.context.store.getRequest('dlq-20k')).toMatchObject({
+    expect(await h.pool.context.store.getRequest('dlq-20k')).toMatchObject({
       state: 'failed',
       reason: `invalid request message: labels: a node set has at most ${MAX_NODE_SET} labels`,
     });
@@ -138,13 +138,13 @@ describe('the bounds', () => {
     const id = `a${'b'.repeat(127)}`; // the longest request id
     const r = largestFailedRequest(id);
     expect(Buffer.byteLength(JSON.stringify(r))).toBeGreaterThan(150_000); // a real test of the bound
-    expect(await h.stack.context.store.createRequest(r)).toBeUndefined();
-    expect((await h.stack.context.store.getRequest(id))?.nodes).toHaveLength(MAX_NODE_SET);
+    expect(await h.pool.context.store.createRequest(r)).toBeUndefined();
+    expect((await h.pool.context.store.getRequest(id))?.nodes).toHaveLength(MAX_NODE_SET);
   });
 
   it('a write DynamoDB refuses as too large is a permanent error, not a retried one', async () => {
     const r = { ...largestFailedRequest('too-large'), reason: 'r'.repeat(400_000) };
-    const err = await h.stack.context.store.createRequest(r).catch((e: unknown) => e);
+    const err = await h.pool.context.store.createRequest(r).catch((e: unknown) => e);
     expect(err).toBeInstanceOf(ItemTooLargeError);
     expect(err).toBeInstanceOf(PermanentError);
     expect((err as Error).message).toMatch(/Item size has exceeded the maximum allowed size/);

@@ -101,12 +101,12 @@ describe.runIf(linux)('listening sockets', () => {
       await h.send({ kind: 'request', id: 'listen-1', labels: ['small'] });
       await h.drainRequests();
       await h.fulfilUntil(
-        async () => (await h.stack.context.store.getRequest('listen-1'))?.state === 'fulfilled',
+        async () => (await h.pool.context.store.getRequest('listen-1'))?.state === 'fulfilled',
       );
       const own = listeningSockets('self');
       expect(own.length).toBeGreaterThanOrEqual(2); // dynalite and the SQS engine at least
       expect(own.filter((s) => !isLoopback(s))).toEqual([]);
-      const children = (await h.stack.context.providers.forPool('local/main').list())
+      const children = (await h.pool.context.providers.forPool('local/main').list())
         .map((r) => Number(r.attributes.pid))
         .filter((pid) => Number.isInteger(pid) && pid > 0);
       expect(children.length).toBeGreaterThan(0);

@@ -25,7 +25,7 @@ afterEach(async () => {
 });
 
 async function readyBacking(harness: Harness) {
-  const [b] = await harness.stack.context.store.listBacking();
+  const [b] = await harness.pool.context.store.listBacking();
   if (!b) throw new Error('no backing node');
   return b;
 }
@@ -71,7 +71,7 @@ describe('slot claims (one UpdateItem per claim, dynalite)', () => {
   it('lets claims of different slots on one backing node both succeed, and refuses a taken slot', async () => {
     h = await startHarness(baseConfig({ slots: 4 }));
     await readyNode(h, 'base');
-    const store = h.stack.context.store;
+    const store = h.pool.context.store;
     const read = await readyBacking(h);
     const now = h.clock.now();
     // Both read the same version: a whole-item version check would fail one of them.
@@ -97,7 +97,7 @@ describe('slot claims (one UpdateItem per claim, dynalite)', () => {
   it('takes a backing node out of the free index when it fills, also when concurrent claims fill it', async () => {
     h = await startHarness(baseConfig({ slots: 3 }));
     await readyNode(h, 'base');
-    const store = h.stack.context.store;
+    const store = h.pool.context.store;
     const read = await readyBacking(h);
     const inFree = async () => (await store.findCandidates('meta/main', 'small-node', 10)).items.length;
     expect(await inFree()).toBe(1);
@@ -114,7 +114,7 @@ describe('slot claims (one UpdateItem per claim, dynalite)', () => {
   it('refuses a drained or max-aged backing node even when the read was older', async () => {
     h = await startHarness(baseConfig({ slots: 4 }));
     await readyNode(h, 'base');
-    const store = h.stack.context.store;
+    const store = h.pool.context.store;
     const read = await readyBacking(h);
     await store.putBacking({ ...read, drained: true, version: read.version + 1 }, { version: read.version });
     expect((await store.claimSlot(read, 1, 'a/0', { at: 1, by: 'A' })).claimed).toBe(false);
@@ -130,10 +130,10 @@ describe('deliveries never undo each other', () => {
   it('frees a claimed slot only for the owner that claimed it', async () => {
     h = await startHarness(baseConfig({ slots: 4 }));
     await readyNode(h, 'base');
-    const store = h.stack.context.store;
+    const store = h.pool.context.store;
     const read = await readyBacking(h);
     await store.claimSlot(read, 1, 'dup/0', { at: h.clock.now(), by: 'first' });
-    const ctx = h.stack.context;
+    const ctx = h.pool.context;
     expect(await giveBackSlot(ctx, read.id, 'dup/0', { owner: 'second' })).toBe(false);
     expect((await store.getBacking(read.id))?.slotMap['1']).toBe('dup/0');
     expect(await giveBackSlot(ctx, read.id, 'dup/0', { owner: 'first', claimedAt: 0 })).toBe(false);
@@ -144,7 +144,7 @@ describe('deliveries never undo each other', () => {
   it('makes a duplicate back off from a live delivery claim, and take over a dead one', async () => {
     h = await startHarness(baseConfig({ slots: 4 }));
     await readyNode(h, 'base');
-    const ctx = h.stack.context;
+    const ctx = h.pool.context;
     const read = await readyBacking(h);
     // Another delivery of request "dup" claimed a slot for dup/0 and is still at work.
     const other = ownerToken(h.clock.now());
@@ -169,13 +169,13 @@ describe('deliveries never undo each other', () => {
   it('ends a request that is still busy on its last receive with the reason, not in the dead-letter queue', async () => {
     h = await startHarness(baseConfig({ slots: 4 }), { maxReceiveCount: 3 });
     await readyNode(h, 'base');
-    const ctx = h.stack.context;
+    const ctx = h.pool.context;
     const read = await readyBacking(h);
     await ctx.store.claimSlot(read, 3, 'stuck/0', { at: h.clock.now(), by: ownerToken(h.clock.now()) });
     const body = JSON.stringify({ kind: 'request', id: 'stuck', labels: ['small-node'] });
-    expect((await h.stack.handlers.request(sqsEvent([body], 1))).batchItemFailures).toHaveLength(1);
+    expect((await h.pool.handlers.request(sqsEvent([body], 1))).batchItemFailures).toHaveLength(1);
     expect(await ctx.store.getRequest('stuck')).toBeUndefined(); // retried, nothing recorded yet
-    expect((await h.stack.handlers.request(sqsEvent([body], 3))).batchItemFailures).toEqual([]);
+    expect((await h.pool.handlers.request(sqsEvent([body], 3))).batchItemFailures).toEqual([]);
     expect(await ctx.store.getRequest('stuck')).toMatchObject({
       state: 'failed',
       reason:
@@ -186,7 +186,7 @@ describe('deliveries never undo each other', () => {
 
   it('reports places held by another owner, removes only its own, and hands over a dead one', async () => {
     h = await startHarness(baseConfig({ maxServers: 3 }));
-    const store = h.stack.context.store;
+    const store = h.pool.context.store;
     const pool = 'meta/main';
     expect(await store.reserveNodePlaces(pool, ['r/0', 'r/1'], 3, 'A')).toEqual({ kind: 'reserved' });
     expect(await store.reserveNodePlaces(pool, ['r/0', 'r/1'], 3, 'A')).toEqual({ kind: 'reserved' }); // a retry
@@ -209,16 +209,16 @@ describe('deliveries never undo each other', () => {
   it('has the reaper give back places no live record holds, once the slot lease has passed', async () => {
     h = await startHarness(baseConfig({ maxServers: 4, backingMax: 2 }));
     await readyNode(h, 'live');
-    const store = h.stack.context.store;
+    const store = h.pool.context.store;
     const live = await readyBacking(h);
     // A delivery reserved these and died before it wrote the records they were for.
     const dead = ownerToken(h.clock.now());
     await store.reserveBackingPlace('local/main', 'bn-never-written', 2, dead);
     await store.reserveNodePlaces('meta/main', ['gone/0'], 4, dead);
     h.clock.advance(SLOT_LEASE_MS - 1_000);
-    expect((await h.stack.reapNow()).reclaimedPlaces).toBe(0);
+    expect((await h.pool.reapNow()).reclaimedPlaces).toBe(0);
     h.clock.advance(1_000);
-    expect((await h.stack.reapNow()).reclaimedPlaces).toBe(2);
+    expect((await h.pool.reapNow()).reclaimedPlaces).toBe(2);
     // What live records hold stays, however old.
     expect([...(await store.backingPlaces('local/main')).keys()]).toEqual([live.id]);
     expect([...(await store.nodePlaces('meta/main')).keys()]).toEqual(['live/0']);
@@ -229,7 +229,7 @@ describe('a redelivery continues with the claims of the first try (issue 10, def
   it('takes over the claim and place an earlier receive left when it crashed, at once: same slot', async () => {
     h = await startHarness(baseConfig({ slots: 4, maxServers: 10 }), { maxReceiveCount: 50 });
     await readyNode(h, 'base');
-    const ctx = h.stack.context;
+    const ctx = h.pool.context;
     const read = await readyBacking(h);
     const body = JSON.stringify({ kind: 'request', id: 'cut', labels: ['small-node'] });
     // Receive 1 reserves a place, claims a slot, and dies right after the claim.
@@ -242,7 +242,7 @@ describe('a redelivery continues with the claims of the first try (issue 10, def
     expect(firstClaim?.by).toMatch(/-1$/);
     expect(await ctx.store.getRequest('cut')).toBeUndefined(); // it recorded nothing
     // Receive 2 of the same message, no time later: the same slot and place, taken over at once.
-    expect((await h.stack.handlers.request(sqsEvent([body], 2))).batchItemFailures).toEqual([]);
+    expect((await h.pool.handlers.request(sqsEvent([body], 2))).batchItemFailures).toEqual([]);
     const placed = await ctx.store.getRequest('cut');
     expect(placed).toMatchObject({ state: 'fulfilled' });
     expect(placed?.nodes[0]).toMatchObject({ state: 'ready', backingNodeId: read.id, slot: Number(slot) });
@@ -257,7 +257,7 @@ describe('a redelivery continues with the claims of the first try (issue 10, def
   it('leaves an earlier receive that still runs unable to record anything once a later one took over', async () => {
     h = await startHarness(baseConfig({ slots: 4 }));
     await readyNode(h, 'base');
-    const ctx = h.stack.context;
+    const ctx = h.pool.context;
     const read = await readyBacking(h);
     const message = { kind: 'request' as const, id: 'slow', labels: ['small-node'] };
     // Receive 1 claims a slot, then stalls just before it writes the placed request.
@@ -309,10 +309,10 @@ describe('a redelivery continues with the claims of the first try (issue 10, def
     expect(Object.values((await ctx.store.getBacking(read.id))?.slotMap ?? {})).toEqual(['base/0']);
   });
 
-  it('takes over at once what a delivery of the process before this embedded stack holds, for a resend too', async () => {
+  it('takes over at once what a delivery of the process before this embedded pool holds, for a resend too', async () => {
     h = await startHarness(baseConfig({ slots: 4, maxServers: 10 }));
     await readyNode(h, 'base');
-    const ctx = h.stack.context;
+    const ctx = h.pool.context;
     expect(ctx.deliveriesDeadBefore).toBeDefined();
     const before = (ctx.deliveriesDeadBefore as number) - 1_000; // a second before this stack started
     const read = await readyBacking(h);
@@ -321,7 +321,7 @@ describe('a redelivery continues with the claims of the first try (issue 10, def
     const dead = ownerToken(before);
     await ctx.store.reserveNodePlaces('meta/main', ['resent/0'], 10, dead);
     await ctx.store.claimSlot(read, 2, 'resent/0', { at: before, by: dead });
-    const out = await h.stack.handlers.request(
+    const out = await h.pool.handlers.request(
       sqsEvent([JSON.stringify({ kind: 'request', id: 'resent', labels: ['small-node'] })]),
     );
     expect(out.batchItemFailures).toEqual([]); // not busy for CLAIM_TAKEOVER_MS
@@ -332,15 +332,15 @@ describe('a redelivery continues with the claims of the first try (issue 10, def
     expect((await ctx.store.getBacking(read.id))?.used).toBe(2);
   });
 
-  it('has the reaper give back at once a claim a delivery of the process before this embedded stack left', async () => {
+  it('has the reaper give back at once a claim a delivery of the process before this embedded pool left', async () => {
     h = await startHarness(baseConfig({ slots: 4 }));
     await readyNode(h, 'base');
-    const ctx = h.stack.context;
+    const ctx = h.pool.context;
     const before = (ctx.deliveriesDeadBefore as number) - 1;
     const read = await readyBacking(h);
     await ctx.store.claimSlot(read, 1, 'never/0', { at: before, by: ownerToken(before) });
     await ctx.store.claimSlot(read, 3, 'alive/0', { at: h.clock.now(), by: ownerToken(h.clock.now()) });
-    expect((await h.stack.reapNow()).reclaimedSlots).toBe(1);
+    expect((await h.pool.reapNow()).reclaimedSlots).toBe(1);
     expect((await ctx.store.getBacking(read.id))?.slotMap).toEqual({ '0': 'base/0', '3': 'alive/0' });
   });
 });

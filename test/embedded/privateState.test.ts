@@ -4,8 +4,8 @@ import { join, relative } from 'node:path';
 import { SendMessageCommand } from '@aws-sdk/client-sqs';
 import { afterAll, describe, expect, it } from 'vitest';
 import { parseConfigOrThrow } from '../../shared/config/load.ts';
-import { DevStack } from '../../shared/runtime/devStack.ts';
-import { silentLog } from '../../shared/usecases/context.ts';
+import { silentLog } from '../../shared/core/log.ts';
+import { EmbeddedPool } from '../../shared/runtime/embeddedPool.ts';
 import { smallOnLarge } from '../../testkit/configs.ts';
 
 /** Every path under `dir` whose mode lets its group or others in, with the mode. */
@@ -49,7 +49,7 @@ describe.runIf(process.platform !== 'win32')('state files', () => {
     await chmod(join(stateDir, 'old.json'), 0o644);
     const umask = process.umask();
 
-    const stack = await DevStack.start({
+    const stack = await EmbeddedPool.start({
       config: parseConfigOrThrow(yaml, 'modes.yaml'),
       stateDir,
       reaperInterval: 3600,

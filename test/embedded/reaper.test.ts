@@ -19,19 +19,19 @@ describe('reaper (dynalite + local processes, manual clock)', () => {
   it('stops an empty backing node once grace-time has passed since its last release, not before', async () => {
     h = await startHarness(baseConfig({ slots: 2, grace: 30 }));
     await readyNode(h, 'g');
-    const store = h.stack.context.store;
+    const store = h.pool.context.store;
     const pid = (await store.getRequest('g'))?.nodes[0]?.attributes?.pid as number;
     expect(alive(pid)).toBe(true);
 
     h.clock.advance(100_000); // long idle while in use: irrelevant, it holds a node
-    expect((await h.stack.reapNow()).retired).toEqual([]);
+    expect((await h.pool.reapNow()).retired).toEqual([]);
     await h.send({ kind: 'release', nodeId: 'g/0' });
     await h.drainRequests();
 
     h.clock.advance(29_000);
-    expect((await h.stack.reapNow()).retired).toEqual([]);
+    expect((await h.pool.reapNow()).retired).toEqual([]);
     h.clock.advance(1_000);
-    const report = await h.stack.reapNow();
+    const report = await h.pool.reapNow();
     expect(report.retired).toHaveLength(1);
     expect(report.stopped).toEqual(report.retired);
     const [b] = await store.listBacking();
@@ -48,7 +48,7 @@ describe('reaper (dynalite + local processes, manual clock)', () => {
     await readyNode(h, 'x');
     await h.send({ kind: 'release', nodeId: 'x/0' });
     await h.drainRequests();
-    const store = h.stack.context.store;
+    const store = h.pool.context.store;
     const [read] = await store.backingInPhase('idle');
     expect(read?.used).toBe(0);
     // An allocation lands between the reaper's read and its write.
@@ -62,7 +62,7 @@ describe('reaper (dynalite + local processes, manual clock)', () => {
         used: 0,
       }),
     ).rejects.toBeInstanceOf(ConflictError);
-    const report = await reap(h.stack.context);
+    const report = await reap(h.pool.context);
     expect(report.retired).toEqual([]);
     expect((await store.getBacking(read?.id as string))?.state).toBe('ready');
   });
@@ -72,8 +72,8 @@ describe('reaper (dynalite + local processes, manual clock)', () => {
     await readyNode(h, 'seed');
     await h.send({ kind: 'release', nodeId: 'seed/0' });
     await h.drainRequests();
-    const store = h.stack.context.store;
-    const ctx = h.stack.context;
+    const store = h.pool.context.store;
+    const ctx = h.pool.context;
     const { requestNodes } = await import('../../shared/usecases/requestNodes.ts');
     // Allocations and reaper runs interleave freely on one nearly-empty backing node.
     const work: Promise<unknown>[] = [];
@@ -108,7 +108,7 @@ describe('slot claims under contention (dynalite)', () => {
   it('gives every slot to exactly one node when many claims hit one backing node at once', async () => {
     h = await startHarness(baseConfig({ slots: 8 }));
     await readyNode(h, 'base'); // one ready backing node, slot 0 used
-    const store = h.stack.context.store;
+    const store = h.pool.context.store;
     const [b0] = await store.listBacking();
     const id = b0?.id as string;
     const claimers = Array.from({ length: 24 }, (_, i) => `n-${i}/0`);
@@ -140,7 +140,7 @@ describe('claims a crashed delivery left (issue 10, defect 8)', () => {
   it('gives back a claim that filled its backing node once its delivery is known dead, not after the slot lease', async () => {
     h = await startHarness(baseConfig({ slots: 2 }), { maxReceiveCount: 50 });
     await readyNode(h, 'base');
-    const ctx = h.stack.context;
+    const ctx = h.pool.context;
     const [full] = await ctx.store.listBacking();
     // A delivery claims the last slot and dies: the backing node left the free index with it.
     const dying = makeRequestHandler({ ...ctx, store: crashingStore(ctx.store, (m) => m === 'claimSlot') });
@@ -149,15 +149,15 @@ describe('claims a crashed delivery left (issue 10, defect 8)', () => {
     expect((await ctx.store.getBacking(full?.id as string))?.used).toBe(2);
     expect(await ctx.store.findCandidates('meta/main', 'small-node', 10)).toMatchObject({ items: [] });
     h.clock.advance(CLAIM_TAKEOVER_MS - 1);
-    expect((await h.stack.reapNow()).reclaimedSlots).toBe(0); // its delivery may live
+    expect((await h.pool.reapNow()).reclaimedSlots).toBe(0); // its delivery may live
     h.clock.advance(1);
-    expect((await h.stack.reapNow()).reclaimedSlots).toBe(1);
+    expect((await h.pool.reapNow()).reclaimedSlots).toBe(1);
     expect((await ctx.store.getBacking(full?.id as string))?.slotMap).toEqual({ '0': 'base/0' });
   });
 
   it('keeps the claim on a backing node launched for its node for the slot lease: a redelivery finds it by id', async () => {
     h = await startHarness(baseConfig({ slots: 2 }), { maxReceiveCount: 50 });
-    const ctx = h.stack.context;
+    const ctx = h.pool.context;
     // A delivery writes the intent (the node in slot 0, claimed), launches, and dies before recording.
     const dying = makeRequestHandler({
       ...ctx,
@@ -168,8 +168,8 @@ describe('claims a crashed delivery left (issue 10, defect 8)', () => {
     const [b] = await ctx.store.listBacking();
     expect(b?.slotMap).toEqual({ '0': 'launching/0' });
     h.clock.advance(CLAIM_TAKEOVER_MS);
-    expect((await h.stack.reapNow()).reclaimedSlots).toBe(0);
+    expect((await h.pool.reapNow()).reclaimedSlots).toBe(0);
     h.clock.advance(SLOT_LEASE_MS - CLAIM_TAKEOVER_MS);
-    expect((await h.stack.reapNow()).reclaimedSlots).toBe(1);
+    expect((await h.pool.reapNow()).reclaimedSlots).toBe(1);
   });
 });

@@ -4,8 +4,8 @@ import { join } from 'node:path';
 import { SendMessageCommand } from '@aws-sdk/client-sqs';
 import { afterAll, describe, expect, it } from 'vitest';
 import { parseConfigOrThrow } from '../../shared/config/load.ts';
-import { DevStack } from '../../shared/runtime/devStack.ts';
-import { silentLog } from '../../shared/usecases/context.ts';
+import { silentLog } from '../../shared/core/log.ts';
+import { EmbeddedPool } from '../../shared/runtime/embeddedPool.ts';
 import { smallOnLarge } from '../../testkit/configs.ts';
 
 /** One backing process with one slot: a second request waits for capacity. */
@@ -28,8 +28,8 @@ describe('a restart of metastatic dev (issue 10, defect 6)', () => {
   it('serves a request that was waiting for capacity when the previous run stopped: its message is sent again', async () => {
     const stateDir = await mkdtemp(join(tmpdir(), 'metastatic-resend-'));
     dirs.push(stateDir);
-    const start = () => DevStack.start({ config, stateDir, reaperInterval: 1, log: silentLog });
-    const send = (stack: DevStack, id: string) =>
+    const start = () => EmbeddedPool.start({ config, stateDir, reaperInterval: 1, log: silentLog });
+    const send = (stack: EmbeddedPool, id: string) =>
       stack.sqs.send(
         new SendMessageCommand({
           QueueUrl: stack.info.requestQueueUrl,

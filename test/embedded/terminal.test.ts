@@ -7,8 +7,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { table } from '../../cli/format.ts';
 import { terminalJson, terminalText } from '../../cli/terminal.ts';
 import { parseConfigOrThrow } from '../../shared/config/load.ts';
-import { DevStack } from '../../shared/runtime/devStack.ts';
-import { silentLog } from '../../shared/usecases/context.ts';
+import { silentLog } from '../../shared/core/log.ts';
+import { EmbeddedPool } from '../../shared/runtime/embeddedPool.ts';
 import { smallOnLarge } from '../../testkit/configs.ts';
 
 const ESC = '\u001b';
@@ -62,11 +62,11 @@ describe('terminal output', () => {
 
 /** `metastatic list requests` against a running pool, on a request whose labels carry escape sequences. */
 describe('the CLI on hostile labels', () => {
-  let stack: DevStack;
+  let stack: EmbeddedPool;
   let stateDir: string;
   beforeAll(async () => {
     stateDir = await mkdtemp(join(tmpdir(), 'metastatic-terminal-'));
-    stack = await DevStack.start({
+    stack = await EmbeddedPool.start({
       config: parseConfigOrThrow(smallOnLarge(), 'terminal.yaml'),
       stateDir,
       reaperInterval: 3600,

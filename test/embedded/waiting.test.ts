@@ -39,16 +39,16 @@ const body = (id: string, labels: string[]) => JSON.stringify({ kind: 'request',
 
 /** Delivers a request once (first receive): with no room it is recorded waiting and its message fails. */
 async function waitOnce(harness: Harness, id: string, labels: string[]): Promise<void> {
-  const out = await harness.stack.handlers.request(sqsEvent([body(id, labels)], 1));
+  const out = await harness.pool.handlers.request(sqsEvent([body(id, labels)], 1));
   expect(out.batchItemFailures).toHaveLength(1); // comes back later... or, here, never: the message is gone
-  expect((await harness.stack.context.store.getRequest(id))?.state).toBe('requested');
+  expect((await harness.pool.context.store.getRequest(id))?.state).toBe('requested');
 }
 
 /** The DynamoDB commands the stack's client sends while `work` runs, with their index and partition. */
 async function commandsDuring(harness: Harness, work: () => Promise<unknown>): Promise<string[]> {
   const seen: string[] = [];
   const name = `spy-${Math.random()}`;
-  harness.stack.dynamodb.middlewareStack.add(
+  harness.pool.dynamodb.middlewareStack.add(
     (next, context) => async (args) => {
       const input = args.input as { IndexName?: string; ExpressionAttributeValues?: Record<string, unknown> };
       const partition = JSON.stringify(input.ExpressionAttributeValues?.[':p'] ?? '');
@@ -60,7 +60,7 @@ async function commandsDuring(harness: Harness, work: () => Promise<unknown>): P
   try {
     await work();
   } finally {
-    harness.stack.dynamodb.middlewareStack.remove(name);
+    harness.pool.dynamodb.middlewareStack.remove(name);
   }
   return seen;
 }
@@ -81,14 +81,14 @@ describe('request-timeout', () => {
 
   it('ends waiting requests whose message is gone once their request-timeout passed, never before, without a Scan', async () => {
     h = await startHarness(CONFIG);
-    const store = h.stack.context.store;
+    const store = h.pool.context.store;
     await h.send({ kind: 'request', id: 'blocker', labels: ['small-node'] });
     await h.drainRequests(); // holds the only backing node
     await waitOnce(h, 'small', ['small-node']);
     await waitOnce(h, 'mid', ['mid-node']);
     await waitOnce(h, 'big', ['big-node']);
     await waitOnce(h, 'set', ['small-node', 'mid-node']); // waits for the longest of its labels: 120 s
-    expect((await waitingRequests(h.stack.context)).map((r) => r.id).sort()).toEqual([
+    expect((await waitingRequests(h.pool.context)).map((r) => r.id).sort()).toEqual([
       'big',
       'mid',
       'set',
@@ -96,9 +96,9 @@ describe('request-timeout', () => {
     ]);
 
     h.clock.advance(29_999);
-    expect((await h.stack.reapNow()).expiredRequests).toEqual([]);
+    expect((await h.pool.reapNow()).expiredRequests).toEqual([]);
     h.clock.advance(1);
-    let report = await h.stack.reapNow();
+    let report = await h.pool.reapNow();
     expect(report.expiredRequests).toEqual(['small']);
     const small = await store.getRequest('small');
     expect(small).toMatchObject({ state: 'failed', reason: requestTimeoutReason(30, 30_000) });
@@ -109,16 +109,16 @@ describe('request-timeout', () => {
     h.clock.advance(90_000); // 120 s
     const harness = h;
     const commands = await commandsDuring(harness, async () => {
-      report = await harness.stack.reapNow();
+      report = await harness.pool.reapNow();
     });
     expect(report.expiredRequests.sort()).toEqual(['mid', 'set']);
     expect(commands.filter((c) => c.startsWith('ScanCommand'))).toEqual([]);
     expect(commands).toContain('QueryCommand reap "WAITING"');
 
     h.clock.advance(180_000); // 300 s
-    expect((await h.stack.reapNow()).expiredRequests).toEqual(['big']);
-    expect((await h.stack.reapNow()).expiredRequests).toEqual([]); // ended once
-    expect(await waitingRequests(h.stack.context)).toEqual([]);
+    expect((await h.pool.reapNow()).expiredRequests).toEqual(['big']);
+    expect((await h.pool.reapNow()).expiredRequests).toEqual([]); // ended once
+    expect(await waitingRequests(h.pool.context)).toEqual([]);
     expect((await store.getRequest('blocker'))?.state).not.toBe('failed'); // placed: no request-timeout
   });
 
@@ -127,13 +127,13 @@ describe('request-timeout', () => {
     await readyNode(h, 'blocker');
     await waitOnce(h, 'late', ['mid-node']);
     h.clock.advance(120_000);
-    expect((await h.stack.reapNow()).expiredRequests).toEqual(['late']);
+    expect((await h.pool.reapNow()).expiredRequests).toEqual(['late']);
     await h.send({ kind: 'release', nodeId: 'blocker/0' }); // room now
     await h.drainRequests();
-    const out = await requestNodes(h.stack.context, { kind: 'request', id: 'late', labels: ['mid-node'] });
+    const out = await requestNodes(h.pool.context, { kind: 'request', id: 'late', labels: ['mid-node'] });
     expect(out.kind).toBe('duplicate');
     expect(out.request.state).toBe('failed');
-    for (const b of await h.stack.context.store.listBacking()) {
+    for (const b of await h.pool.context.store.listBacking()) {
       expect(Object.values(b.slotMap)).not.toContain('late/0');
     }
   });
@@ -141,7 +141,7 @@ describe('request-timeout', () => {
   it('gives back the message that re-queues a waiting request under its id', async () => {
     h = await startHarness(CONFIG);
     await readyNode(h, 'blocker');
-    await h.stack.handlers.request(
+    await h.pool.handlers.request(
       sqsEvent([
         JSON.stringify({
           kind: 'request',
@@ -152,7 +152,7 @@ describe('request-timeout', () => {
         }),
       ]),
     );
-    const [waiting] = await waitingRequests(h.stack.context);
+    const [waiting] = await waitingRequests(h.pool.context);
     expect(waiting?.id).toBe('again');
     const message = requestMessageOf(waiting as NonNullable<typeof waiting>);
     expect(message).toEqual({
@@ -166,7 +166,7 @@ describe('request-timeout', () => {
     await h.drainRequests();
     await h.send(message); // the same body: adopted, placed, not refused as a reused id
     await h.drainRequests();
-    expect((await h.stack.context.store.getRequest('again'))?.state).toMatch(/^(pending|fulfilled)$/);
+    expect((await h.pool.context.store.getRequest('again'))?.state).toMatch(/^(pending|fulfilled)$/);
   });
 
   it('ends a waiting request whose labels the configuration no longer offers when its message comes back', async () => {
@@ -182,11 +182,11 @@ describe('request-timeout', () => {
     );
     expect(without.metastaticLabelNames.has('big-node')).toBe(false);
     const out = await requestNodes(
-      { ...h.stack.context, config: without },
+      { ...h.pool.context, config: without },
       { kind: 'request', id: 'orphan', labels: ['big-node'] },
     );
     expect(out.kind).toBe('failed');
-    expect(await h.stack.context.store.getRequest('orphan')).toMatchObject({
+    expect(await h.pool.context.store.getRequest('orphan')).toMatchObject({
       state: 'failed',
       reason: 'unknown label "big-node" (configured: mid-node, small-node)',
     });

@@ -12,6 +12,7 @@ import {
 import { ManualClock } from '../../shared/core/clock.ts';
 import { IllegalTransitionError } from '../../shared/core/errors.ts';
 import { backingNodeId, nodeId, parseNodeId } from '../../shared/core/ids.ts';
+import { claimDue, deadlineDecision, notFoundIsFinal, reapDecision } from '../../shared/core/lifecycle.ts';
 import { parseMessage } from '../../shared/core/messages.ts';
 import {
   eligiblePools,
@@ -19,7 +20,6 @@ import {
   requestTimeoutOf,
   shortestRequestTimeout,
 } from '../../shared/core/pools.ts';
-import { claimDue, deadlineDecision, notFoundIsFinal, reapDecision } from '../../shared/core/reaper.ts';
 import type { BackingRecord } from '../../shared/core/records.ts';
 import { assertTransition, backingTransitions, canTransition } from '../../shared/core/states.ts';
 import {

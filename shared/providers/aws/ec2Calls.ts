@@ -1,5 +1,5 @@
 import { RetryableError } from '../../core/errors.ts';
-import type { Log } from '../../usecases/context.ts';
+import type { Log } from '../../core/log.ts';
 import { type BackoffPolicy, backoffDelay, classifyEc2Error, describeEc2Error } from './ec2Errors.ts';
 
 /**

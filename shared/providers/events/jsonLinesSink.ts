@@ -3,7 +3,7 @@ import type { Clock } from '../../core/clock.ts';
 import { type EventSink, POOL_EVENT_SOURCE, type PoolEventType } from '../../core/observability.ts';
 
 /**
- * The embedded stack's event bus: one EventBridge-shaped event per line in a file, so a user can
+ * The embedded pool's event bus: one EventBridge-shaped event per line in a file, so a user can
  * `tail -f .metastatic/events.jsonl` (or feed it to jq) the way a rule would consume the bus on AWS.
  */
 export class JsonLinesEventSink implements EventSink {

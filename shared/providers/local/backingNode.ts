@@ -1,5 +1,5 @@
 /**
- * The program a local backing node runs: the embedded stack's stand-in for an EC2 instance. The local
+ * The program a local backing node runs: the embedded pool's stand-in for an EC2 instance. The local
  * provider spawns it as a child process (node + the tsx loader):
  *
  *   backingNode.ts --id <backingNodeId> --resource <resourceId> --boot-delay <seconds> --host 127.0.0.1

@@ -10,8 +10,8 @@ import { mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { BackingPool } from '../../config/model.ts';
 import type { Clock } from '../../core/clock.ts';
-import { type InstanceState, type StateChangeEvent, stateChangeEvent } from '../../core/events.ts';
 import type { BackingProvider, BackingResource, LaunchSpec } from '../../core/provider.ts';
+import { type InstanceState, type StateChangeEvent, stateChangeEvent } from '../../core/stateChanges.ts';
 import { clip } from '../../core/text.ts';
 import { isAlive, type LocalRecord, localResourceId, RecordFiles, resourceOf } from './localRecords.ts';
 import {

@@ -4,23 +4,24 @@ import { DynamoDBClient } from '@aws-sdk/client-dynamodb';
 import { SendMessageCommand, SQSClient } from '@aws-sdk/client-sqs';
 import type { ResolvedConfig } from '../config/model.ts';
 import { type Clock, systemClock } from '../core/clock.ts';
+import type { Log } from '../core/log.ts';
 import type { RequestRecord } from '../core/records.ts';
 import { makeFulfilHandler } from '../handlers/fulfilHandler.ts';
 import { makeReaperHandler } from '../handlers/reaperHandler.ts';
 import { makeDeadLetterHandler, makeRequestHandler } from '../handlers/requestHandler.ts';
 import type { LocalProvider } from '../providers/local/localProvider.ts';
 import { DynamoStore } from '../store/dynamoStore.ts';
-import type { Context, Log } from '../usecases/context.ts';
+import type { Context } from '../usecases/context.ts';
 import { failBackingNode } from '../usecases/failure.ts';
 import type { ReapReport } from '../usecases/reapReport.ts';
 import { requestMessageOf, waitingRequests } from '../usecases/waiting.ts';
-import { type DevInfo, devInfoPath } from './devInfo.ts';
 import { embeddedContext } from './embeddedContext.ts';
+import { type EmbeddedInfo, embeddedInfoPath } from './embeddedInfo.ts';
 import { type Engine, ensureQueue, ensureTable, startDynalite, startSqsEngine } from './engines.ts';
 import { holdPrivateUmask, makePrivateDir } from './privateState.ts';
 import { SqsPoller } from './sqsPoller.ts';
 
-export interface DevStackOptions {
+export interface EmbeddedPoolOptions {
   readonly config: ResolvedConfig;
   readonly configPath?: string;
   readonly stateDir: string;
@@ -46,7 +47,7 @@ const CREDENTIALS = { accessKeyId: 'metastatic', secretAccessKey: 'metastatic' }
  * backing nodes as local processes. Queue pollers play Lambda's SQS event source mappings; a timer plays
  * the EventBridge schedule of the reaper.
  */
-export class DevStack {
+export class EmbeddedPool {
   private readonly pollers: SqsPoller[] = [];
   private reaperTimer: NodeJS.Timeout | undefined;
   private reaperDueAt: number | undefined;
@@ -54,7 +55,7 @@ export class DevStack {
   private stopped = false;
 
   private constructor(
-    readonly info: DevInfo,
+    readonly info: EmbeddedInfo,
     readonly context: Context,
     readonly dynamodb: DynamoDBClient,
     readonly sqs: SQSClient,
@@ -67,12 +68,12 @@ export class DevStack {
       reaper: () => Promise<ReapReport>;
     },
     private readonly engines: Engine[],
-    private readonly options: DevStackOptions,
+    private readonly options: EmbeddedPoolOptions,
     /** Gives back the private umask held while the stack runs (privateState.ts). */
     private readonly releaseUmask: () => void,
   ) {}
 
-  static async start(options: DevStackOptions): Promise<DevStack> {
+  static async start(options: EmbeddedPoolOptions): Promise<EmbeddedPool> {
     const stateDir = resolve(options.stateDir);
     const releaseUmask = holdPrivateUmask();
     await makePrivateDir(stateDir);
@@ -120,7 +121,7 @@ export class DevStack {
         fulfil: makeFulfilHandler(context),
         reaper: makeReaperHandler(context),
       };
-      const info: DevInfo = {
+      const info: EmbeddedInfo = {
         region: REGION,
         dynamodbEndpoint: ddbEngine.endpoint,
         sqsEndpoint: sqsEngine.endpoint,
@@ -133,7 +134,7 @@ export class DevStack {
         pid: process.pid,
         startedAt: new Date(clock.now()).toISOString(),
       };
-      const stack = new DevStack(
+      const stack = new EmbeddedPool(
         info,
         context,
         dynamodb,
@@ -177,9 +178,9 @@ export class DevStack {
         stack.scheduleReaper();
       }
       // Atomically (write, then rename): a CLI or test reading dev.json never sees half a file.
-      const tmp = `${devInfoPath(stateDir)}.${process.pid}.tmp`;
+      const tmp = `${embeddedInfoPath(stateDir)}.${process.pid}.tmp`;
       await writeFile(tmp, `${JSON.stringify(info, null, 2)}\n`);
-      await rename(tmp, devInfoPath(stateDir));
+      await rename(tmp, embeddedInfoPath(stateDir));
       return stack;
     } catch (err) {
       await Promise.allSettled(engines.map((e) => e.close()));
@@ -283,7 +284,7 @@ export class DevStack {
     this.dynamodb.destroy();
     this.sqs.destroy();
     await Promise.allSettled(this.engines.map((e) => e.close()));
-    await rm(devInfoPath(this.info.stateDir), { force: true });
+    await rm(embeddedInfoPath(this.info.stateDir), { force: true });
     this.releaseUmask();
   }
 }

@@ -2,8 +2,8 @@ import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
 
-/** `<state-dir>/dev.json`: how any AWS SDK client (and the CLI) reaches a running embedded stack. */
-export const DevInfo = z.object({
+/** `<state-dir>/dev.json`: how any AWS SDK client (and the CLI) reaches a running embedded pool. */
+export const EmbeddedInfo = z.object({
   region: z.string(),
   dynamodbEndpoint: z.string(),
   sqsEndpoint: z.string(),
@@ -16,7 +16,7 @@ export const DevInfo = z.object({
   pid: z.number(),
   startedAt: z.string(),
 });
-export type DevInfo = z.infer<typeof DevInfo>;
+export type EmbeddedInfo = z.infer<typeof EmbeddedInfo>;
 
 export const DEFAULT_STATE_DIR = '.metastatic';
 
@@ -24,16 +24,16 @@ export function stateDirFrom(option: string | undefined): string {
   return option ?? process.env.METASTATIC_STATE_DIR ?? DEFAULT_STATE_DIR;
 }
 
-export function devInfoPath(stateDir: string): string {
+export function embeddedInfoPath(stateDir: string): string {
   return join(stateDir, 'dev.json');
 }
 
-export async function readDevInfo(stateDir: string): Promise<DevInfo | undefined> {
+export async function readEmbeddedInfo(stateDir: string): Promise<EmbeddedInfo | undefined> {
   let text: string;
   try {
-    text = await readFile(devInfoPath(stateDir), 'utf8');
+    text = await readFile(embeddedInfoPath(stateDir), 'utf8');
   } catch {
     return undefined;
   }
-  return DevInfo.parse(JSON.parse(text));
+  return EmbeddedInfo.parse(JSON.parse(text));
 }

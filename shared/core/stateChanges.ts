@@ -4,7 +4,7 @@ import { z } from 'zod';
  * Backing-node state events, shaped exactly like EventBridge's "EC2 Instance State-change Notification"
  * (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/monitoring-instance-state-changes.html), so the
  * fulfil function consumes the same body from EventBridge -> SQS on AWS and from the local provider in
- * the embedded stack.
+ * the embedded pool.
  */
 export const InstanceState = z.enum([
   'pending',
