@@ -12,7 +12,8 @@
  *   - enqueue-to-fulfilled latency of a warm-path request vs the floor of the same engines.
  * Then, one after the other:
  *   2. conditional-check conflicts per allocation at 16-way contention (bench/contention.ts);
- *   3. allocation latency with 2,000 backing nodes vs 20 (bench/scale.ts);
+ *   3. allocation latency with 2,000 backing nodes vs 20 (bench/scale.ts), and the capacity units an
+ *      allocation and a release cost with 20 vs 5,000 live nodes (bench/capacity.ts);
  *   4. the Lambda bundles' size and module-initialisation time vs a bare SDK handler (bench/bundles.ts).
  * Prints the tables and a summary, and writes everything to bench/results.json.
  */
@@ -35,6 +36,7 @@ import { EmbeddedPool, REGION, TABLE_NAME } from '../shared/runtime/embeddedPool
 import { backingItem, FREE_INDEX, keys, requestItem } from '../shared/store/table.ts';
 import { largeNode, poolConfig, smallNode } from '../testkit/configs.ts';
 import { type BundlesFigures, bundlesReport, measureBundles } from './bundles.ts';
+import { type CapacityFigures, capacityReport, capacitySummary, measureCapacity } from './capacity.ts';
 import { fmtMs, log, quantile, round, type Summary, sleep, summarize, table, yesNo } from './common.ts';
 import { type ContentionFigures, contentionReport, measureContention } from './contention.ts';
 import { measureScale, type ScaleFigures, scaleReport } from './scale.ts';
@@ -654,6 +656,7 @@ interface Parts {
   readonly variants: readonly VariantResult[];
   readonly contention: ContentionFigures;
   readonly scale: ScaleFigures;
+  readonly capacity: CapacityFigures;
   readonly bundles: BundlesFigures;
 }
 
@@ -687,6 +690,7 @@ function summaryRows(p: Parts): { figure: string; measured: string; aim: string;
       aim: `<= ${p.scale.aim}`,
       met: yesNo(p.scale.aimMet),
     },
+    ...capacitySummary(p.capacity),
     {
       figure: `bundle size / bare SDK handler (${fn.map((b) => b.name).join(' / ')})`,
       measured: fn.map((b) => b.sizeRatio.toFixed(2)).join(' / '),
@@ -752,6 +756,7 @@ async function main(): Promise<void> {
   // 2-4. Contention, scale and the Lambda bundles, one after the other.
   const contention = await timed('contention', () => measureContention(progress));
   const scale = await timed('scale', () => measureScale(progress));
+  const capacity = await timed('capacity', () => measureCapacity(progress));
   const bundles = await timed('bundles', () => measureBundles(progress));
 
   console.log('');
@@ -768,8 +773,10 @@ async function main(): Promise<void> {
   console.log('');
   console.log(scaleReport(scale));
   console.log('');
+  console.log(capacityReport(capacity));
+  console.log('');
   console.log(bundlesReport(bundles));
-  const summary = summaryRows({ variants, contention, scale, bundles });
+  const summary = summaryRows({ variants, contention, scale, capacity, bundles });
   console.log('');
   console.log('Summary (ratios measured in this one run; aims are targets, nothing is asserted)');
   console.log(
@@ -829,6 +836,7 @@ async function main(): Promise<void> {
       ),
       contention,
       scale,
+      capacity,
       bundles,
       secondsByPart: seconds,
       totalSeconds: round(total, 1),

@@ -491,7 +491,7 @@ export class ChaosRun {
     });
     const tableName = `chaos-${this.options.seed}-${Date.now()}`;
     await ensureTable(this.dynamodb, tableName);
-    this.raw = new DynamoStore(this.dynamodb, tableName);
+    this.raw = new DynamoStore(this.dynamodb, tableName, this.clock);
     this.store = this.crash.wrap('store', this.raw, STORE_METHODS, (m, args, result) =>
       this.observe(m, args, result),
     );

@@ -51,6 +51,8 @@ export const STORE_METHODS = [
   'takeOverBackingPlace',
   'freeBackingPlace',
   'backingPlaces',
+  'recoverNodePlaces',
+  'recoverBackingPlaces',
   'pointToBacking',
   'backingIdOfResource',
   'forgetResource',

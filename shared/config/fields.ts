@@ -25,10 +25,11 @@ export const MAX_KEEP_SECONDS = 7 * 24 * 3600;
  */
 export const MAX_PARALLEL_JOBS = 1000;
 /**
- * Servers of a pool (and min-ready). A pool's capacity set is one DynamoDB item (400 KB): 1,000 of the
- * longest node ids with their owner tokens take ~170 KB.
+ * Servers of a pool (and min-ready). A place in a pool's capacity set is its own small item, so no item
+ * grows with the pool; the bound is what is tested (test/embedded/capacityScale.test.ts) and what one
+ * pool's counter item sustains (docs/table.md, Scale).
  */
-export const MAX_SERVERS = 1000;
+export const MAX_SERVERS = 10_000;
 /** Launch attempts per node: each may take up to launch-timeout; more only delay the failure. */
 export const MAX_LAUNCH_RETRIES = 20;
 /** Priorities: only their order matters; the bound keeps them plain integers. */

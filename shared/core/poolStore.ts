@@ -68,6 +68,12 @@ export interface PoolStore {
   freeNodePlaces(poolKey: string, nodeIds: readonly string[], owner?: string): Promise<void>;
   /** Who holds each place of the pool (node id -> owner token). */
   nodePlaces(poolKey: string): Promise<Map<string, string>>;
+  /**
+   * Finishes the place operations of the pool begun before `before` and left part-way by a delivery that
+   * died (a reservation counted is completed, one never counted dropped, a release carried to its end);
+   * returns how many. The count of places held stays exact through any crash; this clears the leftovers.
+   */
+  recoverNodePlaces(poolKey: string, before: number): Promise<number>;
 
   // ---- places in a backing pool's max-servers (one per live backing node)
   reserveBackingPlace(
@@ -79,6 +85,7 @@ export interface PoolStore {
   takeOverBackingPlace(backingPoolKey: string, backingId: string, from: string, to: string): Promise<boolean>;
   freeBackingPlace(backingPoolKey: string, backingId: string, owner?: string): Promise<void>;
   backingPlaces(backingPoolKey: string): Promise<Map<string, string>>;
+  recoverBackingPlaces(backingPoolKey: string, before: number): Promise<number>;
 
   // ---- operator listings (a Scan: never on a request path)
   listRequests(): Promise<RequestRecord[]>;

@@ -103,10 +103,21 @@ export class EmbeddedPool {
         maxReceiveCount: 5,
       });
 
+      const store = new DynamoStore(dynamodb, TABLE_NAME, clock);
+      // A state dir of an earlier version keeps each capacity set in one item: moved to places first.
+      const moved = await store.migrateCapacitySets(
+        options.config.metastaticPools.map((p) => p.key),
+        options.config.backingPools.map((p) => p.key),
+      );
+      for (const [set, n] of moved) {
+        options.log.warn(
+          `capacity set ${set}: ${n} place(s) moved from the one-item form of an earlier version`,
+        );
+      }
       const { context: embedded, localProvider } = embeddedContext({
         config: options.config,
         stateDir,
-        store: new DynamoStore(dynamodb, TABLE_NAME),
+        store,
         sqs,
         fulfilQueueUrl: fulfilQueue.url,
         clock,

@@ -11,6 +11,7 @@ import {
   UpdateCommand,
 } from '@aws-sdk/lib-dynamodb';
 import { unmarshall } from '@aws-sdk/util-dynamodb';
+import { type Clock, systemClock } from '../core/clock.ts';
 import { ConflictError, ItemTooLargeError, LostWriteError } from '../core/errors.ts';
 import type {
   BackingExpectation,
@@ -48,6 +49,8 @@ export class DynamoStore implements PoolStore {
   constructor(
     client: DynamoDBClient,
     readonly tableName: string,
+    /** Stamps the capacity sets' operations: the clock of the contexts using this store. */
+    clock: Clock = systemClock,
   ) {
     this.doc = DynamoDBDocumentClient.from(client, { marshallOptions: { removeUndefinedValues: true } });
     // An item over DynamoDB's size limit fails the same way every time: a permanent error, not a
@@ -68,7 +71,7 @@ export class DynamoStore implements PoolStore {
       // The document client shares the client's stack: a second store on one client replaces it.
       { step: 'initialize', name: 'metastaticItemTooLarge', override: true },
     );
-    this.capacity = new CapacitySets(this.doc, tableName);
+    this.capacity = new CapacitySets(this.doc, tableName, () => clock.now());
     this.indexes = new IndexQueries(this.doc, tableName);
   }
 
@@ -352,6 +355,10 @@ export class DynamoStore implements PoolStore {
     return this.capacity.reservations(keys.poolNodes(poolKey));
   }
 
+  recoverNodePlaces(poolKey: string, before: number): Promise<number> {
+    return this.capacity.recover(keys.poolNodes(poolKey), before);
+  }
+
   reserveBackingPlace(
     backingPoolKey: string,
     backingId: string,
@@ -376,6 +383,26 @@ export class DynamoStore implements PoolStore {
 
   backingPlaces(backingPoolKey: string): Promise<Map<string, string>> {
     return this.capacity.reservations(keys.backingPool(backingPoolKey));
+  }
+
+  recoverBackingPlaces(backingPoolKey: string, before: number): Promise<number> {
+    return this.capacity.recover(keys.backingPool(backingPoolKey), before);
+  }
+
+  /**
+   * Moves the capacity sets of these pools from the one-item form of earlier versions (a map of every
+   * member) to places and counters; returns the members moved per set key. See CapacitySets.migrate.
+   */
+  async migrateCapacitySets(
+    poolKeys: readonly string[],
+    backingPoolKeys: readonly string[],
+  ): Promise<Map<string, number>> {
+    const moved = new Map<string, number>();
+    for (const key of [...poolKeys.map(keys.poolNodes), ...backingPoolKeys.map(keys.backingPool)]) {
+      const n = await this.capacity.migrate(key);
+      if (n > 0) moved.set(key.pk, n);
+    }
+    return moved;
   }
 
   // ---- admin listings (a Scan: for operators only, never on a request path) ---------------------

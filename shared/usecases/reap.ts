@@ -40,6 +40,7 @@ export async function reap(ctx: Context): Promise<ReapReport> {
     orphans: [],
     reclaimedSlots: 0,
     reclaimedPlaces: 0,
+    recoveredPlaces: 0,
     expiredRequests: [],
     conflicts: 0,
     errors: [],

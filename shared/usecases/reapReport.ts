@@ -16,6 +16,8 @@ export interface ReapReport {
    * died before it recorded what it reserved them for.
    */
   readonly reclaimedPlaces: number;
+  /** Place operations (reserve, release) a dead delivery left part-way, finished this run. */
+  readonly recoveredPlaces: number;
   /**
    * Requests ended `failed` this run because they were still waiting past their request-timeout (their
    * message may be gone: see waiting.ts).

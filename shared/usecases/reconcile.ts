@@ -4,7 +4,7 @@ import { notFoundIsFinal } from '../core/lifecycle.ts';
 import { MetricName, PoolEventType } from '../core/observability.ts';
 import type { BackingProvider, BackingResource } from '../core/provider.ts';
 import type { BackingRecord } from '../core/records.ts';
-import { ORPHAN_GRACE_MS } from '../core/timing.ts';
+import { ORPHAN_GRACE_MS, SLOT_LEASE_MS } from '../core/timing.ts';
 import { unlessConflict } from './conflicts.ts';
 import { type Context, emit, leaseExpired, timeLeft } from './context.ts';
 import { failBackingNode } from './failure.ts';
@@ -34,8 +34,12 @@ export async function reconcileCapacity(
   const abandoned = (owner: string) =>
     leaseExpired(ownerSince(owner), now) || (deadBefore !== undefined && ownerSince(owner) < deadBefore);
   const liveBacking = new Set(live.map((b) => b.id));
+  // Operations on places begun before this by a delivery that died are finished first (the count stays
+  // exact whatever; this only clears what they left part-way).
+  const stale = Math.max(now - SLOT_LEASE_MS, deadBefore ?? Number.NEGATIVE_INFINITY);
   for (const pool of ctx.config.backingPools) {
     if (pool.maxServers === undefined) continue;
+    report.recoveredPlaces += await ctx.store.recoverBackingPlaces(pool.key, stale);
     for (const [id, owner] of await ctx.store.backingPlaces(pool.key)) {
       if (liveBacking.has(id) || !abandoned(owner)) continue;
       const record = await ctx.store.getBacking(id);
@@ -51,6 +55,7 @@ export async function reconcileCapacity(
   const onSlots = new Set(live.flatMap((b) => Object.values(b.slotMap)));
   for (const pool of ctx.config.metastaticPools) {
     if (pool.maxServers === undefined) continue;
+    report.recoveredPlaces += await ctx.store.recoverNodePlaces(pool.key, stale);
     for (const [nodeId, owner] of await ctx.store.nodePlaces(pool.key)) {
       if (onSlots.has(nodeId) || !abandoned(owner)) continue;
       const parsed = parseNodeId(nodeId);

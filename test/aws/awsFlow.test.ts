@@ -93,7 +93,7 @@ async function pool(o: { retries?: number; maxServers?: number } = {}): Promise<
   pools.push(ec2);
   const base = awsContext({
     config: parseConfigOrThrow(yaml(o), 'aws.yaml'),
-    store: new DynamoStore(dynamodb, tableName),
+    store: new DynamoStore(dynamodb, tableName, clock),
     region: 'eu-west-1',
     poolId: 'test-pool',
     clock,

@@ -1,29 +1,28 @@
 import { DynamoDBClient } from '@aws-sdk/client-dynamodb';
+import { DynamoDBDocumentClient, PutCommand } from '@aws-sdk/lib-dynamodb';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { MAX_SERVERS } from '../../shared/config/fields.ts';
-import { nodeId, ownerToken } from '../../shared/core/ids.ts';
+import { nodeId, ownerSince, ownerToken } from '../../shared/core/ids.ts';
 import { ensureTable, startDynalite } from '../../shared/runtime/engines.ts';
+import type { CapacitySets, CapacityStep } from '../../shared/store/capacitySets.ts';
 import { DynamoStore } from '../../shared/store/dynamoStore.ts';
 import { keys } from '../../shared/store/table.ts';
 
 /**
- * The largest pool the configuration admits (issue 12, item 4), on dynalite, which enforces DynamoDB's
- * 400 KB item limit: a pool's capacity set is one item (member -> owner token), so MAX_SERVERS is bounded
- * by how many of the longest members fit in it. Here the set is filled to max-servers = MAX_SERVERS with
- * the longest node ids (a 128-character request id, a 4-digit index) and delivery owner tokens, through
- * the store, and every capacity operation must still be exact at the limit: the cap refuses one more,
- * a release makes room for exactly one, a takeover moves one place, and giving back abandoned places
- * (what the reaper's reconciliation does: read the holders, unreserve conditioned on the owner) leaves
- * the live ones.
+ * Capacity sets whose cost does not grow with the fleet (issue 12), on dynalite: a counter item and one
+ * small place item per held member. What is checked: the cap is never exceeded, under concurrency too;
+ * a crash after any step of a reserve or a release leaves the count exact, and `recover` finishes what
+ * was left part-way; a reserve and a release cost the same write units with 20 or 5,000 places held;
+ * and the largest pool the configuration admits (max-servers MAX_SERVERS) is exact at its limit.
  */
 const region = { region: 'eu-west-1', credentials: { accessKeyId: 'x', secretAccessKey: 'x' } };
 let engine: Awaited<ReturnType<typeof startDynalite>>;
 let client: DynamoDBClient;
 let store: DynamoStore;
+let sets: CapacitySets;
 
 /** The longest node id a request can have (requestIdPattern: 128 characters; index up to 4 digits). */
 const longest = (i: number) => nodeId(`${'r'.repeat(120)}${String(i).padStart(8, '0')}`, 9000 + (i % 1000));
-/** An owner token of a delivery (the longest shape) that started at `at`. */
 const owner = (at: number, n: number) => ownerToken(at, { messageId: `m-${n}`, receiveCount: 9 });
 
 beforeAll(async () => {
@@ -31,82 +30,225 @@ beforeAll(async () => {
   client = new DynamoDBClient({ ...region, endpoint: engine.endpoint });
   await ensureTable(client, 'scale');
   store = new DynamoStore(client, 'scale');
+  sets = store.capacity;
 });
 afterAll(async () => {
   client?.destroy();
   await engine?.close();
 });
 
-describe('the largest pool: max-servers at its maximum, every place taken', () => {
-  const set = keys.poolNodes('meta/largest');
-  const max = MAX_SERVERS;
-  /** Places in sets of 10 (a request's node set), each set by its own delivery; the first 100 by dead ones. */
-  const deliveries = Array.from({ length: max / 10 }, (_, d) => ({
-    owner: owner(d < 10 ? 1_000 : 1_000_000_000, d),
-    members: Array.from({ length: 10 }, (_, j) => longest(d * 10 + j)),
-  }));
+/** Runs `work` with the operation crashing right after `step` took effect for `member`. */
+async function crashAfter(step: CapacityStep, work: () => Promise<unknown>): Promise<void> {
+  sets.afterStep = (s) => {
+    if (s === step) throw new Error(`crashed after ${step}`);
+  };
+  try {
+    await expect(work()).rejects.toThrow(`crashed after ${step}`);
+  } finally {
+    sets.afterStep = undefined;
+  }
+}
 
-  it('fills to max-servers and refuses one more place', { timeout: 120_000 }, async () => {
-    for (const d of deliveries) {
-      expect(await store.capacity.reserve(set, d.members, max, d.owner)).toEqual({ kind: 'reserved' });
+describe('a crash after any step', () => {
+  const reserveSteps: CapacityStep[] = ['place created', 'counted up', 'place counted', 'reserve finished'];
+  const releaseSteps: CapacityStep[] = [
+    'place releasing',
+    'counted down',
+    'place deleted',
+    'release finished',
+  ];
+
+  it.each(reserveSteps)(
+    'of a reserve (after "%s") leaves the count exact, and recover finishes it',
+    async (step) => {
+      const set = keys.poolNodes(`crash/reserve/${step}`);
+      expect(await sets.reserve(set, ['held/0'], 3, 'a')).toEqual({ kind: 'reserved' });
+      await crashAfter(step, () => sets.reserve(set, ['r/0', 'r/1'], 3, 'dead'));
+      // Counted up or not: never more than the cap, and a third member fits only if the crash came first.
+      const counted = step === 'place created' ? 1 : 3;
+      expect(await sets.used(set)).toBe(counted);
+      expect(await sets.reserve(set, ['late/0'], 3, 'b')).toEqual({
+        kind: counted === 3 ? 'full' : 'reserved',
+      });
+      // The dead delivery's redelivery takes its places over and finishes the reservation...
+      if (counted === 3) {
+        for (const m of ['r/0', 'r/1'])
+          expect(await sets.takeOverReservation(set, m, 'dead', 'redelivery')).toBe(true);
+        expect(await sets.reserve(set, ['r/0', 'r/1'], 3, 'redelivery')).toEqual({ kind: 'reserved' });
+        expect(await sets.used(set)).toBe(3);
+      }
+      // ...or, had it not come, the reaper's recover does: the leftovers are gone, the count unchanged.
+      expect(await sets.recover(set, Number.POSITIVE_INFINITY)).toBeGreaterThanOrEqual(0);
+      const members = await sets.members(set);
+      expect(await sets.used(set)).toBe(members.size);
+      expect(members.size).toBe(counted === 3 ? 3 : 2);
+    },
+  );
+
+  it.each(releaseSteps)(
+    'of a release (after "%s") leaves the count exact, and recover finishes it',
+    async (step) => {
+      const set = keys.poolNodes(`crash/release/${step}`);
+      expect(await sets.reserve(set, ['n/0', 'n/1'], 2, 'a')).toEqual({ kind: 'reserved' });
+      await crashAfter(step, () => sets.unreserve(set, ['n/0']));
+      // Counted down from the second step on: room for one more exactly then.
+      const down = step !== 'place releasing';
+      expect(await sets.used(set)).toBe(down ? 1 : 2);
+      // A redelivered release leaves a release in flight to its releaser: never counted down twice.
+      await sets.unreserve(set, ['n/0']);
+      expect(await sets.used(set)).toBe(down ? 1 : 2);
+      // The releaser is dead: the reaper's recover carries the release to its end.
+      await sets.recover(set, Number.POSITIVE_INFINITY);
+      expect(await sets.used(set)).toBe(1);
+      expect([...(await sets.members(set))]).toEqual(['n/1']);
+      expect(await sets.reserve(set, ['m/0'], 2, 'b')).toEqual({ kind: 'reserved' });
+      expect(await sets.reserve(set, ['m/1'], 2, 'b')).toEqual({ kind: 'full' });
+    },
+  );
+
+  it('of a release that no one redelivers is finished by recover alone', async () => {
+    const set = keys.poolNodes('crash/release/alone');
+    await sets.reserve(set, ['n/0'], 1, 'a');
+    await crashAfter('counted down', () => sets.unreserve(set, ['n/0']));
+    expect(await sets.recover(set, Number.POSITIVE_INFINITY)).toBe(1);
+    expect(await sets.used(set)).toBe(0);
+    expect((await sets.members(set)).size).toBe(0);
+  });
+});
+
+describe('concurrent reservations', () => {
+  it('never take more places than the cap, and the count matches the places', async () => {
+    const set = keys.poolNodes('race');
+    const results = await Promise.all(
+      Array.from({ length: 40 }, (_, i) => sets.reserve(set, [`q${i}/0`, `q${i}/1`], 25, `o${i}`)),
+    );
+    const reserved = results.filter((r) => r.kind === 'reserved').length;
+    expect(reserved).toBeGreaterThan(0);
+    expect(reserved * 2).toBeLessThanOrEqual(25);
+    expect(await sets.used(set)).toBe(reserved * 2);
+    expect((await sets.members(set)).size).toBe(reserved * 2);
+    // Releases racing each other (a message delivered twice) give each place back once.
+    const held = [...(await sets.members(set))];
+    await Promise.all([...held, ...held].map((m) => sets.unreserve(set, [m])));
+    expect(await sets.used(set)).toBe(0);
+    expect((await sets.members(set)).size).toBe(0);
+  });
+});
+
+/** Write units a call consumed, as DynamoDB bills them (dynalite reports ConsumedCapacity). */
+async function writeUnits(work: () => Promise<unknown>): Promise<number> {
+  let units = 0;
+  const name = `count-${Math.random()}`;
+  client.middlewareStack.add(
+    (next, context) => async (args) => {
+      const input = args.input as Record<string, unknown>;
+      input.ReturnConsumedCapacity = 'TOTAL';
+      const out = await next(args);
+      const consumed = (out.output as { ConsumedCapacity?: { CapacityUnits?: number } }).ConsumedCapacity;
+      if (/Put|Update|Delete/.test(context.commandName ?? '')) units += consumed?.CapacityUnits ?? 0;
+      return out;
+    },
+    { step: 'initialize', name },
+  );
+  try {
+    await work();
+  } finally {
+    client.middlewareStack.remove(name);
+  }
+  return units;
+}
+
+describe('the cost of a place', () => {
+  it('is the same with 20 or 5,000 places held (it grew with the set when a set was one item)', async () => {
+    const costs: Record<number, { reserve: number; release: number }> = {};
+    for (const held of [20, 5_000]) {
+      const set = keys.poolNodes(`cost/${held}`);
+      for (let i = 0; i < held; i += 50) {
+        const members = Array.from({ length: Math.min(50, held - i) }, (_, j) => longest(i + j));
+        expect(await sets.reserve(set, members, MAX_SERVERS, owner(1_000_000_000, i))).toEqual({
+          kind: 'reserved',
+        });
+      }
+      const reserve = await writeUnits(() =>
+        sets.reserve(set, ['one/0'], MAX_SERVERS, owner(2_000_000_000, 1)),
+      );
+      const release = await writeUnits(() => sets.unreserve(set, ['one/0']));
+      costs[held] = { reserve, release };
     }
-    expect((await store.capacity.reservations(set)).size).toBe(max);
-    expect(await store.capacity.reserve(set, [longest(max)], max, owner(2_000_000_000, -1))).toEqual({
+    expect(costs[5_000]).toEqual(costs[20]);
+    // A reserve is four writes of small items (place, counter, place, counter), a release four.
+    expect(costs[20]).toEqual({ reserve: 4, release: 4 });
+  });
+});
+
+describe('the largest pool: max-servers at its maximum', () => {
+  it('keeps allocation, release, takeover and giving back exact with thousands of places held', async () => {
+    const set = keys.poolNodes('meta/largest');
+    const max = MAX_SERVERS;
+    // 3,000 places held through the store in node sets of 50, the first 10 sets by dead deliveries.
+    const held = 3_000;
+    for (let d = 0; d < held / 50; d++) {
+      const members = Array.from({ length: 50 }, (_, j) => longest(d * 50 + j));
+      expect(await sets.reserve(set, members, max, owner(d < 10 ? 1_000 : 1_000_000_000, d))).toEqual({
+        kind: 'reserved',
+      });
+    }
+    expect(await sets.used(set)).toBe(held);
+    // The cap holds at this size as at any: a set that would pass it is refused whole.
+    expect(await sets.reserve(set, ['late/0', 'late/1'], held + 1, owner(1_600_000_000, 1))).toEqual({
       kind: 'full',
     });
-    // A redelivered reserve of places its owner already holds is still reserved when the set is full.
-    const last = deliveries.at(-1) as (typeof deliveries)[number];
-    expect(await store.capacity.reserve(set, last.members, max, last.owner)).toEqual({ kind: 'reserved' });
-    // A concurrent delivery of the same ids is told who holds them, not "full".
-    const held = await store.capacity.reserve(set, last.members.slice(0, 2), max, owner(2_000_000_000, -2));
-    expect(held).toEqual({
-      kind: 'held',
-      holders: new Map(last.members.slice(0, 2).map((m) => [m, last.owner])),
-    });
-  });
-
-  it('releases one place and admits exactly one more', async () => {
-    const d = deliveries[50] as (typeof deliveries)[number];
-    await store.capacity.unreserve(set, [d.members[0] as string]);
-    const late = owner(2_000_000_000, -3);
-    expect(await store.capacity.reserve(set, [longest(max), longest(max + 1)], max, late)).toEqual({
-      kind: 'full',
-    });
-    expect(await store.capacity.reserve(set, [longest(max)], max, late)).toEqual({ kind: 'reserved' });
-    expect(await store.capacity.reserve(set, [longest(max + 1)], max, late)).toEqual({ kind: 'full' });
-    expect((await store.capacity.reservations(set)).size).toBe(max);
-  });
-
-  it('takes one place over from its owner only, at the limit', async () => {
-    const d = deliveries[60] as (typeof deliveries)[number];
-    const m = d.members[3] as string;
-    const redelivery = owner(2_000_000_000, 60);
-    expect(await store.capacity.takeOverReservation(set, m, d.owner, redelivery)).toBe(true);
-    expect(await store.capacity.takeOverReservation(set, m, d.owner, owner(2_000_000_000, -4))).toBe(false);
-    expect((await store.capacity.reservations(set)).get(m)).toBe(redelivery);
-    // The earlier delivery, undoing its own work, no longer gives that place back.
-    await store.capacity.unreserve(set, [m], d.owner);
-    expect((await store.capacity.reservations(set)).get(m)).toBe(redelivery);
-  });
-
-  it("gives back the dead deliveries' places, conditioned on their owner, and nothing else", async () => {
-    const holders = await store.capacity.reservations(set);
-    const dead = [...holders].filter(([, by]) => deliveries.slice(0, 10).some((d) => d.owner === by));
-    expect(dead).toHaveLength(100);
-    for (const [m, by] of dead) await store.capacity.unreserve(set, [m], by);
-    const after = await store.capacity.reservations(set);
-    expect(after.size).toBe(max - 100);
-    for (const [m] of dead) expect(after.has(m)).toBe(false);
-    for (const d of deliveries.slice(10)) {
-      for (const m of d.members) if (holders.has(m)) expect(after.get(m)).toBe(holders.get(m));
-    }
-    // The room they left is usable up to the cap again, and no further.
-    const refill = Array.from({ length: 100 }, (_, i) => longest(2 * max + i));
-    expect(await store.capacity.reserve(set, refill, max, owner(2_000_000_000, -5))).toEqual({
+    expect(await sets.reserve(set, ['late/0'], held + 1, owner(1_600_000_000, 1))).toEqual({
       kind: 'reserved',
     });
-    expect(await store.capacity.reserve(set, [longest(3 * max)], max, owner(2_000_000_000, -6))).toEqual({
-      kind: 'full',
+    await sets.unreserve(set, ['late/0']);
+    // A redelivery takes a dead delivery's place over; the dead one can no longer give it back.
+    const first = longest(0);
+    const redelivery = owner(1_700_000_000, 2);
+    const holder = (await store.nodePlaces('meta/largest')).get(first) as string;
+    expect(await sets.takeOverReservation(set, first, holder, redelivery)).toBe(true);
+    await sets.unreserve(set, [first], holder);
+    expect((await store.nodePlaces('meta/largest')).get(first)).toBe(redelivery);
+    // What the reaper's reconciliation does: read the holders, give back the dead ones' places.
+    const holders = await store.nodePlaces('meta/largest');
+    expect(holders.size).toBe(held);
+    const dead = [...holders].filter(([, by]) => ownerSince(by) === 1_000);
+    expect(dead.length).toBe(499);
+    for (const [m, by] of dead) await sets.unreserve(set, [m], by);
+    expect(await sets.used(set)).toBe(held - 499);
+    expect((await sets.members(set)).size).toBe(held - 499);
+    expect(await sets.recover(set, Number.POSITIVE_INFINITY)).toBe(0); // nothing was left part-way
+  }, 300_000);
+});
+
+describe('a state dir of an earlier version', () => {
+  it('has its one-item capacity sets moved to places at start, once, with their owners', async () => {
+    const doc = DynamoDBDocumentClient.from(client);
+    await doc.send(
+      new PutCommand({
+        TableName: 'scale',
+        Item: { ...keys.poolNodes('meta/old'), owners: { 'a/0': 'o1', 'a/1': 'o1', 'b/0': 'o2' } },
+      }),
+    );
+    await doc.send(
+      new PutCommand({
+        TableName: 'scale',
+        Item: { ...keys.backingPool('local/old'), members: new Set(['bn-1']) },
+      }),
+    );
+    const moved = await store.migrateCapacitySets(['meta/old'], ['local/old']);
+    expect(Object.fromEntries(moved)).toEqual({ 'POOL#meta/old': 3, 'BACKINGPOOL#local/old': 1 });
+    expect(Object.fromEntries(await store.nodePlaces('meta/old'))).toEqual({
+      'a/0': 'o1',
+      'a/1': 'o1',
+      'b/0': 'o2',
     });
+    expect(await sets.used(keys.poolNodes('meta/old'))).toBe(3);
+    expect(await sets.used(keys.backingPool('local/old'))).toBe(1);
+    // They work as any other: a full set refuses, a release makes room.
+    expect(await store.reserveNodePlaces('meta/old', ['c/0'], 3, 'o3')).toEqual({ kind: 'full' });
+    await store.freeNodePlaces('meta/old', ['b/0']);
+    expect(await store.reserveNodePlaces('meta/old', ['c/0'], 3, 'o3')).toEqual({ kind: 'reserved' });
+    expect((await store.migrateCapacitySets(['meta/old'], ['local/old'])).size).toBe(0);
   });
 });

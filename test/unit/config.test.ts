@@ -364,7 +364,7 @@ describe('validation rules', () => {
     });
     expect(problems(result)).toEqual([
       'labels[2].name: duplicate label name "a" (first used at labels[1])',
-      'labels[2].min-ready: min-ready: expected an integer >= 0 and <= 1000, got -1',
+      'labels[2].min-ready: min-ready: expected an integer >= 0 and <= 10000, got -1',
     ]);
   });
 });
@@ -422,7 +422,7 @@ describe('field errors', () => {
       'providers[1].launch-retries: launch-retries: expected an integer >= 1 and <= 20, got 0',
       'providers[1].boot-timeout: boot-timeout: expected a number of seconds > 0 and <= 86400, got an empty value',
       'providers[1].pools[0].priority: priority: expected an integer >= -1000000 and <= 1000000, got 1.5',
-      'providers[1].pools[0].max-servers: max-servers: expected an integer <= 1000, got "ten"',
+      'providers[1].pools[0].max-servers: max-servers: expected an integer <= 10000, got "ten"',
       'providers[1].pools[0].node-attributes: node-attributes: expected a mapping of names to values, got a list',
       'providers[1].pools[0].labels[0].max-parallel-jobs: max-parallel-jobs: expected an integer >= 1 and <= 1000, got 0',
       'providers[1].pools[0].labels[0].grace-time: grace-time: expected a number of seconds >= 0 and <= 604800, got "60"',
@@ -460,7 +460,7 @@ describe('field errors', () => {
       ],
     });
     expect(problems(result)).toEqual([
-      'providers[0].pools[0].max-servers: max-servers: expected an integer >= 1 and <= 1000, got 0',
+      'providers[0].pools[0].max-servers: max-servers: expected an integer >= 1 and <= 10000, got 0',
       'providers[0].pools[0].labels[0].boot-delay: boot-delay: expected a number of seconds >= 0 and <= 86400, got -0.5',
     ]);
   });
@@ -757,7 +757,7 @@ describe('the aws driver', () => {
       'providers[0].region: missing required key "region"',
       'providers[0].pools[0].subnet-ids: missing required key "subnet-ids" (or "subnet-id")',
       'providers[0].pools[0].subnet: unknown key "subnet"',
-      'providers[0].pools[0].max-servers: max-servers: expected an integer >= 1 and <= 1000, got 0',
+      'providers[0].pools[0].max-servers: max-servers: expected an integer >= 1 and <= 10000, got 0',
       'providers[0].pools[0].security-group-id: give either security-group-ids or security-group-id, not both',
       'providers[0].pools[0].labels[0].instance_type: unknown key "instance_type"; did you mean "instance-type"?',
       'providers[0].pools[0].labels[0].tags.metastatic:pool: tag key "metastatic:pool" is reserved (keys starting with "metastatic:" are set by metastatic)',
@@ -789,13 +789,15 @@ describe('limits (issue 10): every number has a maximum, names and hosts a shape
    * at the week, so max-age >= min-retention-time holds).
    */
   const biggest = (): Obj => ({
-    labels: [{ name: 'small-node', 'min-ready': 1000 }, { name: 'large-node' }, { name: 'ec2-node' }],
+    labels: [{ name: 'small-node', 'min-ready': 10_000 }, { name: 'large-node' }, { name: 'ec2-node' }],
     providers: [
       {
         name: 'local',
         driver: 'local',
         host: '127.0.0.1',
-        pools: [{ name: 'main', 'max-servers': 1000, labels: [{ name: 'large-node', 'boot-delay': 86400 }] }],
+        pools: [
+          { name: 'main', 'max-servers': 10_000, labels: [{ name: 'large-node', 'boot-delay': 86400 }] },
+        ],
       },
       {
         name: 'ec2',
@@ -805,7 +807,7 @@ describe('limits (issue 10): every number has a maximum, names and hosts a shape
           {
             name: 'spot',
             'subnet-id': 'subnet-1',
-            'max-servers': 1000,
+            'max-servers': 10_000,
             labels: [
               {
                 name: 'ec2-node',
@@ -829,7 +831,7 @@ describe('limits (issue 10): every number has a maximum, names and hosts a shape
           {
             name: 'main',
             priority: -1_000_000,
-            'max-servers': 1000,
+            'max-servers': 10_000,
             'request-timeout': 604800,
             labels: [
               label('small-node', {
@@ -873,11 +875,11 @@ describe('limits (issue 10): every number has a maximum, names and hosts a shape
   const ML = 'providers[2].pools[0].labels[0]';
   // [path, a value just too large (or the one that broke the pool), what the error says it expected]
   const tooLarge: [string, number, string][] = [
-    ['labels[0].min-ready', 1001, 'an integer >= 0 and <= 1000'],
-    ['providers[0].pools[0].max-servers', 1001, 'an integer >= 1 and <= 1000'],
+    ['labels[0].min-ready', 10_001, 'an integer >= 0 and <= 10000'],
+    ['providers[0].pools[0].max-servers', 10_001, 'an integer >= 1 and <= 10000'],
     [`${L}.boot-delay`, 1e12, 'a number of seconds >= 0 and <= 86400'],
     [`${L}.boot-delay`, 86400.5, 'a number of seconds >= 0 and <= 86400'],
-    ['providers[1].pools[0].max-servers', 1001, 'an integer >= 1 and <= 1000'],
+    ['providers[1].pools[0].max-servers', 10_001, 'an integer >= 1 and <= 10000'],
     [`${A}.connection-port`, 65536, 'a port number from 1 to 65535'],
     [`${A}.launch-template.version`, 1_000_001, 'an integer >= 1 and <= 1000000'],
     [`${M}.boot-timeout`, 86401, 'a number of seconds > 0 and <= 86400'],
@@ -886,7 +888,7 @@ describe('limits (issue 10): every number has a maximum, names and hosts a shape
     [`${M}.priority`, 1_000_001, 'an integer >= -1000000 and <= 1000000'],
     [`${M}.request-timeout`, 604801, 'a number of seconds > 0 and <= 604800'],
     [`${M}.pools[0].priority`, -1_000_001, 'an integer >= -1000000 and <= 1000000'],
-    [`${M}.pools[0].max-servers`, 1001, 'an integer <= 1000'],
+    [`${M}.pools[0].max-servers`, 10_001, 'an integer <= 10000'],
     [`${M}.pools[0].request-timeout`, 604801, 'a number of seconds > 0 and <= 604800'],
     [`${ML}.max-parallel-jobs`, 1_000_000_000, 'an integer >= 1 and <= 1000'],
     [`${ML}.max-parallel-jobs`, 1001, 'an integer >= 1 and <= 1000'],
