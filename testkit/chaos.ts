@@ -845,7 +845,10 @@ export class ChaosRun {
     if (this.ec2.instances.some((i) => i.state === 'pending' || i.state === 'running')) return false;
     if (this.notStopped !== 0) return false;
     const sets = [keys.poolNodes(this.poolKey), keys.backingPool(this.backingPoolKey)];
-    for (const key of sets) if ((await this.raw.capacity.members(key)).size > 0) return false;
+    for (const key of sets) {
+      if ((await this.raw.capacity.members(key)).size > 0 || (await this.raw.capacity.used(key)) > 0)
+        return false;
+    }
     return true;
   }
 
@@ -1085,6 +1088,8 @@ export class ChaosRun {
       backing: await this.raw.listBacking(),
       poolNodes: await this.raw.capacity.members(keys.poolNodes(this.poolKey)),
       backingPool: await this.raw.capacity.members(keys.backingPool(this.backingPoolKey)),
+      poolUsed: await this.raw.capacity.used(keys.poolNodes(this.poolKey)),
+      backingUsed: await this.raw.capacity.used(keys.backingPool(this.backingPoolKey)),
       instances: this.ec2.instances,
     };
   }

@@ -12,7 +12,7 @@ import type { FakeInstance } from './fakeEc2.ts';
  * - no backing node is retiring or stopped while holding a slot; `used` equals the slot map's size;
  *   a stopped backing node's instance is not pending or running.
  * - caps: live nodes <= the metastatic pool's max-servers and all in its capacity set (the set never
- *   exceeds the cap); backing records holding capacity (holdsCapacity) <= the backing pool's
+ *   exceeds the cap; its counter never does either, and counts every live node); backing records holding capacity (holdsCapacity) <= the backing pool's
  *   max-servers and all in its capacity set; pending/running instances <= the backing pool's max-servers.
  * - requests: a failed request has a reason and no live node; a requested one has no placed node.
  * Liveness (bounded by time, tracked across snapshots in `Tracker`):
@@ -33,6 +33,9 @@ export interface Snapshot {
   readonly poolNodes: ReadonlySet<string>;
   /** The backing pool's capacity set (backing ids not stopped). */
   readonly backingPool: ReadonlySet<string>;
+  /** The places each set counts against its cap (its counter's `used`). */
+  readonly poolUsed: number;
+  readonly backingUsed: number;
   readonly instances: readonly FakeInstance[];
 }
 
@@ -197,6 +200,12 @@ export function checkInvariants(s: Snapshot, limits: Limits, tracker: Tracker): 
     if (s.poolNodes.size > limits.nodesMax) {
       v.push(`the metastatic capacity set holds ${s.poolNodes.size} > max-servers ${limits.nodesMax}`);
     }
+    if (s.poolUsed > limits.nodesMax) {
+      v.push(`the metastatic capacity set counts ${s.poolUsed} > max-servers ${limits.nodesMax}`);
+    }
+    if (s.poolUsed < liveNodes.length) {
+      v.push(`the metastatic capacity set counts ${s.poolUsed} places for ${liveNodes.length} live nodes`);
+    }
     const unreserved = liveNodes.filter((n) => !s.poolNodes.has(n.id)).map((n) => n.id);
     if (unreserved.length > 0) v.push(`live nodes missing from the capacity set: ${unreserved.join(', ')}`);
   }
@@ -210,6 +219,9 @@ export function checkInvariants(s: Snapshot, limits: Limits, tracker: Tracker): 
   }
   if (s.backingPool.size > limits.backingMax) {
     v.push(`the backing capacity set holds ${s.backingPool.size} > max-servers ${limits.backingMax}`);
+  }
+  if (s.backingUsed > limits.backingMax) {
+    v.push(`the backing capacity set counts ${s.backingUsed} > max-servers ${limits.backingMax}`);
   }
   const outside = holding.filter((b) => !s.backingPool.has(b.id)).map((b) => `${b.id} (${b.state})`);
   if (outside.length > 0)
@@ -267,6 +279,9 @@ export function checkFinal(s: Snapshot, expectedRequestIds: readonly string[]): 
   if (s.poolNodes.size > 0) {
     const what = [...s.poolNodes].map((id) => `${id} (${findNode(s.requests, id)?.state ?? 'no such node'})`);
     v.push(`metastatic capacity set not empty: ${what.join(', ')}`);
+  }
+  if (s.poolUsed !== 0 || s.backingUsed !== 0) {
+    v.push(`capacity counters not back to 0: pool ${s.poolUsed}, backing pool ${s.backingUsed}`);
   }
   if (s.backingPool.size > 0) {
     const byId = new Map(s.backing.map((b) => [b.id, b]));
