@@ -5,10 +5,12 @@ import { claimDue, deadlineDecision, needsMaxAgeDrain, reapDecision } from '../c
 import { MetricName } from '../core/observability.ts';
 import type { BackingRecord } from '../core/records.ts';
 import { holdsSlot } from '../core/request.ts';
+import { SLOT_LEASE_MS } from '../core/timing.ts';
 import { ensureLaunched, giveBackSlot } from './backingNodes.ts';
 import { retryOnConflict, unlessConflict } from './conflicts.ts';
 import { type Context, leaseExpired, timeLeft } from './context.ts';
-import { failBackingNode, settleFailedNodes } from './failure.ts';
+import { failBackingNode, failBadBacking, settleFailedNodes } from './failure.ts';
+import { markNodesReady } from './nodesReady.ts';
 import type { MutableReport, ReapReport } from './reapReport.ts';
 import { lookUp, providerFor, reconcile, reconcileCapacity, stop } from './reconcile.ts';
 import { endExpiredRequests } from './waiting.ts';
@@ -25,7 +27,8 @@ import { endExpiredRequests } from './waiting.ts';
  *    resource is terminated and, once the provider confirms it gone, the record is marked stopped;
  * 3. launching backing nodes past launch-timeout / boot-timeout fail and their nodes move elsewhere;
  * 4. ready backing nodes past max-age are drained (no new nodes; they go when empty);
- * 5. claims no recorded node confirmed within the slot lease are given back;
+ * 5. claims no recorded node confirmed within the slot lease are given back, and nodes left pending on a
+ *    backing node ready within the lease are readied (their readying was cut short);
  * 6. failed and retiring backing nodes are settled and terminated until the provider confirms;
  * 7. places in max-servers sets held by no live backing node or node past the slot lease are given back;
  * 8. requests still waiting past their request-timeout end `failed` (WAITING partition, waiting.ts).
@@ -41,6 +44,7 @@ export async function reap(ctx: Context): Promise<ReapReport> {
     reclaimedSlots: 0,
     reclaimedPlaces: 0,
     recoveredPlaces: 0,
+    nodesReadied: 0,
     expiredRequests: [],
     conflicts: 0,
     errors: [],
@@ -90,6 +94,15 @@ export async function reap(ctx: Context): Promise<ReapReport> {
   for (const b of [...launching, ...active]) {
     if (gone.has(b.id)) continue;
     await guard('lease', b.id, () => checkClaims(ctx, b, report));
+  }
+  // Nodes still pending on a backing node that became ready lately: their readying was cut short (a crash
+  // after the backing node's write, an event already consumed) and nothing else would come back to it.
+  // Only a backing node ready within the slot lease can hold pending nodes (later ones are placed ready).
+  for (const b of active) {
+    if (gone.has(b.id) || b.readyAt === undefined || ctx.clock.now() - b.readyAt > SLOT_LEASE_MS) continue;
+    await guard('ready', b.id, async () => {
+      report.nodesReadied += await markNodesReady(ctx, b, failBadBacking);
+    });
   }
 
   // 6. Failed and retiring backing nodes: settle their nodes, then terminate until confirmed gone.

@@ -18,6 +18,8 @@ export interface ReapReport {
   readonly reclaimedPlaces: number;
   /** Place operations (reserve, release) a dead delivery left part-way, finished this run. */
   readonly recoveredPlaces: number;
+  /** Nodes left pending on a backing node that had become ready (its readying cut short), readied this run. */
+  readonly nodesReadied: number;
   /**
    * Requests ended `failed` this run because they were still waiting past their request-timeout (their
    * message may be gone: see waiting.ts).

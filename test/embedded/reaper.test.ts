@@ -173,3 +173,38 @@ describe('claims a crashed delivery left (issue 10, defect 8)', () => {
     expect((await h.pool.reapNow()).reclaimedSlots).toBe(1);
   });
 });
+
+describe('nodes left pending on a backing node that became ready', () => {
+  it('are readied by the next reaper run when their readying was cut short', async () => {
+    h = await startHarness(baseConfig({ slots: 2 }));
+    await readyNode(h, 'first');
+    const store = h.pool.context.store;
+    const [b] = await store.listBacking();
+    if (!b) throw new Error('no backing node');
+    // The state a crash leaves when it cuts markNodesReady short after the backing node was written
+    // ready (the reaper's reconciliation swallows the error; the running event was consumed earlier): a
+    // node recorded pending on a ready backing node, its slot held.
+    const slot = spreadSlot(b, 'late/0') as number;
+    const claimed = await store.claimSlot(b, slot, 'late/0', { at: h.clock.now(), by: 'gone' });
+    expect(claimed.claimed).toBe(true);
+    await store.reserveNodePlaces('meta/main', ['late/0'], 100, 'gone');
+    await store.createRequest({
+      id: 'late',
+      labels: ['small-node'],
+      bodyHash: 'x',
+      state: 'pending',
+      poolKey: 'meta/main',
+      createdAt: h.clock.now(),
+      updatedAt: h.clock.now(),
+      version: 1,
+      nodes: [
+        { id: 'late/0', label: 'small-node', state: 'pending', backingNodeId: b.id, slot, attempts: 1 },
+      ],
+    });
+    const report = await h.pool.reapNow();
+    expect(report.nodesReadied).toBe(1);
+    const late = await store.getRequest('late');
+    expect(late?.state).toBe('fulfilled');
+    expect(late?.nodes[0]).toMatchObject({ state: 'ready', host: b.host, port: b.port });
+  });
+});
