@@ -27,6 +27,7 @@ import type { Reservation } from '../core/poolStore.ts';
  * | counting   | reserve  | 1      |
  * | counted    | any      | 1      |
  * | releasing  | none     | 1      |
+ * | releasing  | reserve  | 1      |
  * | releasing  | release  | 0      |
  * | none       | reserve  | 1      |
  * | none       | release  | 0      |
@@ -367,8 +368,14 @@ export class CapacitySets {
     return true;
   }
 
-  /** Brings a reserved member to counted/none: counting -> counted (1 -> 1), then its pending entry goes. */
+  /**
+   * Brings a reserved member to counted/none: counting -> counted (1 -> 1), then its pending entry goes.
+   * When the place is not this owner's to mark (taken over meanwhile), the pending entry stays for its new
+   * owner, who finishes it rather than count it again; when the place is gone (dropped or released while
+   * the count-up was in flight), the count-up is undone with the entry (none/reserve: 1 -> 0).
+   */
   private async finishReserve(key: Key, member: string, owner: string): Promise<void> {
+    let marked = false;
     try {
       await this.doc.send(
         new UpdateCommand({
@@ -380,11 +387,18 @@ export class CapacitySets {
           ExpressionAttributeValues: { ':counted': 'counted', ':counting': 'counting', ':owner': owner },
         }),
       );
+      marked = true;
       this.afterStep?.('place counted', member);
     } catch (err) {
-      if (!isConditionFailure(err)) throw err; // counted already (or taken over: its new owner finishes)
+      if (!isConditionFailure(err)) throw err;
     }
-    if (await this.removePending(key, member, 'reserve', 0)) this.afterStep?.('reserve finished', member);
+    let delta = 0;
+    if (!marked) {
+      const place = await this.place(key, member);
+      if (place?.phase === 'counting') return; // another owner's now: it finishes this reserve
+      if (!place) delta = -1;
+    }
+    if (await this.removePending(key, member, 'reserve', delta)) this.afterStep?.('reserve finished', member);
   }
 
   /**

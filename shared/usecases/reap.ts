@@ -5,7 +5,7 @@ import { claimDue, deadlineDecision, needsMaxAgeDrain, reapDecision } from '../c
 import { MetricName } from '../core/observability.ts';
 import type { BackingRecord } from '../core/records.ts';
 import { holdsSlot } from '../core/request.ts';
-import { SLOT_LEASE_MS } from '../core/timing.ts';
+import { CLAIM_TAKEOVER_MS } from '../core/timing.ts';
 import { ensureLaunched, giveBackSlot } from './backingNodes.ts';
 import { retryOnConflict, unlessConflict } from './conflicts.ts';
 import { type Context, leaseExpired, timeLeft } from './context.ts';
@@ -28,7 +28,7 @@ import { endExpiredRequests } from './waiting.ts';
  * 3. launching backing nodes past launch-timeout / boot-timeout fail and their nodes move elsewhere;
  * 4. ready backing nodes past max-age are drained (no new nodes; they go when empty);
  * 5. claims no recorded node confirmed within the slot lease are given back, and nodes left pending on a
- *    backing node ready within the lease are readied (their readying was cut short);
+ *    backing node ready in the last three minutes are readied (their readying was cut short);
  * 6. failed and retiring backing nodes are settled and terminated until the provider confirms;
  * 7. places in max-servers sets held by no live backing node or node past the slot lease are given back;
  * 8. requests still waiting past their request-timeout end `failed` (WAITING partition, waiting.ts).
@@ -97,9 +97,11 @@ export async function reap(ctx: Context): Promise<ReapReport> {
   }
   // Nodes still pending on a backing node that became ready lately: their readying was cut short (a crash
   // after the backing node's write, an event already consumed) and nothing else would come back to it.
-  // Only a backing node ready within the slot lease can hold pending nodes (later ones are placed ready).
+  // Only a backing node that became ready lately can hold pending nodes (later ones are placed ready): a
+  // few reaper periods after readyAt, as long as a delivery or a run that readies them can last.
   for (const b of active) {
-    if (gone.has(b.id) || b.readyAt === undefined || ctx.clock.now() - b.readyAt > SLOT_LEASE_MS) continue;
+    if (gone.has(b.id) || b.readyAt === undefined || ctx.clock.now() - b.readyAt > READYING_WINDOW_MS)
+      continue;
     await guard('ready', b.id, async () => {
       report.nodesReadied += await markNodesReady(ctx, b, failBadBacking);
     });
@@ -163,6 +165,9 @@ async function retireIfDue(ctx: Context, b: BackingRecord, report: MutableReport
   ctx.log.info('backing node retiring', { backingNodeId: b.id, reason: decision.reason });
   await stop(ctx, { ...markRetiring(b, ctx.clock.now(), decision.reason) }, report);
 }
+
+/** How long after a backing node became ready the reaper checks it for nodes left pending. */
+const READYING_WINDOW_MS = 3 * CLAIM_TAKEOVER_MS;
 
 /** A launch recorded but never handed to the provider (deferred, or cut short by a crash) is finished here. */
 const UNFINISHED_LAUNCH_MS = 60_000;

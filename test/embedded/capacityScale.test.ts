@@ -106,6 +106,21 @@ describe('a crash after any step', () => {
     },
   );
 
+  it('of nothing, but a superseded delivery finishing its reserve after a takeover, counts once', async () => {
+    const set = keys.poolNodes('takeover/finish');
+    await crashAfter('counted up', () => sets.reserve(set, ['t/0'], 5, 'A'));
+    // A later receive of the message supersedes A and takes the place over at once...
+    expect(await sets.takeOverReservation(set, 't/0', 'A', 'B')).toBe(true);
+    // ...while A still runs and finishes its reserve (the step a crash stopped above): the place is B's
+    // now, so A must leave the counted-up entry to B, or B would count the place a second time.
+    const late = sets as unknown as { finishReserve(k: typeof set, m: string, o: string): Promise<void> };
+    await late.finishReserve(set, 't/0', 'A');
+    expect(await sets.reserve(set, ['t/0'], 5, 'B')).toEqual({ kind: 'reserved' });
+    expect(await sets.used(set)).toBe(1);
+    await sets.unreserve(set, ['t/0']);
+    expect(await sets.used(set)).toBe(0);
+  });
+
   it('of a release that no one redelivers is finished by recover alone', async () => {
     const set = keys.poolNodes('crash/release/alone');
     await sets.reserve(set, ['n/0'], 1, 'a');
