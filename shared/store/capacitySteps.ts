@@ -1,0 +1,393 @@
+import { ConditionalCheckFailedException } from '@aws-sdk/client-dynamodb';
+import {
+  DeleteCommand,
+  type DynamoDBDocumentClient,
+  GetCommand,
+  PutCommand,
+  QueryCommand,
+  type QueryCommandInput,
+  UpdateCommand,
+} from '@aws-sdk/lib-dynamodb';
+
+/**
+ * The steps of the capacity sets' protocol (capacitySets.ts sequences them into operations): each step is
+ * one conditional write on one item, and changes the counter's `used` by exactly the change of the
+ * member's contribution, which follows from its place's phase and its pending entry:
+ *
+ * | place      | pending  | counts |
+ * | ---------- | -------- | ------ |
+ * | none       | none     | 0      |
+ * | counting   | none     | 0      |
+ * | counting   | reserve  | 1      |
+ * | counted    | any      | 1      |
+ * | releasing  | none     | 1      |
+ * | releasing  | reserve  | 1      |
+ * | releasing  | release  | 0      |
+ * | none       | reserve  | 1      |
+ * | none       | release  | 0      |
+ *
+ * Each step's comment gives its transition as `place/pending (before -> after contribution)`.
+ */
+
+export type Key = { readonly pk: string; readonly sk: string };
+
+type Phase = 'counting' | 'counted' | 'releasing';
+
+export interface Place {
+  readonly member: string;
+  readonly owner: string;
+  readonly phase: Phase;
+  readonly at: number;
+}
+
+interface Pending {
+  readonly op: 'reserve' | 'release';
+  readonly owner: string;
+  readonly at: number;
+}
+
+interface Counter {
+  readonly used: number;
+  readonly pending: Readonly<Record<string, Pending>>;
+}
+
+/** A step of a member operation, for tests that stop an operation part-way (`CapacitySets.afterStep`). */
+export type CapacityStep =
+  | 'place created'
+  | 'counted up'
+  | 'place counted'
+  | 'reserve finished'
+  | 'place releasing'
+  | 'counted down'
+  | 'place deleted'
+  | 'release finished';
+
+export class CapacitySteps {
+  /** Called after each step that took effect; a test throws here to crash an operation part-way. */
+  afterStep: ((step: CapacityStep, member: string) => void) | undefined;
+
+  constructor(
+    private readonly doc: DynamoDBDocumentClient,
+    private readonly tableName: string,
+    private readonly now: () => number,
+  ) {}
+
+  /** Hands a place over from an owner known to be dead (or superseded); false when it is no longer theirs. */
+  async takeOver(key: Key, member: string, from: string, to: string): Promise<boolean> {
+    try {
+      await this.doc.send(
+        new UpdateCommand({
+          TableName: this.tableName,
+          Key: placeKey(key, member),
+          UpdateExpression: 'SET #owner = :to',
+          ConditionExpression: '#owner = :from AND #phase <> :releasing',
+          ExpressionAttributeNames: { '#owner': 'owner', '#phase': 'phase' },
+          ExpressionAttributeValues: { ':from': from, ':to': to, ':releasing': 'releasing' },
+        }),
+      );
+      return true;
+    } catch (err) {
+      if (isConditionFailure(err)) return false;
+      throw err;
+    }
+  }
+
+  // ---- steps ---------------------------------------------------------------------------------------
+
+  /** none -> counting (0 -> 0). False when a place exists already. */
+  async createPlace(key: Key, member: string, owner: string): Promise<boolean> {
+    try {
+      await this.doc.send(
+        new PutCommand({
+          TableName: this.tableName,
+          Item: { ...placeKey(key, member), type: 'place', member, owner, phase: 'counting', at: this.now() },
+          ConditionExpression: 'attribute_not_exists(pk)',
+        }),
+      );
+    } catch (err) {
+      if (isConditionFailure(err)) return false;
+      throw err;
+    }
+    this.afterStep?.('place created', member);
+    return true;
+  }
+
+  /** counting/none -> counting/reserve for every member at once (0 -> 1 each), within `limit`; false: full. */
+  async countUp(key: Key, members: readonly string[], limit: number, owner: string): Promise<boolean> {
+    const names: Record<string, string> = { '#used': 'used', '#pending': 'pending' };
+    const values: Record<string, unknown> = {
+      ':k': members.length,
+      ':room': limit - members.length,
+      ':zero': 0,
+    };
+    const set = ['#used = if_not_exists(#used, :zero) + :k'];
+    const free: string[] = [];
+    members.forEach((m, i) => {
+      names[`#m${i}`] = m;
+      values[`:e${i}`] = { op: 'reserve', owner, at: this.now() } satisfies Pending;
+      set.push(`#pending.#m${i} = :e${i}`);
+      free.push(`attribute_not_exists(#pending.#m${i})`);
+    });
+    try {
+      await this.sendCreatingPending(
+        key,
+        new UpdateCommand({
+          TableName: this.tableName,
+          Key: key,
+          UpdateExpression: `SET ${set.join(', ')}`,
+          ConditionExpression: `(attribute_not_exists(#used) OR #used <= :room) AND ${free.join(' AND ')}`,
+          ExpressionAttributeNames: names,
+          ExpressionAttributeValues: values,
+        }),
+      );
+    } catch (err) {
+      if (isConditionFailure(err)) return false;
+      throw err;
+    }
+    for (const m of members) this.afterStep?.('counted up', m);
+    return true;
+  }
+
+  /**
+   * Brings a reserved member to counted/none: counting -> counted (1 -> 1), then its pending entry goes.
+   * When the place is not this owner's to mark (taken over meanwhile), the pending entry stays for its new
+   * owner, who finishes it rather than count it again; when the place is gone (dropped or released while
+   * the count-up was in flight), the count-up is undone with the entry (none/reserve: 1 -> 0).
+   */
+  async finishReserve(key: Key, member: string, owner: string): Promise<void> {
+    let marked = false;
+    try {
+      await this.doc.send(
+        new UpdateCommand({
+          TableName: this.tableName,
+          Key: placeKey(key, member),
+          UpdateExpression: 'SET #phase = :counted',
+          ConditionExpression: '#phase = :counting AND #owner = :owner',
+          ExpressionAttributeNames: { '#phase': 'phase', '#owner': 'owner' },
+          ExpressionAttributeValues: { ':counted': 'counted', ':counting': 'counting', ':owner': owner },
+        }),
+      );
+      marked = true;
+      this.afterStep?.('place counted', member);
+    } catch (err) {
+      if (!isConditionFailure(err)) throw err;
+    }
+    let delta = 0;
+    if (!marked) {
+      const place = await this.place(key, member);
+      if (place?.phase === 'counting') return; // another owner's now: it finishes this reserve
+      if (!place) delta = -1;
+    }
+    if (await this.removePending(key, member, 'reserve', delta)) this.afterStep?.('reserve finished', member);
+  }
+
+  /**
+   * A counted place given back: releasing (1 -> 1), counted down (1 -> 0), deleted, pending removed. Only
+   * the release that marked it releasing counts it down: a second release of the member finds it releasing
+   * and leaves it to the first (or, if that one died, to recover), so it is never counted down twice.
+   */
+  async release(key: Key, member: string, owner: string | undefined): Promise<void> {
+    if (await this.markReleasing(key, member, owner)) await this.countDown(key, member, owner);
+  }
+
+  /** counted -> releasing (1 -> 1); false when the place is not counted (or not this owner's). */
+  async markReleasing(key: Key, member: string, owner: string | undefined): Promise<boolean> {
+    try {
+      await this.doc.send(
+        new UpdateCommand({
+          TableName: this.tableName,
+          Key: placeKey(key, member),
+          UpdateExpression: 'SET #phase = :releasing, #at = :now',
+          ConditionExpression:
+            owner === undefined ? '#phase = :counted' : '#phase = :counted AND #owner = :owner',
+          ExpressionAttributeNames: {
+            '#phase': 'phase',
+            '#at': 'at',
+            ...(owner === undefined ? {} : { '#owner': 'owner' }),
+          },
+          ExpressionAttributeValues: {
+            ':releasing': 'releasing',
+            ':counted': 'counted',
+            ':now': this.now(),
+            ...(owner === undefined ? {} : { ':owner': owner }),
+          },
+        }),
+      );
+    } catch (err) {
+      if (isConditionFailure(err)) return false;
+      throw err;
+    }
+    this.afterStep?.('place releasing', member);
+    return true;
+  }
+
+  /** releasing/none -> releasing/release (1 -> 0), then the place and the pending entry go. */
+  async countDown(key: Key, member: string, owner: string | undefined): Promise<void> {
+    let down = false;
+    for (let attempt = 0; attempt < 3 && !down; attempt++) {
+      try {
+        await this.sendCreatingPending(
+          key,
+          new UpdateCommand({
+            TableName: this.tableName,
+            Key: key,
+            UpdateExpression: 'SET #used = #used - :one, #pending.#m = :e',
+            ConditionExpression: 'attribute_not_exists(#pending.#m)',
+            ExpressionAttributeNames: { '#used': 'used', '#pending': 'pending', '#m': member },
+            ExpressionAttributeValues: {
+              ':one': 1,
+              ':e': { op: 'release', owner: owner ?? 'any', at: this.now() } satisfies Pending,
+            },
+          }),
+        );
+        this.afterStep?.('counted down', member);
+        down = true;
+      } catch (err) {
+        if (!isConditionFailure(err)) throw err;
+        const pending = (await this.counter(key)).pending[member];
+        if (pending?.op === 'release')
+          down = true; // counted down already, by this release before a crash
+        else if (pending?.op === 'reserve') await this.removePending(key, member, 'reserve', 0); // its reserve's end
+      }
+    }
+    if (!down) return; // still contended: the place stays releasing, and recover carries it on
+    if (await this.deletePlace(key, member, { phase: 'releasing' }))
+      this.afterStep?.('place deleted', member);
+    if (await this.removePending(key, member, 'release', 0)) this.afterStep?.('release finished', member);
+  }
+
+  async deletePlace(key: Key, member: string, expect: { phase: Phase; owner?: string }): Promise<boolean> {
+    const names: Record<string, string> = { '#phase': 'phase' };
+    const values: Record<string, unknown> = { ':phase': expect.phase };
+    let condition = '#phase = :phase';
+    if (expect.owner !== undefined) {
+      names['#owner'] = 'owner';
+      values[':owner'] = expect.owner;
+      condition += ' AND #owner = :owner';
+    }
+    try {
+      await this.doc.send(
+        new DeleteCommand({
+          TableName: this.tableName,
+          Key: placeKey(key, member),
+          ConditionExpression: condition,
+          ExpressionAttributeNames: names,
+          ExpressionAttributeValues: values,
+        }),
+      );
+      return true;
+    } catch (err) {
+      if (isConditionFailure(err)) return false;
+      throw err;
+    }
+  }
+
+  /** Removes a member's pending entry of `op`, changing `used` by `delta`; false when there is none. */
+  async removePending(key: Key, member: string, op: Pending['op'], delta: number): Promise<boolean> {
+    try {
+      await this.doc.send(
+        new UpdateCommand({
+          TableName: this.tableName,
+          Key: key,
+          UpdateExpression: `${delta === 0 ? '' : 'SET #used = #used + :delta '}REMOVE #pending.#m`,
+          ConditionExpression: '#pending.#m.#op = :op',
+          ExpressionAttributeNames: {
+            '#pending': 'pending',
+            '#m': member,
+            '#op': 'op',
+            ...(delta === 0 ? {} : { '#used': 'used' }),
+          },
+          ExpressionAttributeValues: { ':op': op, ...(delta === 0 ? {} : { ':delta': delta }) },
+        }),
+      );
+      return true;
+    } catch (err) {
+      if (isConditionFailure(err)) return false;
+      throw err;
+    }
+  }
+
+  /** Deletes the places this owner created and never counted (a reservation that did not go through). */
+  async dropUncounted(key: Key, members: readonly string[], owner: string): Promise<void> {
+    if (members.length === 0) return;
+    const counter = await this.counter(key);
+    for (const m of members) {
+      if (counter.pending[m]) continue; // counted up meanwhile: a reservation, finished by its owner or recover
+      await this.deletePlace(key, m, { phase: 'counting', owner });
+    }
+  }
+
+  // ---- reads ---------------------------------------------------------------------------------------
+
+  async place(key: Key, member: string): Promise<Place | undefined> {
+    const out = await this.doc.send(
+      new GetCommand({ TableName: this.tableName, Key: placeKey(key, member), ConsistentRead: true }),
+    );
+    return out.Item ? toPlace(out.Item) : undefined;
+  }
+
+  async counter(key: Key): Promise<Counter> {
+    const out = await this.doc.send(
+      new GetCommand({ TableName: this.tableName, Key: key, ConsistentRead: true }),
+    );
+    const item = out.Item ?? {};
+    return {
+      used: typeof item.used === 'number' ? item.used : 0,
+      pending: (item.pending as Record<string, Pending> | undefined) ?? {},
+    };
+  }
+
+  async places(key: Key): Promise<Place[]> {
+    const input: QueryCommandInput = {
+      TableName: this.tableName,
+      KeyConditionExpression: 'pk = :pk AND begins_with(sk, :prefix)',
+      ExpressionAttributeValues: { ':pk': key.pk, ':prefix': placePrefix(key) },
+      ConsistentRead: true,
+    };
+    const out: Place[] = [];
+    do {
+      const page = await this.doc.send(new QueryCommand(input));
+      for (const item of page.Items ?? []) out.push(toPlace(item));
+      input.ExclusiveStartKey = page.LastEvaluatedKey;
+    } while (input.ExclusiveStartKey);
+    return out;
+  }
+
+  /** Sends an update that sets `pending` entries, creating the map (and `used`) first when the item has none. */
+  async sendCreatingPending(key: Key, update: UpdateCommand): Promise<void> {
+    try {
+      await this.doc.send(update);
+      return;
+    } catch (err) {
+      // DynamoDB cannot SET a path inside a map that does not exist yet.
+      if (!(err instanceof Error && err.name === 'ValidationException' && /document path/i.test(err.message)))
+        throw err;
+    }
+    await this.doc.send(
+      new UpdateCommand({
+        TableName: this.tableName,
+        Key: key,
+        UpdateExpression:
+          'SET #pending = if_not_exists(#pending, :empty), #used = if_not_exists(#used, :zero)',
+        ExpressionAttributeNames: { '#pending': 'pending', '#used': 'used' },
+        ExpressionAttributeValues: { ':empty': {}, ':zero': 0 },
+      }),
+    );
+    await this.doc.send(update);
+  }
+}
+
+export const isConditionFailure = (err: unknown) => err instanceof ConditionalCheckFailedException;
+
+export const placePrefix = (key: Key) => `PLACE#${key.sk}#`;
+export const placeKey = (key: Key, member: string) => ({ pk: key.pk, sk: `${placePrefix(key)}${member}` });
+
+function toPlace(item: Record<string, unknown>): Place {
+  const phase = item.phase === 'counted' || item.phase === 'releasing' ? item.phase : 'counting';
+  return {
+    member: String(item.member),
+    owner: String(item.owner),
+    phase,
+    at: typeof item.at === 'number' ? item.at : 0,
+  };
+}

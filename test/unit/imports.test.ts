@@ -1,0 +1,99 @@
+import { readdirSync, readFileSync } from 'node:fs';
+import { dirname, join, relative, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { describe, expect, it } from 'vitest';
+
+/**
+ * The layering of production modules (issue 11): no import circle, and the core imports no adapter. Only
+ * static imports that load code count: `import type` is erased, and the CLI's `await import()` of a
+ * command is a deliberate lazy edge, not a dependency of the importing module's body.
+ */
+const root = resolve(dirname(fileURLToPath(import.meta.url)), '../..');
+const productionDirs = ['shared', 'functions', 'lib', 'cli', 'bin'];
+
+function sources(dir: string): string[] {
+  return readdirSync(join(root, dir), { withFileTypes: true }).flatMap((e) => {
+    const path = join(dir, e.name);
+    if (e.isDirectory()) return sources(path);
+    return e.name.endsWith('.ts') && !e.name.endsWith('.d.ts') ? [path] : [];
+  });
+}
+
+/** Relative imports that load code at run time: `import x from`, `import './x'`, `export ... from`. */
+export function runtimeImports(text: string): string[] {
+  const out: string[] = [];
+  const pattern = /^(?:import|export)\s+(?!type\s)(?:[^'";]*?\sfrom\s+)?['"](\.[^'"]+)['"]/gms;
+  for (const m of text.matchAll(pattern)) {
+    // `import { type A, type B } from` loads nothing either.
+    const names = /^(?:import|export)\s*\{([^}]*)\}\s*from/s.exec(m[0])?.[1];
+    const onlyTypes =
+      names?.split(',').every((n) => n.trim() === '' || n.trim().startsWith('type ')) ?? false;
+    if (!onlyTypes) out.push(m[1] as string);
+  }
+  return out;
+}
+
+function graph(): Map<string, string[]> {
+  const files = productionDirs.flatMap(sources);
+  return new Map(
+    files.map((f) => [
+      f,
+      runtimeImports(readFileSync(join(root, f), 'utf8'))
+        .map((spec) => relative(root, resolve(root, dirname(f), spec)))
+        .filter((target) => target.endsWith('.ts')),
+    ]),
+  );
+}
+
+/** Every cycle found by a depth-first walk, as the list of modules around it. */
+function cycles(g: Map<string, string[]>): string[][] {
+  const found: string[][] = [];
+  const state = new Map<string, 'open' | 'done'>();
+  const stack: string[] = [];
+  const visit = (f: string) => {
+    state.set(f, 'open');
+    stack.push(f);
+    for (const t of g.get(f) ?? []) {
+      if (state.get(t) === 'open') found.push([...stack.slice(stack.indexOf(t)), t]);
+      else if (!state.has(t)) visit(t);
+    }
+    stack.pop();
+    state.set(f, 'done');
+  };
+  for (const f of g.keys()) if (!state.has(f)) visit(f);
+  return found;
+}
+
+describe('production modules', () => {
+  const g = graph();
+
+  it('are found, with their imports', () => {
+    expect(g.size).toBeGreaterThan(50);
+    expect(g.get('shared/store/capacitySets.ts')).toContain('shared/store/capacitySteps.ts');
+  });
+
+  it('import no circle', () => {
+    expect(cycles(g)).toEqual([]);
+  });
+
+  it('keep the core free of adapters: shared/core imports only shared/core and shared/config', () => {
+    const outside = [...g.entries()]
+      .filter(([f]) => f.startsWith('shared/core/'))
+      .flatMap(([f, ts]) => ts.filter((t) => !/^shared\/(core|config)\//.test(t)).map((t) => `${f} -> ${t}`));
+    expect(outside).toEqual([]);
+  });
+
+  it('reads type-only imports as loading nothing, and the walk finds a circle when there is one', () => {
+    expect(runtimeImports("import type { A } from './a.ts';\nimport { type B } from './b.ts';")).toEqual([]);
+    expect(runtimeImports("import { type B, c } from './b.ts';\nexport * from './d.ts';")).toEqual([
+      './b.ts',
+      './d.ts',
+    ]);
+    const circle = new Map([
+      ['a', ['b']],
+      ['b', ['c']],
+      ['c', ['a']],
+    ]);
+    expect(cycles(circle)).toEqual([['a', 'b', 'c', 'a']]);
+  });
+});
