@@ -20,7 +20,7 @@ function sources(dir: string): string[] {
 }
 
 /** Relative imports that load code at run time: `import x from`, `import './x'`, `export ... from`. */
-export function runtimeImports(text: string): string[] {
+function runtimeImports(text: string): string[] {
   const out: string[] = [];
   const pattern = /^(?:import|export)\s+(?!type\s)(?:[^'";]*?\sfrom\s+)?['"](\.[^'"]+)['"]/gms;
   for (const m of text.matchAll(pattern)) {
