@@ -1,6 +1,6 @@
 /**
  * The Lambda bundles: each pool function (functions/<name>/index.ts) bundled with esbuild as
- * lib/poolFunction.ts has NodejsFunction do it (platform node, CommonJS, minified, bundled with the
+ * lib/lambdaBundle.ts does it (platform node, CommonJS, minified, bundled with the
  * AWS SDK, source map without sources content, only native `*.node` addons external), plus a bare
  * handler that imports the same SDK clients and does nothing, built the same way, as the baseline.
  * Reports each bundle's size (bytes and gzip bytes) and its module-initialisation time: a fresh
@@ -15,7 +15,7 @@ import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { gzipSync } from 'node:zlib';
 import { type BuildOptions, build, type Metafile } from 'esbuild';
-import { POOL_FUNCTION_NAMES } from '../lib/poolFunction.ts';
+import { LAMBDA_BUNDLE_OPTIONS, POOL_FUNCTION_NAMES } from '../lib/lambdaBundle.ts';
 import { median, round, table } from './common.ts';
 
 const run = promisify(execFile);
@@ -65,17 +65,11 @@ export interface BundlesFigures {
   readonly bundles: BundleFigures[];
 }
 
-/** lib/poolFunction.ts's bundling options, as NodejsFunction passes them to esbuild. */
+/** The pool functions' bundling options (lib/lambdaBundle.ts), for the Node.js that runs the bench. */
 const common: BuildOptions = {
-  bundle: true,
-  platform: 'node',
+  ...LAMBDA_BUNDLE_OPTIONS,
+  external: [...LAMBDA_BUNDLE_OPTIONS.external],
   target: BUNDLES.target,
-  format: 'cjs',
-  minify: true,
-  sourcemap: true,
-  sourcesContent: false,
-  external: ['*.node'],
-  logLevel: 'warning',
   absWorkingDir: ROOT,
   metafile: true,
 };

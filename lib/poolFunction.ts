@@ -1,24 +1,31 @@
 import { createHash } from 'node:crypto';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
-import { Duration, Stack, Validations } from 'aws-cdk-lib';
+import { writeFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { AssetHashType, DockerImage, Duration, type ILocalBundling, Stack, Validations } from 'aws-cdk-lib';
 import type { ISecurityGroup, IVpc, SubnetSelection } from 'aws-cdk-lib/aws-ec2';
 import { type IRole, ManagedPolicy, Role, ServicePrincipal } from 'aws-cdk-lib/aws-iam';
-import { Architecture, type CfnFunction, LoggingFormat, Runtime, Tracing } from 'aws-cdk-lib/aws-lambda';
-import { type ICommandHooks, NodejsFunction, OutputFormat } from 'aws-cdk-lib/aws-lambda-nodejs';
+import {
+  Architecture,
+  type CfnFunction,
+  Code,
+  Function as LambdaFunction,
+  LoggingFormat,
+  Runtime,
+  Tracing,
+} from 'aws-cdk-lib/aws-lambda';
 import { LogGroup, RetentionDays } from 'aws-cdk-lib/aws-logs';
 import { Construct } from 'constructs';
 import { FUNCTION_TIMEOUT_SECONDS } from '../shared/core/timing.ts';
 import { cfnResource } from './cfnResource.ts';
+import {
+  BUNDLE_FILE,
+  functionEntry,
+  type PoolFunctionName,
+  prebuiltBundleDir,
+  writeBundle,
+} from './lambdaBundle.ts';
 
-/** The Lambda functions of the pool: each has its entry point at `functions/<name>/index.ts`. */
-export const POOL_FUNCTION_NAMES = ['request', 'fulfil', 'reaper'] as const;
-export type PoolFunctionName = (typeof POOL_FUNCTION_NAMES)[number];
-
-/** The repository root (lib/..): entry points and the lock file are found from here, not from the cwd. */
-const PROJECT_ROOT = fileURLToPath(new URL('..', import.meta.url));
+export { POOL_FUNCTION_NAMES, type PoolFunctionName } from './lambdaBundle.ts';
 
 /** Node.js runtime of every pool function (the newest aws-cdk-lib knows; cdk-nag checks it is the newest). */
 export const POOL_RUNTIME = Runtime.NODEJS_24_X;
@@ -88,15 +95,15 @@ export interface PoolFunctionProps {
 }
 
 /**
- * The defaults every pool function shares: Node.js 24 on ARM64, bundled locally with esbuild (no Docker)
- * to one minified CommonJS file with its source map and the AWS SDK inside (the version the code was
- * tested with, not the runtime's), the timeouts of the timing contract, active X-Ray tracing, an
- * explicit log group with retention, and a role of its own that can write to that log group and nothing
- * else until granted more. Its environment is checked against Lambda's limit at synth, as Lambda
- * measures it.
+ * The defaults every pool function shares: Node.js 24 on ARM64, its code the bundle of lambdaBundle.ts
+ * (prebuilt in an installed package; built from the sources with the local esbuild, no Docker, at synth
+ * in this repository) with the given files beside it, the timeouts of the timing contract, active X-Ray
+ * tracing, an explicit log group with retention, and a role of its own that can write to that log group
+ * and nothing else until granted more. Its environment is checked against Lambda's limit at synth, as
+ * Lambda measures it.
  */
 export class PoolFunction extends Construct {
-  readonly function: NodejsFunction;
+  readonly function: LambdaFunction;
   readonly role: IRole;
   readonly logGroup: LogGroup;
 
@@ -110,14 +117,7 @@ export class PoolFunction extends Construct {
     const role = new Role(this, 'Role', { assumedBy: new ServicePrincipal('lambda.amazonaws.com') });
     this.role = role;
     this.logGroup.grantWrite(role);
-
-    // Bundling runs inside the NodejsFunction constructor, so the staged files are needed only until it returns.
-    const staged = stageFiles(props.files ?? {});
-    try {
-      this.function = this.bundle(props, role, staged?.hooks);
-    } finally {
-      staged?.remove();
-    }
+    this.function = this.create(props, role);
     this.function.node.addValidation({ validate: () => this.checkEnvironment() });
 
     if (props.vpc) {
@@ -145,12 +145,10 @@ export class PoolFunction extends Construct {
     }
   }
 
-  private bundle(props: PoolFunctionProps, role: IRole, hooks: ICommandHooks | undefined): NodejsFunction {
-    return new NodejsFunction(this, 'Function', {
-      entry: fileURLToPath(new URL(`../functions/${props.name}/index.ts`, import.meta.url)),
-      handler: 'handler',
-      projectRoot: PROJECT_ROOT,
-      depsLockFilePath: fileURLToPath(new URL('../package-lock.json', import.meta.url)),
+  private create(props: PoolFunctionProps, role: IRole): LambdaFunction {
+    return new LambdaFunction(this, 'Function', {
+      code: functionCode(props.name, props.files ?? {}),
+      handler: `${BUNDLE_FILE.replace(/\.js$/, '')}.handler`,
       runtime: POOL_RUNTIME,
       architecture: Architecture.ARM_64,
       memorySize: props.memorySize ?? 512,
@@ -172,22 +170,6 @@ export class PoolFunction extends Construct {
             ...(props.securityGroups ? { securityGroups: [...props.securityGroups] } : {}),
           }
         : {}),
-      bundling: {
-        // CommonJS: the code has no top-level await or import.meta on the Lambda path, and CJS output
-        // needs no createRequire banner for the dependencies that call require() (ssh2, the SDK).
-        format: OutputFormat.CJS,
-        minify: true,
-        sourceMap: true,
-        sourcesContent: false,
-        target: 'node24',
-        // The SDK goes into the bundle. The only externals are native addons (ssh2's optional crypto
-        // binding, cpu-features): built for this machine, not for Lambda's ARM64, and required inside
-        // try/catch, so in Lambda the require fails and ssh2 uses its JavaScript implementation.
-        bundleAwsSDK: true,
-        externalModules: ['*.node'],
-        forceDockerBundling: false,
-        ...(hooks ? { commandHooks: hooks } : {}),
-      },
     });
   }
 
@@ -217,7 +199,7 @@ export class PoolFunction extends Construct {
   }
 
   get timeout(): Duration {
-    // NodejsFunction keeps the timeout it was given; fall back to Lambda's default only for the type.
+    // The function keeps the timeout it was given; fall back to Lambda's default only for the type.
     return this.function.timeout ?? Duration.seconds(3);
   }
 }
@@ -239,51 +221,48 @@ function deployedValue(value: unknown): string {
   return 'x'.repeat(TOKEN_ALLOWANCE);
 }
 
-/** Staged files and the bundling hooks that copy them into the bundle's output. */
-interface StagedFiles {
-  readonly hooks: ICommandHooks;
-  readonly remove: () => void;
-}
-
 /**
- * Writes the files to a new private directory (0700, files 0600) and returns command hooks that copy
- * them, by quoted path, into the bundle's output. The hooks also carry a digest of the files: CDK
- * caches a staged asset by its bundling options (functions do not count), and two functions bundled
- * from one entry point with different files must not share one.
+ * The function's code package: its bundle and `files` beside it, written by a local bundling step (plain
+ * file writes, no shell, no Docker) when the stack is synthesized with bundling (`cdk synth` and
+ * `deploy` do; tests skip it for stacks not named in `aws:cdk:bundling-stacks`). Every file is written
+ * readable by all (0644): Lambda runs the code as a user other than the package's owner and fails with
+ * EACCES on a file it cannot read. The asset hash is the output's, so a change in the code or in a file
+ * changes the deployed package, and two functions with different files never share one.
  */
-function stageFiles(files: Readonly<Record<string, string>>): StagedFiles | undefined {
+function functionCode(name: PoolFunctionName, files: Readonly<Record<string, string>>): Code {
   const names = Object.keys(files).sort();
-  if (names.length === 0) return undefined;
-  const dir = mkdtempSync(join(tmpdir(), 'metastatic-asset-'));
-  try {
-    const digest = createHash('sha256');
-    const copies: Array<readonly [string, string]> = [];
-    for (const name of names) {
-      if (!/^[A-Za-z0-9][\w.-]*$/.test(name) || /^index\.js/.test(name)) {
-        throw new Error(`files: ${JSON.stringify(name)} is not a plain file name beside the bundle`);
-      }
-      const text = files[name] ?? '';
-      const source = join(dir, name);
-      writeFileSync(source, text, { mode: 0o600, flag: 'wx' });
-      digest.update(`${name}\0${text}\0`);
-      copies.push([source, name]);
+  for (const file of names) {
+    if (!/^[A-Za-z0-9][\w.-]*$/.test(file) || file.startsWith(BUNDLE_FILE)) {
+      throw new Error(`files: ${JSON.stringify(file)} is not a plain file name beside the bundle`);
     }
-    const hooks: ICommandHooks & { readonly filesDigest: string } = {
-      filesDigest: digest.digest('hex'),
-      beforeBundling: () => [],
-      beforeInstall: () => [],
-      // Local bundling runs these with bash -c: only paths are in the command, each quoted.
-      afterBundling: (_inputDir, outputDir) =>
-        copies.map(([source, name]) => `cp -- ${shellQuote(source)} ${shellQuote(join(outputDir, name))}`),
-    };
-    return { hooks, remove: () => rmSync(dir, { recursive: true, force: true }) };
-  } catch (err) {
-    rmSync(dir, { recursive: true, force: true });
-    throw err;
   }
+  const digest = createHash('sha256');
+  for (const file of names) digest.update(`${file}\0${files[file]}\0`);
+  const local: ILocalBundling & { readonly filesDigest: string } = {
+    // Part of the asset cache key: CDK caches a bundled asset by its bundling options (functions do not
+    // count), and two functions bundled from one entry point with different files must not share one.
+    filesDigest: digest.digest('hex'),
+    tryBundle(outputDir: string): boolean {
+      writeBundle(name, outputDir);
+      for (const file of names) {
+        writeFileSync(join(outputDir, file), files[file] ?? '', { mode: 0o644, flag: 'wx' });
+      }
+      return true;
+    },
+  };
+  const source = prebuiltBundleDir(name) ?? dirname(functionEntry(name) ?? missingBundle(name));
+  return Code.fromAsset(source, {
+    assetHashType: AssetHashType.OUTPUT,
+    bundling: {
+      local,
+      // Never used: the local step above always bundles (or throws). CDK requires an image.
+      image: DockerImage.fromRegistry('public.ecr.aws/docker/library/node:24'),
+    },
+  });
 }
 
-/** A POSIX shell single-quoted word. */
-function shellQuote(word: string): string {
-  return `'${word.replaceAll("'", `'\\''`)}'`;
+function missingBundle(name: PoolFunctionName): never {
+  throw new Error(
+    `no code for the ${name} function: neither dist/lambda/${name} nor functions/${name}/index.ts`,
+  );
 }

@@ -1,5 +1,5 @@
 import { execFile } from 'node:child_process';
-import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
@@ -126,6 +126,18 @@ describe('the configuration as a file in each function asset', () => {
       const keyB = (lambdaProperties('B', name).Code as { S3Key: string }).S3Key;
       expect(keyA).toMatch(/^[0-9a-f]{64}\.zip$/);
       expect(keyB).not.toBe(keyA);
+    }
+  });
+
+  it('ships every file of each code package readable by all, as Lambda requires (it runs the code as another user)', () => {
+    for (const name of FUNCTIONS) {
+      const dir = assetDir(pools.A, name);
+      const files = readdirSync(dir);
+      expect(files).toEqual(expect.arrayContaining(['index.js', 'index.js.map', FUNCTION_CONFIG_FILE]));
+      for (const file of files) {
+        const mode = statSync(join(dir, file)).mode & 0o777;
+        expect({ file, readableByAll: (mode & 0o444) === 0o444 }).toEqual({ file, readableByAll: true });
+      }
     }
   });
 
