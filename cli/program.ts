@@ -1,6 +1,7 @@
 import { Argument, Command, InvalidArgumentError, Option } from 'commander';
 import type { Target } from './client.ts';
 import type { Level } from './consoleLog.ts';
+import { packageVersion } from './packageInfo.ts';
 
 /**
  * The `metastatic` command line: every command, its arguments and options, and its help. Each command's
@@ -36,6 +37,7 @@ export function buildProgram(): Command {
     .option('--stack <name>', 'use a pool deployed with `cdk deploy` instead (default: $METASTATIC_STACK)')
     .option('--region <region>', 'with --stack: its region (default: $AWS_REGION)')
     .option('--stack-config <file>', 'with --stack: the pool configuration, for hold / drain / reap')
+    .version(packageVersion(), '-V, --version', 'print the version')
     .showHelpAfterError('(run with --help for usage)')
     .exitOverride();
 

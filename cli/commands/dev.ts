@@ -1,14 +1,13 @@
 import { existsSync } from 'node:fs';
-import { dirname, join, resolve } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { join, resolve } from 'node:path';
 import { formatConfigErrors, loadConfigFile } from '../../shared/config/load.ts';
 import { EmbeddedPool } from '../../shared/runtime/embeddedPool.ts';
 import { consoleLog, type Level } from '../consoleLog.ts';
 import { CliError } from '../errors.ts';
+import { packageRoot } from '../packageInfo.ts';
 import { terminalText } from '../terminal.ts';
 
-const packageRoot = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
-const exampleConfig = join(packageRoot, 'examples', 'local.yaml');
+const exampleConfig = join(packageRoot(), 'examples', 'local.yaml');
 
 export interface DevOptions {
   readonly config?: string;

@@ -24,7 +24,11 @@ export interface SupervisorLogger {
   error(msg: string, extra?: object): void;
 }
 
-const BACKING_NODE_SCRIPT = fileURLToPath(new URL('./backingNode.ts', import.meta.url));
+/** Run from this repository's sources (TypeScript, through tsx), or built (`dist/`, plain JavaScript). */
+const FROM_SOURCES = import.meta.url.endsWith('.ts');
+const BACKING_NODE_SCRIPT = fileURLToPath(
+  new URL(FROM_SOURCES ? './backingNode.ts' : './backingNode.js', import.meta.url),
+);
 
 /**
  * The tsx loader as an absolute URL: `--import tsx` alone resolves against the child's working directory,
@@ -78,8 +82,7 @@ export async function spawnBackingNode(args: BackingNodeArgs): Promise<ChildProc
   const proc = spawn(
     process.execPath,
     [
-      '--import',
-      tsxLoader(),
+      ...(FROM_SOURCES ? ['--import', tsxLoader()] : []),
       BACKING_NODE_SCRIPT,
       '--id',
       args.backingNodeId,
