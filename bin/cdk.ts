@@ -4,7 +4,7 @@
  *
  *   npx cdk synth -c config=path/to/pool.yaml [-c poolId=...] [-c instanceRoles=role-a,role-b]
  *                 [-c vpcId=vpc-... -c functionSubnetIds=subnet-a,subnet-b [-c functionSecurityGroupIds=sg-...]]
- *                 [-c ebsKmsKeyArn=arn:aws:kms:<region>:<account>:key/<id>]
+ *                 [-c ebsKmsKeyArn=arn:aws:kms:<region>:<account>:key/<id>] [-c dashboard=false]
  *
  * The only place that reads the environment: the account the CDK CLI resolved. The region is the one
  * the configuration's aws pools name (CDK_DEFAULT_REGION is the CLI profile's, us-east-1 without one,
@@ -35,6 +35,7 @@ new MetastaticStack(app, stringContext('stackName') ?? 'Metastatic', {
   poolId,
   instanceRoles,
   ebsKmsKeyArn: stringContext('ebsKmsKeyArn'),
+  dashboard: booleanContext('dashboard') ?? true,
   ...(vpcId && functionSubnetIds
     ? { functionsVpc: { vpcId, subnetIds: functionSubnetIds, securityGroupIds: functionSecurityGroupIds } }
     : {}),
@@ -49,6 +50,14 @@ function listContext(key: string): string[] | undefined {
     ?.split(',')
     .map((item) => item.trim())
     .filter((item) => item !== '');
+}
+
+function booleanContext(key: string): boolean | undefined {
+  const value: unknown = app.node.tryGetContext(key);
+  if (value === undefined) return undefined;
+  if (value === true || value === 'true') return true;
+  if (value === false || value === 'false') return false;
+  throw new Error(`context ${key} must be true or false`);
 }
 
 function stringContext(key: string): string | undefined {

@@ -1,5 +1,5 @@
 import { Annotations, Aws, CfnRule, Duration, Fn, Names, Resource, Stack, Token } from 'aws-cdk-lib';
-import type { Alarm, IAlarmAction } from 'aws-cdk-lib/aws-cloudwatch';
+import type { Alarm, Dashboard, IAlarmAction } from 'aws-cdk-lib/aws-cloudwatch';
 import { SnsAction } from 'aws-cdk-lib/aws-cloudwatch-actions';
 import { type ISecurityGroup, SecurityGroup } from 'aws-cdk-lib/aws-ec2';
 import { EventBus, type EventPattern, type IEventBus, Rule, Schedule } from 'aws-cdk-lib/aws-events';
@@ -12,6 +12,7 @@ import type { ResolvedConfig } from '../shared/config/model.ts';
 import { FUNCTION_CONFIG_FILE } from '../shared/runtime/functionConfig.ts';
 import { awsLabels, LauncherPermissions } from './launcherPermissions.ts';
 import { poolAlarms } from './poolAlarms.ts';
+import { poolDashboard } from './poolDashboard.ts';
 import { acknowledgeFindings } from './poolFindings.ts';
 import { PoolFunction } from './poolFunction.ts';
 import {
@@ -54,6 +55,8 @@ export class MetastaticPool extends Construct {
   readonly spotInterruptionsRule: Rule;
   readonly reaperSchedule: Rule;
   readonly alarms: readonly Alarm[];
+  /** The pool's CloudWatch dashboard (undefined with `dashboard: false`). */
+  readonly dashboard: Dashboard | undefined;
   /** The functions' security groups when they run in a VPC (empty otherwise): admit these on the instances. */
   readonly functionsSecurityGroups: readonly ISecurityGroup[];
 
@@ -260,6 +263,16 @@ export class MetastaticPool extends Construct {
       reaperFunction: this.reaperFunction,
       ec2Rules: [this.ec2EventsRule, this.spotInterruptionsRule],
     });
+    this.dashboard =
+      props.dashboard === false
+        ? undefined
+        : poolDashboard(this, {
+            poolId: this.poolId,
+            requestQueue: this.requestQueue,
+            fulfilQueue: this.fulfilQueue,
+            reaperFunction: this.reaperFunction,
+            alarms: this.alarms,
+          });
 
     acknowledgeFindings(this);
   }

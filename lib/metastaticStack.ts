@@ -27,6 +27,11 @@ export interface MetastaticStackProps extends StackProps {
   readonly eventBus?: IEventBus;
   /** @default RetentionDays.ONE_MONTH */
   readonly logRetention?: RetentionDays;
+  /**
+   * The pool's CloudWatch dashboard, its name in the `DashboardName` output.
+   * @default true
+   */
+  readonly dashboard?: boolean;
   /** @default - alarms without actions */
   readonly alarmTopic?: ITopic;
   /** @default - AWS managed encryption */
@@ -69,6 +74,7 @@ export class MetastaticStack extends Stack {
       alarmTopic: props.alarmTopic,
       encryptionKey: props.encryptionKey,
       ebsKmsKeyArn: props.ebsKmsKeyArn,
+      dashboard: props.dashboard,
     });
     new CfnOutput(this, 'RequestQueueUrl', {
       value: this.pool.requestQueue.queue.queueUrl,
@@ -80,6 +86,12 @@ export class MetastaticStack extends Stack {
       value: this.pool.eventBus.eventBusName,
       description: 'The pool publishes its events (source "metastatic") here',
     });
+    if (this.pool.dashboard) {
+      new CfnOutput(this, 'DashboardName', {
+        value: this.pool.dashboard.dashboardName,
+        description: 'The pool at a glance: CloudWatch > Dashboards > this name',
+      });
+    }
     new CfnOutput(this, 'PoolId', {
       value: this.pool.poolId,
       description: 'Value of the metastatic:pool tag on the pool instances',

@@ -65,6 +65,12 @@ export interface MetastaticPoolProps {
    */
   readonly reaperRate?: Duration;
   /**
+   * A CloudWatch dashboard of the pool (requests, time to fulfilled, nodes waiting, slots, backing nodes by
+   * state, launches, reaper runs, dead letters, alarms): `MetastaticPool.dashboard`.
+   * @default true
+   */
+  readonly dashboard?: boolean;
+  /**
    * The most request-function invocations the request queue's event source mapping runs at once (2 to
    * 1000): messages beyond it wait in the queue rather than in parallel launches and table conflicts.
    * @default REQUEST_MAX_CONCURRENCY (10)

@@ -29,6 +29,21 @@ export const MetricName = {
   requestsFailed: 'RequestsFailed',
   /** How long a request had been waiting (since it was sent) each time it found no capacity. */
   capacityWait: 'CapacityWait',
+  /** A request recorded for the first time (a redelivery or a reused id is not counted again). */
+  requestsReceived: 'RequestsReceived',
+  requestsFulfilled: 'RequestsFulfilled',
+  /** From when a request was recorded to when it was fulfilled. */
+  timeToFulfilled: 'TimeToFulfilled',
+  // Gauges the reaper records each run, from what it read (with SlotsInUse and IdleBackingNodes).
+  /** Nodes of waiting requests that are not ready yet. */
+  nodesWaiting: 'NodesWaiting',
+  /** Free slots on backing nodes that take nodes (launching or ready, not retiring or failed). */
+  slotsFree: 'SlotsFree',
+  backingLaunching: 'BackingNodesLaunching',
+  /** Ready backing nodes holding at least one node (the idle ones are IdleBackingNodes). */
+  backingActive: 'BackingNodesActive',
+  backingRetiring: 'BackingNodesRetiring',
+  backingFailed: 'BackingNodesFailed',
 } as const;
 export type MetricName = (typeof MetricName)[keyof typeof MetricName];
 

@@ -13,7 +13,7 @@ import { failBackingNode, failBadBacking, settleFailedNodes } from './failure.ts
 import { markNodesReady } from './nodesReady.ts';
 import type { MutableReport, ReapReport } from './reapReport.ts';
 import { lookUp, providerFor, reconcile, reconcileCapacity, stop } from './reconcile.ts';
-import { endExpiredRequests } from './waiting.ts';
+import { endExpiredRequests, nodesWaiting } from './waiting.ts';
 
 /**
  * One reaper run. Everything it looks at comes from Queries on the reap index (every backing node
@@ -133,11 +133,22 @@ export async function reap(ctx: Context): Promise<ReapReport> {
     if (!ended.complete) report.deferred++;
   });
   // Gauges, from what this run read.
+  const taking = [...launching, ...active, ...idle];
   ctx.metrics?.count(
     MetricName.slotsInUse,
-    [...launching, ...active].reduce((n, b) => n + b.used, 0),
+    taking.reduce((n, b) => n + b.used, 0),
+  );
+  ctx.metrics?.count(
+    MetricName.slotsFree,
+    taking.reduce((n, b) => n + Math.max(0, b.slots - b.used), 0),
   );
   ctx.metrics?.count(MetricName.idleBackingNodes, idle.length);
+  ctx.metrics?.count(MetricName.backingLaunching, launching.length);
+  ctx.metrics?.count(MetricName.backingActive, active.length);
+  ctx.metrics?.count(MetricName.backingRetiring, retiring.length);
+  ctx.metrics?.count(MetricName.backingFailed, (await ctx.store.backingInPhase('failed')).length);
+  const waiting = ctx.metrics ? await nodesWaiting(ctx) : undefined;
+  if (waiting !== undefined) ctx.metrics?.count(MetricName.nodesWaiting, waiting);
   return report;
 }
 

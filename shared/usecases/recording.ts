@@ -1,5 +1,6 @@
 import { BusyError, DeadlineError, PermanentError, RetryableError } from '../core/errors.ts';
 import { supersedes } from '../core/ids.ts';
+import { MetricName } from '../core/observability.ts';
 import type { RequestRecord } from '../core/records.ts';
 import { DELIVERY_DEADLINE_MS } from '../core/timing.ts';
 import { AGAIN, retryOnConflict, unlessConflict } from './conflicts.ts';
@@ -72,11 +73,18 @@ export class Recording {
     return this.stored ?? this.fresh;
   }
 
+  /** Creates the request's first record, counted as received; the existing record when there is one. */
+  private async create(record: RequestRecord): Promise<RequestRecord | undefined> {
+    const existing = await this.ctx.store.createRequest(record);
+    if (!existing) this.ctx.metrics?.count(MetricName.requestsReceived);
+    return existing;
+  }
+
   /** Makes sure a `requested` record exists; throws AlreadyPlaced if a delivery got further. */
   async ensure(): Promise<void> {
     if (this.stored) return;
     const recorded = { ...this.fresh, placer: this.owner };
-    const existing = await this.ctx.store.createRequest(recorded);
+    const existing = await this.create(recorded);
     this.stored = existing ? this.adopt(existing) : recorded;
   }
 
@@ -93,7 +101,7 @@ export class Recording {
       const existing = await this.ctx.store.getRequest(this.fresh.id);
       if (!existing) {
         const fenced = { ...this.fresh, placer: this.owner };
-        if (await this.ctx.store.createRequest(fenced)) return AGAIN; // created meanwhile: read it
+        if (await this.create(fenced)) return AGAIN; // created meanwhile: read it
         this.stored = fenced;
         return true;
       }
@@ -139,7 +147,7 @@ export class Recording {
         if (await unlessConflict(() => this.ctx.store.putRequest(placed, base.version))) return undefined;
         existing = await this.ctx.store.getRequest(this.fresh.id);
       } else {
-        existing = await this.ctx.store.createRequest(placed);
+        existing = await this.create(placed);
         if (!existing) return undefined;
       }
       if (!existing) throw new RetryableError(`request ${this.fresh.id} vanished while being placed`);

@@ -16,6 +16,8 @@ import { type Context, emit } from './context.ts';
 /** Publishes the end of a request (fulfilled or failed) and counts failures. */
 export async function requestSettled(ctx: Context, r: RequestRecord): Promise<void> {
   if (r.state === 'fulfilled') {
+    ctx.metrics?.count(MetricName.requestsFulfilled);
+    ctx.metrics?.milliseconds(MetricName.timeToFulfilled, Math.max(0, ctx.clock.now() - r.createdAt));
     await emit(ctx, PoolEventType.requestFulfilled, {
       requestId: r.id,
       requestor: r.requestor,
@@ -47,6 +49,7 @@ export async function recordFailure(ctx: Context, fresh: RequestRecord, why: str
   const failed: RequestRecord = { ...failedRequest(fresh, why, fresh.updatedAt), version: fresh.version };
   const existing = await ctx.store.createRequest(failed);
   if (existing) return existing; // the id is taken: never overwrite, and it is not this one that failed
+  ctx.metrics?.count(MetricName.requestsReceived);
   ctx.log.warn('request failed', { requestId: fresh.id, reason: failed.reason });
   await requestSettled(ctx, failed);
   return failed;

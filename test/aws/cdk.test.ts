@@ -627,9 +627,77 @@ describe('MetastaticStack (the example configuration, as bin/cdk.ts builds it)',
     });
   });
 
+  it('has a CloudWatch dashboard of the pool, its name an output', () => {
+    const dashboards = ofType('AWS::CloudWatch::Dashboard');
+    expect(dashboards).toHaveLength(1);
+    const [id, dashboard] = dashboards[0] as [string, Json];
+    const outputs = template.toJSON().Outputs as Record<string, { Value: unknown }>;
+    expect(outputs.DashboardName?.Value).toEqual({ Ref: id });
+    // The body is a Fn::Join of text and references: resolve the references to placeholders, then read it.
+    const join = ((dashboard.Properties as Json).DashboardBody as { 'Fn::Join': [string, unknown[]] })[
+      'Fn::Join'
+    ];
+    const body = JSON.parse(join[1].map((p) => (typeof p === 'string' ? p : 'REF')).join(join[0])) as {
+      widgets: Array<{ properties: { title: string; metrics?: unknown[][]; alarms?: unknown[] } }>;
+    };
+    const byTitle = Object.fromEntries(body.widgets.map((w) => [w.properties.title, w.properties]));
+    expect(Object.keys(byTitle)).toEqual([
+      'Requests',
+      'Time to fulfilled',
+      'Nodes waiting',
+      'Slots',
+      'Backing nodes by state',
+      'Launches',
+      'Reaper runs',
+      'Dead-letter queues',
+      'Alarms',
+    ]);
+    /** A widget's metrics as "namespace name statistic" (the pool's own carry its service and pool dimensions). */
+    const metrics = (title: string) =>
+      (byTitle[title]?.metrics ?? []).map((m) => {
+        const [namespace, name, ...rest] = m as [string, string, ...unknown[]];
+        const options = rest.find((r) => typeof r === 'object' && r !== null) as
+          | { stat?: string }
+          | undefined;
+        const dims = rest.filter((r) => typeof r === 'string');
+        if (namespace === 'metastatic')
+          expect(dims).toEqual(['service', 'metastatic', 'pool', 'Metastatic-Pool-5603C6D5']);
+        return `${namespace} ${name} ${options?.stat ?? ''}`.trim();
+      });
+    expect(metrics('Requests')).toEqual([
+      'Metastatic RequestsReceived Sum',
+      'Metastatic RequestsFulfilled Sum',
+      'Metastatic RequestsFailed Sum',
+    ]);
+    expect(metrics('Time to fulfilled')).toEqual([
+      'Metastatic TimeToFulfilled p50',
+      'Metastatic TimeToFulfilled p95',
+    ]);
+    expect(metrics('Nodes waiting')[0]).toBe('Metastatic NodesWaiting Maximum');
+    expect(metrics('Slots')).toEqual(['Metastatic SlotsInUse Maximum', 'Metastatic SlotsFree Maximum']);
+    expect(metrics('Backing nodes by state')).toEqual([
+      'Metastatic BackingNodesLaunching Maximum',
+      'Metastatic BackingNodesActive Maximum',
+      'Metastatic IdleBackingNodes Maximum',
+      'Metastatic BackingNodesRetiring Maximum',
+      'Metastatic BackingNodesFailed Maximum',
+    ]);
+    expect(metrics('Launches').slice(0, 2)).toEqual([
+      'Metastatic LaunchSucceeded Sum',
+      'Metastatic LaunchFailed Sum',
+    ]);
+    expect(metrics('Reaper runs')).toEqual(['AWS/Lambda Invocations Sum', 'AWS/Lambda Errors Sum']);
+    expect(metrics('Dead-letter queues')).toEqual([
+      'AWS/SQS ApproximateNumberOfMessagesVisible Maximum',
+      'AWS/SQS ApproximateNumberOfMessagesVisible Maximum',
+    ]);
+    expect(byTitle.Alarms?.alarms).toHaveLength(stack.pool.alarms.length);
+  });
+
   it('outputs the queue URLs, table name, event bus and pool id', () => {
     const outputs = template.toJSON().Outputs as Record<string, { Value: unknown }>;
     expect(Object.keys(outputs).sort()).toEqual([
+      'DashboardName',
       'EventBusName',
       'FulfilQueueUrl',
       'PoolId',
@@ -659,6 +727,15 @@ describe('MetastaticPool options and checks', () => {
     const pool = new MetastaticPool(stack, 'Pool', { config, ...extra });
     return { app, pool, template: Template.fromStack(stack) };
   }
+
+  it('leaves the dashboard out with dashboard: false', () => {
+    const { pool, template } = synth(awsConfig('image-id: ami-1'), { dashboard: false });
+    expect(pool.dashboard).toBeUndefined();
+    template.resourceCountIs('AWS::CloudWatch::Dashboard', 0);
+    expect(
+      synth(awsConfig('image-id: ami-1')).template.findResources('AWS::CloudWatch::Dashboard'),
+    ).not.toEqual({});
+  });
 
   it('passes exactly the given instance roles, to EC2 only, when a label has an instance profile', () => {
     const { app, template } = synth(awsConfig('image-id: ami-1\niam-instance-profile: { name: builders }'), {

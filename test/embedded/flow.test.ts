@@ -1,6 +1,7 @@
 import { connect } from 'node:net';
 import { afterEach, describe, expect, it } from 'vitest';
 import { DEAD_LETTERED_REASON } from '../../shared/handlers/requestHandler.ts';
+import { reap } from '../../shared/usecases/reap.ts';
 import { baseConfig, largeNode, poolConfig, smallNode } from '../../testkit/configs.ts';
 import { type Harness, sqsEvent, startHarness } from '../../testkit/harness.ts';
 
@@ -191,6 +192,44 @@ describe('request, fulfil and release flow (dynalite + fauxqs + local processes)
     expect((await h.pool.context.store.getRequest('second'))?.reason).toMatch(
       /^no capacity after 3 attempts/,
     );
+  });
+
+  it('records what the dashboard draws: requests received and fulfilled, time to fulfilled, and the reaper gauges', async () => {
+    // Two slots on one backing node, max-servers 2: two requests are served, the third waits.
+    h = await startHarness(baseConfig({ slots: 2, maxServers: 2 }), { maxReceiveCount: 5 });
+    const counts: Array<[string, number]> = [];
+    const times: Array<[string, number]> = [];
+    Object.assign(h.pool.context, {
+      metrics: {
+        count: (name: string, value = 1) => counts.push([name, value]),
+        milliseconds: (name: string, ms: number) => times.push([name, ms]),
+      },
+    });
+    for (const id of ['d1', 'd2']) await h.send(request(id));
+    await h.drainRequests();
+    // Received once: it waits for capacity, recorded as requested, its message to come back.
+    const waits = await h.pool.handlers.request(sqsEvent([JSON.stringify(request('d3'))], 1));
+    expect(waits.batchItemFailures).toHaveLength(1);
+    await h.fulfilUntil(() => allReady(h as Harness, ['d1', 'd2']));
+    const total = (name: string) => counts.filter(([n]) => n === name).reduce((t, [, v]) => t + v, 0);
+    expect(total('RequestsReceived')).toBe(3); // d3 too: recorded, waiting
+    expect(total('RequestsFulfilled')).toBe(2);
+    expect(times.filter(([n]) => n === 'TimeToFulfilled')).toHaveLength(2);
+    expect(times.every(([, ms]) => ms >= 0)).toBe(true);
+
+    counts.length = 0;
+    await reap(h.pool.context);
+    const gauges = Object.fromEntries(counts);
+    expect(gauges).toMatchObject({
+      SlotsInUse: 2,
+      SlotsFree: 0,
+      IdleBackingNodes: 0,
+      BackingNodesLaunching: 0,
+      BackingNodesActive: 1,
+      BackingNodesRetiring: 0,
+      BackingNodesFailed: 0,
+      NodesWaiting: 1,
+    });
   });
 
   it('ends what reaches the dead-letter queue: a waiting request fails with the reason, the rest is kept', async () => {
