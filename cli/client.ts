@@ -1,3 +1,4 @@
+import { join } from 'node:path';
 import { CloudFormationClient } from '@aws-sdk/client-cloudformation';
 import { DynamoDBClient } from '@aws-sdk/client-dynamodb';
 import { SendMessageCommand, SQSClient } from '@aws-sdk/client-sqs';
@@ -16,6 +17,8 @@ import { readStack } from './stack.ts';
 /** A connection to a running pool: the store for reads, the request queue for commands. */
 export interface PoolClient {
   readonly store: DynamoStore;
+  /** Where an embedded pool writes its events (`<state-dir>/events.jsonl`); a deployed one publishes to EventBridge. */
+  readonly eventsFile?: string;
   send(message: PoolMessage): Promise<void>;
   /** The use-case context for operator verbs (hold, drain, reap); flush() before exiting. */
   operatorContext(): Promise<{ context: Context; flush(): Promise<void> }>;
@@ -101,6 +104,7 @@ async function connectLocal(stateDir: string): Promise<PoolClient> {
   const store = new DynamoStore(dynamodb, info.tableName);
   return {
     store,
+    eventsFile: join(info.stateDir, 'events.jsonl'),
     async send(message) {
       await sqs.send(
         new SendMessageCommand({ QueueUrl: info.requestQueueUrl, MessageBody: JSON.stringify(message) }),

@@ -16,6 +16,13 @@ const seconds = (name: string) => (value: string) => {
   return n;
 };
 
+const positiveSeconds = (name: string) => (value: string) => {
+  const n = Number(value);
+  if (!Number.isFinite(n) || n < 0.1 || n > 3600)
+    throw new InvalidArgumentError(`${name} must be a number of seconds from 0.1 to 3600`);
+  return n;
+};
+
 interface GlobalOptions {
   readonly stateDir?: string;
   readonly stack?: string;
@@ -145,6 +152,24 @@ export function buildProgram(): Command {
     .action(async (what: 'nodes' | 'backing' | 'requests', opts) => {
       const { list } = await import('./commands/list.ts');
       await list(await target(), what, opts);
+    });
+
+  program
+    .command('status')
+    .description(
+      'the pool on one screen: labels, backing nodes with their slots, waiting requests, last events',
+    )
+    .option('-w, --watch', 'refresh in place like top until Ctrl-C (plain snapshots when not a terminal)')
+    .option(
+      '--interval <seconds>',
+      'with --watch: seconds between refreshes',
+      positiveSeconds('--interval'),
+      2,
+    )
+    .option('--json', 'print JSON (with --watch: one object per line)')
+    .action(async (opts) => {
+      const { status } = await import('./commands/status.ts');
+      await status(await target(), opts);
     });
 
   program

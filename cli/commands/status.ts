@@ -1,0 +1,262 @@
+import { open } from 'node:fs/promises';
+import type { BackingRecord, RequestRecord } from '../../shared/core/records.ts';
+import { connect, type PoolClient, type Target } from '../client.ts';
+import { ago, table } from '../format.ts';
+import { isLive, sleep } from '../output.ts';
+import { terminalJson, terminalText } from '../terminal.ts';
+
+/** How many of the newest events `status` shows (and reads: the tail of events.jsonl, never the whole file). */
+const LAST_EVENTS = 6;
+const EVENTS_TAIL_BYTES = 64 * 1024;
+/** The widest slot bar; a backing node with more slots gets a scaled one. */
+const BAR_CELLS = 16;
+
+/** One label's nodes and capacity. */
+export interface LabelStatus {
+  readonly label: string;
+  readonly nodesReady: number;
+  readonly nodesPending: number;
+  readonly requestsWaiting: number;
+  readonly backingNodes: number;
+  readonly slotsUsed: number;
+  readonly slots: number;
+}
+
+/** What `status --json` prints (one object; with --watch, one per line). */
+export interface PoolStatus {
+  readonly at: string;
+  readonly labels: LabelStatus[];
+  readonly backing: Array<{
+    id: string;
+    label: string;
+    backingLabel: string;
+    state: string;
+    usedSlots: number;
+    slots: number;
+    launchedAt: string;
+    drained?: true;
+  }>;
+  readonly waiting: Array<{ id: string; labels: string[]; createdAt: string; nodesReady: number }>;
+  /** The newest pool events, oldest first (embedded pool only: on AWS they go to EventBridge). */
+  readonly events: Array<{ time: string; type: string; subject: string }> | null;
+}
+
+export interface StatusOptions {
+  readonly watch?: boolean;
+  /** Seconds between refreshes with --watch. */
+  readonly interval: number;
+  readonly json?: boolean;
+}
+
+/**
+ * `metastatic status`: the pool on one screen. With --watch it refreshes in place like `top` on a terminal
+ * (the screen is cleared and redrawn; Ctrl-C ends it), and prints one snapshot after another when the
+ * output is not a terminal; with --json, one JSON object (per line with --watch).
+ */
+export async function status(target: Target, opts: StatusOptions): Promise<void> {
+  const client = await connect(target);
+  const tty = process.stdout.isTTY === true && !opts.json;
+  let stopped = false;
+  const stop = () => {
+    stopped = true;
+  };
+  process.once('SIGINT', stop);
+  process.once('SIGTERM', stop);
+  if (opts.watch && tty) process.stdout.write('\x1b[?25l'); // hide the cursor while redrawing
+  try {
+    for (let first = true; first || (opts.watch && !stopped); first = false) {
+      const snapshot = await poolStatus(client, Date.now());
+      if (opts.json) {
+        const text = JSON.stringify(snapshot, null, opts.watch ? undefined : 2);
+        process.stdout.write(`${terminalJson(text)}\n`);
+      } else {
+        const text = terminalText(render(snapshot, Date.now(), opts.watch ? opts.interval : undefined));
+        // On a terminal: home, draw, clear what the previous screen left below. Elsewhere: one after another.
+        if (opts.watch && tty)
+          process.stdout.write(`\x1b[H${text.replaceAll('\n', '\x1b[K\n')}\x1b[K\n\x1b[J`);
+        else process.stdout.write(`${first ? '' : '\n'}${text}\n`);
+      }
+      if (!opts.watch) break;
+      for (let waited = 0; waited < opts.interval * 1000 && !stopped; waited += 100) await sleep(100);
+    }
+  } finally {
+    process.off('SIGINT', stop);
+    process.off('SIGTERM', stop);
+    if (opts.watch && tty) process.stdout.write('\x1b[?25h');
+    client.close();
+  }
+}
+
+/** Reads the pool: backing nodes, requests and the newest events. */
+export async function poolStatus(client: PoolClient, now: number): Promise<PoolStatus> {
+  const [backing, requests, events] = await Promise.all([
+    client.store.listBacking(),
+    client.store.listRequests(),
+    client.eventsFile ? lastEvents(client.eventsFile) : Promise.resolve(null),
+  ]);
+  const live = backing.filter((b) => b.state !== 'stopped').sort((a, b) => a.launchedAt - b.launchedAt);
+  const waiting = requests.filter((r) => r.state === 'requested').sort((a, b) => a.createdAt - b.createdAt);
+  return {
+    at: new Date(now).toISOString(),
+    labels: labelStatus(live, requests),
+    backing: live.map((b) => ({
+      id: b.id,
+      label: b.label,
+      backingLabel: b.backingLabel,
+      state: b.state,
+      usedSlots: b.used,
+      slots: b.slots,
+      launchedAt: new Date(b.launchedAt).toISOString(),
+      ...(b.drained ? { drained: true as const } : {}),
+    })),
+    waiting: waiting.map((r) => ({
+      id: r.id,
+      labels: r.labels,
+      createdAt: new Date(r.createdAt).toISOString(),
+      nodesReady: r.nodes.filter((n) => n.state === 'ready').length,
+    })),
+    events,
+  };
+}
+
+function labelStatus(backing: readonly BackingRecord[], requests: readonly RequestRecord[]): LabelStatus[] {
+  const labels = new Map<string, { -readonly [K in keyof LabelStatus]: LabelStatus[K] }>();
+  const of = (label: string) => {
+    let s = labels.get(label);
+    if (!s) {
+      s = {
+        label,
+        nodesReady: 0,
+        nodesPending: 0,
+        requestsWaiting: 0,
+        backingNodes: 0,
+        slotsUsed: 0,
+        slots: 0,
+      };
+      labels.set(label, s);
+    }
+    return s;
+  };
+  for (const b of backing) {
+    const s = of(b.label);
+    s.backingNodes++;
+    s.slotsUsed += b.used;
+    if (b.state === 'launching' || b.state === 'ready') s.slots += b.slots;
+  }
+  for (const r of requests) {
+    for (const n of r.nodes.filter(isLive)) {
+      if (n.state === 'ready') of(n.label).nodesReady++;
+      else of(n.label).nodesPending++;
+    }
+    if (r.state === 'requested') for (const label of new Set(r.labels)) of(label).requestsWaiting++;
+  }
+  return [...labels.values()].sort((a, b) => a.label.localeCompare(b.label));
+}
+
+/** The newest events of an embedded pool, from the tail of its events.jsonl. */
+async function lastEvents(path: string): Promise<PoolStatus['events']> {
+  let text: string;
+  try {
+    const file = await open(path, 'r');
+    try {
+      const { size } = await file.stat();
+      const start = Math.max(0, size - EVENTS_TAIL_BYTES);
+      const buf = Buffer.alloc(size - start);
+      await file.read(buf, 0, buf.length, start);
+      text = buf.toString('utf8');
+      if (start > 0) text = text.slice(text.indexOf('\n') + 1); // drop the partial first line
+    } finally {
+      await file.close();
+    }
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return [];
+    throw err;
+  }
+  const out: NonNullable<PoolStatus['events']> = [];
+  for (const line of text.split('\n').filter(Boolean).slice(-LAST_EVENTS)) {
+    try {
+      const e = JSON.parse(line) as {
+        time?: string;
+        'detail-type'?: string;
+        detail?: Record<string, unknown>;
+      };
+      const d = e.detail ?? {};
+      out.push({
+        time: String(e.time ?? ''),
+        type: String(e['detail-type'] ?? ''),
+        subject: String(d.requestId ?? d.nodeId ?? d.backingNodeId ?? ''),
+      });
+    } catch {
+      // a line being written as we read: skipped
+    }
+  }
+  return out;
+}
+
+/** A slot bar: `[██··]` for 2 of 4 slots used, scaled down past BAR_CELLS slots. */
+export function slotBar(used: number, slots: number): string {
+  const cells = Math.min(slots, BAR_CELLS);
+  const full = slots === 0 ? 0 : Math.min(cells, Math.round((used / slots) * cells));
+  return `[${'█'.repeat(full)}${'·'.repeat(cells - full)}]`;
+}
+
+/** The one-screen text of a snapshot. */
+export function render(s: PoolStatus, now: number, everySeconds?: number): string {
+  const lines: string[] = [];
+  const refresh = everySeconds === undefined ? '' : ` — every ${everySeconds}s, Ctrl-C to stop`;
+  lines.push(`metastatic status at ${s.at.replace('T', ' ').replace(/\.\d+Z$/, 'Z')}${refresh}`, '');
+  lines.push(
+    s.labels.length === 0
+      ? 'no nodes, backing nodes or waiting requests'
+      : table(
+          ['LABEL', 'READY', 'PENDING', 'WAITING', 'BACKING', 'SLOTS'],
+          s.labels.map((l) => [
+            l.label,
+            l.nodesReady,
+            l.nodesPending,
+            l.requestsWaiting,
+            l.backingNodes,
+            `${l.slotsUsed}/${l.slots}`,
+          ]),
+        ),
+  );
+  if (s.backing.length > 0) {
+    lines.push('', 'BACKING NODES');
+    lines.push(
+      table(
+        ['ID', 'LABEL', 'STATE', 'SLOTS', 'LAUNCHED'],
+        s.backing.map((b) => [
+          b.id,
+          b.label,
+          b.drained ? `${b.state} (drained)` : b.state,
+          `${slotBar(b.usedSlots, b.slots)} ${b.usedSlots}/${b.slots}`,
+          ago(Date.parse(b.launchedAt), now),
+        ]),
+      ),
+    );
+  }
+  if (s.waiting.length > 0) {
+    lines.push('', 'WAITING REQUESTS');
+    lines.push(
+      table(
+        ['ID', 'LABELS', 'READY', 'SINCE'],
+        s.waiting.map((r) => [
+          r.id,
+          r.labels.join(','),
+          `${r.nodesReady}/${r.labels.length}`,
+          ago(Date.parse(r.createdAt), now),
+        ]),
+      ),
+    );
+  }
+  if (s.events && s.events.length > 0) {
+    lines.push('', 'LAST EVENTS');
+    lines.push(
+      table(
+        ['TIME', 'EVENT', 'ID'],
+        s.events.map((e) => [e.time.slice(11, 19), e.type, e.subject]),
+      ),
+    );
+  }
+  return lines.join('\n');
+}
