@@ -14,7 +14,8 @@
  *   2. conditional-check conflicts per allocation at 16-way contention (bench/contention.ts);
  *   3. allocation latency with 2,000 backing nodes vs 20 (bench/scale.ts), and the capacity units an
  *      allocation and a release cost with 20 vs 5,000 live nodes (bench/capacity.ts);
- *   4. the Lambda bundles' size and module-initialisation time vs a bare SDK handler (bench/bundles.ts).
+ *   4. the Lambda bundles' size and module-initialisation time vs a bare SDK handler (bench/bundles.ts);
+ *   5. the CLI's start-up from the installed package (`--help`, `list nodes --json`) vs `node -e 0` (bench/cli.ts).
  * Prints the tables and a summary, and writes everything to bench/results.json.
  */
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
@@ -37,6 +38,7 @@ import { backingItem, FREE_INDEX, keys, requestItem } from '../shared/store/tabl
 import { largeNode, poolConfig, smallNode } from '../testkit/configs.ts';
 import { type BundlesFigures, bundlesReport, measureBundles } from './bundles.ts';
 import { type CapacityFigures, capacityReport, capacitySummary, measureCapacity } from './capacity.ts';
+import { type CliFigures, cliReport, cliSummary, measureCli } from './cli.ts';
 import { fmtMs, log, quantile, round, type Summary, sleep, summarize, table, yesNo } from './common.ts';
 import { type ContentionFigures, contentionReport, measureContention } from './contention.ts';
 import { measureScale, type ScaleFigures, scaleReport } from './scale.ts';
@@ -658,6 +660,7 @@ interface Parts {
   readonly scale: ScaleFigures;
   readonly capacity: CapacityFigures;
   readonly bundles: BundlesFigures;
+  readonly cli: CliFigures;
 }
 
 /** One line per figure: what was measured in this run, against its aim (nothing is asserted). */
@@ -709,6 +712,7 @@ function summaryRows(p: Parts): { figure: string; measured: string; aim: string;
       aim: '-',
       met: '',
     },
+    ...cliSummary(p.cli),
   ];
 }
 
@@ -753,11 +757,12 @@ async function main(): Promise<void> {
       for (const v of running) await v.stop();
     }
   });
-  // 2-4. Contention, scale and the Lambda bundles, one after the other.
+  // 2-5. Contention, scale, capacity, the Lambda bundles and the CLI, one after the other.
   const contention = await timed('contention', () => measureContention(progress));
   const scale = await timed('scale', () => measureScale(progress));
   const capacity = await timed('capacity', () => measureCapacity(progress));
   const bundles = await timed('bundles', () => measureBundles(progress));
+  const cli = await timed('cli', () => measureCli(progress));
 
   console.log('');
   console.log(report(variants));
@@ -776,7 +781,9 @@ async function main(): Promise<void> {
   console.log(capacityReport(capacity));
   console.log('');
   console.log(bundlesReport(bundles));
-  const summary = summaryRows({ variants, contention, scale, capacity, bundles });
+  console.log('');
+  console.log(cliReport(cli));
+  const summary = summaryRows({ variants, contention, scale, capacity, bundles, cli });
   console.log('');
   console.log('Summary (ratios measured in this one run; aims are targets, nothing is asserted)');
   console.log(
@@ -838,6 +845,7 @@ async function main(): Promise<void> {
       scale,
       capacity,
       bundles,
+      cli,
       secondsByPart: seconds,
       totalSeconds: round(total, 1),
     },

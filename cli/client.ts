@@ -1,18 +1,20 @@
 import { join } from 'node:path';
-import { CloudFormationClient } from '@aws-sdk/client-cloudformation';
 import { DynamoDBClient } from '@aws-sdk/client-dynamodb';
-import { SendMessageCommand, SQSClient } from '@aws-sdk/client-sqs';
-import { formatConfigErrors, loadConfigFile } from '../shared/config/load.ts';
+import type { SQSClient, SQSClientConfig } from '@aws-sdk/client-sqs';
+import type { ResolvedConfig } from '../shared/config/model.ts';
 import { systemClock } from '../shared/core/clock.ts';
 import type { PoolMessage } from '../shared/core/messages.ts';
-import { awsContext } from '../shared/runtime/awsContext.ts';
-import { embeddedContext } from '../shared/runtime/embeddedContext.ts';
 import { embeddedInfoPath, readEmbeddedInfo } from '../shared/runtime/embeddedInfo.ts';
 import { DynamoStore } from '../shared/store/dynamoStore.ts';
 import type { Context } from '../shared/usecases/context.ts';
 import { consoleLog } from './consoleLog.ts';
 import { CliError } from './errors.ts';
-import { readStack } from './stack.ts';
+
+/*
+ * What only some commands need is imported when first used: the SQS client when a message is sent, the
+ * CloudFormation client with --stack, the configuration and the use-case contexts for operator verbs.
+ * `list` and `status` load the DynamoDB client and the store, nothing more.
+ */
 
 /** A connection to a running pool: the store for reads, the request queue for commands. */
 export interface PoolClient {
@@ -43,21 +45,21 @@ export async function connect(target: Target | string): Promise<PoolClient> {
 async function connectStack(t: Target, stackName: string): Promise<PoolClient> {
   const region = t.region ?? process.env.AWS_REGION ?? process.env.AWS_DEFAULT_REGION;
   if (!region) throw new CliError('--stack needs a region: pass --region or set AWS_REGION', 2);
+  const [{ CloudFormationClient }, { readStack }] = await Promise.all([
+    import('@aws-sdk/client-cloudformation'),
+    import('./stack.ts'),
+  ]);
   const cfn = new CloudFormationClient({ region });
   const info = await readStack(cfn, stackName, region).finally(() => cfn.destroy());
   const dynamodb = new DynamoDBClient({ region });
   // The SQS client would otherwise send to the queue URL's host (https://sqs.<region>.amazonaws.com/...,
   // whatever the endpoint): an endpoint set in the environment (AWS_ENDPOINT_URL[_SQS], e.g. a VPC
   // endpoint or an AWS-protocol server) must win. On AWS both name the same regional endpoint.
-  const sqs = new SQSClient({ region, useQueueUrlAsEndpoint: false });
+  const sqs = lazySqs({ region, useQueueUrlAsEndpoint: false });
   const store = new DynamoStore(dynamodb, info.tableName);
   return {
     store,
-    async send(message) {
-      await sqs.send(
-        new SendMessageCommand({ QueueUrl: info.requestQueueUrl, MessageBody: JSON.stringify(message) }),
-      );
-    },
+    send: (message) => sqs.send(info.requestQueueUrl, message),
     async operatorContext() {
       if (!t.config) {
         throw new CliError(
@@ -65,10 +67,10 @@ async function connectStack(t: Target, stackName: string): Promise<PoolClient> {
           2,
         );
       }
-      const loaded = await loadConfigFile(t.config);
-      if (!loaded.ok) throw new CliError(`invalid configuration:\n${formatConfigErrors(loaded.errors)}`);
+      const config = await loadConfig(t.config);
+      const { awsContext } = await import('../shared/runtime/awsContext.ts');
       const context = awsContext({
-        config: loaded.config,
+        config,
         store,
         region,
         poolId: info.poolId,
@@ -100,25 +102,21 @@ async function connectLocal(stateDir: string): Promise<PoolClient> {
   }
   const credentials = { accessKeyId: 'metastatic', secretAccessKey: 'metastatic' };
   const dynamodb = new DynamoDBClient({ endpoint: info.dynamodbEndpoint, region: info.region, credentials });
-  const sqs = new SQSClient({ endpoint: info.sqsEndpoint, region: info.region, credentials });
+  const sqs = lazySqs({ endpoint: info.sqsEndpoint, region: info.region, credentials });
   const store = new DynamoStore(dynamodb, info.tableName);
   return {
     store,
     eventsFile: join(info.stateDir, 'events.jsonl'),
-    async send(message) {
-      await sqs.send(
-        new SendMessageCommand({ QueueUrl: info.requestQueueUrl, MessageBody: JSON.stringify(message) }),
-      );
-    },
+    send: (message) => sqs.send(info.requestQueueUrl, message),
     async operatorContext() {
       if (!info.configPath) throw new CliError('the running pool did not record its configuration path');
-      const loaded = await loadConfigFile(info.configPath);
-      if (!loaded.ok) throw new CliError(`invalid configuration:\n${formatConfigErrors(loaded.errors)}`);
+      const config = await loadConfig(info.configPath);
+      const { embeddedContext } = await import('../shared/runtime/embeddedContext.ts');
       const { context, localProvider } = embeddedContext({
-        config: loaded.config,
+        config,
+        sqs: await sqs.client(),
         stateDir: info.stateDir,
         store,
-        sqs,
         fulfilQueueUrl: info.fulfilQueueUrl,
         clock: systemClock,
         log: consoleLog('warn'),
@@ -132,6 +130,36 @@ async function connectLocal(stateDir: string): Promise<PoolClient> {
       sqs.destroy();
     },
   };
+}
+
+/** An SQS client made on first use. */
+function lazySqs(config: SQSClientConfig) {
+  let made: Promise<SQSClient> | undefined;
+  let sqs: SQSClient | undefined;
+  const client = () => {
+    made ??= import('@aws-sdk/client-sqs').then(({ SQSClient }) => {
+      sqs = new SQSClient(config);
+      return sqs;
+    });
+    return made;
+  };
+  return {
+    client,
+    async send(queueUrl: string, message: PoolMessage): Promise<void> {
+      const { SendMessageCommand } = await import('@aws-sdk/client-sqs');
+      await (await client()).send(
+        new SendMessageCommand({ QueueUrl: queueUrl, MessageBody: JSON.stringify(message) }),
+      );
+    },
+    destroy: () => sqs?.destroy(),
+  };
+}
+
+async function loadConfig(path: string): Promise<ResolvedConfig> {
+  const { formatConfigErrors, loadConfigFile } = await import('../shared/config/load.ts');
+  const loaded = await loadConfigFile(path);
+  if (!loaded.ok) throw new CliError(`invalid configuration:\n${formatConfigErrors(loaded.errors)}`);
+  return loaded.config;
 }
 
 function isAlive(pid: number): boolean {

@@ -2,8 +2,8 @@ import { type ChildProcess, execFile, spawn } from 'node:child_process';
 import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
-import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { packAndInstall } from '../../testkit/installedPackage.ts';
 import { node24, nodeMajor } from '../../testkit/node24.ts';
 import { until } from '../../testkit/processes.ts';
 
@@ -13,7 +13,6 @@ import { until } from '../../testkit/processes.ts';
  * imports `metastatic/cdk` with its types and synthesizes with the Lambda bundles shipped in the
  * package. The CLI and the bundles run under Node 24 (Lambda's runtime) as well as under this Node.
  */
-const execFileP = promisify(execFile);
 const root = resolve(import.meta.dirname, '..', '..');
 const version = (dir: string) =>
   (JSON.parse(readFileSync(join(dir, 'package.json'), 'utf8')) as { version: string }).version;
@@ -49,36 +48,10 @@ const metastatic = (args: string[], node = process.execPath) =>
 
 beforeAll(async () => {
   work = mkdtempSync(join(tmpdir(), 'metastatic-package-'));
-  // `npm pack` runs `prepack` (npm run build): dist/ with the compiled sources and the Lambda bundles.
-  const packed = await execFileP('npm', ['pack', '--json', '--pack-destination', work], {
-    cwd: root,
-    maxBuffer: 64 * 1024 * 1024,
-  });
-  const [info] = JSON.parse(packed.stdout) as Array<{ filename: string; files: Array<{ path: string }> }>;
-  if (!info) throw new Error(`npm pack printed no tarball: ${packed.stdout}`);
-  packedFiles = info.files.map((f) => f.path);
-  app = join(work, 'app');
-  await execFileP('mkdir', [app]);
-  writeFileSync(
-    join(app, 'package.json'),
-    JSON.stringify({ name: 'my-pool', private: true, type: 'module' }),
-  );
   // The user's CDK app brings aws-cdk-lib, constructs and @types/node (the versions here, from npm's cache).
-  const dev = (name: string) => `${name}@${version(join(root, 'node_modules', name))}`;
-  await execFileP(
-    'npm',
-    [
-      'install',
-      '--prefer-offline',
-      '--no-audit',
-      '--no-fund',
-      join(work, info.filename),
-      dev('aws-cdk-lib'),
-      dev('constructs'),
-      dev('@types/node'),
-    ],
-    { cwd: app, maxBuffer: 64 * 1024 * 1024 },
-  );
+  const installed = await packAndInstall(work, ['aws-cdk-lib', 'constructs', '@types/node']);
+  app = installed.app;
+  packedFiles = [...installed.files];
 }, 600_000);
 
 afterAll(() => {
