@@ -115,6 +115,25 @@ export function buildProgram(): Command {
     });
 
   program
+    .command('cancel')
+    .description(
+      'end a request that is not fulfilled yet: a waiting one fails, a placed one fails with its nodes',
+    )
+    .argument('<request-id>', 'the request id, as printed by `request`')
+    .option('--reason <text>', 'why, recorded as the request\'s reason after "cancelled: "')
+    .option(
+      '--timeout <seconds>',
+      'wait at most this long for the cancel to be applied',
+      seconds('--timeout'),
+      30,
+    )
+    .option('--json', 'print the request as JSON')
+    .action(async (requestId: string, opts) => {
+      const { cancel } = await import('./commands/request.ts');
+      await cancel(await target(), requestId, opts);
+    });
+
+  program
     .command('hold')
     .description('keep a node, and so its backing node, until it is released with --force')
     .argument('<node-id>', 'the node id (<request-id>/<index>)')

@@ -1,5 +1,5 @@
 import { randomBytes } from 'node:crypto';
-import { parseNodeId } from '../../shared/core/ids.ts';
+import { parseNodeId, requestIdPattern } from '../../shared/core/ids.ts';
 import { MAX_NODE_SET, RequestMessage } from '../../shared/core/messages.ts';
 import type { PoolStore } from '../../shared/core/poolStore.ts';
 import type { NodeRecord, RequestRecord } from '../../shared/core/records.ts';
@@ -126,6 +126,48 @@ export async function release(target: Target, nodeIdArg: string, opts: ReleaseOp
     }
     if (opts.json) printJson(nodeJson(current));
     else print(current.state === 'released' ? `released ${nodeIdArg}` : `${nodeIdArg} is ${current.state}`);
+  } finally {
+    client.close();
+  }
+}
+
+export interface CancelOptions {
+  readonly reason?: string;
+  readonly timeout: number;
+  readonly json?: boolean;
+}
+
+/**
+ * `metastatic cancel <request-id>`: sends a cancel message and waits until the request has ended. Exit 0
+ * when it ended cancelled (now or before); 1 when it had ended otherwise (fulfilled: release its nodes).
+ */
+export async function cancel(target: Target, requestId: string, opts: CancelOptions): Promise<void> {
+  if (!requestIdPattern.test(requestId)) throw new CliError(`"${requestId}" is not a request id`, 2);
+  const client = await connect(target);
+  try {
+    const ended = (r: RequestRecord | undefined) => r?.state === 'fulfilled' || r?.state === 'failed';
+    let current = await client.store.getRequest(requestId);
+    if (!ended(current)) {
+      await client.send({ kind: 'cancel', id: requestId, ...(opts.reason ? { reason: opts.reason } : {}) });
+      const deadline = Date.now() + opts.timeout * 1000;
+      while (!ended(current) && Date.now() < deadline) {
+        await sleep(100);
+        current = await client.store.getRequest(requestId);
+      }
+      if (!current || !ended(current)) {
+        throw new CliError(`cancel of ${requestId} was sent but not applied within ${opts.timeout}s`);
+      }
+    }
+    const r = current as RequestRecord;
+    if (opts.json) printJson(requestJson(r));
+    else printRequest(r);
+    if (!(r.state === 'failed' && r.reason?.startsWith('cancelled'))) {
+      throw new CliError(
+        r.state === 'fulfilled'
+          ? `request ${requestId} was already fulfilled: release its nodes instead`
+          : `request ${requestId} had already ended: ${r.state}`,
+      );
+    }
   } finally {
     client.close();
   }

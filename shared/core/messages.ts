@@ -44,7 +44,25 @@ export const ReleaseMessage = z.strictObject({
 });
 export type ReleaseMessage = z.infer<typeof ReleaseMessage>;
 
-export const PoolMessage = z.discriminatedUnion('kind', [RequestMessage, ReleaseMessage]);
+/**
+ * Ends a request that is not fulfilled yet: a waiting one fails with the reason, a placed one fails with
+ * its nodes (their slots and places are given back). A request not received yet is recorded as cancelled,
+ * so its message, when it comes, is refused. A fulfilled or failed request is left as it is.
+ */
+export const CancelMessage = z.strictObject({
+  kind: z.literal('cancel'),
+  id: z
+    .string()
+    .regex(
+      requestIdPattern,
+      'must be 1-128 characters of A-Z a-z 0-9 . _ : - starting with a letter or digit',
+    ),
+  /** Why, recorded in the request's reason after "cancelled: ". */
+  reason: z.string().max(256, 'must be at most 256 characters').optional(),
+});
+export type CancelMessage = z.infer<typeof CancelMessage>;
+
+export const PoolMessage = z.discriminatedUnion('kind', [RequestMessage, ReleaseMessage, CancelMessage]);
 export type PoolMessage = z.infer<typeof PoolMessage>;
 
 export type ParsedMessage =
@@ -86,13 +104,13 @@ export function parseMessage(body: string): ParsedMessage {
     Array.isArray(obj.labels) && obj.labels.every((l) => typeof l === 'string')
       ? boundedLabels(obj.labels as string[])
       : undefined;
-  if (obj.kind !== 'request' && obj.kind !== 'release') {
+  if (obj.kind !== 'request' && obj.kind !== 'release' && obj.kind !== 'cancel') {
     return {
       ok: false,
       reason:
         obj.kind === undefined
-          ? 'missing "kind" (expected "request" or "release")'
-          : `unknown kind ${typeof obj.kind === 'string' ? quote(obj.kind) : clip(JSON.stringify(obj.kind), 64)} (expected "request" or "release")`,
+          ? 'missing "kind" (expected "request", "release" or "cancel")'
+          : `unknown kind ${typeof obj.kind === 'string' ? quote(obj.kind) : clip(JSON.stringify(obj.kind), 64)} (expected "request", "release" or "cancel")`,
       requestId: obj.kind === undefined ? undefined : requestId,
       labels,
     };

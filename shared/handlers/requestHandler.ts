@@ -4,6 +4,7 @@ import { nodeId } from '../core/ids.ts';
 import { type ParsedMessage, parseMessage, type RequestMessage } from '../core/messages.ts';
 import { MetricName } from '../core/observability.ts';
 import { requestBodyHash, requestedRecord } from '../core/request.ts';
+import { cancelRequest } from '../usecases/cancel.ts';
 import type { Context } from '../usecases/context.ts';
 import { releaseNode } from '../usecases/release.ts';
 import { requestNodes } from '../usecases/requestNodes.ts';
@@ -82,6 +83,8 @@ export function makeDeadLetterHandler(context: Context): SqsBatchHandler {
           requestId: m.id,
           messageId: record.messageId,
         });
+      } else if (m.kind === 'cancel') {
+        await cancelRequest(ctx, m.id, m.reason);
       } else {
         await releaseNode(ctx, m.nodeId, m.force ?? false);
       }
@@ -128,6 +131,8 @@ export function makeRequestHandler(context: Context, options: RequestHandlerOpti
       if (m.kind === 'request') {
         // Which receive of which message: a redelivery takes over what an earlier receive left at once.
         await requestNodes(ctx, m, { messageId: record.messageId, receiveCount: receives });
+      } else if (m.kind === 'cancel') {
+        await cancelRequest(ctx, m.id, m.reason);
       } else {
         await releaseNode(ctx, m.nodeId, m.force ?? false);
       }

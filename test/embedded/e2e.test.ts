@@ -119,6 +119,25 @@ describe('metastatic CLI end to end (a new user’s session)', { timeout: 180_00
     expect(all.map((b: { state: string }) => b.state)).toEqual(['stopped', 'stopped']);
   });
 
+  it('cancels a request by id: one not received yet ends cancelled; a fulfilled one is refused (exit 1)', async () => {
+    const early = await cli(withState(['cancel', 'never-sent', '--reason', 'changed my mind', '--json']));
+    expect(early.code, early.stderr + devLog).toBe(0);
+    expect(JSON.parse(early.stdout)).toMatchObject({
+      id: 'never-sent',
+      state: 'failed',
+      reason: 'cancelled: changed my mind',
+    });
+    const served = await cli(
+      withState(['request', 'small-node', '--id', 'served-1', '--wait', '--timeout', '30']),
+    );
+    expect(served.code, served.stderr).toBe(0);
+    const late = await cli(withState(['cancel', 'served-1']));
+    expect(late.code).toBe(1);
+    expect(late.stderr).toContain('request served-1 was already fulfilled: release its nodes instead');
+    expect((await cli(withState(['release', 'served-1/0']))).code).toBe(0);
+    expect((await cli(withState(['cancel', '../bad']))).code).toBe(2);
+  });
+
   it('reports an unknown node and a usage error with distinct exit codes', async () => {
     const unknown = await cli(withState(['release', 'nobody/0']));
     expect(unknown.code).toBe(1);
