@@ -3,6 +3,7 @@ import { BusyError, CapacityError, LaunchFailedError } from '../core/errors.ts';
 import { type DeliveryOf, ownerSince, ownerToken, supersedes } from '../core/ids.ts';
 import type { RequestMessage } from '../core/messages.ts';
 import { eligiblePools } from '../core/pools.ts';
+import { priorityOf, waitingAhead } from '../core/priority.ts';
 import type { NodeRecord, RequestRecord } from '../core/records.ts';
 import { placedNode, placedRequest, requestedRecord } from '../core/request.ts';
 import { giveBackSlot } from './backingNodes.ts';
@@ -88,6 +89,8 @@ async function tryPool(ctx: Context, pool: MetastaticPool, recording: Recording)
   const requestId = recording.base.id;
   const nodeIds = recording.base.nodes.map((n) => n.id);
   const owner = recording.owner;
+  const ahead = await requestAhead(ctx, pool, recording.base);
+  if (ahead) return { kind: 'full', reason: ahead };
   if (pool.maxServers !== undefined) {
     const full = await reserveNodes(ctx, pool, pool.maxServers, nodeIds, recording);
     if (full) return { kind: 'full', reason: full };
@@ -151,6 +154,41 @@ async function tryPool(ctx: Context, pool: MetastaticPool, recording: Recording)
     return { kind: 'placed', request: (await ctx.store.getRequest(requestId)) ?? placed };
   }
   return { kind: 'placed', request: placed };
+}
+
+/**
+ * Priority (core/priority.ts): where capacity can run short, a request lets a waiting request that is
+ * served before it, and fits, go first, and waits; the one ahead takes the room at its next receive.
+ * Capacity runs short only under a cap (the pool's max-servers, or a backing pool's): without one a
+ * request is placed at once, on a free slot or a new backing node, and the check (one read of the
+ * waiting requests) is skipped. Returns why it waits, or undefined.
+ */
+async function requestAhead(
+  ctx: Context,
+  pool: MetastaticPool,
+  me: RequestRecord,
+): Promise<string | undefined> {
+  if (!capped(ctx, pool)) return undefined;
+  const waiting: RequestRecord[] = [];
+  let cursor: Record<string, unknown> | undefined;
+  do {
+    const page = await ctx.store.waitingRequests(Number.MAX_SAFE_INTEGER, cursor);
+    waiting.push(...page.items);
+    cursor = page.cursor;
+  } while (cursor);
+  // Its own waiting record, when it has one, says since when it waits (a new receive's record says now).
+  const self = waiting.find((r) => r.id === me.id && r.bodyHash === me.bodyHash) ?? me;
+  const first = waitingAhead(self, waiting, pool);
+  if (!first) return undefined;
+  return `${pool.key}: request ${first.id} (priority ${priorityOf(first)}) waits ahead of this one (priority ${priorityOf(self)})`;
+}
+
+/** Whether a cap can make requests for this pool wait: its max-servers, or a backing pool's. */
+function capped(ctx: Context, pool: MetastaticPool): boolean {
+  if (pool.maxServers !== undefined) return true;
+  return [...pool.labels.values()].some(
+    (l) => ctx.config.backingPoolByLabel.get(l.backingLabel)?.maxServers !== undefined,
+  );
 }
 
 /**

@@ -1,0 +1,45 @@
+import type { MetastaticPool } from '../config/model.ts';
+import type { RequestRecord } from './records.ts';
+
+/**
+ * Request priority, as Nodepool orders node requests: a lower number first, then the older request
+ * (then the id, so the order is total). A request without `priority` has DEFAULT_REQUEST_PRIORITY.
+ */
+export const DEFAULT_REQUEST_PRIORITY = 100;
+
+export const priorityOf = (r: Pick<RequestRecord, 'priority'>): number =>
+  r.priority ?? DEFAULT_REQUEST_PRIORITY;
+
+/** Whether `a` is served before `b`. */
+export function servedBefore(
+  a: Pick<RequestRecord, 'priority' | 'createdAt' | 'id'>,
+  b: Pick<RequestRecord, 'priority' | 'createdAt' | 'id'>,
+): boolean {
+  if (priorityOf(a) !== priorityOf(b)) return priorityOf(a) < priorityOf(b);
+  if (a.createdAt !== b.createdAt) return a.createdAt < b.createdAt;
+  return a.id < b.id;
+}
+
+/**
+ * The waiting request `me` must let go first in `pool`, if any: the first by priority among those that
+ * wait (state `requested`), are served before `me`, and fit in the room `me` would take: labels the pool
+ * offers, each one `me` asks for too, and no more nodes than `me`. Only such a request is sure to use
+ * that room; one that waits for something else (another label's backing pool at its cap) never holds
+ * `me` back, so a waiting request can never block capacity it cannot use. The price: between requests
+ * of different labels that share only the pool's max-servers, priority is not enforced.
+ */
+export function waitingAhead(
+  me: RequestRecord,
+  waiting: readonly RequestRecord[],
+  pool: Pick<MetastaticPool, 'labels'>,
+): RequestRecord | undefined {
+  const mine = new Set(me.labels);
+  let first: RequestRecord | undefined;
+  for (const r of waiting) {
+    if (r.id === me.id || r.state !== 'requested' || !servedBefore(r, me)) continue;
+    if (r.labels.length > me.labels.length) continue;
+    if (!r.labels.every((l) => mine.has(l) && pool.labels.has(l))) continue;
+    if (!first || servedBefore(r, first)) first = r;
+  }
+  return first;
+}

@@ -1,0 +1,72 @@
+import { afterEach, describe, expect, it } from 'vitest';
+import { releaseNode } from '../../shared/usecases/release.ts';
+import { baseConfig } from '../../testkit/configs.ts';
+import { type Harness, sqsEvent, startHarness } from '../../testkit/harness.ts';
+
+/**
+ * Request priority (issue 14): when capacity is short, waiting requests are served lowest priority
+ * number first, then oldest, whatever order SQS brings their messages back in; on dynalite + fauxqs +
+ * local processes.
+ */
+let h: Harness | undefined;
+afterEach(async () => {
+  await h?.close();
+  h = undefined;
+});
+
+const request = (id: string, priority?: number) => ({
+  kind: 'request',
+  id,
+  labels: ['small-node'],
+  ...(priority === undefined ? {} : { priority }),
+});
+const deliver = (harness: Harness, body: unknown, receiveCount = 1) =>
+  harness.pool.handlers.request(sqsEvent([JSON.stringify(body)], receiveCount));
+
+describe('priority', () => {
+  it('gives a freed place to the waiting request with the lowest priority number, not to the first back', async () => {
+    h = await startHarness(baseConfig({ slots: 4, maxServers: 2 }), { maxReceiveCount: 50 });
+    const store = h.pool.context.store;
+    for (const id of ['fill-1', 'fill-2']) await h.send(request(id));
+    await h.drainRequests();
+    // The pool is full: two low-priority requests wait, then a high-priority one.
+    for (const id of ['low-1', 'low-2'])
+      expect((await deliver(h, request(id, 200))).batchItemFailures).toHaveLength(1);
+    expect((await deliver(h, request('high', 10))).batchItemFailures).toHaveLength(1);
+
+    expect((await releaseNode(h.pool.context, 'fill-1/0')).kind).toBe('released');
+    // The low ones come back first: each lets the high one go first, and waits.
+    for (const id of ['low-1', 'low-2']) {
+      expect((await deliver(h, request(id, 200), 2)).batchItemFailures).toHaveLength(1);
+      expect((await store.getRequest(id))?.state).toBe('requested');
+    }
+    expect((await deliver(h, request('high', 10), 2)).batchItemFailures).toEqual([]);
+    expect((await store.getRequest('high'))?.state).not.toBe('requested');
+    expect([...(await store.nodePlaces('meta/main')).keys()].sort()).toEqual(['fill-2/0', 'high/0']);
+
+    // Next freed place: the older of the two equal ones.
+    await releaseNode(h.pool.context, 'fill-2/0');
+    expect((await deliver(h, request('low-2', 200), 3)).batchItemFailures).toHaveLength(1);
+    expect((await deliver(h, request('low-1', 200), 3)).batchItemFailures).toEqual([]);
+    expect((await store.getRequest('low-1'))?.state).not.toBe('requested');
+    expect((await store.getRequest('low-2'))?.state).toBe('requested');
+  });
+
+  it('makes a new request wait behind one already waiting for the same label', async () => {
+    h = await startHarness(baseConfig({ slots: 4, maxServers: 1 }), { maxReceiveCount: 50 });
+    const store = h.pool.context.store;
+    await h.send(request('fill'));
+    await h.drainRequests();
+    expect((await deliver(h, request('waiting'))).batchItemFailures).toHaveLength(1);
+    await releaseNode(h.pool.context, 'fill/0');
+    h.clock.advance(1_000);
+    // A newcomer with the same priority arrives first after the release: it queues behind.
+    expect((await deliver(h, request('newcomer'))).batchItemFailures).toHaveLength(1);
+    expect((await deliver(h, request('waiting'), 2)).batchItemFailures).toEqual([]);
+    expect((await store.getRequest('waiting'))?.state).not.toBe('requested');
+    // A newcomer with a better priority goes first even so.
+    await releaseNode(h.pool.context, 'waiting/0');
+    expect((await deliver(h, request('urgent', 1))).batchItemFailures).toEqual([]);
+    expect((await store.getRequest('newcomer'))?.state).toBe('requested');
+  });
+});
