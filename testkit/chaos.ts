@@ -75,6 +75,15 @@ export const CHAOS_POOL = {
   graceSeconds: 2,
   launchRetries: 3,
   launchTimeoutSeconds: 120,
+  /** request-timeout of the metastatic provider: waits past it end `failed` (checked by an invariant). */
+  requestTimeoutSeconds: 240,
+  /** Requests with an explicit priority (the rest have the default, 100), and the priorities drawn. */
+  priorityShare: 0.3,
+  priorities: [10, 100, 200],
+  /** Requests that the user cancels 0-20 s after sending them. */
+  cancelShare: 0.04,
+  /** How late a waiting request may end after its request-timeout: reaper runs crash, and run every tick. */
+  timeoutSlackMs: 5_000,
   /** The instance type that has no capacity in phases (the other one always has). */
   scarceType: 'm7g.2xlarge',
   otherType: 'm6g.2xlarge',
@@ -103,6 +112,7 @@ const chaosYaml = (nodeCap: boolean) =>
       provider: {
         'launch-retries': CHAOS_POOL.launchRetries,
         'launch-timeout': CHAOS_POOL.launchTimeoutSeconds,
+        'request-timeout': CHAOS_POOL.requestTimeoutSeconds,
       },
       pool: { 'max-servers': nodeCap ? CHAOS_POOL.nodesMax : undefined },
       labels: [
@@ -206,6 +216,8 @@ export interface ChaosReport {
   throttledCalls: number;
   duplicatesDelivered: number;
   redeliveries: number;
+  /** Cancel messages the users sent. */
+  cancelsSent: number;
   crashes: number;
   crashesByKind: Record<HandlerKind, number>;
   /** Crash boundaries: how many there are, how many crashed at least once, which never did. */
@@ -261,6 +273,9 @@ interface ClientRequest {
   sent: boolean;
   releaseAt?: number;
   releasesSent: boolean;
+  /** When the user cancels it (if it is not done by then). */
+  cancelAt?: number;
+  cancelSent?: boolean;
   done: boolean;
 }
 
@@ -414,6 +429,7 @@ export class ChaosRun {
       throttledCalls: 0,
       duplicatesDelivered: 0,
       redeliveries: 0,
+      cancelsSent: 0,
       crashes: 0,
       crashesByKind: { request: 0, fulfil: 0, reaper: 0 },
       boundaries: { total: this.crash.boundaries.length, hit: 0, neverHit: [] },
@@ -462,13 +478,23 @@ export class ChaosRun {
       else if (this.sched.chance(0.5)) labels = ['small'];
       else labels = Array.from({ length: this.sched.int(2, 4) }, () => 'small');
       const id = `req-${i}`;
+      const priority = this.sched.chance(CHAOS_POOL.priorityShare)
+        ? CHAOS_POOL.priorities[this.sched.int(0, CHAOS_POOL.priorities.length - 1)]
+        : undefined;
+      const cancelAt = this.sched.chance(CHAOS_POOL.cancelShare) ? at + this.sched.int(0, 20_000) : undefined;
       const c: ClientRequest = {
         id,
-        body: JSON.stringify({ kind: 'request', id, labels }),
+        body: JSON.stringify({
+          kind: 'request',
+          id,
+          labels,
+          ...(priority === undefined ? {} : { priority }),
+        }),
         at,
         nodes: labels.length,
         sent: false,
         releasesSent: false,
+        ...(cancelAt === undefined ? {} : { cancelAt }),
         done: false,
       };
       this.client.push(c);
@@ -787,6 +813,17 @@ export class ChaosRun {
             `not done: ${this.describeOutstanding()}`,
         );
       }
+      // Every waiting request ends within its request-timeout (and the reaper runs it takes).
+      const due = now - CHAOS_POOL.requestTimeoutSeconds * 1000 - CHAOS_POOL.timeoutSlackMs;
+      for (const r of this.requests.values()) {
+        if (r.state === 'requested' && r.createdAt < due) {
+          this.violation(
+            `request ${r.id} still waiting ${((now - r.createdAt) / 1000).toFixed(1)}s after it was recorded, ` +
+              `past its request-timeout of ${CHAOS_POOL.requestTimeoutSeconds}s`,
+          );
+          break;
+        }
+      }
       for (const c of this.client) {
         if (c.sent && !c.done && now - c.at > 15 * 60_000) {
           this.violation(
@@ -863,6 +900,7 @@ export class ChaosRun {
     this.flushEvents();
     this.sendArrivals();
     this.sendReleases();
+    this.sendCancels();
     const work: Promise<void>[] = [];
     // The queues are polled every pollEveryTicks (Lambda's pollers gather a batching window), so
     // what arrived meanwhile, duplicates included, is handled by concurrent invocations at once.
@@ -963,6 +1001,18 @@ export class ChaosRun {
       for (let i = 0; i < c.nodes; i++) {
         this.requestQueue.send(JSON.stringify({ kind: 'release', nodeId: `${c.id}/${i}` }));
       }
+      this.touched.add(c.id);
+    }
+  }
+
+  /** Users who give up on a request: a cancel message, whatever state it is in by then. */
+  private sendCancels(): void {
+    const now = this.clock.now();
+    for (const c of this.client) {
+      if (c.cancelAt === undefined || c.cancelSent || !c.sent || c.done || c.cancelAt > now) continue;
+      c.cancelSent = true;
+      this.report.cancelsSent++;
+      this.requestQueue.send(JSON.stringify({ kind: 'cancel', id: c.id, reason: 'chaos user' }));
       this.touched.add(c.id);
     }
   }
@@ -1212,6 +1262,7 @@ export function formatSummary(r: ChaosReport): string {
     ['requests / nodes', `${r.requests} / ${r.nodes}`],
     ['fulfilled', `${r.fulfilled} (nodes lost after ready: ${r.nodesLostAfterReady})`],
     ['failed', `${r.failed}${classes ? ` (${classes})` : ''}`],
+    ['cancels sent', `${r.cancelsSent} (a cancel after fulfilment changes nothing; the user releases)`],
     [
       'launches',
       `${r.launches} instances; failures: ${r.launchApiFailures} API + ${r.launchDeaths} died booting; ` +

@@ -38,6 +38,7 @@ describe('chaos', () => {
       expect(report.crashes).toBeGreaterThan(0);
       expect(report.duplicatesDelivered).toBeGreaterThan(0);
       expect(report.launches).toBeGreaterThan(0);
+      expect(report.cancelsSent).toBeGreaterThan(0);
     },
   );
 });
