@@ -321,6 +321,19 @@ describeWithMoto('cdk deploy into moto, and the deployed bundles serving a reque
     expect((await poolInstances()).map((i) => i.State?.Name)).toEqual(['terminated']);
   });
 
+  it('cancels a request through the deployed queue: it ends cancelled and its message, sent later, launches nothing', async () => {
+    await send({ kind: 'cancel', id: 'smoke-cancel', reason: 'smoke' });
+    expect(await handleRequests()).toEqual({ records: 1, failed: [] });
+    await send({ kind: 'request', id: 'smoke-cancel', labels: ['arm-small'], requestor: 'smoke' });
+    expect(await handleRequests()).toEqual({ records: 1, failed: [] });
+    expect(await store.getRequest('smoke-cancel')).toMatchObject({
+      state: 'failed',
+      reason: 'cancelled: smoke',
+      nodes: [],
+    });
+    expect((await poolInstances()).map((i) => i.State?.Name)).toEqual(['terminated']);
+  });
+
   it('destroys the stack', async () => {
     timings.destroy = (await cdk(moto, ['destroy', STACK, '--app', join(dir, 'cdk.out'), '--force'])).ms;
     const cfn = new CloudFormationClient(clientConfig(moto));
