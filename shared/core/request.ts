@@ -202,3 +202,11 @@ export function holdsSlot(n: NodeRecord | undefined, backingId: string, slot: nu
 export function heldNode(n: NodeRecord): NodeRecord {
   return { ...n, held: true };
 }
+
+/**
+ * The body hash of a request cancelled before its message was received (SQS does not keep the order
+ * of messages, and a cancel can be handled before the request it names): no message hashes to it. The
+ * request message, when it comes, is taken for a late delivery of a request that has ended: it places
+ * nothing, and the request stays cancelled.
+ */
+export const CANCELLED_BEFORE_RECEIVED = 'cancelled-before-received';

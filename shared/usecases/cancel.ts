@@ -1,16 +1,12 @@
 import type { RequestRecord } from '../core/records.ts';
-import { failedRequest } from '../core/request.ts';
+import { CANCELLED_BEFORE_RECEIVED, failedRequest } from '../core/request.ts';
+
+export { CANCELLED_BEFORE_RECEIVED } from '../core/request.ts';
+
 import { boundedReason } from '../core/text.ts';
 import { AGAIN, retryOnConflict } from './conflicts.ts';
 import type { Context } from './context.ts';
 import { failNodes, requestSettled } from './requests.ts';
-
-/**
- * The body hash of a request cancelled before its message was received: no message hashes to it, so
- * the request message, when it comes, finds its id taken by another body and is refused; the request
- * stays cancelled.
- */
-export const CANCELLED_BEFORE_RECEIVED = 'cancelled-before-received';
 
 /** What became of a cancel: the request as it is now, and whether this cancel ended it. */
 export interface CancelOutcome {
@@ -23,7 +19,7 @@ export interface CancelOutcome {
  * version-checked write makes it `failed`; a delivery placing it at that moment loses its own
  * version-checked write and gives back what it claimed, as when a request times out. Placed (`pending`):
  * it fails with all its live nodes, which give back their slots and places (failNodes). Not received
- * yet: recorded as cancelled (CANCELLED_BEFORE_RECEIVED), so its message is refused when it comes.
+ * yet: recorded as cancelled (CANCELLED_BEFORE_RECEIVED), so its message places nothing when it comes.
  * Fulfilled or failed: left as it is (release a fulfilled request's nodes instead). Idempotent; every
  * end it makes publishes the usual Request Failed event.
  */

@@ -2,6 +2,7 @@ import { BusyError, DeadlineError, PermanentError, RetryableError } from '../cor
 import { supersedes } from '../core/ids.ts';
 import { MetricName } from '../core/observability.ts';
 import type { RequestRecord } from '../core/records.ts';
+import { CANCELLED_BEFORE_RECEIVED } from '../core/request.ts';
 import { DELIVERY_DEADLINE_MS } from '../core/timing.ts';
 import { AGAIN, retryOnConflict, unlessConflict } from './conflicts.ts';
 import { type Context, timeLeft } from './context.ts';
@@ -169,6 +170,8 @@ export class Recording {
   }
 
   private adopt(existing: RequestRecord): RequestRecord {
+    // Cancelled before its message was received: this is that message, and the request has ended.
+    if (existing.bodyHash === CANCELLED_BEFORE_RECEIVED) throw new AlreadyPlaced(existing);
     if (existing.bodyHash !== this.fresh.bodyHash) throw new IdReused(existing, this.fresh);
     if (existing.state !== 'requested') throw new AlreadyPlaced(existing);
     if (existing.placer !== undefined && supersedes(existing.placer, this.owner))
