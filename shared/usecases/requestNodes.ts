@@ -13,6 +13,7 @@ import { markNodesReady } from './nodesReady.ts';
 import { type Placement, placeNode } from './placement.ts';
 import { AlreadyPlaced, isStoredVerdict, Recording } from './recording.ts';
 import { failRequest, recordFailure, requestSettled } from './requests.ts';
+import { waitingRequests } from './waiting.ts';
 
 export type RequestOutcome =
   | { readonly kind: 'duplicate'; readonly request: RequestRecord }
@@ -169,13 +170,7 @@ async function requestAhead(
   me: RequestRecord,
 ): Promise<string | undefined> {
   if (!capped(ctx, pool)) return undefined;
-  const waiting: RequestRecord[] = [];
-  let cursor: Record<string, unknown> | undefined;
-  do {
-    const page = await ctx.store.waitingRequests(Number.MAX_SAFE_INTEGER, cursor);
-    waiting.push(...page.items);
-    cursor = page.cursor;
-  } while (cursor);
+  const waiting = await waitingRequests(ctx);
   // Its own waiting record, when it has one, says since when it waits (a new receive's record says now).
   const self = waiting.find((r) => r.id === me.id && r.bodyHash === me.bodyHash) ?? me;
   const first = waitingAhead(self, waiting, pool);
