@@ -277,6 +277,16 @@ describeWithMoto('cdk deploy into moto, and the deployed bundles serving a reque
     expect(r?.state).toBe('fulfilled');
     expect(r?.nodes[0]).toMatchObject({ state: 'ready', host: instance.PrivateIpAddress });
     expect(await poolInstances()).toHaveLength(1);
+
+    // status reads the same table; the events are on EventBridge, not shown.
+    const status = await cli(['status', '--json', '--stack', STACK, '--region', DEPLOY_REGION]);
+    expect(status.code, status.stderr).toBe(0);
+    expect(JSON.parse(status.stdout)).toMatchObject({
+      labels: [{ label: 'arm-small', nodesReady: 2, nodesPending: 0, requestsWaiting: 0, backingNodes: 1 }],
+      backing: [expect.objectContaining({ state: 'ready', usedSlots: 2 })],
+      waiting: [],
+      events: null,
+    });
   });
 
   it('terminates the instance once both nodes are released and grace-time passed (reaper bundle)', async () => {
