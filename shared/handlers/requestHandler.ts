@@ -6,6 +6,7 @@ import { MetricName } from '../core/observability.ts';
 import { requestBodyHash, requestedRecord } from '../core/request.ts';
 import { cancelRequest } from '../usecases/cancel.ts';
 import type { Context } from '../usecases/context.ts';
+import { handOffFreedRoom } from '../usecases/handOff.ts';
 import { releaseNode } from '../usecases/release.ts';
 import { requestNodes } from '../usecases/requestNodes.ts';
 import { failRequest, recordFailure } from '../usecases/requests.ts';
@@ -134,7 +135,10 @@ export function makeRequestHandler(context: Context, options: RequestHandlerOpti
       } else if (m.kind === 'cancel') {
         await cancelRequest(ctx, m.id, m.reason);
       } else {
-        await releaseNode(ctx, m.nodeId, m.force ?? false);
+        const released = await releaseNode(ctx, m.nodeId, m.force ?? false);
+        if (released.kind === 'released' && released.poolKey) {
+          await handOffFreedRoom(ctx, released.poolKey, released.node.label);
+        }
       }
     } catch (err) {
       if (err instanceof PermanentError) {

@@ -9,7 +9,8 @@ import { type Context, emit } from './context.ts';
 import { failRequest, requestSettled } from './requests.ts';
 
 export type ReleaseOutcome =
-  | { readonly kind: 'released'; readonly node: NodeRecord }
+  /** `poolKey`: the pool whose room it freed. */
+  | { readonly kind: 'released'; readonly node: NodeRecord; readonly poolKey?: string }
   | { readonly kind: 'already-released'; readonly node: NodeRecord }
   /** Its request was still waiting to be placed: the release cancelled it (failed, with the reason). */
   | { readonly kind: 'cancelled'; readonly node: NodeRecord };
@@ -71,7 +72,8 @@ export async function releaseNode(ctx: Context, id: string, force = false): Prom
       slot: node.slot,
     });
   }
-  return already ? { kind: 'already-released', node } : { kind: 'released', node };
+  if (already) return { kind: 'already-released', node };
+  return { kind: 'released', node, ...(request.poolKey ? { poolKey: request.poolKey } : {}) };
 }
 
 /** A pending request whose last waiting node was released has nothing left to wait for. */

@@ -169,7 +169,7 @@ async function requestAhead(
   pool: MetastaticPool,
   me: RequestRecord,
 ): Promise<string | undefined> {
-  if (!capped(ctx, pool)) return undefined;
+  if (!canRunShort(ctx, pool)) return undefined;
   const waiting = await waitingRequests(ctx);
   // Its own waiting record, when it has one, says since when it waits (a new receive's record says now).
   const self = waiting.find((r) => r.id === me.id && r.bodyHash === me.bodyHash) ?? me;
@@ -179,7 +179,7 @@ async function requestAhead(
 }
 
 /** Whether a cap can make requests for this pool wait: its max-servers, or a backing pool's. */
-function capped(ctx: Context, pool: MetastaticPool): boolean {
+export function canRunShort(ctx: Context, pool: MetastaticPool): boolean {
   if (pool.maxServers !== undefined) return true;
   return [...pool.labels.values()].some(
     (l) => ctx.config.backingPoolByLabel.get(l.backingLabel)?.maxServers !== undefined,

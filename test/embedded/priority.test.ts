@@ -69,4 +69,22 @@ describe('priority', () => {
     expect((await deliver(h, request('urgent', 1))).batchItemFailures).toEqual([]);
     expect((await store.getRequest('newcomer'))?.state).toBe('requested');
   });
+
+  it('hands a place freed by a release message to the first waiting request at once, not at its next receive', async () => {
+    h = await startHarness(baseConfig({ slots: 4, maxServers: 1 }), { maxReceiveCount: 50 });
+    const store = h.pool.context.store;
+    await h.send(request('fill'));
+    await h.drainRequests();
+    expect((await deliver(h, request('low', 200))).batchItemFailures).toHaveLength(1);
+    h.clock.advance(1_000);
+    expect((await deliver(h, request('high', 10))).batchItemFailures).toHaveLength(1);
+    // The release is handled; nobody's message comes back, yet the high one is placed.
+    expect((await deliver(h, { kind: 'release', nodeId: 'fill/0' })).batchItemFailures).toEqual([]);
+    expect((await store.getRequest('high'))?.state).not.toBe('requested');
+    expect((await store.getRequest('low'))?.state).toBe('requested');
+    expect([...(await store.nodePlaces('meta/main')).keys()]).toEqual(['high/0']);
+    // Its own message, when it comes back, is a duplicate: nothing more is taken.
+    expect((await deliver(h, request('high', 10), 2)).batchItemFailures).toEqual([]);
+    expect([...(await store.nodePlaces('meta/main')).keys()]).toEqual(['high/0']);
+  });
 });
