@@ -1,12 +1,5 @@
-import {
-  type DynamoDBDocumentClient,
-  GetCommand,
-  PutCommand,
-  QueryCommand,
-  type QueryCommandInput,
-  UpdateCommand,
-} from '@aws-sdk/lib-dynamodb';
-import { isConditionFailure, type Key, placeKey, placePrefix } from './capacitySteps.ts';
+import { type DynamoDBDocumentClient, GetCommand, PutCommand, UpdateCommand } from '@aws-sdk/lib-dynamodb';
+import { type CapacitySteps, isConditionFailure, type Key, placeKey } from './capacitySteps.ts';
 
 /**
  * Moves a capacity set written by an earlier version (one item holding a map `owners` of member -> owner,
@@ -19,6 +12,7 @@ export async function migrateCapacitySet(
   doc: DynamoDBDocumentClient,
   tableName: string,
   now: () => number,
+  steps: CapacitySteps,
   key: Key,
 ): Promise<number> {
   const out = await doc.send(new GetCommand({ TableName: tableName, Key: key, ConsistentRead: true }));
@@ -41,7 +35,7 @@ export async function migrateCapacitySet(
       if (!isConditionFailure(err)) throw err; // moved by an earlier, interrupted migration
     }
   }
-  const held = await countedPlaces(doc, tableName, key);
+  const held = (await steps.places(key)).filter((p) => p.phase !== 'counting').length;
   await doc.send(
     new UpdateCommand({
       TableName: tableName,
@@ -58,24 +52,4 @@ export async function migrateCapacitySet(
     }),
   );
   return entries.length;
-}
-
-/** Places that count against the cap (every phase but `counting`), page by page. */
-async function countedPlaces(doc: DynamoDBDocumentClient, tableName: string, key: Key): Promise<number> {
-  const input: QueryCommandInput = {
-    TableName: tableName,
-    KeyConditionExpression: 'pk = :pk AND begins_with(sk, :prefix)',
-    FilterExpression: '#phase <> :counting',
-    ExpressionAttributeNames: { '#phase': 'phase' },
-    ExpressionAttributeValues: { ':pk': key.pk, ':prefix': placePrefix(key), ':counting': 'counting' },
-    ConsistentRead: true,
-    Select: 'COUNT',
-  };
-  let n = 0;
-  do {
-    const page = await doc.send(new QueryCommand(input));
-    n += page.Count ?? 0;
-    input.ExclusiveStartKey = page.LastEvaluatedKey;
-  } while (input.ExclusiveStartKey);
-  return n;
 }

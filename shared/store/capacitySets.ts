@@ -200,6 +200,6 @@ export class CapacitySets {
    * string set `members`) to places and a counter (capacityMigration.ts). Returns how many members it moved.
    */
   migrate(key: Key): Promise<number> {
-    return migrateCapacitySet(this.doc, this.tableName, this.now, key);
+    return migrateCapacitySet(this.doc, this.tableName, this.now, this.steps, key);
   }
 }

@@ -379,7 +379,7 @@ export class CapacitySteps {
 
 export const isConditionFailure = (err: unknown) => err instanceof ConditionalCheckFailedException;
 
-export const placePrefix = (key: Key) => `PLACE#${key.sk}#`;
+const placePrefix = (key: Key) => `PLACE#${key.sk}#`;
 export const placeKey = (key: Key, member: string) => ({ pk: key.pk, sk: `${placePrefix(key)}${member}` });
 
 function toPlace(item: Record<string, unknown>): Place {

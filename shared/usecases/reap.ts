@@ -122,9 +122,10 @@ export async function reap(ctx: Context): Promise<ReapReport> {
     await guard('stop', b.id, () => stop(ctx, b, report));
   }
   // 7. Places in max-servers sets that nothing live holds (their delivery died) are given back.
+  let failedNow: BackingRecord[] | undefined;
   await guard('capacity', '-', async () => {
-    const failed = await ctx.store.backingInPhase('failed');
-    await reconcileCapacity(ctx, [...idle, ...launching, ...active, ...failed, ...retiring], report);
+    failedNow = await ctx.store.backingInPhase('failed');
+    await reconcileCapacity(ctx, [...idle, ...launching, ...active, ...failedNow, ...retiring], report);
   });
   // 8. Requests still waiting past their request-timeout end, whatever became of their message.
   await guard('request-timeout', '-', async () => {
@@ -146,7 +147,8 @@ export async function reap(ctx: Context): Promise<ReapReport> {
   ctx.metrics?.count(MetricName.backingLaunching, launching.length);
   ctx.metrics?.count(MetricName.backingActive, active.length);
   ctx.metrics?.count(MetricName.backingRetiring, retiring.length);
-  ctx.metrics?.count(MetricName.backingFailed, (await ctx.store.backingInPhase('failed')).length);
+  // From step 7's read (none when that step failed: a missing reading, not a wrong one).
+  if (failedNow) ctx.metrics?.count(MetricName.backingFailed, failedNow.length);
   const waiting = ctx.metrics ? await nodesWaiting(ctx) : undefined;
   if (waiting !== undefined) ctx.metrics?.count(MetricName.nodesWaiting, waiting);
   return report;
