@@ -1,5 +1,13 @@
+import { parseNodeId } from '../shared/core/ids.ts';
+import { isSpareRequestId } from '../shared/core/minReady.ts';
 import type { BackingRecord, NodeRecord, RequestRecord } from '../shared/core/records.ts';
 import { terminalText } from './terminal.ts';
+
+/** The request a node serves: undefined for a min-ready node (the pool's own, core/minReady.ts). */
+export function requestOfNode(n: NodeRecord): string | undefined {
+  const requestId = parseNodeId(n.id)?.requestId;
+  return requestId === undefined || isSpareRequestId(requestId) ? undefined : requestId;
+}
 
 /** The JSON shapes the CLI prints with --json: a public API for scripts (documented in docs/cli.md). */
 export function nodeJson(n: NodeRecord) {
@@ -7,6 +15,8 @@ export function nodeJson(n: NodeRecord) {
     id: n.id,
     label: n.label,
     state: n.state,
+    /** null for a min-ready node: it serves no request (yet). */
+    request: requestOfNode(n) ?? null,
     backingNodeId: n.backingNodeId ?? null,
     slot: n.slot ?? null,
     host: n.host ?? null,
@@ -15,6 +25,9 @@ export function nodeJson(n: NodeRecord) {
     hostKeys: n.hostKeys ?? [],
     ...(n.held ? { held: true } : {}),
     ...(n.reason ? { reason: n.reason } : {}),
+    /** A node on a min-ready node's slot: that node; a min-ready node in use: the node using it. */
+    ...(n.spare ? { minReadyNode: n.spare } : {}),
+    ...(n.takenBy ? { takenBy: n.takenBy.node } : {}),
   };
 }
 

@@ -13,6 +13,8 @@ import { stringify } from 'yaml';
 export type Settings = Readonly<Record<string, unknown>>;
 
 export interface ConfigFixture {
+  /** The top-level labels list (Nodepool's: `name`, `min-ready`); when given, it lists every label offered. */
+  readonly labels?: readonly Settings[];
   /** The backing provider: `local` processes (default) or EC2 (`aws`, which needs `provider.region`). */
   readonly backing?: {
     readonly driver?: 'local' | 'aws';
@@ -50,6 +52,7 @@ export function poolConfig(f: ConfigFixture = {}): string {
   const firstBacking = String(backingLabels[0]?.name ?? 'large-node');
   const metaLabels = f.meta?.labels ?? [smallNode({ 'backing-label': firstBacking })];
   const config = {
+    labels: f.labels,
     providers: [
       {
         name,
@@ -83,16 +86,30 @@ function withoutUndefined(value: unknown): unknown {
  * delay, attributes zone and cores), with pool node-attributes; max-servers on either pool when given.
  */
 export const baseConfig = (
-  o: { slots?: number; grace?: number; maxServers?: number; backingMax?: number } = {},
+  o: {
+    slots?: number;
+    grace?: number;
+    maxServers?: number;
+    backingMax?: number;
+    /** min-ready of small-node (top-level labels). */
+    minReady?: number;
+    maxAge?: number;
+  } = {},
 ): string =>
   poolConfig({
+    labels:
+      o.minReady === undefined
+        ? undefined
+        : [{ name: 'large-node' }, { name: 'small-node', 'min-ready': o.minReady }],
     backing: {
       pool: { 'max-servers': o.backingMax },
       labels: [largeNode({ 'boot-delay': 0, attributes: { zone: 'local-a', cores: 8 } })],
     },
     meta: {
       pool: { 'max-servers': o.maxServers, 'node-attributes': { cores: 2, team: 'ci' } },
-      labels: [smallNode({ 'max-parallel-jobs': o.slots ?? 2, 'grace-time': o.grace ?? 60 })],
+      labels: [
+        smallNode({ 'max-parallel-jobs': o.slots ?? 2, 'grace-time': o.grace ?? 60, 'max-age': o.maxAge }),
+      ],
     },
   });
 

@@ -1,5 +1,6 @@
+import { isSpareRequestId } from '../../shared/core/minReady.ts';
 import { connect, type Target } from '../client.ts';
-import { ago, backingJson, nodeJson, requestJson, table } from '../format.ts';
+import { ago, backingJson, nodeJson, requestJson, requestOfNode, table } from '../format.ts';
 import { isLive, nodeSummary, print, printJson } from '../output.ts';
 
 export type Listed = 'nodes' | 'backing' | 'requests';
@@ -35,8 +36,11 @@ export async function list(
     }
     const requests = (await client.store.listRequests()).sort((a, b) => a.createdAt - b.createdAt);
     if (what === 'requests') {
+      // The pool's own min-ready requests are not anyone's: their nodes are listed by `list nodes`.
       const shown = requests.filter(
-        (r) => opts.all || r.nodes.some((n) => isLive(n)) || r.state === 'requested',
+        (r) =>
+          opts.all ||
+          (!isSpareRequestId(r.id) && (r.nodes.some((n) => isLive(n)) || r.state === 'requested')),
       );
       if (opts.json) return printJson(shown.map(requestJson));
       return print(
@@ -53,15 +57,19 @@ export async function list(
         ),
       );
     }
-    const nodes = requests.flatMap((r) => r.nodes).filter((n) => opts.all || isLive(n));
+    // A min-ready node in use is listed as the node that took it (same slot); a free one with no request.
+    const nodes = requests
+      .flatMap((r) => r.nodes)
+      .filter((n) => opts.all || (isLive(n) && n.takenBy === undefined));
     if (opts.json) return printJson(nodes.map(nodeJson));
     print(
       table(
-        ['ID', 'LABEL', 'STATE', 'BACKING', 'SLOT', 'HOST:PORT'],
+        ['ID', 'LABEL', 'STATE', 'REQUEST', 'BACKING', 'SLOT', 'HOST:PORT'],
         nodes.map((n) => [
           n.id,
           n.label,
           n.state,
+          requestOfNode(n) ?? (n.takenBy ? `(min-ready, taken by ${n.takenBy.node})` : '(min-ready)'),
           n.backingNodeId,
           n.slot,
           n.host ? `${n.host}:${n.port}` : '-',

@@ -25,7 +25,13 @@ export const MAX_KEEP_SECONDS = 7 * 24 * 3600;
  */
 export const MAX_PARALLEL_JOBS = 1000;
 /**
- * Servers of a pool (and min-ready). A place in a pool's capacity set is its own small item, so no item
+ * Ready nodes kept per label (min-ready). A request looks for a free one seat by seat (a read each, a
+ * few at a time, stopping at the first free one) and every reaper run reads every seat, so the bound
+ * keeps both small; Nodepool installations keep a handful per label.
+ */
+export const MAX_MIN_READY = 100;
+/**
+ * Servers of a pool. A place in a pool's capacity set is its own small item, so no item
  * grows with the pool; the bound is what is tested (test/embedded/capacityScale.test.ts) and what one
  * pool's counter item sustains (docs/table.md, Scale).
  */

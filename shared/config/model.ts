@@ -70,6 +70,8 @@ export interface ResolvedConfig {
   readonly backingPools: readonly BackingPool[];
   /** Every metastatic label name offered by some pool. */
   readonly metastaticLabelNames: ReadonlySet<string>;
+  /** Labels with a min-ready above 0 (top-level `labels`): how many ready nodes of each the pool keeps. */
+  readonly minReady: ReadonlyMap<string, number>;
   /** Keys that are valid but have no effect yet, by YAML path: shown as warnings, never errors. */
   readonly notices: readonly ConfigNotice[];
 }

@@ -88,18 +88,29 @@ export function resolveConfig(file: ConfigFile): ResolvedConfig {
     backingPoolByLabel,
     backingPools,
     metastaticLabelNames,
-    notices: noticesOf(file),
+    minReady: minReadyOf(file),
+    notices: noticesOf(file, metastaticLabelNames),
   };
 }
 
-/** Valid keys that do nothing yet: the user is told rather than left to wonder. */
-function noticesOf(file: ConfigFile): ConfigNotice[] {
+/** The labels with a min-ready above 0, and how many ready nodes to keep of each. */
+function minReadyOf(file: ConfigFile): Map<string, number> {
+  const minReady = new Map<string, number>();
+  for (const label of file.labels ?? []) {
+    const n = label['min-ready'] ?? 0;
+    if (n > 0) minReady.set(label.name, n);
+  }
+  return minReady;
+}
+
+/** Valid keys that do nothing here: the user is told rather than left to wonder. */
+function noticesOf(file: ConfigFile, offered: ReadonlySet<string>): ConfigNotice[] {
   const notices: ConfigNotice[] = [];
   file.labels?.forEach((label, index) => {
-    if ((label['min-ready'] ?? 0) > 0) {
+    if ((label['min-ready'] ?? 0) > 0 && !offered.has(label.name)) {
       notices.push({
         path: formatPath(['labels', index, 'min-ready']),
-        message: 'is not supported yet and is ignored: no node is kept ready ahead of requests',
+        message: `no metastatic pool offers label "${label.name}": no node of it is kept ready`,
       });
     }
   });

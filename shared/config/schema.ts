@@ -20,6 +20,7 @@ import {
   MAX_BOOT_SECONDS,
   MAX_KEEP_SECONDS,
   MAX_LAUNCH_RETRIES,
+  MAX_MIN_READY,
   MAX_PARALLEL_JOBS,
   MAX_SERVERS,
   name,
@@ -163,9 +164,11 @@ export const providerSchema = z.discriminatedUnion(
 export const topLevelLabelSchema = z.strictObject(
   {
     name: name(),
-    'min-ready': intBetween(0, MAX_SERVERS)
+    'min-ready': intBetween(0, MAX_MIN_READY)
       .optional()
-      .describe(`Nodes of this label to keep ready; at most ${MAX_SERVERS}.`),
+      .describe(
+        `Nodes of this label kept ready and unassigned ahead of requests (they count against max-servers); at most ${MAX_MIN_READY}.`,
+      ),
   },
   { error: MAPPING },
 );

@@ -8,6 +8,9 @@ import { createHash, randomBytes } from 'node:crypto';
 /** Client-chosen request ids: safe in URLs, shells and DynamoDB keys; `/` is reserved for node ids. */
 export const requestIdPattern = /^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$/;
 
+/** Request ids starting with this are the pool's own (min-ready, core/minReady.ts): no message may use one. */
+export const SPARE_ID_PREFIX = 'min-ready:';
+
 /** Node ids are `<requestId>/<index>`: the request item holds its nodes, so the id locates them. */
 export function nodeId(requestId: string, index: number): string {
   return `${requestId}/${index}`;

@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import { requestIdPattern } from './ids.ts';
+import { requestIdPattern, SPARE_ID_PREFIX } from './ids.ts';
 import { boundedReason, clip, listSome, quote } from './text.ts';
 
 /**
@@ -21,7 +21,10 @@ export const RequestMessage = z.strictObject({
     .regex(
       requestIdPattern,
       'must be 1-128 characters of A-Z a-z 0-9 . _ : - starting with a letter or digit',
-    ),
+    )
+    .refine((id) => !id.startsWith(SPARE_ID_PREFIX), {
+      message: `must not start with "${SPARE_ID_PREFIX}": those are the pool's own min-ready requests`,
+    }),
   labels: z
     .array(
       z

@@ -87,6 +87,12 @@ export interface PoolStore {
   backingPlaces(backingPoolKey: string): Promise<Map<string, string>>;
   recoverBackingPlaces(backingPoolKey: string, before: number): Promise<number>;
 
+  // ---- min-ready seats (core/minReady.ts)
+  /** The generation of each seat of a label's min-ready that has moved on (seat -> generation; absent = 0). */
+  seatGenerations(label: string): Promise<Map<number, number>>;
+  /** Moves a seat from generation `from` to `from + 1`; false when it is not at `from` any more. */
+  advanceSeat(label: string, seat: number, from: number): Promise<boolean>;
+
   // ---- operator listings (a Scan: never on a request path)
   listRequests(): Promise<RequestRecord[]>;
   listBacking(): Promise<BackingRecord[]>;

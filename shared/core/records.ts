@@ -87,6 +87,13 @@ export const NodeRecord = z.object({
   /** Kept by an operator: only an explicit (forced) release frees it. */
   held: z.boolean().optional(),
   reason: z.string().optional(),
+  /**
+   * On a node that took a min-ready node (core/minReady.ts): that node's id. Its slot and its place in
+   * max-servers stay the spare's; releasing or failing this node ends the spare too.
+   */
+  spare: z.string().optional(),
+  /** On a min-ready node: the node that took it, and the delivery (owner token) that did, when. */
+  takenBy: z.object({ node: z.string(), by: z.string(), at: z.number() }).optional(),
 });
 export type NodeRecord = z.infer<typeof NodeRecord>;
 

@@ -3,11 +3,13 @@ import { CapacityError, PermanentError } from '../core/errors.ts';
 import { nodeId } from '../core/ids.ts';
 import { type ParsedMessage, parseMessage, type RequestMessage } from '../core/messages.ts';
 import { MetricName } from '../core/observability.ts';
+import type { RequestRecord } from '../core/records.ts';
 import { requestBodyHash, requestedRecord } from '../core/request.ts';
 import { cancelRequest } from '../usecases/cancel.ts';
 import type { Context } from '../usecases/context.ts';
 import { handOffFreedRoom } from '../usecases/handOff.ts';
 import { releaseNode } from '../usecases/release.ts';
+import { keepMinReady, labelsTaken } from '../usecases/replenish.ts';
 import { requestNodes } from '../usecases/requestNodes.ts';
 import { failRequest, recordFailure } from '../usecases/requests.ts';
 import { makeBatchHandler, type SqsBatchHandler } from './batchHandler.ts';
@@ -113,6 +115,26 @@ function reportCapacityWait(ctx: Context, record: SQSRecord): void {
 }
 
 /**
+ * Refills the min-ready seats of the labels whose ready nodes the request took, at once rather than at
+ * the reaper's next run. Best effort: the request is placed whatever happens here, and the reaper
+ * refills what this leaves.
+ */
+async function replenishTaken(ctx: Context, r: RequestRecord): Promise<void> {
+  for (const label of labelsTaken(r)) {
+    try {
+      const report = await keepMinReady(ctx, label);
+      if (report.errors.length > 0)
+        ctx.log.warn('min-ready refill incomplete', { label, errors: report.errors });
+    } catch (err) {
+      ctx.log.warn('min-ready refill failed; the reaper refills it', {
+        label,
+        error: (err as Error).message,
+      });
+    }
+  }
+}
+
+/**
  * The request function: one SQS batch of request/release messages, in order (see makeBatchHandler). Each
  * record is handled alone; Powertools' batch processor reports the failed ones so only they come back.
  * Bad input is recorded (under its request id when it has one) and consumed; transient failures are
@@ -131,7 +153,8 @@ export function makeRequestHandler(context: Context, options: RequestHandlerOpti
     try {
       if (m.kind === 'request') {
         // Which receive of which message: a redelivery takes over what an earlier receive left at once.
-        await requestNodes(ctx, m, { messageId: record.messageId, receiveCount: receives });
+        const out = await requestNodes(ctx, m, { messageId: record.messageId, receiveCount: receives });
+        if (out.kind === 'placed') await replenishTaken(ctx, out.request);
       } else if (m.kind === 'cancel') {
         await cancelRequest(ctx, m.id, m.reason);
       } else {

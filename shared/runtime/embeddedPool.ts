@@ -186,7 +186,8 @@ export class EmbeddedPool {
           }),
         );
         for (const p of stack.pollers) p.start();
-        stack.scheduleReaper();
+        // min-ready nodes are made by the reaper: its first run comes at once, not an interval later.
+        stack.scheduleReaper(options.config.minReady.size > 0 ? stack.context.clock.now() : undefined);
       }
       // Atomically (write, then rename): a CLI or test reading dev.json never sees half a file.
       const tmp = `${embeddedInfoPath(stateDir)}.${process.pid}.tmp`;

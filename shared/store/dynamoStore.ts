@@ -8,6 +8,7 @@ import {
   DynamoDBDocumentClient,
   GetCommand,
   PutCommand,
+  QueryCommand,
   UpdateCommand,
 } from '@aws-sdk/lib-dynamodb';
 import { unmarshall } from '@aws-sdk/util-dynamodb';
@@ -403,6 +404,45 @@ export class DynamoStore implements PoolStore {
       if (n > 0) moved.set(key.pk, n);
     }
     return moved;
+  }
+
+  // ---- min-ready seats ----------------------------------------------------------------------------
+
+  async seatGenerations(label: string): Promise<Map<number, number>> {
+    const seats = new Map<number, number>();
+    let cursor: Record<string, unknown> | undefined;
+    do {
+      const out = await this.doc.send(
+        new QueryCommand({
+          TableName: this.tableName,
+          KeyConditionExpression: 'pk = :pk',
+          ExpressionAttributeValues: { ':pk': keys.seats(label) },
+          ConsistentRead: true,
+          ExclusiveStartKey: cursor,
+        }),
+      );
+      for (const item of out.Items ?? []) seats.set(Number(item.seat), Number(item.gen));
+      cursor = out.LastEvaluatedKey;
+    } while (cursor);
+    return seats;
+  }
+
+  async advanceSeat(label: string, seat: number, from: number): Promise<boolean> {
+    try {
+      await this.doc.send(
+        new PutCommand({
+          TableName: this.tableName,
+          Item: { ...keys.seat(label, seat), type: 'seat', label, seat, gen: from + 1 },
+          // Generation 0 is the seat with no item yet.
+          ConditionExpression: from === 0 ? `${conditions.itemDoesNotExist} OR gen = :from` : 'gen = :from',
+          ExpressionAttributeValues: { ':from': from },
+        }),
+      );
+      return true;
+    } catch (err) {
+      if (err instanceof ConditionalCheckFailedException) return false;
+      throw err;
+    }
   }
 
   // ---- admin listings (a Scan: for operators only, never on a request path) ---------------------

@@ -10,6 +10,7 @@ import type { BackingRecord, RequestRecord } from '../core/records.ts';
  *   BACKINGPOOL#<provider/pool>     BACKING   map of the backing pool's live backing ids -> owner (its cap)
  *   RESOURCE#<resourceId>           RESOURCE  which backing node records this provider resource (the fulfil
  *                                             function's look-up of an EC2 event's instance, before any EC2 call)
+ *   SEATS#<label>                   SEAT#<n>  a min-ready seat: the generation of its spare (core/minReady.ts)
  * Sparse indexes (attributes present only when the item belongs in them):
  *   free (fpk, fsk): backing nodes that can take a node, per pool and label, fullest then oldest first
  *   reap (rpk, rsk): IDLE (empty), LAUNCHING (by launch time), ACTIVE (ready, in use), RETIRING and
@@ -25,6 +26,12 @@ export const keys = {
   poolNodes: (poolKey: string) => ({ pk: `POOL#${poolKey}`, sk: 'NODES' }),
   backingPool: (poolKey: string) => ({ pk: `BACKINGPOOL#${poolKey}`, sk: 'BACKING' }),
   resource: (resourceId: string) => ({ pk: `RESOURCE#${resourceId}`, sk: 'RESOURCE' }),
+  /** A label's min-ready seats, one item each (core/minReady.ts). */
+  seats: (label: string) => `SEATS#${label}`,
+  seat: (label: string, seat: number) => ({
+    pk: `SEATS#${label}`,
+    sk: `SEAT#${String(seat).padStart(5, '0')}`,
+  }),
 } as const;
 
 export const reapPartition = {

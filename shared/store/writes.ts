@@ -35,7 +35,7 @@ export function releaseNodeUpdate(index: number, now: number, force: boolean): E
     // A held node is released only by a forced (operator) release.
     ConditionExpression: `#nodes[${index}].#state IN (:pending, :ready) AND #rstate IN (:pending, :fulfilled)${
       force ? '' : ` AND attribute_not_exists(#nodes[${index}].held)`
-    }`,
+    } AND attribute_not_exists(#nodes[${index}].takenBy)`,
     ExpressionAttributeNames: {
       '#nodes': 'nodes',
       '#state': 'state',

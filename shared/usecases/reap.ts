@@ -13,6 +13,7 @@ import { failBackingNode, failBadBacking, settleFailedNodes } from './failure.ts
 import { markNodesReady } from './nodesReady.ts';
 import type { MutableReport, ReapReport } from './reapReport.ts';
 import { lookUp, providerFor, reconcile, reconcileCapacity, stop } from './reconcile.ts';
+import { keepMinReady } from './replenish.ts';
 import { endExpiredRequests, nodesWaiting } from './waiting.ts';
 
 /**
@@ -31,7 +32,8 @@ import { endExpiredRequests, nodesWaiting } from './waiting.ts';
  *    backing node ready in the last three minutes are readied (their readying was cut short);
  * 6. failed and retiring backing nodes are settled and terminated until the provider confirms;
  * 7. places in max-servers sets held by no live backing node or node past the slot lease are given back;
- * 8. requests still waiting past their request-timeout end `failed` (WAITING partition, waiting.ts).
+ * 8. requests still waiting past their request-timeout end `failed` (WAITING partition, waiting.ts);
+ * 9. min-ready seats are refilled (replenish.ts).
  * A crash anywhere leaves records in partitions the next run picks up.
  */
 export async function reap(ctx: Context): Promise<ReapReport> {
@@ -46,6 +48,8 @@ export async function reap(ctx: Context): Promise<ReapReport> {
     recoveredPlaces: 0,
     nodesReadied: 0,
     expiredRequests: [],
+    minReadyMade: 0,
+    minReadyEnded: 0,
     conflicts: 0,
     errors: [],
     deferred: 0,
@@ -133,6 +137,16 @@ export async function reap(ctx: Context): Promise<ReapReport> {
     report.expiredRequests.push(...ended.expired);
     if (!ended.complete) report.deferred++;
   });
+  // 9. min-ready: every label's seats refilled, spares on backing nodes that take no new nodes replaced
+  // (before max-age lets them go), seats above a lowered min-ready emptied.
+  for (const label of ctx.config.metastaticLabelNames) {
+    await guard('min-ready', label, async () => {
+      const kept = await keepMinReady(ctx, label, { checkHosts: true });
+      report.minReadyMade += kept.made;
+      report.minReadyEnded += kept.ended;
+      report.errors.push(...kept.errors);
+    });
+  }
   // Gauges, from what this run read.
   const taking = [...launching, ...active, ...idle];
   ctx.metrics?.count(

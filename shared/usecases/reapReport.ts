@@ -25,6 +25,9 @@ export interface ReapReport {
    * message may be gone: see waiting.ts).
    */
   readonly expiredRequests: string[];
+  /** min-ready nodes placed this run (seats refilled), and ended (on a backing node taking no new nodes, taken by a dead delivery, above a lowered min-ready). */
+  readonly minReadyMade: number;
+  readonly minReadyEnded: number;
   /** Retirements lost to a concurrent change (an allocation won): the backing node stays. */
   readonly conflicts: number;
   readonly errors: string[];

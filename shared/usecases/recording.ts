@@ -1,5 +1,6 @@
 import { BusyError, DeadlineError, PermanentError, RetryableError } from '../core/errors.ts';
 import { supersedes } from '../core/ids.ts';
+import { isSpareRequestId } from '../core/minReady.ts';
 import { MetricName } from '../core/observability.ts';
 import type { RequestRecord } from '../core/records.ts';
 import { CANCELLED_BEFORE_RECEIVED } from '../core/request.ts';
@@ -77,7 +78,7 @@ export class Recording {
   /** Creates the request's first record, counted as received; the existing record when there is one. */
   private async create(record: RequestRecord): Promise<RequestRecord | undefined> {
     const existing = await this.ctx.store.createRequest(record);
-    if (!existing) this.ctx.metrics?.count(MetricName.requestsReceived);
+    if (!existing && !isSpareRequestId(this.base.id)) this.ctx.metrics?.count(MetricName.requestsReceived);
     return existing;
   }
 

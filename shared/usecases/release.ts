@@ -1,4 +1,4 @@
-import { ConflictError, HeldNodeError, UnknownNodeError } from '../core/errors.ts';
+import { ConflictError, HeldNodeError, SpareInUseError, UnknownNodeError } from '../core/errors.ts';
 import { parseNodeId } from '../core/ids.ts';
 import { PoolEventType } from '../core/observability.ts';
 import type { NodeRecord } from '../core/records.ts';
@@ -6,6 +6,7 @@ import { withNodes } from '../core/request.ts';
 import { giveBackSlot } from './backingNodes.ts';
 import { retryOnConflict } from './conflicts.ts';
 import { type Context, emit } from './context.ts';
+import { endSpareOf } from './minReady.ts';
 import { failRequest, requestSettled } from './requests.ts';
 
 export type ReleaseOutcome =
@@ -45,6 +46,11 @@ export async function releaseNode(ctx: Context, id: string, force = false): Prom
       ctx.log.info('request cancelled by a release', { requestId: r.id, nodeId: id });
       return { kind: 'cancelled', node: after.nodes[parsed.index] as NodeRecord };
     }
+    if (n.takenBy && (n.state === 'pending' || n.state === 'ready')) {
+      throw new SpareInUseError(
+        `node ${id} is a min-ready node in use as ${n.takenBy.node}: release that node instead`,
+      );
+    }
     if (n.held && !force && (n.state === 'pending' || n.state === 'ready')) {
       throw new HeldNodeError(`node ${id} is held; release it with \`metastatic release ${id} --force\``);
     }
@@ -62,6 +68,8 @@ export async function releaseNode(ctx: Context, id: string, force = false): Prom
   if (request.poolKey && (!pool || pool.maxServers !== undefined)) {
     await ctx.store.freeNodePlaces(request.poolKey, [node.id]);
   }
+  // A node on a min-ready node's slot: that node ends with it (its slot and place are freed there).
+  await endSpareOf(ctx, node);
   if (!already) {
     ctx.log.info('node released', { nodeId: id, backingNodeId: node.backingNodeId });
     await emit(ctx, PoolEventType.nodeReleased, {

@@ -2,6 +2,7 @@ import type { MetastaticPool } from '../config/model.ts';
 import { BusyError, CapacityError, LaunchFailedError } from '../core/errors.ts';
 import { type DeliveryOf, ownerSince, ownerToken, supersedes } from '../core/ids.ts';
 import type { RequestMessage } from '../core/messages.ts';
+import { isSpareRequestId, nodeOnSpare } from '../core/minReady.ts';
 import { eligiblePools } from '../core/pools.ts';
 import { priorityOf, waitingAhead } from '../core/priority.ts';
 import type { NodeRecord, RequestRecord } from '../core/records.ts';
@@ -9,6 +10,7 @@ import { placedNode, placedRequest, requestedRecord } from '../core/request.ts';
 import { giveBackSlot } from './backingNodes.ts';
 import { type Context, deliveryDead } from './context.ts';
 import { failBadBacking } from './failure.ts';
+import { endSpare, takeSpare } from './minReady.ts';
 import { markNodesReady } from './nodesReady.ts';
 import { type Placement, placeNode } from './placement.ts';
 import { AlreadyPlaced, isStoredVerdict, Recording } from './recording.ts';
@@ -88,21 +90,35 @@ type PoolResult = { kind: 'placed'; request: RequestRecord } | { kind: 'full'; r
 
 async function tryPool(ctx: Context, pool: MetastaticPool, recording: Recording): Promise<PoolResult> {
   const requestId = recording.base.id;
-  const nodeIds = recording.base.nodes.map((n) => n.id);
   const owner = recording.owner;
   const ahead = await requestAhead(ctx, pool, recording.base);
   if (ahead) return { kind: 'full', reason: ahead };
-  if (pool.maxServers !== undefined) {
-    const full = await reserveNodes(ctx, pool, pool.maxServers, nodeIds, recording);
-    if (full) return { kind: 'full', reason: full };
+  // min-ready nodes first: a node that takes one is ready at once, on the spare's slot and place.
+  const spares = await takeSpares(ctx, pool, recording);
+  const placing = recording.base.nodes.filter((_, i) => !spares.has(i));
+  const nodeIds = placing.map((n) => n.id);
+  if (pool.maxServers !== undefined && nodeIds.length > 0) {
+    let full: string | undefined;
+    try {
+      full = await reserveNodes(ctx, pool, pool.maxServers, nodeIds, recording);
+    } catch (err) {
+      await giveBack(ctx, new Map(), spares, owner);
+      throw err;
+    }
+    if (full) {
+      await giveBack(ctx, new Map(), spares, owner);
+      return { kind: 'full', reason: full };
+    }
   }
-  const placements: Placement[] = [];
+  const placements = new Map<number, Placement>();
   let winner: RequestRecord | undefined;
   try {
-    for (const node of recording.base.nodes) {
+    for (const [i, node] of recording.base.nodes.entries()) {
+      if (spares.has(i)) continue;
       const label = pool.labels.get(node.label);
       if (!label) throw new Error(`pool ${pool.key} lost label ${node.label}`);
-      placements.push(
+      placements.set(
+        i,
         await placeNode(ctx, pool, label, node.id, {
           owner,
           beforeLaunch: () => recording.ensure(),
@@ -113,7 +129,7 @@ async function tryPool(ctx: Context, pool: MetastaticPool, recording: Recording)
     }
     const now = ctx.clock.now();
     winner = await recording.write((base) =>
-      placedRequest(base, pool.key, placedNodes(base, pool, placements, now), now),
+      placedRequest(base, pool.key, placedNodes(base, pool, placements, spares, now), now),
     );
   } catch (err) {
     // All or nothing: give back what this delivery took (never what another delivery holds, nor what
@@ -129,7 +145,7 @@ async function tryPool(ctx: Context, pool: MetastaticPool, recording: Recording)
         found = stored;
       }
     }
-    await giveBack(ctx, placements, owner, other);
+    await giveBack(ctx, placements, spares, owner, other);
     if (pool.maxServers !== undefined) await unreserveOwn(ctx, pool, nodeIds, owner, other);
     // Another delivery placed it meanwhile: that is the outcome, whatever stopped this one.
     if (found) throw found;
@@ -137,7 +153,7 @@ async function tryPool(ctx: Context, pool: MetastaticPool, recording: Recording)
     throw err;
   }
   if (winner) {
-    await giveBack(ctx, placements, owner, winner);
+    await giveBack(ctx, placements, spares, owner, winner);
     if (pool.maxServers !== undefined) await unreserveOwn(ctx, pool, nodeIds, owner, winner);
     throw new AlreadyPlaced(winner);
   }
@@ -145,16 +161,44 @@ async function tryPool(ctx: Context, pool: MetastaticPool, recording: Recording)
   const placed = placedRequest(
     recording.base,
     pool.key,
-    placedNodes(recording.base, pool, placements, now),
+    placedNodes(recording.base, pool, placements, spares, now),
     now,
   );
-  ctx.log.info(`request ${placed.state}`, { requestId, pool: pool.key, nodes: nodeIds });
+  ctx.log.info(`request ${placed.state}`, {
+    requestId,
+    pool: pool.key,
+    nodes: recording.base.nodes.map((n) => n.id),
+    ...(spares.size > 0 ? { minReadyNodes: [...spares.values()].map((s) => s.id) } : {}),
+  });
   await requestSettled(ctx, placed);
   if (placed.state === 'pending') {
     await recheckPending(ctx, placed);
     return { kind: 'placed', request: (await ctx.store.getRequest(requestId)) ?? placed };
   }
   return { kind: 'placed', request: placed };
+}
+
+/**
+ * Takes a min-ready node (core/minReady.ts) for each node of the request whose label keeps some in this
+ * pool, while there are free ones: node index -> the spare's node. The pool's own spare requests take
+ * none.
+ */
+async function takeSpares(
+  ctx: Context,
+  pool: MetastaticPool,
+  recording: Recording,
+): Promise<Map<number, NodeRecord>> {
+  const taken = new Map<number, NodeRecord>();
+  if (ctx.config.minReady.size === 0 || isSpareRequestId(recording.base.id)) return taken;
+  const none = new Set<string>(); // labels with no free spare left: not read again for the next node
+  for (const [i, node] of recording.base.nodes.entries()) {
+    if (!ctx.config.minReady.has(node.label) || !pool.labels.has(node.label) || none.has(node.label))
+      continue;
+    const spare = await takeSpare(ctx, pool, node.label, node.id, recording.owner);
+    if (spare) taken.set(i, spare);
+    else none.add(node.label);
+  }
+  return taken;
 }
 
 /**
@@ -238,14 +282,19 @@ async function unreserveOwn(
   );
 }
 
-/** Undoes this delivery's placements, except those the stored request (a concurrent winner) records. */
+/**
+ * Undoes this delivery's placements and ends the spares it took, except those the stored request (a
+ * concurrent winner) records. A spare taken and given back ends rather than turning free again: its
+ * seat may have moved on to a new spare already, and a second free one would overshoot min-ready.
+ */
 async function giveBack(
   ctx: Context,
-  placements: readonly Placement[],
+  placements: ReadonlyMap<number, Placement>,
+  spares: ReadonlyMap<number, NodeRecord>,
   owner: string,
   keep?: RequestRecord,
 ): Promise<void> {
-  for (const p of placements) {
+  for (const p of placements.values()) {
     const kept = keep?.nodes.some(
       (n) =>
         n.id === p.nodeId &&
@@ -254,6 +303,10 @@ async function giveBack(
         (n.state === 'pending' || n.state === 'ready'),
     );
     if (!kept) await giveBackSlot(ctx, p.backing.id, p.nodeId, { owner });
+  }
+  for (const spare of spares.values()) {
+    if (keep?.nodes.some((n) => n.spare === spare.id)) continue;
+    await endSpare(ctx, spare.id, (s) => s.takenBy?.by === owner, 'taken by a delivery that gave it back');
   }
 }
 
@@ -270,12 +323,17 @@ async function recheckPending(ctx: Context, request: RequestRecord): Promise<voi
   }
 }
 
-/** The request's nodes on the places this delivery took, in order. */
+/** The request's nodes on the places this delivery took and the spares it took, in order. */
 function placedNodes(
   base: RequestRecord,
   pool: MetastaticPool,
-  placements: readonly Placement[],
+  placements: ReadonlyMap<number, Placement>,
+  spares: ReadonlyMap<number, NodeRecord>,
   now: number,
 ): NodeRecord[] {
-  return base.nodes.map((n, i) => placedNode(n, placements[i] as Placement, pool.nodeAttributes, now));
+  return base.nodes.map((n, i) => {
+    const spare = spares.get(i);
+    if (spare) return nodeOnSpare(n, spare, now);
+    return placedNode(n, placements.get(i) as Placement, pool.nodeAttributes, now);
+  });
 }

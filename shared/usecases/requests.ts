@@ -1,4 +1,6 @@
 import { ConflictError } from '../core/errors.ts';
+import { parseNodeId } from '../core/ids.ts';
+import { isSpareRequestId } from '../core/minReady.ts';
 import { MetricName, PoolEventType } from '../core/observability.ts';
 import type { NodeRecord, RequestRecord } from '../core/records.ts';
 import { failedNode, failedRequest, isLive, withNodes } from '../core/request.ts';
@@ -6,6 +8,7 @@ import { boundedReason } from '../core/text.ts';
 import { giveBackSlot } from './backingNodes.ts';
 import { retryOnConflict } from './conflicts.ts';
 import { type Context, emit } from './context.ts';
+import { endSpareOf } from './minReady.ts';
 
 /**
  * Writes of a request record after it was received: its nodes change, it settles (core/request.ts
@@ -15,6 +18,8 @@ import { type Context, emit } from './context.ts';
 
 /** Publishes the end of a request (fulfilled or failed) and counts failures. */
 export async function requestSettled(ctx: Context, r: RequestRecord): Promise<void> {
+  // The pool's own min-ready requests are not anyone's: no events, no request metrics.
+  if (isSpareRequestId(r.id)) return;
   if (r.state === 'fulfilled') {
     ctx.metrics?.count(MetricName.requestsFulfilled);
     ctx.metrics?.milliseconds(MetricName.timeToFulfilled, Math.max(0, ctx.clock.now() - r.createdAt));
@@ -139,4 +144,11 @@ export async function failNodes(
   if (wholeRequest) await requestSettled(ctx, next);
   for (const n of failing) if (n.backingNodeId) await giveBackSlot(ctx, n.backingNodeId, n.id);
   if (r.poolKey) await ctx.store.freeNodePlaces(r.poolKey, [...ids]);
+  for (const n of failing) {
+    // A node on a min-ready node's slot ends that node; a min-ready node in use fails its taker.
+    await endSpareOf(ctx, n);
+    const taker = n.takenBy?.node;
+    const parsed = taker ? parseNodeId(taker) : undefined;
+    if (parsed) await failNodes(ctx, parsed.requestId, reason, (x) => x.id === taker && x.spare === n.id);
+  }
 }

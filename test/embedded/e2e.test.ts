@@ -78,8 +78,20 @@ describe('metastatic CLI end to end (a new user’s session)', { timeout: 180_00
       expect(r.state).toBe('fulfilled');
       expect(r.nodes).toHaveLength(1);
       expect(Object.keys(r.nodes[0]).sort()).toEqual(
-        ['attributes', 'backingNodeId', 'host', 'hostKeys', 'id', 'label', 'port', 'slot', 'state'].sort(),
+        [
+          'attributes',
+          'backingNodeId',
+          'host',
+          'hostKeys',
+          'id',
+          'label',
+          'port',
+          'request',
+          'slot',
+          'state',
+        ].sort(),
       );
+      expect(r.nodes[0].request).toBe(r.id);
     }
     const nodes = requests.map((r) => r.nodes[0]);
     expect(new Set(nodes.map((n) => n.backingNodeId)).size).toBe(2);
@@ -184,15 +196,16 @@ describe('metastatic CLI without a running pool', { timeout: 180_000 }, () => {
     const minReady = join(dir, 'min-ready.yaml');
     await writeFile(
       minReady,
-      `labels:\n  - name: large-node\n  - name: small-node\n    min-ready: 2\n${example}`,
+      `labels:\n  - name: large-node\n    min-ready: 1\n  - name: small-node\n    min-ready: 2\n${example}`,
     );
     const warned = await cli(['validate', minReady]);
     expect(warned.code).toBe(0);
-    expect(warned.stderr).toContain(
-      `warning: ${minReady}: labels[1].min-ready: is not supported yet and is ignored`,
+    // small-node's min-ready is kept; large-node is a backing label, which min-ready does not keep.
+    expect(warned.stderr).toBe(
+      `warning: ${minReady}: labels[0].min-ready: no metastatic pool offers label "large-node": no node of it is kept ready\n`,
     );
     const asJson = JSON.parse((await cli(['validate', minReady, '--json'])).stdout);
-    expect(asJson).toMatchObject({ valid: true, warnings: [{ path: 'labels[1].min-ready' }] });
+    expect(asJson).toMatchObject({ valid: true, warnings: [{ path: 'labels[0].min-ready' }] });
     await rm(dir, { recursive: true, force: true });
   });
 

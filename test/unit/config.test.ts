@@ -329,22 +329,30 @@ describe('validation rules', () => {
     );
   });
 
-  it('warns that min-ready is ignored, by YAML path, without failing the configuration', () => {
+  it('resolves min-ready per label, and warns by YAML path when no metastatic pool offers the label', () => {
     const result = parseObject({
       labels: [
-        { name: 'large-node', 'min-ready': 0 },
+        { name: 'large-node', 'min-ready': 3 },
         { name: 'small-node', 'min-ready': 2 },
+        { name: 'tiny-node', 'min-ready': 0 },
       ],
-      ...withMeta([pool([label('small-node')])]),
+      ...withMeta([pool([label('small-node'), label('tiny-node')])]),
     });
     if (!result.ok) throw new Error(JSON.stringify(result.errors));
+    // large-node is the backing label here: min-ready keeps metastatic nodes only.
+    expect([...result.config.minReady]).toEqual([
+      ['large-node', 3],
+      ['small-node', 2],
+    ]);
     expect(result.config.notices).toEqual([
       {
-        path: 'labels[1].min-ready',
-        message: 'is not supported yet and is ignored: no node is kept ready ahead of requests',
+        path: 'labels[0].min-ready',
+        message: 'no metastatic pool offers label "large-node": no node of it is kept ready',
       },
     ]);
-    expect(ok(parseObject(withMeta([pool([label('small-node')])]))).notices).toEqual([]);
+    const none = ok(parseObject(withMeta([pool([label('small-node')])])));
+    expect(none.notices).toEqual([]);
+    expect(none.minReady.size).toBe(0);
   });
 
   it('rejects labels missing from the top-level labels list', () => {
@@ -364,7 +372,7 @@ describe('validation rules', () => {
     });
     expect(problems(result)).toEqual([
       'labels[2].name: duplicate label name "a" (first used at labels[1])',
-      'labels[2].min-ready: min-ready: expected an integer >= 0 and <= 10000, got -1',
+      'labels[2].min-ready: min-ready: expected an integer >= 0 and <= 100, got -1',
     ]);
   });
 });
@@ -789,7 +797,7 @@ describe('limits (issue 10): every number has a maximum, names and hosts a shape
    * at the week, so max-age >= min-retention-time holds).
    */
   const biggest = (): Obj => ({
-    labels: [{ name: 'small-node', 'min-ready': 10_000 }, { name: 'large-node' }, { name: 'ec2-node' }],
+    labels: [{ name: 'small-node', 'min-ready': 100 }, { name: 'large-node' }, { name: 'ec2-node' }],
     providers: [
       {
         name: 'local',
@@ -875,7 +883,7 @@ describe('limits (issue 10): every number has a maximum, names and hosts a shape
   const ML = 'providers[2].pools[0].labels[0]';
   // [path, a value just too large (or the one that broke the pool), what the error says it expected]
   const tooLarge: [string, number, string][] = [
-    ['labels[0].min-ready', 10_001, 'an integer >= 0 and <= 10000'],
+    ['labels[0].min-ready', 101, 'an integer >= 0 and <= 100'],
     ['providers[0].pools[0].max-servers', 10_001, 'an integer >= 1 and <= 10000'],
     [`${L}.boot-delay`, 1e12, 'a number of seconds >= 0 and <= 86400'],
     [`${L}.boot-delay`, 86400.5, 'a number of seconds >= 0 and <= 86400'],

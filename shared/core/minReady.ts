@@ -1,0 +1,116 @@
+import { contentHash, nodeId, parseNodeId, SPARE_ID_PREFIX } from './ids.ts';
+import type { RequestMessage } from './messages.ts';
+import type { NodeRecord, RequestRecord } from './records.ts';
+
+/**
+ * min-ready (Nodepool's top-level `labels[].min-ready`): the pool keeps that many nodes of a label
+ * ready and unassigned, and a request takes one of them before anything else.
+ *
+ * A ready node kept this way (a spare) is the one node of an ordinary request the pool makes for
+ * itself, placed like any other (slot claim, max-servers place, launch): its request id names the
+ * label, a seat and a generation. Each label has `min-ready` seats; a seat holds one generation at a
+ * time, and only a conditional advance of the seat's generation (from the one read) lets a new spare be
+ * made for it. So however many replenishers run at once, a label never has more live, untaken spares
+ * than seats: the no-overshoot invariant.
+ *
+ * A request takes a spare with one conditional write of the spare's request (its node records who took
+ * it, `takenBy`); the taker's node records the spare (`spare`) and uses its slot and its place in
+ * max-servers, which stay under the spare's node id: nothing moves between items, so there is nothing a
+ * crash could leave half moved. Releasing or failing the taker's node ends the spare's node too. A spare
+ * taken by a delivery that died before recording its request is ended by the replenisher once that
+ * delivery is known dead.
+ */
+
+export { SPARE_ID_PREFIX };
+
+/** Spares wait behind every request (Nodepool serves min-ready requests last, too). */
+export const SPARE_PRIORITY = 1_000_000_000;
+
+export const SPARE_REQUESTOR = 'metastatic min-ready';
+
+const readableLabel = /^[A-Za-z0-9._-]{1,80}$/;
+
+/** The request id of a label's spare for one seat and generation (within the request id pattern). */
+export function spareRequestId(label: string, seat: number, gen: number): string {
+  const name = readableLabel.test(label) ? label : `h${contentHash(label).slice(0, 16)}`;
+  return `${SPARE_ID_PREFIX}${name}:${seat}:${gen}`;
+}
+
+/** The spare's one node. */
+export function spareNodeId(label: string, seat: number, gen: number): string {
+  return nodeId(spareRequestId(label, seat, gen), 0);
+}
+
+export function isSpareRequestId(id: string): boolean {
+  return id.startsWith(SPARE_ID_PREFIX);
+}
+
+/** Whether a node id is a spare's node. */
+export function isSpareNodeId(id: string): boolean {
+  const parsed = parseNodeId(id);
+  return parsed !== undefined && isSpareRequestId(parsed.requestId);
+}
+
+/** The request the pool makes for a seat's spare: one node of the label, served after every other. */
+export function spareMessage(label: string, seat: number, gen: number): RequestMessage {
+  return {
+    kind: 'request',
+    id: spareRequestId(label, seat, gen),
+    labels: [label],
+    requestor: SPARE_REQUESTOR,
+    priority: SPARE_PRIORITY,
+  };
+}
+
+/** A spare ready to be taken: ready, and taken by no one. */
+export function isFreeSpare(n: NodeRecord | undefined): n is NodeRecord {
+  return n !== undefined && n.state === 'ready' && n.takenBy === undefined;
+}
+
+/** A spare's request with its node taken by `taker` (a delivery `by`, at `at`): the next version. */
+export function takenSpare(spare: RequestRecord, taker: string, by: string, at: number): RequestRecord {
+  const [node, ...rest] = spare.nodes;
+  if (!isFreeSpare(node)) throw new Error(`spare ${spare.id} is not free`);
+  return {
+    ...spare,
+    nodes: [{ ...node, takenBy: { node: taker, by, at } }, ...rest],
+    updatedAt: at,
+    version: spare.version + 1,
+  };
+}
+
+/**
+ * The taker's node on the spare it took: ready at once, on the spare's slot, with its connection
+ * details; it records the spare, whose slot and place it uses.
+ */
+export function nodeOnSpare(n: NodeRecord, spare: NodeRecord, now: number): NodeRecord {
+  const { takenBy: _t, held: _h, reason: _r, releasedAt: _x, ...details } = spare;
+  return { ...details, id: n.id, label: n.label, state: 'ready', attempts: 1, readyAt: now, spare: spare.id };
+}
+
+/**
+ * What becomes of a seat whose current spare is `spare` (its request as read; undefined when there is
+ * none yet), given the taker's request where the spare was taken:
+ * - `make`: no spare yet, or one still waiting to be placed: place it (again);
+ * - `keep`: a live spare (pending or ready, untaken), or one taken by a delivery that may still record it;
+ * - `advance`: the spare ended, or was taken and the taker recorded it: the seat moves on, a new spare;
+ * - `orphan`: taken by a delivery known dead that never recorded it: end the spare, then advance.
+ */
+export type SeatStep = 'make' | 'keep' | 'advance' | 'orphan';
+
+export function seatStep(
+  spare: RequestRecord | undefined,
+  taker: RequestRecord | undefined,
+  takerDead: (since: number) => boolean,
+): SeatStep {
+  if (!spare || spare.state === 'requested') return 'make';
+  const node = spare.nodes[0];
+  if (spare.state === 'failed' || !node || node.state === 'released' || node.state === 'failed') {
+    return 'advance';
+  }
+  if (!node.takenBy) return 'keep';
+  const parsed = parseNodeId(node.takenBy.node);
+  const takers = parsed ? taker?.nodes[parsed.index] : undefined;
+  if (takers?.spare === node.id) return 'advance';
+  return takerDead(node.takenBy.at) ? 'orphan' : 'keep';
+}

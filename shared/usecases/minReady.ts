@@ -1,0 +1,130 @@
+import type { MetastaticPool } from '../config/model.ts';
+import { hashOf } from '../core/backing.ts';
+import { parseNodeId } from '../core/ids.ts';
+import { isFreeSpare, spareRequestId, takenSpare } from '../core/minReady.ts';
+import type { BackingRecord, NodeRecord, RequestRecord } from '../core/records.ts';
+import { withNodes } from '../core/request.ts';
+import { giveBackSlot } from './backingNodes.ts';
+import { retryOnConflict, unlessConflict } from './conflicts.ts';
+import type { Context } from './context.ts';
+
+/**
+ * min-ready's use cases on one spare (the model is core/minReady.ts): taking it for a request's node,
+ * and ending it. Keeping each label's seats filled is replenish.ts.
+ */
+
+/** A spare taken for a node: the spare's node as it is now (taken). */
+export interface TakenSpare {
+  readonly index: number;
+  readonly spare: NodeRecord;
+}
+
+/**
+ * Takes a free spare of the label in `pool` for node `nodeId`, with one conditional write of the spare's
+ * request; undefined when there is none. Concurrent takers start at different seats (by node id), and
+ * one that loses a spare to another goes on to the next.
+ */
+export async function takeSpare(
+  ctx: Context,
+  pool: MetastaticPool,
+  label: string,
+  nodeId: string,
+  owner: string,
+): Promise<NodeRecord | undefined> {
+  const seats = ctx.config.minReady.get(label) ?? 0;
+  if (seats === 0) return undefined;
+  const gens = await ctx.store.seatGenerations(label);
+  const start = hashOf(nodeId) % seats;
+  const ids = Array.from({ length: seats }, (_, i) => (start + i) % seats).map((k) =>
+    spareRequestId(label, k, gens.get(k) ?? 0),
+  );
+  // A few seats at a time: when spares are free (the usual case) the first read finds one.
+  for (let at = 0; at < ids.length; at += SEATS_PER_READ) {
+    const batch = ids.slice(at, at + SEATS_PER_READ);
+    for (const read of await Promise.all(batch.map((id) => ctx.store.getRequest(id)))) {
+      const taken = await takeThis(ctx, pool, read, nodeId, owner);
+      if (taken) return taken;
+    }
+  }
+  return undefined;
+}
+
+/** Seats whose spares are read at once while looking for a free one. */
+const SEATS_PER_READ = 4;
+
+async function takeThis(
+  ctx: Context,
+  pool: MetastaticPool,
+  read: RequestRecord | undefined,
+  nodeId: string,
+  owner: string,
+): Promise<NodeRecord | undefined> {
+  let spare = read;
+  for (let round = 0; spare && round < 3; round++) {
+    const node = spare.nodes[0];
+    if (spare.poolKey !== pool.key || !isFreeSpare(node) || !node.backingNodeId) return undefined;
+    const backing = await ctx.store.getBacking(node.backingNodeId);
+    if (!backing || !usableSpareHost(backing, ctx.clock.now())) return undefined; // the upkeep replaces it
+    const taken = takenSpare(spare, nodeId, owner, ctx.clock.now());
+    const version = spare.version;
+    if (await unlessConflict(() => ctx.store.putRequest(taken, version))) {
+      ctx.log.info('min-ready node taken', { nodeId, spare: node.id, backingNodeId: node.backingNodeId });
+      return taken.nodes[0];
+    }
+    spare = await ctx.store.getRequest(spare.id); // lost it: released, or taken by another; look again
+  }
+  return undefined;
+}
+
+/** Whether a new node may start on this backing node: ready, not drained, within max-age. */
+export function usableSpareHost(b: BackingRecord, now: number): boolean {
+  return b.state === 'ready' && !b.drained && (b.noNewNodesAfter === undefined || now < b.noNewNodesAfter);
+}
+
+/**
+ * Ends a spare's node (released) if `mayEnd` says so of it as it is now, and gives back its slot and its
+ * place in max-servers (also when it had ended already: a crash may have cut that short). Every write
+ * is conditional on the version read, so a spare is never ended under a request that just took it.
+ * Returns whether the spare's node is ended now.
+ */
+export async function endSpare(
+  ctx: Context,
+  spareNodeId: string,
+  mayEnd: (n: NodeRecord) => boolean,
+  why: string,
+): Promise<boolean> {
+  const parsed = parseNodeId(spareNodeId);
+  if (!parsed) return false;
+  const ended = await retryOnConflict(`ending min-ready node ${spareNodeId}`, async () => {
+    const r = await ctx.store.getRequest(parsed.requestId);
+    const n = r?.nodes[parsed.index];
+    if (!r || !n) return undefined;
+    if (n.state === 'released' || n.state === 'failed') return { r, n };
+    if (r.state === 'requested') return undefined; // not placed: nothing to end
+    if (!mayEnd(n)) return undefined;
+    const now = ctx.clock.now();
+    const released: NodeRecord = { ...n, state: 'released', releasedAt: now, reason: why };
+    const next = withNodes(
+      r,
+      r.nodes.map((x, i) => (i === parsed.index ? released : x)),
+      now,
+    );
+    await ctx.store.putRequest(next, r.version);
+    ctx.log.info('min-ready node ended', { nodeId: spareNodeId, reason: why });
+    return { r: next, n: released };
+  });
+  if (!ended) return false;
+  const { r, n } = ended;
+  if (n.backingNodeId) await giveBackSlot(ctx, n.backingNodeId, n.id);
+  const pool = ctx.config.metastaticPools.find((p) => p.key === r.poolKey);
+  if (r.poolKey && (!pool || pool.maxServers !== undefined)) {
+    await ctx.store.freeNodePlaces(r.poolKey, [n.id]);
+  }
+  return true;
+}
+
+/** Ends the spare a node took, once that node is released or failed (its slot and place go with it). */
+export function endSpareOf(ctx: Context, n: NodeRecord): Promise<boolean> {
+  if (!n.spare) return Promise.resolve(false);
+  return endSpare(ctx, n.spare, (s) => s.takenBy?.node === n.id, `its taker ${n.id} ended`);
+}

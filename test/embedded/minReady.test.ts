@@ -1,0 +1,182 @@
+import { afterEach, describe, expect, it } from 'vitest';
+import { ownerToken, parseNodeId } from '../../shared/core/ids.ts';
+import { isFreeSpare, isSpareRequestId } from '../../shared/core/minReady.ts';
+import type { RequestRecord } from '../../shared/core/records.ts';
+import { CLAIM_TAKEOVER_MS } from '../../shared/core/timing.ts';
+import { failBackingNode } from '../../shared/usecases/failure.ts';
+import { takeSpare } from '../../shared/usecases/minReady.ts';
+import { releaseNode } from '../../shared/usecases/release.ts';
+import { keepMinReady } from '../../shared/usecases/replenish.ts';
+import { baseConfig } from '../../testkit/configs.ts';
+import { type Harness, sqsEvent, startHarness } from '../../testkit/harness.ts';
+
+/**
+ * min-ready (issue 14): the pool keeps ready, unassigned nodes of a label; a request takes one at once
+ * and the pool replaces it. On dynalite + fauxqs + local processes.
+ */
+let h: Harness | undefined;
+afterEach(async () => {
+  await h?.close();
+  h = undefined;
+});
+
+const request = (id: string) => ({ kind: 'request', id, labels: ['small-node'] });
+
+async function spares(harness: Harness): Promise<RequestRecord[]> {
+  return (await harness.pool.context.store.listRequests()).filter((r) => isSpareRequestId(r.id));
+}
+/** Live min-ready nodes nobody took: what min-ready counts. */
+async function untaken(harness: Harness): Promise<number> {
+  return (await spares(harness)).filter((r) => {
+    const n = r.nodes[0];
+    return r.state === 'requested' || (n && (n.state === 'pending' || n.state === 'ready') && !n.takenBy);
+  }).length;
+}
+async function freeSpares(harness: Harness): Promise<number> {
+  return (await spares(harness)).filter((r) => isFreeSpare(r.nodes[0])).length;
+}
+const requestOf = (nodeId: string | undefined): string => parseNodeId(nodeId ?? '')?.requestId ?? '';
+const allFree = (harness: Harness, n: number) => async () => (await freeSpares(harness)) === n;
+
+describe('min-ready', () => {
+  it('keeps min-ready nodes ready; a request takes one at once, with no launch, and the pool replaces it', async () => {
+    h = await startHarness(baseConfig({ slots: 2, minReady: 2 }));
+    const ctx = h.pool.context;
+    const report = await h.pool.reapNow();
+    expect(report.minReadyMade).toBe(2);
+    await h.fulfilUntil(allFree(h, 2));
+    const backing = await ctx.store.listBacking();
+    expect(backing).toHaveLength(1);
+    expect(backing[0]?.used).toBe(2); // min-ready nodes keep their backing node in use (never idle)
+    expect(backing[0]?.state).toBe('ready');
+
+    await h.send(request('r1'));
+    await h.drainRequests();
+    // Fulfilled by the request handler alone: no fulfil event, no launch waited for.
+    const r1 = await ctx.store.getRequest('r1');
+    expect(r1?.state).toBe('fulfilled');
+    const node = r1?.nodes[0];
+    expect(node?.spare).toMatch(/^min-ready:small-node:\d+:0\/0$/);
+    expect(node?.backingNodeId).toBe(backing[0]?.id);
+    expect(node?.host).toBe(backing[0]?.host);
+    // The request handler refilled the seat: a new min-ready node, on a new backing node (the first is full).
+    expect(await untaken(h)).toBe(2);
+    await h.fulfilUntil(allFree(h, 2));
+    expect(await ctx.store.listBacking()).toHaveLength(2);
+
+    // Releasing the node ends the min-ready node it took: its slot is free again.
+    expect((await releaseNode(ctx, 'r1/0')).kind).toBe('released');
+    const spare = await ctx.store.getRequest(requestOf(node?.spare));
+    expect(spare?.nodes[0]?.state).toBe('released');
+    expect((await ctx.store.getBacking(backing[0]?.id as string))?.used).toBe(1);
+    expect((await ctx.store.getRequest('r1'))?.nodes[0]?.state).toBe('released');
+    expect(await freeSpares(h)).toBe(2);
+  });
+
+  it('refuses to release a min-ready node that a request took', async () => {
+    h = await startHarness(baseConfig({ slots: 2, minReady: 1 }));
+    const ctx = h.pool.context;
+    await h.pool.reapNow();
+    await h.fulfilUntil(allFree(h, 1));
+    await h.send(request('r1'));
+    await h.drainRequests();
+    const spareId = (await ctx.store.getRequest('r1'))?.nodes[0]?.spare as string;
+    await expect(releaseNode(ctx, spareId, true)).rejects.toThrow(/min-ready node in use as r1\/0/);
+    expect((await ctx.store.getRequest('r1'))?.nodes[0]?.state).toBe('ready');
+  });
+
+  it('never makes more min-ready nodes than min-ready, however many replenishers race', async () => {
+    h = await startHarness(baseConfig({ slots: 4, minReady: 3 }));
+    const ctx = h.pool.context;
+    await Promise.all(Array.from({ length: 6 }, () => keepMinReady(ctx, 'small-node')));
+    expect(await untaken(h)).toBe(3);
+    await h.fulfilUntil(allFree(h, 3));
+    // Three requests take them while six replenishers race to refill.
+    await Promise.all([
+      ...['a', 'b', 'c'].map((id) => h?.pool.handlers.request(sqsEvent([JSON.stringify(request(id))]))),
+      ...Array.from({ length: 6 }, () => keepMinReady(ctx, 'small-node')),
+    ]);
+    for (const id of ['a', 'b', 'c']) expect((await ctx.store.getRequest(id))?.state).not.toBe('requested');
+    await Promise.all(Array.from({ length: 6 }, () => keepMinReady(ctx, 'small-node')));
+    expect(await untaken(h)).toBe(3);
+    const seats = await ctx.store.seatGenerations('small-node');
+    expect([...seats.keys()].sort()).toEqual([0, 1, 2]);
+  });
+
+  it('counts min-ready nodes against max-servers, and a request that takes one needs no other place', async () => {
+    h = await startHarness(baseConfig({ slots: 4, maxServers: 2, minReady: 2 }), { maxReceiveCount: 50 });
+    const ctx = h.pool.context;
+    await h.pool.reapNow();
+    await h.fulfilUntil(allFree(h, 2));
+    expect((await ctx.store.nodePlaces('meta/main')).size).toBe(2);
+    await h.send(request('r1'));
+    await h.send(request('r2'));
+    await h.drainRequests();
+    expect((await ctx.store.getRequest('r1'))?.state).toBe('fulfilled');
+    expect((await ctx.store.getRequest('r2'))?.state).toBe('fulfilled');
+    // Both places are the min-ready nodes' (now r1's and r2's); no room for a new one, nor for r3.
+    expect((await ctx.store.nodePlaces('meta/main')).size).toBe(2);
+    expect(
+      (await h.pool.handlers.request(sqsEvent([JSON.stringify(request('r3'))]))).batchItemFailures,
+    ).toHaveLength(1);
+    expect((await ctx.store.getRequest('r3'))?.state).toBe('requested');
+    // r1 goes: its place serves the waiting request before a new min-ready node (served last).
+    await releaseNode(ctx, 'r1/0');
+    await h.pool.reapNow();
+    expect(
+      (await h.pool.handlers.request(sqsEvent([JSON.stringify(request('r3'))], 2))).batchItemFailures,
+    ).toEqual([]);
+    expect((await ctx.store.getRequest('r3'))?.state).not.toBe('requested');
+    expect((await ctx.store.nodePlaces('meta/main')).size).toBe(2);
+  });
+
+  it('replaces min-ready nodes on a backing node past max-age, which then goes', async () => {
+    h = await startHarness(baseConfig({ slots: 2, minReady: 1, maxAge: 600, grace: 0 }));
+    const ctx = h.pool.context;
+    await h.pool.reapNow();
+    await h.fulfilUntil(allFree(h, 1));
+    const [old] = await ctx.store.listBacking();
+    h.clock.advance(601_000);
+    const report = await h.pool.reapNow();
+    expect(report.minReadyEnded).toBe(1);
+    expect(report.minReadyMade).toBe(1);
+    await h.fulfilUntil(allFree(h, 1));
+    const free = (await spares(h)).find((r) => isFreeSpare(r.nodes[0]));
+    expect(free?.nodes[0]?.backingNodeId).not.toBe(old?.id);
+    const again = await h.pool.reapNow();
+    expect(again.retired).toContain(old?.id);
+  });
+
+  it('ends a min-ready node taken by a delivery that died before recording it, and refills its seat', async () => {
+    h = await startHarness(baseConfig({ slots: 2, minReady: 1 }));
+    const ctx = h.pool.context;
+    await h.pool.reapNow();
+    await h.fulfilUntil(allFree(h, 1));
+    const pool = ctx.config.metastaticPools[0];
+    if (!pool) throw new Error('no pool');
+    const taken = await takeSpare(ctx, pool, 'small-node', 'ghost/0', ownerToken(ctx.clock.now()));
+    expect(taken?.takenBy?.node).toBe('ghost/0');
+    // While the delivery may still record it, the node stays taken and the seat waits.
+    await keepMinReady(ctx, 'small-node');
+    expect(await untaken(h)).toBe(0);
+    h.clock.advance(CLAIM_TAKEOVER_MS + 1_000);
+    const report = await keepMinReady(ctx, 'small-node');
+    expect(report.ended).toBe(1);
+    expect((await ctx.store.getRequest(requestOf(taken?.id)))?.nodes[0]?.state).toBe('released');
+    expect(await untaken(h)).toBe(1);
+  });
+
+  it('fails the node that took a min-ready node when its backing node vanishes', async () => {
+    h = await startHarness(baseConfig({ slots: 2, minReady: 1 }));
+    const ctx = h.pool.context;
+    await h.pool.reapNow();
+    await h.fulfilUntil(allFree(h, 1));
+    await h.send(request('r1'));
+    await h.drainRequests();
+    const n = (await ctx.store.getRequest('r1'))?.nodes[0];
+    await failBackingNode(ctx, n?.backingNodeId as string, 'vanished', { resourceGone: true });
+    expect((await ctx.store.getRequest('r1'))?.nodes[0]?.state).toBe('failed');
+    const spare = await ctx.store.getRequest(requestOf(n?.spare));
+    expect(spare?.nodes[0]?.state).toBe('failed');
+  });
+});
