@@ -32,6 +32,7 @@ import {
 } from '@aws-sdk/client-sqs';
 import { DynamoDBDocumentClient, GetCommand, PutCommand, QueryCommand } from '@aws-sdk/lib-dynamodb';
 import { parseConfigOrThrow } from '../shared/config/load.ts';
+import { isFreeSpare, isSpareRequestId } from '../shared/core/minReady.ts';
 import type { BackingRecord, RequestRecord } from '../shared/core/records.ts';
 import { EmbeddedPool, REGION, TABLE_NAME } from '../shared/runtime/embeddedPool.ts';
 import { backingItem, FREE_INDEX, keys, requestItem } from '../shared/store/table.ts';
@@ -67,8 +68,10 @@ const AIM_CALLS_PER_ALLOCATION = 3;
 const AIM_LATENCY_RATIO = 1.5;
 const LABEL = 'small-node';
 
-function configYaml(maxServers: number | undefined): string {
+function configYaml(maxServers: number | undefined, minReady: number | undefined): string {
   return poolConfig({
+    labels:
+      minReady === undefined ? undefined : [{ name: 'large-node' }, { name: LABEL, 'min-ready': minReady }],
     backing: { pool: { 'max-servers': 4 }, labels: [largeNode({ 'boot-delay': 0 })] },
     meta: {
       pool: { 'max-servers': maxServers },
@@ -228,6 +231,7 @@ class Variant {
   private constructor(
     readonly name: string,
     readonly maxServers: number | undefined,
+    readonly minReady: number | undefined,
     private readonly pool: EmbeddedPool,
     private readonly stateDir: string,
     private readonly probe: Probe,
@@ -246,14 +250,20 @@ class Variant {
     );
   }
 
-  static async start(name: string, maxServers: number | undefined): Promise<Variant> {
+  static async start(
+    name: string,
+    maxServers: number | undefined,
+    minReady: number | undefined,
+  ): Promise<Variant> {
     const stateDir = await mkdtemp(join(tmpdir(), 'metastatic-bench-'));
     let pool: EmbeddedPool | undefined;
     try {
       pool = await EmbeddedPool.start({
-        config: parseConfigOrThrow(configYaml(maxServers), `bench-${name}.yaml`),
+        config: parseConfigOrThrow(configYaml(maxServers, minReady), `bench-${name}.yaml`),
         stateDir,
-        reaperInterval: 3600, // the reaper never runs during the benchmark (its Queries would be counted)
+        // The reaper never runs during the benchmark (its Queries would be counted), except its first run
+        // at start with min-ready (it makes the ready nodes), before the priming request.
+        reaperInterval: 3600,
         log,
         inMemory: true,
       });
@@ -267,7 +277,9 @@ class Variant {
       await within(fulfilled, `${name}: the priming request to be fulfilled (backing node ready)`);
       const primeMs = performance.now() - started;
       await sleep(200); // let trailing provider events be handled before anything is counted
-      const variant = new Variant(name, maxServers, pool, stateDir, probe, primeMs);
+      if (minReady !== undefined)
+        await within(readyNodesKept(pool, minReady), `${name}: its min-ready nodes`);
+      const variant = new Variant(name, maxServers, minReady, pool, stateDir, probe, primeMs);
       variant.floorQueueUrl = (await pool.sqs.send(new CreateQueueCommand({ QueueName: 'bench-floor' })))
         .QueueUrl as string;
       return variant;
@@ -451,6 +463,15 @@ class Variant {
   }
 }
 
+/** Resolves once the pool keeps `n` free min-ready nodes. */
+async function readyNodesKept(pool: EmbeddedPool, n: number): Promise<void> {
+  for (;;) {
+    const requests = await pool.context.store.listRequests();
+    if (requests.filter((r) => isSpareRequestId(r.id) && isFreeSpare(r.nodes[0])).length >= n) return;
+    await sleep(20);
+  }
+}
+
 function sendTo(pool: EmbeddedPool, queueUrl: string, body: object) {
   return pool.sqs.send(new SendMessageCommand({ QueueUrl: queueUrl, MessageBody: JSON.stringify(body) }));
 }
@@ -481,6 +502,7 @@ interface LatencyFigures {
 interface VariantResult {
   readonly name: string;
   readonly maxServers: number | undefined;
+  readonly minReady: number | undefined;
   readonly primeMs: number;
   readonly allocation: CallFigures;
   readonly release: CallFigures;
@@ -546,6 +568,7 @@ async function run(variants: readonly Variant[]): Promise<VariantResult[]> {
     results.push({
       name: v.name,
       maxServers: v.maxServers,
+      minReady: v.minReady,
       primeMs: round(v.primeMs, 1),
       allocation: callFigures(acc.requestWindows),
       release: callFigures(acc.releaseWindows),
@@ -663,6 +686,26 @@ interface Parts {
   readonly cli: CliFigures;
 }
 
+/**
+ * min-ready's figure: a request that takes a ready node against one placed on a free slot of a ready
+ * backing node (the warm path, same pool without min-ready) and one that launches its backing node (the
+ * priming request, a single sample: local processes boot in well under a second, EC2 in tens of seconds).
+ */
+function minReadySummary(variants: readonly VariantResult[]) {
+  const with_ = variants.find((v) => v.minReady !== undefined);
+  const without = variants.find((v) => v.minReady === undefined && v.maxServers === with_?.maxServers);
+  if (!with_ || !without) return [];
+  const median = with_.latency.real.median;
+  return [
+    {
+      figure: 'enqueue-to-fulfilled with a min-ready node / without (a free slot; a launch)',
+      measured: `${(median / without.latency.real.median).toFixed(2)}; ${(median / without.primeMs).toFixed(2)} (${median.toFixed(2)} / ${without.latency.real.median.toFixed(2)}; ${without.primeMs.toFixed(0)} ms)`,
+      aim: '-',
+      met: '-',
+    },
+  ];
+}
+
 /** One line per figure: what was measured in this run, against its aim (nothing is asserted). */
 function summaryRows(p: Parts): { figure: string; measured: string; aim: string; met: string }[] {
   const both = (f: (v: VariantResult) => string) => p.variants.map(f).join(' / ');
@@ -681,6 +724,7 @@ function summaryRows(p: Parts): { figure: string; measured: string; aim: string;
       aim: `<= ${AIM_LATENCY_RATIO}`,
       met: both((v) => yesNo(v.latency.ratio <= AIM_LATENCY_RATIO)),
     },
+    ...minReadySummary(p.variants),
     {
       figure: `conditional-check conflicts per allocation, ${p.contention.concurrency}-way contention`,
       measured: p.contention.conflictsPerAllocation.toFixed(2),
@@ -741,16 +785,19 @@ async function main(): Promise<void> {
   };
 
   // 1. The warm path through the queues, two variants side by side.
+  // The third: max-servers unset with one min-ready node, which every request takes (fulfilled by the
+  // request handler at once) and the handler replaces before it deletes the message.
   const configs = [
-    [`max-servers-${METASTATIC_MAX_SERVERS}`, METASTATIC_MAX_SERVERS],
-    ['max-servers-unset', undefined],
+    [`max-servers-${METASTATIC_MAX_SERVERS}`, METASTATIC_MAX_SERVERS, undefined],
+    ['max-servers-unset', undefined, undefined],
+    ['min-ready-1', undefined, 1],
   ] as const;
   const variants = await timed('warmPath', async () => {
     const running: Variant[] = [];
     try {
-      for (const [name, maxServers] of configs) {
+      for (const [name, maxServers, minReady] of configs) {
         progress(`starting variant "${name}" and priming its backing node...`);
-        running.push(await Variant.start(name, maxServers));
+        running.push(await Variant.start(name, maxServers, minReady));
       }
       return await run(running);
     } finally {

@@ -34,6 +34,7 @@ import { parseConfigOrThrow } from '../shared/config/load.ts';
 import type { ResolvedConfig } from '../shared/config/model.ts';
 import { ManualClock } from '../shared/core/clock.ts';
 import type { Log } from '../shared/core/log.ts';
+import { isSpareRequestId } from '../shared/core/minReady.ts';
 import type { BackingProvider, ProviderRegistry } from '../shared/core/provider.ts';
 import type { BackingRecord, RequestRecord } from '../shared/core/records.ts';
 import type { StateChangeEvent } from '../shared/core/stateChanges.ts';
@@ -82,6 +83,8 @@ export const CHAOS_POOL = {
   priorities: [10, 100, 200],
   /** Requests that the user cancels 0-20 s after sending them. */
   cancelShare: 0.04,
+  /** min-ready of the label (lowered to 0 before the final drain, as an operator would to empty the pool). */
+  minReady: 3,
   /** How late a waiting request may end after its request-timeout: reaper runs crash, and run every tick. */
   timeoutSlackMs: 5_000,
   /** The instance type that has no capacity in phases (the other one always has). */
@@ -90,8 +93,9 @@ export const CHAOS_POOL = {
 } as const;
 
 /** The pool under test; without `nodeCap` the metastatic pool has no max-servers (the default in a user's config). */
-const chaosYaml = (nodeCap: boolean) =>
+const chaosYaml = (nodeCap: boolean, minReady: number) =>
   poolConfig({
+    labels: [{ name: 'large' }, { name: 'small', 'min-ready': minReady }],
     backing: {
       driver: 'aws',
       provider: { region: 'eu-west-1' },
@@ -218,6 +222,8 @@ export interface ChaosReport {
   redeliveries: number;
   /** Cancel messages the users sent. */
   cancelsSent: number;
+  /** min-ready: the pool's own ready nodes made, and the users' nodes that took one. */
+  minReady: { made: number; taken: number };
   crashes: number;
   crashesByKind: Record<HandlerKind, number>;
   /** Crash boundaries: how many there are, how many crashed at least once, which never did. */
@@ -281,8 +287,11 @@ interface ClientRequest {
 
 class Stop extends Error {}
 
+/** Live nodes, each counted once: a node on a min-ready node's slot is that node's (same place). */
 const liveCount = (r: RequestRecord | undefined) =>
-  r ? r.nodes.filter((n) => n.state === 'pending' || n.state === 'ready').length : 0;
+  r
+    ? r.nodes.filter((n) => (n.state === 'pending' || n.state === 'ready') && n.spare === undefined).length
+    : 0;
 const nodeStates = (r: RequestRecord | undefined) => (r ? r.nodes.map((n) => n.state).join(',') : '');
 
 /** Replaces ids in a message so that messages of one kind count together. */
@@ -333,7 +342,8 @@ export class ChaosRun {
   private readonly sched: Random;
   private readonly faults: Random;
   private readonly jitter: Random;
-  private readonly config: ResolvedConfig;
+  /** Replaced once, before the drain: min-ready lowered to 0 (what every context reads from then on). */
+  private config: ResolvedConfig;
   private readonly poolKey: string;
   private readonly backingPoolKey: string;
   private readonly tickMs: number;
@@ -386,7 +396,7 @@ export class ChaosRun {
     this.faults = this.random.fork('faults');
     this.jitter = this.random.fork('jitter');
     this.tickMs = options.tickMs ?? 100;
-    this.config = parseConfigOrThrow(chaosYaml(options.nodeCap ?? true), 'chaos.yaml');
+    this.config = parseConfigOrThrow(chaosYaml(options.nodeCap ?? true, CHAOS_POOL.minReady), 'chaos.yaml');
     const pool = this.config.metastaticPools[0];
     const backingPool = this.config.backingPools[0];
     if (!pool || !backingPool) throw new Error('chaos config has no pools');
@@ -394,6 +404,7 @@ export class ChaosRun {
     this.backingPoolKey = backingPool.key;
     this.limits = {
       nodesMax: (options.nodeCap ?? true) ? CHAOS_POOL.nodesMax : undefined,
+      minReady: new Map(this.config.minReady),
       backingMax: CHAOS_POOL.backingMax,
       // A claim's lease, then a reaper run or two; a crashed release comes back much sooner.
       staleEntryMs: SLOT_LEASE_MS + 60_000,
@@ -430,6 +441,7 @@ export class ChaosRun {
       duplicatesDelivered: 0,
       redeliveries: 0,
       cancelsSent: 0,
+      minReady: { made: 0, taken: 0 },
       crashes: 0,
       crashesByKind: { request: 0, fulfil: 0, reaper: 0 },
       boundaries: { total: this.crash.boundaries.length, hit: 0, neverHit: [] },
@@ -568,9 +580,13 @@ export class ChaosRun {
       },
       forResource: (id) => (isEc2InstanceId(id) ? wrapped : undefined),
     };
+    const run = this;
     return {
       store: this.store,
-      config: this.config,
+      // Read at each use: the drain lowers min-ready under running containers, as a redeploy would.
+      get config() {
+        return run.config;
+      },
       providers,
       clock: this.clock,
       log: this.log(kind),
@@ -842,7 +858,10 @@ export class ChaosRun {
 
   /** Everything is released: the reaper runs until nothing is left. */
   private async drain(): Promise<void> {
+    // The operator lowers min-ready to 0: the reaper ends the free ready nodes, takers end theirs.
+    this.config = parseConfigOrThrow(chaosYaml(this.options.nodeCap ?? true, 0), 'chaos.yaml');
     for (const r of this.requests.values()) {
+      if (isSpareRequestId(r.id)) continue; // the pool's own: ended by the reaper, or with their taker
       for (const n of r.nodes) {
         if (n.state === 'pending' || n.state === 'ready') {
           this.requestQueue.send(JSON.stringify({ kind: 'release', nodeId: n.id }));
@@ -1182,6 +1201,10 @@ export class ChaosRun {
     r.failed = 0;
     r.failedByClass = {};
     r.nodesLostAfterReady = 0;
+    r.minReady = {
+      made: [...this.requests.keys()].filter(isSpareRequestId).length,
+      taken: [...this.requests.values()].reduce((k, x) => k + x.nodes.filter((n) => n.spare).length, 0),
+    };
     for (const c of this.client) {
       const rec = this.requests.get(c.id);
       if (rec?.state === 'fulfilled') {
@@ -1263,6 +1286,10 @@ export function formatSummary(r: ChaosReport): string {
     ['fulfilled', `${r.fulfilled} (nodes lost after ready: ${r.nodesLostAfterReady})`],
     ['failed', `${r.failed}${classes ? ` (${classes})` : ''}`],
     ['cancels sent', `${r.cancelsSent} (a cancel after fulfilment changes nothing; the user releases)`],
+    [
+      'min-ready',
+      `${r.minReady.made} ready nodes made (min-ready ${CHAOS_POOL.minReady}), ${r.minReady.taken} nodes took one`,
+    ],
     [
       'launches',
       `${r.launches} instances; failures: ${r.launchApiFailures} API + ${r.launchDeaths} died booting; ` +

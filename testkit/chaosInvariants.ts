@@ -15,12 +15,16 @@ import type { FakeInstance } from './fakeEc2.ts';
  *   exceeds the cap; its counter never does either, and counts every live node); backing records holding capacity (holdsCapacity) <= the backing pool's
  *   max-servers and all in its capacity set; pending/running instances <= the backing pool's max-servers.
  * - requests: a failed request has a reason and no live node; a requested one has no placed node.
+ * - min-ready: per label, the pool's own ready nodes not taken (live, or still waiting to be placed) never
+ *   exceed min-ready (no overshoot, however many refills race).
  * Liveness (bounded by time, tracked across snapshots in `Tracker`):
  * - a slot map entry of a live backing node that no live node confirms (a crashed placement's claim,
  *   a release that crashed between its two writes, a node id in two slot maps) is given back within
  *   `staleEntryMs`;
  * - a live node on a failed backing node is moved or failed within `unsettledMs`;
- * - a pending/running instance with no live record is terminated within `orphanMs`.
+ * - a pending/running instance with no live record is terminated within `orphanMs`;
+ * - a live node on a min-ready node's slot has that node live and taken by it, and a taken min-ready node
+ *   has a live taker that records it, except for `unsettledMs` (a release, failure or take cut short).
  * Final (after everything is released and the reaper ran until quiescent): every expected request is
  * fulfilled or failed with a reason, no node is live, every backing record is stopped, both capacity
  * sets are empty, no instance is pending or running.
@@ -42,6 +46,8 @@ export interface Snapshot {
 export interface Limits {
   /** The metastatic pool's max-servers; undefined: none (no capacity set to check). */
   readonly nodesMax: number | undefined;
+  /** min-ready per label (the largest configured during the run): live untaken ready nodes never exceed it. */
+  readonly minReady?: ReadonlyMap<string, number>;
   readonly backingMax: number;
   readonly staleEntryMs: number;
   readonly unsettledMs: number;
@@ -129,6 +135,37 @@ export function checkInvariants(s: Snapshot, limits: Limits, tracker: Tracker): 
       if (r.state === 'failed' || r.state === 'requested') {
         v.push(`request ${r.id} is ${r.state} but its node ${n.id} is ${n.state}`);
       }
+      if (n.spare !== undefined) {
+        // On a min-ready node's slot: that node holds the slot and the place, and must be its.
+        const spare = findNode(s.requests, n.spare);
+        const same = spare?.backingNodeId === n.backingNodeId && spare?.slot === n.slot;
+        if (!spare || !isLive(spare) || spare.takenBy?.node !== n.id || !same) {
+          const key = `taker ${n.id}`;
+          seen.add(key);
+          const age = tracker.age(key, s.now);
+          if (age > limits.unsettledMs || (spare && isLive(spare) && !same)) {
+            v.push(
+              `node ${n.id} (${n.state}) runs on min-ready node ${n.spare}, which is ` +
+                `${spare ? `${spare.state}, taken by ${spare.takenBy?.node ?? 'nobody'}, on ${spare.backingNodeId}#${spare.slot}` : 'not recorded'} (${secs(age)})`,
+            );
+          }
+        }
+        continue;
+      }
+      if (n.takenBy !== undefined) {
+        const taker = findNode(s.requests, n.takenBy.node);
+        if (!taker || !isLive(taker) || taker.spare !== n.id) {
+          const key = `taken ${n.id}`;
+          seen.add(key);
+          const age = tracker.age(key, s.now);
+          if (age > limits.unsettledMs) {
+            v.push(
+              `min-ready node ${n.id} has been taken by ${n.takenBy.node} for ${secs(age)}, which is ` +
+                `${taker ? `${taker.state}${taker.spare === n.id ? '' : ' and does not record it'}` : 'not recorded'}`,
+            );
+          }
+        }
+      }
       liveNodes.push(n);
       if (n.backingNodeId === undefined || n.slot === undefined) {
         v.push(`node ${n.id} is ${n.state} without a backing node/slot`);
@@ -166,6 +203,20 @@ export function checkInvariants(s: Snapshot, limits: Limits, tracker: Tracker): 
           );
         }
       }
+    }
+  }
+
+  // ---- min-ready: no overshoot ------------------------------------------------------------------------
+  for (const [label, most] of limits.minReady ?? []) {
+    const untaken = s.requests.filter((r) => {
+      if (!r.id.startsWith('min-ready:') || r.labels[0] !== label) return false;
+      const n = r.nodes[0];
+      return r.state === 'requested' || (n !== undefined && isLive(n) && n.takenBy === undefined);
+    });
+    if (untaken.length > most) {
+      v.push(
+        `${untaken.length} untaken min-ready nodes of ${label} exceed its min-ready ${most}: ${untaken.map((r) => r.id).join(', ')}`,
+      );
     }
   }
 

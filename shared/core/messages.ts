@@ -102,7 +102,11 @@ export function parseMessage(body: string): ParsedMessage {
     return { ok: false, reason: 'message must be a JSON object' };
   }
   const obj = json as Record<string, unknown>;
-  const requestId = typeof obj.id === 'string' && requestIdPattern.test(obj.id) ? obj.id : undefined;
+  // The pool's own ids (min-ready) are never recorded for a message: it could end one of its nodes.
+  const requestId =
+    typeof obj.id === 'string' && requestIdPattern.test(obj.id) && !obj.id.startsWith(SPARE_ID_PREFIX)
+      ? obj.id
+      : undefined;
   const labels =
     Array.isArray(obj.labels) && obj.labels.every((l) => typeof l === 'string')
       ? boundedLabels(obj.labels as string[])

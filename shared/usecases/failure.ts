@@ -9,7 +9,7 @@ import { retryOnConflict } from './conflicts.ts';
 import { type Context, leaseExpired, timeLeft } from './context.ts';
 import { markNodesReady } from './nodesReady.ts';
 import { type Placement, placeNode } from './placement.ts';
-import { failNodes, requestSettled } from './requests.ts';
+import { failNodes, failTakerOf, requestSettled } from './requests.ts';
 
 /**
  * A backing node that failed, and the nodes on it. This is where the domain recurses: settling a failed
@@ -96,6 +96,9 @@ export async function settleFailedNodes(
         report.failed++;
       }
     } else {
+      // Ended (released or failed) but still on its slot: a release or failure cut short. A min-ready
+      // node's taker runs on this slot: it fails first (failNodes does so too; this finishes it).
+      if (n.state === 'failed') await failTakerOf(ctx, n, n.reason ?? reason);
       await giveBackSlot(ctx, b.id, nodeId);
     }
   }

@@ -125,7 +125,7 @@ export async function failNodes(
     if (!r) return undefined;
     const wholeRequest = r.state === 'pending' || r.state === 'requested';
     const failing = r.nodes.filter((n) => isLive(n) && (wholeRequest || which(n)));
-    if (failing.length === 0) return undefined;
+    if (failing.length === 0) return { r, failing };
     const ids = new Set(failing.map((n) => n.id));
     const now = ctx.clock.now();
     const next = wholeRequest
@@ -139,16 +139,26 @@ export async function failNodes(
     return { r, next, failing, ids, wholeRequest };
   });
   if (!done) return;
+  if (!done.next) {
+    // Failed already: a call cut short may have left min-ready nodes to end (idempotent; rare).
+    for (const n of done.r.nodes) if (n.state === 'failed' && n.spare && which(n)) await endSpareOf(ctx, n);
+    return;
+  }
   const { r, next, failing, ids, wholeRequest } = done;
   ctx.log.warn(wholeRequest ? 'request failed' : 'node failed', { requestId, nodes: [...ids], reason });
   if (wholeRequest) await requestSettled(ctx, next);
+  // A min-ready node in use fails its taker first: while this node still holds its slot, a call cut
+  // short here is redone by whoever settles the slot (settleFailedNodes).
+  for (const n of failing) await failTakerOf(ctx, n, reason);
   for (const n of failing) if (n.backingNodeId) await giveBackSlot(ctx, n.backingNodeId, n.id);
-  if (r.poolKey) await ctx.store.freeNodePlaces(r.poolKey, [...ids]);
-  for (const n of failing) {
-    // A node on a min-ready node's slot ends that node; a min-ready node in use fails its taker.
-    await endSpareOf(ctx, n);
-    const taker = n.takenBy?.node;
-    const parsed = taker ? parseNodeId(taker) : undefined;
-    if (parsed) await failNodes(ctx, parsed.requestId, reason, (x) => x.id === taker && x.spare === n.id);
-  }
+  if (r.poolKey) await ctx.store.freeNodePlaces(r.poolKey, [...(ids ?? [])]);
+  // A node on a min-ready node's slot ends that node (its slot and place are freed there).
+  for (const n of failing) await endSpareOf(ctx, n);
+}
+
+/** Fails the node that took this min-ready node (it runs on the same slot), if any. */
+export async function failTakerOf(ctx: Context, n: NodeRecord, reason: string): Promise<void> {
+  const taker = n.takenBy?.node;
+  const parsed = taker ? parseNodeId(taker) : undefined;
+  if (parsed) await failNodes(ctx, parsed.requestId, reason, (x) => x.id === taker && x.spare === n.id);
 }

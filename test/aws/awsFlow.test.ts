@@ -24,8 +24,9 @@ import { sqsEvent } from '../../testkit/harness.ts';
  * The whole flow on the embedded DynamoDB with EC2 played by the stateful fake: the same handlers as
  * in Lambda, EC2 state events fed to the fulfil handler as EventBridge -> SQS would deliver them.
  */
-const yaml = (o: { retries?: number; maxServers?: number; publicIpv4?: boolean } = {}) =>
+const yaml = (o: { retries?: number; maxServers?: number; publicIpv4?: boolean; minReady?: number } = {}) =>
   poolConfig({
+    labels: o.minReady ? [{ name: 'large' }, { name: 'small', 'min-ready': o.minReady }] : undefined,
     backing: {
       driver: 'aws',
       provider: { region: 'eu-west-1' },
@@ -79,7 +80,7 @@ afterEach(() => {
   pools = [];
 });
 
-async function pool(o: { retries?: number; maxServers?: number } = {}): Promise<Pool> {
+async function pool(o: { retries?: number; maxServers?: number; minReady?: number } = {}): Promise<Pool> {
   const tableName = `aws-flow-${++table}`;
   await ensureTable(dynamodb, tableName);
   const clock = new ManualClock(Date.parse('2026-06-01T00:00:00Z'));
@@ -173,6 +174,31 @@ describe('the whole flow against a stateful fake EC2', () => {
     expect(report.retired).toHaveLength(1);
     await p.ec2.advance(10_000);
     expect(p.ec2.live()).toHaveLength(0);
+  });
+
+  it('keeps min-ready nodes on EC2: a request takes one at once, with no launch, and the reaper replaces it', async () => {
+    const p = await pool({ minReady: 1 });
+    // The reaper's run makes the ready node: one tagged instance, which the fulfil flow makes ready.
+    expect((await reap(p.ctx)).minReadyMade).toBe(1);
+    expect(p.ec2.live()).toHaveLength(1);
+    await p.ec2.advance(30_000);
+    await p.deliver();
+    const launches = p.ec2.inputs('RunInstances').length;
+    expect(launches).toBe(1);
+    const out = await p.request(sqsEvent([req('warm')]));
+    expect(out.batchItemFailures).toEqual([]);
+    const warm = await p.ctx.store.getRequest('warm');
+    expect(warm?.state).toBe('fulfilled'); // by the request function alone: no EC2 event awaited
+    expect(warm?.nodes[0]?.host).toMatch(/^10\./);
+    expect(warm?.nodes[0]?.spare).toBe('min-ready:small:0:0/0');
+    // Its replacement went onto the same instance's free slot: still one instance, no launch.
+    expect(p.ec2.inputs('RunInstances')).toHaveLength(launches);
+    const next = await p.ctx.store.getRequest('min-ready:small:0:1');
+    expect(next?.state).toBe('fulfilled');
+    expect(next?.nodes[0]?.backingNodeId).toBe(warm?.nodes[0]?.backingNodeId);
+    // Released: the ready node it took ends with it, and its slot is free again.
+    await p.request(sqsEvent([JSON.stringify({ kind: 'release', nodeId: 'warm/0' })]));
+    expect((await p.ctx.store.getBacking(warm?.nodes[0]?.backingNodeId as string))?.used).toBe(1);
   });
 
   it('never launches twice for a redelivered message', async () => {
