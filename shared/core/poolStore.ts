@@ -90,6 +90,8 @@ export interface PoolStore {
   // ---- min-ready seats (core/minReady.ts)
   /** The generation of each seat of a label's min-ready that has moved on (seat -> generation; absent = 0). */
   seatGenerations(label: string): Promise<Map<number, number>>;
+  /** Records a seat (generation 0) if it has no item yet, so a lowered min-ready still finds it. */
+  openSeat(label: string, seat: number): Promise<void>;
   /** Moves a seat from generation `from` to `from + 1`; false when it is not at `from` any more. */
   advanceSeat(label: string, seat: number, from: number): Promise<boolean>;
 

@@ -427,6 +427,20 @@ export class DynamoStore implements PoolStore {
     return seats;
   }
 
+  async openSeat(label: string, seat: number): Promise<void> {
+    try {
+      await this.doc.send(
+        new PutCommand({
+          TableName: this.tableName,
+          Item: { ...keys.seat(label, seat), type: 'seat', label, seat, gen: 0 },
+          ConditionExpression: conditions.itemDoesNotExist,
+        }),
+      );
+    } catch (err) {
+      if (!(err instanceof ConditionalCheckFailedException)) throw err; // recorded already
+    }
+  }
+
   async advanceSeat(label: string, seat: number, from: number): Promise<boolean> {
     try {
       await this.doc.send(

@@ -84,6 +84,8 @@ async function keepSeat(
     const now = ctx.clock.now();
     const step = seatStep(spare, taker, (since) => deliveryDead(since, now, ctx.deliveriesDeadBefore));
     if (step === 'make') {
+      // A seat is recorded before its first spare, so that a lowered min-ready finds it (seatGenerations).
+      if (!gens.has(seat)) await ctx.store.openSeat(label, seat);
       await makeSpare(ctx, label, seat, gen, report);
       return;
     }

@@ -1,10 +1,12 @@
 import { afterEach, describe, expect, it } from 'vitest';
+import { parseConfigOrThrow } from '../../shared/config/load.ts';
 import { ownerToken, parseNodeId } from '../../shared/core/ids.ts';
 import { isFreeSpare, isSpareRequestId } from '../../shared/core/minReady.ts';
 import type { RequestRecord } from '../../shared/core/records.ts';
 import { CLAIM_TAKEOVER_MS } from '../../shared/core/timing.ts';
 import { failBackingNode } from '../../shared/usecases/failure.ts';
 import { takeSpare } from '../../shared/usecases/minReady.ts';
+import { reap } from '../../shared/usecases/reap.ts';
 import { releaseNode } from '../../shared/usecases/release.ts';
 import { keepMinReady } from '../../shared/usecases/replenish.ts';
 import { baseConfig } from '../../testkit/configs.ts';
@@ -145,6 +147,30 @@ describe('min-ready', () => {
     expect(free?.nodes[0]?.backingNodeId).not.toBe(old?.id);
     const again = await h.pool.reapNow();
     expect(again.retired).toContain(old?.id);
+  });
+
+  it('ends the free min-ready nodes above a lowered min-ready, and leaves the one in use to its taker', async () => {
+    h = await startHarness(baseConfig({ slots: 4, minReady: 3 }));
+    const ctx = h.pool.context;
+    await h.pool.reapNow();
+    await h.fulfilUntil(allFree(h, 3));
+    await h.send(request('r1'));
+    await h.drainRequests();
+    const inUse = (await ctx.store.getRequest('r1'))?.nodes[0]?.spare;
+    const lowered = {
+      ...ctx,
+      config: parseConfigOrThrow(baseConfig({ slots: 4, minReady: 1 }), 'lowered.yaml'),
+    };
+    const report = await reap(lowered);
+    expect(report.minReadyEnded).toBe(2);
+    expect(await untaken(h)).toBe(1);
+    const stillTaken = await ctx.store.getRequest(requestOf(inUse));
+    expect(stillTaken?.nodes[0]?.state).toBe('ready');
+    // And to 0: the last free one goes too; the pool can then empty.
+    await reap({ ...ctx, config: parseConfigOrThrow(baseConfig({ slots: 4 }), 'none.yaml') });
+    expect(await untaken(h)).toBe(0);
+    await releaseNode(ctx, 'r1/0');
+    expect((await ctx.store.listBacking()).every((b) => b.used === 0)).toBe(true);
   });
 
   it('ends a min-ready node taken by a delivery that died before recording it, and refills its seat', async () => {
