@@ -17,8 +17,10 @@ import type { NodeRecord, RequestRecord } from './records.ts';
  * it, `takenBy`); the taker's node records the spare (`spare`) and uses its slot and its place in
  * max-servers, which stay under the spare's node id: nothing moves between items, so there is nothing a
  * crash could leave half moved. Releasing or failing the taker's node ends the spare's node too. A spare
- * taken by a delivery that died before recording its request is ended by the replenisher once that
- * delivery is known dead.
+ * taken by a delivery that did not record it (it lost its request to another delivery) is returned,
+ * free again: its seat has not moved on, since a seat moves on from a taken spare only once the taker
+ * records it. One taken by a delivery that died before recording it is ended by the replenisher once
+ * that delivery is known dead.
  */
 
 export { SPARE_ID_PREFIX };

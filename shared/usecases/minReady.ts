@@ -123,6 +123,32 @@ export async function endSpare(
   return true;
 }
 
+/**
+ * Gives a spare this delivery took (`owner`) back, free again: its taker never recorded it (it lost the
+ * request to another delivery, or could not place the rest of the request). Safe because a seat moves on
+ * only once the taker's request records its spare (core/minReady.ts, seatStep): until then the seat
+ * still counts this one, so freeing it cannot overshoot. A spare ended or taken over meanwhile is left.
+ */
+export async function returnSpare(ctx: Context, spareNodeId: string, owner: string): Promise<boolean> {
+  const parsed = parseNodeId(spareNodeId);
+  if (!parsed) return false;
+  return retryOnConflict(`returning min-ready node ${spareNodeId}`, async () => {
+    const r = await ctx.store.getRequest(parsed.requestId);
+    const n = r?.nodes[parsed.index];
+    if (!r || !n || n.takenBy?.by !== owner || (n.state !== 'ready' && n.state !== 'pending')) return false;
+    const { takenBy: _returned, ...free } = n;
+    const next: RequestRecord = {
+      ...r,
+      nodes: r.nodes.map((x, i) => (i === parsed.index ? free : x)),
+      updatedAt: ctx.clock.now(),
+      version: r.version + 1,
+    };
+    await ctx.store.putRequest(next, r.version);
+    ctx.log.info('min-ready node returned', { nodeId: spareNodeId });
+    return true;
+  });
+}
+
 /** Ends the spare a node took, once that node is released or failed (its slot and place go with it). */
 export function endSpareOf(ctx: Context, n: NodeRecord): Promise<boolean> {
   if (!n.spare) return Promise.resolve(false);

@@ -10,7 +10,7 @@ import { placedNode, placedRequest, requestedRecord } from '../core/request.ts';
 import { giveBackSlot } from './backingNodes.ts';
 import { type Context, deliveryDead } from './context.ts';
 import { failBadBacking } from './failure.ts';
-import { endSpare, takeSpare } from './minReady.ts';
+import { returnSpare, takeSpare } from './minReady.ts';
 import { markNodesReady } from './nodesReady.ts';
 import { type Placement, placeNode } from './placement.ts';
 import { AlreadyPlaced, isStoredVerdict, Recording } from './recording.ts';
@@ -283,9 +283,8 @@ async function unreserveOwn(
 }
 
 /**
- * Undoes this delivery's placements and ends the spares it took, except those the stored request (a
- * concurrent winner) records. A spare taken and given back ends rather than turning free again: its
- * seat may have moved on to a new spare already, and a second free one would overshoot min-ready.
+ * Undoes this delivery's placements and returns the spares it took (free again), except those the
+ * stored request (a concurrent winner) records.
  */
 async function giveBack(
   ctx: Context,
@@ -306,7 +305,7 @@ async function giveBack(
   }
   for (const spare of spares.values()) {
     if (keep?.nodes.some((n) => n.spare === spare.id)) continue;
-    await endSpare(ctx, spare.id, (s) => s.takenBy?.by === owner, 'taken by a delivery that gave it back');
+    await returnSpare(ctx, spare.id, owner);
   }
 }
 
