@@ -173,6 +173,24 @@ describe('min-ready', () => {
     expect((await ctx.store.listBacking()).every((b) => b.used === 0)).toBe(true);
   });
 
+  it('returns the min-ready node a losing duplicate delivery took, free, instead of ending it', async () => {
+    h = await startHarness(baseConfig({ slots: 4, minReady: 2 }));
+    const ctx = h.pool.context;
+    await h.pool.reapNow();
+    await h.fulfilUntil(allFree(h, 2));
+    const body = JSON.stringify(request('dup'));
+    // Two copies of one message at once (SQS at-least-once): each takes a ready node, one records it.
+    await Promise.all([h.pool.handlers.request(sqsEvent([body])), h.pool.handlers.request(sqsEvent([body]))]);
+    const dup = await ctx.store.getRequest('dup');
+    expect(dup?.state).toBe('fulfilled');
+    const ended = (await spares(h)).filter((r) => r.nodes[0]?.state === 'released');
+    expect(ended).toEqual([]);
+    const taken = (await spares(h)).filter((r) => r.nodes[0]?.takenBy);
+    expect(taken.map((r) => r.nodes[0]?.id)).toEqual([dup?.nodes[0]?.spare]);
+    await keepMinReady(ctx, 'small-node');
+    expect(await untaken(h)).toBe(2);
+  });
+
   it('ends a min-ready node taken by a delivery that died before recording it, and refills its seat', async () => {
     h = await startHarness(baseConfig({ slots: 2, minReady: 1 }));
     const ctx = h.pool.context;
