@@ -1,4 +1,5 @@
 import { open } from 'node:fs/promises';
+import { isSpareRequestId } from '../../shared/core/minReady.ts';
 import type { BackingRecord, RequestRecord } from '../../shared/core/records.ts';
 import { connect, type PoolClient, type Target } from '../client.ts';
 import { ago, table } from '../format.ts';
@@ -16,6 +17,8 @@ export interface LabelStatus {
   readonly label: string;
   readonly nodesReady: number;
   readonly nodesPending: number;
+  /** min-ready nodes nobody took yet (ready or on their way); nodes that took one count as ready. */
+  readonly minReady: number;
   readonly requestsWaiting: number;
   readonly backingNodes: number;
   readonly slotsUsed: number;
@@ -95,7 +98,9 @@ export async function poolStatus(client: PoolClient, now: number): Promise<PoolS
     client.eventsFile ? lastEvents(client.eventsFile) : Promise.resolve(null),
   ]);
   const live = backing.filter((b) => b.state !== 'stopped').sort((a, b) => a.launchedAt - b.launchedAt);
-  const waiting = requests.filter((r) => r.state === 'requested').sort((a, b) => a.createdAt - b.createdAt);
+  const waiting = requests
+    .filter((r) => r.state === 'requested' && !isSpareRequestId(r.id))
+    .sort((a, b) => a.createdAt - b.createdAt);
   return {
     at: new Date(now).toISOString(),
     labels: labelStatus(live, requests),
@@ -128,6 +133,7 @@ function labelStatus(backing: readonly BackingRecord[], requests: readonly Reque
         label,
         nodesReady: 0,
         nodesPending: 0,
+        minReady: 0,
         requestsWaiting: 0,
         backingNodes: 0,
         slotsUsed: 0,
@@ -144,6 +150,12 @@ function labelStatus(backing: readonly BackingRecord[], requests: readonly Reque
     if (b.state === 'launching' || b.state === 'ready') s.slots += b.slots;
   }
   for (const r of requests) {
+    if (isSpareRequestId(r.id)) {
+      // The pool's own: a free one counts as min-ready; one in use is counted as the node that took it.
+      const n = r.nodes[0];
+      if (r.state === 'requested' || (n && isLive(n) && !n.takenBy)) of(r.labels[0] ?? '').minReady++;
+      continue;
+    }
     for (const n of r.nodes.filter(isLive)) {
       if (n.state === 'ready') of(n.label).nodesReady++;
       else of(n.label).nodesPending++;
@@ -209,11 +221,12 @@ export function render(s: PoolStatus, now: number, everySeconds?: number): strin
     s.labels.length === 0
       ? 'no nodes, backing nodes or waiting requests'
       : table(
-          ['LABEL', 'READY', 'PENDING', 'WAITING', 'BACKING', 'SLOTS'],
+          ['LABEL', 'READY', 'PENDING', 'MIN-READY', 'WAITING', 'BACKING', 'SLOTS'],
           s.labels.map((l) => [
             l.label,
             l.nodesReady,
             l.nodesPending,
+            l.minReady,
             l.requestsWaiting,
             l.backingNodes,
             `${l.slotsUsed}/${l.slots}`,

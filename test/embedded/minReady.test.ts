@@ -1,4 +1,6 @@
 import { afterEach, describe, expect, it } from 'vitest';
+import type { PoolClient } from '../../cli/client.ts';
+import { poolStatus } from '../../cli/commands/status.ts';
 import { parseConfigOrThrow } from '../../shared/config/load.ts';
 import { ownerToken, parseNodeId } from '../../shared/core/ids.ts';
 import { isFreeSpare, isSpareRequestId } from '../../shared/core/minReady.ts';
@@ -65,6 +67,18 @@ describe('min-ready', () => {
     expect(await untaken(h)).toBe(2);
     await h.fulfilUntil(allFree(h, 2));
     expect(await ctx.store.listBacking()).toHaveLength(2);
+    // `metastatic status`: r1's node is ready, two min-ready nodes are free, nothing counted twice.
+    const status = await poolStatus({ store: ctx.store } as unknown as PoolClient, Date.now());
+    expect(status.labels).toEqual([
+      expect.objectContaining({
+        label: 'small-node',
+        nodesReady: 1,
+        nodesPending: 0,
+        minReady: 2,
+        requestsWaiting: 0,
+      }),
+    ]);
+    expect(status.waiting).toEqual([]);
 
     // Releasing the node ends the min-ready node it took: its slot is free again.
     expect((await releaseNode(ctx, 'r1/0')).kind).toBe('released');

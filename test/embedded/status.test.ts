@@ -81,6 +81,7 @@ describe('metastatic status', { timeout: 120_000 }, () => {
         label: 'small-node',
         nodesReady: 1,
         nodesPending: 0,
+        minReady: 0,
         requestsWaiting: 0,
         backingNodes: 1,
         slotsUsed: 1,
@@ -162,7 +163,7 @@ describe('metastatic status', { timeout: 120_000 }, () => {
         30_000,
       );
       expect(first).toMatch(/^metastatic status at .* every 0\.3s, Ctrl-C to stop$/m);
-      expect(first).toMatch(/^small-node\s+1\s+0\s+0\s+1\s+1\/2$/m);
+      expect(first).toMatch(/^small-node\s+1\s+0\s+0\s+0\s+1\s+1\/2$/m);
       // The pool changes: the same screen shows the second node on the same backing node, not a second copy.
       const second = await cli(state(['request', 'small-node', '--id', 'st-2', '--wait', '--timeout', '60']));
       expect(second.code, second.stderr).toBe(0);
@@ -171,7 +172,7 @@ describe('metastatic status', { timeout: 120_000 }, () => {
         () => (screen().includes('[██] 2/2') ? screen() : undefined),
         30_000,
       );
-      expect(redrawn).toMatch(/^small-node\s+2\s+0\s+0\s+1\s+2\/2$/m);
+      expect(redrawn).toMatch(/^small-node\s+2\s+0\s+0\s+0\s+1\s+2\/2$/m);
       expect(redrawn.match(/^metastatic status at /gm)).toHaveLength(1);
       expect(redrawn).not.toContain('[█·] 1/2');
       tmux('send-keys', '-t', session, 'C-c');
