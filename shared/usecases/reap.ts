@@ -139,9 +139,12 @@ export async function reap(ctx: Context): Promise<ReapReport> {
   });
   // 9. min-ready: every label's seats refilled, spares on backing nodes that take no new nodes replaced
   // (before max-age lets them go), seats above a lowered min-ready emptied.
+  const hosts = new Map(
+    [...idle, ...launching, ...active].filter((b) => !gone.has(b.id)).map((b) => [b.id, b] as const),
+  );
   for (const label of ctx.config.metastaticLabelNames) {
     await guard('min-ready', label, async () => {
-      const kept = await keepMinReady(ctx, label, { checkHosts: true });
+      const kept = await keepMinReady(ctx, label, { hosts });
       report.minReadyMade += kept.made;
       report.minReadyEnded += kept.ended;
       report.errors.push(...kept.errors);

@@ -1,7 +1,7 @@
 import { BusyError, CapacityError, LaunchFailedError } from '../core/errors.ts';
 import { parseNodeId } from '../core/ids.ts';
 import { isFreeSpare, seatStep, spareMessage, spareRequestId } from '../core/minReady.ts';
-import type { RequestRecord } from '../core/records.ts';
+import type { BackingRecord, RequestRecord } from '../core/records.ts';
 import { type Context, deliveryDead } from './context.ts';
 import { endSpare, usableSpareHost } from './minReady.ts';
 import { requestNodes } from './requestNodes.ts';
@@ -9,7 +9,7 @@ import { failRequest } from './requests.ts';
 
 /**
  * Keeps each label's min-ready seats filled (core/minReady.ts): after an allocation that took spares
- * (the request handler) and on the reaper's schedule (with the hosts checked: max-age, drains).
+ * (the request handler) and on the reaper's schedule (with the backing nodes it read: max-age, drains).
  */
 
 /** What one upkeep of a label's seats did. */
@@ -24,8 +24,11 @@ export interface UpkeepReport {
 }
 
 export interface UpkeepOptions {
-  /** Also replace spares whose backing node takes no new nodes (max-age, drain, failed): one read each. */
-  readonly checkHosts?: boolean;
+  /**
+   * The live backing nodes (launching or ready, as the reaper read them this run): spares on one that
+   * takes no new nodes (past max-age, drained, failed, retiring) are replaced.
+   */
+  readonly hosts?: ReadonlyMap<string, BackingRecord>;
 }
 
 /**
@@ -90,8 +93,9 @@ async function keepSeat(
       return;
     }
     if (step === 'keep') {
-      if (!options.checkHosts || !isFreeSpare(node) || !node.backingNodeId) return;
-      const host = await ctx.store.getBacking(node.backingNodeId);
+      if (!options.hosts || !isFreeSpare(node) || !node.backingNodeId) return;
+      // One the run did not read (launched since) is read now rather than taken for gone.
+      const host = options.hosts.get(node.backingNodeId) ?? (await ctx.store.getBacking(node.backingNodeId));
       if (host && usableSpareHost(host, now)) return;
       // Its backing node takes no new nodes (max-age, drained, failed): replaced now, so it never
       // keeps that backing node alive, and no request gets a node there.
