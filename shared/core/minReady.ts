@@ -64,9 +64,9 @@ export function spareMessage(label: string, seat: number, gen: number): RequestM
   };
 }
 
-/** A spare ready to be taken: ready, and taken by no one. */
+/** A spare ready to be taken: ready, taken by no one, and not held by an operator (held: theirs). */
 export function isFreeSpare(n: NodeRecord | undefined): n is NodeRecord {
-  return n !== undefined && n.state === 'ready' && n.takenBy === undefined;
+  return n !== undefined && n.state === 'ready' && n.takenBy === undefined && !n.held;
 }
 
 /** A spare's request with its node taken by `taker` (a delivery `by`, at `at`): the next version. */

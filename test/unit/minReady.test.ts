@@ -77,6 +77,8 @@ describe('taking a min-ready node', () => {
     expect(taken.version).toBe(s.version + 1);
     expect(taken.nodes[0]?.takenBy).toEqual({ node: 'r1/0', by: 'owner-1', at: 50 });
     expect(isFreeSpare(taken.nodes[0])).toBe(false);
+    expect(isFreeSpare(s.nodes[0])).toBe(true);
+    expect(isFreeSpare({ ...(s.nodes[0] as NodeRecord), held: true })).toBe(false); // an operator's now
     expect(() => takenSpare(taken, 'r2/0', 'owner-2', 60)).toThrow(/not free/);
     const n = nodeOnSpare(
       { id: 'r1/0', label: 'small', state: 'requested' },
