@@ -1,4 +1,6 @@
-import { readFileSync } from 'node:fs';
+import { type ChildProcess, spawn } from 'node:child_process';
+import { existsSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
 
 /** Whether a process exists (signal 0 probes without touching it). */
 export function alive(pid: number): boolean {
@@ -42,4 +44,30 @@ export function killBackingNode(pid: number): void {
   } catch {
     // Exited meanwhile.
   }
+}
+
+/** A `metastatic dev` process started by a test, and what it printed so far. */
+export interface DevProcess {
+  readonly process: ChildProcess;
+  /** Its stdout and stderr so far (for a failed assertion's message). */
+  log(): string;
+}
+
+/**
+ * Starts `metastatic dev` (bin/metastatic.mjs) on `stateDir` with these extra arguments, and waits until
+ * it has written dev.json (its engines and queues are up).
+ */
+export async function startDev(bin: string, stateDir: string, args: readonly string[]): Promise<DevProcess> {
+  const child = spawn(process.execPath, [bin, '--state-dir', stateDir, 'dev', ...args], {
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let output = '';
+  child.stdout?.on('data', (d) => {
+    output += d;
+  });
+  child.stderr?.on('data', (d) => {
+    output += d;
+  });
+  await until('dev.json', async () => (existsSync(join(stateDir, 'dev.json')) ? true : undefined));
+  return { process: child, log: () => output };
 }

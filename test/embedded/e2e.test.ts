@@ -1,11 +1,11 @@
-import { type ChildProcess, execFile, spawn } from 'node:child_process';
+import { type ChildProcess, execFile } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { connect } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { alive, until } from '../../testkit/processes.ts';
+import { alive, startDev, until } from '../../testkit/processes.ts';
 
 const root = resolve(import.meta.dirname, '..', '..');
 const bin = join(root, 'bin', 'metastatic.mjs');
@@ -46,21 +46,14 @@ function greeting(port: number): Promise<string> {
 describe('metastatic CLI end to end (a new user’s session)', { timeout: 180_000 }, () => {
   let stateDir: string;
   let dev: ChildProcess;
-  let devLog = '';
+  let devOutput = () => '';
   const withState = (args: string[]) => ['--state-dir', stateDir, ...args];
 
   beforeAll(async () => {
     stateDir = await mkdtemp(join(tmpdir(), 'metastatic-e2e-'));
-    dev = spawn(process.execPath, [bin, '--state-dir', stateDir, 'dev', '--reaper-interval', '0.3'], {
-      stdio: ['ignore', 'pipe', 'pipe'],
-    });
-    dev.stdout?.on('data', (d) => {
-      devLog += d;
-    });
-    dev.stderr?.on('data', (d) => {
-      devLog += d;
-    });
-    await until('dev.json', async () => (existsSync(join(stateDir, 'dev.json')) ? true : undefined));
+    const started = await startDev(bin, stateDir, ['--reaper-interval', '0.3']);
+    dev = started.process;
+    devOutput = started.log;
   });
 
   afterAll(async () => {
@@ -72,7 +65,7 @@ describe('metastatic CLI end to end (a new user’s session)', { timeout: 180_00
     const runs = [];
     for (let i = 0; i < 3; i++)
       runs.push(await cli(withState(['request', 'small-node', '--wait', '--json', '--timeout', '30'])));
-    for (const r of runs) expect(r.code, r.stderr + devLog).toBe(0);
+    for (const r of runs) expect(r.code, r.stderr + devOutput()).toBe(0);
     const requests = runs.map((r) => JSON.parse(r.stdout));
     for (const r of requests) {
       expect(r.state).toBe('fulfilled');
@@ -133,7 +126,7 @@ describe('metastatic CLI end to end (a new user’s session)', { timeout: 180_00
 
   it('cancels a request by id: one not received yet ends cancelled; a fulfilled one is refused (exit 1)', async () => {
     const early = await cli(withState(['cancel', 'never-sent', '--reason', 'changed my mind', '--json']));
-    expect(early.code, early.stderr + devLog).toBe(0);
+    expect(early.code, early.stderr + devOutput()).toBe(0);
     expect(JSON.parse(early.stdout)).toMatchObject({
       id: 'never-sent',
       state: 'failed',

@@ -40,6 +40,18 @@ async function freeSpares(harness: Harness): Promise<number> {
   return (await spares(harness)).filter((r) => isFreeSpare(r.nodes[0])).length;
 }
 const requestOf = (nodeId: string | undefined): string => parseNodeId(nodeId ?? '')?.requestId ?? '';
+/** A pool whose reaper made its `n` min-ready nodes, all ready. */
+async function withReadyNodes(
+  yaml: string,
+  n: number,
+  options?: { maxReceiveCount?: number },
+): Promise<Harness> {
+  const harness = await startHarness(yaml, options);
+  h = harness;
+  await harness.pool.reapNow();
+  await harness.fulfilUntil(allFree(harness, n));
+  return harness;
+}
 const allFree = (harness: Harness, n: number) => async () => (await freeSpares(harness)) === n;
 
 describe('min-ready', () => {
@@ -90,10 +102,8 @@ describe('min-ready', () => {
   });
 
   it('refuses to release a min-ready node that a request took', async () => {
-    h = await startHarness(baseConfig({ slots: 2, minReady: 1 }));
+    h = await withReadyNodes(baseConfig({ slots: 2, minReady: 1 }), 1);
     const ctx = h.pool.context;
-    await h.pool.reapNow();
-    await h.fulfilUntil(allFree(h, 1));
     await h.send(request('r1'));
     await h.drainRequests();
     const spareId = (await ctx.store.getRequest('r1'))?.nodes[0]?.spare as string;
@@ -120,10 +130,10 @@ describe('min-ready', () => {
   });
 
   it('counts min-ready nodes against max-servers, and a request that takes one needs no other place', async () => {
-    h = await startHarness(baseConfig({ slots: 4, maxServers: 2, minReady: 2 }), { maxReceiveCount: 50 });
+    h = await withReadyNodes(baseConfig({ slots: 4, maxServers: 2, minReady: 2 }), 2, {
+      maxReceiveCount: 50,
+    });
     const ctx = h.pool.context;
-    await h.pool.reapNow();
-    await h.fulfilUntil(allFree(h, 2));
     expect((await ctx.store.nodePlaces('meta/main')).size).toBe(2);
     await h.send(request('r1'));
     await h.send(request('r2'));
@@ -147,10 +157,8 @@ describe('min-ready', () => {
   });
 
   it('replaces min-ready nodes on a backing node past max-age, which then goes', async () => {
-    h = await startHarness(baseConfig({ slots: 2, minReady: 1, maxAge: 600, grace: 0 }));
+    h = await withReadyNodes(baseConfig({ slots: 2, minReady: 1, maxAge: 600, grace: 0 }), 1);
     const ctx = h.pool.context;
-    await h.pool.reapNow();
-    await h.fulfilUntil(allFree(h, 1));
     const [old] = await ctx.store.listBacking();
     h.clock.advance(601_000);
     const report = await h.pool.reapNow();
@@ -164,10 +172,8 @@ describe('min-ready', () => {
   });
 
   it('ends the free min-ready nodes above a lowered min-ready, and leaves the one in use to its taker', async () => {
-    h = await startHarness(baseConfig({ slots: 4, minReady: 3 }));
+    h = await withReadyNodes(baseConfig({ slots: 4, minReady: 3 }), 3);
     const ctx = h.pool.context;
-    await h.pool.reapNow();
-    await h.fulfilUntil(allFree(h, 3));
     await h.send(request('r1'));
     await h.drainRequests();
     const inUse = (await ctx.store.getRequest('r1'))?.nodes[0]?.spare;
@@ -188,10 +194,8 @@ describe('min-ready', () => {
   });
 
   it('returns the min-ready node a losing duplicate delivery took, free, instead of ending it', async () => {
-    h = await startHarness(baseConfig({ slots: 4, minReady: 2 }));
+    h = await withReadyNodes(baseConfig({ slots: 4, minReady: 2 }), 2);
     const ctx = h.pool.context;
-    await h.pool.reapNow();
-    await h.fulfilUntil(allFree(h, 2));
     const body = JSON.stringify(request('dup'));
     // Two copies of one message at once (SQS at-least-once): each takes a ready node, one records it.
     await Promise.all([h.pool.handlers.request(sqsEvent([body])), h.pool.handlers.request(sqsEvent([body]))]);
@@ -206,10 +210,8 @@ describe('min-ready', () => {
   });
 
   it('ends a min-ready node taken by a delivery that died before recording it, and refills its seat', async () => {
-    h = await startHarness(baseConfig({ slots: 2, minReady: 1 }));
+    h = await withReadyNodes(baseConfig({ slots: 2, minReady: 1 }), 1);
     const ctx = h.pool.context;
-    await h.pool.reapNow();
-    await h.fulfilUntil(allFree(h, 1));
     const pool = ctx.config.metastaticPools[0];
     if (!pool) throw new Error('no pool');
     const taken = await takeSpare(ctx, pool, 'small-node', 'ghost/0', ownerToken(ctx.clock.now()));
@@ -225,10 +227,8 @@ describe('min-ready', () => {
   });
 
   it('fails the node that took a min-ready node when its backing node vanishes', async () => {
-    h = await startHarness(baseConfig({ slots: 2, minReady: 1 }));
+    h = await withReadyNodes(baseConfig({ slots: 2, minReady: 1 }), 1);
     const ctx = h.pool.context;
-    await h.pool.reapNow();
-    await h.fulfilUntil(allFree(h, 1));
     await h.send(request('r1'));
     await h.drainRequests();
     const n = (await ctx.store.getRequest('r1'))?.nodes[0];

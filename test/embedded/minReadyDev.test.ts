@@ -1,10 +1,9 @@
-import { type ChildProcess, execFile, spawn } from 'node:child_process';
-import { existsSync } from 'node:fs';
+import { type ChildProcess, execFile } from 'node:child_process';
 import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { until } from '../../testkit/processes.ts';
+import { startDev, until } from '../../testkit/processes.ts';
 
 /**
  * min-ready in `metastatic dev`, through the CLI a user runs: the pool makes its ready node as it
@@ -31,7 +30,7 @@ interface ListedNode {
 describe('min-ready in metastatic dev', { timeout: 180_000 }, () => {
   let stateDir: string;
   let dev: ChildProcess;
-  let devLog = '';
+  let devOutput = () => '';
   const withState = (args: string[]) => ['--state-dir', stateDir, ...args];
   const nodes = async (): Promise<ListedNode[]> => {
     const out = await cli(withState(['list', 'nodes', '--json']));
@@ -48,16 +47,9 @@ describe('min-ready in metastatic dev', { timeout: 180_000 }, () => {
       `labels:\n  - name: large-node\n  - name: small-node\n    min-ready: 1\n${example}`,
     );
     // The default reaper interval (60 s): the ready node must come from the run at start.
-    dev = spawn(process.execPath, [bin, '--state-dir', stateDir, 'dev', '-c', config], {
-      stdio: ['ignore', 'pipe', 'pipe'],
-    });
-    dev.stdout?.on('data', (d) => {
-      devLog += d;
-    });
-    dev.stderr?.on('data', (d) => {
-      devLog += d;
-    });
-    await until('dev.json', async () => (existsSync(join(stateDir, 'dev.json')) ? true : undefined));
+    const started = await startDev(bin, stateDir, ['-c', config]);
+    dev = started.process;
+    devOutput = started.log;
   });
 
   afterAll(async () => {
@@ -84,7 +76,7 @@ describe('min-ready in metastatic dev', { timeout: 180_000 }, () => {
     expect(table.stdout).toMatch(/min-ready:small-node:0:0\/0\s+small-node\s+ready\s+\(min-ready\)/);
 
     const out = await cli(withState(['request', 'small-node', '--id', 'job-1', '--wait', '--json']));
-    expect(out.code, out.stderr + devLog).toBe(0);
+    expect(out.code, out.stderr + devOutput()).toBe(0);
     const job = JSON.parse(out.stdout);
     expect(job.state).toBe('fulfilled');
     expect(job.nodes[0]).toMatchObject({ request: 'job-1', minReadyNode: ready.id });
