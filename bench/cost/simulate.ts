@@ -23,6 +23,7 @@ import { releaseNode } from '../../shared/usecases/release.ts';
 import { requestNodes } from '../../shared/usecases/requestNodes.ts';
 import { poolConfig } from '../../testkit/configs.ts';
 import type { SimEngine } from './engine.ts';
+import { mulberry32 } from './prng.ts';
 import { EventQueue } from './queue.ts';
 import { SimProvider, simRegistry } from './simProvider.ts';
 import type { Job, Trace } from './traces.ts';
@@ -50,6 +51,23 @@ export interface SimOptions {
   readonly maxServers?: number;
   /** A request that found no capacity (CapacityError) is retried this many seconds later. */
   readonly retryS: number;
+  /**
+   * What each request tells of its job's duration (`expected-duration`): nothing (default), the exact
+   * duration, or the duration times a factor drawn per job, log-uniform in [0.5, 2] (a rough estimate).
+   */
+  readonly hints?: 'exact' | 'noisy';
+}
+
+/**
+ * The `expected-duration` a job's request carries (seconds): the same for every try of that job. Noisy
+ * hints are the duration times 2^u, u uniform in [-1, 1), drawn from the job's index.
+ */
+export function hintOf(job: Job, hints: SimOptions['hints']): number | undefined {
+  if (hints === undefined) return undefined;
+  const seconds = job.durationMs / 1000;
+  if (hints === 'exact') return seconds;
+  const u = mulberry32(0x9e3779b9 ^ job.index)() * 2 - 1;
+  return Math.min(7 * 24 * 3600, seconds * 2 ** u);
 }
 
 export const DEFAULT_OPTIONS: SimOptions = {
@@ -250,7 +268,13 @@ async function run(
       const job = e.job;
       let placed: RequestRecord;
       try {
-        const out = await requestNodes(ctx, { kind: 'request', id: requestIdOf(job), labels: [job.label] });
+        const hint = hintOf(job, o.hints);
+        const out = await requestNodes(ctx, {
+          kind: 'request',
+          id: requestIdOf(job),
+          labels: [job.label],
+          ...(hint === undefined ? {} : { 'expected-duration': hint }),
+        });
         if (out.kind !== 'placed') {
           throw new Error(
             `job ${job.index}: request ${out.kind} (${out.request.reason ?? out.request.state})`,

@@ -103,7 +103,9 @@ export function freeSlot(b: BackingRecord, slot: number, now: number): BackingRe
   delete slotMap[String(slot)];
   const claims = { ...b.claims };
   delete claims[String(slot)];
-  return { ...b, slotMap, claims, used: b.used - 1, lastUsedAt: now, version: b.version + 1 };
+  const ends = { ...b.ends };
+  delete ends[String(slot)];
+  return { ...b, slotMap, claims, ends, used: b.used - 1, lastUsedAt: now, version: b.version + 1 };
 }
 
 export function newBackingRecord(args: {
@@ -118,6 +120,8 @@ export function newBackingRecord(args: {
   owner: string;
   attempt: number;
   now: number;
+  /** When the first node is expected to be released (its request's expected duration). */
+  firstEnd?: number;
 }): BackingRecord {
   return {
     id: args.id,
@@ -130,6 +134,7 @@ export function newBackingRecord(args: {
     used: 1,
     slotMap: { '0': args.firstNodeId },
     claims: { '0': { at: args.now, by: args.owner } },
+    ends: args.firstEnd === undefined ? {} : { '0': args.firstEnd },
     version: 0,
     attempt: args.attempt,
     launchedAt: args.now,
@@ -170,12 +175,53 @@ export function markFailed(b: BackingRecord, now: number, reason: string): Backi
 
 export function markStopped(b: BackingRecord, now: number): BackingRecord {
   assertTransition('backing', b.state, 'stopped');
-  return { ...b, state: 'stopped', stoppedAt: now, slotMap: {}, claims: {}, used: 0, version: b.version + 1 };
+  return {
+    ...b,
+    state: 'stopped',
+    stoppedAt: now,
+    slotMap: {},
+    claims: {},
+    ends: {},
+    used: 0,
+    version: b.version + 1,
+  };
 }
 
 /** Nodepool's order: the oldest backing node with a free slot first. */
 export function compareOldestFirst(a: BackingRecord, b: BackingRecord): number {
   return a.launchedAt - b.launchedAt || (a.id < b.id ? -1 : 1);
+}
+
+/**
+ * When a backing node's nodes are expected to be released, as far as it knows: the latest expected end
+ * of its nodes; `now` for an empty one (it would go); undefined when a node on it has no estimate.
+ */
+export function expectedEndOf(b: BackingRecord, now: number): number | undefined {
+  if (b.used === 0) return now;
+  const ends = Object.values(b.ends ?? {});
+  if (ends.length < b.used) return undefined;
+  return Math.max(...ends);
+}
+
+/**
+ * Duration-aware candidate order for a node expected to be released at `end`: the backing node whose
+ * nodes are expected to end closest to then first, so backing nodes empty together; those with no
+ * estimate after, each group in the usual order (compareCandidates).
+ */
+export function compareByExpectedEnd(
+  end: number,
+  now: number,
+): (a: BackingRecord, b: BackingRecord) => number {
+  const distance = (x: BackingRecord) => {
+    const e = expectedEndOf(x, now);
+    return e === undefined ? Number.POSITIVE_INFINITY : Math.abs(e - end);
+  };
+  return (a, b) => {
+    const da = distance(a);
+    const db = distance(b);
+    if (da !== db) return da < db ? -1 : 1;
+    return compareCandidates(a, b);
+  };
 }
 
 /** Candidate order: fullest first (tighter packing lets the others empty and go), ties to the oldest. */

@@ -13,6 +13,8 @@ import { boundedReason, clip, listSome, quote } from './text.ts';
  */
 export const MAX_NODE_SET = 64;
 export const MAX_LABEL_LENGTH = 255;
+/** An expected duration beyond a week is more likely milliseconds typed as seconds. */
+export const MAX_EXPECTED_DURATION = 7 * 24 * 3600;
 
 export const RequestMessage = z.strictObject({
   kind: z.literal('request'),
@@ -36,6 +38,15 @@ export const RequestMessage = z.strictObject({
     .max(MAX_NODE_SET, `a node set has at most ${MAX_NODE_SET} labels`),
   requestor: z.string().max(256, 'must be at most 256 characters').optional(),
   priority: z.number().int().optional(),
+  /**
+   * How long the requestor expects to keep its nodes, in seconds: placement puts them where the nodes
+   * already running are expected to end about when they do, so backing nodes empty together.
+   */
+  'expected-duration': z
+    .number()
+    .positive('must be more than 0 seconds')
+    .max(MAX_EXPECTED_DURATION, `must be at most ${MAX_EXPECTED_DURATION} seconds (7 days)`)
+    .optional(),
 });
 export type RequestMessage = z.infer<typeof RequestMessage>;
 

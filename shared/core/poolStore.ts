@@ -35,8 +35,17 @@ export interface PoolStore {
   createBacking(b: BackingRecord): Promise<BackingRecord | undefined>;
   /** Replaces a backing node as expected (version, and optionally state and slots used). */
   putBacking(next: BackingRecord, expect: BackingExpectation): Promise<void>;
-  /** Claims one free slot of the backing node as read, in one conditional write. */
-  claimSlot(read: BackingRecord, slot: number, nodeId: string, claim: Claim): Promise<SlotClaim>;
+  /**
+   * Claims one free slot of the backing node as read, in one conditional write; `end`: when the node is
+   * expected to be released (recorded for duration-aware placement).
+   */
+  claimSlot(
+    read: BackingRecord,
+    slot: number,
+    nodeId: string,
+    claim: Claim,
+    end?: number,
+  ): Promise<SlotClaim>;
   /** Backing nodes of a pool's label with a free slot, fullest first then oldest, a page at a time. */
   findCandidates(
     poolKey: string,

@@ -65,6 +65,11 @@ export const BackingRecord = z.object({
    * before recording its node is given back by the reaper after the slot lease.
    */
   claims: z.record(z.string(), Claim).optional(),
+  /**
+   * slot -> when its node is expected to be released (epoch ms), for nodes whose request gave an
+   * expected duration: duration-aware placement (core/backing.ts, compareByExpectedEnd).
+   */
+  ends: z.record(z.string(), z.number()).optional(),
   reason: z.string().optional(),
 });
 export type BackingRecord = z.infer<typeof BackingRecord>;
@@ -102,6 +107,8 @@ export const RequestRecord = z.object({
   labels: z.array(z.string()),
   requestor: z.string().optional(),
   priority: z.number().optional(),
+  /** The requestor's expected duration, seconds (`expected-duration`): placement uses it. */
+  expectedDuration: z.number().optional(),
   /** Hash of the message body, to tell a redelivery from a reuse of the id with another body. */
   bodyHash: z.string(),
   state: z.enum(values(RequestState)),

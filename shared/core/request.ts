@@ -30,6 +30,7 @@ export function requestedRecord(m: RequestMessage, now: number): RequestRecord {
     labels: m.labels,
     requestor: m.requestor,
     priority: m.priority,
+    expectedDuration: m['expected-duration'],
     bodyHash: requestBodyHash(m),
     state: 'requested',
     createdAt: now,
@@ -40,8 +41,15 @@ export function requestedRecord(m: RequestMessage, now: number): RequestRecord {
 }
 
 /** What tells a redelivery (same hash) from a reuse of the request id with another body. */
-export function requestBodyHash(m: Pick<RequestMessage, 'labels' | 'requestor' | 'priority'>): string {
-  return contentHash({ labels: m.labels, requestor: m.requestor, priority: m.priority });
+export function requestBodyHash(
+  m: Pick<RequestMessage, 'labels' | 'requestor' | 'priority' | 'expected-duration'>,
+): string {
+  return contentHash({
+    labels: m.labels,
+    requestor: m.requestor,
+    priority: m.priority,
+    'expected-duration': m['expected-duration'],
+  });
 }
 
 /** The state a request takes when its nodes become `nodes` (the table above), with the reason if failed. */

@@ -219,13 +219,19 @@ export class DynamoStore implements PoolStore {
    * on `used` being what was read. Returns the record after the claim; on a failed condition, the item
    * as it is now (ReturnValuesOnConditionCheckFailure, no extra read) to choose again from.
    */
-  async claimSlot(read: BackingRecord, slot: number, nodeId: string, claim: Claim): Promise<SlotClaim> {
+  async claimSlot(
+    read: BackingRecord,
+    slot: number,
+    nodeId: string,
+    claim: Claim,
+    end?: number,
+  ): Promise<SlotClaim> {
     try {
       const out = await this.doc.send(
         new UpdateCommand({
           TableName: this.tableName,
           Key: keys.backing(read.id),
-          ...claimSlotUpdate(read, slot, nodeId, claim),
+          ...claimSlotUpdate(read, slot, nodeId, claim, end),
           ReturnValues: 'ALL_NEW',
           ReturnValuesOnConditionCheckFailure: 'ALL_OLD',
         }),

@@ -78,12 +78,13 @@ export function backingIndexAttributes(b: BackingRecord): Record<string, string 
 }
 
 export function backingItem(b: BackingRecord): Record<string, unknown> {
-  // claims is always a map (maybe empty): a slot claim sets one entry of it in place.
+  // claims and ends are always maps (maybe empty): a slot claim sets one entry of each in place.
   return stripUndefined({
     ...keys.backing(b.id),
     type: 'backing',
     ...b,
     claims: b.claims ?? {},
+    ends: b.ends ?? {},
     ...backingIndexAttributes(b),
   });
 }

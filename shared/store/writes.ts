@@ -82,7 +82,13 @@ export function backingExpected(expect: BackingExpectation): Expression {
  * not drained, within max-age). A claim that takes the last free slot (by what was read) also takes the
  * item out of the free index, conditioned on `used` being what was read.
  */
-export function claimSlotUpdate(read: BackingRecord, slot: number, nodeId: string, claim: Claim): Expression {
+export function claimSlotUpdate(
+  read: BackingRecord,
+  slot: number,
+  nodeId: string,
+  claim: Claim,
+  end?: number,
+): Expression {
   const filling = read.used + 1 >= read.slots;
   const after = backingIndexAttributes({ ...read, used: read.used + 1 });
   const names: Record<string, string> = {
@@ -119,6 +125,12 @@ export function claimSlotUpdate(read: BackingRecord, slot: number, nodeId: strin
     '(attribute_not_exists(drained) OR drained <> :true)',
     '(attribute_not_exists(noNewNodesAfter) OR noNewNodesAfter > :now)',
   ];
+  // The node's expected end, where the item has the map (items from before it existed do not).
+  if (end !== undefined && read.ends !== undefined) {
+    set.push('#ends.#slot = :end');
+    names['#ends'] = 'ends';
+    values[':end'] = end;
+  }
   let remove = '';
   if (filling) {
     condition.push('#used = :readUsed');

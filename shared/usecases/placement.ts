@@ -1,6 +1,7 @@
 import type { MetastaticLabel, MetastaticPool } from '../config/model.ts';
 import {
   claimOf,
+  compareByExpectedEnd,
   compareCandidates,
   compareOldestFirst,
   hashOf,
@@ -64,6 +65,11 @@ export interface PlaceOptions {
   readonly previousAttempts?: number;
   /** Fails a backing node whose host-key scan fails, and settles its nodes (see FailBacking). */
   readonly failBacking: FailBacking;
+  /**
+   * When the node is expected to be released (its request's expected duration): candidates are tried
+   * closest expected end first (compareByExpectedEnd), and the claim records it.
+   */
+  readonly expectedEnd?: number;
 }
 
 /** How many candidates one Query brings back; the first claimable one almost always wins. */
@@ -94,7 +100,12 @@ export async function placeNode(
   let losses = 0;
   for (let page = 0; page < MAX_CANDIDATE_PAGES; page++) {
     const found = await ctx.store.findCandidates(pool.key, label.name, CANDIDATES_PER_QUERY, cursor);
-    const order = ctx.placementPolicy === 'oldest' ? compareOldestFirst : compareCandidates;
+    const order =
+      ctx.placementPolicy === 'oldest'
+        ? compareOldestFirst
+        : options.expectedEnd !== undefined
+          ? compareByExpectedEnd(options.expectedEnd, ctx.clock.now())
+          : compareCandidates;
     const queue = found.items.sort(order);
     for (let next = queue.shift(); next; next = queue.shift()) {
       const contention: Contention = { losses };
@@ -165,7 +176,7 @@ async function claimOn(
       // Concurrent claimants of one backing node aim at different free slots (by node id), and a claim
       // is conditioned on its slot only, so they rarely conflict; a loser gets the item as it is now.
       const slot = spreadSlot(b, `${nodeId}#${contention.losses + round}`) as number;
-      const out = await ctx.store.claimSlot(b, slot, nodeId, { at: now, by: owner });
+      const out = await ctx.store.claimSlot(b, slot, nodeId, { at: now, by: owner }, options.expectedEnd);
       if (!out.claimed) {
         // Lost the slot (or the item changed): leave this candidate for now, as it is now.
         contention.lost = out.current;
@@ -282,6 +293,7 @@ async function launchFor(
         owner,
         attempt,
         now: ctx.clock.now(),
+        firstEnd: options.expectedEnd,
       });
       // Another delivery of the same message may have created it since our read: then use theirs.
       record = (await ctx.store.createBacking(fresh)) ?? fresh;

@@ -111,6 +111,8 @@ async function tryPool(ctx: Context, pool: MetastaticPool, recording: Recording)
     }
   }
   const placements = new Map<number, Placement>();
+  const duration = recording.base.expectedDuration;
+  const expectedMs = duration === undefined ? undefined : duration * 1000;
   let winner: RequestRecord | undefined;
   try {
     for (const [i, node] of recording.base.nodes.entries()) {
@@ -124,6 +126,7 @@ async function tryPool(ctx: Context, pool: MetastaticPool, recording: Recording)
           beforeLaunch: () => recording.ensure(),
           beforeTakeover: () => recording.fence(),
           failBacking: failBadBacking,
+          ...(expectedMs === undefined ? {} : { expectedEnd: ctx.clock.now() + expectedMs }),
         }),
       );
     }

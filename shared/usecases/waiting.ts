@@ -96,5 +96,6 @@ export function requestMessageOf(r: RequestRecord): RequestMessage {
     labels: r.labels,
     ...(r.requestor === undefined ? {} : { requestor: r.requestor }),
     ...(r.priority === undefined ? {} : { priority: r.priority }),
+    ...(r.expectedDuration === undefined ? {} : { 'expected-duration': r.expectedDuration }),
   };
 }

@@ -2,7 +2,9 @@ import { describe, expect, it } from 'vitest';
 import { parseConfigOrThrow } from '../../shared/config/load.ts';
 import type { MetastaticLabel } from '../../shared/config/model.ts';
 import {
+  compareByExpectedEnd,
   compareCandidates,
+  expectedEndOf,
   freeSlot,
   isClaimable,
   lowestFreeSlot,
@@ -122,6 +124,28 @@ describe('slot claims', () => {
     const b = backing({ id: 'b', used: 3, launchedAt: T0 + 10 });
     const c = backing({ id: 'c', used: 3, launchedAt: T0 + 5 });
     expect([a, b, c].sort(compareCandidates).map((x) => x.id)).toEqual(['c', 'b', 'a']);
+  });
+
+  it('orders candidates for a node with an expected end: closest expected end first, unknown last', () => {
+    const end = T0 + 600_000; // the new node is expected to be released in 10 minutes
+    const soon = backing({ id: 'soon', used: 3, ends: { 0: T0 + 60_000, 1: T0 + 30_000, 2: T0 + 90_000 } });
+    const near = backing({ id: 'near', used: 1, ends: { 0: T0 + 540_000 } });
+    const late = backing({ id: 'late', used: 2, ends: { 0: T0 + 3_600_000, 1: T0 } });
+    const unknown = backing({ id: 'unknown', used: 3, ends: { 0: T0 + 600_000 } }); // 2 of 3 without one
+    const empty = backing({ id: 'empty', used: 0, ends: {} }); // would go now
+    expect(expectedEndOf(soon, T0)).toBe(T0 + 90_000);
+    expect(expectedEndOf(unknown, T0)).toBeUndefined();
+    expect(expectedEndOf(empty, T0)).toBe(T0);
+    const order = [soon, near, late, unknown, empty].sort(compareByExpectedEnd(end, T0)).map((x) => x.id);
+    expect(order).toEqual(['near', 'soon', 'empty', 'late', 'unknown']);
+    // Ties (the same distance) go to the usual order: fullest first.
+    const twin = backing({ id: 'twin', used: 3, ends: { 0: T0, 1: T0, 2: T0 + 540_000 } });
+    expect([near, twin].sort(compareByExpectedEnd(end, T0)).map((x) => x.id)).toEqual(['twin', 'near']);
+  });
+
+  it("forgets a freed slot's expected end", () => {
+    const b = backing({ used: 2, slotMap: { 0: 'a/0', 1: 'b/0' }, ends: { 0: T0 + 1, 1: T0 + 2 } });
+    expect(freeSlot(b, 0, T0).ends).toEqual({ 1: T0 + 2 });
   });
 
   it('refuses to retire a backing node that holds a node', () => {
