@@ -83,6 +83,8 @@ export const CHAOS_POOL = {
   priorities: [10, 100, 200],
   /** Requests that the user cancels 0-20 s after sending them. */
   cancelShare: 0.04,
+  /** Requests that carry an expected-duration (1-15 s, drawn apart from their job's real duration). */
+  hintShare: 0.4,
   /** min-ready of the label (lowered to 0 before the final drain, as an operator would to empty the pool). */
   minReady: 3,
   /** How late a waiting request may end after its request-timeout: reaper runs crash, and run every tick. */
@@ -342,6 +344,8 @@ export class ChaosRun {
   private readonly sched: Random;
   private readonly faults: Random;
   private readonly jitter: Random;
+  /** Draws the requests' expected durations (a fork of its own: the rest of the schedule is unchanged). */
+  private readonly hints: Random;
   /** Replaced once, before the drain: min-ready lowered to 0 (what every context reads from then on). */
   private config: ResolvedConfig;
   private readonly poolKey: string;
@@ -395,6 +399,7 @@ export class ChaosRun {
     this.sched = this.random.fork('schedule');
     this.faults = this.random.fork('faults');
     this.jitter = this.random.fork('jitter');
+    this.hints = this.random.fork('hints');
     this.tickMs = options.tickMs ?? 100;
     this.config = parseConfigOrThrow(chaosYaml(options.nodeCap ?? true, CHAOS_POOL.minReady), 'chaos.yaml');
     const pool = this.config.metastaticPools[0];
@@ -494,6 +499,8 @@ export class ChaosRun {
         ? CHAOS_POOL.priorities[this.sched.int(0, CHAOS_POOL.priorities.length - 1)]
         : undefined;
       const cancelAt = this.sched.chance(CHAOS_POOL.cancelShare) ? at + this.sched.int(0, 20_000) : undefined;
+      // Some say how long their job runs (jobs run 1-15 s): duration-aware placement under faults.
+      const hint = this.hints.chance(CHAOS_POOL.hintShare) ? this.hints.int(1, 15) : undefined;
       const c: ClientRequest = {
         id,
         body: JSON.stringify({
@@ -501,6 +508,7 @@ export class ChaosRun {
           id,
           labels,
           ...(priority === undefined ? {} : { priority }),
+          ...(hint === undefined ? {} : { 'expected-duration': hint }),
         }),
         at,
         nodes: labels.length,
