@@ -204,22 +204,27 @@ export function expectedEndOf(b: BackingRecord, now: number): number | undefined
 }
 
 /**
- * Duration-aware candidate order for a node expected to be released at `end`: the backing node whose
- * nodes are expected to end closest to then first, so backing nodes empty together; those with no
- * estimate after, each group in the usual order (compareCandidates).
+ * Duration-aware candidate order for a node expected to be released at `end`. What a placement costs is
+ * how much longer it keeps a backing node billed: `end` minus the backing node's own expected end, when
+ * positive (an empty one's is now: the whole duration). So the backing nodes it does not keep longer
+ * come first, closest expected end first (a tight fit leaves the later ones to longer jobs), then those
+ * it keeps longer, least first; those with no estimate after; each tie in the usual order
+ * (compareCandidates). Jobs that end together share backing nodes, which empty together.
  */
 export function compareByExpectedEnd(
   end: number,
   now: number,
 ): (a: BackingRecord, b: BackingRecord) => number {
-  const distance = (x: BackingRecord) => {
+  const key = (x: BackingRecord): [number, number] => {
     const e = expectedEndOf(x, now);
-    return e === undefined ? Number.POSITIVE_INFINITY : Math.abs(e - end);
+    if (e === undefined) return [Number.POSITIVE_INFINITY, 0];
+    return [Math.max(0, end - e), Math.max(0, e - end)];
   };
   return (a, b) => {
-    const da = distance(a);
-    const db = distance(b);
-    if (da !== db) return da < db ? -1 : 1;
+    const [ka, sa] = key(a);
+    const [kb, sb] = key(b);
+    if (ka !== kb) return ka < kb ? -1 : 1;
+    if (sa !== sb) return sa < sb ? -1 : 1;
     return compareCandidates(a, b);
   };
 }

@@ -126,7 +126,7 @@ describe('slot claims', () => {
     expect([a, b, c].sort(compareCandidates).map((x) => x.id)).toEqual(['c', 'b', 'a']);
   });
 
-  it('orders candidates for a node with an expected end: closest expected end first, unknown last', () => {
+  it('orders candidates for a node with an expected end: those it keeps no longer first (closest end first), then least kept longer, unknown last', () => {
     const end = T0 + 600_000; // the new node is expected to be released in 10 minutes
     const soon = backing({ id: 'soon', used: 3, ends: { 0: T0 + 60_000, 1: T0 + 30_000, 2: T0 + 90_000 } });
     const near = backing({ id: 'near', used: 1, ends: { 0: T0 + 540_000 } });
@@ -137,7 +137,8 @@ describe('slot claims', () => {
     expect(expectedEndOf(unknown, T0)).toBeUndefined();
     expect(expectedEndOf(empty, T0)).toBe(T0);
     const order = [soon, near, late, unknown, empty].sort(compareByExpectedEnd(end, T0)).map((x) => x.id);
-    expect(order).toEqual(['near', 'soon', 'empty', 'late', 'unknown']);
+    // late ends after it (kept no longer); near 60 s before, soon 510 s, empty would go now (600 s).
+    expect(order).toEqual(['late', 'near', 'soon', 'empty', 'unknown']);
     // Ties (the same distance) go to the usual order: fullest first.
     const twin = backing({ id: 'twin', used: 3, ends: { 0: T0, 1: T0, 2: T0 + 540_000 } });
     expect([near, twin].sort(compareByExpectedEnd(end, T0)).map((x) => x.id)).toEqual(['twin', 'near']);
