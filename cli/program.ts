@@ -89,6 +89,11 @@ export function buildProgram(): Command {
     .option('--id <id>', 'request id (default: generated); re-sending the same id never allocates twice')
     .option('--requestor <name>', 'who asks (recorded with the request)', 'cli')
     .option('--priority <n>', 'request priority', (v) => Number.parseInt(v, 10))
+    .option(
+      '--expected-duration <seconds>',
+      'how long the nodes will be kept: placed beside nodes expected to end about then',
+      seconds('--expected-duration'),
+    )
     .option('-w, --wait', 'wait until the request is fulfilled or failed')
     .option('--timeout <seconds>', 'with --wait: give up after this many seconds', seconds('--timeout'), 300)
     .option('--json', 'print the request as JSON')

@@ -13,6 +13,7 @@ export interface RequestOptions {
   readonly id?: string;
   readonly requestor: string;
   readonly priority?: number;
+  readonly expectedDuration?: number;
   readonly wait?: boolean;
   readonly timeout: number;
   readonly json?: boolean;
@@ -27,6 +28,7 @@ export async function request(target: Target, labels: string[], opts: RequestOpt
     labels,
     requestor: opts.requestor,
     priority: opts.priority,
+    ...(opts.expectedDuration === undefined ? {} : { 'expected-duration': opts.expectedDuration }),
   });
   if (!parsed.success) {
     throw new CliError(parsed.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`).join('\n'), 2);
