@@ -10,14 +10,8 @@ import type { Context } from './context.ts';
 
 /**
  * min-ready's use cases on one spare (the model is core/minReady.ts): taking it for a request's node,
- * and ending it. Keeping each label's seats filled is replenish.ts.
+ * returning it (taken, never recorded), and ending it. Keeping each label's seats filled is replenish.ts.
  */
-
-/** A spare taken for a node: the spare's node as it is now (taken). */
-export interface TakenSpare {
-  readonly index: number;
-  readonly spare: NodeRecord;
-}
 
 /**
  * Takes a free spare of the label in `pool` for node `nodeId`, with one conditional write of the spare's
