@@ -1,7 +1,14 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { type SimEngine, startSimEngine } from '../../bench/cost/engine.ts';
 import { model } from '../../bench/cost/model.ts';
-import { DEFAULT_OPTIONS, lowerBound, perJob, type SimOptions, simulate } from '../../bench/cost/simulate.ts';
+import {
+  DEFAULT_OPTIONS,
+  hintOf,
+  lowerBound,
+  perJob,
+  type SimOptions,
+  simulate,
+} from '../../bench/cost/simulate.ts';
 import { formatTraceCsv, parseTraceCsv, syntheticTrace } from '../../bench/cost/traces.ts';
 
 /**
@@ -40,6 +47,24 @@ describe('the cost simulator', () => {
       ]);
     }
     expect(perJob(trace, DEFAULT_OPTIONS.bootS).instanceSeconds).toBeGreaterThanOrEqual(bound);
+  });
+
+  it('runs duration-aware placement with exact and noisy hints: never below the bound, hints stable per job', async () => {
+    const bound = lowerBound(trace, DEFAULT_OPTIONS.slots).instanceSeconds;
+    for (const hints of ['exact', 'noisy'] as const) {
+      const r = await simulate(engine, trace, options({ hints }), { series: false });
+      expect(r.instanceSeconds).toBeGreaterThanOrEqual(bound);
+      expect(r.waitS.max).toBeLessThanOrEqual(DEFAULT_OPTIONS.bootS);
+    }
+    for (const job of trace.jobs) {
+      const seconds = job.durationMs / 1000;
+      expect(hintOf(job, 'exact')).toBe(seconds);
+      const noisy = hintOf(job, 'noisy') as number;
+      expect(noisy).toBe(hintOf(job, 'noisy')); // every try of a job sends the same body
+      expect(noisy / seconds).toBeGreaterThanOrEqual(0.5);
+      expect(noisy / seconds).toBeLessThan(2);
+    }
+    expect(hintOf(trace.jobs[0] as (typeof trace.jobs)[0], undefined)).toBeUndefined();
   });
 
   it('one instance per job costs the sum of boot + duration, computed or run through the real code', async () => {
