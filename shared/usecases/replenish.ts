@@ -1,7 +1,7 @@
 import { BusyError, CapacityError, LaunchFailedError } from '../core/errors.ts';
 import { parseNodeId } from '../core/ids.ts';
 import { isFreeSpare, seatStep, spareMessage, spareRequestId } from '../core/minReady.ts';
-import type { BackingRecord, RequestRecord } from '../core/records.ts';
+import type { BackingRecord, NodeRecord, RequestRecord } from '../core/records.ts';
 import { type Context, deliveryDead } from './context.ts';
 import { endSpare, usableSpareHost } from './minReady.ts';
 import { requestNodes } from './requestNodes.ts';
@@ -72,20 +72,23 @@ async function keepSeat(
     const id = spareRequestId(label, seat, gen);
     const spare = await ctx.store.getRequest(id);
     const node = spare?.nodes[0];
-    if (!wanted) {
-      // Above min-ready now: a free spare ends, one still waiting fails; a taken one is its taker's.
-      if (spare?.state === 'requested') {
-        await failRequest(ctx, id, spare.bodyHash, 'min-ready was lowered');
-      } else if (isFreeSpare(node) && (await endSpare(ctx, node.id, isFreeSpare, 'min-ready was lowered'))) {
-        report.ended++;
-      }
-      return;
-    }
     const takenBy = node?.takenBy;
     const takerId = takenBy ? parseNodeId(takenBy.node)?.requestId : undefined;
     const taker = takerId ? await ctx.store.getRequest(takerId) : undefined;
     const now = ctx.clock.now();
     const step = seatStep(spare, taker, (since) => deliveryDead(since, now, ctx.deliveriesDeadBefore));
+    if (!wanted) {
+      // Above min-ready now: a waiting spare fails, a free one ends, and so does one taken by a delivery
+      // that died without recording it; one in use (or that may still be recorded) is its taker's.
+      if (spare?.state === 'requested') {
+        await failRequest(ctx, id, spare.bodyHash, 'min-ready was lowered');
+      } else if (node && (isFreeSpare(node) || step === 'orphan')) {
+        const by = takenBy?.by;
+        const mayEnd = step === 'orphan' ? (s: NodeRecord) => s.takenBy?.by === by : isFreeSpare;
+        if (await endSpare(ctx, node.id, mayEnd, 'min-ready was lowered')) report.ended++;
+      }
+      return;
+    }
     if (step === 'make') {
       // A seat is recorded before its first spare, so that a lowered min-ready finds it (seatGenerations).
       if (!gens.has(seat)) await ctx.store.openSeat(label, seat);

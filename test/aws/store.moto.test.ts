@@ -142,6 +142,16 @@ function conformance(start: () => Promise<Engine>): () => void {
         expect(await store.getBacking('b1')).toEqual(ready);
       });
 
+      it("records a claimed node's expected end in the slot's entry (a nested SET both engines accept)", async () => {
+        const read = backing('b1', { slots: 3 });
+        await store.createBacking(read);
+        const out = await store.claimSlot(read, 1, 'r/0', { at: 2_000, by: 'o' }, 62_000);
+        expect(out.claimed && out.record.ends).toEqual({ '1': 62_000 });
+        const after = (await store.getBacking('b1')) as BackingRecord;
+        const next = await store.claimSlot(after, 0, 'q/0', { at: 2_001, by: 'o' }); // no estimate
+        expect(next.claimed && next.record.ends).toEqual({ '1': 62_000 });
+      });
+
       it('claims a free slot and bumps the version, keeping the node in the free index', async () => {
         const read = backing('b1', { slots: 3 });
         await store.createBacking(read);
@@ -395,6 +405,7 @@ function backing(id: string, o: Partial<BackingRecord> = {}): BackingRecord {
     used: 0,
     slotMap: {},
     claims: {},
+    ends: {},
     version: 0,
     attempt: 1,
     launchedAt: 1_000,

@@ -226,6 +226,22 @@ describe('min-ready', () => {
     expect(await untaken(h)).toBe(1);
   });
 
+  it('ends a min-ready node a dead delivery took, after min-ready was lowered to 0', async () => {
+    // Found by the chaos suite: the drain lowers min-ready, and an orphan left at that moment stayed taken.
+    h = await withReadyNodes(baseConfig({ slots: 2, minReady: 1 }), 1);
+    const ctx = h.pool.context;
+    const pool = ctx.config.metastaticPools[0];
+    if (!pool) throw new Error('no pool');
+    const taken = await takeSpare(ctx, pool, 'small-node', 'ghost/0', ownerToken(ctx.clock.now()));
+    const lowered = { ...ctx, config: parseConfigOrThrow(baseConfig({ slots: 2 }), 'none.yaml') };
+    await keepMinReady(lowered, 'small-node');
+    expect((await ctx.store.getRequest(requestOf(taken?.id)))?.nodes[0]?.state).toBe('ready'); // may be recorded yet
+    h.clock.advance(CLAIM_TAKEOVER_MS + 1_000);
+    expect((await keepMinReady(lowered, 'small-node')).ended).toBe(1);
+    expect((await ctx.store.getRequest(requestOf(taken?.id)))?.nodes[0]?.state).toBe('released');
+    expect((await ctx.store.listBacking()).every((b) => b.used === 0)).toBe(true);
+  });
+
   it('fails the node that took a min-ready node when its backing node vanishes', async () => {
     h = await withReadyNodes(baseConfig({ slots: 2, minReady: 1 }), 1);
     const ctx = h.pool.context;
