@@ -23,8 +23,6 @@ import type { NodeRecord, RequestRecord } from './records.ts';
  * that delivery is known dead.
  */
 
-export { SPARE_ID_PREFIX };
-
 /** Spares wait behind every request (Nodepool serves min-ready requests last, too). */
 export const SPARE_PRIORITY = 1_000_000_000;
 
@@ -45,12 +43,6 @@ export function spareNodeId(label: string, seat: number, gen: number): string {
 
 export function isSpareRequestId(id: string): boolean {
   return id.startsWith(SPARE_ID_PREFIX);
-}
-
-/** Whether a node id is a spare's node. */
-export function isSpareNodeId(id: string): boolean {
-  const parsed = parseNodeId(id);
-  return parsed !== undefined && isSpareRequestId(parsed.requestId);
 }
 
 /** The request the pool makes for a seat's spare: one node of the label, served after every other. */

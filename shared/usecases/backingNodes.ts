@@ -10,7 +10,7 @@ import {
 import { ownerSince, supersedes } from '../core/ids.ts';
 import { MetricName, PoolEventType } from '../core/observability.ts';
 import type { BackingProvider } from '../core/provider.ts';
-import type { BackingRecord } from '../core/records.ts';
+import type { BackingRecord, NodeRecord } from '../core/records.ts';
 import { MIN_CHECK_MS } from '../core/timing.ts';
 import { retryOnConflict } from './conflicts.ts';
 import { type Context, deliveryDead, emit, timeLeft } from './context.ts';
@@ -64,6 +64,16 @@ export async function giveBackSlot(
     ctx.log.debug('slot freed', { nodeId, backingNodeId: backingId, slot });
     return true;
   });
+}
+
+/**
+ * Gives back what a node that ended held: its slot (when placed) and its place in its pool's max-servers
+ * (pools with max-servers, or a pool removed from the configuration: cleaned up anyway). Idempotent.
+ */
+export async function giveBackRoom(ctx: Context, poolKey: string | undefined, n: NodeRecord): Promise<void> {
+  if (n.backingNodeId) await giveBackSlot(ctx, n.backingNodeId, n.id);
+  const pool = ctx.config.metastaticPools.find((p) => p.key === poolKey);
+  if (poolKey && (!pool || pool.maxServers !== undefined)) await ctx.store.freeNodePlaces(poolKey, [n.id]);
 }
 
 /**

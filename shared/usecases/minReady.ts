@@ -4,7 +4,7 @@ import { parseNodeId } from '../core/ids.ts';
 import { isFreeSpare, spareRequestId, takenSpare } from '../core/minReady.ts';
 import type { BackingRecord, NodeRecord, RequestRecord } from '../core/records.ts';
 import { withNodes } from '../core/request.ts';
-import { giveBackSlot } from './backingNodes.ts';
+import { giveBackRoom } from './backingNodes.ts';
 import { retryOnConflict, unlessConflict } from './conflicts.ts';
 import type { Context } from './context.ts';
 
@@ -108,12 +108,7 @@ export async function endSpare(
     return { r: next, n: released };
   });
   if (!ended) return false;
-  const { r, n } = ended;
-  if (n.backingNodeId) await giveBackSlot(ctx, n.backingNodeId, n.id);
-  const pool = ctx.config.metastaticPools.find((p) => p.key === r.poolKey);
-  if (r.poolKey && (!pool || pool.maxServers !== undefined)) {
-    await ctx.store.freeNodePlaces(r.poolKey, [n.id]);
-  }
+  await giveBackRoom(ctx, ended.r.poolKey, ended.n);
   return true;
 }
 

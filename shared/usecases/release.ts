@@ -3,7 +3,7 @@ import { parseNodeId } from '../core/ids.ts';
 import { PoolEventType } from '../core/observability.ts';
 import type { NodeRecord } from '../core/records.ts';
 import { withNodes } from '../core/request.ts';
-import { giveBackSlot } from './backingNodes.ts';
+import { giveBackRoom } from './backingNodes.ts';
 import { retryOnConflict } from './conflicts.ts';
 import { type Context, emit } from './context.ts';
 import { endSpareOf } from './minReady.ts';
@@ -62,12 +62,7 @@ export async function releaseNode(ctx: Context, id: string, force = false): Prom
   }
   const node = request.nodes[parsed.index] as NodeRecord;
   if (request.state === 'pending') await settleIfAllReady(ctx, request.id);
-  if (node.backingNodeId) await giveBackSlot(ctx, node.backingNodeId, node.id);
-  const pool = ctx.config.metastaticPools.find((p) => p.key === request.poolKey);
-  // Reservations exist only for pools with max-servers (a pool removed from the config: clean up anyway).
-  if (request.poolKey && (!pool || pool.maxServers !== undefined)) {
-    await ctx.store.freeNodePlaces(request.poolKey, [node.id]);
-  }
+  await giveBackRoom(ctx, request.poolKey, node);
   // A node on a min-ready node's slot: that node ends with it (its slot and place are freed there).
   await endSpareOf(ctx, node);
   if (!already) {

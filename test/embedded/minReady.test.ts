@@ -6,6 +6,7 @@ import { ownerToken, parseNodeId } from '../../shared/core/ids.ts';
 import { isFreeSpare, isSpareRequestId } from '../../shared/core/minReady.ts';
 import type { RequestRecord } from '../../shared/core/records.ts';
 import { CLAIM_TAKEOVER_MS } from '../../shared/core/timing.ts';
+import type { Context } from '../../shared/usecases/context.ts';
 import { failBackingNode } from '../../shared/usecases/failure.ts';
 import { takeSpare } from '../../shared/usecases/minReady.ts';
 import { reap } from '../../shared/usecases/reap.ts';
@@ -51,6 +52,12 @@ async function withReadyNodes(
   await harness.pool.reapNow();
   await harness.fulfilUntil(allFree(harness, n));
   return harness;
+}
+/** A min-ready node taken by a delivery (for node `ghost/0`) that then records nothing: it died. */
+async function takenByGhost(ctx: Context) {
+  const pool = ctx.config.metastaticPools[0];
+  if (!pool) throw new Error('no pool');
+  return takeSpare(ctx, pool, 'small-node', 'ghost/0', ownerToken(ctx.clock.now()));
 }
 const allFree = (harness: Harness, n: number) => async () => (await freeSpares(harness)) === n;
 
@@ -212,9 +219,7 @@ describe('min-ready', () => {
   it('ends a min-ready node taken by a delivery that died before recording it, and refills its seat', async () => {
     h = await withReadyNodes(baseConfig({ slots: 2, minReady: 1 }), 1);
     const ctx = h.pool.context;
-    const pool = ctx.config.metastaticPools[0];
-    if (!pool) throw new Error('no pool');
-    const taken = await takeSpare(ctx, pool, 'small-node', 'ghost/0', ownerToken(ctx.clock.now()));
+    const taken = await takenByGhost(ctx);
     expect(taken?.takenBy?.node).toBe('ghost/0');
     // While the delivery may still record it, the node stays taken and the seat waits.
     await keepMinReady(ctx, 'small-node');
@@ -230,9 +235,7 @@ describe('min-ready', () => {
     // Found by the chaos suite: the drain lowers min-ready, and an orphan left at that moment stayed taken.
     h = await withReadyNodes(baseConfig({ slots: 2, minReady: 1 }), 1);
     const ctx = h.pool.context;
-    const pool = ctx.config.metastaticPools[0];
-    if (!pool) throw new Error('no pool');
-    const taken = await takeSpare(ctx, pool, 'small-node', 'ghost/0', ownerToken(ctx.clock.now()));
+    const taken = await takenByGhost(ctx);
     const lowered = { ...ctx, config: parseConfigOrThrow(baseConfig({ slots: 2 }), 'none.yaml') };
     await keepMinReady(lowered, 'small-node');
     expect((await ctx.store.getRequest(requestOf(taken?.id)))?.nodes[0]?.state).toBe('ready'); // may be recorded yet
