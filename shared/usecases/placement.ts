@@ -67,7 +67,7 @@ export interface PlaceOptions {
   readonly failBacking: FailBacking;
   /**
    * When the node is expected to be released (its request's expected duration): candidates are tried
-   * closest expected end first (compareByExpectedEnd), and the claim records it.
+   * by how much longer the node would keep each billed (compareByExpectedEnd), and the claim records it.
    */
   readonly expectedEnd?: number;
 }
