@@ -13,6 +13,8 @@ import { stringify } from 'yaml';
 export type Settings = Readonly<Record<string, unknown>>;
 
 export interface ConfigFixture {
+  /** Other top-level keys (`shape-cost-margin`). */
+  readonly top?: Settings;
   /** The top-level labels list (Nodepool's: `name`, `min-ready`); when given, it lists every label offered. */
   readonly labels?: readonly Settings[];
   /** The backing provider: `local` processes (default) or EC2 (`aws`, which needs `provider.region`). */
@@ -52,6 +54,7 @@ export function poolConfig(f: ConfigFixture = {}): string {
   const firstBacking = String(backingLabels[0]?.name ?? 'large-node');
   const metaLabels = f.meta?.labels ?? [smallNode({ 'backing-label': firstBacking })];
   const config = {
+    ...f.top,
     labels: f.labels,
     providers: [
       {

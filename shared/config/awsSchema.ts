@@ -1,6 +1,7 @@
 import { z } from 'zod';
 import {
   bool,
+  hourlyCost,
   intBetween,
   MAPPING,
   MAX_SERVERS,
@@ -98,6 +99,11 @@ export const awsLabelSchema = z.strictObject(
       .max(65535, { error: 'a port number from 1 to 65535' })
       .default(22)
       .describe('The TCP port nodes connect to (SSH).'),
+    'hourly-cost': hourlyCost()
+      .optional()
+      .describe(
+        "What one instance costs an hour: requests by shape go to the cheapest slot that fits. Default: the instance type's on-demand price in us-east-1, where known.",
+      ),
   },
   { error: MAPPING },
 );

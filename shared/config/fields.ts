@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { MAX_CORES, MAX_SIZE_MIB, parseSize, SIZE_PATTERN, SIZE_RULE } from '../core/shapes.ts';
 
 /**
  * The limits every number in a configuration is held to, and the leaf schemas the driver schemas are
@@ -112,3 +113,34 @@ export const nonEmptyList = <T extends z.ZodType>(item: T, what: string) => {
 };
 
 export const MAPPING = 'a mapping';
+
+// ---- shapes (what one slot gives; docs/configuration.md, Shapes) --------------------------------------
+
+/** Cores of a slot: fractions allowed (a slot may be half a core); at most MAX_CORES. */
+export const cores = () => {
+  const phrase = `a number of cores > 0 and <= ${MAX_CORES}`;
+  return z.number({ error: phrase }).positive({ error: phrase }).max(MAX_CORES, { error: phrase });
+};
+
+/** A size with its unit (memory, disk), at most 1 PiB; kept as written, read with parseSize. */
+export const size = () => {
+  const phrase = `${SIZE_RULE}, at most 1PiB`;
+  return z
+    .string({ error: phrase })
+    .max(32, { error: phrase })
+    .regex(SIZE_PATTERN, { error: phrase })
+    .refine(
+      (s) => {
+        const mib = parseSize(s);
+        return mib !== undefined && mib > 0 && mib <= MAX_SIZE_MIB;
+      },
+      { error: phrase },
+    );
+};
+
+/** What a backing node costs an hour (any currency, the same for every label); at most MAX_HOURLY_COST. */
+export const MAX_HOURLY_COST = 10_000;
+export const hourlyCost = () => {
+  const phrase = `a cost per hour >= 0 and <= ${MAX_HOURLY_COST}`;
+  return z.number({ error: phrase }).min(0, { error: phrase }).max(MAX_HOURLY_COST, { error: phrase });
+};

@@ -1,3 +1,5 @@
+import type { Shape } from '../core/shapes.ts';
+
 /**
  * The resolved configuration the core works with: defaults applied, inheritance (provider -> pool -> label)
  * resolved, references checked. The YAML schema (schema.ts) is the user-facing shape; this is what every
@@ -19,6 +21,14 @@ export interface MetastaticLabel {
   readonly hostKeyChecking: boolean;
   /** Seconds a request for this label may wait to be placed (request-timeout: label, pool or provider). */
   readonly requestTimeout: number;
+  /**
+   * What one slot gives, for requests by shape (core/shapes.ts): the label's cores, memory and disk, else
+   * derived from the backing instance type divided by max-parallel-jobs. Undefined when nothing is known:
+   * no request by shape is served by this label.
+   */
+  readonly slot?: Shape;
+  /** What one slot costs an hour: the backing label's hourly-cost (or its instance type's) / max-parallel-jobs. */
+  readonly slotHourlyCost?: number;
 }
 
 /** A metastatic pool: serves node sets from its labels, capped by maxServers. */
@@ -72,6 +82,8 @@ export interface ResolvedConfig {
   readonly metastaticLabelNames: ReadonlySet<string>;
   /** Labels with a min-ready above 0 (top-level `labels`): how many ready nodes of each the pool keeps. */
   readonly minReady: ReadonlyMap<string, number>;
+  /** Requests by shape: percent above the cheapest fitting label worth paying for a free slot now. */
+  readonly shapeCostMargin: number;
   /** Keys that are valid but have no effect yet, by YAML path: shown as warnings, never errors. */
   readonly notices: readonly ConfigNotice[];
 }

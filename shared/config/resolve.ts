@@ -2,6 +2,9 @@
  * From a file that passed the schema (schema.ts) and the rules (rules.ts) to the model the core works
  * with (model.ts): inheritance applied (provider -> pool -> label), pools in priority order.
  */
+
+import { parseSize, type Shape } from '../core/shapes.ts';
+import { type InstanceTypeFacts, instanceTypeFacts } from './instanceTypes.ts';
 import type {
   BackingLabel,
   BackingPool,
@@ -83,13 +86,82 @@ export function resolveConfig(file: ConfigFile): ResolvedConfig {
 
   // Array.prototype.sort is stable: ties keep file order.
   metastaticPools.sort((a, b) => a.priority - b.priority);
+  const shaped = metastaticPools.map((pool) => withSlotShapes(file, pool, backingPoolByLabel));
   return {
-    metastaticPools,
+    metastaticPools: shaped,
     backingPoolByLabel,
     backingPools,
     metastaticLabelNames,
     minReady: minReadyOf(file),
+    shapeCostMargin: file['shape-cost-margin'],
     notices: noticesOf(file, metastaticLabelNames),
+  };
+}
+
+/**
+ * The pool with each label's slot shape and cost per slot-hour (requests by shape): what the label says,
+ * else what its backing label says or its instance type gives (shared/config/instanceTypes.ts), divided
+ * by max-parallel-jobs. An aws label with several instance-types takes the smallest of each size and the
+ * highest price among them, since any of them may be launched.
+ */
+function withSlotShapes(
+  file: ConfigFile,
+  pool: MetastaticPool,
+  backingPoolByLabel: ReadonlyMap<string, BackingPool>,
+): MetastaticPool {
+  const written = file.providers
+    .filter((p) => p.driver === 'metastatic')
+    .flatMap((p) => p.pools.filter((q) => `${p.name}/${q.name}` === pool.key))
+    .flatMap((q) => q.labels);
+  const labels = new Map<string, MetastaticLabel>();
+  for (const [name, label] of pool.labels) {
+    const own = written.find((l) => l.name === name);
+    const backing = backingPoolByLabel.get(label.backingLabel)?.labels.get(label.backingLabel);
+    const machine = backing ? machineOf(backing) : {};
+    const per = (v: number | undefined) => (v === undefined ? undefined : v / label.maxParallelJobs);
+    const slot: Shape = {
+      cores: own?.cores ?? per(machine.vcpus),
+      memoryMiB:
+        own?.memory === undefined
+          ? perFloor(machine.memoryMiB, label.maxParallelJobs)
+          : parseSize(own.memory),
+      diskMiB: own?.disk === undefined ? undefined : parseSize(own.disk),
+    };
+    const known = Object.values(slot).some((v) => v !== undefined);
+    const cost = per(machine.hourlyCost);
+    labels.set(name, {
+      ...label,
+      ...(known ? { slot: dropUndefined(slot) } : {}),
+      ...(cost === undefined ? {} : { slotHourlyCost: cost }),
+    });
+  }
+  return { ...pool, labels };
+}
+
+/** Whole MiB of one slot when a machine's memory is divided among its slots. */
+function perFloor(mib: number | undefined, slots: number): number | undefined {
+  return mib === undefined ? undefined : Math.floor(mib / slots);
+}
+
+function dropUndefined(s: Shape): Shape {
+  return Object.fromEntries(Object.entries(s).filter(([, v]) => v !== undefined)) as Shape;
+}
+
+/** What a backing node of this label gives and costs, as far as its options and instance types say. */
+function machineOf(label: BackingLabel): { vcpus?: number; memoryMiB?: number; hourlyCost?: number } {
+  const o = label.options;
+  const types = [
+    o['instance-type'],
+    ...(Array.isArray(o['instance-types']) ? o['instance-types'] : []),
+  ].filter((t): t is string => typeof t === 'string');
+  const facts = types.map(instanceTypeFacts);
+  const all =
+    facts.length > 0 && facts.every((f) => f !== undefined) ? (facts as InstanceTypeFacts[]) : undefined;
+  const explicit = typeof o['hourly-cost'] === 'number' ? o['hourly-cost'] : undefined;
+  return {
+    vcpus: all ? Math.min(...all.map((f) => f.vcpus)) : undefined,
+    memoryMiB: all ? Math.min(...all.map((f) => f.memoryMiB)) : undefined,
+    hourlyCost: explicit ?? (all ? Math.max(...all.map((f) => f.hourlyCost)) : undefined),
   };
 }
 

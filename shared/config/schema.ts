@@ -13,8 +13,10 @@ import { awsProviderSchema } from './awsSchema.ts';
 import {
   attributes,
   bool,
+  cores,
   DEFAULT_REQUEST_TIMEOUT,
   host,
+  hourlyCost,
   intBetween,
   MAPPING,
   MAX_BOOT_SECONDS,
@@ -30,6 +32,7 @@ import {
   REQUEST_TIMEOUT_HELP,
   requestTimeout,
   seconds,
+  size,
 } from './fields.ts';
 
 // ---- driver: metastatic -----------------------------------------------------------------------------
@@ -63,6 +66,17 @@ export const metastaticLabelSchema = z.strictObject(
     'request-timeout': requestTimeout()
       .optional()
       .describe(`${REQUEST_TIMEOUT_HELP} Default: the pool's value.`),
+    cores: cores()
+      .optional()
+      .describe(
+        "Cores one slot gives, for requests by shape. Default: the backing instance type's vCPUs / max-parallel-jobs, where known.",
+      ),
+    memory: size()
+      .optional()
+      .describe(
+        'Memory one slot gives ("4GiB"), for requests by shape. Default: the backing instance type\'s / max-parallel-jobs, where known.',
+      ),
+    disk: size().optional().describe('Disk one slot gives ("20GiB"), for requests by shape.'),
   },
   { error: MAPPING },
 );
@@ -126,6 +140,9 @@ export const localLabelSchema = z.strictObject(
       .default(0)
       .describe('Seconds before the process accepts connections; at most a day.'),
     attributes: attributes().default({}).describe('Attributes the backing node reports.'),
+    'hourly-cost': hourlyCost()
+      .optional()
+      .describe('What one backing node costs an hour: requests by shape go to the cheapest slot that fits.'),
   },
   { error: MAPPING },
 );
@@ -173,6 +190,10 @@ export const topLevelLabelSchema = z.strictObject(
   { error: MAPPING },
 );
 
+/** Percent above the cheapest label a request by shape may pay to get a free slot now (no launch). */
+export const MAX_SHAPE_COST_MARGIN = 1000;
+export const DEFAULT_SHAPE_COST_MARGIN = 20;
+
 export const configSchema = z
   .strictObject(
     {
@@ -180,6 +201,11 @@ export const configSchema = z
         .array(topLevelLabelSchema, { error: 'a list of labels' })
         .optional()
         .describe('When present, every label offered by any pool must be listed here.'),
+      'shape-cost-margin': intBetween(0, MAX_SHAPE_COST_MARGIN)
+        .default(DEFAULT_SHAPE_COST_MARGIN)
+        .describe(
+          `Requests by shape: a label with a free slot now (no launch) is chosen over the cheapest fitting label when its cost per slot-hour is at most this many percent higher. At most ${MAX_SHAPE_COST_MARGIN}.`,
+        ),
       providers: nonEmptyList(providerSchema, 'providers'),
     },
     { error: 'a mapping with a "providers" list' },

@@ -1,5 +1,6 @@
 import { z } from 'zod';
 import { requestIdPattern, SPARE_ID_PREFIX } from './ids.ts';
+import { MAX_CORES, MAX_SIZE_MIB, parseSize, type Shape, SIZE_RULE } from './shapes.ts';
 import { boundedReason, clip, listSome, quote } from './text.ts';
 
 /**
@@ -16,38 +17,99 @@ export const MAX_LABEL_LENGTH = 255;
 /** An expected duration beyond a week is more likely milliseconds typed as seconds. */
 export const MAX_EXPECTED_DURATION = 7 * 24 * 3600;
 
-export const RequestMessage = z.strictObject({
-  kind: z.literal('request'),
-  id: z
+/** What one node of a request by shape needs: at least one of cores, memory, disk. */
+export const ShapeMessage = z
+  .strictObject({
+    cores: z
+      .number()
+      .positive('must be more than 0')
+      .max(MAX_CORES, `must be at most ${MAX_CORES}`)
+      .optional(),
+    memory: sizeField().optional(),
+    disk: sizeField().optional(),
+  })
+  .refine((s) => s.cores !== undefined || s.memory !== undefined || s.disk !== undefined, {
+    message: 'a shape needs at least one of cores, memory, disk',
+  });
+export type ShapeMessage = z.infer<typeof ShapeMessage>;
+
+function sizeField() {
+  return z
     .string()
-    .regex(
-      requestIdPattern,
-      'must be 1-128 characters of A-Z a-z 0-9 . _ : - starting with a letter or digit',
-    )
-    .refine((id) => !id.startsWith(SPARE_ID_PREFIX), {
-      message: `must not start with "${SPARE_ID_PREFIX}": those are the pool's own min-ready requests`,
-    }),
-  labels: z
-    .array(
-      z
-        .string()
-        .min(1, 'a label must not be empty')
-        .max(MAX_LABEL_LENGTH, `a label has at most ${MAX_LABEL_LENGTH} characters`),
-    )
-    .min(1, 'a request needs at least one label')
-    .max(MAX_NODE_SET, `a node set has at most ${MAX_NODE_SET} labels`),
-  requestor: z.string().max(256, 'must be at most 256 characters').optional(),
-  priority: z.number().int().optional(),
-  /**
-   * How long the requestor expects to keep its nodes, in seconds: placement puts them where the nodes
-   * already running are expected to end about when they do, so backing nodes empty together.
-   */
-  'expected-duration': z
-    .number()
-    .positive('must be more than 0 seconds')
-    .max(MAX_EXPECTED_DURATION, `must be at most ${MAX_EXPECTED_DURATION} seconds (7 days)`)
-    .optional(),
-});
+    .max(32, 'must be at most 32 characters')
+    .refine(
+      (v) => {
+        const mib = parseSize(v);
+        return mib !== undefined && mib > 0 && mib <= MAX_SIZE_MIB;
+      },
+      { message: `must be ${SIZE_RULE}, at most 1PiB` },
+    );
+}
+
+/** A shape as the pool reasons about it (sizes in MiB). */
+export function shapeOf(s: ShapeMessage): Shape {
+  return {
+    ...(s.cores === undefined ? {} : { cores: s.cores }),
+    ...(s.memory === undefined ? {} : { memoryMiB: parseSize(s.memory) as number }),
+    ...(s.disk === undefined ? {} : { diskMiB: parseSize(s.disk) as number }),
+  };
+}
+
+export const RequestMessage = z
+  .strictObject({
+    kind: z.literal('request'),
+    id: z
+      .string()
+      .regex(
+        requestIdPattern,
+        'must be 1-128 characters of A-Z a-z 0-9 . _ : - starting with a letter or digit',
+      )
+      .refine((id) => !id.startsWith(SPARE_ID_PREFIX), {
+        message: `must not start with "${SPARE_ID_PREFIX}": those are the pool's own min-ready requests`,
+      }),
+    labels: z
+      .array(
+        z
+          .string()
+          .min(1, 'a label must not be empty')
+          .max(MAX_LABEL_LENGTH, `a label has at most ${MAX_LABEL_LENGTH} characters`),
+      )
+      .min(1, 'a request needs at least one label')
+      .max(MAX_NODE_SET, `a node set has at most ${MAX_NODE_SET} labels`)
+      .optional(),
+    /**
+     * Instead of labels: what each node needs (core/shapes.ts). The pool picks for each the label whose
+     * slot fits at the lowest cost per slot-hour, and records it on the node.
+     */
+    shapes: z
+      .array(ShapeMessage)
+      .min(1, 'a request needs at least one shape')
+      .max(MAX_NODE_SET, `a node set has at most ${MAX_NODE_SET} shapes`)
+      .optional(),
+    requestor: z.string().max(256, 'must be at most 256 characters').optional(),
+    priority: z.number().int().optional(),
+    /**
+     * How long the requestor expects to keep its nodes, in seconds: placement puts them where the nodes
+     * already running are expected to end about when they do, so backing nodes empty together.
+     */
+    'expected-duration': z
+      .number()
+      .positive('must be more than 0 seconds')
+      .max(MAX_EXPECTED_DURATION, `must be at most ${MAX_EXPECTED_DURATION} seconds (7 days)`)
+      .optional(),
+  })
+  .superRefine((m, ctx) => {
+    if ((m.labels === undefined) === (m.shapes === undefined)) {
+      ctx.addIssue({
+        code: 'custom',
+        path: [m.labels === undefined ? 'labels' : 'shapes'],
+        message:
+          m.labels === undefined
+            ? 'a request needs "labels" or "shapes"'
+            : 'give "labels" or "shapes", not both',
+      });
+    }
+  });
 export type RequestMessage = z.infer<typeof RequestMessage>;
 
 export const ReleaseMessage = z.strictObject({

@@ -109,6 +109,15 @@ export const RequestRecord = z.object({
   priority: z.number().optional(),
   /** The requestor's expected duration, seconds (`expected-duration`): placement uses it. */
   expectedDuration: z.number().optional(),
+  /**
+   * A request by shape: what each node asked for, as written (core/shapes.ts). `labels` holds the label
+   * the pool chose for each (empty when none fits: the request failed).
+   */
+  shapes: z
+    .array(
+      z.object({ cores: z.number().optional(), memory: z.string().optional(), disk: z.string().optional() }),
+    )
+    .optional(),
   /** Hash of the message body, to tell a redelivery from a reuse of the id with another body. */
   bodyHash: z.string(),
   state: z.enum(values(RequestState)),

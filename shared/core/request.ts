@@ -23,29 +23,43 @@ import { boundedReason } from './text.ts';
  * | failed    | anything                                   | failed          |
  */
 
-/** The record of a request as received: `requested`, nothing placed, version 0. */
-export function requestedRecord(m: RequestMessage, now: number): RequestRecord {
+/**
+ * The record of a request as received: `requested`, nothing placed, version 0. A request by shape takes
+ * the labels the pool chose for its shapes (shared/usecases/shapes.ts); none when none fits, and then it
+ * is only ever recorded failed.
+ */
+export function requestedRecord(
+  m: RequestMessage,
+  now: number,
+  chosen: readonly string[] = m.labels ?? [],
+): RequestRecord {
+  const labels = [...chosen];
   return {
     id: m.id,
-    labels: m.labels,
+    labels,
     requestor: m.requestor,
     priority: m.priority,
     expectedDuration: m['expected-duration'],
+    ...(m.shapes === undefined ? {} : { shapes: m.shapes }),
     bodyHash: requestBodyHash(m),
     state: 'requested',
     createdAt: now,
     updatedAt: now,
     version: 0,
-    nodes: m.labels.map((label, i) => ({ id: nodeId(m.id, i), label, state: 'requested' })),
+    nodes: labels.map((label, i) => ({ id: nodeId(m.id, i), label, state: 'requested' })),
   };
 }
 
-/** What tells a redelivery (same hash) from a reuse of the request id with another body. */
+/**
+ * What tells a redelivery (same hash) from a reuse of the request id with another body. A request by
+ * shape hashes its shapes, not the labels chosen for them: every delivery of it hashes the same.
+ */
 export function requestBodyHash(
-  m: Pick<RequestMessage, 'labels' | 'requestor' | 'priority' | 'expected-duration'>,
+  m: Pick<RequestMessage, 'labels' | 'shapes' | 'requestor' | 'priority' | 'expected-duration'>,
 ): string {
   return contentHash({
     labels: m.labels,
+    shapes: m.shapes,
     requestor: m.requestor,
     priority: m.priority,
     'expected-duration': m['expected-duration'],

@@ -51,9 +51,27 @@ export class Superseded extends BusyError {
   }
 }
 
+/**
+ * A request by shape whose stored record holds other labels than this delivery chose for its shapes: a
+ * concurrent first delivery chose differently and recorded first. This one gives back what it took and
+ * comes back later, when it reads the stored choice (shared/usecases/shapes.ts).
+ */
+export class ChoseOtherLabels extends BusyError {
+  constructor(readonly request: RequestRecord) {
+    super(
+      `request ${request.id} was recorded with other labels for its shapes by another delivery; retrying with those`,
+    );
+  }
+}
+
 /** What the stored request says about this delivery's work: it is someone else's to finish, or done. */
-export const isStoredVerdict = (err: unknown): err is AlreadyPlaced | IdReused | Superseded =>
-  err instanceof AlreadyPlaced || err instanceof IdReused || err instanceof Superseded;
+export const isStoredVerdict = (
+  err: unknown,
+): err is AlreadyPlaced | IdReused | Superseded | ChoseOtherLabels =>
+  err instanceof AlreadyPlaced ||
+  err instanceof IdReused ||
+  err instanceof Superseded ||
+  err instanceof ChoseOtherLabels;
 
 /**
  * What this delivery knows of the stored request: nothing yet (the warm path writes it once, at the
@@ -175,6 +193,7 @@ export class Recording {
     if (existing.bodyHash === CANCELLED_BEFORE_RECEIVED) throw new AlreadyPlaced(existing);
     if (existing.bodyHash !== this.fresh.bodyHash) throw new IdReused(existing, this.fresh);
     if (existing.state !== 'requested') throw new AlreadyPlaced(existing);
+    if (existing.labels.join('\n') !== this.fresh.labels.join('\n')) throw new ChoseOtherLabels(existing);
     if (existing.placer !== undefined && supersedes(existing.placer, this.owner))
       throw new Superseded(existing);
     return existing;

@@ -15,6 +15,7 @@ import { markNodesReady } from './nodesReady.ts';
 import { type Placement, placeNode } from './placement.ts';
 import { AlreadyPlaced, isStoredVerdict, Recording } from './recording.ts';
 import { failRequest, recordFailure, requestSettled } from './requests.ts';
+import { labelsFor } from './shapes.ts';
 import { waitingRequests } from './waiting.ts';
 
 export type RequestOutcome =
@@ -44,10 +45,11 @@ export async function requestNodes(
   m: RequestMessage,
   delivery?: DeliveryOf,
 ): Promise<RequestOutcome> {
+  const labels = await labelsFor(ctx, m);
   const now = ctx.clock.now();
-  const fresh = requestedRecord(m, now);
+  const fresh = requestedRecord(m, now, labels.ok ? labels.labels : []);
   const bodyHash = fresh.bodyHash;
-  const choice = eligiblePools(ctx.config, m.labels);
+  const choice = labels.ok ? eligiblePools(ctx.config, labels.labels) : labels;
   if (!choice.ok) {
     const recorded = await recordFailure(ctx, fresh, choice.reason);
     // Recorded waiting before the configuration lost its labels: it can never be placed now, so it ends

@@ -93,7 +93,8 @@ export function requestMessageOf(r: RequestRecord): RequestMessage {
   return {
     kind: 'request',
     id: r.id,
-    labels: r.labels,
+    // A request by shape is sent by shape again: the stored labels chosen for it are adopted.
+    ...(r.shapes === undefined ? { labels: r.labels } : { shapes: r.shapes }),
     ...(r.requestor === undefined ? {} : { requestor: r.requestor }),
     ...(r.priority === undefined ? {} : { priority: r.priority }),
     ...(r.expectedDuration === undefined ? {} : { 'expected-duration': r.expectedDuration }),

@@ -120,7 +120,7 @@ describe('the bounds', () => {
     const message = RequestMessage.parse({ kind: 'request', id, labels, requestor: wide(256), priority: 1 });
     return {
       id: message.id,
-      labels: message.labels,
+      labels: message.labels ?? [],
       requestor: message.requestor,
       priority: message.priority,
       bodyHash: 'h'.repeat(32),
