@@ -36,6 +36,7 @@ export function requestJson(r: RequestRecord) {
     id: r.id,
     state: r.state,
     labels: r.labels,
+    ...(r.shapes ? { shapes: r.shapes } : {}),
     nodes: r.nodes.map(nodeJson),
     ...(r.reason ? { reason: r.reason } : {}),
   };

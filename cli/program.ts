@@ -84,8 +84,20 @@ export function buildProgram(): Command {
 
   program
     .command('request')
-    .description('request one node per LABEL (several labels form a node set, served all-or-nothing)')
-    .argument('<labels...>', 'labels to request')
+    .description(
+      'request one node per LABEL (several labels form a node set, served all-or-nothing), or nodes by shape (--cores, --memory, --disk)',
+    )
+    .argument('[labels...]', 'labels to request (or give a shape instead)')
+    .option('--cores <n>', 'by shape: cores each node needs', (v) => {
+      const n = Number(v);
+      if (!Number.isFinite(n) || n <= 0) throw new InvalidArgumentError('--cores must be a number > 0');
+      return n;
+    })
+    .option('--memory <size>', 'by shape: memory each node needs ("4GiB")')
+    .option('--disk <size>', 'by shape: disk each node needs ("20GiB")')
+    .option('--count <n>', 'by shape: how many nodes of that shape, served together (default: 1)', (v) =>
+      Number(v),
+    )
     .option('--id <id>', 'request id (default: generated); re-sending the same id never allocates twice')
     .option('--requestor <name>', 'who asks (recorded with the request)', 'cli')
     .option('--priority <n>', 'request priority', (v) => Number.parseInt(v, 10))
@@ -200,7 +212,12 @@ export function buildProgram(): Command {
     .command('validate')
     .description('check a configuration file; prints every error with its YAML path')
     .argument('<file>', 'the YAML configuration')
-    .option('--json', 'print the errors as JSON')
+    .option(
+      '--shape <shape>',
+      'check that a request by this shape (cores=2,memory=4GiB) can be served, and by which label; repeatable',
+      (v: string, all: string[] = []) => [...all, v],
+    )
+    .option('--json', "print the errors, the labels' slot shapes and the checked shapes as JSON")
     .action(async (file: string, opts) => {
       const { validate } = await import('./commands/config.ts');
       await validate(file, opts);

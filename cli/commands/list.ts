@@ -1,4 +1,6 @@
+import { shapeOf } from '../../shared/core/messages.ts';
 import { isSpareRequestId } from '../../shared/core/minReady.ts';
+import { describeShape } from '../../shared/core/shapes.ts';
 import { connect, type Target } from '../client.ts';
 import { ago, backingJson, nodeJson, requestJson, requestOfNode, table } from '../format.ts';
 import { isLive, nodeSummary, print, printJson } from '../output.ts';
@@ -49,7 +51,8 @@ export async function list(
           shown.map((r) => [
             r.id,
             r.state,
-            r.labels.join(','),
+            r.labels.join(',') ||
+              (r.shapes ? `by shape: ${r.shapes.map((x) => describeShape(shapeOf(x))).join('; ')}` : ''),
             nodeSummary(r),
             ago(r.createdAt, now),
             r.reason,

@@ -14,6 +14,11 @@ export interface RequestOptions {
   readonly requestor: string;
   readonly priority?: number;
   readonly expectedDuration?: number;
+  /** By shape, instead of labels: what each of `count` nodes needs. */
+  readonly cores?: number;
+  readonly memory?: string;
+  readonly disk?: string;
+  readonly count?: number;
   readonly wait?: boolean;
   readonly timeout: number;
   readonly json?: boolean;
@@ -22,16 +27,35 @@ export interface RequestOptions {
 /** `metastatic request LABEL...`: sends a request message; with --wait, follows it to its end. */
 export async function request(target: Target, labels: string[], opts: RequestOptions): Promise<void> {
   const id = opts.id ?? `req-${Date.now().toString(36)}-${randomBytes(3).toString('hex')}`;
+  const shaped = opts.cores !== undefined || opts.memory !== undefined || opts.disk !== undefined;
+  if (shaped && labels.length > 0)
+    throw new CliError('give labels or a shape (--cores, --memory, --disk), not both', 2);
+  if (!shaped && labels.length === 0)
+    throw new CliError('give the labels to request, or a shape (--cores, --memory, --disk)', 2);
+  const count = opts.count ?? 1;
+  if (!Number.isInteger(count) || count < 1 || count > MAX_NODE_SET)
+    throw new CliError(`--count must be a whole number from 1 to ${MAX_NODE_SET}`, 2);
+  const shape = {
+    ...(opts.cores === undefined ? {} : { cores: opts.cores }),
+    ...(opts.memory === undefined ? {} : { memory: opts.memory }),
+    ...(opts.disk === undefined ? {} : { disk: opts.disk }),
+  };
   const parsed = RequestMessage.safeParse({
     kind: 'request',
     id,
-    labels,
+    ...(shaped ? { shapes: Array.from({ length: count }, () => shape) } : { labels }),
     requestor: opts.requestor,
     priority: opts.priority,
     ...(opts.expectedDuration === undefined ? {} : { 'expected-duration': opts.expectedDuration }),
   });
   if (!parsed.success) {
-    throw new CliError(parsed.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`).join('\n'), 2);
+    // A shape's issues name the option that set it: `shapes.0.memory` is --memory.
+    const where = (path: PropertyKey[]) =>
+      path[0] === 'shapes' && typeof path[2] === 'string' ? `--${path[2]}` : path.join('.');
+    throw new CliError(
+      [...new Set(parsed.error.issues.map((i) => `${where(i.path)}: ${i.message}`))].join('\n'),
+      2,
+    );
   }
   if (labels.length > MAX_NODE_SET) throw new CliError(`at most ${MAX_NODE_SET} labels per request`, 2);
   const client = await connect(target);
@@ -39,14 +63,16 @@ export async function request(target: Target, labels: string[], opts: RequestOpt
     await client.send(parsed.data);
     if (!opts.wait) {
       const r = await client.store.getRequest(id);
-      const shown = r ? requestJson(r) : { id, state: 'requested', labels, nodes: [] };
+      const shown = r ? requestJson(r) : { id, state: 'requested', ...sent(parsed.data), nodes: [] };
       if (opts.json) printJson(shown);
       else print(`request ${id} sent (${shown.state}); follow it with: metastatic list requests`);
       return;
     }
     const r = await waitForRequest(client.store, id, opts.timeout);
     if (opts.json)
-      printJson(r ? requestJson(r) : { id, state: 'requested', labels, nodes: [], reason: 'timed out' });
+      printJson(
+        r ? requestJson(r) : { id, state: 'requested', ...sent(parsed.data), nodes: [], reason: 'timed out' },
+      );
     else if (r) printRequest(r);
     if (r?.state !== 'fulfilled') {
       const why =
@@ -62,6 +88,11 @@ export async function request(target: Target, labels: string[], opts: RequestOpt
   } finally {
     client.close();
   }
+}
+
+/** What a request not recorded yet asked for, as `list requests --json` shows it. */
+function sent(m: RequestMessage): { labels: string[]; shapes?: RequestMessage['shapes'] } {
+  return m.shapes ? { labels: [], shapes: m.shapes } : { labels: m.labels ?? [] };
 }
 
 /** Follows a request until it ends or the timeout passes, with a progress line on stderr. */

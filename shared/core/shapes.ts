@@ -171,13 +171,6 @@ function noFitReason(
   return `no pool has labels that fit all ${shapes.length} shapes together; ${what}`;
 }
 
-/** How a label's slot shape and cost per slot-hour read in `validate` and `status`. */
-export function slotSummary(label: MetastaticLabel): string {
-  const cost =
-    label.slotHourlyCost === undefined ? 'cost unknown' : `${formatCost(label.slotHourlyCost)}/slot-hour`;
-  return label.slot === undefined ? 'no slot shape' : `${describeShape(label.slot)}; ${cost}`;
-}
-
 /** A cost per hour, in the configuration's currency unit, to 4 decimals at most. */
 export function formatCost(cost: number): string {
   return `${+cost.toFixed(4)}`;

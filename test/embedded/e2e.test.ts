@@ -124,6 +124,28 @@ describe('metastatic CLI end to end (a new user’s session)', { timeout: 180_00
     expect(all.map((b: { state: string }) => b.state)).toEqual(['stopped', 'stopped']);
   });
 
+  it('requests a node by shape: the label whose slot fits is chosen and recorded', async () => {
+    const r = await cli(withState(['request', '--cores', '1', '--memory', '1GiB', '--wait', '--json']));
+    expect(r.code, r.stderr + devOutput()).toBe(0);
+    const request = JSON.parse(r.stdout);
+    expect(request).toMatchObject({
+      state: 'fulfilled',
+      labels: ['small-node'],
+      shapes: [{ cores: 1, memory: '1GiB' }],
+    });
+    expect(request.nodes[0].label).toBe('small-node');
+    expect((await cli(withState(['release', request.nodes[0].id]))).code).toBe(0);
+    const tooBig = await cli(withState(['request', '--cores', '4', '--wait', '--json', '--timeout', '30']));
+    expect(tooBig.code).toBe(1);
+    expect(JSON.parse(tooBig.stdout).reason).toContain("no label's slot fits shape 1 (4 cores)");
+    const both = await cli(withState(['request', 'small-node', '--cores', '1']));
+    expect(both.code).toBe(2);
+    expect(both.stderr).toContain('give labels or a shape (--cores, --memory, --disk), not both');
+    const badSize = await cli(withState(['request', '--memory', '4 gigs']));
+    expect(badSize.code).toBe(2);
+    expect(badSize.stderr).toContain('--memory: must be a size with a unit');
+  });
+
   it('cancels a request by id: one not received yet ends cancelled; a fulfilled one is refused (exit 1)', async () => {
     const early = await cli(withState(['cancel', 'never-sent', '--reason', 'changed my mind', '--json']));
     expect(early.code, early.stderr + devOutput()).toBe(0);
@@ -199,6 +221,34 @@ describe('metastatic CLI without a running pool', { timeout: 180_000 }, () => {
     );
     const asJson = JSON.parse((await cli(['validate', minReady, '--json'])).stdout);
     expect(asJson).toMatchObject({ valid: true, warnings: [{ path: 'labels[0].min-ready' }] });
+    // Shapes: which label a request by each would get, and which none can serve (exit 1).
+    const shapes = await cli([
+      'validate',
+      join(root, 'examples', 'local.yaml'),
+      '--shape',
+      'cores=1,memory=2GiB',
+      '--shape',
+      'cores=8',
+      '--json',
+    ]);
+    expect(shapes.code).toBe(1);
+    expect(JSON.parse(shapes.stdout)).toMatchObject({
+      valid: true,
+      labels: [
+        { pool: 'meta/main', label: 'small-node', slot: { cores: 1, memory: '2GiB' }, slotHourlyCost: 0.1 },
+      ],
+      shapes: [
+        { shape: 'cores=1,memory=2GiB', label: 'small-node', slotHourlyCost: 0.1 },
+        {
+          shape: 'cores=8',
+          label: null,
+          reason: expect.stringContaining("no label's slot fits shape 1 (8 cores)"),
+        },
+      ],
+    });
+    const badShape = await cli(['validate', join(root, 'examples', 'local.yaml'), '--shape', 'cores']);
+    expect(badShape.code).toBe(2);
+    expect(badShape.stderr).toContain('--shape cores: expected key=value pairs');
     await rm(dir, { recursive: true, force: true });
   });
 
@@ -216,5 +266,6 @@ describe('metastatic CLI without a running pool', { timeout: 180_000 }, () => {
     const help = await cli(['request', '--help']);
     expect(help.code).toBe(0);
     expect(help.stdout).toContain('--wait');
+    expect(help.stdout).toContain('--cores');
   });
 });
