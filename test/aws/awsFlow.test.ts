@@ -201,6 +201,27 @@ describe('the whole flow against a stateful fake EC2', () => {
     expect((await p.ctx.store.getBacking(warm?.nodes[0]?.backingNodeId as string))?.used).toBe(1);
   });
 
+  it('serves requests by shape from the instance types the label launches: a slot is the instance / max-parallel-jobs', async () => {
+    const p = await pool();
+    // small: m7g.2xlarge or m6g.2xlarge (8 vCPUs, 32 GiB) in 2 slots = 4 cores, 16 GiB each.
+    const shaped = (id: string, shape: object) => JSON.stringify({ kind: 'request', id, shapes: [shape] });
+    const out = await p.request(
+      sqsEvent([
+        shaped('fits', { cores: 4, memory: '16GiB' }),
+        shaped('too-big', { cores: 4, memory: '17GiB' }),
+      ]),
+    );
+    expect(out.batchItemFailures).toEqual([]); // the one nothing fits fails alone, recorded
+    expect(p.ec2.live()).toHaveLength(1);
+    await p.ec2.advance(30_000);
+    await p.deliver();
+    expect(await p.ctx.store.getRequest('fits')).toMatchObject({ state: 'fulfilled', labels: ['small'] });
+    const tooBig = await p.ctx.store.getRequest('too-big');
+    expect(tooBig?.state).toBe('failed');
+    expect(tooBig?.reason).toContain("no label's slot fits shape 1 (4 cores, 17GiB memory)");
+    expect(tooBig?.reason).toContain('"small" (4 cores, 16GiB memory)');
+  });
+
   it('never launches twice for a redelivered message', async () => {
     const p = await pool();
     await p.request(sqsEvent([req('dup')]));
