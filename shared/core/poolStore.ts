@@ -1,3 +1,4 @@
+import type { DurationEstimate } from './estimates.ts';
 import type { BackingRecord, Claim, RequestRecord } from './records.ts';
 import type { BackingState } from './states.ts';
 
@@ -95,6 +96,15 @@ export interface PoolStore {
   freeBackingPlace(backingPoolKey: string, backingId: string, owner?: string): Promise<void>;
   backingPlaces(backingPoolKey: string): Promise<Map<string, string>>;
   recoverBackingPlaces(backingPoolKey: string, before: number): Promise<number>;
+
+  // ---- learned duration estimates (core/estimates.ts)
+  /** The label's estimate, or one requestor's for the label; undefined when none is learned yet. */
+  getEstimate(label: string, requestor?: string): Promise<DurationEstimate | undefined>;
+  /**
+   * Writes an estimate if the stored one is still the one it was made from (version - 1; none for
+   * version 1); false when another writer got there first.
+   */
+  putEstimate(estimate: DurationEstimate): Promise<boolean>;
 
   // ---- min-ready seats (core/minReady.ts)
   /** The generation of each seat of a label's min-ready that has moved on (seat -> generation; absent = 0). */

@@ -14,6 +14,7 @@ import {
 import { unmarshall } from '@aws-sdk/util-dynamodb';
 import { type Clock, systemClock } from '../core/clock.ts';
 import { ConflictError, ItemTooLargeError, LostWriteError } from '../core/errors.ts';
+import { DurationEstimate } from '../core/estimates.ts';
 import type {
   BackingExpectation,
   BackingPhase,
@@ -410,6 +411,41 @@ export class DynamoStore implements PoolStore {
       if (n > 0) moved.set(key.pk, n);
     }
     return moved;
+  }
+
+  // ---- learned duration estimates -----------------------------------------------------------------
+
+  async getEstimate(label: string, requestor?: string): Promise<DurationEstimate | undefined> {
+    const out = await this.doc.send(
+      new GetCommand({
+        TableName: this.tableName,
+        Key: keys.estimate(label, requestor),
+        ConsistentRead: true,
+      }),
+    );
+    return out.Item ? DurationEstimate.parse(out.Item) : undefined;
+  }
+
+  async putEstimate(e: DurationEstimate): Promise<boolean> {
+    try {
+      await this.doc.send(
+        new PutCommand({
+          TableName: this.tableName,
+          Item: { ...keys.estimate(e.label, e.requestor), type: 'estimate', ...e },
+          ConditionExpression: e.version === 1 ? conditions.itemDoesNotExist : '#version = :read',
+          ...(e.version === 1
+            ? {}
+            : {
+                ExpressionAttributeNames: { '#version': 'version' },
+                ExpressionAttributeValues: { ':read': e.version - 1 },
+              }),
+        }),
+      );
+      return true;
+    } catch (err) {
+      if (err instanceof ConditionalCheckFailedException) return false;
+      throw err;
+    }
   }
 
   // ---- min-ready seats ----------------------------------------------------------------------------

@@ -11,6 +11,8 @@ import type { BackingRecord, RequestRecord } from '../core/records.ts';
  *   RESOURCE#<resourceId>           RESOURCE  which backing node records this provider resource (the fulfil
  *                                             function's look-up of an EC2 event's instance, before any EC2 call)
  *   SEATS#<label>                   SEAT#<n>  a min-ready seat: the generation of its spare (core/minReady.ts)
+ *   ESTIMATE#<label>                ALL       the label's learned duration estimate (core/estimates.ts)
+ *   ESTIMATE#<label>                REQUESTOR#<requestor>  the same, for one requestor's nodes of the label
  * Sparse indexes (attributes present only when the item belongs in them):
  *   free (fpk, fsk): backing nodes that can take a node, per pool and label, fullest then oldest first
  *   reap (rpk, rsk): IDLE (empty), LAUNCHING (by launch time), ACTIVE (ready, in use), RETIRING and
@@ -31,6 +33,11 @@ export const keys = {
   seat: (label: string, seat: number) => ({
     pk: `SEATS#${label}`,
     sk: `SEAT#${String(seat).padStart(5, '0')}`,
+  }),
+  /** A learned duration estimate: the label's, or one requestor's for the label (core/estimates.ts). */
+  estimate: (label: string, requestor?: string) => ({
+    pk: `ESTIMATE#${label}`,
+    sk: requestor === undefined ? 'ALL' : `REQUESTOR#${requestor}`,
   }),
 } as const;
 

@@ -27,6 +27,12 @@ export interface Context {
    */
   readonly placementPolicy?: 'fullest' | 'oldest';
   /**
+   * Whether a node whose request gave no `expected-duration` is placed by the duration the pool learned
+   * for its label and requestor (shared/usecases/estimates.ts). Default true; `npm run cost` turns it off
+   * to measure the policies without it. Durations are learned either way.
+   */
+  readonly learnedDurations?: boolean;
+  /**
    * The invocation's time (set per invocation by the handlers, from Lambda's remaining time or, in the
    * embedded pool, the delivery deadline): checks and placements end before it. Unset (a use case called
    * directly, the CLI): no bound but the use cases' own (DELIVERY_DEADLINE_MS, boot-timeout).

@@ -6,6 +6,7 @@ import { withNodes } from '../core/request.ts';
 import { giveBackRoom } from './backingNodes.ts';
 import { retryOnConflict } from './conflicts.ts';
 import { type Context, emit } from './context.ts';
+import { learnDuration } from './estimates.ts';
 import { endSpareOf } from './minReady.ts';
 import { failRequest, requestSettled } from './requests.ts';
 
@@ -76,6 +77,8 @@ export async function releaseNode(ctx: Context, id: string, force = false): Prom
     });
   }
   if (already) return { kind: 'already-released', node };
+  // How long it was kept teaches the estimate for nodes of its label without a hint (best effort).
+  await learnDuration(ctx, request, node);
   return { kind: 'released', node, ...(request.poolKey ? { poolKey: request.poolKey } : {}) };
 }
 

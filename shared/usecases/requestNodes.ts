@@ -9,6 +9,7 @@ import type { NodeRecord, RequestRecord } from '../core/records.ts';
 import { placedNode, placedRequest, requestedRecord } from '../core/request.ts';
 import { giveBackSlot } from './backingNodes.ts';
 import { type Context, deliveryDead } from './context.ts';
+import { learnedSeconds } from './estimates.ts';
 import { failBadBacking } from './failure.ts';
 import { returnSpare, takeSpare } from './minReady.ts';
 import { markNodesReady } from './nodesReady.ts';
@@ -113,14 +114,13 @@ async function tryPool(ctx: Context, pool: MetastaticPool, recording: Recording)
     }
   }
   const placements = new Map<number, Placement>();
-  const duration = recording.base.expectedDuration;
-  const expectedMs = duration === undefined ? undefined : duration * 1000;
   let winner: RequestRecord | undefined;
   try {
     for (const [i, node] of recording.base.nodes.entries()) {
       if (spares.has(i)) continue;
       const label = pool.labels.get(node.label);
       if (!label) throw new Error(`pool ${pool.key} lost label ${node.label}`);
+      const expectedMs = await expectedMsOf(ctx, recording.base, node.label);
       placements.set(
         i,
         await placeNode(ctx, pool, label, node.id, {
@@ -325,6 +325,18 @@ async function recheckPending(ctx: Context, request: RequestRecord): Promise<voi
     const b = await ctx.store.getBacking(id);
     if (b?.state === 'ready') await markNodesReady(ctx, b, failBadBacking);
   }
+}
+
+/**
+ * How long a node is expected to be kept (ms): its request's `expected-duration`, else what the pool
+ * learned of its label's (and requestor's) nodes (shared/usecases/estimates.ts), else unknown. The pool's
+ * own min-ready requests have no end.
+ */
+async function expectedMsOf(ctx: Context, r: RequestRecord, label: string): Promise<number | undefined> {
+  if (r.expectedDuration !== undefined) return r.expectedDuration * 1000;
+  if (isSpareRequestId(r.id) || ctx.learnedDurations === false) return undefined;
+  const learned = await learnedSeconds(ctx, label, r.requestor);
+  return learned === undefined ? undefined : learned * 1000;
 }
 
 /** The request's nodes on the places this delivery took and the spares it took, in order. */

@@ -2,6 +2,7 @@ import { CreateTableCommand, DynamoDBClient } from '@aws-sdk/client-dynamodb';
 import { DynamoDBDocumentClient, PutCommand } from '@aws-sdk/lib-dynamodb';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { ConflictError } from '../../shared/core/errors.ts';
+import { withDuration } from '../../shared/core/estimates.ts';
 import type { BackingPhase } from '../../shared/core/poolStore.ts';
 import type { BackingRecord, RequestRecord } from '../../shared/core/records.ts';
 import { startDynalite } from '../../shared/runtime/engines.ts';
@@ -283,6 +284,24 @@ function conformance(start: () => Promise<Engine>): () => void {
         await store.createBacking(backing('b1'));
         expect((await store.listRequests()).map((r) => r.id).sort()).toEqual(['r1', 'r2']);
         expect((await store.listBacking()).map((b) => b.id)).toEqual(['b1']);
+      });
+    });
+
+    describe('duration estimates', () => {
+      it('writes an estimate only from the version it was made from, per label and per requestor', async () => {
+        const first = withDuration(undefined, { label: 'small' }, 60, 1_000);
+        expect(await store.getEstimate('small')).toBeUndefined();
+        expect(await store.putEstimate(first)).toBe(true);
+        expect(await store.putEstimate(first)).toBe(false); // version 1 exists already
+        const second = withDuration(first, { label: 'small' }, 240, 2_000);
+        expect(await store.putEstimate(second)).toBe(true);
+        expect(await store.putEstimate(withDuration(first, { label: 'small' }, 30, 3_000))).toBe(false); // stale
+        expect(await store.getEstimate('small')).toEqual(second);
+        const own = withDuration(undefined, { label: 'small', requestor: 'ci' }, 10, 4_000);
+        expect(await store.putEstimate(own)).toBe(true);
+        expect(await store.getEstimate('small', 'ci')).toEqual(own);
+        expect(await store.getEstimate('small')).toEqual(second); // separate items
+        expect(await store.listRequests()).toEqual([]);
       });
     });
 

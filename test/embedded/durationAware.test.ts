@@ -14,12 +14,13 @@ afterEach(async () => {
   h = undefined;
 });
 
-async function place(harness: Harness, id: string, seconds?: number): Promise<string> {
+async function place(harness: Harness, id: string, seconds?: number, requestor?: string): Promise<string> {
   await harness.send({
     kind: 'request',
     id,
     labels: ['small-node'],
     ...(seconds === undefined ? {} : { 'expected-duration': seconds }),
+    ...(requestor === undefined ? {} : { requestor }),
   });
   await harness.drainRequests();
   await harness.fulfilUntil(
@@ -44,6 +45,46 @@ describe('duration-aware placement', () => {
     expect(Object.keys(recorded?.ends ?? {}).sort()).toEqual(['0', '1']);
     await releaseNode(ctx, 'short-2/0');
     expect(await place(h, 'plain')).toBe(longs); // no hint: fullest first, then the oldest
+  });
+
+  it('learns how long each requestor keeps its nodes and places a request without a hint by it', async () => {
+    h = await startHarness(baseConfig({ slots: 2 }));
+    const ctx = h.pool.context;
+    // Three nodes each: `quick` keeps its nodes a minute, `slow` an hour.
+    for (const [requestor, seconds] of [
+      ['quick', 60],
+      ['slow', 3600],
+    ] as const) {
+      for (let i = 0; i < 3; i++) {
+        await place(h, `${requestor}-teach-${i}`, undefined, requestor);
+        h.clock.advance(seconds * 1000);
+        await releaseNode(ctx, `${requestor}-teach-${i}/0`);
+      }
+    }
+    const quick = await ctx.store.getEstimate('small-node', 'quick');
+    expect(quick?.samples).toBe(3);
+    expect(Math.exp(quick?.logSeconds ?? 0)).toBeCloseTo(60, 6);
+    expect((await ctx.store.getEstimate('small-node'))?.samples).toBe(6);
+    h.clock.advance(120_000); // past the estimate cache: the next placements read what was learned
+
+    // As the hinted test above, with no hint: slow nodes fill the older backing node, a quick one the next.
+    const slows = await place(h, 'slow-1', undefined, 'slow');
+    expect(await place(h, 'slow-2', undefined, 'slow')).toBe(slows);
+    h.clock.advance(1_000);
+    const quicks = await place(h, 'quick-1', undefined, 'quick');
+    expect(quicks).not.toBe(slows);
+    await releaseNode(ctx, 'slow-2/0');
+    // One free slot on each: by age alone the older (slows) would take it; by what was learned, quicks.
+    expect(await place(h, 'quick-2', undefined, 'quick')).toBe(quicks);
+  });
+
+  it('learns every duration of concurrent releases: the estimate is written from the version it read', async () => {
+    h = await startHarness(baseConfig({ slots: 3 }));
+    const ctx = h.pool.context;
+    for (const id of ['a', 'b', 'c']) await place(h, id);
+    h.clock.advance(600_000);
+    await Promise.all(['a/0', 'b/0', 'c/0'].map((id) => releaseNode(ctx, id)));
+    expect(await ctx.store.getEstimate('small-node')).toMatchObject({ samples: 3, version: 3 });
   });
 
   it('refuses an expected duration that is not a positive number of seconds within a week', async () => {

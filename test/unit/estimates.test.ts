@@ -1,0 +1,53 @@
+import { describe, expect, it } from 'vitest';
+import {
+  type DurationEstimate,
+  ESTIMATE_MIN_SAMPLES,
+  estimatedSeconds,
+  keptSeconds,
+  LEARNING_RATE,
+  MAX_STEP_FACTOR,
+  withDuration,
+} from '../../shared/core/estimates.ts';
+
+/** Learned duration estimates (issue 15, part 2): a robust running log-mean per label and requestor. */
+
+const learn = (durations: number[], key: { label: string; requestor?: string } = { label: 'small' }) =>
+  durations.reduce<DurationEstimate | undefined>(
+    (e, d, i) => withDuration(e, key, d, i),
+    undefined,
+  ) as DurationEstimate;
+
+describe('duration estimates', () => {
+  it('starts as the geometric mean of the first durations', () => {
+    const e = learn([60, 240]);
+    expect(Math.exp(e.logSeconds)).toBeCloseTo(120, 9);
+    expect(e).toMatchObject({ label: 'small', samples: 2, version: 2 });
+  });
+
+  it('is moved at most x2 by one outlier once it is used, and follows a lasting change', () => {
+    const steady = learn(Array(20).fill(600));
+    const hung = withDuration(steady, { label: 'small' }, 86_400, 99);
+    const moved = Math.exp(hung.logSeconds) / 600;
+    expect(moved).toBeGreaterThan(1);
+    expect(moved).toBeLessThanOrEqual(MAX_STEP_FACTOR ** Math.max(LEARNING_RATE, 1 / 21) + 1e-9);
+    // Jobs that now take 10x longer: the estimate gets there within ~100 releases.
+    const changed = learn([...Array(20).fill(600), ...Array(100).fill(6000)]);
+    expect(Math.exp(changed.logSeconds)).toBeGreaterThan(5000);
+  });
+
+  it("prefers the requestor's own estimate once it has enough durations, else the label's", () => {
+    const label = learn([600, 600, 600]);
+    const few = learn([60, 60], { label: 'small', requestor: 'ci' });
+    const enough = learn([60, 60, 60], { label: 'small', requestor: 'ci' });
+    expect(estimatedSeconds(label, few)).toBeCloseTo(600, 6);
+    expect(estimatedSeconds(label, enough)).toBeCloseTo(60, 6);
+    expect(estimatedSeconds(learn([600, 600]), undefined)).toBeUndefined(); // fewer than ESTIMATE_MIN_SAMPLES
+    expect(ESTIMATE_MIN_SAMPLES).toBe(3);
+  });
+
+  it('measures a node from ready to released; a node never ready teaches nothing', () => {
+    expect(keptSeconds({ readyAt: 1_000, releasedAt: 61_000 })).toBe(60);
+    expect(keptSeconds({ releasedAt: 61_000 })).toBeUndefined();
+    expect(keptSeconds({ readyAt: 5_000, releasedAt: 5_000 })).toBeUndefined();
+  });
+});
