@@ -159,6 +159,7 @@ async function main(): Promise<void> {
     add(trace, 'oldest', { ...base, policy: 'oldest' }, true);
     add(trace, 'duration-exact', { ...base, policy: 'fullest', hints: 'exact' }, true);
     add(trace, 'duration-noisy', { ...base, policy: 'fullest', hints: 'noisy' }, true);
+    add(trace, 'duration-learned', { ...base, policy: 'fullest', learned: true }, true);
   }
   const graceKey = (g: number, m: number) => `fullest grace ${g} min-ret ${m}`;
   if (graceTrace !== undefined) {
@@ -181,7 +182,7 @@ async function main(): Promise<void> {
     const f = figures.get(run.trace) as TraceFigures;
     f.runs.set(run.what, result);
     // The reference model knows fullest first and oldest first only: duration-aware runs are not checked.
-    const checked = run.task.options.hints === undefined;
+    const checked = run.task.options.hints === undefined && run.task.options.learned !== true;
     const m = model(run.task.trace, run.task.options);
     const agrees =
       !checked ||
@@ -201,7 +202,9 @@ async function main(): Promise<void> {
         `${result.dynamodbCalls} DynamoDB calls (${(result.dynamodbCalls / run.task.trace.jobs.length).toFixed(1)}/job, ` +
         `${perCall.toFixed(2)} ms each); reference model ${checked ? (agrees ? 'agrees' : `DISAGREES (${modelChecks.at(-1)?.detail})`) : 'not applicable'}`,
     );
-    const complete = ['fullest', 'oldest', 'duration-exact', 'duration-noisy'].every((k) => f.runs.has(k));
+    const complete = ['fullest', 'oldest', 'duration-exact', 'duration-noisy', 'duration-learned'].every((k) =>
+      f.runs.has(k),
+    );
     if (!reported.has(run.trace) && complete) {
       reported.add(run.trace);
       console.log(`\n${traceTable(f, base)}\n`);
@@ -397,6 +400,7 @@ function traceTable(f: TraceFigures, o: SimOptions): string {
   const oldest = f.runs.get('oldest') as PolicyResult;
   const exact = f.runs.get('duration-exact') as PolicyResult;
   const noisy = f.runs.get('duration-noisy') as PolicyResult;
+  const learned = f.runs.get('duration-learned') as PolicyResult;
   const n = f.trace.jobs.length;
   const row = (name: string, r: PolicyResult) => [
     name,
@@ -419,14 +423,16 @@ function traceTable(f: TraceFigures, o: SimOptions): string {
         ['(d) lower bound', hours(bound), ratio(1), '-', '-', '-', '-'],
         row('(e) duration-aware, exact hints', exact),
         row('(f) duration-aware, noisy hints (x0.5-2)', noisy),
+        row('(g) duration-aware, learned (no hints)', learned),
       ],
     ),
-    `(e) / (b): ${ratio(exact.instanceSeconds / oldest.instanceSeconds)} instance-hours, ${ratio(exact.waitS.mean / oldest.waitS.mean)} mean wait; (f) / (b): ${ratio(noisy.instanceSeconds / oldest.instanceSeconds)}, ${ratio(noisy.waitS.mean / oldest.waitS.mean)}`,
+    `(e) / (b): ${ratio(exact.instanceSeconds / oldest.instanceSeconds)} instance-hours, ${ratio(exact.waitS.mean / oldest.waitS.mean)} mean wait; (f) / (b): ${ratio(noisy.instanceSeconds / oldest.instanceSeconds)}, ${ratio(noisy.waitS.mean / oldest.waitS.mean)}; (g) / (b): ${ratio(learned.instanceSeconds / oldest.instanceSeconds)}, ${ratio(learned.waitS.mean / oldest.waitS.mean)}`,
     ...[
       ['(a)', fullest],
       ['(b)', oldest],
       ['(e)', exact],
       ['(f)', noisy],
+      ['(g)', learned],
     ].map(([name, r]) => `${name} over (d): ${gapText(r as PolicyResult, bound)}`),
     `(b) placements that found >= 10 backing nodes with a free slot (oldest-first then holds only among the 10 fullest, see Context.placementPolicy): ${oldest.fullCandidatePages} of ${n}`,
     `(c) with instances 1/${o.slots} the size (price in proportion): ${hours(rightSized)} backing-node-hours, ${ratio(rightSized / bound)} x (d) (another machine: not bound by (d))`,
@@ -489,6 +495,7 @@ function svgOf(f: TraceFigures, o: SimOptions): string {
       panel('(c) one instance per job', f.perJob),
       panel('(e) duration-aware, exact hints', f.runs.get('duration-exact') as PolicyResult),
       panel('(f) duration-aware, noisy hints', f.runs.get('duration-noisy') as PolicyResult),
+      panel('(g) duration-aware, learned', f.runs.get('duration-learned') as PolicyResult),
     ],
   });
 }
@@ -508,6 +515,7 @@ function traceJson(f: TraceFigures, o: SimOptions) {
       oldest: policyJson(f.runs.get('oldest') as PolicyResult, bound),
       durationAwareExact: policyJson(f.runs.get('duration-exact') as PolicyResult, bound),
       durationAwareNoisy: policyJson(f.runs.get('duration-noisy') as PolicyResult, bound),
+      durationAwareLearned: policyJson(f.runs.get('duration-learned') as PolicyResult, bound),
       perJob: policyJson(f.perJob, bound),
       perJobRightSized: {
         backingNodeHours: round(f.perJob.instanceSeconds / o.slots / 3600, 4),

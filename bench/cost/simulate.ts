@@ -56,6 +56,11 @@ export interface SimOptions {
    * duration, or the duration times a factor drawn per job, log-uniform in [0.5, 2] (a rough estimate).
    */
   readonly hints?: 'exact' | 'noisy';
+  /**
+   * Requests without a hint are placed by the duration the pool learned for their label and requestor
+   * (Context.learnedDurations). Off in every other run, so fullest first is today's order without it.
+   */
+  readonly learned?: boolean;
 }
 
 /**
@@ -224,6 +229,7 @@ async function run(
     clock,
     log: silentLog,
     placementPolicy: o.policy,
+    learnedDurations: o.learned === true,
   };
 
   const tickMs = o.reaperTickS * 1000;
@@ -273,6 +279,7 @@ async function run(
           kind: 'request',
           id: requestIdOf(job),
           labels: [job.label],
+          ...(job.requestor === undefined ? {} : { requestor: job.requestor }),
           ...(hint === undefined ? {} : { 'expected-duration': hint }),
         });
         if (out.kind !== 'placed') {

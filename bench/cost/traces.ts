@@ -2,10 +2,12 @@
  * Request traces: what the simulator replays. A trace is a list of jobs, each asking for one node of a
  * label at an arrival time and keeping it for a duration once it is ready.
  *
- * CSV format (`--trace FILE`): a header line `arrival_s,duration_s,label`, then one job per line.
+ * CSV format (`--trace FILE`): a header line `arrival_s,duration_s,label` (optionally `,requestor`), then
+ * one job per line.
  *   arrival_s   seconds since the start of the trace (decimals allowed; millisecond resolution)
  *   duration_s  seconds the job runs once its node is ready (> 0)
  *   label       the metastatic label it asks for (may be left empty: `small`)
+ *   requestor   who asks (a CI job's name): the pool learns durations per label and requestor
  * Blank lines and lines starting with `#` are ignored; rows need not be sorted.
  */
 import { Rng } from './prng.ts';
@@ -17,6 +19,8 @@ export interface Job {
   readonly arrivalMs: number;
   readonly durationMs: number;
   readonly label: string;
+  /** Who asks (the request's `requestor`): durations are learned per requestor too. */
+  readonly requestor?: string;
 }
 
 export interface Trace {
@@ -28,12 +32,14 @@ export interface Trace {
 
 export const DEFAULT_LABEL = 'small';
 const HEADER = 'arrival_s,duration_s,label';
+const HEADER_WITH_REQUESTOR = `${HEADER},requestor`;
+type Row = { arrivalMs: number; durationMs: number; label: string; requestor?: string };
 
 /** Sorts by arrival (stable) and numbers the jobs. */
 export function makeTrace(
   name: string,
   source: string,
-  rows: readonly { arrivalMs: number; durationMs: number; label: string }[],
+  rows: readonly Row[],
 ): Trace {
   const sorted = rows.map((r, i) => ({ ...r, i })).sort((a, b) => a.arrivalMs - b.arrivalMs || a.i - b.i);
   return {
@@ -44,13 +50,14 @@ export function makeTrace(
       arrivalMs: r.arrivalMs,
       durationMs: r.durationMs,
       label: r.label,
+      ...(r.requestor ? { requestor: r.requestor } : {}),
     })),
   };
 }
 
 export function parseTraceCsv(text: string, name: string, source = name): Trace {
   const lines = text.split(/\r?\n/);
-  const rows: { arrivalMs: number; durationMs: number; label: string }[] = [];
+  const rows: Row[] = [];
   let headerSeen = false;
   lines.forEach((raw, i) => {
     const line = raw.trim();
@@ -58,13 +65,19 @@ export function parseTraceCsv(text: string, name: string, source = name): Trace 
     const where = `${source}:${i + 1}`;
     if (!headerSeen) {
       const cols = line.split(',').map((c) => c.trim());
-      if (cols[0] !== 'arrival_s' || cols[1] !== 'duration_s' || (cols[2] ?? 'label') !== 'label') {
-        throw new Error(`${where}: expected the header "${HEADER}", got "${line}"`);
+      if (
+        cols[0] !== 'arrival_s' ||
+        cols[1] !== 'duration_s' ||
+        (cols[2] ?? 'label') !== 'label' ||
+        (cols[3] ?? 'requestor') !== 'requestor' ||
+        cols.length > 4
+      ) {
+        throw new Error(`${where}: expected the header "${HEADER}" or "${HEADER_WITH_REQUESTOR}", got "${line}"`);
       }
       headerSeen = true;
       return;
     }
-    const [a = '', d = '', l = ''] = line.split(',').map((c) => c.trim());
+    const [a = '', d = '', l = '', who = ''] = line.split(',').map((c) => c.trim());
     const arrival = Number(a);
     const duration = Number(d);
     if (a === '' || !Number.isFinite(arrival) || arrival < 0) {
@@ -74,7 +87,12 @@ export function parseTraceCsv(text: string, name: string, source = name): Trace 
       throw new Error(`${where}: duration_s must be a number > 0, got "${d}"`);
     }
     const durationMs = Math.max(1, Math.round(duration * 1000));
-    rows.push({ arrivalMs: Math.round(arrival * 1000), durationMs, label: l === '' ? DEFAULT_LABEL : l });
+    rows.push({
+      arrivalMs: Math.round(arrival * 1000),
+      durationMs,
+      label: l === '' ? DEFAULT_LABEL : l,
+      ...(who === '' ? {} : { requestor: who }),
+    });
   });
   if (!headerSeen) throw new Error(`${source}: empty trace (expected the header "${HEADER}")`);
   if (rows.length === 0) throw new Error(`${source}: the trace has no jobs`);
@@ -82,9 +100,14 @@ export function parseTraceCsv(text: string, name: string, source = name): Trace 
 }
 
 export function formatTraceCsv(trace: Trace): string {
-  const lines = [`# ${trace.name}: ${trace.source}; ${trace.jobs.length} jobs`, HEADER];
+  const withRequestor = trace.jobs.some((j) => j.requestor !== undefined);
+  const lines = [
+    `# ${trace.name}: ${trace.source}; ${trace.jobs.length} jobs`,
+    withRequestor ? HEADER_WITH_REQUESTOR : HEADER,
+  ];
   for (const j of trace.jobs) {
-    lines.push(`${(j.arrivalMs / 1000).toFixed(3)},${(j.durationMs / 1000).toFixed(3)},${j.label}`);
+    const base = `${(j.arrivalMs / 1000).toFixed(3)},${(j.durationMs / 1000).toFixed(3)},${j.label}`;
+    lines.push(withRequestor ? `${base},${j.requestor ?? ''}` : base);
   }
   return `${lines.join('\n')}\n`;
 }

@@ -222,7 +222,7 @@ const REJECTED: readonly RejectedCase[] = [
   {
     name: 'labels missing',
     body: json({ kind: 'request', id: 'labels-missing' }),
-    reason: 'invalid request message: labels: is required',
+    reason: 'invalid request message: labels: a request needs "labels" or "shapes"',
     logged: true,
     recordedAs: 'labels-missing',
   },
@@ -264,7 +264,7 @@ const REJECTED: readonly RejectedCase[] = [
   {
     name: 'misspelt key "label" instead of "labels"',
     body: json({ kind: 'request', id: 'label-typo', label: ['small-node'] }),
-    reason: 'invalid request message: labels: is required; unknown key "label"',
+    reason: 'invalid request message: unknown key "label"; labels: a request needs "labels" or "shapes"',
     logged: true,
     recordedAs: 'label-typo',
   },

@@ -93,6 +93,8 @@ describe('the shipped example', () => {
       maxAge: undefined,
       hostKeyChecking: false,
       requestTimeout: 10_800,
+      slot: { cores: 1, memoryMiB: 2048 },
+      slotHourlyCost: 0.1,
     });
     expect([...config.metastaticLabelNames]).toEqual(['small-node']);
 
@@ -109,7 +111,7 @@ describe('the shipped example', () => {
     });
     expect(backing?.labels.get('large-node')).toEqual({
       name: 'large-node',
-      options: { 'boot-delay': 0.5, attributes: {} },
+      options: { 'boot-delay': 0.5, attributes: {}, 'hourly-cost': 0.2 },
     });
   });
 
