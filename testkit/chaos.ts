@@ -85,6 +85,11 @@ export const CHAOS_POOL = {
   cancelShare: 0.04,
   /** Requests that carry an expected-duration (1-15 s, drawn apart from their job's real duration). */
   hintShare: 0.4,
+  /**
+   * Requests sent by shape instead of labels (`small`'s slot is derived from its instance types: 8 vCPUs,
+   * 32 GiB / 4 slots = 2 cores, 8 GiB); the unknown-label requests go by a shape no label fits as often.
+   */
+  shapeShare: 0.25,
   /** min-ready of the label (lowered to 0 before the final drain, as an operator would to empty the pool). */
   minReady: 3,
   /** How late a waiting request may end after its request-timeout: reaper runs crash, and run every tick. */
@@ -224,6 +229,9 @@ export interface ChaosReport {
   redeliveries: number;
   /** Cancel messages the users sent. */
   cancelsSent: number;
+  /** Requests sent by shape (cores, memory) instead of labels, and those no label fits (they must fail so). */
+  byShape: number;
+  byShapeNoFit: number;
   /** min-ready: the pool's own ready nodes made, and the users' nodes that took one. */
   minReady: { made: number; taken: number };
   crashes: number;
@@ -278,6 +286,8 @@ interface ClientRequest {
   readonly body: string;
   readonly at: number;
   readonly nodes: number;
+  /** Sent by shape: fulfilled, its record must hold `small` for every node and the shapes as sent. */
+  readonly byShape: boolean;
   sent: boolean;
   releaseAt?: number;
   releasesSent: boolean;
@@ -327,7 +337,7 @@ const BUG_PATTERN =
 
 export function failureClass(reason: string | undefined): string {
   const r = reason ?? '';
-  if (/unknown label/.test(r)) return 'unknown-label';
+  if (/unknown label|no label's slot fits/.test(r)) return 'unknown-label';
   if (/no capacity after/.test(r)) return 'no-capacity';
   if (/gave up after/.test(r)) return 'gave-up';
   if (/^cancelled:/.test(r)) return 'cancelled';
@@ -346,6 +356,7 @@ export class ChaosRun {
   private readonly jitter: Random;
   /** Draws the requests' expected durations (a fork of its own: the rest of the schedule is unchanged). */
   private readonly hints: Random;
+  private readonly shapes: Random;
   /** Replaced once, before the drain: min-ready lowered to 0 (what every context reads from then on). */
   private config: ResolvedConfig;
   private readonly poolKey: string;
@@ -400,6 +411,7 @@ export class ChaosRun {
     this.faults = this.random.fork('faults');
     this.jitter = this.random.fork('jitter');
     this.hints = this.random.fork('hints');
+    this.shapes = this.random.fork('shapes');
     this.tickMs = options.tickMs ?? 100;
     this.config = parseConfigOrThrow(chaosYaml(options.nodeCap ?? true, CHAOS_POOL.minReady), 'chaos.yaml');
     const pool = this.config.metastaticPools[0];
@@ -446,6 +458,8 @@ export class ChaosRun {
       duplicatesDelivered: 0,
       redeliveries: 0,
       cancelsSent: 0,
+      byShape: 0,
+      byShapeNoFit: 0,
       minReady: { made: 0, taken: 0 },
       crashes: 0,
       crashesByKind: { request: 0, fulfil: 0, reaper: 0 },
@@ -501,12 +515,27 @@ export class ChaosRun {
       const cancelAt = this.sched.chance(CHAOS_POOL.cancelShare) ? at + this.sched.int(0, 20_000) : undefined;
       // Some say how long their job runs (jobs run 1-15 s): duration-aware placement under faults.
       const hint = this.hints.chance(CHAOS_POOL.hintShare) ? this.hints.int(1, 15) : undefined;
+      // Some ask by shape (a forked stream, so seeds keep their schedule): the pool chooses `small`.
+      const byShape = this.shapes.chance(CHAOS_POOL.shapeShare);
+      const noFit = labels[0] === 'gpu-huge';
+      if (byShape) {
+        this.report.byShape++;
+        if (noFit) this.report.byShapeNoFit++;
+      }
+      const asked = byShape
+        ? {
+            shapes: labels.map(() =>
+              noFit ? { cores: 64, memory: '512GiB' } : { cores: 1, memory: '2GiB' },
+            ),
+          }
+        : { labels };
       const c: ClientRequest = {
         id,
+        byShape,
         body: JSON.stringify({
           kind: 'request',
           id,
-          labels,
+          ...asked,
           ...(priority === undefined ? {} : { priority }),
           ...(hint === undefined ? {} : { 'expected-duration': hint }),
         }),
@@ -1215,6 +1244,16 @@ export class ChaosRun {
     };
     for (const c of this.client) {
       const rec = this.requests.get(c.id);
+      if (
+        c.byShape &&
+        rec &&
+        rec.state !== 'failed' &&
+        (rec.shapes?.length !== c.nodes || rec.labels.some((l) => l !== 'small'))
+      ) {
+        this.violation(
+          `request ${c.id} by shape was recorded with labels ${rec.labels.join(',')} and ${rec.shapes?.length ?? 0} shapes`,
+        );
+      }
       if (rec?.state === 'fulfilled') {
         r.fulfilled++;
         r.nodesLostAfterReady += rec.nodes.filter((n) => n.state === 'failed').length;
@@ -1294,6 +1333,7 @@ export function formatSummary(r: ChaosReport): string {
     ['fulfilled', `${r.fulfilled} (nodes lost after ready: ${r.nodesLostAfterReady})`],
     ['failed', `${r.failed}${classes ? ` (${classes})` : ''}`],
     ['cancels sent', `${r.cancelsSent} (a cancel after fulfilment changes nothing; the user releases)`],
+    ['requests by shape', `${r.byShape} (${r.byShapeNoFit} that no label fits, failed by design)`],
     [
       'min-ready',
       `${r.minReady.made} ready nodes made (min-ready ${CHAOS_POOL.minReady}), ${r.minReady.taken} nodes took one`,

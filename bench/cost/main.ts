@@ -202,8 +202,8 @@ async function main(): Promise<void> {
         `${result.dynamodbCalls} DynamoDB calls (${(result.dynamodbCalls / run.task.trace.jobs.length).toFixed(1)}/job, ` +
         `${perCall.toFixed(2)} ms each); reference model ${checked ? (agrees ? 'agrees' : `DISAGREES (${modelChecks.at(-1)?.detail})`) : 'not applicable'}`,
     );
-    const complete = ['fullest', 'oldest', 'duration-exact', 'duration-noisy', 'duration-learned'].every((k) =>
-      f.runs.has(k),
+    const complete = ['fullest', 'oldest', 'duration-exact', 'duration-noisy', 'duration-learned'].every(
+      (k) => f.runs.has(k),
     );
     if (!reported.has(run.trace) && complete) {
       reported.add(run.trace);

@@ -36,11 +36,7 @@ const HEADER_WITH_REQUESTOR = `${HEADER},requestor`;
 type Row = { arrivalMs: number; durationMs: number; label: string; requestor?: string };
 
 /** Sorts by arrival (stable) and numbers the jobs. */
-export function makeTrace(
-  name: string,
-  source: string,
-  rows: readonly Row[],
-): Trace {
+export function makeTrace(name: string, source: string, rows: readonly Row[]): Trace {
   const sorted = rows.map((r, i) => ({ ...r, i })).sort((a, b) => a.arrivalMs - b.arrivalMs || a.i - b.i);
   return {
     name,
@@ -72,7 +68,9 @@ export function parseTraceCsv(text: string, name: string, source = name): Trace 
         (cols[3] ?? 'requestor') !== 'requestor' ||
         cols.length > 4
       ) {
-        throw new Error(`${where}: expected the header "${HEADER}" or "${HEADER_WITH_REQUESTOR}", got "${line}"`);
+        throw new Error(
+          `${where}: expected the header "${HEADER}" or "${HEADER_WITH_REQUESTOR}", got "${line}"`,
+        );
       }
       headerSeen = true;
       return;

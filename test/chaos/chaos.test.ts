@@ -39,6 +39,7 @@ describe('chaos', () => {
       expect(report.duplicatesDelivered).toBeGreaterThan(0);
       expect(report.launches).toBeGreaterThan(0);
       expect(report.cancelsSent).toBeGreaterThan(0);
+      expect(report.byShape).toBeGreaterThan(0);
       // min-ready was exercised: ready nodes made and taken (the no-overshoot invariant is checked above).
       expect(report.minReady.made).toBeGreaterThan(0);
       expect(report.minReady.taken).toBeGreaterThan(0);
