@@ -35,7 +35,7 @@ import {
 import type { Task, TaskReply } from './worker.ts';
 
 const HERE = dirname(fileURLToPath(import.meta.url));
-const DEFAULT_JOBS: Record<SyntheticKind, number> = { steady: 1000, bursty: 800, diurnal: 1200 };
+const DEFAULT_JOBS: Record<SyntheticKind, number> = { steady: 1000, bursty: 800, diurnal: 1200, batch: 1200 };
 const GRACE_VALUES = [0, 60, 300, 600];
 const MIN_RETENTION_VALUES = [0, 3600];
 /** Arrival rates (jobs a minute) of the scale table, computed with the reference model. */

@@ -54,4 +54,22 @@ export class Rng {
   logNormal(median: number, sigma: number): number {
     return median * Math.exp(sigma * this.normal());
   }
+
+  /** Gamma with the given shape and scale (Marsaglia and Tsang, 2000; shape < 1 by the boost u^(1/shape)). */
+  gamma(shape: number, scale: number): number {
+    if (shape < 1) return this.gamma(shape + 1, scale) * (1 - this.next()) ** (1 / shape);
+    const d = shape - 1 / 3;
+    const c = 1 / Math.sqrt(9 * d);
+    for (;;) {
+      let x: number;
+      let v: number;
+      do {
+        x = this.normal();
+        v = 1 + c * x;
+      } while (v <= 0);
+      v = v * v * v;
+      const u = 1 - this.next();
+      if (Math.log(u) < 0.5 * x * x + d - d * v + d * Math.log(v)) return d * v * scale;
+    }
+  }
 }

@@ -112,8 +112,18 @@ export function formatTraceCsv(trace: Trace): string {
 
 // ---- synthetic traces ------------------------------------------------------------------------------
 
-export type SyntheticKind = 'steady' | 'bursty' | 'diurnal';
-export const SYNTHETIC_KINDS: readonly SyntheticKind[] = ['steady', 'bursty', 'diurnal'];
+export type SyntheticKind = 'steady' | 'bursty' | 'diurnal' | 'batch';
+export const SYNTHETIC_KINDS: readonly SyntheticKind[] = ['steady', 'bursty', 'diurnal', 'batch'];
+
+/**
+ * Job runtimes of the Lublin-Feitelson workload model, batch jobs (U. Lublin and D. G. Feitelson, "The
+ * workload on parallel supercomputers: modeling the characteristics of rigid jobs", J. Parallel and
+ * Distributed Computing 63(11), 2003; fitted to the logs of four production machines of the Parallel
+ * Workloads Archive). log2 of a runtime in seconds is hyper-Gamma: Gamma(A1, B1) with probability p,
+ * else Gamma(A2, B2), where p = PA * nodes + PB falls with the job's width (nodes); a one-node job, as
+ * every job here is, has p = PA + PB. Parameters as in the model's reference code (m_lublin99.c).
+ */
+export const LUBLIN_BATCH = { a1: 4.2, b1: 0.94, a2: 312, b2: 0.03, pa: -0.0054, pb: 0.78 } as const;
 
 const MINUTE = 60_000;
 const HOUR = 60 * MINUTE;
@@ -135,6 +145,7 @@ function duration(rng: Rng, medianMin: number, sigma: number): number {
  */
 export function syntheticTrace(kind: SyntheticKind, seed: number, jobs: number): Trace {
   if (kind === 'steady') return steadyTrace(seed, jobs, 2);
+  if (kind === 'batch') return batchTrace(seed, jobs);
   const rng = new Rng(seed);
   const rows: { arrivalMs: number; durationMs: number; label: string }[] = [];
   const push = (arrivalMs: number, durationMs: number) =>
@@ -183,4 +194,39 @@ export function steadyTrace(seed: number, jobs: number, perMinute: number): Trac
   }
   const name = perMinute === 2 ? 'steady' : `steady-${perMinute}pm`;
   return makeTrace(name, `synthetic steady, ${perMinute}/min, seed ${seed}, ${jobs} jobs`, rows);
+}
+
+/** Requestors per population in the batch trace: the names of the jobs of one kind. */
+const BATCH_NAMES = 5;
+
+/**
+ * `batch`: job runtimes drawn from the Lublin-Feitelson model (LUBLIN_BATCH, one-node jobs), Poisson
+ * arrivals at 6 a minute (~22 nodes in use, as the other traces). Its two Gamma components are two
+ * populations of jobs (seconds-long ones and ~10-minute ones); each job's requestor names its
+ * population and one of BATCH_NAMES jobs in it (`short-3`, `long-0`), as CI job names tell a lint from
+ * a build: what a pool can learn per requestor. Runtimes are clipped to [1 s, 2 h] like the others'.
+ */
+export function batchTrace(seed: number, jobs: number): Trace {
+  const rng = new Rng(seed);
+  const m = LUBLIN_BATCH;
+  const p = Math.min(1, Math.max(0, m.pa * 1 + m.pb));
+  const rows: Row[] = [];
+  let t = 0;
+  while (rows.length < jobs) {
+    t += rng.exponential(MINUTE / 6);
+    const short = rng.uniform() < p;
+    const log2Seconds = short ? rng.gamma(m.a1, m.b1) : rng.gamma(m.a2, m.b2);
+    const ms = Math.round(Math.min(2 * HOUR, Math.max(1_000, 2 ** log2Seconds * 1000)));
+    rows.push({
+      arrivalMs: Math.round(t),
+      durationMs: ms,
+      label: DEFAULT_LABEL,
+      requestor: `${short ? 'short' : 'long'}-${rng.int(0, BATCH_NAMES - 1)}`,
+    });
+  }
+  return makeTrace(
+    'batch',
+    `Lublin-Feitelson batch runtimes (2003), 6/min, seed ${seed}, ${jobs} jobs`,
+    rows,
+  );
 }
