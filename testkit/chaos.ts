@@ -102,6 +102,8 @@ export const CHAOS_POOL = {
 /** The pool under test; without `nodeCap` the metastatic pool has no max-servers (the default in a user's config). */
 const chaosYaml = (nodeCap: boolean, minReady: number) =>
   poolConfig({
+    // Durations are learned, and nodes without a hint placed by them, under the same faults.
+    top: { 'learned-durations': true },
     labels: [{ name: 'large' }, { name: 'small', 'min-ready': minReady }],
     backing: {
       driver: 'aws',

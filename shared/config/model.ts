@@ -84,6 +84,8 @@ export interface ResolvedConfig {
   readonly minReady: ReadonlyMap<string, number>;
   /** Requests by shape: percent above the cheapest fitting label worth paying for a free slot now. */
   readonly shapeCostMargin: number;
+  /** `learned-durations`: learn node durations and place nodes without a hint by them. */
+  readonly learnedDurations: boolean;
   /** Keys that are valid but have no effect yet, by YAML path: shown as warnings, never errors. */
   readonly notices: readonly ConfigNotice[];
 }

@@ -94,6 +94,7 @@ export function resolveConfig(file: ConfigFile): ResolvedConfig {
     metastaticLabelNames,
     minReady: minReadyOf(file),
     shapeCostMargin: file['shape-cost-margin'],
+    learnedDurations: file['learned-durations'],
     notices: noticesOf(file, metastaticLabelNames),
   };
 }

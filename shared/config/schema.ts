@@ -201,6 +201,11 @@ export const configSchema = z
         .array(topLevelLabelSchema, { error: 'a list of labels' })
         .optional()
         .describe('When present, every label offered by any pool must be listed here.'),
+      'learned-durations': bool()
+        .default(false)
+        .describe(
+          'Learn how long nodes of each label (and requestor) are kept, and place a node whose request gives no expected-duration by that estimate when it is confident of one.',
+        ),
       'shape-cost-margin': intBetween(0, MAX_SHAPE_COST_MARGIN)
         .default(DEFAULT_SHAPE_COST_MARGIN)
         .describe(

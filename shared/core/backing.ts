@@ -194,13 +194,15 @@ export function compareOldestFirst(a: BackingRecord, b: BackingRecord): number {
 
 /**
  * When a backing node's nodes are expected to be released, as far as it knows: the latest expected end
- * of its nodes; `now` for an empty one (it would go); undefined when a node on it has no estimate.
+ * of its nodes, or now if they are all overdue; `now` for an empty one (it would go); undefined when a
+ * node on it has no estimate.
  */
 export function expectedEndOf(b: BackingRecord, now: number): number | undefined {
   if (b.used === 0) return now;
   const ends = Object.values(b.ends ?? {});
   if (ends.length < b.used) return undefined;
-  return Math.max(...ends);
+  // A node still running past its expected end is expected to end any moment, not in the past.
+  return Math.max(now, ...ends);
 }
 
 /**

@@ -17,6 +17,8 @@ export const DurationEstimate = z.object({
   requestor: z.string().optional(),
   /** Natural logarithm of seconds. */
   logSeconds: z.number(),
+  /** How widely the durations spread around it: the running variance of their logarithms. */
+  logVariance: z.number().nonnegative().default(0),
   /** Durations learned so far (it stops counting at SAMPLES_CAP). */
   samples: z.number().int().positive(),
   version: z.number().int().positive(),
@@ -30,6 +32,14 @@ export const ESTIMATE_MIN_SAMPLES = 3;
 export const LEARNING_RATE = 0.05;
 /** Once it is used, one duration moves the estimate by at most this factor, up or down. */
 export const MAX_STEP_FACTOR = 2;
+/**
+ * An estimate is used only while the durations it learned stay within about this factor of it (their
+ * log standard deviation is at most its logarithm): a label whose jobs run from seconds to hours says
+ * little about the next one, and placing by a guess that wrong packs worse than not guessing.
+ */
+export const MAX_SPREAD_FACTOR = 2;
+/** A duration moves the spread by at most this factor's logarithm, squared (one hung job is one outlier). */
+const MAX_SPREAD_STEP_FACTOR = 16;
 /** `samples` stops counting here (it only decides the share of a new duration). */
 const SAMPLES_CAP = 1_000_000;
 
@@ -46,6 +56,7 @@ export function withDuration(
       label: key.label,
       ...(key.requestor === undefined ? {} : { requestor: key.requestor }),
       logSeconds: x,
+      logVariance: 0,
       samples: 1,
       version: 1,
       updatedAt: now,
@@ -53,29 +64,44 @@ export function withDuration(
   }
   const share = Math.max(LEARNING_RATE, 1 / (prev.samples + 1));
   const maxStep = Math.log(MAX_STEP_FACTOR);
-  let step = x - prev.logSeconds;
-  if (prev.samples >= ESTIMATE_MIN_SAMPLES) step = Math.max(-maxStep, Math.min(maxStep, step));
+  const diff = x - prev.logSeconds;
+  const step = prev.samples >= ESTIMATE_MIN_SAMPLES ? Math.max(-maxStep, Math.min(maxStep, diff)) : diff;
+  const spreadStep = Math.min(Math.abs(diff), Math.log(MAX_SPREAD_STEP_FACTOR));
   return {
     ...prev,
     logSeconds: prev.logSeconds + share * step,
+    // The exponentially weighted variance (its first samples: their population variance).
+    logVariance: (1 - share) * (prev.logVariance + share * spreadStep * spreadStep),
     samples: Math.min(SAMPLES_CAP, prev.samples + 1),
     version: prev.version + 1,
     updatedAt: now,
   };
 }
 
+/** What the pool expects of a node without a hint: seconds, and whether it is sure enough to place by it. */
+export interface Expected {
+  readonly seconds: number;
+  /** Its durations stay within about MAX_SPREAD_FACTOR of it: placement orders candidates by it. */
+  readonly confident: boolean;
+}
+
 /**
- * The expected duration (seconds) a node of a request without a hint is placed with: the requestor's
- * own estimate for the label once it has learned enough, else the label's, else none (today's order).
+ * The expected duration of a node of a request without a hint: the requestor's own estimate for the
+ * label once it has learned ESTIMATE_MIN_SAMPLES durations, else the label's, else none (today's order).
+ * A confident one (durations within about MAX_SPREAD_FACTOR of it; the requestor's first, then the
+ * label's) orders the node's candidates; any one is recorded as the node's expected end, so that nodes
+ * placed by theirs know when its backing node is expected to empty.
  */
-export function estimatedSeconds(
+export function expectedOf(
   label: DurationEstimate | undefined,
   requestor: DurationEstimate | undefined,
-): number | undefined {
-  for (const e of [requestor, label]) {
-    if (e && e.samples >= ESTIMATE_MIN_SAMPLES) return Math.exp(e.logSeconds);
-  }
-  return undefined;
+): Expected | undefined {
+  const known = [requestor, label].filter(
+    (e): e is DurationEstimate => e !== undefined && e.samples >= ESTIMATE_MIN_SAMPLES,
+  );
+  const sure = known.find((e) => Math.sqrt(e.logVariance) <= Math.log(MAX_SPREAD_FACTOR));
+  const best = sure ?? known[0];
+  return best ? { seconds: Math.exp(best.logSeconds), confident: sure !== undefined } : undefined;
 }
 
 /** How long a released node was kept: from ready to released, in seconds; undefined if never ready. */

@@ -27,9 +27,9 @@ export interface Context {
    */
   readonly placementPolicy?: 'fullest' | 'oldest';
   /**
-   * Whether a node whose request gave no `expected-duration` is placed by the duration the pool learned
-   * for its label and requestor (shared/usecases/estimates.ts). Default true; `npm run cost` turns it off
-   * to measure the policies without it. Durations are learned either way.
+   * Whether the pool learns node durations and places a node whose request gave no `expected-duration`
+   * by them (shared/usecases/estimates.ts). Unset: the configuration's `learned-durations`; `npm run
+   * cost` sets it per policy.
    */
   readonly learnedDurations?: boolean;
   /**
@@ -82,4 +82,9 @@ export function deliveryDead(since: number, now: number, deadBefore?: number): b
 /** Whether a claim or place taken at `since` has gone unconfirmed past the slot lease: the reaper gives it back. */
 export function leaseExpired(since: number, now: number): boolean {
   return now - since >= SLOT_LEASE_MS;
+}
+
+/** Whether durations are learned and placed by (Context.learnedDurations, else `learned-durations`). */
+export function learnsDurations(ctx: Context): boolean {
+  return ctx.learnedDurations ?? ctx.config.learnedDurations;
 }

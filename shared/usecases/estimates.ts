@@ -1,8 +1,14 @@
-import { type DurationEstimate, estimatedSeconds, keptSeconds, withDuration } from '../core/estimates.ts';
+import {
+  type DurationEstimate,
+  type Expected,
+  expectedOf,
+  keptSeconds,
+  withDuration,
+} from '../core/estimates.ts';
 import { isSpareRequestId } from '../core/minReady.ts';
 import type { PoolStore } from '../core/poolStore.ts';
 import type { NodeRecord, RequestRecord } from '../core/records.ts';
-import type { Context } from './context.ts';
+import { type Context, learnsDurations } from './context.ts';
 
 /**
  * Learned duration estimates (core/estimates.ts) in the table: read when a node without a hint is placed,
@@ -48,20 +54,20 @@ async function read(ctx: Context, label: string, requestor: string | undefined, 
 }
 
 /**
- * The expected duration (seconds) of a node of `label` for `requestor` when its request gave none: the
- * learned estimate, or undefined while too little is known. Best effort: a failed read is no estimate.
+ * The expected duration of a node of `label` for `requestor` when its request gave none (core/estimates.ts,
+ * expectedOf), or undefined while too little is known. Best effort: a failed read is no estimate.
  */
-export async function learnedSeconds(
+export async function learnedDuration(
   ctx: Context,
   label: string,
   requestor: string | undefined,
-): Promise<number | undefined> {
+): Promise<Expected | undefined> {
   try {
     const [all, own] = await Promise.all([
       read(ctx, label, undefined, false),
       requestor === undefined ? undefined : read(ctx, label, requestor, false),
     ]);
-    return estimatedSeconds(all, own);
+    return expectedOf(all, own);
   } catch (err) {
     ctx.log.warn('could not read a duration estimate; placing without one', {
       label,
@@ -72,12 +78,13 @@ export async function learnedSeconds(
 }
 
 /**
- * Learns how long a released node was kept. Best effort and never thrown: the release is done whatever
- * happens here. Min-ready nodes (the pool's own) and nodes never ready teach nothing.
+ * Learns how long a released node was kept, when the pool learns durations (`learned-durations`). Best
+ * effort and never thrown: the release is done whatever happens here. Min-ready nodes (the pool's own)
+ * and nodes never ready teach nothing.
  */
 export async function learnDuration(ctx: Context, request: RequestRecord, node: NodeRecord): Promise<void> {
   const seconds = keptSeconds(node);
-  if (seconds === undefined || isSpareRequestId(request.id)) return;
+  if (seconds === undefined || isSpareRequestId(request.id) || !learnsDurations(ctx)) return;
   for (const requestor of request.requestor === undefined ? [undefined] : [undefined, request.requestor]) {
     try {
       await learnOne(ctx, node.label, requestor, seconds);

@@ -70,6 +70,11 @@ export interface PlaceOptions {
    * by how much longer the node would keep each billed (compareByExpectedEnd), and the claim records it.
    */
   readonly expectedEnd?: number;
+  /**
+   * False: the expected end is only recorded (a learned guess too rough to place by), and candidates
+   * are tried in the usual order. Default true.
+   */
+  readonly orderByExpectedEnd?: boolean;
 }
 
 /** How many candidates one Query brings back; the first claimable one almost always wins. */
@@ -103,7 +108,7 @@ export async function placeNode(
     const order =
       ctx.placementPolicy === 'oldest'
         ? compareOldestFirst
-        : options.expectedEnd !== undefined
+        : options.expectedEnd !== undefined && options.orderByExpectedEnd !== false
           ? compareByExpectedEnd(options.expectedEnd, ctx.clock.now())
           : compareCandidates;
     const queue = found.items.sort(order);

@@ -8,12 +8,12 @@ import { priorityOf, waitingAhead } from '../core/priority.ts';
 import type { NodeRecord, RequestRecord } from '../core/records.ts';
 import { placedNode, placedRequest, requestedRecord } from '../core/request.ts';
 import { giveBackSlot } from './backingNodes.ts';
-import { type Context, deliveryDead } from './context.ts';
-import { learnedSeconds } from './estimates.ts';
+import { type Context, deliveryDead, learnsDurations } from './context.ts';
+import { learnedDuration } from './estimates.ts';
 import { failBadBacking } from './failure.ts';
 import { returnSpare, takeSpare } from './minReady.ts';
 import { markNodesReady } from './nodesReady.ts';
-import { type Placement, placeNode } from './placement.ts';
+import { type Placement, type PlaceOptions, placeNode } from './placement.ts';
 import { AlreadyPlaced, isStoredVerdict, Recording } from './recording.ts';
 import { failRequest, recordFailure, requestSettled } from './requests.ts';
 import { labelsFor } from './shapes.ts';
@@ -120,7 +120,7 @@ async function tryPool(ctx: Context, pool: MetastaticPool, recording: Recording)
       if (spares.has(i)) continue;
       const label = pool.labels.get(node.label);
       if (!label) throw new Error(`pool ${pool.key} lost label ${node.label}`);
-      const expectedMs = await expectedMsOf(ctx, recording.base, node.label);
+      const expected = await expectedEndOf(ctx, recording.base, node.label);
       placements.set(
         i,
         await placeNode(ctx, pool, label, node.id, {
@@ -128,7 +128,7 @@ async function tryPool(ctx: Context, pool: MetastaticPool, recording: Recording)
           beforeLaunch: () => recording.ensure(),
           beforeTakeover: () => recording.fence(),
           failBacking: failBadBacking,
-          ...(expectedMs === undefined ? {} : { expectedEnd: ctx.clock.now() + expectedMs }),
+          ...expected,
         }),
       );
     }
@@ -328,15 +328,22 @@ async function recheckPending(ctx: Context, request: RequestRecord): Promise<voi
 }
 
 /**
- * How long a node is expected to be kept (ms): its request's `expected-duration`, else what the pool
- * learned of its label's (and requestor's) nodes (shared/usecases/estimates.ts), else unknown. The pool's
- * own min-ready requests have no end.
+ * When a node is expected to be released, for placement (PlaceOptions.expectedEnd): its request's
+ * `expected-duration`, else what the pool learned of its label's (and requestor's) nodes
+ * (shared/usecases/estimates.ts; ordered by only when confident), else nothing. The pool's own min-ready
+ * requests have no end.
  */
-async function expectedMsOf(ctx: Context, r: RequestRecord, label: string): Promise<number | undefined> {
-  if (r.expectedDuration !== undefined) return r.expectedDuration * 1000;
-  if (isSpareRequestId(r.id) || ctx.learnedDurations === false) return undefined;
-  const learned = await learnedSeconds(ctx, label, r.requestor);
-  return learned === undefined ? undefined : learned * 1000;
+async function expectedEndOf(
+  ctx: Context,
+  r: RequestRecord,
+  label: string,
+): Promise<Pick<PlaceOptions, 'expectedEnd' | 'orderByExpectedEnd'>> {
+  const now = ctx.clock.now();
+  if (r.expectedDuration !== undefined) return { expectedEnd: now + r.expectedDuration * 1000 };
+  if (isSpareRequestId(r.id) || !learnsDurations(ctx)) return {};
+  const learned = await learnedDuration(ctx, label, r.requestor);
+  if (!learned) return {};
+  return { expectedEnd: now + learned.seconds * 1000, orderByExpectedEnd: learned.confident };
 }
 
 /** The request's nodes on the places this delivery took and the spares it took, in order. */

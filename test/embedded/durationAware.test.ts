@@ -45,10 +45,12 @@ describe('duration-aware placement', () => {
     expect(Object.keys(recorded?.ends ?? {}).sort()).toEqual(['0', '1']);
     await releaseNode(ctx, 'short-2/0');
     expect(await place(h, 'plain')).toBe(longs); // no hint: fullest first, then the oldest
+    // learned-durations is off by default: nothing was learned from the releases.
+    expect(await ctx.store.getEstimate('small-node')).toBeUndefined();
   });
 
   it('learns how long each requestor keeps its nodes and places a request without a hint by it', async () => {
-    h = await startHarness(baseConfig({ slots: 2 }));
+    h = await startHarness(`learned-durations: true\n${baseConfig({ slots: 2 })}`);
     const ctx = h.pool.context;
     // Three nodes each: `quick` keeps its nodes a minute, `slow` an hour.
     for (const [requestor, seconds] of [
@@ -79,7 +81,7 @@ describe('duration-aware placement', () => {
   });
 
   it('learns every duration of concurrent releases: the estimate is written from the version it read', async () => {
-    h = await startHarness(baseConfig({ slots: 3 }));
+    h = await startHarness(`learned-durations: true\n${baseConfig({ slots: 3 })}`);
     const ctx = h.pool.context;
     for (const id of ['a', 'b', 'c']) await place(h, id);
     h.clock.advance(600_000);

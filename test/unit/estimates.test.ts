@@ -2,9 +2,10 @@ import { describe, expect, it } from 'vitest';
 import {
   type DurationEstimate,
   ESTIMATE_MIN_SAMPLES,
-  estimatedSeconds,
+  expectedOf,
   keptSeconds,
   LEARNING_RATE,
+  MAX_SPREAD_FACTOR,
   MAX_STEP_FACTOR,
   withDuration,
 } from '../../shared/core/estimates.ts';
@@ -39,10 +40,27 @@ describe('duration estimates', () => {
     const label = learn([600, 600, 600]);
     const few = learn([60, 60], { label: 'small', requestor: 'ci' });
     const enough = learn([60, 60, 60], { label: 'small', requestor: 'ci' });
-    expect(estimatedSeconds(label, few)).toBeCloseTo(600, 6);
-    expect(estimatedSeconds(label, enough)).toBeCloseTo(60, 6);
-    expect(estimatedSeconds(learn([600, 600]), undefined)).toBeUndefined(); // fewer than ESTIMATE_MIN_SAMPLES
+    expect(expectedOf(label, few)?.seconds).toBeCloseTo(600, 6);
+    expect(expectedOf(label, enough)?.seconds).toBeCloseTo(60, 6);
+    expect(expectedOf(learn([600, 600]), undefined)).toBeUndefined(); // fewer than ESTIMATE_MIN_SAMPLES
     expect(ESTIMATE_MIN_SAMPLES).toBe(3);
+  });
+
+  it('is confident only while the durations stay within about x2 of it; a rough one is still recorded', () => {
+    const tight = learn([500, 600, 700, 650, 550]);
+    expect(Math.sqrt(tight.logVariance)).toBeLessThan(Math.log(MAX_SPREAD_FACTOR));
+    expect(expectedOf(tight, undefined)).toMatchObject({ confident: true });
+    const wide = learn([10, 3600, 30, 7200, 60]); // seconds to hours: says little about the next one
+    expect(expectedOf(wide, undefined)).toMatchObject({ confident: false });
+    // A confident requestor's estimate wins over a rough one of the label, and a confident label's over a
+    // rough requestor's.
+    const own = learn([60, 70, 65], { label: 'small', requestor: 'lint' });
+    expect(expectedOf(wide, own)?.seconds).toBeCloseTo(Math.exp(own.logSeconds), 9);
+    const roughOwn = learn([5, 5000, 50], { label: 'small', requestor: 'mixed' });
+    expect(expectedOf(tight, roughOwn)).toMatchObject({
+      confident: true,
+      seconds: Math.exp(tight.logSeconds),
+    });
   });
 
   it('measures a node from ready to released; a node never ready teaches nothing', () => {
