@@ -9,7 +9,7 @@ import {
   type SimOptions,
   simulate,
 } from '../../bench/cost/simulate.ts';
-import { formatTraceCsv, parseTraceCsv, syntheticTrace } from '../../bench/cost/traces.ts';
+import { batchTrace, formatTraceCsv, parseTraceCsv, syntheticTrace } from '../../bench/cost/traces.ts';
 
 /**
  * The cost simulator (bench/cost, `npm run cost`) on a 20-job trace: the real use cases on dynalite,
@@ -67,6 +67,16 @@ describe('the cost simulator', () => {
     expect(hintOf(trace.jobs[0] as (typeof trace.jobs)[0], undefined)).toBeUndefined();
   });
 
+  it('runs the learned policy on a trace with requestors: never below the bound, and it learns', async () => {
+    const batch = batchTrace(3, 40);
+    const bound = lowerBound(batch, DEFAULT_OPTIONS.slots).instanceSeconds;
+    const r = await simulate(engine, batch, options({ learned: true }), { series: false });
+    expect(r.instanceSeconds).toBeGreaterThanOrEqual(bound);
+    // Learning costs DynamoDB calls (an estimate write per release at least); without it none are made.
+    const plain = await simulate(engine, batch, options(), { series: false });
+    expect(r.dynamodbCalls).toBeGreaterThan(plain.dynamodbCalls);
+  });
+
   it('one instance per job costs the sum of boot + duration, computed or run through the real code', async () => {
     const expected = trace.jobs.reduce((s, j) => s + DEFAULT_OPTIONS.bootS + j.durationMs / 1000, 0);
     expect(perJob(trace, DEFAULT_OPTIONS.bootS).instanceSeconds).toBeCloseTo(expected, 6);
@@ -86,7 +96,7 @@ describe('the cost simulator', () => {
   });
 
   it('generates the same trace for the same seed, and reads back what it writes', () => {
-    for (const kind of ['steady', 'bursty', 'diurnal'] as const) {
+    for (const kind of ['steady', 'bursty', 'diurnal', 'batch'] as const) {
       const a = syntheticTrace(kind, 42, 50);
       expect(syntheticTrace(kind, 42, 50)).toEqual(a);
       expect(syntheticTrace(kind, 43, 50).jobs).not.toEqual(a.jobs);
@@ -100,6 +110,23 @@ describe('the cost simulator', () => {
     ]);
   });
 
+  it('draws batch runtimes from the Lublin-Feitelson model, each job naming its population', () => {
+    const batch = batchTrace(42, 2000);
+    const seconds = batch.jobs.map((j) => j.durationMs / 1000).sort((a, b) => a - b);
+    const median = seconds[1000] as number;
+    expect(median).toBeGreaterThan(10); // 2^Gamma(4.2, 0.94) for ~77% of the jobs: ~15-20 s
+    expect(median).toBeLessThan(40);
+    const long = batch.jobs.filter((j) => j.requestor?.startsWith('long-'));
+    expect(long.length / batch.jobs.length).toBeGreaterThan(0.19); // 1 - p = 0.2254
+    expect(long.length / batch.jobs.length).toBeLessThan(0.26);
+    const longMedian = long.map((j) => j.durationMs / 1000).sort((a, b) => a - b)[
+      Math.floor(long.length / 2)
+    ] as number;
+    expect(longMedian).toBeGreaterThan(500); // 2^Gamma(312, 0.03): ~2^9.36 = 657 s
+    expect(longMedian).toBeLessThan(800);
+    expect(new Set(batch.jobs.map((j) => j.requestor)).size).toBe(10);
+  });
+
   it('reads a CSV trace and reports what is wrong in one', () => {
     const t = parseTraceCsv('# comment\narrival_s,duration_s,label\n5,60,big\n1.5,30,\n', 'mine');
     expect(t.jobs).toEqual([
@@ -110,5 +137,8 @@ describe('the cost simulator', () => {
     expect(() => parseTraceCsv('arrival_s,duration_s,label\n1,0,a\n', 'x.csv')).toThrow(
       /x.csv:2: duration_s/,
     );
+    const named = parseTraceCsv('arrival_s,duration_s,label,requestor\n0,60,,lint\n1,90,big,\n', 'n.csv');
+    expect(named.jobs.map((j) => j.requestor)).toEqual(['lint', undefined]);
+    expect(parseTraceCsv(formatTraceCsv(named), 'n').jobs).toEqual(named.jobs);
   });
 });
