@@ -32,6 +32,11 @@ export async function request(target: Target, labels: string[], opts: RequestOpt
     throw new CliError('give labels or a shape (--cores, --memory, --disk), not both', 2);
   if (!shaped && labels.length === 0)
     throw new CliError('give the labels to request, or a shape (--cores, --memory, --disk)', 2);
+  if (!shaped && opts.count !== undefined)
+    throw new CliError(
+      '--count goes with a shape (--cores, --memory, --disk); repeat a label to ask for more nodes',
+      2,
+    );
   const count = opts.count ?? 1;
   if (!Number.isInteger(count) || count < 1 || count > MAX_NODE_SET)
     throw new CliError(`--count must be a whole number from 1 to ${MAX_NODE_SET}`, 2);

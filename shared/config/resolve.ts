@@ -3,7 +3,7 @@
  * with (model.ts): inheritance applied (provider -> pool -> label), pools in priority order.
  */
 
-import { parseSize, type Shape } from '../core/shapes.ts';
+import { formatSize, parseSize, type Shape } from '../core/shapes.ts';
 import { type InstanceTypeFacts, instanceTypeFacts } from './instanceTypes.ts';
 import type {
   BackingLabel,
@@ -166,6 +166,46 @@ function machineOf(label: BackingLabel): { vcpus?: number; memoryMiB?: number; h
   };
 }
 
+/**
+ * Slots that declare more cores or memory than their backing instance type gives them (the type's
+ * vCPUs or memory / max-parallel-jobs), where the type is known: a request by shape would be served a
+ * slot that cannot hold it. A warning, not an error: the label may know better (overcommit on purpose).
+ */
+function oversizedSlots(file: ConfigFile): ConfigNotice[] {
+  const machines = new Map<string, ReturnType<typeof machineOf>>();
+  for (const p of file.providers) {
+    if (p.driver === 'metastatic') continue;
+    for (const pool of p.pools)
+      for (const { name, ...options } of pool.labels)
+        if (!machines.has(name)) machines.set(name, machineOf({ name, options }));
+  }
+  const notices: ConfigNotice[] = [];
+  file.providers.forEach((p, pi) => {
+    if (p.driver !== 'metastatic') return;
+    p.pools.forEach((pool, qi) => {
+      pool.labels.forEach((label, li) => {
+        const m = machines.get(label['backing-label']);
+        const slots = label['max-parallel-jobs'];
+        const at = (key: string) => formatPath(['providers', pi, 'pools', qi, 'labels', li, key]);
+        if (m?.vcpus !== undefined && label.cores !== undefined && label.cores * slots > m.vcpus) {
+          notices.push({
+            path: at('cores'),
+            message: `${slots} slots of ${label.cores} cores need ${label.cores * slots}; the instance type gives ${m.vcpus}`,
+          });
+        }
+        const memory = label.memory === undefined ? undefined : parseSize(label.memory);
+        if (m?.memoryMiB !== undefined && memory !== undefined && memory * slots > m.memoryMiB) {
+          notices.push({
+            path: at('memory'),
+            message: `${slots} slots of ${label.memory} need ${formatSize(memory * slots)}; the instance type gives ${formatSize(m.memoryMiB)}`,
+          });
+        }
+      });
+    });
+  });
+  return notices;
+}
+
 /** The labels with a min-ready above 0, and how many ready nodes to keep of each. */
 function minReadyOf(file: ConfigFile): Map<string, number> {
   const minReady = new Map<string, number>();
@@ -176,9 +216,9 @@ function minReadyOf(file: ConfigFile): Map<string, number> {
   return minReady;
 }
 
-/** Valid keys that do nothing here: the user is told rather than left to wonder. */
+/** Valid keys that do nothing here, or promise more than they can: the user is told rather than left to wonder. */
 function noticesOf(file: ConfigFile, offered: ReadonlySet<string>): ConfigNotice[] {
-  const notices: ConfigNotice[] = [];
+  const notices: ConfigNotice[] = [...oversizedSlots(file)];
   file.labels?.forEach((label, index) => {
     if ((label['min-ready'] ?? 0) > 0 && !offered.has(label.name)) {
       notices.push({

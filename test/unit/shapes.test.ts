@@ -99,6 +99,41 @@ describe('slot shapes in the configuration', () => {
     expect(config.shapeCostMargin).toBe(20);
   });
 
+  it('warns, by YAML path, of slots that promise more than their instance type gives', () => {
+    const config = ok(
+      parseConfig(
+        poolConfig({
+          backing: awsBacking([{ name: 'm5', 'instance-type': 'm5.2xlarge' }]),
+          meta: {
+            labels: [smallNode({ 'backing-label': 'm5', 'max-parallel-jobs': 4, cores: 4, memory: '8GiB' })],
+          },
+        }),
+        'test.yaml',
+      ),
+    );
+    expect(config.notices).toEqual([
+      {
+        path: 'providers[1].pools[0].labels[0].cores',
+        message: '4 slots of 4 cores need 16; the instance type gives 8',
+      },
+    ]);
+    const memory = ok(
+      parseConfig(
+        poolConfig({
+          backing: awsBacking([{ name: 'm5', 'instance-type': 'm5.2xlarge' }]),
+          meta: { labels: [smallNode({ 'backing-label': 'm5', 'max-parallel-jobs': 4, memory: '9GiB' })] },
+        }),
+        'test.yaml',
+      ),
+    );
+    expect(memory.notices).toEqual([
+      {
+        path: 'providers[1].pools[0].labels[0].memory',
+        message: '4 slots of 9GiB need 36GiB; the instance type gives 32GiB',
+      },
+    ]);
+  });
+
   it('names the YAML path of a bad size, core count, cost or margin', () => {
     const result = parseConfig(
       poolConfig({
