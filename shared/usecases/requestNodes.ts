@@ -120,7 +120,7 @@ async function tryPool(ctx: Context, pool: MetastaticPool, recording: Recording)
       if (spares.has(i)) continue;
       const label = pool.labels.get(node.label);
       if (!label) throw new Error(`pool ${pool.key} lost label ${node.label}`);
-      const expected = await expectedEndOf(ctx, recording.base, node.label);
+      const expected = await expectationOf(ctx, recording.base, node.label);
       placements.set(
         i,
         await placeNode(ctx, pool, label, node.id, {
@@ -333,7 +333,7 @@ async function recheckPending(ctx: Context, request: RequestRecord): Promise<voi
  * (shared/usecases/estimates.ts; ordered by only when confident), else nothing. The pool's own min-ready
  * requests have no end.
  */
-async function expectedEndOf(
+async function expectationOf(
   ctx: Context,
   r: RequestRecord,
   label: string,

@@ -1,5 +1,4 @@
-import type { RequestMessage } from '../core/messages.ts';
-import { shapeOf } from '../core/messages.ts';
+import { type RequestMessage, shapeOf } from '../core/messages.ts';
 import { requestBodyHash } from '../core/request.ts';
 import { type LabelOffer, shapeOffers } from '../core/shapes.ts';
 import type { Context } from './context.ts';
