@@ -118,12 +118,16 @@ export const SYNTHETIC_KINDS: readonly SyntheticKind[] = ['steady', 'bursty', 'd
 /**
  * Job runtimes of the Lublin-Feitelson workload model, batch jobs (U. Lublin and D. G. Feitelson, "The
  * workload on parallel supercomputers: modeling the characteristics of rigid jobs", J. Parallel and
- * Distributed Computing 63(11), 2003; fitted to the logs of four production machines of the Parallel
- * Workloads Archive). log2 of a runtime in seconds is hyper-Gamma: Gamma(A1, B1) with probability p,
- * else Gamma(A2, B2), where p = PA * nodes + PB falls with the job's width (nodes); a one-node job, as
- * every job here is, has p = PA + PB. Parameters as in the model's reference code (m_lublin99.c).
+ * Distributed Computing 63(11):1105-1122, 2003; fitted to logs of production machines of the Parallel
+ * Workloads Archive). The natural log of a runtime in seconds is hyper-Gamma: Gamma(a1, b1) with
+ * probability p, else Gamma(a2, b2), where p = pa * nodes + pb (clamped to [0, 1]) falls with the job's
+ * width; a draw above 12 (exp(12) s, ~45 h) is drawn again. Values as in the model's code (m_lublin99.c),
+ * read from its Java port in the GridSim toolkit (gridsim.parallel.util.WorkloadLublin99: A1_BATCH ...
+ * PB_BATCH, timeFromNodes, hyperGamma).
  */
-export const LUBLIN_BATCH = { a1: 4.2, b1: 0.94, a2: 312, b2: 0.03, pa: -0.0054, pb: 0.78 } as const;
+export const LUBLIN_BATCH = { a1: 6.57, b1: 0.823, a2: 639.1, b2: 0.0156, pa: -0.003, pb: 0.6986 } as const;
+/** The model's cap: a log-runtime above this is drawn again (TOO_MUCH_TIME). */
+const LUBLIN_MAX_LOG_SECONDS = 12;
 
 const MINUTE = 60_000;
 const HOUR = 60 * MINUTE;
@@ -198,13 +202,15 @@ export function steadyTrace(seed: number, jobs: number, perMinute: number): Trac
 
 /** Requestors per population in the batch trace: the names of the jobs of one kind. */
 const BATCH_NAMES = 5;
+/** Arrivals a minute in the batch trace: ~22 nodes in use, as the other traces. */
+const BATCH_PER_MINUTE = 0.16;
 
 /**
- * `batch`: job runtimes drawn from the Lublin-Feitelson model (LUBLIN_BATCH, one-node jobs), Poisson
- * arrivals at 6 a minute (~22 nodes in use, as the other traces). Its two Gamma components are two
- * populations of jobs (seconds-long ones and ~10-minute ones); each job's requestor names its
- * population and one of BATCH_NAMES jobs in it (`short-3`, `long-0`), as CI job names tell a lint from
- * a build: what a pool can learn per requestor. Runtimes are clipped to [1 s, 2 h] like the others'.
+ * `batch`: job runtimes drawn from the Lublin-Feitelson model (LUBLIN_BATCH, one-node jobs: p = 0.6956),
+ * Poisson arrivals at BATCH_PER_MINUTE. Its two Gamma components are two populations of jobs (minutes,
+ * spread over orders of magnitude, and ~6 h ones); each job's requestor names its population and one of
+ * BATCH_NAMES jobs in it (`short-3`, `long-0`), as job names tell a quick job from a long one: what a
+ * pool can learn per requestor. Runtimes are kept as the model draws them (at least 1 s).
  */
 export function batchTrace(seed: number, jobs: number): Trace {
   const rng = new Rng(seed);
@@ -213,20 +219,21 @@ export function batchTrace(seed: number, jobs: number): Trace {
   const rows: Row[] = [];
   let t = 0;
   while (rows.length < jobs) {
-    t += rng.exponential(MINUTE / 6);
-    const short = rng.uniform() < p;
-    const log2Seconds = short ? rng.gamma(m.a1, m.b1) : rng.gamma(m.a2, m.b2);
-    const ms = Math.round(Math.min(2 * HOUR, Math.max(1_000, 2 ** log2Seconds * 1000)));
+    t += rng.exponential(MINUTE / BATCH_PER_MINUTE);
+    const short = rng.uniform() <= p;
+    let logSeconds: number;
+    do logSeconds = short ? rng.gamma(m.a1, m.b1) : rng.gamma(m.a2, m.b2);
+    while (logSeconds > LUBLIN_MAX_LOG_SECONDS);
     rows.push({
       arrivalMs: Math.round(t),
-      durationMs: ms,
+      durationMs: Math.max(1_000, Math.round(Math.exp(logSeconds) * 1000)),
       label: DEFAULT_LABEL,
       requestor: `${short ? 'short' : 'long'}-${rng.int(0, BATCH_NAMES - 1)}`,
     });
   }
   return makeTrace(
     'batch',
-    `Lublin-Feitelson batch runtimes (2003), 6/min, seed ${seed}, ${jobs} jobs`,
+    `Lublin-Feitelson batch runtimes (2003), ${BATCH_PER_MINUTE}/min, seed ${seed}, ${jobs} jobs`,
     rows,
   );
 }
