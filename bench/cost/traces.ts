@@ -121,9 +121,9 @@ export const SYNTHETIC_KINDS: readonly SyntheticKind[] = ['steady', 'bursty', 'd
  * Distributed Computing 63(11):1105-1122, 2003; fitted to logs of production machines of the Parallel
  * Workloads Archive). The natural log of a runtime in seconds is hyper-Gamma: Gamma(a1, b1) with
  * probability p, else Gamma(a2, b2), where p = pa * nodes + pb (clamped to [0, 1]) falls with the job's
- * width; a draw above 12 (exp(12) s, ~45 h) is drawn again. Values as in the model's code (m_lublin99.c),
- * read from its Java port in the GridSim toolkit (gridsim.parallel.util.WorkloadLublin99: A1_BATCH ...
- * PB_BATCH, timeFromNodes, hyperGamma).
+ * width; a draw above 12 (exp(12) s, ~45 h) is drawn again. Values as in the model's reference code
+ * (Uri Lublin's m_lublin99.c, in the copy shipped with the Calana generator, BackupTheBerlios/cgwg-svn,
+ * and its Java port in the GridSim toolkit, gridsim.parallel.util.WorkloadLublin99; both agree).
  */
 export const LUBLIN_BATCH = { a1: 6.57, b1: 0.823, a2: 639.1, b2: 0.0156, pa: -0.003, pb: 0.6986 } as const;
 /** The model's cap: a log-runtime above this is drawn again (TOO_MUCH_TIME). */
