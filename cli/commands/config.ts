@@ -35,14 +35,13 @@ export async function validate(file: string, opts: { json?: boolean; shape?: str
         }
       : { shape: text, pool: null, label: null, reason: offers.ok ? 'no pool' : offers.reason };
   });
-  const labels = c.metastaticPools.flatMap((p) =>
-    [...p.labels.values()].map((l) => ({
-      pool: p.key,
-      label: l.name,
-      slot: l.slot ? slotJson(l.slot) : null,
-      slotHourlyCost: l.slotHourlyCost ?? null,
-    })),
-  );
+  const offered = c.metastaticPools.flatMap((p) => [...p.labels.values()].map((l) => ({ pool: p.key, l })));
+  const labels = offered.map(({ pool, l }) => ({
+    pool,
+    label: l.name,
+    slot: l.slot ? slotJson(l.slot) : null,
+    slotHourlyCost: l.slotHourlyCost ?? null,
+  }));
   if (opts.json) {
     printJson({ valid: true, errors: [], warnings: c.notices, labels, shapes: checked });
   } else {
@@ -50,18 +49,16 @@ export async function validate(file: string, opts: { json?: boolean; shape?: str
       `${file}: valid (${c.metastaticPools.length} metastatic pool(s), labels ${[...c.metastaticLabelNames].join(', ')})`,
     );
     for (const n of c.notices) printError(`warning: ${file}: ${n.path}: ${n.message}`);
-    if (labels.some((l) => l.slot) || shapes.length > 0) {
+    if (offered.some(({ l }) => l.slot) || shapes.length > 0) {
       print(
         table(
           ['POOL', 'LABEL', 'SLOT', 'COST/SLOT-HOUR'],
-          c.metastaticPools.flatMap((p) =>
-            [...p.labels.values()].map((l) => [
-              p.key,
-              l.name,
-              l.slot ? describeShape(l.slot) : '-',
-              l.slotHourlyCost === undefined ? '-' : formatCost(l.slotHourlyCost),
-            ]),
-          ),
+          offered.map(({ pool, l }) => [
+            pool,
+            l.name,
+            l.slot ? describeShape(l.slot) : '-',
+            l.slotHourlyCost === undefined ? '-' : formatCost(l.slotHourlyCost),
+          ]),
         ),
       );
     }

@@ -14,7 +14,7 @@ import type {
   ResolvedConfig,
 } from './model.ts';
 import { formatPath } from './paths.ts';
-import type { ConfigFile } from './schema.ts';
+import type { ConfigFile, MetastaticLabelConfig } from './schema.ts';
 
 /** Resolves a file that passed the schema and `checkConfigRules` into the model the core uses. */
 export function resolveConfig(file: ConfigFile): ResolvedConfig {
@@ -22,121 +22,113 @@ export function resolveConfig(file: ConfigFile): ResolvedConfig {
   const backingPools: BackingPool[] = [];
   const backingPoolByLabel = new Map<string, BackingPool>();
   const metastaticLabelNames = new Set<string>();
+  const notices: ConfigNotice[] = [];
 
+  // Backing pools first: a metastatic label's slot shape comes from its backing label, wherever that is.
   for (const provider of file.providers) {
-    if (provider.driver === 'metastatic') {
-      for (const pool of provider.pools) {
-        const poolHostKeyChecking = pool['host-key-checking'];
-        const labels = new Map<string, MetastaticLabel>();
-        for (const label of pool.labels) {
-          const maxAge = label['max-age'];
-          labels.set(label.name, {
-            name: label.name,
-            backingLabel: label['backing-label'],
-            maxParallelJobs: label['max-parallel-jobs'],
-            graceTime: label['grace-time'],
-            minRetentionTime: label['min-retention-time'],
-            maxAge: maxAge === undefined || maxAge === 0 ? undefined : maxAge,
-            hostKeyChecking: label['host-key-checking'] ?? poolHostKeyChecking,
-            requestTimeout:
-              label['request-timeout'] ?? pool['request-timeout'] ?? provider['request-timeout'],
-          });
-          metastaticLabelNames.add(label.name);
-        }
-        metastaticPools.push({
-          key: `${provider.name}/${pool.name}`,
-          providerName: provider.name,
-          poolName: pool.name,
-          priority: pool.priority ?? provider.priority,
-          maxServers: pool['max-servers'],
-          nodeAttributes: pool['node-attributes'],
-          hostKeyChecking: poolHostKeyChecking,
-          launchTimeout: provider['launch-timeout'],
-          bootTimeout: provider['boot-timeout'],
-          launchRetries: provider['launch-retries'],
-          labels,
-        });
+    if (provider.driver === 'metastatic') continue;
+    const { name: providerName, pools, ...providerOptions } = provider;
+    for (const pool of pools) {
+      const { name: poolName, labels: rawLabels, ...poolOptions } = pool;
+      const labels = new Map<string, BackingLabel>();
+      for (const label of rawLabels) {
+        const { name, ...options } = label;
+        labels.set(name, { name, options });
       }
-    } else {
-      const { name: providerName, pools, ...providerOptions } = provider;
-      for (const pool of pools) {
-        const { name: poolName, labels: rawLabels, ...poolOptions } = pool;
-        const labels = new Map<string, BackingLabel>();
-        for (const label of rawLabels) {
-          const { name, ...options } = label;
-          labels.set(name, { name, options });
-        }
-        const backingPool: BackingPool = {
-          key: `${providerName}/${poolName}`,
-          providerName,
-          poolName,
-          driver: provider.driver,
-          maxServers: pool['max-servers'],
-          providerOptions,
-          poolOptions,
-          labels,
-        };
-        backingPools.push(backingPool);
-        for (const name of labels.keys()) {
-          if (!backingPoolByLabel.has(name)) backingPoolByLabel.set(name, backingPool);
-        }
+      const backingPool: BackingPool = {
+        key: `${providerName}/${poolName}`,
+        providerName,
+        poolName,
+        driver: provider.driver,
+        maxServers: pool['max-servers'],
+        providerOptions,
+        poolOptions,
+        labels,
+      };
+      backingPools.push(backingPool);
+      for (const name of labels.keys()) {
+        if (!backingPoolByLabel.has(name)) backingPoolByLabel.set(name, backingPool);
       }
     }
   }
 
+  file.providers.forEach((provider, pi) => {
+    if (provider.driver !== 'metastatic') return;
+    provider.pools.forEach((pool, qi) => {
+      const poolHostKeyChecking = pool['host-key-checking'];
+      const labels = new Map<string, MetastaticLabel>();
+      pool.labels.forEach((label, li) => {
+        const maxAge = label['max-age'];
+        const backing = backingPoolByLabel.get(label['backing-label'])?.labels.get(label['backing-label']);
+        const machine = backing ? machineOf(backing) : {};
+        const path = ['providers', pi, 'pools', qi, 'labels', li];
+        notices.push(...oversized(label, machine, path));
+        labels.set(label.name, {
+          name: label.name,
+          backingLabel: label['backing-label'],
+          maxParallelJobs: label['max-parallel-jobs'],
+          graceTime: label['grace-time'],
+          minRetentionTime: label['min-retention-time'],
+          maxAge: maxAge === undefined || maxAge === 0 ? undefined : maxAge,
+          hostKeyChecking: label['host-key-checking'] ?? poolHostKeyChecking,
+          requestTimeout: label['request-timeout'] ?? pool['request-timeout'] ?? provider['request-timeout'],
+          ...slotOf(label, machine),
+        });
+        metastaticLabelNames.add(label.name);
+      });
+      metastaticPools.push({
+        key: `${provider.name}/${pool.name}`,
+        providerName: provider.name,
+        poolName: pool.name,
+        priority: pool.priority ?? provider.priority,
+        maxServers: pool['max-servers'],
+        nodeAttributes: pool['node-attributes'],
+        hostKeyChecking: poolHostKeyChecking,
+        launchTimeout: provider['launch-timeout'],
+        bootTimeout: provider['boot-timeout'],
+        launchRetries: provider['launch-retries'],
+        labels,
+      });
+    });
+  });
+
   // Array.prototype.sort is stable: ties keep file order.
   metastaticPools.sort((a, b) => a.priority - b.priority);
-  const shaped = metastaticPools.map((pool) => withSlotShapes(file, pool, backingPoolByLabel));
   return {
-    metastaticPools: shaped,
+    metastaticPools,
     backingPoolByLabel,
     backingPools,
     metastaticLabelNames,
     minReady: minReadyOf(file),
     shapeCostMargin: file['shape-cost-margin'],
     learnedDurations: file['learned-durations'],
-    notices: noticesOf(file, metastaticLabelNames),
+    notices: [...notices, ...noticesOf(file, metastaticLabelNames)],
   };
 }
 
+/** What a backing node gives and costs, as far as its label's options and instance types say. */
+type Machine = { vcpus?: number; memoryMiB?: number; hourlyCost?: number };
+
 /**
- * The pool with each label's slot shape and cost per slot-hour (requests by shape): what the label says,
- * else what its backing label says or its instance type gives (shared/config/instanceTypes.ts), divided
- * by max-parallel-jobs. An aws label with several instance-types takes the smallest of each size and the
- * highest price among them, since any of them may be launched.
+ * A label's slot shape and cost per slot-hour (requests by shape): what the label says, else what its
+ * backing label says or its instance type gives (shared/config/instanceTypes.ts), divided by
+ * max-parallel-jobs.
  */
-function withSlotShapes(
-  file: ConfigFile,
-  pool: MetastaticPool,
-  backingPoolByLabel: ReadonlyMap<string, BackingPool>,
-): MetastaticPool {
-  const written = file.providers
-    .filter((p) => p.driver === 'metastatic')
-    .flatMap((p) => p.pools.filter((q) => `${p.name}/${q.name}` === pool.key))
-    .flatMap((q) => q.labels);
-  const labels = new Map<string, MetastaticLabel>();
-  for (const [name, label] of pool.labels) {
-    const own = written.find((l) => l.name === name);
-    const backing = backingPoolByLabel.get(label.backingLabel)?.labels.get(label.backingLabel);
-    const machine = backing ? machineOf(backing) : {};
-    const per = (v: number | undefined) => (v === undefined ? undefined : v / label.maxParallelJobs);
-    const slot: Shape = {
-      cores: own?.cores ?? per(machine.vcpus),
-      memoryMiB:
-        own?.memory === undefined
-          ? perFloor(machine.memoryMiB, label.maxParallelJobs)
-          : parseSize(own.memory),
-      diskMiB: own?.disk === undefined ? undefined : parseSize(own.disk),
-    };
-    const known = Object.values(slot).some((v) => v !== undefined);
-    const cost = per(machine.hourlyCost);
-    labels.set(name, {
-      ...label,
-      ...(known ? { slot: dropUndefined(slot) } : {}),
-      ...(cost === undefined ? {} : { slotHourlyCost: cost }),
-    });
-  }
-  return { ...pool, labels };
+function slotOf(
+  label: MetastaticLabelConfig,
+  machine: Machine,
+): Pick<MetastaticLabel, 'slot' | 'slotHourlyCost'> {
+  const slots = label['max-parallel-jobs'];
+  const slot: Shape = {
+    cores: label.cores ?? (machine.vcpus === undefined ? undefined : machine.vcpus / slots),
+    memoryMiB: label.memory === undefined ? perFloor(machine.memoryMiB, slots) : parseSize(label.memory),
+    diskMiB: label.disk === undefined ? undefined : parseSize(label.disk),
+  };
+  const known = Object.values(slot).some((v) => v !== undefined);
+  return {
+    ...(known ? { slot: dropUndefined(slot) } : {}),
+    ...(machine.hourlyCost === undefined ? {} : { slotHourlyCost: machine.hourlyCost / slots }),
+  };
 }
 
 /** Whole MiB of one slot when a machine's memory is divided among its slots. */
@@ -148,8 +140,11 @@ function dropUndefined(s: Shape): Shape {
   return Object.fromEntries(Object.entries(s).filter(([, v]) => v !== undefined)) as Shape;
 }
 
-/** What a backing node of this label gives and costs, as far as its options and instance types say. */
-function machineOf(label: BackingLabel): { vcpus?: number; memoryMiB?: number; hourlyCost?: number } {
+/**
+ * What a backing node of this label gives and costs. An aws label with several instance-types takes the
+ * smallest of each size and the highest price among them, since any of them may be launched.
+ */
+function machineOf(label: BackingLabel): Machine {
   const o = label.options;
   const types = [
     o['instance-type'],
@@ -167,42 +162,26 @@ function machineOf(label: BackingLabel): { vcpus?: number; memoryMiB?: number; h
 }
 
 /**
- * Slots that declare more cores or memory than their backing instance type gives them (the type's
- * vCPUs or memory / max-parallel-jobs), where the type is known: a request by shape would be served a
- * slot that cannot hold it. A warning, not an error: the label may know better (overcommit on purpose).
+ * A slot that declares more cores or memory than its backing instance type gives it (the type's vCPUs or
+ * memory / max-parallel-jobs), where the type is known: a request by shape would be served a slot that
+ * cannot hold it. A warning, not an error: the label may know better (overcommit on purpose).
  */
-function oversizedSlots(file: ConfigFile): ConfigNotice[] {
-  const machines = new Map<string, ReturnType<typeof machineOf>>();
-  for (const p of file.providers) {
-    if (p.driver === 'metastatic') continue;
-    for (const pool of p.pools)
-      for (const { name, ...options } of pool.labels)
-        if (!machines.has(name)) machines.set(name, machineOf({ name, options }));
-  }
+function oversized(label: MetastaticLabelConfig, m: Machine, path: (string | number)[]): ConfigNotice[] {
+  const slots = label['max-parallel-jobs'];
   const notices: ConfigNotice[] = [];
-  file.providers.forEach((p, pi) => {
-    if (p.driver !== 'metastatic') return;
-    p.pools.forEach((pool, qi) => {
-      pool.labels.forEach((label, li) => {
-        const m = machines.get(label['backing-label']);
-        const slots = label['max-parallel-jobs'];
-        const at = (key: string) => formatPath(['providers', pi, 'pools', qi, 'labels', li, key]);
-        if (m?.vcpus !== undefined && label.cores !== undefined && label.cores * slots > m.vcpus) {
-          notices.push({
-            path: at('cores'),
-            message: `${slots} slots of ${label.cores} cores need ${label.cores * slots}; the instance type gives ${m.vcpus}`,
-          });
-        }
-        const memory = label.memory === undefined ? undefined : parseSize(label.memory);
-        if (m?.memoryMiB !== undefined && memory !== undefined && memory * slots > m.memoryMiB) {
-          notices.push({
-            path: at('memory'),
-            message: `${slots} slots of ${label.memory} need ${formatSize(memory * slots)}; the instance type gives ${formatSize(m.memoryMiB)}`,
-          });
-        }
-      });
+  if (m.vcpus !== undefined && label.cores !== undefined && label.cores * slots > m.vcpus) {
+    notices.push({
+      path: formatPath([...path, 'cores']),
+      message: `${slots} slots of ${label.cores} cores need ${label.cores * slots}; the instance type gives ${m.vcpus}`,
     });
-  });
+  }
+  const memory = label.memory === undefined ? undefined : parseSize(label.memory);
+  if (m.memoryMiB !== undefined && memory !== undefined && memory * slots > m.memoryMiB) {
+    notices.push({
+      path: formatPath([...path, 'memory']),
+      message: `${slots} slots of ${label.memory} need ${formatSize(memory * slots)}; the instance type gives ${formatSize(m.memoryMiB)}`,
+    });
+  }
   return notices;
 }
 
@@ -216,9 +195,9 @@ function minReadyOf(file: ConfigFile): Map<string, number> {
   return minReady;
 }
 
-/** Valid keys that do nothing here, or promise more than they can: the user is told rather than left to wonder. */
+/** Valid keys that do nothing here: the user is told rather than left to wonder. */
 function noticesOf(file: ConfigFile, offered: ReadonlySet<string>): ConfigNotice[] {
-  const notices: ConfigNotice[] = [...oversizedSlots(file)];
+  const notices: ConfigNotice[] = [];
   file.labels?.forEach((label, index) => {
     if ((label['min-ready'] ?? 0) > 0 && !offered.has(label.name)) {
       notices.push({

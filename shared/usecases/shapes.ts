@@ -1,6 +1,6 @@
 import { type RequestMessage, shapeOf } from '../core/messages.ts';
 import { requestBodyHash } from '../core/request.ts';
-import { type LabelOffer, shapeOffers } from '../core/shapes.ts';
+import { type LabelOffer, type PoolOffer, shapeOffers } from '../core/shapes.ts';
 import type { Context } from './context.ts';
 
 export type LabelChoice =
@@ -27,8 +27,7 @@ export async function labelsFor(ctx: Context, m: RequestMessage): Promise<LabelC
   }
   const offers = shapeOffers(ctx.config, shapes);
   if (!offers.ok) return offers;
-  const best = offers.pools[0];
-  if (!best) return { ok: false, reason: 'no pool can serve these shapes' };
+  const best = offers.pools[0] as PoolOffer; // ok: at least one pool
   const labels: string[] = [];
   for (const ranked of best.perShape)
     labels.push((await choose(ctx, ranked, ctx.config.shapeCostMargin)).label.name);

@@ -2,6 +2,8 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { CapacityError } from '../../shared/core/errors.ts';
 import type { RequestMessage } from '../../shared/core/messages.ts';
 import type { RequestRecord } from '../../shared/core/records.ts';
+import { requestedRecord } from '../../shared/core/request.ts';
+import { ChoseOtherLabels } from '../../shared/usecases/recording.ts';
 import { releaseNode } from '../../shared/usecases/release.ts';
 import { requestNodes } from '../../shared/usecases/requestNodes.ts';
 import { type ConfigFixture, largeNode, poolConfig, smallNode } from '../../testkit/configs.ts';
@@ -135,6 +137,33 @@ describe('requests by shape', () => {
     expect((await ctx.store.listBacking()).filter((b) => b.state === 'ready')).toEqual([]);
     const out = await requestNodes(ctx, body);
     expect(out.kind).toBe('placed');
+    expect(out.request.nodes.map((n) => n.label)).toEqual(['four']);
+  });
+
+  it('gives back what it took when a concurrent first delivery recorded other labels, then uses those', async () => {
+    h = await startHarness(shapedPool());
+    const ctx = h.pool.context;
+    const body: RequestMessage = { kind: 'request', id: 'raced', shapes: [{ cores: 1 }] };
+    // `two` has a free slot: this delivery would choose it (the cheapest) and claim there.
+    await h.send({ kind: 'request', id: 'warm', labels: ['two'] });
+    const warm = await settle(h, 'warm');
+    // Meanwhile another delivery of `raced` chose `four` and recorded the request waiting: this one read
+    // the table before that (its first read of the request finds nothing), so it chose `two` and claimed.
+    await ctx.store.createRequest({ ...requestedRecord(body, ctx.clock.now(), ['four']), placer: 'other' });
+    let reads = 0;
+    const racing = new Proxy(ctx.store, {
+      get: (target, prop) =>
+        prop === 'getRequest'
+          ? async (id: string) => (reads++ === 0 ? undefined : target.getRequest(id))
+          : Reflect.get(target, prop, target),
+    });
+    await expect(requestNodes({ ...ctx, store: racing }, body)).rejects.toThrow(ChoseOtherLabels);
+    // Its claim on `two` was given back: the warm backing node holds only `warm`.
+    const two = await ctx.store.getBacking(warm.nodes[0]?.backingNodeId as string);
+    expect(two?.used).toBe(1);
+    expect(Object.values(two?.slotMap ?? {})).toEqual(['warm/0']);
+    // The next delivery reads the stored choice and places it there.
+    const out = await requestNodes(ctx, body);
     expect(out.request.nodes.map((n) => n.label)).toEqual(['four']);
   });
 
