@@ -1,6 +1,6 @@
-import { cpSync, existsSync } from 'node:fs';
+import { chmodSync, cpSync, existsSync, readdirSync, writeFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
-import { join } from 'node:path';
+import { basename, dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 /** The Lambda functions of the pool: each has its entry point at `functions/<name>/index.ts`. */
@@ -50,14 +50,29 @@ export function functionEntry(name: PoolFunctionName): string | undefined {
 /**
  * Writes the function's bundle (`index.js`, `index.js.map`) into `outDir`: a copy of the prebuilt one
  * when the package has it, else built from the sources with esbuild (loaded only then, so an installed
- * package needs no esbuild).
+ * package needs no esbuild). A bundle built from the sources is built once per process and function and
+ * kept in memory: the sources do not change during a synth, and an app with several pools (or pools
+ * with different configurations, which are different assets) would otherwise run esbuild for each.
  */
 export function writeBundle(name: PoolFunctionName, outDir: string): void {
   const prebuilt = prebuiltBundleDir(name);
   if (prebuilt) {
     cpSync(prebuilt, outDir, { recursive: true });
+    makeReadableByAll(outDir);
     return;
   }
+  let files = builtBundles.get(name);
+  if (!files) {
+    files = buildBundle(name);
+    builtBundles.set(name, files);
+  }
+  for (const file of files) writeFileSync(join(outDir, file.name), file.contents);
+  makeReadableByAll(outDir);
+}
+
+const builtBundles = new Map<PoolFunctionName, ReadonlyArray<{ name: string; contents: Uint8Array }>>();
+
+function buildBundle(name: PoolFunctionName): ReadonlyArray<{ name: string; contents: Uint8Array }> {
   const entry = functionEntry(name);
   if (!entry) {
     throw new Error(
@@ -65,10 +80,30 @@ export function writeBundle(name: PoolFunctionName, outDir: string): void {
     );
   }
   const esbuild = createRequire(import.meta.url)('esbuild') as typeof import('esbuild');
-  esbuild.buildSync({
+  const out = esbuild.buildSync({
     ...LAMBDA_BUNDLE_OPTIONS,
     external: [...LAMBDA_BUNDLE_OPTIONS.external],
     entryPoints: [entry],
-    outfile: join(outDir, BUNDLE_FILE),
+    // Not written: the files are kept to be written into every asset that needs them. The source map's
+    // reference in index.js is its base name, so it holds wherever they are written.
+    write: false,
+    outfile: join(dirname(entry), BUNDLE_FILE),
   });
+  return out.outputFiles.map((f) => ({ name: basename(f.path), contents: f.contents }));
+}
+
+/**
+ * Sets every file under `dir` to 0644 and every folder to 0755, whatever the umask of the process that
+ * wrote them. The CDK CLI zips each file with its mode, and Lambda runs the code as a user other than the
+ * package's owner: under `umask 077` (hardened hosts, some CI images) esbuild's output and a plain
+ * `writeFileSync(..., { mode: 0o644 })` come out 0600, with the same asset hash, and every invocation
+ * fails with EACCES. A mode given at creation is masked by the umask; chmod is not.
+ */
+export function makeReadableByAll(dir: string): void {
+  chmodSync(dir, 0o755);
+  for (const entry of readdirSync(dir, { withFileTypes: true })) {
+    const path = join(dir, entry.name);
+    if (entry.isDirectory()) makeReadableByAll(path);
+    else if (entry.isFile()) chmodSync(path, 0o644);
+  }
 }

@@ -20,6 +20,7 @@ import { cfnResource } from './cfnResource.ts';
 import {
   BUNDLE_FILE,
   functionEntry,
+  makeReadableByAll,
   type PoolFunctionName,
   prebuiltBundleDir,
   writeBundle,
@@ -225,8 +226,8 @@ function deployedValue(value: unknown): string {
  * The function's code package: its bundle and `files` beside it, written by a local bundling step (plain
  * file writes, no shell, no Docker) when the stack is synthesized with bundling (`cdk synth` and
  * `deploy` do; tests skip it for stacks not named in `aws:cdk:bundling-stacks`). Every file is written
- * readable by all (0644): Lambda runs the code as a user other than the package's owner and fails with
- * EACCES on a file it cannot read. The asset hash is the output's, so a change in the code or in a file
+ * readable by all (0644, set after writing, so the umask of whoever synthesizes does not count): Lambda
+ * runs the code as a user other than the package's owner and fails with EACCES on a file it cannot read. The asset hash is the output's, so a change in the code or in a file
  * changes the deployed package, and two functions with different files never share one.
  */
 function functionCode(name: PoolFunctionName, files: Readonly<Record<string, string>>): Code {
@@ -245,8 +246,9 @@ function functionCode(name: PoolFunctionName, files: Readonly<Record<string, str
     tryBundle(outputDir: string): boolean {
       writeBundle(name, outputDir);
       for (const file of names) {
-        writeFileSync(join(outputDir, file), files[file] ?? '', { mode: 0o644, flag: 'wx' });
+        writeFileSync(join(outputDir, file), files[file] ?? '', { flag: 'wx' });
       }
+      makeReadableByAll(outputDir);
       return true;
     },
   };
