@@ -8,6 +8,7 @@ import type { CapacitySets, CapacityStep } from '../../shared/store/capacitySets
 import { CapacitySteps } from '../../shared/store/capacitySteps.ts';
 import { DynamoStore } from '../../shared/store/dynamoStore.ts';
 import { keys } from '../../shared/store/table.ts';
+import { holdPlaces } from '../../testkit/heldPlaces.ts';
 
 /**
  * Capacity sets whose cost does not grow with the fleet (issue 12), on dynalite: a counter item and one
@@ -21,6 +22,7 @@ let engine: Awaited<ReturnType<typeof startDynalite>>;
 let client: DynamoDBClient;
 let store: DynamoStore;
 let sets: CapacitySets;
+let doc: DynamoDBDocumentClient;
 
 /** The longest node id a request can have (requestIdPattern: 128 characters; index up to 4 digits). */
 const longest = (i: number) => nodeId(`${'r'.repeat(120)}${String(i).padStart(8, '0')}`, 9000 + (i % 1000));
@@ -31,6 +33,7 @@ beforeAll(async () => {
   client = new DynamoDBClient({ ...region, endpoint: engine.endpoint });
   await ensureTable(client, 'scale');
   store = new DynamoStore(client, 'scale');
+  doc = DynamoDBDocumentClient.from(client);
   sets = store.capacity;
 });
 afterAll(async () => {
@@ -182,12 +185,10 @@ describe('the cost of a place', () => {
     const costs: Record<number, { reserve: number; release: number }> = {};
     for (const held of [20, 5_000]) {
       const set = keys.poolNodes(`cost/${held}`);
-      for (let i = 0; i < held; i += 50) {
-        const members = Array.from({ length: Math.min(50, held - i) }, (_, j) => longest(i + j));
-        expect(await sets.reserve(set, members, MAX_SERVERS, owner(1_000_000_000, i))).toEqual({
-          kind: 'reserved',
-        });
-      }
+      const members = Array.from({ length: held }, (_, i) => longest(i));
+      await holdPlaces(doc, 'scale', sets, set, members, (_, i) => owner(1_000_000_000, Math.floor(i / 50)));
+      expect(await sets.used(set)).toBe(held);
+      expect((await sets.members(set)).size).toBe(held);
       const reserve = await writeUnits(() =>
         sets.reserve(set, ['one/0'], MAX_SERVERS, owner(2_000_000_000, 1)),
       );
@@ -204,14 +205,19 @@ describe('the largest pool: max-servers at its maximum', () => {
   it('keeps allocation, release, takeover and giving back exact with thousands of places held', async () => {
     const set = keys.poolNodes('meta/largest');
     const max = MAX_SERVERS;
-    // 3,000 places held through the store in node sets of 50, the first 10 sets by dead deliveries.
+    // 3,000 places held in node sets of 50, the first 10 sets by dead deliveries.
     const held = 3_000;
-    for (let d = 0; d < held / 50; d++) {
-      const members = Array.from({ length: 50 }, (_, j) => longest(d * 50 + j));
-      expect(await sets.reserve(set, members, max, owner(d < 10 ? 1_000 : 1_000_000_000, d))).toEqual({
-        kind: 'reserved',
-      });
-    }
+    const members = Array.from({ length: held }, (_, i) => longest(i));
+    await holdPlaces(doc, 'scale', sets, set, members, (_, i) => {
+      const d = Math.floor(i / 50);
+      return owner(d < 10 ? 1_000 : 1_000_000_000, d);
+    });
+    expect(await sets.used(set)).toBe(held);
+    // Still room below the cap, reserved through the store as any request's places are.
+    expect(await sets.reserve(set, ['next/0', 'next/1'], max, owner(1_500_000_000, 1))).toEqual({
+      kind: 'reserved',
+    });
+    await sets.unreserve(set, ['next/0', 'next/1']);
     expect(await sets.used(set)).toBe(held);
     // The cap holds at this size as at any: a set that would pass it is refused whole.
     expect(await sets.reserve(set, ['late/0', 'late/1'], held + 1, owner(1_600_000_000, 1))).toEqual({
@@ -242,7 +248,6 @@ describe('the largest pool: max-servers at its maximum', () => {
 
 describe('a state dir of an earlier version', () => {
   it('has its one-item capacity sets moved to places at start, once, with their owners', async () => {
-    const doc = DynamoDBDocumentClient.from(client);
     await doc.send(
       new PutCommand({
         TableName: 'scale',
