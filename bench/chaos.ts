@@ -1,11 +1,13 @@
 /**
- * The chaos suite at full size (or any size): the same run as test/chaos/chaos.test.ts (see
+ * The chaos suite at full size (or any size): the same run as test/chaos/*.test.ts (see
  * testkit/chaos.ts), with progress lines, for longer runs than `npm test` affords.
  *
  *   npm run test:chaos                                  1,000 requests, a fresh seed
  *   npm run test:chaos -- --requests 300 --seed 42      a size, a seed (replay)
  *   npm run test:chaos -- --runs 5                      five runs with consecutive seeds
  *   npm run test:chaos -- --no-node-cap                 the metastatic pool without max-servers
+ *   npm run test:chaos -- --reaper-every 10             the reaper every 10 ticks (1 s virtual), as in
+ *                                                       `npm test`; default: every tick (most interleavings)
  *   npm run test:chaos -- --seed 42 --trace req-18/,bn-0123456789abcdef
  *                                                       every write touching those ids, with a failure
  *
@@ -33,6 +35,7 @@ function positive(text: string, what: string): number {
 async function main(): Promise<number> {
   const requests = positive(flag('requests') ?? process.env.CHAOS_REQUESTS ?? '1000', '--requests');
   const runs = positive(flag('runs') ?? '1', '--runs');
+  const reaperEveryTicks = positive(flag('reaper-every') ?? '1', '--reaper-every');
   const firstSeed = parseSeed(flag('seed') ?? process.env.CHAOS_SEED);
   const trace = (flag('trace') ?? process.env.CHAOS_TRACE ?? '').split(',').filter((s) => s !== '');
   for (let i = 0; i < runs; i++) {
@@ -44,6 +47,7 @@ async function main(): Promise<number> {
         seed,
         trace,
         nodeCap: !process.argv.includes('--no-node-cap'),
+        reaperEveryTicks,
         // A Scan of a large table is not free: check less often on long runs.
         checkEveryTicks: requests > 300 ? 50 : 20,
         progress: (line) => console.log(`  ${line}`),
