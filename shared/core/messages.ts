@@ -17,6 +17,22 @@ export const MAX_LABEL_LENGTH = 255;
 /** An expected duration beyond a week is more likely milliseconds typed as seconds. */
 export const MAX_EXPECTED_DURATION = 7 * 24 * 3600;
 
+/**
+ * A request id a message may name (a request's own, or the one a cancel ends): never one of the pool's
+ * own min-ready requests (core/minReady.ts), which no message may write or end.
+ */
+function clientRequestId() {
+  return z
+    .string()
+    .regex(
+      requestIdPattern,
+      'must be 1-128 characters of A-Z a-z 0-9 . _ : - starting with a letter or digit',
+    )
+    .refine((id) => !id.startsWith(SPARE_ID_PREFIX), {
+      message: `must not start with "${SPARE_ID_PREFIX}": those are the pool's own min-ready requests`,
+    });
+}
+
 /** What one node of a request by shape needs: at least one of cores, memory, disk. */
 export const ShapeMessage = z
   .strictObject({
@@ -58,15 +74,7 @@ export function shapeOf(s: ShapeMessage): Shape {
 export const RequestMessage = z
   .strictObject({
     kind: z.literal('request'),
-    id: z
-      .string()
-      .regex(
-        requestIdPattern,
-        'must be 1-128 characters of A-Z a-z 0-9 . _ : - starting with a letter or digit',
-      )
-      .refine((id) => !id.startsWith(SPARE_ID_PREFIX), {
-        message: `must not start with "${SPARE_ID_PREFIX}": those are the pool's own min-ready requests`,
-      }),
+    id: clientRequestId(),
     labels: z
       .array(
         z
@@ -127,12 +135,8 @@ export type ReleaseMessage = z.infer<typeof ReleaseMessage>;
  */
 export const CancelMessage = z.strictObject({
   kind: z.literal('cancel'),
-  id: z
-    .string()
-    .regex(
-      requestIdPattern,
-      'must be 1-128 characters of A-Z a-z 0-9 . _ : - starting with a letter or digit',
-    ),
+  /** Never one of the pool's own min-ready requests: they end with their seat or their taker. */
+  id: clientRequestId(),
   /** Why, recorded in the request's reason after "cancelled: ". */
   reason: z.string().max(256, 'must be at most 256 characters').optional(),
 });

@@ -24,19 +24,19 @@ import { type Harness, sqsEvent, startHarness } from '../../testkit/harness.ts';
 // ---- inputs -------------------------------------------------------------------------------------------
 
 /**
- * Four metastatic pools on one local backing label (boot-delay 0): `main` takes every good request (64
+ * Four metastatic pools on one local backing label (boot-delay 0): `main` takes every good request (128
  * slots, so they all pack onto one backing node), `side` offers another label, `capped` allows two nodes,
  * `off` is disabled.
  */
 const poolOf = (name: string, label: string, settings: Settings = {}): Settings => ({
   name,
   ...settings,
-  labels: [smallNode({ name: label, 'max-parallel-jobs': 64, 'grace-time': 60 })],
+  labels: [smallNode({ name: label, 'max-parallel-jobs': 128, 'grace-time': 60 })],
 });
 const POOL_CONFIG = poolConfig({
   backing: { labels: [largeNode({ 'boot-delay': 0 })] },
   meta: {
-    labels: [smallNode({ 'max-parallel-jobs': 64, 'grace-time': 60 })],
+    labels: [smallNode({ 'max-parallel-jobs': 128, 'grace-time': 60 })],
     morePools: [
       poolOf('side', 'side-node'),
       poolOf('capped', 'capped-node', { 'max-servers': 2 }),
@@ -48,6 +48,7 @@ const POOL_CONFIG = poolConfig({
 const MAX_RECEIVES = 3;
 const CONFIGURED = '(configured: capped-node, off-node, side-node, small-node)';
 const ID_RULE = 'must be 1-128 characters of A-Z a-z 0-9 . _ : - starting with a letter or digit';
+const SPARE_ID_RULE = 'must not start with "min-ready:": those are the pool\'s own min-ready requests';
 
 const json = (value: unknown): string => JSON.stringify(value);
 const request = (id: unknown, labels: unknown = ['small-node'], extra: Record<string, unknown> = {}) =>
@@ -387,6 +388,28 @@ const REJECTED: readonly RejectedCase[] = [
         reason: 'invalid request message: unknown key "prio"',
       });
     },
+  },
+  // Issue 22, defect 3: the pool's own min-ready ids cannot be written or ended by any message.
+  {
+    name: 'cancel of a min-ready request (not recorded)',
+    body: json({ kind: 'cancel', id: 'min-ready:small-node:0:1' }),
+    reason: `invalid cancel message: id: ${SPARE_ID_RULE}`,
+    logged: true,
+    check: (h) => notRecorded(h, 'min-ready:small-node:0:1'),
+  },
+  {
+    name: 'request under a min-ready id (nothing recorded under its id)',
+    body: request('min-ready:small-node:0:2'),
+    reason: `invalid request message: id: ${SPARE_ID_RULE}`,
+    logged: true,
+    check: (h) => notRecorded(h, 'min-ready:small-node:0:2'),
+  },
+  {
+    name: 'unknown kind under a min-ready id (nothing recorded under its id)',
+    body: json({ kind: 'launch', id: 'min-ready:small-node:0:3' }),
+    reason: 'unknown kind "launch" (expected "request", "release" or "cancel")',
+    logged: true,
+    check: (h) => notRecorded(h, 'min-ready:small-node:0:3'),
   },
   {
     name: 'release without nodeId',

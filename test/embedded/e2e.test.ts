@@ -261,6 +261,16 @@ describe('metastatic CLI without a running pool', { timeout: 180_000 }, () => {
     await rm(dir, { recursive: true, force: true });
   });
 
+  it("refuses the pool's own min-ready ids with exit 2, before looking for a pool", async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'metastatic-none-'));
+    const r = await cli(['--state-dir', dir, 'cancel', 'min-ready:small-node:0:1']);
+    expect(r.code, r.stderr).toBe(2);
+    expect(r.stderr).toContain(
+      '"min-ready:small-node:0:1" is one of the pool\'s own min-ready requests: no message may end it',
+    );
+    await rm(dir, { recursive: true, force: true });
+  });
+
   it('exits 2 on usage errors and 0 on --help', async () => {
     expect((await cli(['frobnicate'])).code).toBe(2);
     const help = await cli(['request', '--help']);
