@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { MAX_PRIORITY } from '../core/priority.ts';
 import { MAX_CORES, MAX_SIZE_MIB, parseSize, SIZE_PATTERN, SIZE_RULE } from '../core/shapes.ts';
 
 /**
@@ -39,8 +40,8 @@ export const MAX_MIN_READY = 100;
 export const MAX_SERVERS = 10_000;
 /** Launch attempts per node: each may take up to launch-timeout; more only delay the failure. */
 export const MAX_LAUNCH_RETRIES = 20;
-/** Priorities: only their order matters; the bound keeps them plain integers. */
-export const MAX_PRIORITY = 1_000_000;
+/** Priorities: only their order matters; the bound keeps them plain integers (as a message's). */
+export { MAX_PRIORITY } from '../core/priority.ts';
 /** EC2 keeps at most 10,000 versions of a launch template; version numbers never reach this. */
 export const MAX_TEMPLATE_VERSION = 1_000_000;
 /** EBS: the largest volume of any type (io2 Block Express, 64 TiB); per type in resolve.ts. */

@@ -1,5 +1,6 @@
 import { z } from 'zod';
 import { requestIdPattern, SPARE_ID_PREFIX } from './ids.ts';
+import { MAX_PRIORITY } from './priority.ts';
 import { MAX_CORES, MAX_SIZE_MIB, parseSize, type Shape, SIZE_RULE } from './shapes.ts';
 import { boundedReason, clip, listSome, quote } from './text.ts';
 
@@ -14,6 +15,7 @@ import { boundedReason, clip, listSome, quote } from './text.ts';
  */
 export const MAX_NODE_SET = 64;
 export const MAX_LABEL_LENGTH = 255;
+export const PRIORITY_RULE = `must be an integer from ${-MAX_PRIORITY} to ${MAX_PRIORITY} (lower is served first)`;
 /** An expected duration beyond a week is more likely milliseconds typed as seconds. */
 export const MAX_EXPECTED_DURATION = 7 * 24 * 3600;
 
@@ -95,7 +97,8 @@ export const RequestMessage = z
       .max(MAX_NODE_SET, `a node set has at most ${MAX_NODE_SET} shapes`)
       .optional(),
     requestor: z.string().max(256, 'must be at most 256 characters').optional(),
-    priority: z.number().int().optional(),
+    /** Lower first; bounded as configuration priorities are. The pool's own spares come after any. */
+    priority: z.number().int().min(-MAX_PRIORITY, PRIORITY_RULE).max(MAX_PRIORITY, PRIORITY_RULE).optional(),
     /**
      * How long the requestor expects to keep its nodes, in seconds: placement puts them where the nodes
      * already running are expected to end about when they do, so backing nodes empty together.

@@ -48,6 +48,7 @@ const POOL_CONFIG = poolConfig({
 const MAX_RECEIVES = 3;
 const CONFIGURED = '(configured: capped-node, off-node, side-node, small-node)';
 const ID_RULE = 'must be 1-128 characters of A-Z a-z 0-9 . _ : - starting with a letter or digit';
+const PRIORITY_RULE = 'must be an integer from -1000000 to 1000000 (lower is served first)';
 const SPARE_ID_RULE = 'must not start with "min-ready:": those are the pool\'s own min-ready requests';
 
 const json = (value: unknown): string => JSON.stringify(value);
@@ -338,6 +339,21 @@ const REJECTED: readonly RejectedCase[] = [
     reason: 'invalid request message: priority: must be a number, not a string',
     logged: true,
     recordedAs: 'prio-string',
+  },
+  // Issue 22, defect 4: priorities are bounded as configuration priorities are.
+  {
+    name: 'priority above 1e6 (2e9 waited behind the min-ready nodes)',
+    body: request('prio-huge', ['small-node'], { priority: 2e9 }),
+    reason: `invalid request message: priority: ${PRIORITY_RULE}`,
+    logged: true,
+    recordedAs: 'prio-huge',
+  },
+  {
+    name: 'priority below -1e6',
+    body: request('prio-low', ['small-node'], { priority: -1_000_001 }),
+    reason: `invalid request message: priority: ${PRIORITY_RULE}`,
+    logged: true,
+    recordedAs: 'prio-low',
   },
   {
     name: 'requestor of 257 characters',
