@@ -1,6 +1,6 @@
 import { z } from 'zod';
 import { MAX_PRIORITY } from '../core/priority.ts';
-import { MAX_CORES, MAX_SIZE_MIB, parseSize, SIZE_PATTERN, SIZE_RULE } from '../core/shapes.ts';
+import { MAX_CORES, MAX_SIZE_MIB, MIN_CORES, parseSize, SIZE_PATTERN, SIZE_RULE } from '../core/shapes.ts';
 
 /**
  * The limits every number in a configuration is held to, and the leaf schemas the driver schemas are
@@ -117,10 +117,10 @@ export const MAPPING = 'a mapping';
 
 // ---- shapes (what one slot gives; docs/configuration.md, Shapes) --------------------------------------
 
-/** Cores of a slot: fractions allowed (a slot may be half a core); at most MAX_CORES. */
+/** Cores of a slot: fractions allowed (a slot may be half a core), MIN_CORES to MAX_CORES. */
 export const cores = () => {
-  const phrase = `a number of cores > 0 and <= ${MAX_CORES}`;
-  return z.number({ error: phrase }).positive({ error: phrase }).max(MAX_CORES, { error: phrase });
+  const phrase = `a number of cores >= ${MIN_CORES} and <= ${MAX_CORES}`;
+  return z.number({ error: phrase }).min(MIN_CORES, { error: phrase }).max(MAX_CORES, { error: phrase });
 };
 
 /** A size with its unit (memory, disk), at most 1 PiB; kept as written, read with parseSize. */

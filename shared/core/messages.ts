@@ -1,13 +1,15 @@
 import { z } from 'zod';
 import { requestIdPattern, SPARE_ID_PREFIX } from './ids.ts';
 import { MAX_PRIORITY } from './priority.ts';
-import { MAX_CORES, MAX_SIZE_MIB, parseSize, type Shape, SIZE_RULE } from './shapes.ts';
+import { MAX_CORES, MAX_SIZE_MIB, MIN_CORES, parseSize, type Shape, SIZE_RULE } from './shapes.ts';
 import { boundedReason, clip, listSome, quote } from './text.ts';
 
 /**
  * The public message API of the request queue (documented in docs/messages.md). Strict: unknown keys are
  * rejected so a typo never silently changes a request.
  *
+ * Every number is bounded both ways to a range that means something for its field, which keeps it
+ * within what DynamoDB stores (magnitude 1e-130 to 1e+126, 38 digits; a JSON number has at most 17).
  * The limits keep what a message can make the pool store within DynamoDB's 400 KB item: a request's
  * labels are stored twice (the set, and each node's label), so 64 labels of 255 characters take at most
  * ~100 KB (test/unit/core.test.ts measures the largest request the schema admits). SQS's own limit, 256 KB
@@ -18,6 +20,11 @@ export const MAX_LABEL_LENGTH = 255;
 export const PRIORITY_RULE = `must be an integer from ${-MAX_PRIORITY} to ${MAX_PRIORITY} (lower is served first)`;
 /** An expected duration beyond a week is more likely milliseconds typed as seconds. */
 export const MAX_EXPECTED_DURATION = 7 * 24 * 3600;
+/**
+ * No node is kept less than a second; below 1e-130 DynamoDB cannot store the number at all (the request
+ * keeps it), and such a request was retried until its receives ran out, never recorded.
+ */
+export const MIN_EXPECTED_DURATION = 1;
 
 /**
  * A request id a message may name (a request's own, or the one a cancel ends): never one of the pool's
@@ -40,7 +47,7 @@ export const ShapeMessage = z
   .strictObject({
     cores: z
       .number()
-      .positive('must be more than 0')
+      .min(MIN_CORES, `must be at least ${MIN_CORES} (a thousandth of a core)`)
       .max(MAX_CORES, `must be at most ${MAX_CORES}`)
       .optional(),
     memory: sizeField().optional(),
@@ -105,7 +112,7 @@ export const RequestMessage = z
      */
     'expected-duration': z
       .number()
-      .positive('must be more than 0 seconds')
+      .min(MIN_EXPECTED_DURATION, `must be at least ${MIN_EXPECTED_DURATION} second`)
       .max(MAX_EXPECTED_DURATION, `must be at most ${MAX_EXPECTED_DURATION} seconds (7 days)`)
       .optional(),
   })

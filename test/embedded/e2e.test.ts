@@ -280,9 +280,13 @@ describe('metastatic CLI without a running pool', { timeout: 180_000 }, () => {
       [['--priority', '12abc'], '--priority must be an integer from -1000000 to 1000000'],
       [['--priority', '1000001'], '--priority must be an integer from -1000000 to 1000000'],
       [['--priority', ''], '--priority must be an integer from -1000000 to 1000000'],
+      [['--cores', '1e-300'], '--cores: must be at least 0.001 (a thousandth of a core)'],
+      [['--expected-duration', '1e-320'], 'expected-duration: must be at least 1 second'],
     ];
     const runs = await Promise.all(
-      cases.map(([args]) => cli(['--state-dir', dir, 'request', 'small-node', ...args])),
+      cases.map(([args]) =>
+        cli(['--state-dir', dir, 'request', ...(args[0] === '--cores' ? [] : ['small-node']), ...args]),
+      ),
     );
     for (const [i, r] of runs.entries()) {
       const [args, message] = cases[i] as [string[], string];
