@@ -1,4 +1,5 @@
 import { Argument, Command, InvalidArgumentError, Option } from 'commander';
+import { MAX_PRIORITY } from '../shared/core/priority.ts';
 import type { Target } from './client.ts';
 import type { Level } from './consoleLog.ts';
 import { packageVersion } from './packageInfo.ts';
@@ -20,6 +21,17 @@ const positiveSeconds = (name: string) => (value: string) => {
   const n = Number(value);
   if (!Number.isFinite(n) || n < 0.1 || n > 3600)
     throw new InvalidArgumentError(`${name} must be a number of seconds from 0.1 to 3600`);
+  return n;
+};
+
+/**
+ * A priority as a message carries it: an integer written in decimal, within the bounds. Strict, where
+ * parseInt read `1e300` as 1 and `0x10` as 0.
+ */
+const priority = (value: string) => {
+  const n = Number(value);
+  if (!/^[+-]?\d{1,7}$/.test(value.trim()) || Math.abs(n) > MAX_PRIORITY)
+    throw new InvalidArgumentError(`--priority must be an integer from ${-MAX_PRIORITY} to ${MAX_PRIORITY}`);
   return n;
 };
 
@@ -100,7 +112,11 @@ export function buildProgram(): Command {
     )
     .option('--id <id>', 'request id (default: generated); re-sending the same id never allocates twice')
     .option('--requestor <name>', 'who asks (recorded with the request)', 'cli')
-    .option('--priority <n>', 'request priority', (v) => Number.parseInt(v, 10))
+    .option(
+      '--priority <n>',
+      `request priority: an integer from ${-MAX_PRIORITY} to ${MAX_PRIORITY}, lower first (default: 100)`,
+      priority,
+    )
     .option(
       '--expected-duration <seconds>',
       'how long the nodes will be kept: placed beside nodes expected to end about then',

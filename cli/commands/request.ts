@@ -1,6 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import { parseNodeId, requestIdPattern } from '../../shared/core/ids.ts';
 import { MAX_NODE_SET, RequestMessage } from '../../shared/core/messages.ts';
+import { isSpareRequestId } from '../../shared/core/minReady.ts';
 import type { PoolStore } from '../../shared/core/poolStore.ts';
 import type { NodeRecord, RequestRecord } from '../../shared/core/records.ts';
 import { connect, type Target } from '../client.ts';
@@ -181,6 +182,11 @@ export interface CancelOptions {
  */
 export async function cancel(target: Target, requestId: string, opts: CancelOptions): Promise<void> {
   if (!requestIdPattern.test(requestId)) throw new CliError(`"${requestId}" is not a request id`, 2);
+  if (isSpareRequestId(requestId))
+    throw new CliError(
+      `"${requestId}" is one of the pool's own min-ready requests: no message may end it`,
+      2,
+    );
   const client = await connect(target);
   try {
     const ended = (r: RequestRecord | undefined) => r?.state === 'fulfilled' || r?.state === 'failed';

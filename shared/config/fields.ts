@@ -1,5 +1,6 @@
 import { z } from 'zod';
-import { MAX_CORES, MAX_SIZE_MIB, parseSize, SIZE_PATTERN, SIZE_RULE } from '../core/shapes.ts';
+import { MAX_PRIORITY } from '../core/priority.ts';
+import { MAX_CORES, MAX_SIZE_MIB, MIN_CORES, parseSize, SIZE_PATTERN, SIZE_RULE } from '../core/shapes.ts';
 
 /**
  * The limits every number in a configuration is held to, and the leaf schemas the driver schemas are
@@ -39,8 +40,8 @@ export const MAX_MIN_READY = 100;
 export const MAX_SERVERS = 10_000;
 /** Launch attempts per node: each may take up to launch-timeout; more only delay the failure. */
 export const MAX_LAUNCH_RETRIES = 20;
-/** Priorities: only their order matters; the bound keeps them plain integers. */
-export const MAX_PRIORITY = 1_000_000;
+/** Priorities: only their order matters; the bound keeps them plain integers (as a message's). */
+export { MAX_PRIORITY } from '../core/priority.ts';
 /** EC2 keeps at most 10,000 versions of a launch template; version numbers never reach this. */
 export const MAX_TEMPLATE_VERSION = 1_000_000;
 /** EBS: the largest volume of any type (io2 Block Express, 64 TiB); per type in resolve.ts. */
@@ -116,10 +117,10 @@ export const MAPPING = 'a mapping';
 
 // ---- shapes (what one slot gives; docs/configuration.md, Shapes) --------------------------------------
 
-/** Cores of a slot: fractions allowed (a slot may be half a core); at most MAX_CORES. */
+/** Cores of a slot: fractions allowed (a slot may be half a core), MIN_CORES to MAX_CORES. */
 export const cores = () => {
-  const phrase = `a number of cores > 0 and <= ${MAX_CORES}`;
-  return z.number({ error: phrase }).positive({ error: phrase }).max(MAX_CORES, { error: phrase });
+  const phrase = `a number of cores >= ${MIN_CORES} and <= ${MAX_CORES}`;
+  return z.number({ error: phrase }).min(MIN_CORES, { error: phrase }).max(MAX_CORES, { error: phrase });
 };
 
 /** A size with its unit (memory, disk), at most 1 PiB; kept as written, read with parseSize. */

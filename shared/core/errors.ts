@@ -48,10 +48,15 @@ export class LostWriteError extends ConflictError {}
 export class IllegalTransitionError extends MetastaticError {}
 
 /**
- * DynamoDB refused an item larger than its 400 KB limit. Writing it again cannot succeed, so it is not
- * retried: the pool bounds what it stores (core/text.ts, core/messages.ts), and this names a bound missed.
+ * The store refused a write as invalid (DynamoDB's ValidationException: a number out of its range, an
+ * item over 400 KB, ...). Writing it again cannot succeed, so it is not retried: the pool bounds what it
+ * stores (core/text.ts, core/messages.ts), and this names a bound missed. A request whose write is
+ * refused ends at once with this reason (shared/usecases/requests.ts, endRequestOf).
  */
-export class ItemTooLargeError extends PermanentError {}
+export class StoreRefusedError extends PermanentError {}
+
+/** DynamoDB refused an item larger than its 400 KB limit. */
+export class ItemTooLargeError extends StoreRefusedError {}
 
 /** A node id that names no node. */
 export class UnknownNodeError extends PermanentError {}

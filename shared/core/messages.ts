@@ -1,12 +1,15 @@
 import { z } from 'zod';
 import { requestIdPattern, SPARE_ID_PREFIX } from './ids.ts';
-import { MAX_CORES, MAX_SIZE_MIB, parseSize, type Shape, SIZE_RULE } from './shapes.ts';
+import { MAX_PRIORITY } from './priority.ts';
+import { MAX_CORES, MAX_SIZE_MIB, MIN_CORES, parseSize, type Shape, SIZE_RULE } from './shapes.ts';
 import { boundedReason, clip, listSome, quote } from './text.ts';
 
 /**
  * The public message API of the request queue (documented in docs/messages.md). Strict: unknown keys are
  * rejected so a typo never silently changes a request.
  *
+ * Every number is bounded both ways to a range that means something for its field, which keeps it
+ * within what DynamoDB stores (magnitude 1e-130 to 1e+126, 38 digits; a JSON number has at most 17).
  * The limits keep what a message can make the pool store within DynamoDB's 400 KB item: a request's
  * labels are stored twice (the set, and each node's label), so 64 labels of 255 characters take at most
  * ~100 KB (test/unit/core.test.ts measures the largest request the schema admits). SQS's own limit, 256 KB
@@ -14,15 +17,37 @@ import { boundedReason, clip, listSome, quote } from './text.ts';
  */
 export const MAX_NODE_SET = 64;
 export const MAX_LABEL_LENGTH = 255;
+export const PRIORITY_RULE = `must be an integer from ${-MAX_PRIORITY} to ${MAX_PRIORITY} (lower is served first)`;
 /** An expected duration beyond a week is more likely milliseconds typed as seconds. */
 export const MAX_EXPECTED_DURATION = 7 * 24 * 3600;
+/**
+ * No node is kept less than a second; below 1e-130 DynamoDB cannot store the number at all (the request
+ * keeps it), and such a request was retried until its receives ran out, never recorded.
+ */
+export const MIN_EXPECTED_DURATION = 1;
+
+/**
+ * A request id a message may name (a request's own, or the one a cancel ends): never one of the pool's
+ * own min-ready requests (core/minReady.ts), which no message may write or end.
+ */
+function clientRequestId() {
+  return z
+    .string()
+    .regex(
+      requestIdPattern,
+      'must be 1-128 characters of A-Z a-z 0-9 . _ : - starting with a letter or digit',
+    )
+    .refine((id) => !id.startsWith(SPARE_ID_PREFIX), {
+      message: `must not start with "${SPARE_ID_PREFIX}": those are the pool's own min-ready requests`,
+    });
+}
 
 /** What one node of a request by shape needs: at least one of cores, memory, disk. */
 export const ShapeMessage = z
   .strictObject({
     cores: z
       .number()
-      .positive('must be more than 0')
+      .min(MIN_CORES, `must be at least ${MIN_CORES} (a thousandth of a core)`)
       .max(MAX_CORES, `must be at most ${MAX_CORES}`)
       .optional(),
     memory: sizeField().optional(),
@@ -58,15 +83,7 @@ export function shapeOf(s: ShapeMessage): Shape {
 export const RequestMessage = z
   .strictObject({
     kind: z.literal('request'),
-    id: z
-      .string()
-      .regex(
-        requestIdPattern,
-        'must be 1-128 characters of A-Z a-z 0-9 . _ : - starting with a letter or digit',
-      )
-      .refine((id) => !id.startsWith(SPARE_ID_PREFIX), {
-        message: `must not start with "${SPARE_ID_PREFIX}": those are the pool's own min-ready requests`,
-      }),
+    id: clientRequestId(),
     labels: z
       .array(
         z
@@ -87,14 +104,15 @@ export const RequestMessage = z
       .max(MAX_NODE_SET, `a node set has at most ${MAX_NODE_SET} shapes`)
       .optional(),
     requestor: z.string().max(256, 'must be at most 256 characters').optional(),
-    priority: z.number().int().optional(),
+    /** Lower first; bounded as configuration priorities are. The pool's own spares come after any. */
+    priority: z.number().int().min(-MAX_PRIORITY, PRIORITY_RULE).max(MAX_PRIORITY, PRIORITY_RULE).optional(),
     /**
      * How long the requestor expects to keep its nodes, in seconds: placement puts them where the nodes
      * already running are expected to end about when they do, so backing nodes empty together.
      */
     'expected-duration': z
       .number()
-      .positive('must be more than 0 seconds')
+      .min(MIN_EXPECTED_DURATION, `must be at least ${MIN_EXPECTED_DURATION} second`)
       .max(MAX_EXPECTED_DURATION, `must be at most ${MAX_EXPECTED_DURATION} seconds (7 days)`)
       .optional(),
   })
@@ -127,12 +145,8 @@ export type ReleaseMessage = z.infer<typeof ReleaseMessage>;
  */
 export const CancelMessage = z.strictObject({
   kind: z.literal('cancel'),
-  id: z
-    .string()
-    .regex(
-      requestIdPattern,
-      'must be 1-128 characters of A-Z a-z 0-9 . _ : - starting with a letter or digit',
-    ),
+  /** Never one of the pool's own min-ready requests: they end with their seat or their taker. */
+  id: clientRequestId(),
   /** Why, recorded in the request's reason after "cancelled: ". */
   reason: z.string().max(256, 'must be at most 256 characters').optional(),
 });

@@ -23,7 +23,12 @@ import type { NodeRecord, RequestRecord } from './records.ts';
  * that delivery is known dead.
  */
 
-/** Spares wait behind every request (Nodepool serves min-ready requests last, too). */
+/**
+ * The priority a spare's request records (part of its body, so kept as it was). Spares wait behind every
+ * request (Nodepool serves min-ready requests last, too), but not by this number: core/priority.ts
+ * serves the pool's own requests in a class after every other, whatever a request's priority. It is
+ * beyond any priority a message may give (MAX_PRIORITY), so it never reads as a client's.
+ */
 export const SPARE_PRIORITY = 1_000_000_000;
 
 export const SPARE_REQUESTOR = 'metastatic min-ready';

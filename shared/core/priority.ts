@@ -1,4 +1,5 @@
 import type { MetastaticPool } from '../config/model.ts';
+import { SPARE_ID_PREFIX } from './ids.ts';
 import type { RequestRecord } from './records.ts';
 
 /**
@@ -7,14 +8,29 @@ import type { RequestRecord } from './records.ts';
  */
 export const DEFAULT_REQUEST_PRIORITY = 100;
 
+/**
+ * Priorities a message, the CLI or a configuration may give: -MAX_PRIORITY to MAX_PRIORITY. Only their
+ * order matters; the bound keeps them plain integers (docs/messages.md, docs/configuration.md).
+ */
+export const MAX_PRIORITY = 1_000_000;
+
 export const priorityOf = (r: Pick<RequestRecord, 'priority'>): number =>
   r.priority ?? DEFAULT_REQUEST_PRIORITY;
 
-/** Whether `a` is served before `b`. */
+/**
+ * The class a request is served in, before its priority is looked at: 0 for every request a message
+ * made, 1 for the pool's own min-ready requests (core/minReady.ts), so spares come after every request
+ * by construction, not by a number a client could exceed (no message may use a `min-ready:` id).
+ */
+export const requestClass = (r: Pick<RequestRecord, 'id'>): 0 | 1 =>
+  r.id.startsWith(SPARE_ID_PREFIX) ? 1 : 0;
+
+/** Whether `a` is served before `b`: by class, then priority, then age, then id. */
 export function servedBefore(
   a: Pick<RequestRecord, 'priority' | 'createdAt' | 'id'>,
   b: Pick<RequestRecord, 'priority' | 'createdAt' | 'id'>,
 ): boolean {
+  if (requestClass(a) !== requestClass(b)) return requestClass(a) < requestClass(b);
   if (priorityOf(a) !== priorityOf(b)) return priorityOf(a) < priorityOf(b);
   if (a.createdAt !== b.createdAt) return a.createdAt < b.createdAt;
   return a.id < b.id;

@@ -20,6 +20,11 @@ export interface Shape {
 export const MAX_SIZE_MIB = 1024 ** 3;
 /** The most cores a shape may name: above the largest cloud machines (448 vCPUs on EC2 in 2026). */
 export const MAX_CORES = 1024;
+/**
+ * The fewest cores a shape may name: a thousandth of a core (Kubernetes' millicore). Anything smaller is
+ * no shape, and below 1e-130 DynamoDB cannot even store it (a request by shape keeps its shapes).
+ */
+export const MIN_CORES = 0.001;
 
 export const SIZE_PATTERN = /^(\d+(?:\.\d+)?)\s*(Ki|Mi|Gi|Ti|Pi|K|M|G|T|P)(B?)$/;
 const BINARY: Record<string, number> = { Ki: 1 / 1024, Mi: 1, Gi: 1024, Ti: 1024 ** 2, Pi: 1024 ** 3 };

@@ -1,17 +1,17 @@
 import type { SQSRecord } from 'aws-lambda';
-import { CapacityError, PermanentError } from '../core/errors.ts';
-import { nodeId } from '../core/ids.ts';
-import { type ParsedMessage, parseMessage, type RequestMessage } from '../core/messages.ts';
+import { CapacityError, PermanentError, StoreRefusedError } from '../core/errors.ts';
+import { nodeId, parseNodeId } from '../core/ids.ts';
+import { withKeys } from '../core/log.ts';
+import { type ParsedMessage, parseMessage } from '../core/messages.ts';
 import { MetricName } from '../core/observability.ts';
 import type { RequestRecord } from '../core/records.ts';
-import { requestBodyHash, requestedRecord } from '../core/request.ts';
 import { cancelRequest } from '../usecases/cancel.ts';
 import type { Context } from '../usecases/context.ts';
 import { handOffFreedRoom } from '../usecases/handOff.ts';
 import { releaseNode } from '../usecases/release.ts';
 import { keepMinReady, labelsTaken } from '../usecases/replenish.ts';
 import { requestNodes } from '../usecases/requestNodes.ts';
-import { failRequest, recordFailure } from '../usecases/requests.ts';
+import { endRequestOf, recordFailure } from '../usecases/requests.ts';
 import { makeBatchHandler, type SqsBatchHandler } from './batchHandler.ts';
 
 export interface RequestHandlerOptions {
@@ -25,10 +25,25 @@ export interface RequestHandlerOptions {
 
 export type { SqsBatchHandler } from './batchHandler.ts';
 
-/** Fails a request that is still waiting (recording it failed if it was never recorded); idempotent. */
-async function giveUp(ctx: Context, m: RequestMessage, reason: string): Promise<void> {
-  if (await failRequest(ctx, m.id, requestBodyHash(m), reason)) return;
-  await recordFailure(ctx, requestedRecord(m, ctx.clock.now()), reason);
+/**
+ * What every log line about a queue message carries: the message, and the request it is about (a
+ * request's or cancel's id, a released node's request, or the id a rejected body carried).
+ */
+function messageKeys(record: SQSRecord, parsed: ParsedMessage): Record<string, string> {
+  const keys: Record<string, string> = { messageId: record.messageId };
+  if (!parsed.ok) {
+    if (parsed.requestId) keys.requestId = parsed.requestId;
+    return keys;
+  }
+  const m = parsed.message;
+  if (m.kind !== 'release') return { ...keys, requestId: m.id };
+  const requestId = parseNodeId(m.nodeId)?.requestId;
+  return { ...keys, nodeId: m.nodeId, ...(requestId ? { requestId } : {}) };
+}
+
+/** The record's Context, whose log names the message and its request on every line (messageKeys). */
+function messageContext(ctx: Context, record: SQSRecord, parsed: ParsedMessage): Context {
+  return { ...ctx, log: withKeys(ctx.log, messageKeys(record, parsed)) };
 }
 
 /**
@@ -70,22 +85,20 @@ export const DEAD_LETTERED_REASON =
  * back (its alarm shows it); what it records is bounded, so no message fails here for its size.
  */
 export function makeDeadLetterHandler(context: Context): SqsBatchHandler {
-  const recordHandler = async (record: SQSRecord, ctx: Context): Promise<void> => {
+  const recordHandler = async (record: SQSRecord, batchCtx: Context): Promise<void> => {
     const parsed = parseMessage(record.body);
-    if (!parsed.ok) {
-      // Rejected on its first delivery, which records it; if that record never got written (the
-      // deliveries failed), it is written here: a request id the sender waits on always gets an answer.
-      await recordRejected(ctx, parsed);
-      return;
-    }
-    const m = parsed.message;
+    const ctx = messageContext(batchCtx, record, parsed);
     try {
+      if (!parsed.ok) {
+        // Rejected on its first delivery, which records it; if that record never got written (the
+        // deliveries failed), it is written here: a request id the sender waits on always gets an answer.
+        await recordRejected(ctx, parsed);
+        return;
+      }
+      const m = parsed.message;
       if (m.kind === 'request') {
-        await giveUp(ctx, m, DEAD_LETTERED_REASON);
-        ctx.log.warn('dead-lettered request handled (ended unless placed or ended before)', {
-          requestId: m.id,
-          messageId: record.messageId,
-        });
+        await endRequestOf(ctx, m, DEAD_LETTERED_REASON);
+        ctx.log.warn('dead-lettered request handled (ended unless placed or ended before)');
       } else if (m.kind === 'cancel') {
         await cancelRequest(ctx, m.id, m.reason);
       } else {
@@ -93,9 +106,13 @@ export function makeDeadLetterHandler(context: Context): SqsBatchHandler {
       }
     } catch (err) {
       if (err instanceof PermanentError) {
-        ctx.log.warn('rejected dead-lettered message', { messageId: record.messageId, reason: err.message });
+        ctx.log.warn('rejected dead-lettered message', { reason: err.message });
         return;
       }
+      // Its last chance failed too: say so, or only the queue's alarm would.
+      ctx.log.error('dead-lettered message not handled; it stays in the dead-letter queue', {
+        error: (err as Error).message,
+      });
       throw err;
     }
   };
@@ -141,10 +158,11 @@ async function replenishTaken(ctx: Context, r: RequestRecord): Promise<void> {
  * retried by SQS.
  */
 export function makeRequestHandler(context: Context, options: RequestHandlerOptions = {}): SqsBatchHandler {
-  const recordHandler = async (record: SQSRecord, ctx: Context): Promise<void> => {
+  const recordHandler = async (record: SQSRecord, batchCtx: Context): Promise<void> => {
     const parsed = parseMessage(record.body);
+    const ctx = messageContext(batchCtx, record, parsed);
     if (!parsed.ok) {
-      ctx.log.warn('rejected message', { messageId: record.messageId, reason: parsed.reason });
+      ctx.log.warn('rejected message', { reason: parsed.reason });
       await recordRejected(ctx, parsed);
       return;
     }
@@ -164,8 +182,15 @@ export function makeRequestHandler(context: Context, options: RequestHandlerOpti
         }
       }
     } catch (err) {
+      if (err instanceof StoreRefusedError && m.kind === 'request') {
+        // Refused as invalid, it would be refused on every receive: the request ends now, with the reason
+        // (recorded without what the table refused, if that was in its own record).
+        ctx.log.warn('request ended: the table refused a write', { reason: err.message });
+        await endRequestOf(ctx, m, err.message);
+        return;
+      }
       if (err instanceof PermanentError) {
-        ctx.log.warn('rejected message', { messageId: record.messageId, reason: err.message });
+        ctx.log.warn('rejected message', { reason: err.message });
         return;
       }
       if (err instanceof CapacityError) reportCapacityWait(ctx, record);
@@ -173,14 +198,10 @@ export function makeRequestHandler(context: Context, options: RequestHandlerOpti
       if (last && m.kind === 'request') {
         // Its last receive: the request ends here, with the reason, rather than in the dead-letter queue.
         const why = err instanceof CapacityError ? 'no capacity' : 'gave up';
-        await giveUp(ctx, m, `${why} after ${receives} attempts: ${(err as Error).message}`);
+        await endRequestOf(ctx, m, `${why} after ${receives} attempts: ${(err as Error).message}`);
         return;
       }
-      ctx.log.info('message will be retried', {
-        messageId: record.messageId,
-        receives,
-        reason: (err as Error).message,
-      });
+      ctx.log.info('message will be retried', { receives, reason: (err as Error).message });
       throw err;
     }
   };

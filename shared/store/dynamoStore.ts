@@ -13,7 +13,7 @@ import {
 } from '@aws-sdk/lib-dynamodb';
 import { unmarshall } from '@aws-sdk/util-dynamodb';
 import { type Clock, systemClock } from '../core/clock.ts';
-import { ConflictError, ItemTooLargeError, LostWriteError } from '../core/errors.ts';
+import { ConflictError, ItemTooLargeError, LostWriteError, StoreRefusedError } from '../core/errors.ts';
 import { DurationEstimate } from '../core/estimates.ts';
 import type {
   BackingExpectation,
@@ -35,11 +35,19 @@ import { backingExpected, claimSlotUpdate, conditions, pointsTo, releaseNodeUpda
  * below; a failed condition becomes a ConflictError (or a domain answer), anything else is re-thrown.
  * No transactions anywhere: each write touches one item.
  */
-/** DynamoDB's answer to a put or update whose item would exceed 400 KB (dynalite answers alike). */
-function isItemTooLarge(err: unknown): boolean {
-  return (
-    err instanceof Error && err.name === 'ValidationException' && /item size.*exceeded/i.test(err.message)
-  );
+/**
+ * DynamoDB's answer to a request it will never accept as sent (dynalite answers alike): a number out of
+ * its range ("Number underflow"), an item over 400 KB, an empty key... Not a throttle, not a conflict.
+ * One ValidationException is an answer rather than a refusal: an update of a path inside a map the item
+ * does not have yet, which the capacity sets expect and handle (they create the map and send it again).
+ */
+function isRefusal(err: unknown): err is Error {
+  return err instanceof Error && err.name === 'ValidationException' && !/document path/i.test(err.message);
+}
+
+/** The ValidationException of a put or update whose item would exceed 400 KB. */
+function isItemTooLarge(err: Error): boolean {
+  return /item size.*exceeded/i.test(err.message);
 }
 
 export class DynamoStore implements PoolStore {
@@ -55,23 +63,23 @@ export class DynamoStore implements PoolStore {
     clock: Clock = systemClock,
   ) {
     this.doc = DynamoDBDocumentClient.from(client, { marshallOptions: { removeUndefinedValues: true } });
-    // An item over DynamoDB's size limit fails the same way every time: a permanent error, not a
-    // transient one retried until the message's receives run out.
+    // A write DynamoDB refuses as invalid (an item over its size limit, a number out of its range) fails
+    // the same way every time: a permanent error, not a transient one retried until the message's
+    // receives run out.
     this.doc.middlewareStack.add(
       (next) => async (args) => {
         try {
           return await next(args);
         } catch (err) {
-          if (isItemTooLarge(err)) {
-            throw new ItemTooLargeError(`DynamoDB refused the item: ${(err as Error).message}`, {
-              cause: err,
-            });
-          }
-          throw err;
+          if (!isRefusal(err)) throw err;
+          const message = `the table refused a write: ${err.message}`;
+          throw isItemTooLarge(err)
+            ? new ItemTooLargeError(message, { cause: err })
+            : new StoreRefusedError(message, { cause: err });
         }
       },
       // The document client shares the client's stack: a second store on one client replaces it.
-      { step: 'initialize', name: 'metastaticItemTooLarge', override: true },
+      { step: 'initialize', name: 'metastaticStoreRefused', override: true },
     );
     this.capacity = new CapacitySets(this.doc, tableName, () => clock.now());
     this.indexes = new IndexQueries(this.doc, tableName);

@@ -1,3 +1,5 @@
+import { PermanentError } from '../core/errors.ts';
+import { isSpareRequestId } from '../core/minReady.ts';
 import type { RequestRecord } from '../core/records.ts';
 import { CANCELLED_BEFORE_RECEIVED, failedRequest } from '../core/request.ts';
 
@@ -21,9 +23,16 @@ export interface CancelOutcome {
  * it fails with all its live nodes, which give back their slots and places (failNodes). Not received
  * yet: recorded as cancelled (CANCELLED_BEFORE_RECEIVED), so its message places nothing when it comes.
  * Fulfilled or failed: left as it is (release a fulfilled request's nodes instead). Idempotent; every
- * end it makes publishes the usual Request Failed event.
+ * end it makes publishes the usual Request Failed event. The pool's own min-ready requests are refused
+ * (PermanentError): they end with their seat or their taker, never by a cancel.
  */
 export async function cancelRequest(ctx: Context, requestId: string, why?: string): Promise<CancelOutcome> {
+  // The message schema refuses these ids already; this holds for every other caller too.
+  if (isSpareRequestId(requestId)) {
+    throw new PermanentError(
+      `request ${requestId} is one of the pool's own min-ready requests: it cannot be cancelled`,
+    );
+  }
   const reason = boundedReason(why ? `cancelled: ${why}` : 'cancelled');
   const step = await retryOnConflict(`cancelling request ${requestId}`, async () => {
     const r = await ctx.store.getRequest(requestId);

@@ -1,9 +1,17 @@
-import { ConflictError } from '../core/errors.ts';
+import { ConflictError, StoreRefusedError } from '../core/errors.ts';
 import { parseNodeId } from '../core/ids.ts';
+import type { RequestMessage } from '../core/messages.ts';
 import { isSpareRequestId } from '../core/minReady.ts';
 import { MetricName, PoolEventType } from '../core/observability.ts';
 import type { NodeRecord, RequestRecord } from '../core/records.ts';
-import { failedNode, failedRequest, isLive, withNodes } from '../core/request.ts';
+import {
+  failedNode,
+  failedRequest,
+  isLive,
+  requestBodyHash,
+  requestedRecord,
+  withNodes,
+} from '../core/request.ts';
 import { boundedReason } from '../core/text.ts';
 import { giveBackSlot } from './backingNodes.ts';
 import { retryOnConflict } from './conflicts.ts';
@@ -80,6 +88,36 @@ export async function failRequest(
   ctx.log.warn('request failed', { requestId, reason: next.reason });
   await requestSettled(ctx, next);
   return next;
+}
+
+/**
+ * Ends the request of a request message as failed with the reason, whatever was recorded of it: a
+ * waiting record fails (failRequest), none yet is recorded failed as received (recordFailure). When the
+ * store refuses that record itself (a value it cannot hold that no bound caught), the failure is recorded
+ * with the request's id, labels and body hash only, so the reason is never lost and a later delivery of
+ * the same message finds the request ended. Idempotent; a request placed or ended meanwhile, or an id
+ * another body holds, is left as it is (and returned).
+ */
+export async function endRequestOf(
+  ctx: Context,
+  m: RequestMessage,
+  why: string,
+): Promise<RequestRecord | undefined> {
+  const bodyHash = requestBodyHash(m);
+  const stored = await failRequest(ctx, m.id, bodyHash, why);
+  if (stored) return stored;
+  const fresh = requestedRecord(m, ctx.clock.now());
+  try {
+    return await recordFailure(ctx, fresh, why);
+  } catch (err) {
+    if (!(err instanceof StoreRefusedError)) throw err;
+    ctx.log.warn('request recorded without its other fields: the table refused them', {
+      requestId: m.id,
+      error: err.message,
+    });
+    const { id, labels, state, createdAt, updatedAt, version, nodes } = fresh;
+    return recordFailure(ctx, { id, labels, bodyHash, state, createdAt, updatedAt, version, nodes }, why);
+  }
 }
 
 /**

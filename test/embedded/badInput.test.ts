@@ -9,34 +9,38 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { NAME_RULE } from '../../shared/config/fields.ts';
 import { formatConfigErrors, parseConfig } from '../../shared/config/load.ts';
 import type { Log } from '../../shared/core/log.ts';
-import { MAX_NODE_SET } from '../../shared/core/messages.ts';
+import { MAX_NODE_SET, type RequestMessage } from '../../shared/core/messages.ts';
 import type { BackingRecord, RequestRecord } from '../../shared/core/records.ts';
+import { requestBodyHash } from '../../shared/core/request.ts';
 import {
   SpotInterruptionDetailType,
   StateChangeDetailType,
   stateChangeEvent,
 } from '../../shared/core/stateChanges.ts';
+import { makeDeadLetterHandler } from '../../shared/handlers/requestHandler.ts';
 import { LOCAL_EVENT_SOURCE } from '../../shared/providers/local/localProvider.ts';
+import { DynamoStore } from '../../shared/store/dynamoStore.ts';
 import { holdNode } from '../../shared/usecases/operator.ts';
+import { endRequestOf } from '../../shared/usecases/requests.ts';
 import { largeNode, poolConfig, type Settings, smallNode } from '../../testkit/configs.ts';
 import { type Harness, sqsEvent, startHarness } from '../../testkit/harness.ts';
 
 // ---- inputs -------------------------------------------------------------------------------------------
 
 /**
- * Four metastatic pools on one local backing label (boot-delay 0): `main` takes every good request (64
+ * Four metastatic pools on one local backing label (boot-delay 0): `main` takes every good request (128
  * slots, so they all pack onto one backing node), `side` offers another label, `capped` allows two nodes,
  * `off` is disabled.
  */
 const poolOf = (name: string, label: string, settings: Settings = {}): Settings => ({
   name,
   ...settings,
-  labels: [smallNode({ name: label, 'max-parallel-jobs': 64, 'grace-time': 60 })],
+  labels: [smallNode({ name: label, 'max-parallel-jobs': 128, 'grace-time': 60 })],
 });
 const POOL_CONFIG = poolConfig({
   backing: { labels: [largeNode({ 'boot-delay': 0 })] },
   meta: {
-    labels: [smallNode({ 'max-parallel-jobs': 64, 'grace-time': 60 })],
+    labels: [smallNode({ 'max-parallel-jobs': 128, 'grace-time': 60 })],
     morePools: [
       poolOf('side', 'side-node'),
       poolOf('capped', 'capped-node', { 'max-servers': 2 }),
@@ -48,6 +52,8 @@ const POOL_CONFIG = poolConfig({
 const MAX_RECEIVES = 3;
 const CONFIGURED = '(configured: capped-node, off-node, side-node, small-node)';
 const ID_RULE = 'must be 1-128 characters of A-Z a-z 0-9 . _ : - starting with a letter or digit';
+const PRIORITY_RULE = 'must be an integer from -1000000 to 1000000 (lower is served first)';
+const SPARE_ID_RULE = 'must not start with "min-ready:": those are the pool\'s own min-ready requests';
 
 const json = (value: unknown): string => JSON.stringify(value);
 const request = (id: unknown, labels: unknown = ['small-node'], extra: Record<string, unknown> = {}) =>
@@ -338,6 +344,36 @@ const REJECTED: readonly RejectedCase[] = [
     logged: true,
     recordedAs: 'prio-string',
   },
+  // Issue 22, defect 4: priorities are bounded as configuration priorities are.
+  {
+    name: 'priority above 1e6 (2e9 waited behind the min-ready nodes)',
+    body: request('prio-huge', ['small-node'], { priority: 2e9 }),
+    reason: `invalid request message: priority: ${PRIORITY_RULE}`,
+    logged: true,
+    recordedAs: 'prio-huge',
+  },
+  {
+    name: 'priority below -1e6',
+    body: request('prio-low', ['small-node'], { priority: -1_000_001 }),
+    reason: `invalid request message: priority: ${PRIORITY_RULE}`,
+    logged: true,
+    recordedAs: 'prio-low',
+  },
+  // Issue 22, defect 2: numbers DynamoDB cannot store (magnitude below 1e-130) were retried forever.
+  {
+    name: 'a shape of 1e-300 cores (DynamoDB: Number underflow)',
+    body: json({ kind: 'request', id: 'sh-2', shapes: [{ cores: 1e-300 }] }),
+    reason: 'invalid request message: shapes.0.cores: must be at least 0.001 (a thousandth of a core)',
+    logged: true,
+    recordedAs: 'sh-2',
+  },
+  {
+    name: 'an expected-duration of 1e-300 seconds',
+    body: request('dur-tiny', ['small-node'], { 'expected-duration': 1e-300 }),
+    reason: 'invalid request message: expected-duration: must be at least 1 second',
+    logged: true,
+    recordedAs: 'dur-tiny',
+  },
   {
     name: 'requestor of 257 characters',
     body: request('long-requestor', ['small-node'], { requestor: 'r'.repeat(257) }),
@@ -387,6 +423,28 @@ const REJECTED: readonly RejectedCase[] = [
         reason: 'invalid request message: unknown key "prio"',
       });
     },
+  },
+  // Issue 22, defect 3: the pool's own min-ready ids cannot be written or ended by any message.
+  {
+    name: 'cancel of a min-ready request (not recorded)',
+    body: json({ kind: 'cancel', id: 'min-ready:small-node:0:1' }),
+    reason: `invalid cancel message: id: ${SPARE_ID_RULE}`,
+    logged: true,
+    check: (h) => notRecorded(h, 'min-ready:small-node:0:1'),
+  },
+  {
+    name: 'request under a min-ready id (nothing recorded under its id)',
+    body: request('min-ready:small-node:0:2'),
+    reason: `invalid request message: id: ${SPARE_ID_RULE}`,
+    logged: true,
+    check: (h) => notRecorded(h, 'min-ready:small-node:0:2'),
+  },
+  {
+    name: 'unknown kind under a min-ready id (nothing recorded under its id)',
+    body: json({ kind: 'launch', id: 'min-ready:small-node:0:3' }),
+    reason: 'unknown kind "launch" (expected "request", "release" or "cancel")',
+    logged: true,
+    check: (h) => notRecorded(h, 'min-ready:small-node:0:3'),
   },
   {
     name: 'release without nodeId',
@@ -791,6 +849,12 @@ const CONFIGS: readonly ConfigCase[] = [
     yaml: configWith().replace('    driver: local\n', '    driver: local\n    host: 127.0.0.1 --evil\n'),
     errors: `${L}:4:11: providers[0].host: host: expected an IPv4 or IPv6 address or a DNS name, got "127.0.0.1 --evil"`,
   },
+  // Issue 22: a number DynamoDB cannot store; a slot of 1e-300 cores is no shape.
+  {
+    name: "a slot's cores below a thousandth of a core",
+    yaml: configWith('            cores: 1e-300\n'),
+    errors: `${L}:15:20: ${LABEL}.cores: cores: expected a number of cores >= 0.001 and <= 1024, got 1e-300`,
+  },
   {
     name: 'an empty file',
     yaml: '',
@@ -906,11 +970,13 @@ describe('bad input on the queues (one embedded pool)', () => {
         .filter((l) => l.message === 'message will be retried')
         .map((l) => ({
           messageId: l.fields.messageId,
+          requestId: l.fields.requestId,
           receives: l.fields.receives,
           reason: l.fields.reason,
         }));
+      const id = (JSON.parse(c.body) as { id?: string }).id;
       expect(retried).toEqual(
-        c.retried ? [{ messageId: 'm-0', receives: c.receiveCount, reason: c.retried }] : [],
+        c.retried ? [{ messageId: 'm-0', requestId: id, receives: c.receiveCount, reason: c.retried }] : [],
       );
       expect(warnings('rejected message')).toEqual([]);
       if (c.failed) {
@@ -918,11 +984,101 @@ describe('bad input on the queues (one embedded pool)', () => {
           state: 'failed',
           reason: c.failed.reason,
         });
-      } else if (c.body.includes('"request"')) {
-        const id = (JSON.parse(c.body) as { id: string }).id;
+      } else if (id !== undefined) {
         expect((await store().getRequest(id))?.state).toBe('requested'); // visible while it waits
       }
       await expectGoodPlaced(goodId);
+    });
+  });
+
+  /**
+   * Issue 22, defect 2: a write the store refuses as invalid (a number out of DynamoDB's range, an item
+   * over 400 KB) fails the same way on every receive. Whatever the field, and even where a bound was
+   * missed (here the `side` pool's node-attributes, set past validation), the request ends at once with
+   * the store's reason, and every line about it names it.
+   */
+  describe('request queue: a write the store refuses ends the request at once', () => {
+    const side = () => {
+      const pool = h.pool.context.config.metastaticPools.find((p) => p.key === 'meta/side');
+      if (!pool) throw new Error('no side pool');
+      return pool;
+    };
+    let attributesBefore: Readonly<Record<string, unknown>> = {};
+    beforeAll(async () => {
+      attributesBefore = side().nodeAttributes;
+      // A ready side backing node, so the next side request's node is ready, attributes and all, in the
+      // request's own write.
+      await consumed([request('side-first', ['side-node'])]);
+      await h.fulfilUntil(async () => (await store().getRequest('side-first'))?.state === 'fulfilled');
+    });
+    afterAll(() => {
+      Object.assign(side(), { nodeAttributes: attributesBefore });
+    });
+
+    it.each([
+      ['a node attribute of 1e-300', 'refused-number', { tiny: 1e-300 }, /Number underflow/],
+      ['node attributes over 400 KB', 'refused-size', { blob: 'x'.repeat(420_000) }, /Item size/],
+    ])('%s', async (_what, id, attributes, reason) => {
+      Object.assign(side(), { nodeAttributes: attributes });
+      const { response, goodId } = await withGood(request(id, ['side-node']));
+      expect(response.batchItemFailures).toEqual([]); // not retried: the first receive ends it
+      const r = await store().getRequest(id);
+      expect(r).toMatchObject({ state: 'failed', labels: ['side-node'] });
+      expect(r?.reason).toMatch(/^the table refused a write: /);
+      expect(r?.reason).toMatch(reason);
+      const ended = logs.filter((l) => l.message === 'request ended: the table refused a write');
+      expect(ended).toEqual([
+        expect.objectContaining({ level: 'warn', fields: expect.objectContaining({ requestId: id }) }),
+      ]);
+      // Every line about the message names its request.
+      const about = logs.filter((l) => l.fields.messageId === 'm-0');
+      expect(about.length).toBeGreaterThan(0);
+      expect(about.filter((l) => l.fields.requestId !== id)).toEqual([]);
+      // Nothing it claimed is kept: no slot of a side backing node names its node.
+      const sides = (await store().listBacking()).filter((b) => b.poolKey === 'meta/side');
+      expect(sides.flatMap((b) => Object.values(b.slotMap))).not.toContain(`${id}/0`);
+      await expectGoodPlaced(goodId);
+    });
+
+    it('records the request without the refused field when the refusal is on its own record', async () => {
+      // A message whose number no bound caught (the schema would refuse this one): its record cannot be
+      // written as sent, so the failure is recorded with the id, labels and body hash only.
+      const m: RequestMessage = {
+        kind: 'request',
+        id: 'bare-1',
+        labels: ['small-node'],
+        requestor: 'catalogue',
+        'expected-duration': 1e-300,
+      };
+      const r = await endRequestOf(h.pool.context, m, 'gave up after 3 attempts: the table refused a write');
+      expect(r).toMatchObject({ id: 'bare-1', state: 'failed', labels: ['small-node'] });
+      expect(r?.reason).toMatch(/^gave up after 3 attempts: the table refused a write/);
+      const stored = await store().getRequest('bare-1');
+      expect(stored).toEqual(r);
+      expect(stored?.expectedDuration).toBeUndefined();
+      expect(stored?.bodyHash).toBe(requestBodyHash(m));
+      // The same message delivered again is a late delivery of an ended request: nothing more.
+      expect(await endRequestOf(h.pool.context, m, 'again')).toEqual(stored);
+    });
+
+    it('logs what the dead-letter handler could not do, naming the request', async () => {
+      const missing = new DynamoStore(h.pool.dynamodb, 'no-such-table');
+      const dead: LogEntry[] = [];
+      const handler = makeDeadLetterHandler({ ...h.pool.context, store: missing, log: capturingLog(dead) });
+      const response = await handler(
+        sqsEvent([request('dead-1'), release('dead-2/0'), json({ kind: 'cancel', id: 'dead-3' })], 50),
+      );
+      expect(response.batchItemFailures).toHaveLength(3); // it stays in the dead-letter queue
+      const failed = dead.filter((l) => l.level === 'error');
+      expect(failed.map((l) => [l.fields.messageId, l.fields.requestId])).toEqual([
+        ['m-0', 'dead-1'],
+        ['m-1', 'dead-2'],
+        ['m-2', 'dead-3'],
+      ]);
+      for (const l of failed) {
+        expect(l.message).toBe('dead-lettered message not handled; it stays in the dead-letter queue');
+        expect(String(l.fields.error)).toMatch(/non-existent table|not found/i);
+      }
     });
   });
 

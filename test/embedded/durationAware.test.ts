@@ -89,7 +89,7 @@ describe('duration-aware placement', () => {
     expect(await ctx.store.getEstimate('small-node')).toMatchObject({ samples: 3, version: 3 });
   });
 
-  it('refuses an expected duration that is not a positive number of seconds within a week', async () => {
+  it('refuses an expected duration that is not from 1 second to a week', async () => {
     h = await startHarness(baseConfig({ slots: 2 }));
     for (const [id, value] of [
       ['zero', 0],
@@ -103,7 +103,7 @@ describe('duration-aware placement', () => {
       ['zero', 'ms', 'text'].map(async (id) => (await h?.pool.context.store.getRequest(id))?.reason),
     );
     expect(reasons).toEqual([
-      expect.stringContaining('expected-duration: must be more than 0 seconds'),
+      expect.stringContaining('expected-duration: must be at least 1 second'),
       expect.stringContaining('expected-duration: must be at most 604800 seconds (7 days)'),
       expect.stringContaining('expected-duration: must be a number, not a string'),
     ]);

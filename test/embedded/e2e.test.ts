@@ -261,6 +261,41 @@ describe('metastatic CLI without a running pool', { timeout: 180_000 }, () => {
     await rm(dir, { recursive: true, force: true });
   });
 
+  it("refuses the pool's own min-ready ids with exit 2, before looking for a pool", async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'metastatic-none-'));
+    const r = await cli(['--state-dir', dir, 'cancel', 'min-ready:small-node:0:1']);
+    expect(r.code, r.stderr).toBe(2);
+    expect(r.stderr).toContain(
+      '"min-ready:small-node:0:1" is one of the pool\'s own min-ready requests: no message may end it',
+    );
+    await rm(dir, { recursive: true, force: true });
+  });
+
+  // Issue 22, defects 2 and 4: parseInt read 1e300 as 1 and 0x10 as 0; 1e-300 cores passed to the queue.
+  it('refuses numbers a request cannot carry with exit 2, before looking for a pool', async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'metastatic-none-'));
+    const cases: Array<[string[], string]> = [
+      [['--priority', '1e300'], '--priority must be an integer from -1000000 to 1000000'],
+      [['--priority', '0x10'], '--priority must be an integer from -1000000 to 1000000'],
+      [['--priority', '12abc'], '--priority must be an integer from -1000000 to 1000000'],
+      [['--priority', '1000001'], '--priority must be an integer from -1000000 to 1000000'],
+      [['--priority', ''], '--priority must be an integer from -1000000 to 1000000'],
+      [['--cores', '1e-300'], '--cores: must be at least 0.001 (a thousandth of a core)'],
+      [['--expected-duration', '1e-320'], 'expected-duration: must be at least 1 second'],
+    ];
+    const runs = await Promise.all(
+      cases.map(([args]) =>
+        cli(['--state-dir', dir, 'request', ...(args[0] === '--cores' ? [] : ['small-node']), ...args]),
+      ),
+    );
+    for (const [i, r] of runs.entries()) {
+      const [args, message] = cases[i] as [string[], string];
+      expect(r.code, `${args.join(' ')}: ${r.stderr}`).toBe(2);
+      expect(r.stderr, args.join(' ')).toContain(message);
+    }
+    await rm(dir, { recursive: true, force: true });
+  });
+
   it('exits 2 on usage errors and 0 on --help', async () => {
     expect((await cli(['frobnicate'])).code).toBe(2);
     const help = await cli(['request', '--help']);

@@ -191,7 +191,7 @@ describe('requests by shape', () => {
       neither: expect.stringContaining('labels: a request needs "labels" or "shapes"'),
       empty: expect.stringContaining('shapes.0: a shape needs at least one of cores, memory, disk'),
       unit: expect.stringContaining('shapes.0.memory: must be a size with a unit'),
-      zero: expect.stringContaining('shapes.0.cores: must be more than 0'),
+      zero: expect.stringContaining('shapes.0.cores: must be at least 0.001 (a thousandth of a core)'),
       extra: expect.stringContaining('shapes.0: unknown key "gpus"'),
     });
   });

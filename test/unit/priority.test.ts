@@ -58,4 +58,21 @@ describe('request priority (Nodepool: lower number first, then oldest)', () => {
       ),
     ).toBeUndefined();
   });
+
+  // Issue 22, defect 4: spares used priority 1e9 and a request above it waited behind them forever.
+  it("serves every request before the pool's own min-ready requests, whatever their numbers", () => {
+    const spare = req('min-ready:small:0:1', { priority: -1_000_000, createdAt: 1 });
+    // A request recorded before priorities were bounded may carry any number.
+    const late = req('late', { priority: 2_000_000_000, createdAt: 9_000 });
+    expect(servedBefore(late, spare)).toBe(true);
+    expect(servedBefore(spare, late)).toBe(false);
+    expect(waitingAhead(late, [spare, late], pool)).toBeUndefined();
+    expect(waitingAhead(spare, [spare, late], pool)?.id).toBe('late');
+  });
+
+  it('orders spares among themselves as requests are ordered', () => {
+    const older = req('min-ready:small:0:1', { createdAt: 1 });
+    const newer = req('min-ready:small:1:1', { createdAt: 2 });
+    expect(servedBefore(older, newer)).toBe(true);
+  });
 });
