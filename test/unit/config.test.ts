@@ -793,6 +793,79 @@ describe('the aws driver', () => {
   });
 });
 
+describe('a network path from the functions to the instances (issue 22, defect 7)', () => {
+  /** An aws pool (public-ipv4 as given) and a metastatic pool on it; `meta` adds keys to the pool, `small` to the label. */
+  const text = (o: { publicIpv4?: boolean; meta?: string; small?: string } = {}) =>
+    dedent(`
+      providers:
+        - name: ec2
+          driver: aws
+          region: eu-west-1
+          pools:
+            - name: main
+              subnet-id: subnet-1
+              public-ipv4: ${o.publicIpv4 ?? false}
+              labels:
+                - { name: big, instance-type: c7g.4xlarge, image-id: ami-1 }
+        - name: local
+          driver: local
+          pools:
+            - name: main
+              labels:
+                - { name: proc }
+        - name: meta
+          driver: metastatic
+          pools:
+            - name: main
+              ${o.meta ?? 'priority: 1'}
+              labels:
+                - name: small
+                  backing-label: big
+                  ${o.small ?? 'max-parallel-jobs: 2'}
+                - name: tiny
+                  backing-label: proc
+    `);
+  const outside = { functionsInVpc: false };
+
+  it('refuses host-key-checking on a label whose instances the functions cannot reach, naming the path and the fix', () => {
+    const errors = errorsOf(parseConfig(text({ small: 'host-key-checking: true' }), 'pool.yaml', outside));
+    expect(errors).toEqual([
+      {
+        file: 'pool.yaml',
+        path: 'providers[2].pools[0].labels[0].host-key-checking',
+        line: 25,
+        column: 32,
+        message: expect.stringMatching(
+          /^host-key-checking: the functions scan the host keys of ec2\/main's instances \(backing-label "big"\), but they run outside a VPC and the pool gives its instances no public address: put the functions in the instances' VPC .*or set host-key-checking: false$/,
+        ),
+      },
+    ]);
+    expect(errors[0]?.message).toContain('-c vpcId=');
+    expect(errors[0]?.message).toContain('public-ipv4: true');
+  });
+
+  it("refuses the pool's host-key-checking at the pool's key when a label takes it", () => {
+    const errors = errorsOf(parseConfig(text({ meta: 'host-key-checking: true' }), 'pool.yaml', outside));
+    expect(errors.map((e) => e.path)).toEqual(['providers[2].pools[0].host-key-checking']);
+    expect(errors[0]?.message).toMatch(/label "small"/);
+    // A label that turns it off needs no path; the local label never does.
+    ok(
+      parseConfig(
+        text({ meta: 'host-key-checking: true', small: 'host-key-checking: false' }),
+        'pool.yaml',
+        outside,
+      ),
+    );
+  });
+
+  it('accepts host-key-checking when the functions run in the VPC, or the instances have public addresses', () => {
+    ok(parseConfig(text({ small: 'host-key-checking: true' }), 'pool.yaml', { functionsInVpc: true }));
+    ok(parseConfig(text({ small: 'host-key-checking: true', publicIpv4: true }), 'pool.yaml', outside));
+    // Without a deployment to check against (metastatic dev, the functions' own load), nothing is said.
+    ok(parseConfig(text({ small: 'host-key-checking: true' }), 'pool.yaml'));
+  });
+});
+
 describe('limits (issue 10): every number has a maximum, names and hosts a shape', () => {
   /**
    * Every numeric key of every driver at its largest allowed value (max-age and min-retention-time both
