@@ -253,9 +253,14 @@ function describeIssue(issue: z.core.$ZodIssue, data: unknown): PathIssue[] {
 
   if (missing) return [{ path, message: `missing required key "${last}"` }];
 
-  // Every schema in schema.ts phrases its errors as what it expects ("an integer >= 1").
+  // Every schema in schema.ts phrases its errors as what it expects ("an integer >= 1"); a refinement
+  // may say what it found instead of the value (`params.got`: "150010 bytes").
   const expected = issue.message || issue.code;
-  return [{ path, message: `${subject(path)}expected ${expected}, got ${describeValue(input)}` }];
+  const got =
+    issue.code === 'custom' && typeof issue.params?.got === 'string'
+      ? issue.params.got
+      : describeValue(input);
+  return [{ path, message: `${subject(path)}expected ${expected}, got ${got}` }];
 }
 
 // ---- locating a path in the YAML document -----------------------------------------------------------
