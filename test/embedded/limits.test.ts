@@ -1,11 +1,13 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { MAX_ATTRIBUTES_BYTES } from '../../shared/config/fields.ts';
-import { ConfigInvalidError, parseConfig } from '../../shared/config/load.ts';
+import { ConfigInvalidError, parseConfig, parseConfigOrThrow } from '../../shared/config/load.ts';
+import type { ResolvedConfig } from '../../shared/config/model.ts';
 import { ItemTooLargeError, PermanentError } from '../../shared/core/errors.ts';
 import { nodeId } from '../../shared/core/ids.ts';
 import { MAX_LABEL_LENGTH, MAX_NODE_SET, RequestMessage } from '../../shared/core/messages.ts';
 import type { RequestRecord } from '../../shared/core/records.ts';
 import { clip, MAX_REASON_LENGTH } from '../../shared/core/text.ts';
+import { reap } from '../../shared/usecases/reap.ts';
 import { baseConfig, largeNode, poolConfig } from '../../testkit/configs.ts';
 import { type Harness, sqsEvent, startHarness } from '../../testkit/harness.ts';
 
@@ -109,6 +111,63 @@ describe('the dead-letter consumer', () => {
       state: 'failed',
       reason: `invalid request message: labels: a node set has at most ${MAX_NODE_SET} labels`,
     });
+  });
+});
+
+describe('a request whose nodes cannot be recorded (issue 22, defect 8)', () => {
+  /**
+   * A pool whose node-attributes take 150,000 characters: what validated before the bounds, and what a pool
+   * deployed by that version still runs. Three nodes of it are more than one request item holds, so the
+   * write that makes them ready is refused ("Item size has exceeded", dynalite as DynamoDB). Before, the
+   * request stayed `pending` forever: the fulfil flow and the reaper retried the write for three minutes
+   * and then stopped looking.
+   */
+  it("ends the request failed with the store's reason, and gives back what it held", async () => {
+    const valid = parseConfigOrThrow(baseConfig({ slots: 4 }), 'base.yaml');
+    const oversized: ResolvedConfig = {
+      ...valid,
+      metastaticPools: valid.metastaticPools.map((p) => ({
+        ...p,
+        nodeAttributes: { big: 'x'.repeat(150_000) },
+      })),
+    };
+    const big = await startHarness(oversized);
+    try {
+      const store = big.pool.context.store;
+      await big.send({ kind: 'request', id: 'too-big', labels: ['small-node', 'small-node', 'small-node'] });
+      await big.drainRequests();
+      const placed = await store.getRequest('too-big');
+      expect(placed?.state).toBe('pending');
+      const backingId = placed?.nodes[0]?.backingNodeId as string;
+      await big.fulfilUntil(async () => (await store.getBacking(backingId))?.state === 'ready');
+      // Whatever the fulfil flow did not finish, the reaper would (its readying window).
+      await big
+        .fulfilUntil(async () => (await store.getRequest('too-big'))?.state !== 'pending', 10_000)
+        .catch(() => undefined);
+      await reap(big.pool.context);
+      const r = await store.getRequest('too-big');
+      expect(r?.state).toBe('failed');
+      expect(r?.reason).toMatch(
+        /^the nodes could not be recorded: .*Item size has exceeded the maximum allowed size/,
+      );
+      expect(r?.nodes.every((n) => n.state === 'failed')).toBe(true);
+      // Its slots are free again.
+      expect((await store.getBacking(backingId))?.used).toBe(0);
+      // On the ready backing node a request is placed ready at once: the same refusal, the same end.
+      await big.send({
+        kind: 'request',
+        id: 'too-big-2',
+        labels: ['small-node', 'small-node', 'small-node'],
+      });
+      await big.drainRequests();
+      expect(await store.getRequest('too-big-2')).toMatchObject({
+        state: 'failed',
+        reason: expect.stringMatching(/^the nodes could not be recorded: .*Item size has exceeded/),
+      });
+      expect((await store.getBacking(backingId))?.used).toBe(0);
+    } finally {
+      await big.close();
+    }
   });
 });
 
