@@ -234,6 +234,11 @@ export function buildProgram(): Command {
       (v: string, all: string[] = []) => [...all, v],
     )
     .option('--json', "print the errors, the labels' slot shapes and the checked shapes as JSON")
+    .option(
+      '--functions-in-vpc',
+      "check for an AWS deployment whose functions run in the instances' VPC (cdk synth -c vpcId=…); " +
+        'default: outside any VPC, as synth deploys them without one',
+    )
     .action(async (file: string, opts) => {
       const { validate } = await import('./commands/config.ts');
       await validate(file, opts);

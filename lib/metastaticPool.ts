@@ -62,7 +62,10 @@ export class MetastaticPool extends Construct {
 
   constructor(scope: Construct, id: string, props: MetastaticPoolProps) {
     super(scope, id);
-    this.config = parseConfigOrThrow(props.config, props.configName ?? 'config');
+    // Where the functions run decides which settings can work (shared/config/networkRules.ts).
+    this.config = parseConfigOrThrow(props.config, props.configName ?? 'config', {
+      functionsInVpc: props.vpc !== undefined,
+    });
     for (const n of this.config.notices) {
       Annotations.of(this).addWarningV2('metastatic:config-notice', `${n.path}: ${n.message}`);
     }

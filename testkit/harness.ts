@@ -5,6 +5,7 @@ import { SendMessageCommand } from '@aws-sdk/client-sqs';
 import type { SQSEvent, SQSRecord } from 'aws-lambda';
 import { onTestFailed } from 'vitest';
 import { parseConfigOrThrow } from '../shared/config/load.ts';
+import type { ResolvedConfig } from '../shared/config/model.ts';
 import { ManualClock } from '../shared/core/clock.ts';
 import { type Log, silentLog } from '../shared/core/log.ts';
 import { EmbeddedPool } from '../shared/runtime/embeddedPool.ts';
@@ -50,14 +51,18 @@ export interface Harness {
   close(): Promise<void>;
 }
 
+/**
+ * `config`: the YAML text, or a configuration already resolved (one the current validation would refuse,
+ * as a pool deployed by an earlier version runs it).
+ */
 export async function startHarness(
-  yaml: string,
+  config: string | ResolvedConfig,
   options: { maxReceiveCount?: number } = {},
 ): Promise<Harness> {
   const stateDir = await mkdtemp(join(tmpdir(), 'metastatic-test-'));
   const clock = new ManualClock(Date.now());
   const pool = await EmbeddedPool.start({
-    config: parseConfigOrThrow(yaml, 'test.yaml'),
+    config: typeof config === 'string' ? parseConfigOrThrow(config, 'test.yaml') : config,
     stateDir,
     reaperInterval: 3600,
     log: recordingLog(),

@@ -9,13 +9,18 @@ import { print, printError, printJson } from '../output.ts';
 
 /**
  * `metastatic validate FILE`: every error with its YAML path (exit 1), warnings for ignored keys, and
- * what each label's slot gives for requests by shape. Each `--shape` is checked against the labels: the
+ * what each label's slot gives for requests by shape. The rules that depend on where the functions run
+ * (shared/config/networkRules.ts) are checked as synth checks them: outside any VPC unless
+ * `--functions-in-vpc`. Each `--shape` is checked against the labels: the
  * one a request by that shape would get when nothing is free (the cheapest that fits), or why none can
  * serve it (exit 1).
  */
-export async function validate(file: string, opts: { json?: boolean; shape?: string[] }): Promise<void> {
+export async function validate(
+  file: string,
+  opts: { json?: boolean; shape?: string[]; functionsInVpc?: boolean },
+): Promise<void> {
   const shapes = (opts.shape ?? []).map(parseShapeOption);
-  const result = await loadConfigFile(file);
+  const result = await loadConfigFile(file, { functionsInVpc: opts.functionsInVpc === true });
   if (!result.ok) {
     if (opts.json) printJson({ valid: false, errors: result.errors, warnings: [] });
     else printError(formatConfigErrors(result.errors));

@@ -23,6 +23,15 @@ export const EBS_VOLUME_TYPES = ['gp3', 'gp2', 'io2', 'io1', 'st1', 'sc1', 'stan
 const TAG_KEY = 'a tag key of 1 to 128 characters';
 const TAG_VALUE = 'a tag value of at most 256 characters';
 
+/**
+ * A label's own tags: EC2 allows 50 per resource, and metastatic sets five (four `metastatic:` keys and
+ * `Name`, which a label's `Name` replaces, so that one does not count). More would fail every launch.
+ */
+export const MAX_USER_TAGS = 45;
+/** User data: EC2 takes at most 16 KB, counted before base64; more would fail every launch. */
+export const MAX_USERDATA_BYTES = 16_384;
+const USERDATA = `a string of at most ${MAX_USERDATA_BYTES} bytes`;
+
 export const awsLaunchTemplateSchema = z.strictObject(
   {
     id: nonEmptyString().optional().describe('The launch template id (lt-...); give id or name.'),
@@ -64,9 +73,21 @@ export const awsLabelSchema = z.strictObject(
       ),
     'key-name': nonEmptyString().optional().describe('The EC2 key pair installed on the instance.'),
     userdata: z
-      .string({ error: 'a string' })
+      .string({ error: USERDATA })
+      // Characters for the JSON schema's maxLength; the check that counts is in bytes, below.
+      .max(MAX_USERDATA_BYTES, { error: USERDATA })
+      .superRefine((value, ctx) => {
+        const bytes = new TextEncoder().encode(value).length;
+        if (bytes > MAX_USERDATA_BYTES) {
+          ctx.addIssue({
+            code: 'custom',
+            message: `at most ${MAX_USERDATA_BYTES} bytes of UTF-8 (EC2's limit before base64)`,
+            params: { got: `${bytes} bytes` },
+          });
+        }
+      })
       .optional()
-      .describe('User data (plain text; sent base64-encoded).'),
+      .describe(`User data (plain text; sent base64-encoded); at most ${MAX_USERDATA_BYTES} bytes.`),
     'iam-instance-profile': awsIamInstanceProfileSchema
       .optional()
       .describe('The IAM instance profile, by name or by ARN.'),
@@ -86,9 +107,19 @@ export const awsLabelSchema = z.strictObject(
         z.string({ error: TAG_VALUE }).max(256, { error: TAG_VALUE }),
         { error: 'a mapping of tag names to strings' },
       )
+      .superRefine((value, ctx) => {
+        const counted = Object.keys(value).filter((key) => key !== 'Name').length;
+        if (counted > MAX_USER_TAGS) {
+          ctx.addIssue({
+            code: 'custom',
+            message: `at most ${MAX_USER_TAGS} tags besides Name (EC2 allows 50 and metastatic sets 5)`,
+            params: { got: String(counted) },
+          });
+        }
+      })
       .default({})
       .describe(
-        'Extra tags for the instance and its volumes (keys "aws:..." and "metastatic:..." are reserved).',
+        `Extra tags for the instance and its volumes (keys "aws:..." and "metastatic:..." are reserved); at most ${MAX_USER_TAGS} besides Name.`,
       ),
     'use-spot': bool()
       .default(false)

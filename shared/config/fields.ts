@@ -106,7 +106,75 @@ export const host = () =>
 
 /** One instance, so the JSON Schema defines it once. */
 export const jsonValue = z.json();
-export const attributes = () => z.record(z.string(), jsonValue, { error: 'a mapping of names to values' });
+
+/**
+ * Attributes (a local label's `attributes`, a metastatic pool's `node-attributes`): bytes of their JSON
+ * text (UTF-8), each mapping. A node's attributes are its backing node's (the provider's own and the
+ * label's) overridden by the pool's, and a request item holds up to 64 nodes (MAX_NODE_SET), each with
+ * its attributes, in DynamoDB's 400 KB: with both mappings at this bound, the longest ids, host keys and
+ * reasons, the largest request item is ~290 KB of JSON (test/embedded/limits.test.ts writes it to dynalite; the
+ * sum is in docs/configuration.md, Limits). A 150,000-character value validated before and then left its
+ * request pending forever (issue 22, defect 8).
+ */
+export const MAX_ATTRIBUTES_BYTES = 512;
+/**
+ * Levels of mappings and lists in attributes, the attributes mapping itself the first. DynamoDB stores
+ * 32 levels; a node's attributes already sit three deep in its request item (nodes, node, attributes).
+ */
+export const MAX_ATTRIBUTES_DEPTH = 8;
+/** DynamoDB's number range: 0, or a magnitude from 1e-130 up to (not including) 1e126. */
+export const DYNAMODB_MIN_MAGNITUDE = 1e-130;
+/** Exclusive: 1e126 itself is one past DynamoDB's 9.99…e125 (38 nines). */
+export const DYNAMODB_MAGNITUDE_BELOW = 1e126;
+const STORABLE_NUMBER = 'a number DynamoDB can store (0, or 1e-130 to 9.99e125 either way)';
+
+/** Levels of mappings and lists in a JSON value (a scalar is 0). */
+function depthOf(value: unknown): number {
+  if (value === null || typeof value !== 'object') return 0;
+  const children = Array.isArray(value) ? value : Object.values(value);
+  return 1 + children.reduce<number>((deepest, child) => Math.max(deepest, depthOf(child)), 0);
+}
+
+/** The numbers DynamoDB cannot store in a JSON value, with their paths below it. */
+function unstorableNumbers(
+  value: unknown,
+  path: (string | number)[] = [],
+): { path: (string | number)[]; value: number }[] {
+  if (typeof value === 'number') {
+    const magnitude = Math.abs(value);
+    const storable =
+      magnitude === 0 || (magnitude >= DYNAMODB_MIN_MAGNITUDE && magnitude < DYNAMODB_MAGNITUDE_BELOW);
+    return storable ? [] : [{ path, value }];
+  }
+  if (value === null || typeof value !== 'object') return [];
+  return Object.entries(value).flatMap(([key, child]) =>
+    unstorableNumbers(child, [...path, Array.isArray(value) ? Number(key) : key]),
+  );
+}
+
+export const attributes = () =>
+  z.record(z.string(), jsonValue, { error: 'a mapping of names to values' }).superRefine((value, ctx) => {
+    // `params.got` is what the error says was found (load.ts): a size, not the whole value.
+    const bytes = new TextEncoder().encode(JSON.stringify(value)).length;
+    if (bytes > MAX_ATTRIBUTES_BYTES) {
+      ctx.addIssue({
+        code: 'custom',
+        message: `a mapping of at most ${MAX_ATTRIBUTES_BYTES} bytes as JSON`,
+        params: { got: `${bytes} bytes` },
+      });
+    }
+    const depth = depthOf(value);
+    if (depth > MAX_ATTRIBUTES_DEPTH) {
+      ctx.addIssue({
+        code: 'custom',
+        message: `values nested at most ${MAX_ATTRIBUTES_DEPTH} levels deep`,
+        params: { got: `${depth} levels` },
+      });
+    }
+    for (const number of unstorableNumbers(value)) {
+      ctx.addIssue({ code: 'custom', message: STORABLE_NUMBER, path: number.path, input: number.value });
+    }
+  });
 
 export const nonEmptyList = <T extends z.ZodType>(item: T, what: string) => {
   const phrase = `a non-empty list of ${what}`;

@@ -8,6 +8,7 @@ import { type Document, isMap, isNode, isScalar, isSeq, LineCounter, parseDocume
 import type { z } from 'zod';
 import { DRIVERS } from './fields.ts';
 import type { ResolvedConfig } from './model.ts';
+import { checkFunctionsNetwork, type FunctionsNetwork } from './networkRules.ts';
 import { formatPath, type PathIssue, type PathSegment } from './paths.ts';
 import { resolveConfig } from './resolve.ts';
 import { checkConfigRules } from './rules.ts';
@@ -51,7 +52,11 @@ export function formatConfigErrors(errors: readonly ConfigError[]): string {
     .join('\n');
 }
 
-export function parseConfig(text: string, fileName: string): ConfigResult {
+/**
+ * `network`: where the functions run, for the rules that depend on it (networkRules.ts: synth and
+ * `metastatic validate` give it; without it those rules are not checked).
+ */
+export function parseConfig(text: string, fileName: string, network?: FunctionsNetwork): ConfigResult {
   const lineCounter = new LineCounter();
   const doc = parseDocument(text, { lineCounter, prettyErrors: false, uniqueKeys: true });
   if (doc.errors.length > 0) {
@@ -83,6 +88,7 @@ export function parseConfig(text: string, fileName: string): ConfigResult {
     for (const issue of parsed.error.issues) issues.push(...describeIssue(issue, data));
   }
   issues.push(...checkConfigRules(data));
+  if (network) issues.push(...checkFunctionsNetwork(data, network));
 
   if (!parsed.success || issues.length > 0) {
     const seen = new Set<string>();
@@ -106,7 +112,7 @@ export function parseConfig(text: string, fileName: string): ConfigResult {
   return { ok: true, config: resolveConfig(parsed.data), raw: parsed.data };
 }
 
-export async function loadConfigFile(path: string): Promise<ConfigResult> {
+export async function loadConfigFile(path: string, network?: FunctionsNetwork): Promise<ConfigResult> {
   let text: string;
   try {
     text = await readFile(path, 'utf8');
@@ -117,11 +123,15 @@ export async function loadConfigFile(path: string): Promise<ConfigResult> {
       errors: [{ file: path, path: '', message: `cannot read the configuration: ${reason}` }],
     };
   }
-  return parseConfig(text, path);
+  return parseConfig(text, path, network);
 }
 
-export function parseConfigOrThrow(text: string, fileName: string): ResolvedConfig {
-  const result = parseConfig(text, fileName);
+export function parseConfigOrThrow(
+  text: string,
+  fileName: string,
+  network?: FunctionsNetwork,
+): ResolvedConfig {
+  const result = parseConfig(text, fileName, network);
   if (!result.ok) throw new ConfigInvalidError(result.errors);
   return result.config;
 }
@@ -243,9 +253,14 @@ function describeIssue(issue: z.core.$ZodIssue, data: unknown): PathIssue[] {
 
   if (missing) return [{ path, message: `missing required key "${last}"` }];
 
-  // Every schema in schema.ts phrases its errors as what it expects ("an integer >= 1").
+  // Every schema in schema.ts phrases its errors as what it expects ("an integer >= 1"); a refinement
+  // may say what it found instead of the value (`params.got`: "150010 bytes").
   const expected = issue.message || issue.code;
-  return [{ path, message: `${subject(path)}expected ${expected}, got ${describeValue(input)}` }];
+  const got =
+    issue.code === 'custom' && typeof issue.params?.got === 'string'
+      ? issue.params.got
+      : describeValue(input);
+  return [{ path, message: `${subject(path)}expected ${expected}, got ${got}` }];
 }
 
 // ---- locating a path in the YAML document -----------------------------------------------------------

@@ -19,6 +19,8 @@ import {
   hourlyCost,
   intBetween,
   MAPPING,
+  MAX_ATTRIBUTES_BYTES,
+  MAX_ATTRIBUTES_DEPTH,
   MAX_BOOT_SECONDS,
   MAX_KEEP_SECONDS,
   MAX_LAUNCH_RETRIES,
@@ -94,7 +96,9 @@ export const metastaticPoolSchema = z.strictObject(
       ),
     'node-attributes': attributes()
       .default({})
-      .describe("Override the backing node's attributes (top-level keys only)."),
+      .describe(
+        `Override the backing node's attributes (top-level keys only). At most ${MAX_ATTRIBUTES_BYTES} bytes as JSON, nested at most ${MAX_ATTRIBUTES_DEPTH} levels, numbers DynamoDB can store.`,
+      ),
     'host-key-checking': bool().default(false).describe('Default for the labels of this pool.'),
     'request-timeout': requestTimeout()
       .optional()
@@ -139,7 +143,11 @@ export const localLabelSchema = z.strictObject(
     'boot-delay': seconds(MAX_BOOT_SECONDS)
       .default(0)
       .describe('Seconds before the process accepts connections; at most a day.'),
-    attributes: attributes().default({}).describe('Attributes the backing node reports.'),
+    attributes: attributes()
+      .default({})
+      .describe(
+        `Attributes the backing node reports. At most ${MAX_ATTRIBUTES_BYTES} bytes as JSON, nested at most ${MAX_ATTRIBUTES_DEPTH} levels, numbers DynamoDB can store.`,
+      ),
     'hourly-cost': hourlyCost()
       .optional()
       .describe('What one backing node costs an hour: requests by shape go to the cheapest slot that fits.'),

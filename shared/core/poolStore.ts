@@ -29,6 +29,8 @@ export interface PoolStore {
   ): Promise<RequestRecord | undefined>;
   /** One page of the requests still waiting to be placed, created before `createdBefore`, oldest first. */
   waitingRequests(createdBefore: number, cursor?: PageCursor): Promise<Page<RequestRecord>>;
+  /** One page of the requests placed and not yet fulfilled, placed before `placedBefore`, oldest first. */
+  pendingRequests(placedBefore: number, cursor?: PageCursor): Promise<Page<RequestRecord>>;
 
   // ---- backing nodes
   getBacking(id: string): Promise<BackingRecord | undefined>;

@@ -63,6 +63,49 @@ export function shortestRequestTimeout(config: ResolvedConfig): number {
   return Math.min(DEFAULT_REQUEST_TIMEOUT, ...all);
 }
 
+/**
+ * A pending request's budget (seconds from its placement): each of a node's launch-retries attempts is
+ * bounded by launch-timeout (from its backing node's launch) and boot-timeout (from its first `running`),
+ * so a request still pending after all of them is stuck, not slow. The reaper adds PENDING_GRACE_MS
+ * (core/timing.ts) for it to settle the last attempt. A request of a pool no longer configured gets the
+ * longest budget of any pool (never failed sooner than it could have been by its own).
+ */
+export function pendingTimeoutOf(config: ResolvedConfig, poolKey: string | undefined): number {
+  const pool = config.metastaticPools.find((p) => p.key === poolKey);
+  if (pool) return poolPendingTimeout(pool);
+  const all = config.metastaticPools.map(poolPendingTimeout);
+  return all.length > 0 ? Math.max(...all) : DEFAULT_PENDING_TIMEOUT;
+}
+
+/** The shortest pending budget of any pool (seconds): no request placed more recently is due. */
+export function shortestPendingTimeout(config: ResolvedConfig): number {
+  return Math.min(DEFAULT_PENDING_TIMEOUT, ...config.metastaticPools.map(poolPendingTimeout));
+}
+
+function poolPendingTimeout(pool: MetastaticPool): number {
+  return pool.launchRetries * (pool.launchTimeout + pool.bootTimeout);
+}
+
+/** The budget with the provider defaults (launch-retries 3, launch-timeout 3600, boot-timeout 120). */
+const DEFAULT_PENDING_TIMEOUT = 3 * (3600 + 120);
+
+/** Why a request still pending past its deadline ends. */
+export function pendingTimeoutReason(
+  config: ResolvedConfig,
+  poolKey: string | undefined,
+  pendingMs: number,
+  graceMs: number,
+): string {
+  const pool = config.metastaticPools.find((p) => p.key === poolKey);
+  const budget = pool
+    ? `launch-retries ${pool.launchRetries} x (launch-timeout ${pool.launchTimeout}s + boot-timeout ${pool.bootTimeout}s)`
+    : `${pendingTimeoutOf(config, poolKey)}s, the longest of any pool (pool ${poolKey ?? 'unknown'} is no longer configured)`;
+  return (
+    `pending past its deadline: not ready ${Math.floor(pendingMs / 1000)}s after it was placed ` +
+    `(${budget}, and ${Math.round(graceMs / 1000)}s to settle the last attempt)`
+  );
+}
+
 /** A node's attributes: the backing node's are the defaults; the pool's node-attributes override top-level keys. */
 export function nodeAttributes(
   backing: Readonly<Record<string, unknown>> | undefined,

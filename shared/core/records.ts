@@ -131,6 +131,11 @@ export const RequestRecord = z.object({
   placer: z.string().optional(),
   createdAt: z.number(),
   updatedAt: z.number(),
+  /**
+   * When it was placed (left `requested`): a pending request's deadline counts from here (core/pools.ts
+   * pendingTimeoutOf). Absent on records placed before it existed (their updatedAt stands in).
+   */
+  placedAt: z.number().optional(),
   version: z.number().int().nonnegative(),
   nodes: z.array(NodeRecord),
 });

@@ -172,7 +172,7 @@ export function placedRequest(
   const state = nodes.every((n) => n.state === 'ready') ? 'fulfilled' : 'pending';
   assertTransition('request', base.state, state);
   const { placer: _placed, ...rest } = base;
-  return { ...rest, state, poolKey, nodes, updatedAt: now, version: base.version + 1 };
+  return { ...rest, state, poolKey, nodes, updatedAt: now, placedAt: now, version: base.version + 1 };
 }
 
 /**

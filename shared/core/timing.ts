@@ -49,6 +49,13 @@ export const CLAIM_TAKEOVER_MS = 2 * FUNCTION_TIMEOUT_SECONDS.request * 1000;
  */
 export const SLOT_LEASE_MS = 5 * 60_000;
 
+/**
+ * A pending request's deadline is launch-retries x (launch-timeout + boot-timeout) after it was placed
+ * (core/pools.ts pendingTimeoutOf), plus this: time for the reaper to fail the last attempt's backing node
+ * and settle its nodes (a run or two) before the request itself is called stuck.
+ */
+export const PENDING_GRACE_MS = 5 * 60_000;
+
 /** A provider resource tagged as ours with no live record is terminated once it is this old. */
 export const ORPHAN_GRACE_MS = 2 * 60_000;
 

@@ -296,6 +296,10 @@ export class DynamoStore implements PoolStore {
     return this.indexes.waitingRequests(createdBefore, cursor);
   }
 
+  pendingRequests(placedBefore: number, cursor?: PageCursor): Promise<Page<RequestRecord>> {
+    return this.indexes.pendingRequests(placedBefore, cursor);
+  }
+
   // ---- resource pointers ------------------------------------------------------------------------
 
   /**

@@ -79,6 +79,23 @@ export class IndexQueries {
     return { items: (out.Items ?? []).map((i) => RequestRecord.parse(i)), cursor: out.LastEvaluatedKey };
   }
 
+  /**
+   * One page of the requests placed and not yet fulfilled (PENDING partition of the reap index) that were
+   * placed before `placedBefore` (epoch ms), oldest first; pass the returned cursor for the next page.
+   */
+  async pendingRequests(placedBefore: number, cursor?: PageCursor): Promise<Page<RequestRecord>> {
+    const out = await this.doc.send(
+      new QueryCommand({
+        TableName: this.tableName,
+        IndexName: REAP_INDEX,
+        KeyConditionExpression: 'rpk = :p AND rsk < :b',
+        ExpressionAttributeValues: { ':p': reapPartition.pending, ':b': waitingSortKey(placedBefore) },
+        ExclusiveStartKey: cursor,
+      }),
+    );
+    return { items: (out.Items ?? []).map((i) => RequestRecord.parse(i)), cursor: out.LastEvaluatedKey };
+  }
+
   async listRequests(): Promise<RequestRecord[]> {
     return (await this.scanType('request')).map((i) => RequestRecord.parse(i));
   }

@@ -17,7 +17,8 @@ import type { BackingRecord, RequestRecord } from '../core/records.ts';
  *   free (fpk, fsk): backing nodes that can take a node, per pool and label, fullest then oldest first
  *   reap (rpk, rsk): IDLE (empty), LAUNCHING (by launch time), ACTIVE (ready, in use), RETIRING and
  *                    FAILED (to terminate): every backing node that is not stopped is in exactly one;
- *                    WAITING: every request still `requested`, oldest first (request-timeout)
+ *                    WAITING: every request still `requested`, oldest first (request-timeout);
+ *                    PENDING: every request `pending`, by placement time (its deadline)
  */
 export const FREE_INDEX = 'free';
 export const REAP_INDEX = 'reap';
@@ -50,6 +51,8 @@ export const reapPartition = {
   failed: 'FAILED',
   /** Requests not placed yet (state `requested`), by creation time: the reaper ends those past request-timeout. */
   waiting: 'WAITING',
+  /** Requests placed and not yet fulfilled (`pending`), by placement time: the reaper ends those past their deadline. */
+  pending: 'PENDING',
 } as const;
 
 export function freePartition(poolKey: string, label: string): string {
@@ -102,14 +105,18 @@ export function resourceItem(resourceId: string, backingNodeId: string, recorded
 }
 
 /**
- * The reap index attributes of a request: in WAITING exactly while it is `requested`. Every request write
- * but the release's node update (which never meets a `requested` request) is a whole-item put, so they
- * follow its state.
+ * The reap index attributes of a request: in WAITING exactly while it is `requested`, in PENDING exactly
+ * while it is `pending`. Every request write but the release's node update is a whole-item put, so they
+ * follow its state; the release's update never meets a `requested` request and never changes a request's
+ * state (a pending request it leaves all ready is settled by a put), and PENDING's sort key does not change
+ * while a request is pending.
  */
 export function requestIndexAttributes(r: RequestRecord): { rpk?: string; rsk?: string } {
-  return r.state === 'requested'
-    ? { rpk: reapPartition.waiting, rsk: waitingSortKey(r.createdAt, r.id) }
-    : {};
+  if (r.state === 'requested') return { rpk: reapPartition.waiting, rsk: waitingSortKey(r.createdAt, r.id) };
+  if (r.state === 'pending') {
+    return { rpk: reapPartition.pending, rsk: waitingSortKey(r.placedAt ?? r.updatedAt, r.id) };
+  }
+  return {};
 }
 
 /** WAITING's sort key: creation time first, so "created before T" is one key condition (`rsk < T`). */

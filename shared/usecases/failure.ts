@@ -1,13 +1,13 @@
 import { claimOf } from '../core/backing.ts';
-import { BusyError, CapacityError, LaunchFailedError } from '../core/errors.ts';
+import { BusyError, CapacityError, LaunchFailedError, PermanentError } from '../core/errors.ts';
 import { ownerToken, parseNodeId } from '../core/ids.ts';
-import type { BackingRecord } from '../core/records.ts';
+import type { BackingRecord, RequestRecord } from '../core/records.ts';
 import { placedNode, withNodes } from '../core/request.ts';
 import { DELIVERY_DEADLINE_MS } from '../core/timing.ts';
 import { type FailBacking, giveBackSlot, markBackingFailed } from './backingNodes.ts';
 import { retryOnConflict } from './conflicts.ts';
 import { type Context, leaseExpired, timeLeft } from './context.ts';
-import { markNodesReady } from './nodesReady.ts';
+import { markNodesReady, unrecordableReason } from './nodesReady.ts';
 import { type Placement, placeNode } from './placement.ts';
 import { failNodes, failTakerOf, requestSettled } from './requests.ts';
 
@@ -148,22 +148,17 @@ export async function rehomeNode(
     await failNodes(ctx, requestId, why, () => true);
     return 'failed';
   }
-  const moved = await retryOnConflict(`moving node ${n.id}`, async () => {
-    const current = await ctx.store.getRequest(requestId);
-    const node = current?.nodes[index];
-    // Our claim may be taken over, or the invocation is about to end: give it back and wait.
-    const late = ctx.clock.now() - startedAt > DELIVERY_DEADLINE_MS || timeLeft(ctx) <= 0;
-    if (!current || !node || node.state !== 'pending' || node.backingNodeId !== fromBackingId || late) {
-      return late ? 'waiting' : 'moved-already'; // someone else moved it first
-    }
-    const now = ctx.clock.now();
-    const nodes = current.nodes.map((x, j) =>
-      j === index ? placedNode(x, placement, pool.nodeAttributes, now) : x,
-    );
-    const next = withNodes(current, nodes, now);
-    await ctx.store.putRequest(next, current.version);
-    return next;
-  });
+  let moved: RequestRecord | 'waiting' | 'moved-already';
+  try {
+    moved = await moveOnto(ctx, requestId, index, fromBackingId, placement, pool.nodeAttributes, startedAt);
+  } catch (err) {
+    // The store refuses the moved node for good (placed ready, it carries its attributes): the request
+    // ends with the reason rather than be retried by every reaper run.
+    if (!(err instanceof PermanentError)) throw err;
+    await giveBackSlot(ctx, placement.backing.id, n.id, { owner });
+    await failNodes(ctx, requestId, unrecordableReason(err), () => true);
+    return 'failed';
+  }
   if (typeof moved === 'string') {
     await giveBackSlot(ctx, placement.backing.id, n.id, { owner });
     return moved;
@@ -182,4 +177,32 @@ export async function rehomeNode(
     if (b?.state === 'ready') await markNodesReady(ctx, b, failBadBacking);
   }
   return 'rehomed';
+}
+
+/** Records a waiting node on its new placement (one version-checked write of its request). */
+async function moveOnto(
+  ctx: Context,
+  requestId: string,
+  index: number,
+  fromBackingId: string,
+  placement: Placement,
+  nodeAttributes: Readonly<Record<string, unknown>>,
+  startedAt: number,
+): Promise<RequestRecord | 'waiting' | 'moved-already'> {
+  return retryOnConflict(`moving node ${requestId}/${index}`, async () => {
+    const current = await ctx.store.getRequest(requestId);
+    const node = current?.nodes[index];
+    // Our claim may be taken over, or the invocation is about to end: give it back and wait.
+    const late = ctx.clock.now() - startedAt > DELIVERY_DEADLINE_MS || timeLeft(ctx) <= 0;
+    if (!current || !node || node.state !== 'pending' || node.backingNodeId !== fromBackingId || late) {
+      return late ? 'waiting' : 'moved-already'; // someone else moved it first
+    }
+    const now = ctx.clock.now();
+    const nodes = current.nodes.map((x, j) =>
+      j === index ? placedNode(x, placement, nodeAttributes, now) : x,
+    );
+    const next = withNodes(current, nodes, now);
+    await ctx.store.putRequest(next, current.version);
+    return next;
+  });
 }

@@ -1,10 +1,10 @@
-import { RetryableError } from '../core/errors.ts';
+import { PermanentError, RetryableError } from '../core/errors.ts';
 import { parseNodeId } from '../core/ids.ts';
 import type { BackingRecord } from '../core/records.ts';
 import { hostKeysOf, readyNode } from '../core/request.ts';
 import { type FailBacking, scanKeys } from './backingNodes.ts';
 import type { Context } from './context.ts';
-import { updateRequestNodes } from './requests.ts';
+import { failNodes, updateRequestNodes } from './requests.ts';
 
 /**
  * Marks every pending node on a ready backing node ready, and fulfils the requests whose nodes are
@@ -42,18 +42,31 @@ export async function markNodesReady(
   const poolAttributes = pool?.nodeAttributes ?? {};
   let count = 0;
   for (const requestId of byRequest.keys()) {
-    count += await updateRequestNodes(ctx, requestId, (r) => {
-      let changed = 0;
-      const now = ctx.clock.now();
-      const nodes = r.nodes.map((n) => {
-        if (n.backingNodeId !== backing.id || n.state !== 'pending') return n;
-        changed++;
-        return readyNode(n, backing, poolAttributes, hostKeys, now);
+    try {
+      count += await updateRequestNodes(ctx, requestId, (r) => {
+        let changed = 0;
+        const now = ctx.clock.now();
+        const nodes = r.nodes.map((n) => {
+          if (n.backingNodeId !== backing.id || n.state !== 'pending') return n;
+          changed++;
+          return readyNode(n, backing, poolAttributes, hostKeys, now);
+        });
+        return { nodes, changed };
       });
-      return { nodes, changed };
-    });
+    } catch (err) {
+      // The store refuses the ready nodes for good (an item past its size, a value it cannot hold):
+      // writing them again cannot succeed, and the request would wait forever. It fails with the
+      // reason, giving back its slots; the other requests on this backing node go on.
+      if (!(err instanceof PermanentError)) throw err;
+      await failNodes(ctx, requestId, unrecordableReason(err), () => true);
+    }
   }
   return count;
+}
+
+/** Why a request whose nodes the store refuses to record ends. */
+export function unrecordableReason(err: Error): string {
+  return `the nodes could not be recorded: ${err.message}`;
 }
 
 /** Whether any node of these requests still waits on the backing node (a scan is only owed to those). */

@@ -11,6 +11,7 @@ import { retryOnConflict, unlessConflict } from './conflicts.ts';
 import { type Context, leaseExpired, timeLeft } from './context.ts';
 import { failBackingNode, failBadBacking, settleFailedNodes } from './failure.ts';
 import { markNodesReady } from './nodesReady.ts';
+import { endOverduePending } from './pending.ts';
 import type { MutableReport, ReapReport } from './reapReport.ts';
 import { lookUp, providerFor, reconcile, reconcileCapacity, stop } from './reconcile.ts';
 import { keepMinReady } from './replenish.ts';
@@ -32,7 +33,9 @@ import { endExpiredRequests, nodesWaiting } from './waiting.ts';
  *    backing node ready in the last three minutes are readied (their readying was cut short);
  * 6. failed and retiring backing nodes are settled and terminated until the provider confirms;
  * 7. places in max-servers sets held by no live backing node or node past the slot lease are given back;
- * 8. requests still waiting past their request-timeout end `failed` (WAITING partition, waiting.ts);
+ * 8. requests still waiting past their request-timeout end `failed` (WAITING partition, waiting.ts), and
+ *    requests still pending past launch-retries x (launch-timeout + boot-timeout) after their placement
+ *    (PENDING partition, pending.ts);
  * 9. min-ready seats are refilled (replenish.ts).
  * A crash anywhere leaves records in partitions the next run picks up.
  */
@@ -134,6 +137,12 @@ export async function reap(ctx: Context): Promise<ReapReport> {
   // 8. Requests still waiting past their request-timeout end, whatever became of their message.
   await guard('request-timeout', '-', async () => {
     const ended = await endExpiredRequests(ctx);
+    report.expiredRequests.push(...ended.expired);
+    if (!ended.complete) report.deferred++;
+  });
+  // ...and requests placed but pending past their deadline: each attempt's launch and boot timeouts passed.
+  await guard('pending-timeout', '-', async () => {
+    const ended = await endOverduePending(ctx);
     report.expiredRequests.push(...ended.expired);
     if (!ended.complete) report.deferred++;
   });

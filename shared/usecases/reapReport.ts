@@ -22,7 +22,7 @@ export interface ReapReport {
   readonly nodesReadied: number;
   /**
    * Requests ended `failed` this run because they were still waiting past their request-timeout (their
-   * message may be gone: see waiting.ts).
+   * message may be gone: see waiting.ts), or still pending past their deadline (pending.ts).
    */
   readonly expiredRequests: string[];
   /** min-ready nodes placed this run (seats refilled), and ended (on a backing node taking no new nodes, taken by a dead delivery, above a lowered min-ready). */

@@ -1,5 +1,5 @@
 import type { MetastaticPool } from '../config/model.ts';
-import { BusyError, CapacityError, LaunchFailedError } from '../core/errors.ts';
+import { BusyError, CapacityError, LaunchFailedError, PermanentError } from '../core/errors.ts';
 import { type DeliveryOf, ownerSince, ownerToken, supersedes } from '../core/ids.ts';
 import type { RequestMessage } from '../core/messages.ts';
 import { isSpareRequestId, nodeOnSpare } from '../core/minReady.ts';
@@ -12,7 +12,7 @@ import { type Context, deliveryDead, learnsDurations } from './context.ts';
 import { learnedDuration } from './estimates.ts';
 import { failBadBacking } from './failure.ts';
 import { returnSpare, takeSpare } from './minReady.ts';
-import { markNodesReady } from './nodesReady.ts';
+import { markNodesReady, unrecordableReason } from './nodesReady.ts';
 import { type Placement, type PlaceOptions, placeNode } from './placement.ts';
 import { AlreadyPlaced, isStoredVerdict, Recording } from './recording.ts';
 import { failRequest, recordFailure, requestSettled } from './requests.ts';
@@ -68,10 +68,15 @@ export async function requestNodes(
       try {
         result = await tryPool(ctx, pool, recording);
       } catch (err) {
-        if (!(err instanceof LaunchFailedError)) throw err;
-        // Every launch attempt failed: the request ends, with the reason (tryPool gave back what it took).
+        // Every launch attempt failed, or the store refuses the placed request for good (an item past
+        // its size: nodes placed ready carry their attributes): the request ends, with the reason (tryPool
+        // gave back what it took). Retrying could not succeed, and a request id reused by another
+        // request is not this one's to end.
+        const refused = err instanceof PermanentError && !isStoredVerdict(err);
+        if (!(err instanceof LaunchFailedError) && !refused) throw err;
         await recording.ensure();
-        const failed = await failRequest(ctx, m.id, bodyHash, err.message);
+        const why = err instanceof LaunchFailedError ? err.message : unrecordableReason(err);
+        const failed = await failRequest(ctx, m.id, bodyHash, why);
         return { kind: 'failed', request: failed ?? fresh };
       }
       if (result.kind === 'placed') return result;

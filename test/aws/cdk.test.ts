@@ -1123,6 +1123,48 @@ describe('MetastaticPool options and checks', () => {
     expect(() => synth(local)).toThrow(/driver local, which runs only in the embedded pool/);
   });
 
+  it('refuses host-key-checking outside the VPC at synth, naming the YAML path and the fix (issue 22, defect 7)', () => {
+    const scanning = awsConfig('image-id: ami-1').replace(
+      'backing-label: big',
+      'backing-label: big\n            host-key-checking: true',
+    );
+    const err = (() => {
+      try {
+        synth(scanning);
+      } catch (e) {
+        return e;
+      }
+      return undefined;
+    })();
+    expect(err).toBeInstanceOf(ConfigInvalidError);
+    expect((err as Error).message).toMatch(
+      /^invalid configuration:\nconfig:\d+:\d+: providers\[1\]\.pools\[0\]\.labels\[0\]\.host-key-checking: .*put the functions in the instances' VPC.*or set host-key-checking: false$/s,
+    );
+    // In the VPC, the functions reach the instances: accepted.
+    const app = newApp();
+    const stack = new Stack(app, 'InVpc', { env: ENV });
+    const vpc = Vpc.fromVpcAttributes(stack, 'Vpc', {
+      vpcId: 'vpc-11111111',
+      availabilityZones: ['eu-west-1a'],
+      privateSubnetIds: ['subnet-11111111'],
+    });
+    expect(() => new MetastaticPool(stack, 'Pool', { config: scanning, vpc })).not.toThrow();
+    // And so does a MetastaticStack given functionsVpc (bin/cdk.ts's -c vpcId=... -c functionSubnetIds=...).
+    const file = join(dir, 'scanning.yaml');
+    writeFileSync(file, scanning);
+    expect(() => new MetastaticStack(newApp(), 'NoVpc', { configPath: file, env: ENV })).toThrow(
+      /host-key-checking: .*-c vpcId=/s,
+    );
+    expect(
+      () =>
+        new MetastaticStack(newApp(), 'Vpc', {
+          configPath: file,
+          env: ENV,
+          functionsVpc: { vpcId: 'vpc-11111111', subnetIds: ['subnet-aaaaaaaa'] },
+        }),
+    ).not.toThrow();
+  });
+
   it('refuses a stack in another region than the pools, and asserts the region at deploy when it is unknown', () => {
     expect(() => synth(awsConfig('image-id: ami-1'), {}, { ...ENV, region: 'us-east-1' })).toThrow(
       /launch in eu-west-1 but the stack deploys to us-east-1/,

@@ -2,7 +2,7 @@ import { createServer, type Server, type Socket } from 'node:net';
 import { DynamoDBClient } from '@aws-sdk/client-dynamodb';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { parseConfigOrThrow } from '../../shared/config/load.ts';
-import { newBackingRecord } from '../../shared/core/backing.ts';
+import { markReady, newBackingRecord } from '../../shared/core/backing.ts';
 import { ManualClock } from '../../shared/core/clock.ts';
 import { TimeoutError } from '../../shared/core/errors.ts';
 import { silentLog } from '../../shared/core/log.ts';
@@ -14,6 +14,7 @@ import {
   DELIVERY_DEADLINE_MS,
   INVOCATION_SAFETY_MARGIN_MS,
   type InvocationTime,
+  PENDING_GRACE_MS,
   PORT_PROBE_TIMEOUT_MS,
 } from '../../shared/core/timing.ts';
 import { makeFulfilHandler } from '../../shared/handlers/fulfilHandler.ts';
@@ -24,8 +25,9 @@ import { scanHostKeys } from '../../shared/providers/scanHostKeysLazily.ts';
 import { type Engine, ensureTable, startDynalite } from '../../shared/runtime/engines.ts';
 import { DynamoStore } from '../../shared/store/dynamoStore.ts';
 import type { Context } from '../../shared/usecases/context.ts';
+import { reap } from '../../shared/usecases/reap.ts';
 import { poolConfig, smallNode } from '../../testkit/configs.ts';
-import { sqsEvent } from '../../testkit/harness.ts';
+import { sqsEvent, startHarness } from '../../testkit/harness.ts';
 
 /**
  * Every deadline derives from the invocation's remaining time (Lambda's context), less
@@ -380,5 +382,55 @@ describe('the reaper under the invocation deadline', () => {
     expect((await p.ctx.store.getBacking(b.id))?.state).toBe('ready');
     const full = await reaper({ getRemainingTimeInMillis: () => 60_000 });
     expect(full.retired).toEqual([b.id]);
+  });
+});
+
+describe('a pending request has a deadline (issue 22, defect 8)', () => {
+  /**
+   * Launch-timeout and boot-timeout bound each attempt of a node, and launch-retries the attempts: a
+   * request still `pending` past launch-retries x (launch-timeout + boot-timeout), plus PENDING_GRACE_MS
+   * for the reaper to settle the last attempt, is stuck. Here it is stuck as a readying cut short leaves
+   * it: its backing node ready, its node never readied, the reaper's readying window past. Before, only a
+   * waiting request had a deadline (request-timeout), and this one stayed pending forever.
+   */
+  it('is failed by the reaper, with the reason, once launch and boot timeouts of every attempt have passed', async () => {
+    const h = await startHarness(
+      poolConfig({
+        meta: {
+          provider: { 'launch-timeout': 600, 'boot-timeout': 60, 'launch-retries': 2 },
+          labels: [smallNode({ 'max-parallel-jobs': 2 })],
+        },
+      }),
+    );
+    try {
+      const store = h.pool.context.store;
+      await h.send({ kind: 'request', id: 'stuck', labels: ['small-node'] });
+      await h.drainRequests();
+      const placed = await store.getRequest('stuck');
+      expect(placed?.state).toBe('pending');
+      // The backing node becomes ready; the write that would ready its node never happens.
+      const b = (await store.getBacking(placed?.nodes[0]?.backingNodeId as string)) as BackingRecord;
+      await store.putBacking(markReady(b, { host: '127.0.0.1', port: 1, attributes: {} }, h.clock.now()), {
+        version: b.version,
+        states: ['launching'],
+      });
+      const budgetMs = 2 * (600 + 60) * 1000 + PENDING_GRACE_MS;
+      h.clock.advance(budgetMs - 1_000);
+      expect((await reap(h.pool.context)).expiredRequests).toEqual([]);
+      expect((await store.getRequest('stuck'))?.state).toBe('pending');
+      h.clock.advance(1_000);
+      const report = await reap(h.pool.context);
+      expect(report.expiredRequests).toEqual(['stuck']);
+      const r = await store.getRequest('stuck');
+      expect(r).toMatchObject({
+        state: 'failed',
+        reason:
+          'pending past its deadline: not ready 1620s after it was placed (launch-retries 2 x (launch-timeout 600s + boot-timeout 60s), and 300s to settle the last attempt)',
+      });
+      expect(r?.nodes[0]?.state).toBe('failed');
+      expect((await store.getBacking(b.id))?.used).toBe(0); // its slot is given back
+    } finally {
+      await h.close();
+    }
   });
 });

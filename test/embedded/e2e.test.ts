@@ -246,6 +246,15 @@ describe('metastatic CLI without a running pool', { timeout: 180_000 }, () => {
         },
       ],
     });
+    // host-key-checking on instances the functions cannot reach (issue 22, defect 7): refused, with the
+    // fix, unless the functions run in the instances' VPC.
+    const scanning = join(dir, 'scanning.yaml');
+    const aws = await readFile(join(root, 'examples', 'aws.yaml'), 'utf8');
+    await writeFile(scanning, aws.replace(/(\n( *)backing-label: .*\n)/, '$1$2host-key-checking: true\n'));
+    const refused = await cli(['validate', scanning]);
+    expect(refused.code).toBe(1);
+    expect(refused.stderr).toMatch(/labels\[0\]\.host-key-checking: host-key-checking: .*--functions-in-vpc/);
+    expect((await cli(['validate', scanning, '--functions-in-vpc'])).code).toBe(0);
     const badShape = await cli(['validate', join(root, 'examples', 'local.yaml'), '--shape', 'cores']);
     expect(badShape.code).toBe(2);
     expect(badShape.stderr).toContain('--shape cores: expected key=value pairs');

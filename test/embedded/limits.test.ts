@@ -1,10 +1,14 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { MAX_ATTRIBUTES_BYTES } from '../../shared/config/fields.ts';
+import { ConfigInvalidError, parseConfig, parseConfigOrThrow } from '../../shared/config/load.ts';
+import type { ResolvedConfig } from '../../shared/config/model.ts';
 import { ItemTooLargeError, PermanentError } from '../../shared/core/errors.ts';
 import { nodeId } from '../../shared/core/ids.ts';
 import { MAX_LABEL_LENGTH, MAX_NODE_SET, RequestMessage } from '../../shared/core/messages.ts';
 import type { RequestRecord } from '../../shared/core/records.ts';
 import { clip, MAX_REASON_LENGTH } from '../../shared/core/text.ts';
-import { baseConfig } from '../../testkit/configs.ts';
+import { reap } from '../../shared/usecases/reap.ts';
+import { baseConfig, largeNode, poolConfig } from '../../testkit/configs.ts';
 import { type Harness, sqsEvent, startHarness } from '../../testkit/harness.ts';
 
 /**
@@ -110,6 +114,63 @@ describe('the dead-letter consumer', () => {
   });
 });
 
+describe('a request whose nodes cannot be recorded (issue 22, defect 8)', () => {
+  /**
+   * A pool whose node-attributes take 150,000 characters: what validated before the bounds, and what a pool
+   * deployed by that version still runs. Three nodes of it are more than one request item holds, so the
+   * write that makes them ready is refused ("Item size has exceeded", dynalite as DynamoDB). Before, the
+   * request stayed `pending` forever: the fulfil flow and the reaper retried the write for three minutes
+   * and then stopped looking.
+   */
+  it("ends the request failed with the store's reason, and gives back what it held", async () => {
+    const valid = parseConfigOrThrow(baseConfig({ slots: 4 }), 'base.yaml');
+    const oversized: ResolvedConfig = {
+      ...valid,
+      metastaticPools: valid.metastaticPools.map((p) => ({
+        ...p,
+        nodeAttributes: { big: 'x'.repeat(150_000) },
+      })),
+    };
+    const big = await startHarness(oversized);
+    try {
+      const store = big.pool.context.store;
+      await big.send({ kind: 'request', id: 'too-big', labels: ['small-node', 'small-node', 'small-node'] });
+      await big.drainRequests();
+      const placed = await store.getRequest('too-big');
+      expect(placed?.state).toBe('pending');
+      const backingId = placed?.nodes[0]?.backingNodeId as string;
+      await big.fulfilUntil(async () => (await store.getBacking(backingId))?.state === 'ready');
+      // Whatever the fulfil flow did not finish, the reaper would (its readying window).
+      await big
+        .fulfilUntil(async () => (await store.getRequest('too-big'))?.state !== 'pending', 10_000)
+        .catch(() => undefined);
+      await reap(big.pool.context);
+      const r = await store.getRequest('too-big');
+      expect(r?.state).toBe('failed');
+      expect(r?.reason).toMatch(
+        /^the nodes could not be recorded: .*Item size has exceeded the maximum allowed size/,
+      );
+      expect(r?.nodes.every((n) => n.state === 'failed')).toBe(true);
+      // Its slots are free again.
+      expect((await store.getBacking(backingId))?.used).toBe(0);
+      // On the ready backing node a request is placed ready at once: the same refusal, the same end.
+      await big.send({
+        kind: 'request',
+        id: 'too-big-2',
+        labels: ['small-node', 'small-node', 'small-node'],
+      });
+      await big.drainRequests();
+      expect(await store.getRequest('too-big-2')).toMatchObject({
+        state: 'failed',
+        reason: expect.stringMatching(/^the nodes could not be recorded: .*Item size has exceeded/),
+      });
+      expect((await store.getBacking(backingId))?.used).toBe(0);
+    } finally {
+      await big.close();
+    }
+  });
+});
+
 describe('the bounds', () => {
   /** The largest request record the schema admits, every node failed with the longest reason. */
   function largestFailedRequest(id: string): RequestRecord {
@@ -134,6 +195,84 @@ describe('the bounds', () => {
     };
   }
 
+  /**
+   * The largest request a valid configuration and message can make the pool record: 64 nodes of the
+   * longest ids, each placed, ready and then failed with the longest reason (so it has every field at
+   * once), on a host of the longest DNS name, with an RSA-4096 host key (as a scan returns it and as the
+   * local provider reports it in attributes), the local provider's own attributes with the longest pool
+   * key and label, the label's `attributes` and the pool's `node-attributes` both at MAX_ATTRIBUTES_BYTES
+   * (different keys, so both are kept), taken from a min-ready node; a request by shape with the longest
+   * sizes, from a requestor of 256 three-byte characters. Each node takes ~4.4 KB of JSON, 1 KB of it the
+   * two attribute mappings.
+   */
+  function largestPlacedRequest(id: string): RequestRecord {
+    const wide = (n: number) => '\u4e00'.repeat(n);
+    const name = (c: string) => c.repeat(64); // the longest name (provider, pool, label)
+    const label = name('l');
+    const poolKey = `${name('p')}/${name('q')}`;
+    const reason = wide(MAX_REASON_LENGTH);
+    const hostKey = `ssh-rsa ${'A'.repeat(716)}`; // an RSA-4096 public key in OpenSSH form
+    /** A mapping of `prefix`ed keys whose JSON takes exactly MAX_ATTRIBUTES_BYTES. */
+    const full = (key: string) => ({ [key]: 'v'.repeat(MAX_ATTRIBUTES_BYTES - `{"${key}":""}`.length) });
+    const attributes = {
+      ...full('label'),
+      ...full('pool'),
+      provider: 'local',
+      pool: poolKey,
+      label,
+      resourceId: `local-${'f'.repeat(32)}`,
+      pid: 4_194_304,
+      hostKeys: [hostKey],
+    };
+    const size = `${'0'.repeat(28)}1PiB`; // 32 characters, the size rule's most
+    const message = RequestMessage.parse({
+      kind: 'request',
+      id,
+      shapes: Array.from({ length: MAX_NODE_SET }, () => ({ cores: 1023.999, memory: size, disk: size })),
+      requestor: wide(256),
+      priority: 1_000_000,
+      'expected-duration': 604_800,
+    });
+    const now = Date.now();
+    return {
+      id: message.id,
+      labels: Array.from({ length: MAX_NODE_SET }, () => label),
+      shapes: message.shapes,
+      requestor: message.requestor,
+      priority: message.priority,
+      expectedDuration: message['expected-duration'],
+      bodyHash: 'h'.repeat(64),
+      state: 'failed',
+      reason,
+      poolKey,
+      createdAt: now,
+      updatedAt: now,
+      version: 1_000_000,
+      nodes: Array.from({ length: MAX_NODE_SET }, (_, i) => ({
+        id: nodeId(id, i),
+        label,
+        state: 'failed' as const,
+        backingNodeId: `bn-${'e'.repeat(16)}`,
+        slot: 999,
+        host: `${'h'.repeat(63)}.${'h'.repeat(63)}.${'h'.repeat(63)}.${'h'.repeat(61)}`,
+        port: 65535,
+        attributes,
+        readyAt: now,
+        releasedAt: now,
+        hostKeys: [hostKey],
+        attempts: 20,
+        held: true,
+        reason,
+        spare: `min-ready:${label}:00099:${'9'.repeat(15)}`,
+        takenBy: {
+          node: nodeId(id, i),
+          by: `${'z'.repeat(9)}.${'f'.repeat(12)}.${'f'.repeat(12)}-50`,
+          at: now,
+        },
+      })),
+    };
+  }
+
   it('the largest request the message schema admits, failed with the longest reasons, fits in an item', async () => {
     const id = `a${'b'.repeat(127)}`; // the longest request id
     const r = largestFailedRequest(id);
@@ -148,6 +287,27 @@ describe('the bounds', () => {
     expect(err).toBeInstanceOf(ItemTooLargeError);
     expect(err).toBeInstanceOf(PermanentError);
     expect((err as Error).message).toMatch(/Item size has exceeded the maximum allowed size/);
+  });
+
+  it('a label with a 150,000-character attribute no longer validates (issue 22, defect 8)', async () => {
+    const yaml = poolConfig({
+      backing: { labels: [largeNode({ attributes: { big: 'x'.repeat(150_000) } })] },
+    });
+    const result = parseConfig(yaml, 'big.yaml');
+    expect(result.ok ? [] : result.errors.map((e) => `${e.path}: ${e.message}`)).toEqual([
+      `providers[0].pools[0].labels[0].attributes: attributes: expected a mapping of at most ${MAX_ATTRIBUTES_BYTES} bytes as JSON, got 150010 bytes`,
+    ]);
+    await expect(startHarness(yaml)).rejects.toThrow(ConfigInvalidError);
+  });
+
+  it('the largest request a valid configuration can make the pool record, with every node at its worst, fits in an item', async () => {
+    const r = largestPlacedRequest(`c${'d'.repeat(127)}`);
+    const size = Buffer.byteLength(JSON.stringify(r));
+    // What docs/configuration.md (Limits) states: ~290 KB as JSON, DynamoDB's 400 KB well above.
+    expect(size).toBeGreaterThan(280_000); // a real test of the bound
+    expect(size).toBeLessThan(300_000);
+    expect(await h.pool.context.store.createRequest(r)).toBeUndefined();
+    expect((await h.pool.context.store.getRequest(r.id))?.nodes).toHaveLength(MAX_NODE_SET);
   });
 
   it('a clipped text never ends in half a character', () => {

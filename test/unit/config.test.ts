@@ -4,6 +4,8 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
 import { stringify } from 'yaml';
+import { MAX_USER_TAGS, MAX_USERDATA_BYTES } from '../../shared/config/awsSchema.ts';
+import { MAX_ATTRIBUTES_BYTES, MAX_ATTRIBUTES_DEPTH } from '../../shared/config/fields.ts';
 import { configJsonSchema } from '../../shared/config/jsonSchema.ts';
 import {
   type ConfigError,
@@ -789,6 +791,172 @@ describe('the aws driver', () => {
       'providers[0].name: missing required key "name"',
       'providers[0].pools[0].name: missing required key "name"',
       'providers[0].pools[0].labels[0].name: missing required key "name"',
+    ]);
+  });
+});
+
+describe('a network path from the functions to the instances (issue 22, defect 7)', () => {
+  /** An aws pool (public-ipv4 as given) and a metastatic pool on it; `meta` adds keys to the pool, `small` to the label. */
+  const text = (o: { publicIpv4?: boolean; meta?: string; small?: string } = {}) =>
+    dedent(`
+      providers:
+        - name: ec2
+          driver: aws
+          region: eu-west-1
+          pools:
+            - name: main
+              subnet-id: subnet-1
+              public-ipv4: ${o.publicIpv4 ?? false}
+              labels:
+                - { name: big, instance-type: c7g.4xlarge, image-id: ami-1 }
+        - name: local
+          driver: local
+          pools:
+            - name: main
+              labels:
+                - { name: proc }
+        - name: meta
+          driver: metastatic
+          pools:
+            - name: main
+              ${o.meta ?? 'priority: 1'}
+              labels:
+                - name: small
+                  backing-label: big
+                  ${o.small ?? 'max-parallel-jobs: 2'}
+                - name: tiny
+                  backing-label: proc
+    `);
+  const outside = { functionsInVpc: false };
+
+  it('refuses host-key-checking on a label whose instances the functions cannot reach, naming the path and the fix', () => {
+    const errors = errorsOf(parseConfig(text({ small: 'host-key-checking: true' }), 'pool.yaml', outside));
+    expect(errors).toEqual([
+      {
+        file: 'pool.yaml',
+        path: 'providers[2].pools[0].labels[0].host-key-checking',
+        line: 25,
+        column: 32,
+        message: expect.stringMatching(
+          /^host-key-checking: the functions scan the host keys of ec2\/main's instances \(backing-label "big"\), but they run outside a VPC and the pool gives its instances no public address: put the functions in the instances' VPC .*or set host-key-checking: false$/,
+        ),
+      },
+    ]);
+    expect(errors[0]?.message).toContain('-c vpcId=');
+    expect(errors[0]?.message).toContain('public-ipv4: true');
+  });
+
+  it("refuses the pool's host-key-checking at the pool's key when a label takes it", () => {
+    const errors = errorsOf(parseConfig(text({ meta: 'host-key-checking: true' }), 'pool.yaml', outside));
+    expect(errors.map((e) => e.path)).toEqual(['providers[2].pools[0].host-key-checking']);
+    expect(errors[0]?.message).toMatch(/label "small"/);
+    // A label that turns it off needs no path; the local label never does.
+    ok(
+      parseConfig(
+        text({ meta: 'host-key-checking: true', small: 'host-key-checking: false' }),
+        'pool.yaml',
+        outside,
+      ),
+    );
+  });
+
+  it('accepts host-key-checking when the functions run in the VPC, or the instances have public addresses', () => {
+    ok(parseConfig(text({ small: 'host-key-checking: true' }), 'pool.yaml', { functionsInVpc: true }));
+    ok(parseConfig(text({ small: 'host-key-checking: true', publicIpv4: true }), 'pool.yaml', outside));
+    // Without a deployment to check against (metastatic dev, the functions' own load), nothing is said.
+    ok(parseConfig(text({ small: 'host-key-checking: true' }), 'pool.yaml'));
+  });
+});
+
+describe('what a configuration puts in a record or a launch is bounded (issue 22, defect 8)', () => {
+  /** A local label with `attributes`, a metastatic pool with `node-attributes`, an aws label with `aws`. */
+  const config = (o: { attributes?: unknown; nodeAttributes?: unknown; aws?: Obj } = {}): Obj => ({
+    providers: [
+      {
+        name: 'local',
+        driver: 'local',
+        pools: [{ name: 'main', labels: [{ name: 'large-node', attributes: o.attributes ?? {} }] }],
+      },
+      {
+        name: 'ec2',
+        driver: 'aws',
+        region: 'eu-west-1',
+        pools: [
+          {
+            name: 'main',
+            'subnet-id': 'subnet-1',
+            labels: [{ name: 'ec2-node', 'instance-type': 'm7i.large', 'image-id': 'ami-1', ...o.aws }],
+          },
+        ],
+      },
+      {
+        name: 'meta',
+        driver: 'metastatic',
+        pools: [{ name: 'main', 'node-attributes': o.nodeAttributes ?? {}, labels: [label('small-node')] }],
+      },
+    ],
+  });
+  const LA = 'providers[0].pools[0].labels[0].attributes';
+  const NA = 'providers[2].pools[0].node-attributes';
+  const AWS = 'providers[1].pools[0].labels[0]';
+  /** A mapping whose JSON takes exactly `bytes` bytes. */
+  const ofBytes = (bytes: number) => ({ k: 'v'.repeat(bytes - '{"k":""}'.length) });
+  /** `depth` mappings inside each other. */
+  const nested = (depth: number): unknown => (depth === 1 ? { leaf: 1 } : { deeper: nested(depth - 1) });
+
+  it("refuses a label's attributes of 150,000 characters, naming the YAML path and the size", () => {
+    expect(problems(parseObject(config({ attributes: { big: 'x'.repeat(150_000) } })))).toEqual([
+      `${LA}: attributes: expected a mapping of at most ${MAX_ATTRIBUTES_BYTES} bytes as JSON, got 150010 bytes`,
+    ]);
+  });
+
+  it('takes attributes and node-attributes up to the bound, counting bytes of UTF-8', () => {
+    ok(
+      parseObject(
+        config({ attributes: ofBytes(MAX_ATTRIBUTES_BYTES), nodeAttributes: ofBytes(MAX_ATTRIBUTES_BYTES) }),
+      ),
+    );
+    expect(problems(parseObject(config({ nodeAttributes: ofBytes(MAX_ATTRIBUTES_BYTES + 1) })))).toEqual([
+      `${NA}: node-attributes: expected a mapping of at most ${MAX_ATTRIBUTES_BYTES} bytes as JSON, got ${MAX_ATTRIBUTES_BYTES + 1} bytes`,
+    ]);
+    // 200 characters (under the bound) of 3 bytes each: 600 bytes.
+    expect(problems(parseObject(config({ attributes: { k: '\u4e00'.repeat(200) } })))).toEqual([
+      `${LA}: attributes: expected a mapping of at most ${MAX_ATTRIBUTES_BYTES} bytes as JSON, got 608 bytes`,
+    ]);
+  });
+
+  it('refuses values nested deeper than DynamoDB would store them, and numbers it cannot store', () => {
+    ok(parseObject(config({ attributes: nested(MAX_ATTRIBUTES_DEPTH) })));
+    expect(problems(parseObject(config({ attributes: nested(MAX_ATTRIBUTES_DEPTH + 1) })))).toEqual([
+      `${LA}: attributes: expected values nested at most ${MAX_ATTRIBUTES_DEPTH} levels deep, got ${MAX_ATTRIBUTES_DEPTH + 1} levels`,
+    ]);
+    expect(
+      problems(
+        parseObject(
+          config({
+            nodeAttributes: { a: { b: [1, 1e-300] }, c: 1e200, d: 0, e: -2.5e125, f: 1e126, g: 1e-130 },
+          }),
+        ),
+      ),
+    ).toEqual([
+      `${NA}.a.b[1]: expected a number DynamoDB can store (0, or 1e-130 to 9.99e125 either way), got 1e-300`,
+      `${NA}.c: c: expected a number DynamoDB can store (0, or 1e-130 to 9.99e125 either way), got 1e+200`,
+      `${NA}.f: f: expected a number DynamoDB can store (0, or 1e-130 to 9.99e125 either way), got 1e+126`,
+    ]);
+  });
+
+  it('holds tags and userdata to what EC2 accepts', () => {
+    const tags = (n: number) => Object.fromEntries(Array.from({ length: n }, (_, i) => [`t${i}`, 'v']));
+    ok(parseObject(config({ aws: { tags: tags(MAX_USER_TAGS), userdata: 'u'.repeat(MAX_USERDATA_BYTES) } })));
+    // Name replaces metastatic's own Name tag: it does not count.
+    ok(parseObject(config({ aws: { tags: { ...tags(MAX_USER_TAGS), Name: 'builder' } } })));
+    expect(
+      problems(
+        parseObject(config({ aws: { tags: tags(MAX_USER_TAGS + 1), userdata: '\u00e9'.repeat(8193) } })),
+      ),
+    ).toEqual([
+      `${AWS}.tags: tags: expected at most ${MAX_USER_TAGS} tags besides Name (EC2 allows 50 and metastatic sets 5), got 46`,
+      `${AWS}.userdata: userdata: expected at most ${MAX_USERDATA_BYTES} bytes of UTF-8 (EC2's limit before base64), got 16386 bytes`,
     ]);
   });
 });

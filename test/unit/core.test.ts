@@ -176,7 +176,7 @@ describe('index attributes', () => {
     expect(backingIndexAttributes(backing({ state: 'stopped' })).rpk).toBeUndefined();
   });
 
-  it('files a request in WAITING, oldest first, exactly while it is requested', () => {
+  it('files a request in WAITING while it is requested, in PENDING by placement time while it is pending', () => {
     const r = (state: 'requested' | 'pending' | 'fulfilled' | 'failed', createdAt = T0) => ({
       id: 'r',
       labels: [],
@@ -192,9 +192,18 @@ describe('index attributes', () => {
       (requestIndexAttributes(r('requested', 9)).rsk as string) <
         (requestIndexAttributes(r('requested', 10)).rsk as string),
     ).toBe(true);
-    for (const state of ['pending', 'fulfilled', 'failed'] as const) {
+    for (const state of ['fulfilled', 'failed'] as const) {
       expect(requestIndexAttributes(r(state))).toEqual({});
     }
+    // A pending request's deadline counts from its placement (its updatedAt for a record from before placedAt).
+    expect(requestIndexAttributes({ ...r('pending'), placedAt: T0 + 5, updatedAt: T0 + 9 })).toEqual({
+      rpk: 'PENDING',
+      rsk: `00${T0 + 5}#r`,
+    });
+    expect(requestIndexAttributes({ ...r('pending'), updatedAt: T0 + 9 })).toEqual({
+      rpk: 'PENDING',
+      rsk: `00${T0 + 9}#r`,
+    });
   });
 });
 
