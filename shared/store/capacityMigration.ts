@@ -4,6 +4,8 @@ import { type CapacitySteps, isConditionFailure, type Key } from './capacityStep
 
 /** Attempts at the conversion when other writers change the item between its read and its write. */
 const CONVERT_ATTEMPTS = 5;
+/** Attempts at creating a legacy member's place when other writers create and delete it meanwhile. */
+const SETTLE_ATTEMPTS = 3;
 
 /**
  * Moves a capacity set written by an earlier version (one item holding a map `owners` of member -> owner,
@@ -95,8 +97,8 @@ async function convert(doc: DynamoDBDocumentClient, tableName: string, key: Key)
 }
 
 /**
- * Step 2 for one member: true when this call gave it its place. A member that has a place of another
- * holder already (counted there) only loses its legacy count; one another settle is moving is left to it.
+ * Step 2 for one member: true when this call gave it its place. A member that has a counted place
+ * already only loses its legacy count; one another settle is moving is left to it.
  */
 async function settle(
   doc: DynamoDBDocumentClient,
@@ -107,16 +109,30 @@ async function settle(
   member: string,
   owner: string,
 ): Promise<boolean> {
-  if (!(await steps.createPlace(key, member, owner))) {
+  let placed = false;
+  for (let attempt = 0; attempt < SETTLE_ATTEMPTS && !placed; attempt++) {
+    if (await steps.createPlace(key, member, owner)) {
+      placed = true;
+      break;
+    }
     const place = await steps.place(key, member);
-    if (!place) return false; // deleted meanwhile (a late settle's): the next migration takes it
-    if (place.owner !== owner || place.phase !== 'counting') {
-      const counted = place.phase !== 'counting' || (await steps.counter(key)).pending[member] !== undefined;
-      if (counted) await dropLegacy(doc, tableName, key, member);
+    if (!place) continue; // deleted meanwhile: create it again
+    if (place.owner === owner && place.phase === 'counting') {
+      placed = true; // our holder's, not counted yet: left by a settle that stopped, or one running now
+      break;
+    }
+    const pending = (await steps.counter(key)).pending[member];
+    if (place.phase === 'counting' && pending === undefined) {
+      // Another owner's reservation of the member, not counted: no count-up passes while `legacy` has
+      // members, so its owner drops it (or recover does, once it is stale); the next migration settles
+      // the member then. Deleting it here would let that owner count it up after all, a second time.
       return false;
     }
-    // Our holder's place, not counted yet: left by a settle that stopped, or one running now.
+    // Counted by a place of its own already (a reservation made before this fix): its legacy count goes.
+    await dropLegacy(doc, tableName, key, member);
+    return false;
   }
+  if (!placed) return false; // contended: the next migration
   try {
     await doc.send(
       new UpdateCommand({

@@ -95,9 +95,9 @@ export class CapacitySets {
     if (toCount.length > 0 && !(await this.steps.countUp(key, toCount, limit, owner))) {
       // No room, or an operation on one of these members is in flight (a release finishing, a crash's leftover).
       const now = await this.steps.counter(key);
-      if (!migrated && (now.earlier || toCount.some((m) => now.legacy[m] !== undefined))) {
-        // The set (or a member) is of an earlier version's form, which no count-up passes: moved to
-        // places first, then asked again, so its members count before anything more is admitted.
+      if (!migrated && (now.earlier || Object.keys(now.legacy).length > 0)) {
+        // The set is of an earlier version's form (or its migration is under way), which no count-up
+        // passes: moved to places first, then asked again, so its members count before any more is admitted.
         await this.steps.dropUncounted(key, toCount, owner);
         await this.migrate(key);
         return this.reserve(key, members, limit, owner, true);

@@ -32,7 +32,8 @@ import {
  * A set of the one-item form of an earlier version (a map `owners` of member -> owner, or a string set
  * `members`, and no counter) admits nothing: every count-up is conditioned on that form being gone.
  * capacityMigration.ts converts it in one write into a counter whose `used` counts those members and a
- * map `legacy` of them, each counting 1 until it is given its place (`legacy` -> counting/reserve, 1 -> 1).
+ * map `legacy` of them, each counting 1 until it is given its place (`legacy` -> counting/reserve, 1 -> 1);
+ * no count-up passes while `legacy` has members.
  */
 
 export type Key = { readonly pk: string; readonly sk: string };
@@ -124,7 +125,9 @@ export class CapacitySteps {
 
   /**
    * counting/none -> counting/reserve for every member at once (0 -> 1 each), within `limit`; false: full,
-   * or the set is still of the earlier form, or a member is a legacy one (its holder is not counted out).
+   * or the set is still of the earlier form or has legacy members without their places yet (a member
+   * there has a holder no place shows; a condition on the whole map keeps the expression's length
+   * independent of the members, far below DynamoDB's 4 KB for the largest node set).
    */
   async countUp(key: Key, members: readonly string[], limit: number, owner: string): Promise<boolean> {
     const names: Record<string, string> = {
@@ -144,7 +147,7 @@ export class CapacitySteps {
       names[`#m${i}`] = m;
       values[`:e${i}`] = { op: 'reserve', owner, at: this.now() } satisfies Pending;
       set.push(`#pending.#m${i} = :e${i}`);
-      free.push(`attribute_not_exists(#pending.#m${i})`, `attribute_not_exists(#legacy.#m${i})`);
+      free.push(`attribute_not_exists(#pending.#m${i})`);
     });
     try {
       await this.sendCreatingPending(
@@ -153,7 +156,7 @@ export class CapacitySteps {
           TableName: this.tableName,
           Key: key,
           UpdateExpression: `SET ${set.join(', ')}`,
-          ConditionExpression: `(attribute_not_exists(#used) OR #used <= :room) AND ${notEarlier} AND ${free.join(' AND ')}`,
+          ConditionExpression: `(attribute_not_exists(#used) OR #used <= :room) AND ${notEarlier} AND ${settled} AND ${free.join(' AND ')}`,
           ExpressionAttributeNames: names,
           ExpressionAttributeValues: values,
         }),
@@ -403,6 +406,8 @@ export class CapacitySteps {
 /** The condition that a counter item is not of the one-item form of an earlier version. */
 const notEarlier = 'attribute_not_exists(#owners) AND attribute_not_exists(#members)';
 const earlierNames = { '#owners': 'owners', '#members': 'members' } as const;
+/** ... and that every member of such a form has its place (`legacy` empty or gone; needs `#legacy`, `:zero`). */
+const settled = '(attribute_not_exists(#legacy) OR size(#legacy) = :zero)';
 
 export const isConditionFailure = (err: unknown) => err instanceof ConditionalCheckFailedException;
 
