@@ -1,6 +1,8 @@
 import { existsSync } from 'node:fs';
+import { readFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
-import { formatConfigErrors, loadConfigFile } from '../../shared/config/load.ts';
+import { formatConfigErrors, parseConfig } from '../../shared/config/load.ts';
+import { configHash } from '../../shared/runtime/embeddedInfo.ts';
 import { EmbeddedPool } from '../../shared/runtime/embeddedPool.ts';
 import { consoleLog, type Level } from '../consoleLog.ts';
 import { CliError } from '../errors.ts';
@@ -21,13 +23,22 @@ export async function dev(stateDir: string, opts: DevOptions): Promise<void> {
   const configPath = resolve(
     opts.config ?? (existsSync('metastatic.yaml') ? 'metastatic.yaml' : exampleConfig),
   );
-  const loaded = await loadConfigFile(configPath);
+  // Read once: the pool acts with this text until it stops, and dev.json records its hash, so that an
+  // operator verb can tell the user when the file was edited since (it is not read again).
+  let text: string;
+  try {
+    text = await readFile(configPath, 'utf8');
+  } catch (err) {
+    throw new CliError(`cannot read the configuration ${configPath}: ${(err as Error).message}`);
+  }
+  const loaded = parseConfig(text, configPath);
   if (!loaded.ok) throw new CliError(`invalid configuration:\n${formatConfigErrors(loaded.errors)}`);
   const log = consoleLog(opts.logLevel, opts.logJson);
   for (const n of loaded.config.notices) log.warn(`${configPath}: ${n.path}: ${n.message}`);
   const pool = await EmbeddedPool.start({
     config: loaded.config,
     configPath,
+    configHash: configHash(text),
     stateDir,
     reaperInterval: opts.reaperInterval,
     log,

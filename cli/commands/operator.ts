@@ -1,20 +1,18 @@
 import { PermanentError } from '../../shared/core/errors.ts';
 import { parseNodeId } from '../../shared/core/ids.ts';
-import type { Context } from '../../shared/usecases/context.ts';
-import { drainBacking, holdNode } from '../../shared/usecases/operator.ts';
-import { reap as reapOnce } from '../../shared/usecases/reap.ts';
-import { connect, type Target } from '../client.ts';
+import { connect, type Operator, type Target } from '../client.ts';
 import { CliError } from '../errors.ts';
 import { backingJson, nodeJson, table } from '../format.ts';
 import { print, printError, printJson } from '../output.ts';
 
-/** Runs an operator verb with the pool's use-case context; domain refusals become exit code 1. */
-async function withOperator(target: Target, work: (ctx: Context) => Promise<void>): Promise<void> {
+/**
+ * Runs an operator verb; domain refusals become exit code 1. Against an embedded pool the running
+ * `metastatic dev` does the work (client.ts): nothing is left running here when the verb returns.
+ */
+async function withOperator(target: Target, work: (op: Operator) => Promise<void>): Promise<void> {
   const client = await connect(target);
   try {
-    const { context, flush } = await client.operatorContext();
-    await work(context);
-    await flush();
+    await work(await client.operator());
   } catch (err) {
     if (err instanceof PermanentError) throw new CliError(err.message);
     throw err;
@@ -28,8 +26,8 @@ export async function hold(target: Target, nodeIdArg: string, opts: { json?: boo
   if (!parseNodeId(nodeIdArg)) {
     throw new CliError(`"${nodeIdArg}" is not a node id (node ids look like <request-id>/<index>)`, 2);
   }
-  await withOperator(target, async (ctx) => {
-    const node = await holdNode(ctx, nodeIdArg);
+  await withOperator(target, async (op) => {
+    const node = await op.hold(nodeIdArg);
     if (opts.json) printJson(nodeJson(node));
     else print(`holding ${nodeIdArg}; release it with: metastatic release ${nodeIdArg} --force`);
   });
@@ -37,8 +35,8 @@ export async function hold(target: Target, nodeIdArg: string, opts: { json?: boo
 
 /** `metastatic drain BACKING-ID` */
 export async function drain(target: Target, id: string, opts: { json?: boolean }): Promise<void> {
-  await withOperator(target, async (ctx) => {
-    const b = await drainBacking(ctx, id);
+  await withOperator(target, async (op) => {
+    const b = await op.drain(id);
     if (opts.json) printJson(backingJson(b));
     else print(`draining ${id} (${b.used}/${b.slots} slots in use); it goes when empty`);
   });
@@ -46,8 +44,8 @@ export async function drain(target: Target, id: string, opts: { json?: boolean }
 
 /** `metastatic reap`: one reaper run now; its errors set exit code 1. */
 export async function reap(target: Target, opts: { json?: boolean }): Promise<void> {
-  await withOperator(target, async (ctx) => {
-    const report = await reapOnce(ctx);
+  await withOperator(target, async (op) => {
+    const report = await op.reap();
     if (opts.json) {
       printJson(report);
       return;

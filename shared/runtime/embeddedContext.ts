@@ -15,8 +15,8 @@ import type { Context } from '../usecases/context.ts';
 /**
  * The use-case context of the embedded pool: the local provider (backing nodes as processes under
  * the state dir), whose state events go to the fulfil queue as EventBridge would send them on AWS.
- * Built by `metastatic dev` and, for operator verbs such as `reap`, by the CLI against the same
- * state dir (the provider adopts the processes recorded there).
+ * Built by `metastatic dev` only: the CLI's operator verbs are run by dev too (operatorEndpoint.ts), so
+ * no other process ever starts a backing process of the pool, nor becomes its parent.
  */
 export function embeddedContext(args: {
   config: ResolvedConfig;

@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
@@ -13,6 +14,11 @@ export const EmbeddedInfo = z.object({
   tableName: z.string(),
   stateDir: z.string(),
   configPath: z.string().optional(),
+  /** sha256 (hex) of the configuration file's text as the pool read it: the configuration it acts with. */
+  configHash: z.string().optional(),
+  /** Where the operator verbs are posted (operatorEndpoint.ts), and the bearer token they carry. */
+  operatorUrl: z.string().optional(),
+  operatorToken: z.string().optional(),
   pid: z.number(),
   startedAt: z.string(),
 });
@@ -36,4 +42,9 @@ export async function readEmbeddedInfo(stateDir: string): Promise<EmbeddedInfo |
     return undefined;
   }
   return EmbeddedInfo.parse(JSON.parse(text));
+}
+
+/** The hash recorded as `configHash`: sha256 of a configuration file's text. */
+export function configHash(text: string): string {
+  return createHash('sha256').update(text).digest('hex');
 }

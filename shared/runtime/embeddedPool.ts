@@ -13,17 +13,21 @@ import type { LocalProvider } from '../providers/local/localProvider.ts';
 import { DynamoStore } from '../store/dynamoStore.ts';
 import type { Context } from '../usecases/context.ts';
 import { failBackingNode } from '../usecases/failure.ts';
+import { drainBacking, holdNode } from '../usecases/operator.ts';
 import type { ReapReport } from '../usecases/reapReport.ts';
 import { requestMessageOf, waitingRequests } from '../usecases/waiting.ts';
 import { embeddedContext } from './embeddedContext.ts';
 import { type EmbeddedInfo, embeddedInfoPath } from './embeddedInfo.ts';
 import { type Engine, ensureQueue, ensureTable, startDynalite, startSqsEngine } from './engines.ts';
+import { type OperatorCall, type OperatorEndpoint, startOperatorEndpoint } from './operatorEndpoint.ts';
 import { holdPrivateUmask, makePrivateDir } from './privateState.ts';
 import { SqsPoller } from './sqsPoller.ts';
 
 export interface EmbeddedPoolOptions {
   readonly config: ResolvedConfig;
   readonly configPath?: string;
+  /** sha256 of the configuration file's text, recorded in dev.json for the CLI to compare. */
+  readonly configHash?: string;
   readonly stateDir: string;
   /** Seconds between reaper runs (fractions allowed). */
   readonly reaperInterval: number;
@@ -53,6 +57,7 @@ export class EmbeddedPool {
   private reaperDueAt: number | undefined;
   private reaping: Promise<unknown> | undefined;
   private stopped = false;
+  private operatorEndpoint: OperatorEndpoint | undefined;
 
   private constructor(
     readonly info: EmbeddedInfo,
@@ -79,6 +84,7 @@ export class EmbeddedPool {
     await makePrivateDir(stateDir);
     const clock = options.clock ?? systemClock;
     const engines: Engine[] = [];
+    let endpoint: OperatorEndpoint | undefined;
     try {
       const ddbEngine = await startDynalite({
         path: options.inMemory ? undefined : join(stateDir, 'dynamodb'),
@@ -142,6 +148,7 @@ export class EmbeddedPool {
         tableName: TABLE_NAME,
         stateDir,
         configPath: options.configPath,
+        configHash: options.configHash,
         pid: process.pid,
         startedAt: new Date(clock.now()).toISOString(),
       };
@@ -189,15 +196,33 @@ export class EmbeddedPool {
         // min-ready nodes are made by the reaper: its first run comes at once, not an interval later.
         stack.scheduleReaper(options.config.minReady.size > 0 ? stack.context.clock.now() : undefined);
       }
+      // The CLI's operator verbs are run here, so that no backing process is ever the CLI's child.
+      endpoint = await startOperatorEndpoint((call) => stack.operate(call), options.log);
+      stack.operatorEndpoint = endpoint;
+      const published: EmbeddedInfo = { ...info, operatorUrl: endpoint.url, operatorToken: endpoint.token };
       // Atomically (write, then rename): a CLI or test reading dev.json never sees half a file.
       const tmp = `${embeddedInfoPath(stateDir)}.${process.pid}.tmp`;
-      await writeFile(tmp, `${JSON.stringify(info, null, 2)}\n`);
+      await writeFile(tmp, `${JSON.stringify(published, null, 2)}\n`);
       await rename(tmp, embeddedInfoPath(stateDir));
       return stack;
     } catch (err) {
+      await endpoint?.close();
       await Promise.allSettled(engines.map((e) => e.close()));
       releaseUmask();
       throw err;
+    }
+  }
+
+  /** An operator verb posted by the CLI (operatorEndpoint.ts), run with this pool's context. */
+  private async operate(call: OperatorCall): Promise<unknown> {
+    if (this.stopped) throw new Error('the pool is stopping');
+    switch (call.verb) {
+      case 'hold':
+        return holdNode(this.context, call.id);
+      case 'drain':
+        return drainBacking(this.context, call.id);
+      case 'reap':
+        return this.reapNow();
     }
   }
 
@@ -290,6 +315,7 @@ export class EmbeddedPool {
     if (this.stopped) return;
     this.stopped = true;
     clearTimeout(this.reaperTimer);
+    await this.operatorEndpoint?.close();
     await Promise.allSettled(this.pollers.map((p) => p.stop()));
     await this.reaping;
     await this.recordShutdown();

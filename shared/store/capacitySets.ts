@@ -1,7 +1,7 @@
 import type { DynamoDBDocumentClient } from '@aws-sdk/lib-dynamodb';
 import type { Reservation } from '../core/poolStore.ts';
 import { migrateCapacitySet } from './capacityMigration.ts';
-import { CapacitySteps, type Key, type Place } from './capacitySteps.ts';
+import { CapacitySteps, type Counter, type Key, type Place } from './capacitySteps.ts';
 
 export type { CapacityStep } from './capacitySteps.ts';
 
@@ -48,7 +48,13 @@ export class CapacitySets {
    * owner already holds count as reserved (also when the set is full); members another owner holds, or
    * with an operation of another owner in flight, are reported (`held`) and nothing is taken.
    */
-  async reserve(key: Key, members: readonly string[], limit: number, owner: string): Promise<Reservation> {
+  async reserve(
+    key: Key,
+    members: readonly string[],
+    limit: number,
+    owner: string,
+    migrated = false,
+  ): Promise<Reservation> {
     const holders = new Map<string, string>();
     const created: string[] = [];
     /** Places that existed already (a retry of this owner, or another owner's): read to see where they are. */
@@ -68,7 +74,8 @@ export class CapacitySets {
       return { kind: 'held', holders };
     }
     // The common case, every place new, needs no read of the counter: its condition says the rest.
-    const counter = found.size > 0 ? await this.steps.counter(key) : { used: 0, pending: {} };
+    const counter: Counter =
+      found.size > 0 ? await this.steps.counter(key) : { used: 0, pending: {}, earlier: false, legacy: {} };
     const inFlight = [...found.keys()].filter((m) => counter.pending[m]?.op === 'release');
     if (inFlight.length > 0) {
       await this.steps.dropUncounted(key, created, owner);
@@ -88,6 +95,13 @@ export class CapacitySets {
     if (toCount.length > 0 && !(await this.steps.countUp(key, toCount, limit, owner))) {
       // No room, or an operation on one of these members is in flight (a release finishing, a crash's leftover).
       const now = await this.steps.counter(key);
+      if (!migrated && (now.earlier || Object.keys(now.legacy).length > 0)) {
+        // The set is of an earlier version's form (or its migration is under way), which no count-up
+        // passes: moved to places first, then asked again, so its members count before any more is admitted.
+        await this.steps.dropUncounted(key, toCount, owner);
+        await this.migrate(key);
+        return this.reserve(key, members, limit, owner, true);
+      }
       const busy = toCount.filter((m) => now.pending[m]);
       await this.steps.dropUncounted(key, toCount, owner);
       if (busy.length > 0) {
@@ -164,7 +178,12 @@ export class CapacitySets {
    */
   async recover(key: Key, before: number): Promise<number> {
     let finished = 0;
-    const counter = await this.steps.counter(key);
+    let counter = await this.steps.counter(key);
+    if (counter.earlier || Object.keys(counter.legacy).length > 0) {
+      // A set of an earlier version's form, or a migration that stopped part-way: finished first.
+      finished += await this.migrate(key);
+      counter = await this.steps.counter(key);
+    }
     const places = new Map((await this.steps.places(key)).map((p) => [p.member, p]));
     const stale = new Set<string>();
     for (const p of places.values()) if (p.phase !== 'counted' && p.at < before) stale.add(p.member);

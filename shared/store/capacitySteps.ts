@@ -25,8 +25,15 @@ import {
  * | releasing  | release  | 0      |
  * | none       | reserve  | 1      |
  * | none       | release  | 0      |
+ * | legacy (a member of an earlier form, below) | 1 |
  *
  * Each step's comment gives its transition as `place/pending (before -> after contribution)`.
+ *
+ * A set of the one-item form of an earlier version (a map `owners` of member -> owner, or a string set
+ * `members`, and no counter) admits nothing: every count-up is conditioned on that form being gone.
+ * capacityMigration.ts converts it in one write into a counter whose `used` counts those members and a
+ * map `legacy` of them, each counting 1 until it is given its place (`legacy` -> counting/reserve, 1 -> 1);
+ * no count-up passes while `legacy` has members.
  */
 
 export type Key = { readonly pk: string; readonly sk: string };
@@ -46,9 +53,13 @@ interface Pending {
   readonly at: number;
 }
 
-interface Counter {
+export interface Counter {
   readonly used: number;
   readonly pending: Readonly<Record<string, Pending>>;
+  /** The item is still in the one-item form of an earlier version (`owners` or `members`): not counted. */
+  readonly earlier: boolean;
+  /** Members of that form counted in `used` and not given their place yet (member -> owner). */
+  readonly legacy: Readonly<Record<string, string>>;
 }
 
 /** A step of a member operation, for tests that stop an operation part-way (`CapacitySets.afterStep`). */
@@ -112,9 +123,19 @@ export class CapacitySteps {
     return true;
   }
 
-  /** counting/none -> counting/reserve for every member at once (0 -> 1 each), within `limit`; false: full. */
+  /**
+   * counting/none -> counting/reserve for every member at once (0 -> 1 each), within `limit`; false: full,
+   * or the set is still of the earlier form or has legacy members without their places yet (a member
+   * there has a holder no place shows; a condition on the whole map keeps the expression's length
+   * independent of the members, far below DynamoDB's 4 KB for the largest node set).
+   */
   async countUp(key: Key, members: readonly string[], limit: number, owner: string): Promise<boolean> {
-    const names: Record<string, string> = { '#used': 'used', '#pending': 'pending' };
+    const names: Record<string, string> = {
+      '#used': 'used',
+      '#pending': 'pending',
+      '#legacy': 'legacy',
+      ...earlierNames,
+    };
     const values: Record<string, unknown> = {
       ':k': members.length,
       ':room': limit - members.length,
@@ -135,7 +156,7 @@ export class CapacitySteps {
           TableName: this.tableName,
           Key: key,
           UpdateExpression: `SET ${set.join(', ')}`,
-          ConditionExpression: `(attribute_not_exists(#used) OR #used <= :room) AND ${free.join(' AND ')}`,
+          ConditionExpression: `(attribute_not_exists(#used) OR #used <= :room) AND ${notEarlier} AND ${settled} AND ${free.join(' AND ')}`,
           ExpressionAttributeNames: names,
           ExpressionAttributeValues: values,
         }),
@@ -334,6 +355,8 @@ export class CapacitySteps {
     return {
       used: typeof item.used === 'number' ? item.used : 0,
       pending: (item.pending as Record<string, Pending> | undefined) ?? {},
+      earlier: item.owners !== undefined || item.members !== undefined,
+      legacy: (item.legacy as Record<string, string> | undefined) ?? {},
     };
   }
 
@@ -363,19 +386,28 @@ export class CapacitySteps {
       if (!(err instanceof Error && err.name === 'ValidationException' && /document path/i.test(err.message)))
         throw err;
     }
+    // Never onto an item of the earlier form: `used` would start at 0 beside members it does not count.
+    // The condition failure goes to the caller, as its own update's would.
     await this.doc.send(
       new UpdateCommand({
         TableName: this.tableName,
         Key: key,
         UpdateExpression:
           'SET #pending = if_not_exists(#pending, :empty), #used = if_not_exists(#used, :zero)',
-        ExpressionAttributeNames: { '#pending': 'pending', '#used': 'used' },
+        ConditionExpression: notEarlier,
+        ExpressionAttributeNames: { '#pending': 'pending', '#used': 'used', ...earlierNames },
         ExpressionAttributeValues: { ':empty': {}, ':zero': 0 },
       }),
     );
     await this.doc.send(update);
   }
 }
+
+/** The condition that a counter item is not of the one-item form of an earlier version. */
+const notEarlier = 'attribute_not_exists(#owners) AND attribute_not_exists(#members)';
+const earlierNames = { '#owners': 'owners', '#members': 'members' } as const;
+/** ... and that every member of such a form has its place (`legacy` empty or gone; needs `#legacy`, `:zero`). */
+const settled = '(attribute_not_exists(#legacy) OR size(#legacy) = :zero)';
 
 export const isConditionFailure = (err: unknown) => err instanceof ConditionalCheckFailedException;
 

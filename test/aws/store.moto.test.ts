@@ -379,6 +379,53 @@ function conformance(start: () => Promise<Engine>): () => void {
         expect(await store.capacity.takeOverReservation(set, 'missing', 'dead', 'alive')).toBe(false);
         expect(Object.fromEntries(await store.capacity.reservations(set))).toEqual({ a: 'alive' });
       });
+
+      // A table written by an earlier version keeps a set in one item (a map of member -> owner, or a
+      // string set): the functions of a newer one meet it with no migration run before them (issue 22, 6).
+      it('admits nothing past the limit into a set of the one-item form, and moves it to places first', async () => {
+        await putRaw({ ...set, owners: { 'old-1/0': 'o1', 'old-2/0': 'o2' } });
+        expect(await store.capacity.reserve(set, ['new-1/0'], 2, 'o3')).toEqual({ kind: 'full' });
+        expect(await store.capacity.used(set)).toBe(2);
+        expect(Object.fromEntries(await store.capacity.reservations(set))).toEqual({
+          'old-1/0': 'o1',
+          'old-2/0': 'o2',
+        });
+        // The members moved are places like any other: held by their owners, given back, and then room.
+        expect(await store.capacity.reserve(set, ['old-1/0'], 2, 'o3')).toEqual({
+          kind: 'held',
+          holders: new Map([['old-1/0', 'o1']]),
+        });
+        await store.capacity.unreserve(set, ['old-1/0'], 'o1');
+        expect(await store.capacity.reserve(set, ['new-1/0'], 2, 'o3')).toEqual({ kind: 'reserved' });
+        expect(await store.capacity.reserve(set, ['new-2/0'], 2, 'o3')).toEqual({ kind: 'full' });
+        expect(await store.capacity.used(set)).toBe(2);
+      });
+
+      it('moves a string set of the earliest form, and one a count-up already touched, counting both', async () => {
+        const backingSet = keys.backingPool('ec2/main');
+        await putRaw({ ...backingSet, members: new Set(['bn-1', 'bn-2']) });
+        expect(await store.capacity.reserve(backingSet, ['bn-3'], 2, 'o3')).toEqual({ kind: 'full' });
+        expect(Object.fromEntries(await store.capacity.reservations(backingSet))).toEqual({
+          'bn-1': 'migrated',
+          'bn-2': 'migrated',
+        });
+        // What the functions of the version before this fix left: a counter beside the old map.
+        await putRaw({ ...set, owners: { 'old-1/0': 'o1' }, used: 1, pending: {} });
+        await putRaw({
+          ...keys.poolNodes('meta/main'),
+          sk: 'PLACE#NODES#new-1/0',
+          type: 'place',
+          member: 'new-1/0',
+          owner: 'o2',
+          phase: 'counted',
+          at: 1,
+        });
+        expect(await store.capacity.reserve(set, ['new-2/0'], 2, 'o3')).toEqual({ kind: 'full' });
+        expect(await store.capacity.used(set)).toBe(2);
+        expect(await store.capacity.recover(set, Number.POSITIVE_INFINITY)).toBe(0);
+        expect(await store.capacity.reserve(set, ['new-2/0'], 3, 'o3')).toEqual({ kind: 'reserved' });
+        expect(await store.capacity.used(set)).toBe(3);
+      });
     });
   };
 }
