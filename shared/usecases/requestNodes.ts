@@ -76,6 +76,8 @@ export async function requestNodes(
         if (!(err instanceof LaunchFailedError) && !refused) throw err;
         await recording.ensure();
         const why = err instanceof LaunchFailedError ? err.message : unrecordableReason(err);
+        // The same line as the request function's for a refusal met anywhere else (requestHandler.ts).
+        if (refused) ctx.log.warn('request ended: the table refused a write', { reason: why });
         const failed = await failRequest(ctx, m.id, bodyHash, why);
         return { kind: 'failed', request: failed ?? fresh };
       }
