@@ -34,7 +34,7 @@ function run(bin: string, args: string[], cwd: string, env: NodeJS.ProcessEnv = 
     execFile(
       bin,
       args,
-      { cwd, env: { ...process.env, ...env }, timeout: 120_000, maxBuffer: 16 * 1024 * 1024 },
+      { cwd, env: { ...process.env, ...env }, timeout: 300_000, maxBuffer: 16 * 1024 * 1024 },
       (err, stdout, stderr) => {
         done({ code: err ? (typeof err.code === 'number' ? err.code : 1) : 0, stdout, stderr });
       },
@@ -46,13 +46,80 @@ function run(bin: string, args: string[], cwd: string, env: NodeJS.ProcessEnv = 
 const metastatic = (args: string[], node = process.execPath) =>
   run(node, [join(app, 'node_modules', 'metastatic', 'bin', 'metastatic.mjs'), ...args], app);
 
+/** The user's CDK app type-checked and synthesized: started once the package is installed (below). */
+let cdkApp: Promise<CdkApp>;
+
 beforeAll(async () => {
   work = mkdtempSync(join(tmpdir(), 'metastatic-package-'));
-  // The user's CDK app brings aws-cdk-lib, constructs and @types/node (the versions here, from npm's cache).
+  // The user's CDK app brings aws-cdk-lib, constructs and @types/node (the versions here).
   const installed = await packAndInstall(work, ['aws-cdk-lib', 'constructs', '@types/node']);
   app = installed.app;
   packedFiles = [...installed.files];
+  // tsc over aws-cdk-lib's declarations and the synth take half a minute of child processes: they run
+  // while the CLI tests run theirs, and the CDK app's tests wait for them. A failure is reported there.
+  cdkApp = buildCdkApp();
+  cdkApp.catch(() => undefined);
 }, 600_000);
+
+interface CdkApp {
+  readonly outdir: string;
+  readonly template: {
+    Resources: Record<string, { Type: string; Properties: Record<string, unknown> }>;
+  };
+}
+
+/**
+ * A CDK app of the user's, written against the installed package: type-checked with this repository's
+ * compiler (the app has none installed; the types come from the app's node_modules, aws-cdk-lib's
+ * declarations checked too) and synthesized into work/cdk.out.
+ */
+async function buildCdkApp(): Promise<CdkApp> {
+  const config = readFileSync(join(root, 'examples', 'aws.yaml'), 'utf8');
+  writeFileSync(
+    join(app, 'app.ts'),
+    [
+      "import { App, Stack } from 'aws-cdk-lib';",
+      "import { MetastaticPool } from 'metastatic/cdk';",
+      '',
+      `const config: string = ${JSON.stringify(config)};`,
+      'const app = new App(); // the output directory comes in CDK_OUTDIR, as the CDK CLI passes it',
+      "const stack = new Stack(app, 'MyPool', { env: { account: '123456789012', region: 'eu-west-1' } });",
+      "const pool: MetastaticPool = new MetastaticPool(stack, 'Pool', { config });",
+      'const names: string[] = [pool.requestFunction, pool.fulfilFunction, pool.reaperFunction].map((f) => f.function.functionName);',
+      'void names;',
+      'app.synth();',
+      '',
+    ].join('\n'),
+  );
+  writeFileSync(
+    join(app, 'tsconfig.json'),
+    JSON.stringify({
+      compilerOptions: {
+        target: 'ES2022',
+        lib: ['ES2022', 'ESNext.Disposable'],
+        module: 'NodeNext',
+        moduleResolution: 'NodeNext',
+        strict: true,
+        skipLibCheck: false,
+        types: ['node'],
+        outDir: 'out',
+      },
+      files: ['app.ts'],
+    }),
+  );
+  // The compiler of this repository (the app has none installed); the types come from the app's node_modules.
+  const tsc = await run(
+    process.execPath,
+    [join(root, 'node_modules', 'typescript', 'bin', 'tsc'), '-p', app],
+    app,
+  );
+  if (tsc.code !== 0) throw new Error(`the app does not type-check:\n${tsc.stdout}${tsc.stderr}`);
+  const outdir = join(work, 'cdk.out');
+  const synth = await run(process.execPath, [join(app, 'out', 'app.js')], app, { CDK_OUTDIR: outdir });
+  if (synth.code !== 0) throw new Error(`synth failed:\n${synth.stderr}`);
+  const template = JSON.parse(readFileSync(join(outdir, 'MyPool.template.json'), 'utf8'));
+  return { outdir, template };
+}
 
 afterAll(() => {
   if (work) rmSync(work, { recursive: true, force: true });
@@ -186,53 +253,11 @@ describe('the installed CLI', { timeout: 180_000 }, () => {
 
 describe('a CDK app of the user’s', { timeout: 300_000 }, () => {
   let outdir: string;
-  let template: { Resources: Record<string, { Type: string; Properties: Record<string, unknown> }> };
+  let template: CdkApp['template'];
   const config = readFileSync(join(root, 'examples', 'aws.yaml'), 'utf8');
 
   beforeAll(async () => {
-    writeFileSync(
-      join(app, 'app.ts'),
-      [
-        "import { App, Stack } from 'aws-cdk-lib';",
-        "import { MetastaticPool } from 'metastatic/cdk';",
-        '',
-        `const config: string = ${JSON.stringify(config)};`,
-        'const app = new App(); // the output directory comes in CDK_OUTDIR, as the CDK CLI passes it',
-        "const stack = new Stack(app, 'MyPool', { env: { account: '123456789012', region: 'eu-west-1' } });",
-        "const pool: MetastaticPool = new MetastaticPool(stack, 'Pool', { config });",
-        'const names: string[] = [pool.requestFunction, pool.fulfilFunction, pool.reaperFunction].map((f) => f.function.functionName);',
-        'void names;',
-        'app.synth();',
-        '',
-      ].join('\n'),
-    );
-    writeFileSync(
-      join(app, 'tsconfig.json'),
-      JSON.stringify({
-        compilerOptions: {
-          target: 'ES2022',
-          lib: ['ES2022', 'ESNext.Disposable'],
-          module: 'NodeNext',
-          moduleResolution: 'NodeNext',
-          strict: true,
-          skipLibCheck: false,
-          types: ['node'],
-          outDir: 'out',
-        },
-        files: ['app.ts'],
-      }),
-    );
-    // The compiler of this repository (the app has none installed); the types come from the app's node_modules.
-    const tsc = await run(
-      process.execPath,
-      [join(root, 'node_modules', 'typescript', 'bin', 'tsc'), '-p', app],
-      app,
-    );
-    if (tsc.code !== 0) throw new Error(`the app does not type-check:\n${tsc.stdout}${tsc.stderr}`);
-    outdir = join(work, 'cdk.out');
-    const synth = await run(process.execPath, [join(app, 'out', 'app.js')], app, { CDK_OUTDIR: outdir });
-    if (synth.code !== 0) throw new Error(`synth failed:\n${synth.stderr}`);
-    template = JSON.parse(readFileSync(join(outdir, 'MyPool.template.json'), 'utf8'));
+    ({ outdir, template } = await cdkApp);
   }, 300_000);
 
   /** Each function's code package in the assembly, by function name. */
