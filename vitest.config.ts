@@ -1,11 +1,27 @@
 import { defineConfig } from 'vitest/config';
 
+/**
+ * Files that replace a module or an SDK client for the whole process (vi.mock, aws-sdk-client-mock) run
+ * each in a fresh worker; every other file shares its worker's loaded modules with the files before it,
+ * which saves loading the AWS SDK, aws-cdk-lib and the handlers again for each of some fifty files (a
+ * minute of a 2-core machine's time). Those files start and stop what they use (engines, processes,
+ * servers) in their own hooks.
+ */
+const ISOLATED = [
+  'test/aws/cdkTiming.test.ts',
+  'test/aws/stackOutputs.test.ts',
+  'test/aws/lambda.test.ts',
+  'test/aws/awsFlow.test.ts',
+  'test/embedded/events.test.ts',
+];
+
 export default defineConfig({
   test: {
-    include: ['test/**/*.test.ts'],
     exclude: ['node_modules/**'],
     testTimeout: 60_000,
-    hookTimeout: 30_000,
+    // Hooks start engines, pools and processes, and some synthesize stacks: tens of seconds on a busy 2-core
+    // machine. A hook that needs longer says so itself.
+    hookTimeout: 120_000,
     // Integration tests start their own dynalite/fauxqs on port 0, so files can run in parallel;
     // two workers match the two cores CI has.
     maxWorkers: 2,
@@ -17,5 +33,12 @@ export default defineConfig({
     reporters: ['default', './testkit/durationReport.ts'],
     // Node 20 is supported for local use; the SDK's notice that it will need 22 is noise in test output.
     env: { AWS_SDK_JS_NODE_VERSION_SUPPORT_WARNING_DISABLED: 'true' },
+    projects: [
+      {
+        extends: true,
+        test: { name: 'shared', include: ['test/**/*.test.ts'], exclude: ISOLATED, isolate: false },
+      },
+      { extends: true, test: { name: 'isolated', include: ISOLATED } },
+    ],
   },
 });

@@ -176,7 +176,8 @@ describe('MetastaticStack (the example configuration, as bin/cdk.ts builds it)',
     stack = new MetastaticStack(app, 'Metastatic', { configPath: EXAMPLE, env: ENV });
     template = Template.fromStack(stack);
     resources = template.toJSON().Resources as Record<string, Json>;
-  });
+    // Three bundles built with esbuild and the stack synthesized: 10-20 s on a quiet 2-core machine.
+  }, 180_000);
 
   const props = (logicalId: string) => resources[logicalId]?.Properties as Json;
   const ofType = (type: string) => Object.entries(resources).filter(([, r]) => r.Type === type);
