@@ -18,7 +18,9 @@ export const LEASE_RULE = `must be a whole number of seconds from ${MIN_LEASE} t
 export const LEASE_EXPIRED_REASON = 'lease expired';
 
 /** A lease length from a message or the command line, or why it is refused. */
-export function checkLeaseSeconds(value: unknown): { ok: true; seconds: number } | { ok: false; reason: string } {
+export function checkLeaseSeconds(
+  value: unknown,
+): { ok: true; seconds: number } | { ok: false; reason: string } {
   if (typeof value !== 'number' || !Number.isInteger(value) || value < MIN_LEASE || value > MAX_LEASE) {
     return { ok: false, reason: `lease ${LEASE_RULE}, got ${JSON.stringify(value) ?? String(value)}` };
   }

@@ -29,12 +29,7 @@ type Expression = {
  * Marks one node of a request released: the node must still be pending or ready, in a placed request;
  * a held node only by a forced (operator) release.
  */
-export function releaseNodeUpdate(
-  index: number,
-  now: number,
-  force: boolean,
-  reason?: string,
-): Expression {
+export function releaseNodeUpdate(index: number, now: number, force: boolean, reason?: string): Expression {
   const why = reason === undefined ? '' : `, #nodes[${index}].reason = :reason`;
   return {
     UpdateExpression: `SET #nodes[${index}].#state = :released, #nodes[${index}].releasedAt = :now${why}, updatedAt = :now ADD #version :one`,

@@ -52,13 +52,7 @@ export async function renewLease(
   for (let round = 0; round < RENEW_ROUNDS; round++) {
     const r = await ctx.store.getRequest(requestId);
     const now = ctx.clock.now();
-    const decision = renewDecision(
-      requestId,
-      r,
-      now,
-      asked,
-      leaseLimitsOf(ctx.config, r?.labels ?? []),
-    );
+    const decision = renewDecision(requestId, r, now, asked, leaseLimitsOf(ctx.config, r?.labels ?? []));
     if (decision.kind === 'refuse') throw new LeaseRefusedError(decision.reason);
     const read = r?.leaseExpiresAt as number;
     if (await ctx.store.renewLease(requestId, read, decision.seconds, decision.expiresAt, now)) {
@@ -170,7 +164,8 @@ export async function releaseWhole(
       const out = await releaseNode(ctx, n.id, options.force, options.reason);
       if (out.kind === 'released') {
         released.push(n.id);
-        if (out.poolKey && options.handOff !== false) await handOffFreedRoom(ctx, out.poolKey, out.node.label);
+        if (out.poolKey && options.handOff !== false)
+          await handOffFreedRoom(ctx, out.poolKey, out.node.label);
       }
     } catch (err) {
       if (!(err instanceof HeldNodeError)) throw err;
