@@ -37,9 +37,9 @@ import { endExpiredRequests, nodesWaiting } from './waiting.ts';
  * 8. requests still waiting past their request-timeout end `failed` (WAITING partition, waiting.ts), and
  *    requests still pending past launch-retries x (launch-timeout + boot-timeout) after their placement
  *    (PENDING partition, pending.ts);
- * 9. min-ready seats are refilled (replenish.ts);
- * 10. requests whose client lease lapsed are released, held nodes kept (LEASE partition of the free
- *    index, only the lapsed ones read; leases.ts).
+ * 9. requests whose client lease lapsed are released, held nodes kept (LEASE partition of the free
+ *    index, only the lapsed ones read; leases.ts);
+ * 10. min-ready seats are refilled (replenish.ts).
  * A crash anywhere leaves records in partitions the next run picks up.
  */
 export async function reap(ctx: Context): Promise<ReapReport> {
@@ -149,13 +149,13 @@ export async function reap(ctx: Context): Promise<ReapReport> {
     report.expiredRequests.push(...ended.expired);
     if (!ended.complete) report.deferred++;
   });
-  // 10. (before min-ready, so the seats it frees are refilled this run) Client leases that lapsed.
+  // 9. Client leases that lapsed (before min-ready, so the seats it frees are refilled this run).
   await guard('lease-expiry', '-', async () => {
     const ended = await endLapsedLeases(ctx);
     report.leasesExpired = [...(report.leasesExpired ?? []), ...ended.expired];
     if (!ended.complete) report.deferred++;
   });
-  // 9. min-ready: every label's seats refilled, spares on backing nodes that take no new nodes replaced
+  // 10. min-ready: every label's seats refilled, spares on backing nodes that take no new nodes replaced
   // (before max-age lets them go), seats above a lowered min-ready emptied.
   const hosts = new Map(
     [...idle, ...launching, ...active].filter((b) => !gone.has(b.id)).map((b) => [b.id, b] as const),
