@@ -62,7 +62,7 @@ describe('lease lengths', () => {
         'test.yaml',
       ),
     ).toThrow(
-      /providers\.1\.pools\.0\.default-lease.*must be <= max-lease \(600, at providers\.1\.max-lease\), got 900/s,
+      'providers[1].pools[0].default-lease: default-lease: must be <= max-lease (600, at providers[1].max-lease), got 900',
     );
   });
 });
