@@ -39,6 +39,9 @@ export function requestJson(r: RequestRecord) {
     ...(r.shapes ? { shapes: r.shapes } : {}),
     nodes: r.nodes.map(nodeJson),
     ...(r.reason ? { reason: r.reason } : {}),
+    ...(r.lease === undefined ? {} : { lease: r.lease }),
+    ...(r.leaseExpiresAt === undefined ? {} : { leaseExpiresAt: new Date(r.leaseExpiresAt).toISOString() }),
+    ...(r.leaseLapsedAt === undefined ? {} : { leaseLapsedAt: new Date(r.leaseLapsedAt).toISOString() }),
   };
 }
 

@@ -1,7 +1,9 @@
 import { Argument, Command, InvalidArgumentError, Option } from 'commander';
+import { MAX_LEASE, MIN_LEASE } from '../shared/core/leases.ts';
 import { MAX_PRIORITY } from '../shared/core/priority.ts';
 import type { Target } from './client.ts';
 import type { Level } from './consoleLog.ts';
+import { CliError } from './errors.ts';
 import { packageVersion } from './packageInfo.ts';
 
 /**
@@ -122,6 +124,11 @@ export function buildProgram(): Command {
       'how long the nodes will be kept: placed beside nodes expected to end about then',
       seconds('--expected-duration'),
     )
+    .option(
+      '--lease <seconds>',
+      `client lease: renew it with \`metastatic renew\` or the reaper releases the nodes (${MIN_LEASE} to ${MAX_LEASE})`,
+      Number,
+    )
     .option('-w, --wait', 'wait until the request is fulfilled or failed')
     .option('--timeout <seconds>', 'with --wait: give up after this many seconds', seconds('--timeout'), 300)
     .option('--json', 'print the request as JSON')
@@ -132,8 +139,11 @@ export function buildProgram(): Command {
 
   program
     .command('release')
-    .description('release a node: its slot is freed and its backing node may go after grace-time')
-    .argument('<node-id>', 'the node id, as printed by `request` (<request-id>/<index>)')
+    .description(
+      'release a node, or every node of a request (--request): slots are freed and backing nodes may go after grace-time',
+    )
+    .argument('[node-id]', 'the node id, as printed by `request` (<request-id>/<index>)')
+    .option('--request <id>', 'release every node of this request instead (held ones kept without --force)')
     .option(
       '--timeout <seconds>',
       'wait at most this long for the release to be applied',
@@ -142,9 +152,36 @@ export function buildProgram(): Command {
     )
     .option('--force', 'release a held node too')
     .option('--json', 'print the node as JSON')
-    .action(async (nodeId: string, opts) => {
-      const { release } = await import('./commands/request.ts');
-      await release(await target(), nodeId, opts);
+    .action(async (nodeId: string | undefined, opts) => {
+      const { release, releaseRequest } = await import('./commands/request.ts');
+      if ((nodeId === undefined) === (opts.request === undefined)) {
+        throw new CliError('give a node id or --request <id>, not both (nor neither)', 2);
+      }
+      if (opts.request !== undefined) await releaseRequest(await target(), opts.request, opts);
+      else await release(await target(), nodeId as string, opts);
+    });
+
+  program
+    .command('renew')
+    .description(
+      "renew a request's lease from now (its own length, or --lease): without renewals the reaper releases its nodes",
+    )
+    .argument('<request-id>', 'the request id, as printed by `request`')
+    .option(
+      '--lease <seconds>',
+      `a new lease length (${MIN_LEASE} to ${MAX_LEASE}, within max-lease)`,
+      Number,
+    )
+    .option(
+      '--timeout <seconds>',
+      'wait at most this long for the renewal to be applied',
+      seconds('--timeout'),
+      30,
+    )
+    .option('--json', 'print the request as JSON')
+    .action(async (requestId: string, opts) => {
+      const { renew } = await import('./commands/request.ts');
+      await renew(await target(), requestId, opts);
     });
 
   program

@@ -1,6 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import { parseNodeId, requestIdPattern } from '../../shared/core/ids.ts';
-import { MAX_NODE_SET, RequestMessage } from '../../shared/core/messages.ts';
+import { holdsAnything, renewDecision } from '../../shared/core/leases.ts';
+import { MAX_NODE_SET, RenewMessage, RequestMessage } from '../../shared/core/messages.ts';
 import { isSpareRequestId } from '../../shared/core/minReady.ts';
 import type { PoolStore } from '../../shared/core/poolStore.ts';
 import type { NodeRecord, RequestRecord } from '../../shared/core/records.ts';
@@ -15,6 +16,8 @@ export interface RequestOptions {
   readonly requestor: string;
   readonly priority?: number;
   readonly expectedDuration?: number;
+  /** Seconds of client lease (renew it with `metastatic renew`). */
+  readonly lease?: number;
   /** By shape, instead of labels: what each of `count` nodes needs. */
   readonly cores?: number;
   readonly memory?: string;
@@ -53,6 +56,7 @@ export async function request(target: Target, labels: string[], opts: RequestOpt
     requestor: opts.requestor,
     priority: opts.priority,
     ...(opts.expectedDuration === undefined ? {} : { 'expected-duration': opts.expectedDuration }),
+    ...(opts.lease === undefined ? {} : { lease: opts.lease }),
   });
   if (!parsed.success) {
     // A shape's issues name the option that set it: `shapes.0.memory` is --memory.
@@ -211,6 +215,122 @@ export async function cancel(target: Target, requestId: string, opts: CancelOpti
           ? `request ${requestId} was already fulfilled: release its nodes instead`
           : `request ${requestId} had already ended: ${r.state}`,
       );
+    }
+  } finally {
+    client.close();
+  }
+}
+
+export interface RenewOptions {
+  readonly lease?: number;
+  readonly timeout: number;
+  readonly json?: boolean;
+}
+
+/**
+ * `metastatic renew <request-id>`: sends a renew message and waits until the request function applied it
+ * (its lease expiry moved). Exit 2 for a bad id or length; 1 when the request is unknown, has ended, has
+ * no lease, or its lease already lapsed (checked before sending: nothing is sent for an ended request),
+ * or when the renewal was not applied in time (the pool refused it: a length above max-lease).
+ */
+export async function renew(target: Target, requestId: string, opts: RenewOptions): Promise<void> {
+  const parsed = RenewMessage.safeParse({
+    kind: 'renew',
+    id: requestId,
+    ...(opts.lease === undefined ? {} : { lease: opts.lease }),
+  });
+  if (!parsed.success) {
+    throw new CliError(
+      [...new Set(parsed.error.issues.map((i) => `${i.path.join('.') || 'renew'}: ${i.message}`))].join('\n'),
+      2,
+    );
+  }
+  const client = await connect(target);
+  try {
+    const before = await client.store.getRequest(requestId);
+    // The pool checks max-lease itself; here only what the record says (no configuration needed).
+    const decision = renewDecision(requestId, before, Date.now(), opts.lease, {});
+    if (decision.kind === 'refuse') throw new CliError(decision.reason);
+    await client.send(parsed.data);
+    const deadline = Date.now() + opts.timeout * 1000;
+    let current = before;
+    const moved = (r: RequestRecord | undefined) =>
+      r?.leaseExpiresAt !== before?.leaseExpiresAt ||
+      r?.leaseLapsedAt !== undefined ||
+      !r ||
+      !holdsAnything(r);
+    while (!moved(current) && Date.now() < deadline) {
+      await sleep(100);
+      current = await client.store.getRequest(requestId);
+    }
+    if (!current || current.leaseLapsedAt !== undefined || !holdsAnything(current)) {
+      throw new CliError(`request ${requestId} ended before the renewal was applied: its lease lapsed`);
+    }
+    if (current.leaseExpiresAt === before?.leaseExpiresAt) {
+      throw new CliError(
+        `renewal of ${requestId} was sent but not applied within ${opts.timeout}s (refused? a lease above max-lease is; see the pool's log)`,
+      );
+    }
+    if (opts.json) printJson(requestJson(current));
+    else
+      print(
+        `renewed ${requestId}: lease ${current.lease} s, until ${new Date(current.leaseExpiresAt as number).toISOString()}`,
+      );
+  } finally {
+    client.close();
+  }
+}
+
+export interface ReleaseRequestOptions {
+  readonly force?: boolean;
+  readonly timeout: number;
+  readonly json?: boolean;
+}
+
+/**
+ * `metastatic release --request <id>`: sends one release message for every node of the request and waits
+ * until no node it releases is left (held ones are kept without --force). Idempotent: an ended request is
+ * printed as it is. Exit 2 for a bad id, 1 for an unknown request.
+ */
+export async function releaseRequest(
+  target: Target,
+  requestId: string,
+  opts: ReleaseRequestOptions,
+): Promise<void> {
+  if (!requestIdPattern.test(requestId)) throw new CliError(`"${requestId}" is not a request id`, 2);
+  if (isSpareRequestId(requestId))
+    throw new CliError(
+      `"${requestId}" is one of the pool's own min-ready requests: no message may end it`,
+      2,
+    );
+  const client = await connect(target);
+  try {
+    const left = (r: RequestRecord | undefined) =>
+      r !== undefined &&
+      (r.state === 'requested' ||
+        (r.state !== 'failed' &&
+          r.nodes.some((n) => (n.state === 'pending' || n.state === 'ready') && (opts.force || !n.held))));
+    let current = await client.store.getRequest(requestId);
+    if (!current) throw new CliError(`unknown request ${requestId}`);
+    if (left(current)) {
+      await client.send({ kind: 'release', id: requestId, ...(opts.force ? { force: true } : {}) });
+      const deadline = Date.now() + opts.timeout * 1000;
+      while (left(current) && Date.now() < deadline) {
+        await sleep(100);
+        current = await client.store.getRequest(requestId);
+      }
+      if (left(current)) {
+        throw new CliError(
+          `release of request ${requestId} was sent but not applied within ${opts.timeout}s`,
+        );
+      }
+    }
+    const r = current as RequestRecord;
+    if (opts.json) printJson(requestJson(r));
+    else {
+      printRequest(r);
+      const kept = r.nodes.filter((n) => n.held && (n.state === 'pending' || n.state === 'ready'));
+      if (kept.length > 0) print(`kept held ${kept.map((n) => n.id).join(', ')}: release with --force`);
     }
   } finally {
     client.close();

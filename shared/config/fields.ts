@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { MAX_LEASE, MIN_LEASE } from '../core/leases.ts';
 import { MAX_PRIORITY } from '../core/priority.ts';
 import { MAX_CORES, MAX_SIZE_MIB, MIN_CORES, parseSize, SIZE_PATTERN, SIZE_RULE } from '../core/shapes.ts';
 
@@ -90,6 +91,15 @@ export const requestTimeout = () => positiveSeconds(MAX_REQUEST_TIMEOUT);
 export const REQUEST_TIMEOUT_HELP =
   'Seconds a request may wait to be placed (from when it was first recorded); then the reaper ends it failed. ' +
   `Set on the provider, pool or label: the most specific wins. At most ${MAX_REQUEST_TIMEOUT} (7 days).`;
+
+/** default-lease / max-lease: whole seconds within a message's lease bounds (core/leases.ts). */
+export const leaseSeconds = () => intBetween(MIN_LEASE, MAX_LEASE);
+export const DEFAULT_LEASE_HELP =
+  'Seconds of lease a request takes when it asks for none: its client must renew it, or the reaper releases its nodes ' +
+  `(issue 23). Unset = max-lease if set, else no lease. Set on the provider, pool or label: the most specific wins. ${MIN_LEASE} to ${MAX_LEASE} (7 days).`;
+export const MAX_LEASE_HELP =
+  'The longest lease a request may take or renew to; a longer one is refused. Unset = no bound. ' +
+  `Set on the provider, pool or label: the most specific wins. ${MIN_LEASE} to ${MAX_LEASE} (7 days).`;
 
 /**
  * A local provider's host: an IPv4 or IPv6 address or a DNS name. It is passed to each backing process's

@@ -21,6 +21,10 @@ export interface MetastaticLabel {
   readonly hostKeyChecking: boolean;
   /** Seconds a request for this label may wait to be placed (request-timeout: label, pool or provider). */
   readonly requestTimeout: number;
+  /** Seconds of lease a request for this label takes when it asks for none (default-lease); unset = none. */
+  readonly defaultLease?: number;
+  /** The longest lease a request for this label may take or renew (max-lease); unset = no bound. */
+  readonly maxLease?: number;
   /**
    * What one slot gives, for requests by shape (core/shapes.ts): the label's cores, memory and disk, else
    * derived from the backing instance type divided by max-parallel-jobs. Undefined when nothing is known:

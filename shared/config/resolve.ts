@@ -72,6 +72,7 @@ export function resolveConfig(file: ConfigFile): ResolvedConfig {
           maxAge: maxAge === undefined || maxAge === 0 ? undefined : maxAge,
           hostKeyChecking: label['host-key-checking'] ?? poolHostKeyChecking,
           requestTimeout: label['request-timeout'] ?? pool['request-timeout'] ?? provider['request-timeout'],
+          ...leaseSettingsOf(label, pool, provider),
           ...slotOf(label, machine),
         });
         metastaticLabelNames.add(label.name);
@@ -207,4 +208,20 @@ function noticesOf(file: ConfigFile, offered: ReadonlySet<string>): ConfigNotice
     }
   });
   return notices;
+}
+
+type LeaseKeys = { 'default-lease'?: number | undefined; 'max-lease'?: number | undefined };
+
+/** A label's default-lease and max-lease: its own, else its pool's, else its provider's (unset stays out). */
+function leaseSettingsOf(
+  label: LeaseKeys,
+  pool: LeaseKeys,
+  provider: LeaseKeys,
+): Pick<MetastaticLabel, 'defaultLease' | 'maxLease'> {
+  const defaultLease = label['default-lease'] ?? pool['default-lease'] ?? provider['default-lease'];
+  const maxLease = label['max-lease'] ?? pool['max-lease'] ?? provider['max-lease'];
+  return {
+    ...(defaultLease === undefined ? {} : { defaultLease }),
+    ...(maxLease === undefined ? {} : { maxLease }),
+  };
 }

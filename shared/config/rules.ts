@@ -16,7 +16,8 @@ import { metastaticLabelSchema } from './schema.ts';
  * 3. per metastatic label: max-age is off or >= min-retention-time, and backing-label names a label of
  *    a local or aws pool;
  * 4. labels of one provider sharing a backing label agree on the backing node's settings;
- * 5. the top-level labels list (Nodepool's), when present, lists every label offered.
+ * 5. the top-level labels list (Nodepool's), when present, lists every label offered;
+ * 6. per metastatic label: the default-lease it inherits is no longer than its max-lease.
  */
 export function checkConfigRules(data: unknown): PathIssue[] {
   const root = asRecord(data);
@@ -28,6 +29,7 @@ export function checkConfigRules(data: unknown): PathIssue[] {
     ...metastaticLabelRules(found),
     ...sharedBackingSettings(found.metastaticLabels),
     ...topLevelLabels(root, found.offers),
+    ...leaseRules(root, found.metastaticLabels),
   ];
 }
 
@@ -304,4 +306,42 @@ function topLevelLabels(root: Record<string, unknown>, offers: readonly Offer[])
     }
   }
   return issues;
+}
+
+/**
+ * Rule 6: a label's default-lease (its own, its pool's or its provider's) is no longer than its
+ * max-lease (likewise inherited): a request asking for no lease would otherwise be refused. Reported once
+ * at the default-lease that breaks it.
+ */
+function leaseRules(root: Record<string, unknown>, labels: readonly MetastaticLabelRef[]): PathIssue[] {
+  const issues = new Map<string, PathIssue>();
+  const providers = Array.isArray(root.providers) ? root.providers : [];
+  for (const { label, path } of labels) {
+    const [, pi, , qi] = path;
+    const provider = asRecord(providers[pi as number]);
+    const pools = provider && Array.isArray(provider.pools) ? provider.pools : [];
+    const pool = asRecord(pools[qi as number]);
+    const levels: [Record<string, unknown> | undefined, readonly PathSegment[]][] = [
+      [label, path],
+      [pool, path.slice(0, 4)],
+      [provider, path.slice(0, 2)],
+    ];
+    const inherited = (key: 'default-lease' | 'max-lease') => {
+      for (const [where, at] of levels) {
+        const result = (metastaticLabelSchema.shape[key] as z.ZodType).safeParse(where?.[key]);
+        if (!result.success) return undefined; // its own field error says why
+        if (result.data !== undefined) return { value: result.data as number, at };
+      }
+      return undefined;
+    };
+    const dflt = inherited('default-lease');
+    const max = inherited('max-lease');
+    if (!dflt || !max || dflt.value <= max.value) continue;
+    const at = [...dflt.at, 'default-lease'];
+    issues.set(formatPath(at), {
+      path: at,
+      message: `default-lease: must be <= max-lease (${max.value}, at ${formatPath([...max.at, 'max-lease'])}), got ${dflt.value}`,
+    });
+  }
+  return [...issues.values()];
 }

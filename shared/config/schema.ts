@@ -14,16 +14,19 @@ import {
   attributes,
   bool,
   cores,
+  DEFAULT_LEASE_HELP,
   DEFAULT_REQUEST_TIMEOUT,
   host,
   hourlyCost,
   intBetween,
+  leaseSeconds,
   MAPPING,
   MAX_ATTRIBUTES_BYTES,
   MAX_ATTRIBUTES_DEPTH,
   MAX_BOOT_SECONDS,
   MAX_KEEP_SECONDS,
   MAX_LAUNCH_RETRIES,
+  MAX_LEASE_HELP,
   MAX_MIN_READY,
   MAX_PARALLEL_JOBS,
   MAX_SERVERS,
@@ -68,6 +71,8 @@ export const metastaticLabelSchema = z.strictObject(
     'request-timeout': requestTimeout()
       .optional()
       .describe(`${REQUEST_TIMEOUT_HELP} Default: the pool's value.`),
+    'default-lease': leaseSeconds().optional().describe(`${DEFAULT_LEASE_HELP} Default: the pool's value.`),
+    'max-lease': leaseSeconds().optional().describe(`${MAX_LEASE_HELP} Default: the pool's value.`),
     cores: cores()
       .optional()
       .describe(
@@ -103,6 +108,10 @@ export const metastaticPoolSchema = z.strictObject(
     'request-timeout': requestTimeout()
       .optional()
       .describe(`${REQUEST_TIMEOUT_HELP} Default: the provider's value.`),
+    'default-lease': leaseSeconds()
+      .optional()
+      .describe(`${DEFAULT_LEASE_HELP} Default: the provider's value.`),
+    'max-lease': leaseSeconds().optional().describe(`${MAX_LEASE_HELP} Default: the provider's value.`),
     labels: nonEmptyList(metastaticLabelSchema, 'labels'),
   },
   { error: MAPPING },
@@ -130,6 +139,8 @@ export const metastaticProviderSchema = z.strictObject(
       ),
     priority: priority().default(100).describe('Default priority of the pools (lower wins).'),
     'request-timeout': requestTimeout().default(DEFAULT_REQUEST_TIMEOUT).describe(REQUEST_TIMEOUT_HELP),
+    'default-lease': leaseSeconds().optional().describe(DEFAULT_LEASE_HELP),
+    'max-lease': leaseSeconds().optional().describe(MAX_LEASE_HELP),
     pools: nonEmptyList(metastaticPoolSchema, 'pools'),
   },
   { error: MAPPING },

@@ -1,5 +1,6 @@
 import { z } from 'zod';
 import { requestIdPattern, SPARE_ID_PREFIX } from './ids.ts';
+import { LEASE_RULE, MAX_LEASE, MIN_LEASE } from './leases.ts';
 import { MAX_PRIORITY } from './priority.ts';
 import { MAX_CORES, MAX_SIZE_MIB, MIN_CORES, parseSize, type Shape, SIZE_RULE } from './shapes.ts';
 import { boundedReason, clip, listSome, quote } from './text.ts';
@@ -40,6 +41,11 @@ function clientRequestId() {
     .refine((id) => !id.startsWith(SPARE_ID_PREFIX), {
       message: `must not start with "${SPARE_ID_PREFIX}": those are the pool's own min-ready requests`,
     });
+}
+
+/** A client lease, seconds (core/leases.ts): whole, from MIN_LEASE to MAX_LEASE. */
+function leaseField() {
+  return z.number().int(LEASE_RULE).min(MIN_LEASE, LEASE_RULE).max(MAX_LEASE, LEASE_RULE);
 }
 
 /** What one node of a request by shape needs: at least one of cores, memory, disk. */
@@ -115,6 +121,11 @@ export const RequestMessage = z
       .min(MIN_EXPECTED_DURATION, `must be at least ${MIN_EXPECTED_DURATION} second`)
       .max(MAX_EXPECTED_DURATION, `must be at most ${MAX_EXPECTED_DURATION} seconds (7 days)`)
       .optional(),
+    /**
+     * A client lease, seconds: renew it (RenewMessage) before it lapses, or the reaper releases every
+     * node of the request. Bounded again by the labels' max-lease when the request is served.
+     */
+    lease: leaseField().optional(),
   })
   .superRefine((m, ctx) => {
     if ((m.labels === undefined) === (m.shapes === undefined)) {
@@ -130,12 +141,31 @@ export const RequestMessage = z
   });
 export type RequestMessage = z.infer<typeof RequestMessage>;
 
-export const ReleaseMessage = z.strictObject({
-  kind: z.literal('release'),
-  nodeId: z.string().min(1, 'must not be empty').max(256, 'must be at most 256 characters'),
-  /** Releases a held node too (operators). */
-  force: z.boolean().optional(),
-});
+/**
+ * Releases one node (`nodeId`) or every node of a request (`id`): exactly one of them. A whole request's
+ * held nodes are kept unless `force`, as a single held node is.
+ */
+export const ReleaseMessage = z
+  .strictObject({
+    kind: z.literal('release'),
+    nodeId: z.string().min(1, 'must not be empty').max(256, 'must be at most 256 characters').optional(),
+    /** Never one of the pool's own min-ready requests: they end with their seat or their taker. */
+    id: clientRequestId().optional(),
+    /** Releases a held node too (operators). */
+    force: z.boolean().optional(),
+  })
+  .superRefine((m, ctx) => {
+    if ((m.nodeId === undefined) === (m.id === undefined)) {
+      ctx.addIssue({
+        code: 'custom',
+        path: [m.nodeId === undefined ? 'nodeId' : 'id'],
+        message:
+          m.nodeId === undefined
+            ? 'a release needs "nodeId" (one node) or "id" (every node of a request)'
+            : 'give "nodeId" or "id", not both',
+      });
+    }
+  });
 export type ReleaseMessage = z.infer<typeof ReleaseMessage>;
 
 /**
@@ -152,7 +182,20 @@ export const CancelMessage = z.strictObject({
 });
 export type CancelMessage = z.infer<typeof CancelMessage>;
 
-export const PoolMessage = z.discriminatedUnion('kind', [RequestMessage, ReleaseMessage, CancelMessage]);
+/** Renews a request's lease from now: by its own length, or by `lease` seconds (within max-lease). */
+export const RenewMessage = z.strictObject({
+  kind: z.literal('renew'),
+  id: clientRequestId(),
+  lease: leaseField().optional(),
+});
+export type RenewMessage = z.infer<typeof RenewMessage>;
+
+export const PoolMessage = z.discriminatedUnion('kind', [
+  RequestMessage,
+  ReleaseMessage,
+  CancelMessage,
+  RenewMessage,
+]);
 export type PoolMessage = z.infer<typeof PoolMessage>;
 
 export type ParsedMessage =
@@ -168,6 +211,8 @@ export type ParsedMessage =
        */
       readonly labels?: string[];
     };
+
+const KINDS = '"request", "release", "cancel" or "renew"';
 
 /** Issues of an invalid message listed in its reason before the rest is only counted. */
 const MAX_ISSUES = 3;
@@ -198,13 +243,13 @@ export function parseMessage(body: string): ParsedMessage {
     Array.isArray(obj.labels) && obj.labels.every((l) => typeof l === 'string')
       ? boundedLabels(obj.labels as string[])
       : undefined;
-  if (obj.kind !== 'request' && obj.kind !== 'release' && obj.kind !== 'cancel') {
+  if (obj.kind !== 'request' && obj.kind !== 'release' && obj.kind !== 'cancel' && obj.kind !== 'renew') {
     return {
       ok: false,
       reason:
         obj.kind === undefined
-          ? 'missing "kind" (expected "request", "release" or "cancel")'
-          : `unknown kind ${typeof obj.kind === 'string' ? quote(obj.kind) : clip(JSON.stringify(obj.kind), 64)} (expected "request", "release" or "cancel")`,
+          ? `missing "kind" (expected ${KINDS})`
+          : `unknown kind ${typeof obj.kind === 'string' ? quote(obj.kind) : clip(JSON.stringify(obj.kind), 64)} (expected ${KINDS})`,
       requestId: obj.kind === undefined ? undefined : requestId,
       labels,
     };

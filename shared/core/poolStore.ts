@@ -26,11 +26,32 @@ export interface PoolStore {
     index: number,
     now: number,
     force?: boolean,
+    /** Recorded as the node's reason (a lease that lapsed). */
+    reason?: string,
   ): Promise<RequestRecord | undefined>;
   /** One page of the requests still waiting to be placed, created before `createdBefore`, oldest first. */
   waitingRequests(createdBefore: number, cursor?: PageCursor): Promise<Page<RequestRecord>>;
   /** One page of the requests placed and not yet fulfilled, placed before `placedBefore`, oldest first. */
   pendingRequests(placedBefore: number, cursor?: PageCursor): Promise<Page<RequestRecord>>;
+
+  // ---- client leases (core/leases.ts)
+  /**
+   * Renews a request's lease to `seconds` from now (`expiresAt`) if its expiry is still `readExpiry`, it
+   * was not found lapsed and it is still in the lease partition; false otherwise (the caller reads again).
+   */
+  renewLease(
+    requestId: string,
+    readExpiry: number,
+    seconds: number,
+    expiresAt: number,
+    now: number,
+  ): Promise<boolean>;
+  /** Marks a lease lapsed if its expiry is still `readExpiry` (no renewal won) and not marked yet. */
+  lapseLease(requestId: string, readExpiry: number, now: number): Promise<boolean>;
+  /** Takes a request out of the lease partition if its expiry is still `readExpiry`; false otherwise. */
+  dropLease(requestId: string, readExpiry: number): Promise<boolean>;
+  /** One page of the leased requests whose lease lapses before `before` (epoch ms), soonest first. */
+  leasesBefore(before: number, cursor?: PageCursor): Promise<Page<RequestRecord>>;
 
   // ---- backing nodes
   getBacking(id: string): Promise<BackingRecord | undefined>;

@@ -136,6 +136,12 @@ export const RequestRecord = z.object({
    * pendingTimeoutOf). Absent on records placed before it existed (their updatedAt stands in).
    */
   placedAt: z.number().optional(),
+  /** The client lease, seconds (core/leases.ts): the message's, else its labels' default-lease. */
+  lease: z.number().optional(),
+  /** When the lease lapses unless renewed (epoch ms); the reaper releases the nodes after it. */
+  leaseExpiresAt: z.number().optional(),
+  /** When the reaper found the lease lapsed: no renewal is accepted after it. */
+  leaseLapsedAt: z.number().optional(),
   version: z.number().int().nonnegative(),
   nodes: z.array(NodeRecord),
 });

@@ -8,6 +8,7 @@ import type { RequestRecord } from '../core/records.ts';
 import { cancelRequest } from '../usecases/cancel.ts';
 import type { Context } from '../usecases/context.ts';
 import { handOffFreedRoom } from '../usecases/handOff.ts';
+import { releaseWhole, renewLease } from '../usecases/leases.ts';
 import { releaseNode } from '../usecases/release.ts';
 import { keepMinReady, labelsTaken } from '../usecases/replenish.ts';
 import { requestNodes } from '../usecases/requestNodes.ts';
@@ -36,7 +37,7 @@ function messageKeys(record: SQSRecord, parsed: ParsedMessage): Record<string, s
     return keys;
   }
   const m = parsed.message;
-  if (m.kind !== 'release') return { ...keys, requestId: m.id };
+  if (m.kind !== 'release' || m.nodeId === undefined) return { ...keys, requestId: m.id as string };
   const requestId = parseNodeId(m.nodeId)?.requestId;
   return { ...keys, nodeId: m.nodeId, ...(requestId ? { requestId } : {}) };
 }
@@ -101,6 +102,10 @@ export function makeDeadLetterHandler(context: Context): SqsBatchHandler {
         ctx.log.warn('dead-lettered request handled (ended unless placed or ended before)');
       } else if (m.kind === 'cancel') {
         await cancelRequest(ctx, m.id, m.reason);
+      } else if (m.kind === 'renew') {
+        await renewLease(ctx, m.id, m.lease);
+      } else if (m.nodeId === undefined) {
+        await releaseWhole(ctx, m.id as string, { force: m.force ?? false, handOff: false });
       } else {
         await releaseNode(ctx, m.nodeId, m.force ?? false);
       }
@@ -175,6 +180,11 @@ export function makeRequestHandler(context: Context, options: RequestHandlerOpti
         if (out.kind === 'placed') await replenishTaken(ctx, out.request);
       } else if (m.kind === 'cancel') {
         await cancelRequest(ctx, m.id, m.reason);
+      } else if (m.kind === 'renew') {
+        await renewLease(ctx, m.id, m.lease);
+      } else if (m.nodeId === undefined) {
+        // Every node of the request, each released as one node is (the freed room handed off).
+        await releaseWhole(ctx, m.id as string, { force: m.force ?? false });
       } else {
         const released = await releaseNode(ctx, m.nodeId, m.force ?? false);
         if (released.kind === 'released' && released.poolKey) {

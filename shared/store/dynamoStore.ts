@@ -28,7 +28,16 @@ import { BackingRecord, type Claim, RequestRecord } from '../core/records.ts';
 import { CapacitySets } from './capacitySets.ts';
 import { IndexQueries } from './indexQueries.ts';
 import { backingItem, keys, requestItem, resourceItem } from './table.ts';
-import { backingExpected, claimSlotUpdate, conditions, pointsTo, releaseNodeUpdate } from './writes.ts';
+import {
+  backingExpected,
+  claimSlotUpdate,
+  conditions,
+  dropLeaseUpdate,
+  lapseLeaseUpdate,
+  pointsTo,
+  releaseNodeUpdate,
+  renewLeaseUpdate,
+} from './writes.ts';
 
 /**
  * The DynamoDB adapter. Every write that could race is conditional, built from the named fragments
@@ -145,13 +154,14 @@ export class DynamoStore implements PoolStore {
     index: number,
     now: number,
     force = false,
+    reason?: string,
   ): Promise<RequestRecord | undefined> {
     try {
       const out = await this.doc.send(
         new UpdateCommand({
           TableName: this.tableName,
           Key: keys.request(requestId),
-          ...releaseNodeUpdate(index, now, force),
+          ...releaseNodeUpdate(index, now, force, reason),
           ReturnValues: 'ALL_NEW',
         }),
       );
@@ -298,6 +308,46 @@ export class DynamoStore implements PoolStore {
 
   pendingRequests(placedBefore: number, cursor?: PageCursor): Promise<Page<RequestRecord>> {
     return this.indexes.pendingRequests(placedBefore, cursor);
+  }
+
+  // ---- client leases ----------------------------------------------------------------------------
+
+  renewLease(
+    requestId: string,
+    readExpiry: number,
+    seconds: number,
+    expiresAt: number,
+    now: number,
+  ): Promise<boolean> {
+    return this.updateRequestIf(requestId, renewLeaseUpdate(requestId, readExpiry, seconds, expiresAt, now));
+  }
+
+  lapseLease(requestId: string, readExpiry: number, now: number): Promise<boolean> {
+    return this.updateRequestIf(requestId, lapseLeaseUpdate(readExpiry, now));
+  }
+
+  dropLease(requestId: string, readExpiry: number): Promise<boolean> {
+    return this.updateRequestIf(requestId, dropLeaseUpdate(requestId, readExpiry));
+  }
+
+  leasesBefore(before: number, cursor?: PageCursor): Promise<Page<RequestRecord>> {
+    return this.indexes.leasesBefore(before, cursor);
+  }
+
+  /** One conditional UpdateItem of a request; false when its condition failed (a domain answer). */
+  private async updateRequestIf(
+    requestId: string,
+    expression: Omit<ConstructorParameters<typeof UpdateCommand>[0], 'TableName' | 'Key'>,
+  ): Promise<boolean> {
+    try {
+      await this.doc.send(
+        new UpdateCommand({ TableName: this.tableName, Key: keys.request(requestId), ...expression }),
+      );
+      return true;
+    } catch (err) {
+      if (err instanceof ConditionalCheckFailedException) return false;
+      throw err;
+    }
   }
 
   // ---- resource pointers ------------------------------------------------------------------------

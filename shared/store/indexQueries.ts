@@ -7,7 +7,15 @@ import {
 } from '@aws-sdk/lib-dynamodb';
 import type { BackingPhase, Page, PageCursor } from '../core/poolStore.ts';
 import { BackingRecord, RequestRecord } from '../core/records.ts';
-import { FREE_INDEX, freePartition, REAP_INDEX, reapPartition, waitingSortKey } from './table.ts';
+import {
+  FREE_INDEX,
+  freePartition,
+  LEASE_PARTITION,
+  leaseSortKey,
+  REAP_INDEX,
+  reapPartition,
+  waitingSortKey,
+} from './table.ts';
 
 /**
  * The store's reads of many items: Queries of the sparse indexes (free, reap; docs/table.md) for the
@@ -90,6 +98,23 @@ export class IndexQueries {
         IndexName: REAP_INDEX,
         KeyConditionExpression: 'rpk = :p AND rsk < :b',
         ExpressionAttributeValues: { ':p': reapPartition.pending, ':b': waitingSortKey(placedBefore) },
+        ExclusiveStartKey: cursor,
+      }),
+    );
+    return { items: (out.Items ?? []).map((i) => RequestRecord.parse(i)), cursor: out.LastEvaluatedKey };
+  }
+
+  /**
+   * One page of the leased requests (LEASE partition of the free index) whose lease lapses before
+   * `before` (epoch ms), soonest first: only lapsed leases are read, never every leased request.
+   */
+  async leasesBefore(before: number, cursor?: PageCursor): Promise<Page<RequestRecord>> {
+    const out = await this.doc.send(
+      new QueryCommand({
+        TableName: this.tableName,
+        IndexName: FREE_INDEX,
+        KeyConditionExpression: 'fpk = :p AND fsk < :b',
+        ExpressionAttributeValues: { ':p': LEASE_PARTITION, ':b': leaseSortKey(before) },
         ExclusiveStartKey: cursor,
       }),
     );

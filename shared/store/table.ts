@@ -1,4 +1,5 @@
 import type { CreateTableCommandInput } from '@aws-sdk/client-dynamodb';
+import { isLeaseLive } from '../core/leases.ts';
 import type { BackingRecord, RequestRecord } from '../core/records.ts';
 
 /**
@@ -15,6 +16,9 @@ import type { BackingRecord, RequestRecord } from '../core/records.ts';
  *   ESTIMATE#<label>                REQUESTOR#<requestor>  the same, for one requestor's nodes of the label
  * Sparse indexes (attributes present only when the item belongs in them):
  *   free (fpk, fsk): backing nodes that can take a node, per pool and label, fullest then oldest first
+ *                    and, in partition LEASE, every leased request that still holds something, by when
+ *                    its lease lapses (a new index could not be added to an embedded table: dynalite's
+ *                    UpdateTable creates none; and `free` never held request items)
  *   reap (rpk, rsk): IDLE (empty), LAUNCHING (by launch time), ACTIVE (ready, in use), RETIRING and
  *                    FAILED (to terminate): every backing node that is not stopped is in exactly one;
  *                    WAITING: every request still `requested`, oldest first (request-timeout);
@@ -54,6 +58,24 @@ export const reapPartition = {
   /** Requests placed and not yet fulfilled (`pending`), by placement time: the reaper ends those past their deadline. */
   pending: 'PENDING',
 } as const;
+
+/** The `free` index's partition of leased requests (no backing node is ever in it: theirs start `FREE#`). */
+export const LEASE_PARTITION = 'LEASE';
+
+/** LEASE's sort key: the lease's expiry first, so "lapsed before T" is one key condition (`fsk < T`). */
+export function leaseSortKey(expiresAt: number, id = ''): string {
+  return `${pad(expiresAt, 15)}#${id}`;
+}
+
+/**
+ * A request's `free` index attributes: in LEASE exactly while it is leased and holds something
+ * (core/leases.ts isLeaseLive). Whole-item puts follow the record; the renewal's update moves `fsk`;
+ * the release's node update can leave an ended request there, which the reaper drops (dropLease).
+ */
+export function leaseIndexAttributes(r: RequestRecord): { fpk?: string; fsk?: string } {
+  if (!isLeaseLive(r) || r.leaseExpiresAt === undefined) return {};
+  return { fpk: LEASE_PARTITION, fsk: leaseSortKey(r.leaseExpiresAt, r.id) };
+}
 
 export function freePartition(poolKey: string, label: string): string {
   return `FREE#${poolKey}#${label}`;
@@ -125,7 +147,13 @@ export function waitingSortKey(createdAt: number, id = ''): string {
 }
 
 export function requestItem(r: RequestRecord): Record<string, unknown> {
-  return stripUndefined({ ...keys.request(r.id), type: 'request', ...r, ...requestIndexAttributes(r) });
+  return stripUndefined({
+    ...keys.request(r.id),
+    type: 'request',
+    ...r,
+    ...requestIndexAttributes(r),
+    ...leaseIndexAttributes(r),
+  });
 }
 
 function stripUndefined(o: Record<string, unknown>): Record<string, unknown> {

@@ -1,6 +1,6 @@
 import type { BackingExpectation } from '../core/poolStore.ts';
 import type { BackingRecord, Claim } from '../core/records.ts';
-import { backingIndexAttributes } from './table.ts';
+import { backingIndexAttributes, LEASE_PARTITION, leaseSortKey } from './table.ts';
 
 /**
  * The conditions and update expressions of the store's conditional writes, named and built here as
@@ -29,9 +29,10 @@ type Expression = {
  * Marks one node of a request released: the node must still be pending or ready, in a placed request;
  * a held node only by a forced (operator) release.
  */
-export function releaseNodeUpdate(index: number, now: number, force: boolean): Expression {
+export function releaseNodeUpdate(index: number, now: number, force: boolean, reason?: string): Expression {
+  const why = reason === undefined ? '' : `, #nodes[${index}].reason = :reason`;
   return {
-    UpdateExpression: `SET #nodes[${index}].#state = :released, #nodes[${index}].releasedAt = :now, updatedAt = :now ADD #version :one`,
+    UpdateExpression: `SET #nodes[${index}].#state = :released, #nodes[${index}].releasedAt = :now${why}, updatedAt = :now ADD #version :one`,
     // A held node is released only by a forced (operator) release.
     ConditionExpression: `#nodes[${index}].#state IN (:pending, :ready) AND #rstate IN (:pending, :fulfilled)${
       force ? '' : ` AND attribute_not_exists(#nodes[${index}].held)`
@@ -49,7 +50,71 @@ export function releaseNodeUpdate(index: number, now: number, force: boolean): E
       ':pending': 'pending',
       ':ready': 'ready',
       ':fulfilled': 'fulfilled',
+      ...(reason === undefined ? {} : { ':reason': reason }),
     },
+  };
+}
+
+/**
+ * The lease conditions (docs/table.md, "Leases"). Renewal and the reaper's lapse are both conditioned on
+ * the expiry their writer read, so of a renewal and a lapse that race exactly one wins: the renewal moves
+ * the expiry (the lapse then fails), or the lapse marks it (the renewal then fails).
+ */
+export const leaseConditions = {
+  expiryIsAsRead: 'leaseExpiresAt = :readExpiry',
+  notLapsed: 'attribute_not_exists(leaseLapsedAt)',
+  inLeasePartition: 'fpk = :leasePartition',
+} as const;
+
+/** Renews a lease as read: new length and expiry, its LEASE sort key moved; every whole-item writer sees the version. */
+export function renewLeaseUpdate(
+  requestId: string,
+  readExpiry: number,
+  seconds: number,
+  expiresAt: number,
+  now: number,
+): Expression {
+  return {
+    UpdateExpression:
+      'SET lease = :seconds, leaseExpiresAt = :expiresAt, fsk = :fsk, updatedAt = :now ADD #version :one',
+    ConditionExpression: [
+      leaseConditions.expiryIsAsRead,
+      leaseConditions.notLapsed,
+      leaseConditions.inLeasePartition,
+    ].join(' AND '),
+    ExpressionAttributeNames: { '#version': 'version' },
+    ExpressionAttributeValues: {
+      ':seconds': seconds,
+      ':expiresAt': expiresAt,
+      ':fsk': leaseSortKey(expiresAt, requestId),
+      ':now': now,
+      ':one': 1,
+      ':readExpiry': readExpiry,
+      ':leasePartition': LEASE_PARTITION,
+    },
+  };
+}
+
+/** The reaper's mark of a lapsed lease, as read: after it no renewal is accepted. */
+export function lapseLeaseUpdate(readExpiry: number, now: number): Expression {
+  return {
+    UpdateExpression: 'SET leaseLapsedAt = :now, updatedAt = :now ADD #version :one',
+    ConditionExpression: `${leaseConditions.expiryIsAsRead} AND ${leaseConditions.notLapsed}`,
+    ExpressionAttributeNames: { '#version': 'version' },
+    ExpressionAttributeValues: { ':now': now, ':one': 1, ':readExpiry': readExpiry },
+  };
+}
+
+/**
+ * Takes a request out of LEASE once it holds nothing more the lease could release, as read (its sort key
+ * unchanged: no renewal since). The version is left alone: the item's record does not change.
+ */
+export function dropLeaseUpdate(requestId: string, readExpiry: number): Expression {
+  return {
+    UpdateExpression: 'REMOVE #fpk, #fsk',
+    ConditionExpression: '#fsk = :readSortKey',
+    ExpressionAttributeNames: { '#fpk': 'fpk', '#fsk': 'fsk' },
+    ExpressionAttributeValues: { ':readSortKey': leaseSortKey(readExpiry, requestId) },
   };
 }
 

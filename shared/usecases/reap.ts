@@ -10,6 +10,7 @@ import { ensureLaunched, giveBackSlot } from './backingNodes.ts';
 import { retryOnConflict, unlessConflict } from './conflicts.ts';
 import { type Context, leaseExpired, timeLeft } from './context.ts';
 import { failBackingNode, failBadBacking, settleFailedNodes } from './failure.ts';
+import { endLapsedLeases } from './leases.ts';
 import { markNodesReady } from './nodesReady.ts';
 import { endOverduePending } from './pending.ts';
 import type { MutableReport, ReapReport } from './reapReport.ts';
@@ -36,7 +37,9 @@ import { endExpiredRequests, nodesWaiting } from './waiting.ts';
  * 8. requests still waiting past their request-timeout end `failed` (WAITING partition, waiting.ts), and
  *    requests still pending past launch-retries x (launch-timeout + boot-timeout) after their placement
  *    (PENDING partition, pending.ts);
- * 9. min-ready seats are refilled (replenish.ts).
+ * 9. requests whose client lease lapsed are released, held nodes kept (LEASE partition of the free
+ *    index, only the lapsed ones read; leases.ts);
+ * 10. min-ready seats are refilled (replenish.ts).
  * A crash anywhere leaves records in partitions the next run picks up.
  */
 export async function reap(ctx: Context): Promise<ReapReport> {
@@ -146,7 +149,13 @@ export async function reap(ctx: Context): Promise<ReapReport> {
     report.expiredRequests.push(...ended.expired);
     if (!ended.complete) report.deferred++;
   });
-  // 9. min-ready: every label's seats refilled, spares on backing nodes that take no new nodes replaced
+  // 9. Client leases that lapsed (before min-ready, so the seats it frees are refilled this run).
+  await guard('lease-expiry', '-', async () => {
+    const ended = await endLapsedLeases(ctx);
+    report.leasesExpired = [...(report.leasesExpired ?? []), ...ended.expired];
+    if (!ended.complete) report.deferred++;
+  });
+  // 10. min-ready: every label's seats refilled, spares on backing nodes that take no new nodes replaced
   // (before max-age lets them go), seats above a lowered min-ready emptied.
   const hosts = new Map(
     [...idle, ...launching, ...active].filter((b) => !gone.has(b.id)).map((b) => [b.id, b] as const),

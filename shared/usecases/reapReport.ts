@@ -25,6 +25,8 @@ export interface ReapReport {
    * message may be gone: see waiting.ts), or still pending past their deadline (pending.ts).
    */
   readonly expiredRequests: string[];
+  /** Requests whose client lease lapsed, released (held nodes kept) or failed this run (leases.ts). */
+  readonly leasesExpired?: string[];
   /** min-ready nodes placed this run (seats refilled), and ended (on a backing node taking no new nodes, taken by a dead delivery, above a lowered min-ready). */
   readonly minReadyMade: number;
   readonly minReadyEnded: number;

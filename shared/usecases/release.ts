@@ -23,11 +23,17 @@ export type ReleaseOutcome =
  * Each step is idempotent, so a redelivered release, or one that resumes after a crash, finishes the
  * job without freeing anything twice.
  */
-export async function releaseNode(ctx: Context, id: string, force = false): Promise<ReleaseOutcome> {
+export async function releaseNode(
+  ctx: Context,
+  id: string,
+  force = false,
+  /** Recorded on the node and in its event (the reaper's `lease expired`); none for a client's release. */
+  reason?: string,
+): Promise<ReleaseOutcome> {
   const parsed = parseNodeId(id);
   if (!parsed) throw new UnknownNodeError(`unknown node "${id}": node ids look like <request-id>/<index>`);
   const now = ctx.clock.now();
-  let request = await ctx.store.releaseNodeEntry(parsed.requestId, parsed.index, now, force);
+  let request = await ctx.store.releaseNodeEntry(parsed.requestId, parsed.index, now, force, reason);
   let already = false;
   // The update's condition is the transition check: only a pending or ready node becomes released.
   if (!request) {
@@ -67,13 +73,18 @@ export async function releaseNode(ctx: Context, id: string, force = false): Prom
   // A node on a min-ready node's slot: that node ends with it (its slot and place are freed there).
   await endSpareOf(ctx, node);
   if (!already) {
-    ctx.log.info('node released', { nodeId: id, backingNodeId: node.backingNodeId });
+    ctx.log.info('node released', {
+      nodeId: id,
+      backingNodeId: node.backingNodeId,
+      ...(reason === undefined ? {} : { reason }),
+    });
     await emit(ctx, PoolEventType.nodeReleased, {
       nodeId: id,
       requestId: request.id,
       label: node.label,
       backingNodeId: node.backingNodeId,
       slot: node.slot,
+      ...(reason === undefined ? {} : { reason }),
     });
   }
   if (already) return { kind: 'already-released', node };

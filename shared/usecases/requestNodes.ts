@@ -11,6 +11,7 @@ import { giveBackSlot } from './backingNodes.ts';
 import { type Context, deliveryDead, learnsDurations } from './context.ts';
 import { learnedDuration } from './estimates.ts';
 import { failBadBacking } from './failure.ts';
+import { withLeaseOf } from './leases.ts';
 import { returnSpare, takeSpare } from './minReady.ts';
 import { markNodesReady, unrecordableReason } from './nodesReady.ts';
 import { type Placement, type PlaceOptions, placeNode } from './placement.ts';
@@ -48,9 +49,13 @@ export async function requestNodes(
 ): Promise<RequestOutcome> {
   const labels = await labelsFor(ctx, m);
   const now = ctx.clock.now();
-  const fresh = requestedRecord(m, now, labels.ok ? labels.labels : []);
-  const bodyHash = fresh.bodyHash;
-  const choice = labels.ok ? eligiblePools(ctx.config, labels.labels) : labels;
+  const asked = requestedRecord(m, now, labels.ok ? labels.labels : []);
+  const bodyHash = asked.bodyHash;
+  // The lease it takes (its own, else its labels' default-lease), within its labels' max-lease.
+  const leased = withLeaseOf(ctx, asked, m.lease);
+  const fresh = leased.ok ? leased.request : asked;
+  const pools = labels.ok ? eligiblePools(ctx.config, labels.labels) : labels;
+  const choice = pools.ok && !leased.ok ? leased : pools;
   if (!choice.ok) {
     const recorded = await recordFailure(ctx, fresh, choice.reason);
     // Recorded waiting before the configuration lost its labels: it can never be placed now, so it ends

@@ -98,5 +98,7 @@ export function requestMessageOf(r: RequestRecord): RequestMessage {
     ...(r.requestor === undefined ? {} : { requestor: r.requestor }),
     ...(r.priority === undefined ? {} : { priority: r.priority }),
     ...(r.expectedDuration === undefined ? {} : { 'expected-duration': r.expectedDuration }),
+    // The stored record (and its lease) is adopted; the length is sent only so the message says it.
+    ...(r.lease === undefined ? {} : { lease: r.lease }),
   };
 }

@@ -5,9 +5,11 @@
  * Queue cases run one bad body in one batch with a known-good request (or, on the fulfil queue, a good
  * event) against one embedded pool; configuration cases run through the loader.
  */
+
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { NAME_RULE } from '../../shared/config/fields.ts';
 import { formatConfigErrors, parseConfig } from '../../shared/config/load.ts';
+import { LEASE_RULE } from '../../shared/core/leases.ts';
 import type { Log } from '../../shared/core/log.ts';
 import { MAX_NODE_SET, type RequestMessage } from '../../shared/core/messages.ts';
 import type { BackingRecord, RequestRecord } from '../../shared/core/records.ts';
@@ -43,7 +45,7 @@ const POOL_CONFIG = poolConfig({
     labels: [smallNode({ 'max-parallel-jobs': 128, 'grace-time': 60 })],
     morePools: [
       poolOf('side', 'side-node'),
-      poolOf('capped', 'capped-node', { 'max-servers': 2 }),
+      poolOf('capped', 'capped-node', { 'max-servers': 2, 'max-lease': 3600 }),
       poolOf('off', 'off-node', { 'max-servers': 0 }),
     ],
   },
@@ -151,35 +153,35 @@ const REJECTED: readonly RejectedCase[] = [
   {
     name: 'kind missing (the id is not recorded)',
     body: json({ id: 'no-kind', labels: ['small-node'] }),
-    reason: 'missing "kind" (expected "request", "release" or "cancel")',
+    reason: 'missing "kind" (expected "request", "release", "cancel" or "renew")',
     logged: true,
     check: (h) => notRecorded(h, 'no-kind'),
   },
   {
     name: 'unknown kind',
     body: json({ kind: 'launch', id: 'kind-launch', labels: ['small-node'] }),
-    reason: 'unknown kind "launch" (expected "request", "release" or "cancel")',
+    reason: 'unknown kind "launch" (expected "request", "release", "cancel" or "renew")',
     logged: true,
     recordedAs: 'kind-launch',
   },
   {
     name: 'kind in the wrong case',
     body: json({ kind: 'Request', id: 'kind-case', labels: ['small-node'] }),
-    reason: 'unknown kind "Request" (expected "request", "release" or "cancel")',
+    reason: 'unknown kind "Request" (expected "request", "release", "cancel" or "renew")',
     logged: true,
     recordedAs: 'kind-case',
   },
   {
     name: 'kind of the wrong type',
     body: json({ kind: 1, id: 'kind-number', labels: ['small-node'] }),
-    reason: 'unknown kind 1 (expected "request", "release" or "cancel")',
+    reason: 'unknown kind 1 (expected "request", "release", "cancel" or "renew")',
     logged: true,
     recordedAs: 'kind-number',
   },
   {
     name: 'unknown kind without an id',
     body: json({ kind: 'launch' }),
-    reason: 'unknown kind "launch" (expected "request", "release" or "cancel")',
+    reason: 'unknown kind "launch" (expected "request", "release", "cancel" or "renew")',
     logged: true,
   },
   {
@@ -442,14 +444,15 @@ const REJECTED: readonly RejectedCase[] = [
   {
     name: 'unknown kind under a min-ready id (nothing recorded under its id)',
     body: json({ kind: 'launch', id: 'min-ready:small-node:0:3' }),
-    reason: 'unknown kind "launch" (expected "request", "release" or "cancel")',
+    reason: 'unknown kind "launch" (expected "request", "release", "cancel" or "renew")',
     logged: true,
     check: (h) => notRecorded(h, 'min-ready:small-node:0:3'),
   },
   {
-    name: 'release without nodeId',
+    name: 'release without nodeId or id',
     body: json({ kind: 'release' }),
-    reason: 'invalid release message: nodeId: is required',
+    reason:
+      'invalid release message: nodeId: a release needs "nodeId" (one node) or "id" (every node of a request)',
     logged: true,
   },
   {
@@ -477,9 +480,9 @@ const REJECTED: readonly RejectedCase[] = [
     },
   },
   {
-    name: 'release with a request key (id)',
+    name: 'release with both nodeId and a request id',
     body: release('orig/0', { id: 'orig' }),
-    reason: 'invalid release message: unknown key "id"',
+    reason: 'invalid release message: id: give "nodeId" or "id", not both',
     logged: true,
     check: origUntouched,
   },
@@ -507,6 +510,95 @@ const REJECTED: readonly RejectedCase[] = [
     name: 'release of a node index beyond the node set',
     body: release('orig/5'),
     reason: 'unknown node "orig/5"',
+    logged: true,
+    check: origUntouched,
+  },
+  // Issue 23: leases, renewals and the release of a whole request.
+  ...[0, -60, 9, 12.5, 604_801, 10_000_000].map(
+    (lease): RejectedCase => ({
+      name: `request with a lease of ${lease}`,
+      body: request(`lease-${String(lease).replace(/[^0-9]/g, '')}`, ['small-node'], { lease }),
+      reason: `invalid request message: lease: ${Number.isInteger(lease) ? LEASE_RULE : `must be an integer, not ${lease}`}`,
+      logged: true,
+      recordedAs: `lease-${String(lease).replace(/[^0-9]/g, '')}`,
+    }),
+  ),
+  {
+    name: 'request with a lease as a string',
+    body: request('lease-string', ['small-node'], { lease: '60' }),
+    reason: 'invalid request message: lease: must be a number, not a string',
+    logged: true,
+    recordedAs: 'lease-string',
+  },
+  {
+    name: 'request with a lease above the label max-lease (recorded failed)',
+    body: request('lease-above', ['capped-node'], { lease: 7200 }),
+    reason: 'lease 7200 s is above the maximum of 3600 s (max-lease)',
+    logged: false,
+    recordedAs: 'lease-above',
+  },
+  {
+    name: 'renew with an unknown key',
+    body: json({ kind: 'renew', id: 'orig', until: 5 }),
+    reason: 'invalid renew message: unknown key "until"',
+    logged: true,
+    check: origUntouched,
+  },
+  ...[0, -1, 10.5, 604_801].map(
+    (lease): RejectedCase => ({
+      name: `renew with a lease of ${lease}`,
+      body: json({ kind: 'renew', id: 'orig', lease }),
+      reason: `invalid renew message: lease: ${Number.isInteger(lease) ? LEASE_RULE : `must be an integer, not ${lease}`}`,
+      logged: true,
+      check: origUntouched,
+    }),
+  ),
+  {
+    name: 'renew without an id',
+    body: json({ kind: 'renew' }),
+    reason: 'invalid renew message: id: is required',
+    logged: true,
+  },
+  {
+    name: 'renew of an unknown request (nothing recorded)',
+    body: json({ kind: 'renew', id: 'nobody' }),
+    reason: 'unknown request "nobody"',
+    logged: true,
+    check: (h) => notRecorded(h, 'nobody'),
+  },
+  {
+    name: 'renew of a request without a lease (nothing changes)',
+    body: json({ kind: 'renew', id: 'orig' }),
+    reason: 'request orig has no lease: send one with the request ("lease")',
+    logged: true,
+    check: origUntouched,
+  },
+  {
+    name: 'renew of a failed request (nothing revived)',
+    body: json({ kind: 'renew', id: 'unknown-label' }),
+    reason: `request unknown-label has ended (failed: unknown label "gpu-node" ${CONFIGURED}): there is nothing to renew`,
+    logged: true,
+    check: async (h) => {
+      expect((await h.pool.context.store.getRequest('unknown-label'))?.state).toBe('failed');
+    },
+  },
+  {
+    name: 'release of a whole unknown request',
+    body: json({ kind: 'release', id: 'nobody' }),
+    reason: 'unknown request "nobody"',
+    logged: true,
+    check: (h) => notRecorded(h, 'nobody'),
+  },
+  {
+    name: 'release of a whole min-ready request',
+    body: json({ kind: 'release', id: 'min-ready:small-node:0:4' }),
+    reason: `invalid release message: id: ${SPARE_ID_RULE}`,
+    logged: true,
+  },
+  {
+    name: 'release of a whole request with force not a boolean',
+    body: json({ kind: 'release', id: 'orig', force: 1 }),
+    reason: 'invalid release message: force: must be a boolean, not a number',
     logged: true,
     check: origUntouched,
   },

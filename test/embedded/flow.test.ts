@@ -133,7 +133,7 @@ describe('request, fulfil and release flow (dynalite + fauxqs + local processes)
     });
     expect(await store.getRequest('k1')).toMatchObject({
       state: 'failed',
-      reason: 'unknown kind "launch" (expected "request", "release" or "cancel")',
+      reason: 'unknown kind "launch" (expected "request", "release", "cancel" or "renew")',
     });
     expect((await store.getRequest('bad-type'))?.reason).toMatch(/^invalid request message: labels: /);
     expect((await store.getRequest('good'))?.state).toBe('pending');

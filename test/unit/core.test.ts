@@ -335,7 +335,7 @@ describe('messages and ids', () => {
   it.each([
     ['{', /^malformed JSON: /],
     ['[]', /^message must be a JSON object$/],
-    ['{"kind":"x"}', /^unknown kind "x" \(expected "request", "release" or "cancel"\)$/],
+    ['{"kind":"x"}', /^unknown kind "x" \(expected "request", "release", "cancel" or "renew"\)$/],
     [
       '{"kind":"request","id":"a","labels":[]}',
       /^invalid request message: labels: a request needs at least one label$/,
