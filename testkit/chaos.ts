@@ -90,6 +90,14 @@ export const CHAOS_POOL = {
    * 32 GiB / 4 slots = 2 cores, 8 GiB); the unknown-label requests go by a shape no label fits as often.
    */
   shapeShare: 0.25,
+  /**
+   * Requests that take a client lease (issue 23), its length (seconds), and the share of those whose
+   * client dies some time after sending (it stops renewing and never releases: only the lease frees its
+   * nodes). Living clients renew every third of the lease until they release.
+   */
+  leaseShare: 0.2,
+  leaseSeconds: 30,
+  leaseCrashShare: 0.5,
   /** min-ready of the label (lowered to 0 before the final drain, as an operator would to empty the pool). */
   minReady: 3,
   /**
@@ -214,6 +222,9 @@ const FAULTS = {
   terminateDelayMs: 5_000,
 } as const;
 
+/** How core/leases.ts renewDecision refuses a renewal of a request that ended or whose lease lapsed. */
+const RENEWAL_TOO_LATE = /there is nothing to renew|its lease expired at/;
+
 const QUEUES = {
   request: { visibilityMs: 4_000, maxReceiveCount: 50, maxDelayMs: 1_500 },
   fulfil: { visibilityMs: 3_000, maxReceiveCount: 5, maxDelayMs: 2_000 },
@@ -244,6 +255,8 @@ export interface ChaosReport {
   /** Requests sent by shape (cores, memory) instead of labels, and those no label fits (they must fail so). */
   byShape: number;
   byShapeNoFit: number;
+  /** Clients with a lease, those that died (only their lease frees their nodes), renewals sent, requests the reaper ended for a lapsed lease. */
+  leases: { clients: number; dead: number; renewals: number; lapsed: number };
   /** min-ready: the pool's own ready nodes made, and the users' nodes that took one. */
   minReady: { made: number; taken: number };
   crashes: number;
@@ -303,6 +316,10 @@ interface ClientRequest {
   sent: boolean;
   releaseAt?: number;
   releasesSent: boolean;
+  /** The client lease it took (seconds), and when its client dies (stops renewing, never releases). */
+  readonly lease?: number;
+  readonly diesAt?: number;
+  renewedAt?: number;
   /** When the user cancels it (if it is not done by then). */
   cancelAt?: number;
   cancelSent?: boolean;
@@ -369,6 +386,7 @@ export class ChaosRun {
   /** Draws the requests' expected durations (a fork of its own: the rest of the schedule is unchanged). */
   private readonly hints: Random;
   private readonly shapes: Random;
+  private readonly leases: Random;
   /** Replaced once, before the drain: min-ready lowered to 0 (what every context reads from then on). */
   private config: ResolvedConfig;
   private readonly poolKey: string;
@@ -424,6 +442,7 @@ export class ChaosRun {
     this.jitter = this.random.fork('jitter');
     this.hints = this.random.fork('hints');
     this.shapes = this.random.fork('shapes');
+    this.leases = this.random.fork('leases');
     this.tickMs = options.tickMs ?? 100;
     this.config = parseConfigOrThrow(chaosYaml(options.nodeCap ?? true, CHAOS_POOL.minReady), 'chaos.yaml');
     const pool = this.config.metastaticPools[0];
@@ -440,6 +459,8 @@ export class ChaosRun {
       unsettledMs: 5 * 60_000,
       // ORPHAN_GRACE_MS (2 min) after launch, then a reaper run.
       orphanMs: 3 * 60_000,
+      // One reaper period to notice, another for a run that crashed, 5 s for the run itself.
+      leaseOverrunMs: 2 * (options.reaperEveryTicks ?? 1) * this.tickMs + 5_000,
     };
     this.crash = new CrashInjector(this.random.fork('crash'), this.clock, { maxK: 3, patienceMs: 20_000 });
     this.requestQueue = new ChaosQueue(
@@ -472,6 +493,7 @@ export class ChaosRun {
       cancelsSent: 0,
       byShape: 0,
       byShapeNoFit: 0,
+      leases: { clients: 0, dead: 0, renewals: 0, lapsed: 0 },
       minReady: { made: 0, taken: 0 },
       crashes: 0,
       crashesByKind: { request: 0, fulfil: 0, reaper: 0 },
@@ -529,6 +551,14 @@ export class ChaosRun {
       const hint = this.hints.chance(CHAOS_POOL.hintShare) ? this.hints.int(1, 15) : undefined;
       // Some ask by shape (a forked stream, so seeds keep their schedule): the pool chooses `small`.
       const byShape = this.shapes.chance(CHAOS_POOL.shapeShare);
+      // Some take a lease, and some of their clients die (a forked stream: seeds keep their schedule).
+      const lease = this.leases.chance(CHAOS_POOL.leaseShare) ? CHAOS_POOL.leaseSeconds : undefined;
+      const diesAt =
+        lease !== undefined && this.leases.chance(CHAOS_POOL.leaseCrashShare)
+          ? at + this.leases.int(0, 30_000)
+          : undefined;
+      if (lease !== undefined) this.report.leases.clients++;
+      if (diesAt !== undefined) this.report.leases.dead++;
       const noFit = labels[0] === 'gpu-huge';
       if (byShape) {
         this.report.byShape++;
@@ -550,12 +580,15 @@ export class ChaosRun {
           ...asked,
           ...(priority === undefined ? {} : { priority }),
           ...(hint === undefined ? {} : { 'expected-duration': hint }),
+          ...(lease === undefined ? {} : { lease }),
         }),
         at,
         nodes: labels.length,
         sent: false,
         releasesSent: false,
         ...(cancelAt === undefined ? {} : { cancelAt }),
+        ...(lease === undefined ? {} : { lease }),
+        ...(diesAt === undefined ? {} : { diesAt }),
         done: false,
       };
       this.client.push(c);
@@ -665,6 +698,9 @@ export class ChaosRun {
         if (BUG_PATTERN.test(reason)) this.violation(`${kind} handler error: ${reason}`);
       },
       warn: (message, ...extra) => {
+        // A renewal that arrives after its request ended (the client's own release, a cancel, its lease
+        // lapsed while a renewal was delayed) is refused by design: clients race the pool.
+        if (message === 'rejected message' && RENEWAL_TOO_LATE.test(String(extra[0]?.reason ?? ''))) return;
         if (message === 'rejected message' || message === 'rejected event') {
           this.violation(`${kind} handler rejected a well-formed ${message.slice(9)}: ${extra[0]?.reason}`);
         }
@@ -756,9 +792,17 @@ export class ChaosRun {
 
   // ---- the mirror --------------------------------------------------------------------------------------
 
-  private observe(method: string, args: unknown[], result: unknown): void {
+  private async observe(method: string, args: unknown[], result: unknown): Promise<void> {
     if (this.options.trace?.length) this.traceWrite(method, args, result);
     switch (method) {
+      case 'renewLease':
+      case 'lapseLease':
+      case 'dropLease': {
+        // The lease writes answer only whether they took effect: the mirror reads what they wrote.
+        const written = result ? await this.raw.getRequest(args[0] as string) : undefined;
+        if (written) this.mirrorRequest(written);
+        break;
+      }
       case 'createRequest':
         if (result === undefined) this.mirrorRequest(args[0] as RequestRecord);
         break;
@@ -784,7 +828,7 @@ export class ChaosRun {
   }
 
   private traceWrite(method: string, args: unknown[], result: unknown): void {
-    if (!/^(create|put|claim|release|reserve|takeOver|free)/.test(method)) return;
+    if (!/^(create|put|claim|release|reserve|takeOver|free|renew|lapse|drop)/.test(method)) return;
     const text = JSON.stringify(args.map((a) => (a instanceof Set ? [...a] : a)));
     const ids = this.options.trace ?? [];
     if (!ids.some((id) => text.includes(id))) return;
@@ -970,6 +1014,7 @@ export class ChaosRun {
     this.sendArrivals();
     this.sendReleases();
     this.sendCancels();
+    this.sendRenewals();
     const work: Promise<void>[] = [];
     // The queues are polled every pollEveryTicks (Lambda's pollers gather a batching window), so
     // what arrived meanwhile, duplicates included, is handled by concurrent invocations at once.
@@ -1068,6 +1113,7 @@ export class ChaosRun {
     const now = this.clock.now();
     for (const c of this.client) {
       if (c.releaseAt === undefined || c.releasesSent || c.releaseAt > now) continue;
+      if (c.diesAt !== undefined && c.diesAt <= now) continue; // dead: only its lease frees its nodes
       c.releasesSent = true;
       for (let i = 0; i < c.nodes; i++) {
         this.requestQueue.send(JSON.stringify({ kind: 'release', nodeId: `${c.id}/${i}` }));
@@ -1088,6 +1134,20 @@ export class ChaosRun {
     }
   }
 
+  /** Living clients with a lease renew it every third of its length until they have released. */
+  private sendRenewals(): void {
+    const now = this.clock.now();
+    for (const c of this.client) {
+      if (c.lease === undefined || !c.sent || c.done || c.releasesSent) continue;
+      if (c.diesAt !== undefined && c.diesAt <= now) continue;
+      const last = c.renewedAt ?? c.at;
+      if (now - last < (c.lease * 1000) / 3) continue;
+      c.renewedAt = now;
+      this.report.leases.renewals++;
+      this.requestQueue.send(JSON.stringify({ kind: 'renew', id: c.id }));
+    }
+  }
+
   /** The users: a fulfilled request's job runs 1-15 s (jobMs), then its nodes are released. */
   private settleClient(): void {
     const now = this.clock.now();
@@ -1100,7 +1160,9 @@ export class ChaosRun {
         c.releaseAt = now + this.sched.int(min, max);
       }
       const released = r.nodes.every((n) => n.state === 'released' || n.state === 'failed');
-      if (r.state === 'failed' || (r.state === 'fulfilled' && c.releasesSent && released)) {
+      // A dead client's request is done when its lease has freed its nodes.
+      const dead = c.diesAt !== undefined && c.diesAt <= now;
+      if (r.state === 'failed' || (r.state === 'fulfilled' && (c.releasesSent || dead) && released)) {
         c.done = true;
         this.notDone--;
       }
@@ -1173,6 +1235,7 @@ export class ChaosRun {
     this.report.reclaimedSlots += report.reclaimedSlots;
     this.report.reclaimedPlaces += report.reclaimedPlaces;
     this.report.orphansTerminated += report.orphans.length;
+    this.report.leases.lapsed += report.leasesExpired?.length ?? 0;
     for (const e of report.errors) {
       if (/injected crash|is dead \(crashed/.test(e)) continue;
       const key = normalize(e);
@@ -1358,6 +1421,10 @@ export function formatSummary(r: ChaosReport): string {
     ['failed', `${r.failed}${classes ? ` (${classes})` : ''}`],
     ['cancels sent', `${r.cancelsSent} (a cancel after fulfilment changes nothing; the user releases)`],
     ['requests by shape', `${r.byShape} (${r.byShapeNoFit} that no label fits, failed by design)`],
+    [
+      'leases',
+      `${r.leases.clients} clients with a lease (${r.leases.dead} died without releasing), ${r.leases.renewals} renewals, ${r.leases.lapsed} requests ended by a lapsed lease`,
+    ],
     [
       'min-ready',
       `${r.minReady.made} ready nodes made (min-ready ${CHAOS_POOL.minReady}), ${r.minReady.taken} nodes took one`,

@@ -56,6 +56,10 @@ export const STORE_METHODS = [
   'pointToBacking',
   'backingIdOfResource',
   'forgetResource',
+  'renewLease',
+  'lapseLease',
+  'dropLease',
+  'leasesBefore',
 ] as const;
 
 /** The BackingProvider methods (launchBlocked is synchronous and local: no boundary). */
@@ -147,7 +151,7 @@ export class CrashInjector {
     target: Boundary['target'],
     object: T,
     methods: readonly string[],
-    after?: (method: string, args: unknown[], result: unknown) => void,
+    after?: (method: string, args: unknown[], result: unknown) => void | Promise<void>,
   ): T {
     const wrapped = new Set(methods);
     return new Proxy(object, {
@@ -165,7 +169,7 @@ export class CrashInjector {
           }
           if (invocation) this.point(invocation, target, prop, 'before');
           const result = await fn.apply(t, args);
-          after?.(prop, args, result);
+          await after?.(prop, args, result);
           if (invocation) this.point(invocation, target, prop, 'after');
           return result;
         };

@@ -52,6 +52,12 @@ export interface Limits {
   readonly staleEntryMs: number;
   readonly unsettledMs: number;
   readonly orphanMs: number;
+  /**
+   * How long past its lease's expiry a request may still hold a node or wait (issue 23): one reaper
+   * period, another for a reaper run that crashed, and a little for the run itself. Undefined: leases
+   * are not checked.
+   */
+  readonly leaseOverrunMs?: number;
 }
 
 /** What liveness checks remember between snapshots: when each suspicious thing was first seen. */
@@ -102,6 +108,20 @@ export function checkInvariants(s: Snapshot, limits: Limits, tracker: Tracker): 
   const v: string[] = [];
   const seen = new Set<string>();
   const backingById = new Map(s.backing.map((b) => [b.id, b]));
+
+  // ---- client leases ----------------------------------------------------------------------------------
+  if (limits.leaseOverrunMs !== undefined) {
+    for (const r of s.requests) {
+      if (r.leaseExpiresAt === undefined || s.now <= r.leaseExpiresAt + limits.leaseOverrunMs) continue;
+      const over = ((s.now - r.leaseExpiresAt) / 1000).toFixed(1);
+      if (r.state === 'requested') v.push(`request ${r.id}: still waiting ${over}s after its lease lapsed`);
+      for (const n of r.nodes) {
+        if ((n.state === 'pending' || n.state === 'ready') && !n.held) {
+          v.push(`request ${r.id}: node ${n.id} still ${n.state} ${over}s after its lease lapsed`);
+        }
+      }
+    }
+  }
 
   // ---- backing records ----------------------------------------------------------------------------
   for (const b of s.backing) {

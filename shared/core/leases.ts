@@ -144,3 +144,21 @@ export function lapseDecision(r: RequestRecord, now: number): LapseDecision {
   if (r.leaseLapsedAt === undefined && r.leaseExpiresAt > now) return { kind: 'keep' };
   return { kind: 'release', expiresAt: r.leaseExpiresAt };
 }
+
+/**
+ * The request as it should be recorded with its lease (the message's, else its labels' default-lease),
+ * or why the lease is refused (the request then fails with that reason, as for any bad request).
+ */
+export function withLeaseOf(
+  config: ResolvedConfig,
+  fresh: RequestRecord,
+  asked: number | undefined,
+): { ok: true; request: RequestRecord } | { ok: false; reason: string } {
+  const lease = leaseOfRequest(asked, leaseLimitsOf(config, fresh.labels));
+  if (!lease.ok) return lease;
+  if (lease.seconds === undefined) return { ok: true, request: fresh };
+  return {
+    ok: true,
+    request: { ...fresh, lease: lease.seconds, leaseExpiresAt: leaseExpiry(fresh.createdAt, lease.seconds) },
+  };
+}

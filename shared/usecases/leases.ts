@@ -3,9 +3,7 @@ import {
   holdsAnything,
   LEASE_EXPIRED_REASON,
   lapseDecision,
-  leaseExpiry,
   leaseLimitsOf,
-  leaseOfRequest,
   renewDecision,
 } from '../core/leases.ts';
 import type { RequestRecord } from '../core/records.ts';
@@ -16,24 +14,6 @@ import { failRequest } from './requests.ts';
 
 /** A renewal refused for good: an unknown or ended request, no lease, a lapsed one, a length out of bounds. */
 export class LeaseRefusedError extends PermanentError {}
-
-/**
- * The request as it should be recorded with its lease (the message's, else its labels' default-lease),
- * or why the lease is refused (the request then fails with that reason, as for any bad request).
- */
-export function withLeaseOf(
-  ctx: Context,
-  fresh: RequestRecord,
-  asked: number | undefined,
-): { ok: true; request: RequestRecord } | { ok: false; reason: string } {
-  const lease = leaseOfRequest(asked, leaseLimitsOf(ctx.config, fresh.labels));
-  if (!lease.ok) return lease;
-  if (lease.seconds === undefined) return { ok: true, request: fresh };
-  return {
-    ok: true,
-    request: { ...fresh, lease: lease.seconds, leaseExpiresAt: leaseExpiry(fresh.createdAt, lease.seconds) },
-  };
-}
 
 /** How many times a renewal reads again after another writer moved the lease between its read and write. */
 const RENEW_ROUNDS = 3;

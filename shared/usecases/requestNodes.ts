@@ -1,6 +1,7 @@
 import type { MetastaticPool } from '../config/model.ts';
 import { BusyError, CapacityError, LaunchFailedError, PermanentError } from '../core/errors.ts';
 import { type DeliveryOf, ownerSince, ownerToken, supersedes } from '../core/ids.ts';
+import { withLeaseOf } from '../core/leases.ts';
 import type { RequestMessage } from '../core/messages.ts';
 import { isSpareRequestId, nodeOnSpare } from '../core/minReady.ts';
 import { eligiblePools } from '../core/pools.ts';
@@ -11,7 +12,6 @@ import { giveBackSlot } from './backingNodes.ts';
 import { type Context, deliveryDead, learnsDurations } from './context.ts';
 import { learnedDuration } from './estimates.ts';
 import { failBadBacking } from './failure.ts';
-import { withLeaseOf } from './leases.ts';
 import { returnSpare, takeSpare } from './minReady.ts';
 import { markNodesReady, unrecordableReason } from './nodesReady.ts';
 import { type Placement, type PlaceOptions, placeNode } from './placement.ts';
@@ -52,7 +52,7 @@ export async function requestNodes(
   const asked = requestedRecord(m, now, labels.ok ? labels.labels : []);
   const bodyHash = asked.bodyHash;
   // The lease it takes (its own, else its labels' default-lease), within its labels' max-lease.
-  const leased = withLeaseOf(ctx, asked, m.lease);
+  const leased = withLeaseOf(ctx.config, asked, m.lease);
   const fresh = leased.ok ? leased.request : asked;
   const pools = labels.ok ? eligiblePools(ctx.config, labels.labels) : labels;
   const choice = pools.ok && !leased.ok ? leased : pools;
