@@ -36,10 +36,7 @@ export function composeUserData(parts: UserDataParts): string | undefined {
   if (parts.authorizedKeys.length === 0 && parts.slotUsers === undefined) return own;
   const ours = poolCloudConfig(parts.authorizedKeys, parts.slotUsers);
   if (own === undefined) return ours;
-  return multipart([
-    { ...userPart(own), body: own },
-    { ...cloudConfigPart(), body: ours },
-  ]);
+  return multipart([userPart(own), textPart('text/cloud-config', ours, 'metastatic-cloud-config')]);
 }
 
 /** Bytes of user data as EC2 counts them (UTF-8, before base64). */
@@ -93,12 +90,6 @@ export function poolCloudConfig(
   return `${lines.join('\n')}\n`;
 }
 
-interface Part {
-  /** The part's headers (without the trailing blank line); a nested MIME message brings its own. */
-  readonly headers: string;
-  readonly body: string;
-}
-
 /** cloud-init's first-line prefixes (cloud-init handlers INCLUSION_TYPES_MAP), longest first. */
 const STARTS_WITH: readonly (readonly [string, string])[] = [
   ['#cloud-config-archive', 'text/cloud-config-archive'],
@@ -113,46 +104,60 @@ const STARTS_WITH: readonly (readonly [string, string])[] = [
   ['#!', 'text/x-shellscript'],
 ];
 
-/** The content type cloud-init reads from user data's start; text/plain when it knows none (it then ignores it). */
+/**
+ * The content type cloud-init reads user data as: a MIME message when "mime-version:" is in its first
+ * 4096 bytes (cloud-init user_data.convert_string), else by its first line; text/plain when it knows
+ * none (cloud-init then ignores it).
+ */
 export function userDataType(text: string): string {
+  if (text.slice(0, 4096).toLowerCase().includes('mime-version:')) return 'multipart/mixed';
   const start = text.trimStart().toLowerCase();
-  if (/^(content-type|mime-version):/.test(start)) return 'multipart/mixed';
   return STARTS_WITH.find(([prefix]) => start.startsWith(prefix))?.[1] ?? 'text/plain';
 }
 
-function userPart(own: string): Omit<Part, 'body'> & { nested?: true } {
+/** A part of ours or the label's: headers and body, or a MIME message of the label's that is a part as it is. */
+type Part = { readonly headers: string; readonly body: string } | { readonly nested: string };
+
+/**
+ * A text part as cloud-init's `make-mime` writes it (Python's MIMEText): ASCII as 7bit, anything else
+ * as UTF-8 in base64. Not 8bit: cloud-init reads a part's bytes back through Python's email module,
+ * which turns 8-bit text into Latin-1 bytes that cloud-init then decodes as UTF-8 (mangled).
+ */
+function textPart(type: string, body: string, filename: string): Part {
+  const ascii = Buffer.byteLength(body, 'utf8') === body.length;
+  const encoded = ascii
+    ? body
+    : (
+        Buffer.from(body, 'utf8')
+          .toString('base64')
+          .match(/.{1,76}/g) ?? []
+      ).join('\n');
+  return {
+    headers: [
+      `Content-Type: ${type}; charset="${ascii ? 'us-ascii' : 'utf-8'}"`,
+      'MIME-Version: 1.0',
+      `Content-Transfer-Encoding: ${ascii ? '7bit' : 'base64'}`,
+      `Content-Disposition: attachment; filename="${filename}"`,
+    ].join('\n'),
+    body: encoded,
+  };
+}
+
+function userPart(own: string): Part {
   const type = userDataType(own);
   // A MIME message already: it is a part as it is (its headers, a blank line, its body); cloud-init
   // walks nested multiparts.
-  if (type === 'multipart/mixed') return { headers: '', nested: true };
-  return { headers: partHeaders(type, own, 'userdata') };
-}
-
-function cloudConfigPart(): Omit<Part, 'body'> {
-  return { headers: partHeaders('text/cloud-config', '', 'metastatic-cloud-config') };
-}
-
-function partHeaders(type: string, body: string, filename: string): string {
-  const ascii = Buffer.byteLength(body, 'utf8') === body.length;
-  return [
-    `Content-Type: ${type}; charset="${ascii ? 'us-ascii' : 'utf-8'}"`,
-    'MIME-Version: 1.0',
-    `Content-Transfer-Encoding: ${ascii ? '7bit' : '8bit'}`,
-    `Content-Disposition: attachment; filename="${filename}"`,
-  ].join('\n');
+  return type === 'multipart/mixed' ? { nested: own.replace(/^\s+/, '') } : textPart(type, own, 'userdata');
 }
 
 /** A multipart/mixed message of the parts, with a boundary that none of them contains. */
-function multipart(parts: readonly (Part & { nested?: true })[]): string {
-  const all = parts.map((p) => `${p.headers}\n${p.body}`).join('\n');
+function multipart(parts: readonly Part[]): string {
+  const texts = parts.map((p) => ('nested' in p ? p.nested : `${p.headers}\n\n${p.body}`));
+  const all = texts.join('\n');
   let boundary = `metastatic-${createHash('sha256').update(all).digest('hex').slice(0, 32)}`;
   while (all.includes(boundary)) boundary = `${boundary}x`;
   const out = [`Content-Type: multipart/mixed; boundary="${boundary}"`, 'MIME-Version: 1.0', ''];
-  for (const part of parts) {
-    out.push(`--${boundary}`);
-    // A nested message's own text begins with its headers; a part of ours: headers, blank line, body.
-    out.push(part.nested ? part.body.replace(/^\s+/, '') : `${part.headers}\n\n${part.body}`);
-  }
+  for (const text of texts) out.push(`--${boundary}`, text);
   out.push(`--${boundary}--`, '');
   return out.join('\n');
 }
