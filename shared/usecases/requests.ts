@@ -43,6 +43,13 @@ export async function requestSettled(ctx: Context, r: RequestRecord): Promise<vo
         port: n.port,
         backingNodeId: n.backingNodeId,
         slot: n.slot,
+        // The node contract (core/contract.ts): a subscriber can log in with the event alone.
+        username: n.username,
+        connectionType: n.connectionType,
+        pythonPath: n.pythonPath,
+        shellType: n.shellType,
+        hostKeys: n.hostKeys,
+        attributes: n.attributes,
       })),
     });
   } else if (r.state === 'failed') {
