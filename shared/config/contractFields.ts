@@ -38,10 +38,10 @@ export const PER_SLOT_USERNAME =
 
 /**
  * Ansible's interpreter discovery modes (python-path `auto`, Nodepool's default, and its variants) or
- * an interpreter's path (`/usr/bin/python3`, `/usr/bin/env python3`). Bounded, one line.
+ * an interpreter's path (`/usr/bin/python3`, `/usr/bin/env python3`). Bounded, one line of ASCII.
  */
 export const MAX_PYTHON_PATH_CHARS = 255;
-const PYTHON_PATH = `"auto" or an interpreter's path, one line of at most ${MAX_PYTHON_PATH_CHARS} characters`;
+const PYTHON_PATH = `"auto" or an interpreter's path, one line of at most ${MAX_PYTHON_PATH_CHARS} printable ASCII characters`;
 
 /** Ansible's shell plugins (ansible_shell_type); absent means sh. */
 export const SHELL_TYPES = ['sh', 'csh', 'fish', 'powershell', 'cmd'] as const;
@@ -130,7 +130,8 @@ export const pythonPath = () =>
     .string({ error: PYTHON_PATH })
     .min(1, { error: PYTHON_PATH })
     .max(MAX_PYTHON_PATH_CHARS, { error: PYTHON_PATH })
-    .refine((s) => !hasControlCharacter(s), { error: PYTHON_PATH });
+    // ASCII: each node of a request item holds it, so its bytes are bounded too (docs: Limits).
+    .regex(/^[ -~]+$/, { error: PYTHON_PATH });
 
 export const shellType = () => z.enum(SHELL_TYPES, { error: `one of ${SHELL_TYPES.join(', ')}` });
 

@@ -657,7 +657,7 @@ describe('the node contract (username, connection-type, python-path, shell-type)
       `${at('connection-type')}: connection-type: expected ssh (the only connection type metastatic nodes offer; Nodepool's winrm and network_cli are not supported), got "winrm"`,
       `${at('shell-type')}: shell-type: expected one of sh, csh, fish, powershell, cmd, got "bash"`,
       `${at('username')}: username: expected a user name of 1-32 characters of A-Z a-z 0-9 . _ - starting with a letter or _, got "-root"`,
-      `${at('python-path')}: python-path: expected "auto" or an interpreter's path, one line of at most 255 characters, got "py\\nthon"`,
+      `${at('python-path')}: python-path: expected "auto" or an interpreter's path, one line of at most 255 printable ASCII characters, got "py\\nthon"`,
     ]);
     expect(problems(parseObject(localWith({ 'connection-type': 'network_cli' })))).toEqual([
       `${at('connection-type')}: connection-type: expected ssh (the only connection type metastatic nodes offer; Nodepool's winrm and network_cli are not supported), got "network_cli"`,
