@@ -21,6 +21,11 @@ export function nodeJson(n: NodeRecord) {
     slot: n.slot ?? null,
     host: n.host ?? null,
     port: n.port ?? null,
+    /** The node contract (core/contract.ts), null until the node is ready; shellType null means sh. */
+    username: n.username ?? null,
+    connectionType: n.connectionType ?? null,
+    pythonPath: n.pythonPath ?? null,
+    shellType: n.shellType ?? null,
     attributes: n.attributes ?? {},
     hostKeys: n.hostKeys ?? [],
     ...(n.held ? { held: true } : {}),

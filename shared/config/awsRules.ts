@@ -1,6 +1,8 @@
-import type { EBS_VOLUME_TYPES } from './awsSchema.ts';
-import { MAX_VOLUME_SIZE } from './fields.ts';
-import { asRecord, type PathIssue, type PathSegment } from './paths.ts';
+import { composeUserData, userDataBytes } from '../providers/aws/userData.ts';
+import { type EBS_VOLUME_TYPES, MAX_USERDATA_BYTES } from './awsSchema.ts';
+import { DEFAULT_AWS_USERNAME, PER_SLOT_USERNAME, PER_SLOT_USERNAME_PATTERN } from './contractFields.ts';
+import { MAX_PARALLEL_JOBS, MAX_VOLUME_SIZE } from './fields.ts';
+import { asRecord, formatPath, type PathIssue, type PathSegment } from './paths.ts';
 
 /**
  * The aws driver's rules across keys (the field schema is in schema.ts, typed settings in
@@ -121,6 +123,77 @@ export function checkAwsRules(
           message: `tag key "${key}" is reserved (keys starting with "${prefix}" are set by ${prefix === 'aws:' ? 'AWS' : 'metastatic'})`,
         });
       }
+    });
+  });
+  return issues;
+}
+
+/**
+ * What an aws pool puts on its instances (authorized-keys, per-slot users; shared/providers/aws/userData.ts):
+ * per-slot-users needs the pool's authorized-keys (its users get no other key) and a username that
+ * leaves room for the slot number; the user data, the label's own combined with ours, must fit EC2's
+ * 16 KB. `slotsOf` gives the slots of a backing label's backing nodes (the largest max-parallel-jobs of
+ * the metastatic labels on it): one user each. Unvalidated data: a malformed part is the schema's error.
+ */
+export function checkAwsUserData(
+  provider: Record<string, unknown>,
+  providerPath: readonly PathSegment[],
+  slotsOf: (backingLabel: string) => number,
+): PathIssue[] {
+  const issues: PathIssue[] = [];
+  if (!Array.isArray(provider.pools)) return issues;
+  provider.pools.forEach((rawPool, poolIndex) => {
+    const pool = asRecord(rawPool);
+    if (!pool || !Array.isArray(pool.labels)) return;
+    const poolPath = [...providerPath, 'pools', poolIndex];
+    const raw = pool['authorized-keys'];
+    const keys =
+      Array.isArray(raw) && raw.every((k) => typeof k === 'string') ? (raw as string[]) : undefined;
+    pool.labels.forEach((rawLabel, labelIndex) => {
+      const label = asRecord(rawLabel);
+      if (!label) return;
+      const labelPath = [...poolPath, 'labels', labelIndex];
+      const perSlot = label['per-slot-users'] === true;
+      const username = label.username === undefined ? DEFAULT_AWS_USERNAME : label.username;
+      if (perSlot && (raw === undefined || (Array.isArray(raw) && raw.length === 0))) {
+        issues.push({
+          path: [...labelPath, 'per-slot-users'],
+          message: `per-slot-users needs the pool's authorized-keys (${formatPath([...poolPath, 'authorized-keys'])}): the slot users get no other key, so nobody could log in`,
+        });
+      }
+      if (perSlot && typeof username === 'string' && !PER_SLOT_USERNAME_PATTERN.test(username)) {
+        issues.push({
+          path: [...labelPath, label.username === undefined ? 'per-slot-users' : 'username'],
+          message: `username: expected ${PER_SLOT_USERNAME}, got ${JSON.stringify(username)}`,
+        });
+      }
+      const own = label.userdata;
+      if (
+        keys === undefined ||
+        (own !== undefined && typeof own !== 'string') ||
+        typeof username !== 'string'
+      ) {
+        return;
+      }
+      const name = typeof label.name === 'string' ? label.name : '';
+      const slots = Math.min(Math.max(1, slotsOf(name)), MAX_PARALLEL_JOBS);
+      const text = composeUserData({
+        ...(own === undefined ? {} : { own }),
+        authorizedKeys: keys,
+        ...(perSlot ? { slotUsers: { username, slots } } : {}),
+      });
+      const bytes = text === undefined ? 0 : userDataBytes(text);
+      // The label's own userdata alone over the limit is its field's error.
+      if (bytes <= MAX_USERDATA_BYTES || keys.length + (perSlot ? 1 : 0) === 0) return;
+      const parts = [
+        own === undefined ? undefined : 'its userdata',
+        keys.length > 0 ? `the pool's ${keys.length} authorized-keys` : undefined,
+        perSlot ? `${slots} slot users (per-slot-users, one per slot of max-parallel-jobs)` : undefined,
+      ].filter((p): p is string => p !== undefined);
+      issues.push({
+        path: [...labelPath, own !== undefined ? 'userdata' : perSlot ? 'per-slot-users' : 'name'],
+        message: `user data: ${parts.join(' with ')} make ${bytes} bytes of user data; EC2 takes at most ${MAX_USERDATA_BYTES}`,
+      });
     });
   });
   return issues;

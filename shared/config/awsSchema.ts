@@ -1,5 +1,13 @@
 import { z } from 'zod';
 import {
+  authorizedKeys,
+  contractKeys,
+  DEFAULT_AWS_USERNAME,
+  MAX_AUTHORIZED_KEYS,
+  perSlotUsers,
+  username,
+} from './contractFields.ts';
+import {
   bool,
   hourlyCost,
   intBetween,
@@ -130,6 +138,13 @@ export const awsLabelSchema = z.strictObject(
       .max(65535, { error: 'a port number from 1 to 65535' })
       .default(22)
       .describe('The TCP port nodes connect to (SSH).'),
+    username: username()
+      .default(DEFAULT_AWS_USERNAME)
+      .describe(
+        `Whom jobs log in as on its nodes (Nodepool's username): the image's user that gets the pool's authorized-keys. Default ${DEFAULT_AWS_USERNAME} (Amazon Linux, RHEL, SUSE, Fedora); ubuntu on Ubuntu, admin on Debian.`,
+      ),
+    'per-slot-users': perSlotUsers(),
+    ...contractKeys,
     'hourly-cost': hourlyCost()
       .optional()
       .describe(
@@ -160,6 +175,11 @@ export const awsPoolSchema = z.strictObject(
     'public-ipv4': bool()
       .default(false)
       .describe('Give the instances a public IPv4 address and connect to it (instead of the private one).'),
+    'authorized-keys': authorizedKeys()
+      .optional()
+      .describe(
+        `OpenSSH public keys (of the CI system) put on every instance the pool launches, through cloud-init in its user data, for each label's username (or each slot's user with per-slot-users); at most ${MAX_AUTHORIZED_KEYS}. The image needs cloud-init.`,
+      ),
     labels: nonEmptyList(awsLabelSchema, 'labels'),
   },
   { error: MAPPING },

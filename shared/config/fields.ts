@@ -122,7 +122,7 @@ export const jsonValue = z.json();
  * text (UTF-8), each mapping. A node's attributes are its backing node's (the provider's own and the
  * label's) overridden by the pool's, and a request item holds up to 64 nodes (MAX_NODE_SET), each with
  * its attributes, in DynamoDB's 400 KB: with both mappings at this bound, the longest ids, host keys and
- * reasons, the largest request item is ~290 KB of JSON (test/embedded/limits.test.ts writes it to dynalite; the
+ * reasons, the largest request item is ~310 KB of JSON (test/embedded/limits.test.ts writes it to dynalite; the
  * sum is in docs/configuration.md, Limits). A 150,000-character value validated before and then left its
  * request pending forever (issue 22, defect 8).
  */

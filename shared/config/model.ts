@@ -1,3 +1,4 @@
+import type { BackingContract } from '../core/contract.ts';
 import type { Shape } from '../core/shapes.ts';
 
 /**
@@ -59,6 +60,12 @@ export interface BackingLabel {
   readonly name: string;
   /** Driver-specific options of this label, as written in the YAML (kebab-case keys). */
   readonly options: Readonly<Record<string, unknown>>;
+  /**
+   * What the nodes served on its backing nodes carry (username, connection-type, python-path,
+   * shell-type, per-slot-users), defaults applied (config/contractFields.ts contractOf). Unset on a
+   * hand-built pool: its backing nodes record none, and their nodes get Nodepool's defaults.
+   */
+  readonly contract?: BackingContract;
 }
 
 /** A backing pool (driver `local` or `aws`). */

@@ -4,6 +4,7 @@
  */
 
 import { formatSize, parseSize, type Shape } from '../core/shapes.ts';
+import { contractOf } from './contractFields.ts';
 import { type InstanceTypeFacts, instanceTypeFacts } from './instanceTypes.ts';
 import type {
   BackingLabel,
@@ -33,7 +34,7 @@ export function resolveConfig(file: ConfigFile): ResolvedConfig {
       const labels = new Map<string, BackingLabel>();
       for (const label of rawLabels) {
         const { name, ...options } = label;
-        labels.set(name, { name, options });
+        labels.set(name, { name, options, contract: contractOf(options) });
       }
       const backingPool: BackingPool = {
         key: `${providerName}/${poolName}`,

@@ -1,5 +1,5 @@
 import type { z } from 'zod';
-import { checkAwsRules } from './awsRules.ts';
+import { checkAwsRules, checkAwsUserData } from './awsRules.ts';
 import { NAME_PATTERN } from './fields.ts';
 import { asRecord, asString, formatPath, type PathIssue, type PathSegment } from './paths.ts';
 import { metastaticLabelSchema } from './schema.ts';
@@ -17,7 +17,8 @@ import { metastaticLabelSchema } from './schema.ts';
  *    a local or aws pool;
  * 4. labels of one provider sharing a backing label agree on the backing node's settings;
  * 5. the top-level labels list (Nodepool's), when present, lists every label offered;
- * 6. per metastatic label: the default-lease it inherits is no longer than its max-lease.
+ * 6. per metastatic label: the default-lease it inherits is no longer than its max-lease;
+ * 7. an aws pool's user data (its labels' own, its authorized-keys, per-slot users) fits EC2's limit.
  */
 export function checkConfigRules(data: unknown): PathIssue[] {
   const root = asRecord(data);
@@ -30,7 +31,28 @@ export function checkConfigRules(data: unknown): PathIssue[] {
     ...sharedBackingSettings(found.metastaticLabels),
     ...topLevelLabels(root, found.offers),
     ...leaseRules(root, found.metastaticLabels),
+    ...awsUserData(root, found.metastaticLabels),
   ];
+}
+
+/**
+ * Rule 7: what an aws pool puts in its instances' user data (awsRules.ts checkAwsUserData), with one
+ * slot user per slot: the most slots any metastatic label asks of the backing label.
+ */
+function awsUserData(root: Record<string, unknown>, labels: readonly MetastaticLabelRef[]): PathIssue[] {
+  const slots = new Map<string, number>();
+  for (const { label } of labels) {
+    const backingLabel = asString(label['backing-label']);
+    const jobs = sharedFieldValue(label, 'max-parallel-jobs');
+    if (backingLabel === undefined || typeof jobs !== 'number') continue;
+    slots.set(backingLabel, Math.max(slots.get(backingLabel) ?? 1, jobs));
+  }
+  const providers = Array.isArray(root.providers) ? root.providers : [];
+  return providers.flatMap((raw, index) => {
+    const provider = asRecord(raw);
+    if (provider?.driver !== 'aws') return [];
+    return checkAwsUserData(provider, ['providers', index], (label) => slots.get(label) ?? 1);
+  });
 }
 
 /** A label some pool offers. */

@@ -10,6 +10,7 @@
  */
 import { z } from 'zod';
 import { awsProviderSchema } from './awsSchema.ts';
+import { contractKeys } from './contractFields.ts';
 import {
   attributes,
   bool,
@@ -162,6 +163,7 @@ export const localLabelSchema = z.strictObject(
     'hourly-cost': hourlyCost()
       .optional()
       .describe('What one backing node costs an hour: requests by shape go to the cheapest slot that fits.'),
+    ...contractKeys,
   },
   { error: MAPPING },
 );

@@ -1,4 +1,5 @@
 import type { MetastaticLabel } from '../config/model.ts';
+import type { BackingContract } from './contract.ts';
 import type { BackingRecord, Claim } from './records.ts';
 import { allocatableBackingStates, assertTransition } from './states.ts';
 import { boundedReason } from './text.ts';
@@ -122,6 +123,8 @@ export function newBackingRecord(args: {
   now: number;
   /** When the first node is expected to be released (its request's expected duration). */
   firstEnd?: number;
+  /** What its nodes will carry (its backing label's, core/contract.ts), fixed at launch. */
+  contract?: BackingContract;
 }): BackingRecord {
   return {
     id: args.id,
@@ -140,6 +143,7 @@ export function newBackingRecord(args: {
     launchedAt: args.now,
     lastUsedAt: args.now,
     noNewNodesAfter: args.label.maxAge === undefined ? undefined : args.now + args.label.maxAge * 1000,
+    ...(args.contract === undefined ? {} : { contract: args.contract }),
   };
 }
 

@@ -12,6 +12,11 @@ export interface LaunchSpec {
   /** The backing pool (`<provider>/<pool>`) and the backing label to launch. */
   readonly poolKey: string;
   readonly label: string;
+  /**
+   * Slots the backing node is divided into (its max-parallel-jobs): an aws label with per-slot-users
+   * creates one user per slot at launch. Unset: 1.
+   */
+  readonly slots?: number;
 }
 
 export type ResourceState = 'pending' | 'running' | 'shutting-down' | 'terminated' | 'stopping' | 'stopped';

@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { BackingContract } from './contract.ts';
 import { BackingState, NodeState, RequestState } from './states.ts';
 
 /**
@@ -71,6 +72,12 @@ export const BackingRecord = z.object({
    */
   ends: z.record(z.string(), z.number()).optional(),
   reason: z.string().optional(),
+  /**
+   * What its nodes carry besides host and port (username, connection type, python-path, shell-type),
+   * from its backing label as configured when it was launched (core/contract.ts). Absent on records
+   * written before it existed (LEGACY_CONTRACT stands in).
+   */
+  contract: BackingContract.optional(),
 });
 export type BackingRecord = z.infer<typeof BackingRecord>;
 
@@ -87,6 +94,15 @@ export const NodeRecord = z.object({
   releasedAt: z.number().optional(),
   /** SSH host keys (`type base64`), scanned when host-key-checking is on, else the backing node's. */
   hostKeys: z.array(z.string()).optional(),
+  /**
+   * The node contract (core/contract.ts), copied from its backing node when it becomes ready: whom to
+   * log in as (per slot with per-slot users), how (`ssh`), Nodepool's python-path and shell-type
+   * (absent: sh).
+   */
+  username: z.string().optional(),
+  connectionType: z.string().optional(),
+  pythonPath: z.string().optional(),
+  shellType: z.string().optional(),
   /** Backing nodes this node has been placed on so far (launch-retries bounds it). */
   attempts: z.number().int().positive().optional(),
   /** Kept by an operator: only an explicit (forced) release frees it. */

@@ -1,3 +1,4 @@
+import { LEGACY_CONTRACT, nodeContract } from './contract.ts';
 import { contentHash, nodeId } from './ids.ts';
 import type { RequestMessage } from './messages.ts';
 import { nodeAttributes } from './pools.ts';
@@ -147,6 +148,8 @@ function connected(
     ...n,
     host: backing.host,
     port: backing.port,
+    // Nodepool's metastatic adapter copies these from the backing node to every node it serves.
+    ...nodeContract(backing.contract ?? LEGACY_CONTRACT, n.slot),
     attributes: nodeAttributes(backing.attributes, poolAttributes),
     hostKeys: hostKeys ?? hostKeysOf(backing),
     readyAt: now,

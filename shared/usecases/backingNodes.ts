@@ -190,6 +190,7 @@ async function launch(ctx: Context, b: BackingRecord): Promise<BackingRecord> {
       attempt: b.attempt,
       poolKey: b.backingPoolKey,
       label: b.backingLabel,
+      slots: b.slots,
     }));
   } catch (err) {
     if (err instanceof RetryableError) {

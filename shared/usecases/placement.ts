@@ -299,6 +299,7 @@ async function launchFor(
         attempt,
         now: ctx.clock.now(),
         firstEnd: options.expectedEnd,
+        contract: backingPool.labels.get(label.backingLabel)?.contract,
       });
       // Another delivery of the same message may have created it since our read: then use theirs.
       record = (await ctx.store.createBacking(fresh)) ?? fresh;

@@ -43,6 +43,14 @@ export async function requestSettled(ctx: Context, r: RequestRecord): Promise<vo
         port: n.port,
         backingNodeId: n.backingNodeId,
         slot: n.slot,
+        // The node contract (core/contract.ts): a subscriber can log in, verifying the host, with the
+        // event alone. Not the attributes: 64 nodes of them, with their copy of the host keys, could
+        // pass EventBridge's 256 KB per event; they stay in the record.
+        username: n.username,
+        connectionType: n.connectionType,
+        pythonPath: n.pythonPath,
+        shellType: n.shellType,
+        hostKeys: n.hostKeys,
       })),
     });
   } else if (r.state === 'failed') {

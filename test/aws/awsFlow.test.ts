@@ -19,12 +19,24 @@ import { reap } from '../../shared/usecases/reap.ts';
 import { poolConfig } from '../../testkit/configs.ts';
 import { FakeEc2 } from '../../testkit/fakeEc2.ts';
 import { sqsEvent } from '../../testkit/harness.ts';
+import { ED25519_KEY } from '../../testkit/sshKeys.ts';
 
 /**
  * The whole flow on the embedded DynamoDB with EC2 played by the stateful fake: the same handlers as
  * in Lambda, EC2 state events fed to the fulfil handler as EventBridge -> SQS would deliver them.
  */
-const yaml = (o: { retries?: number; maxServers?: number; publicIpv4?: boolean; minReady?: number } = {}) =>
+interface PoolOptions {
+  retries?: number;
+  maxServers?: number;
+  publicIpv4?: boolean;
+  minReady?: number;
+  /** The backing pool's authorized-keys. */
+  keys?: string[];
+  /** More keys of the backing label (the node contract: username, python-path, ...). */
+  large?: Record<string, unknown>;
+}
+
+const yaml = (o: PoolOptions = {}) =>
   poolConfig({
     labels: o.minReady ? [{ name: 'large' }, { name: 'small', 'min-ready': o.minReady }] : undefined,
     backing: {
@@ -35,8 +47,16 @@ const yaml = (o: { retries?: number; maxServers?: number; publicIpv4?: boolean; 
         'subnet-ids': ['subnet-a', 'subnet-b'],
         'security-group-id': 'sg-1',
         'public-ipv4': o.publicIpv4 || undefined,
+        'authorized-keys': o.keys,
       },
-      labels: [{ name: 'large', 'instance-types': ['m7g.2xlarge', 'm6g.2xlarge'], 'image-id': 'ami-123' }],
+      labels: [
+        {
+          name: 'large',
+          'instance-types': ['m7g.2xlarge', 'm6g.2xlarge'],
+          'image-id': 'ami-123',
+          ...o.large,
+        },
+      ],
     },
     meta: {
       provider: { 'launch-retries': o.retries ?? 3 },
@@ -80,7 +100,7 @@ afterEach(() => {
   pools = [];
 });
 
-async function pool(o: { retries?: number; maxServers?: number; minReady?: number } = {}): Promise<Pool> {
+async function pool(o: PoolOptions = {}): Promise<Pool> {
   const tableName = `aws-flow-${++table}`;
   await ensureTable(dynamodb, tableName);
   const clock = new ManualClock(Date.parse('2026-06-01T00:00:00Z'));
@@ -191,6 +211,8 @@ describe('the whole flow against a stateful fake EC2', () => {
     expect(warm?.state).toBe('fulfilled'); // by the request function alone: no EC2 event awaited
     expect(warm?.nodes[0]?.host).toMatch(/^10\./);
     expect(warm?.nodes[0]?.spare).toBe('min-ready:small:0:0/0');
+    // The node it took carries the contract of its backing label (aws defaults) like any other.
+    expect(warm?.nodes[0]).toMatchObject({ username: 'ec2-user', connectionType: 'ssh', pythonPath: 'auto' });
     // Its replacement went onto the same instance's free slot: still one instance, no launch.
     expect(p.ec2.inputs('RunInstances')).toHaveLength(launches);
     const next = await p.ctx.store.getRequest('min-ready:small:0:1');
@@ -220,6 +242,48 @@ describe('the whole flow against a stateful fake EC2', () => {
     expect(tooBig?.state).toBe('failed');
     expect(tooBig?.reason).toContain("no label's slot fits shape 1 (4 cores, 17GiB memory)");
     expect(tooBig?.reason).toContain('"small" (4 cores, 16GiB memory)');
+  });
+
+  it("gives every ready node its backing label's contract, with per-slot users the user its instance's user data created for its slot", async () => {
+    const p = await pool({
+      keys: [ED25519_KEY],
+      large: {
+        username: 'zuul',
+        'per-slot-users': true,
+        'python-path': '/usr/bin/python3',
+        'shell-type': 'sh',
+      },
+    });
+    await p.request(sqsEvent([req('a'), req('b')]));
+    // One instance for both slots, launched with a user per slot and the pool's key.
+    const [run] = p.ec2.inputs('RunInstances');
+    const userData = Buffer.from(String(run?.UserData), 'base64').toString('utf8');
+    expect(userData).toContain('name: "zuul-0"');
+    expect(userData).toContain('name: "zuul-1"');
+    expect(userData).not.toContain('zuul-2');
+    expect(userData).toContain(JSON.stringify(ED25519_KEY));
+    await p.ec2.advance(30_000);
+    await p.deliver();
+    const contract = { connectionType: 'ssh', pythonPath: '/usr/bin/python3', shellType: 'sh' };
+    const nodes = [
+      (await p.ctx.store.getRequest('a'))?.nodes[0],
+      (await p.ctx.store.getRequest('b'))?.nodes[0],
+    ];
+    expect(nodes.map((n) => n?.slot).sort()).toEqual([0, 1]);
+    for (const n of nodes) {
+      expect(n).toMatchObject({ state: 'ready', port: 22, username: `zuul-${n?.slot}`, ...contract });
+    }
+    // A node placed at once on the ready instance (the freed slot) gets that slot's user.
+    const freed = nodes.find((n) => n?.id.startsWith('a/'));
+    await p.request(sqsEvent([JSON.stringify({ kind: 'release', nodeId: 'a/0' }), req('c')]));
+    const c = (await p.ctx.store.getRequest('c'))?.nodes[0];
+    expect(c).toMatchObject({
+      state: 'ready',
+      slot: freed?.slot,
+      username: `zuul-${freed?.slot}`,
+      ...contract,
+    });
+    expect(p.ec2.inputs('RunInstances')).toHaveLength(1);
   });
 
   it('never launches twice for a redelivered message', async () => {

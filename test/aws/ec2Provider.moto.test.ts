@@ -16,6 +16,7 @@ import {
   CreateSubnetCommand,
   CreateVpcCommand,
   DescribeImagesCommand,
+  DescribeInstanceAttributeCommand,
   DescribeInstancesCommand,
   DescribeVolumesCommand,
   EC2Client,
@@ -40,6 +41,7 @@ import {
   TAG_LABEL,
   TAG_POOL,
 } from '../../shared/providers/aws/runInstancesRequest.ts';
+import { composeUserData } from '../../shared/providers/aws/userData.ts';
 import {
   type Ec2FaultProxy,
   type Ec2Request,
@@ -54,6 +56,7 @@ import {
   type Moto,
   startMoto,
 } from '../../testkit/moto.ts';
+import { ED25519_KEY, RSA_KEY } from '../../testkit/sshKeys.ts';
 
 type Obj = Record<string, unknown>;
 
@@ -274,6 +277,50 @@ describeWithMoto('EC2 provider contract against moto_server', () => {
       },
     });
     expect(await p.describe('i-0123456789abcdef0')).toBeUndefined();
+  });
+
+  it("launches with the pool's authorized-keys and per-slot users combined with the label's script (MIME multipart), as EC2 stores it", async () => {
+    const script = '#!/bin/sh\necho ready > /var/tmp/ready\n';
+    const p = provider(
+      { 'authorized-keys': [ED25519_KEY, RSA_KEY] },
+      { [LABEL]: imageLabel({ userdata: script, username: 'zuul', 'per-slot-users': true }) },
+    );
+    const { resourceId } = await p.launch({ ...spec(), slots: 3 });
+    const expected = composeUserData({
+      own: script,
+      authorizedKeys: [ED25519_KEY, RSA_KEY],
+      slotUsers: { username: 'zuul', slots: 3 },
+    }) as string;
+    expect(expected).toContain('Content-Type: multipart/mixed');
+    expect(expected).toContain('"zuul-2"');
+    // On the wire, base64 as EC2 takes it; and what EC2 (moto) kept for the instance is the same text.
+    const [run] = proxy.requests.filter((r) => r.action === 'RunInstances');
+    expect(Buffer.from(run?.params.get('UserData') ?? '', 'base64').toString('utf8')).toBe(expected);
+    const stored = await ec2.send(
+      new DescribeInstanceAttributeCommand({ InstanceId: resourceId, Attribute: 'userData' }),
+    );
+    expect(Buffer.from(stored.UserData?.Value ?? '', 'base64').toString('utf8')).toBe(expected);
+  });
+
+  it("combines the pool's authorized-keys with a launch template's own user data, which a launch's user data would replace", async () => {
+    const script = '#!/bin/sh\necho from-template\n';
+    await ec2.send(
+      new CreateLaunchTemplateCommand({
+        LaunchTemplateName: 'scripted',
+        LaunchTemplateData: { ImageId: net.imageId, UserData: Buffer.from(script).toString('base64') },
+      }),
+    );
+    const p = provider(
+      { 'authorized-keys': [ED25519_KEY] },
+      { [LABEL]: { 'instance-type': 'm7i.large', 'launch-template': { name: 'scripted' } } },
+    );
+    const { resourceId } = await p.launch(spec());
+    const stored = await ec2.send(
+      new DescribeInstanceAttributeCommand({ InstanceId: resourceId, Attribute: 'userData' }),
+    );
+    expect(Buffer.from(stored.UserData?.Value ?? '', 'base64').toString('utf8')).toBe(
+      composeUserData({ own: script, authorizedKeys: [ED25519_KEY] }),
+    );
   });
 
   it('launches from a launch template that sets security groups, with an instance profile from IAM', async () => {

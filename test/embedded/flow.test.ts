@@ -1,5 +1,8 @@
+import { readFile } from 'node:fs/promises';
 import { connect } from 'node:net';
+import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
+import { nodeJson } from '../../cli/format.ts';
 import { DEAD_LETTERED_REASON } from '../../shared/handlers/requestHandler.ts';
 import { reap } from '../../shared/usecases/reap.ts';
 import { baseConfig, largeNode, poolConfig, smallNode } from '../../testkit/configs.ts';
@@ -72,6 +75,36 @@ describe('request, fulfil and release flow (dynalite + fauxqs + local processes)
     const second = await h.pool.context.store.getRequest('second');
     expect(second?.state).toBe('fulfilled');
     expect(second?.nodes[0]?.slot).toBe(1);
+  });
+
+  it("gives each ready node its backing label's python-path, shell-type and connection type, in the record, --json and the event", async () => {
+    h = await startHarness(
+      poolConfig({
+        backing: { labels: [largeNode({ 'python-path': '/usr/bin/python3', 'shell-type': 'csh' })] },
+        meta: { labels: [smallNode({ 'max-parallel-jobs': 2 })] },
+      }),
+    );
+    await h.send(request('waited'));
+    await h.drainRequests();
+    await h.fulfilUntil(() => allReady(h as Harness, ['waited']));
+    await h.send(request('at-once')); // onto the ready backing node's free slot, in the request flow
+    await h.drainRequests();
+    const store = h.pool.context.store;
+    const contract = { connectionType: 'ssh', pythonPath: '/usr/bin/python3', shellType: 'csh' };
+    for (const id of ['waited', 'at-once']) {
+      const node = (await store.getRequest(id))?.nodes[0];
+      expect(node).toMatchObject({ state: 'ready', host: '127.0.0.1', ...contract });
+      expect(nodeJson(node as NonNullable<typeof node>)).toMatchObject(contract);
+    }
+    const events = (await readFile(join(h.pool.info.stateDir, 'events.jsonl'), 'utf8'))
+      .split('\n')
+      .filter(Boolean)
+      .map((line) => JSON.parse(line));
+    const fulfilled = events.filter((e) => e['detail-type'] === 'Request Fulfilled');
+    expect(fulfilled.map((e) => e.detail.nodes[0])).toEqual([
+      expect.objectContaining({ id: 'waited/0', ...contract }),
+      expect.objectContaining({ id: 'at-once/0', ...contract }),
+    ]);
   });
 
   it('prefers the fullest backing node with a free slot', async () => {

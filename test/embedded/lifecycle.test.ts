@@ -143,6 +143,8 @@ describe('host-key-checking', () => {
     const store = h.pool.context.store;
     const node = (await store.getRequest('moved'))?.nodes[0];
     expect(node).toMatchObject({ state: 'ready', attempts: 2 });
+    // Moved, it carries the contract of the backing node it ended on (Nodepool's defaults here).
+    expect(node).toMatchObject({ connectionType: 'ssh', pythonPath: 'auto' });
     expect(node?.hostKeys?.[0]).toMatch(/^ssh-/);
     const failed = (await store.listBacking()).find((b) => b.state === 'failed');
     expect(failed?.reason).toMatch(/^host-key scan failed: /);

@@ -18,6 +18,7 @@ import {
 } from '../../shared/config/load.ts';
 import type { ResolvedConfig } from '../../shared/config/model.ts';
 import { poolConfig, smallNode } from '../../testkit/configs.ts';
+import { ECDSA_KEY, ED25519_KEY, RSA_KEY } from '../../testkit/sshKeys.ts';
 
 const root = fileURLToPath(new URL('../..', import.meta.url));
 const examplePath = join(root, 'examples/local.yaml');
@@ -113,7 +114,15 @@ describe('the shipped example', () => {
     });
     expect(backing?.labels.get('large-node')).toEqual({
       name: 'large-node',
-      options: { 'boot-delay': 0.5, attributes: {}, 'hourly-cost': 0.2 },
+      options: {
+        'boot-delay': 0.5,
+        attributes: {},
+        'hourly-cost': 0.2,
+        'connection-type': 'ssh',
+        'python-path': 'auto',
+      },
+      // Nodepool's defaults; a local label's username is its driver's (per slot), not a default here.
+      contract: { connectionType: 'ssh', pythonPath: 'auto' },
     });
   });
 
@@ -562,6 +571,209 @@ describe('field errors', () => {
   });
 });
 
+describe('the node contract (username, connection-type, python-path, shell-type) and authorized-keys', () => {
+  /** An aws pool (pool keys `pool`, label keys `large`) with a metastatic label of `jobs` slots on it. */
+  const awsWith = (o: { pool?: Obj; large?: Obj; jobs?: number } = {}): Obj => ({
+    providers: [
+      {
+        name: 'ec2',
+        driver: 'aws',
+        region: 'eu-west-1',
+        pools: [
+          {
+            name: 'main',
+            'subnet-id': 'subnet-1',
+            ...o.pool,
+            labels: [{ name: 'large-node', 'instance-type': 'm7i.4xlarge', 'image-id': 'ami-1', ...o.large }],
+          },
+        ],
+      },
+      {
+        name: 'meta',
+        driver: 'metastatic',
+        pools: [pool([label('small-node', { 'max-parallel-jobs': o.jobs ?? 1 })])],
+      },
+    ],
+  });
+  const localWith = (large: Obj): Obj => ({
+    providers: [
+      {
+        name: 'local',
+        driver: 'local',
+        pools: [{ name: 'main', labels: [{ name: 'large-node', ...large }] }],
+      },
+      { name: 'meta', driver: 'metastatic', pools: [pool([label('small-node')])] },
+    ],
+  });
+  const contractOf = (config: ResolvedConfig) =>
+    config.backingPoolByLabel.get('large-node')?.labels.get('large-node')?.contract;
+  const at = (key: string) => `providers[0].pools[0].labels[0].${key}`;
+
+  it("defaults to Nodepool's values: ssh, python-path auto, no shell-type; username ec2-user on aws only", () => {
+    expect(contractOf(ok(parseObject(awsWith())))).toEqual({
+      username: 'ec2-user',
+      connectionType: 'ssh',
+      pythonPath: 'auto',
+    });
+    expect(contractOf(ok(parseObject(localWith({}))))).toEqual({ connectionType: 'ssh', pythonPath: 'auto' });
+  });
+
+  it('resolves the keys as written, on aws and local labels', () => {
+    const aws = {
+      username: 'zuul',
+      'python-path': '/usr/bin/python3',
+      'shell-type': 'csh',
+      'connection-type': 'ssh',
+    };
+    expect(contractOf(ok(parseObject(awsWith({ large: aws }))))).toEqual({
+      username: 'zuul',
+      connectionType: 'ssh',
+      pythonPath: '/usr/bin/python3',
+      shellType: 'csh',
+    });
+    const local = { 'python-path': '/usr/bin/env python3', 'shell-type': 'sh' };
+    expect(contractOf(ok(parseObject(localWith(local))))).toEqual({
+      connectionType: 'ssh',
+      pythonPath: '/usr/bin/env python3',
+      shellType: 'sh',
+    });
+  });
+
+  it('refuses connection types other than ssh, unknown shell types, and bad user names and python paths, by YAML path', () => {
+    expect(
+      problems(
+        parseObject(
+          awsWith({
+            large: {
+              'connection-type': 'winrm',
+              'shell-type': 'bash',
+              username: '-root',
+              'python-path': 'py\nthon',
+            },
+          }),
+        ),
+      ),
+    ).toEqual([
+      `${at('connection-type')}: connection-type: expected ssh (the only connection type metastatic nodes offer; Nodepool's winrm and network_cli are not supported), got "winrm"`,
+      `${at('shell-type')}: shell-type: expected one of sh, csh, fish, powershell, cmd, got "bash"`,
+      `${at('username')}: username: expected a user name of 1-32 characters of A-Z a-z 0-9 . _ - starting with a letter or _, got "-root"`,
+      `${at('python-path')}: python-path: expected "auto" or an interpreter's path, one line of at most 255 printable ASCII characters, got "py\\nthon"`,
+    ]);
+    expect(problems(parseObject(localWith({ 'connection-type': 'network_cli' })))).toEqual([
+      `${at('connection-type')}: connection-type: expected ssh (the only connection type metastatic nodes offer; Nodepool's winrm and network_cli are not supported), got "network_cli"`,
+    ]);
+  });
+
+  it('takes authorized-keys of the known types on an aws pool, and refuses what authorized_keys would not take', () => {
+    ok(parseObject(awsWith({ pool: { 'authorized-keys': [ED25519_KEY, RSA_KEY, ECDSA_KEY] } })));
+    const [type, blob] = ED25519_KEY.split(' ') as [string, string];
+    const bad = [
+      `ssh-dss ${blob}`,
+      `ssh-rsa ${blob} claims rsa`,
+      `${type} ${blob.slice(0, 20)}`,
+      `from="10.0.0.1" ${ED25519_KEY}`,
+      `${ED25519_KEY}\nssh-rsa AAAA`,
+      `${ED25519_KEY} ${'x'.repeat(4096)}`,
+    ];
+    const keys = 'providers[0].pools[0].authorized-keys';
+    const phrase =
+      'expected an OpenSSH public key line (ssh-ed25519, ssh-rsa, ecdsa-sha2-nistp256, ecdsa-sha2-nistp384, ecdsa-sha2-nistp521, sk-ssh-ed25519@openssh.com, sk-ecdsa-sha2-nistp256@openssh.com; then the base64 key; then an optional comment) of at most 4096 characters, without options';
+    expect(problems(parseObject(awsWith({ pool: { 'authorized-keys': bad } })))).toEqual([
+      `${keys}[0]: ${phrase}, got key type "ssh-dss"`,
+      `${keys}[1]: ${phrase}, got a ssh-rsa line whose key data is a "ssh-ed25519" key`,
+      `${keys}[2]: ${phrase}, got a ssh-ed25519 line whose key data is cut short`,
+      `${keys}[3]: ${phrase}, got "from=\\"10.0.0.1\\" ssh-ed25519 AAAAC3Nza..."`,
+      `${keys}[4]: ${phrase}, got a line with a control character or line break`,
+      `${keys}[5]: ${phrase}, got a line of ${ED25519_KEY.length + 4097} characters`,
+    ]);
+    expect(
+      problems(parseObject(awsWith({ pool: { 'authorized-keys': Array(33).fill(ED25519_KEY) } }))),
+    ).toEqual([`${keys}: authorized-keys: expected a list of at most 32 public key lines, got a list`]);
+    expect(problems(parseObject(awsWith({ pool: { 'authorized-keys': ED25519_KEY } })))).toEqual([
+      `${keys}: authorized-keys: expected a list of at most 32 public key lines, got "${ED25519_KEY.slice(0, 37)}..."`,
+    ]);
+  });
+
+  it('resolves per-slot-users, which needs authorized-keys and a username with room for the slot number', () => {
+    const config = ok(
+      parseObject(
+        awsWith({
+          pool: { 'authorized-keys': [ED25519_KEY] },
+          large: { 'per-slot-users': true, username: 'zuul' },
+        }),
+      ),
+    );
+    expect(contractOf(config)).toEqual({
+      username: 'zuul',
+      connectionType: 'ssh',
+      pythonPath: 'auto',
+      perSlotUsers: true,
+    });
+    expect(problems(parseObject(awsWith({ large: { 'per-slot-users': true } })))).toEqual([
+      `${at('per-slot-users')}: per-slot-users needs the pool's authorized-keys (providers[0].pools[0].authorized-keys): the slot users get no other key, so nobody could log in`,
+    ]);
+    const long = 'a'.repeat(29);
+    expect(
+      problems(
+        parseObject(
+          awsWith({
+            pool: { 'authorized-keys': [ED25519_KEY] },
+            large: { 'per-slot-users': true, username: long },
+          }),
+        ),
+      ),
+    ).toEqual([
+      `${at('username')}: username: expected a user name of 1-28 characters of a-z 0-9 _ - starting with a letter or _ (with per-slot-users, slot users are <username>-<slot>), got "${long}"`,
+    ]);
+    // Without per-slot-users, a name useradd takes is enough.
+    ok(parseObject(awsWith({ large: { username: long } })));
+  });
+
+  it("refuses a label whose userdata, the pool's keys and the slot users together exceed EC2's 16 KB, by YAML path", () => {
+    const keys = Array(32).fill(RSA_KEY);
+    // 32 RSA keys fit alone, and with 1000 slot users (the keys are written once, a YAML anchor)...
+    ok(parseObject(awsWith({ pool: { 'authorized-keys': keys } })));
+    // ...but a userdata that fits alone does not fit with them.
+    const userdata = `#!/bin/sh\n${'#'.repeat(MAX_USERDATA_BYTES - 100)}\n`;
+    ok(parseObject(awsWith({ large: { userdata } })));
+    const over = problems(parseObject(awsWith({ pool: { 'authorized-keys': keys }, large: { userdata } })));
+    expect(over).toHaveLength(1);
+    expect(over[0]).toMatch(
+      new RegExp(
+        `^${at('userdata').replace(/[[\]().]/g, '\\$&')}: user data: its userdata with the pool's 32 authorized-keys make \\d+ bytes of user data; EC2 takes at most 16384$`,
+      ),
+    );
+    // The slot users count by the largest max-parallel-jobs on the backing label.
+    const perSlot = { 'per-slot-users': true, username: 'zuul' };
+    ok(parseObject(awsWith({ pool: { 'authorized-keys': [ED25519_KEY] }, large: perSlot, jobs: 100 })));
+    expect(
+      problems(
+        parseObject(awsWith({ pool: { 'authorized-keys': [ED25519_KEY] }, large: perSlot, jobs: 1000 })),
+      ),
+    ).toEqual([
+      expect.stringMatching(
+        /^providers\[0\]\.pools\[0\]\.labels\[0\]\.per-slot-users: user data: the pool's 1 authorized-keys with 1000 slot users \(per-slot-users, one per slot of max-parallel-jobs\) make \d+ bytes of user data; EC2 takes at most 16384$/,
+      ),
+    ]);
+  });
+
+  it('puts the keys in the JSON Schema with their defaults', () => {
+    const schema = JSON.stringify(configJsonSchema());
+    for (const key of [
+      'authorized-keys',
+      'per-slot-users',
+      'python-path',
+      'shell-type',
+      'connection-type',
+      'username',
+    ]) {
+      expect(schema).toContain(`"${key}"`);
+    }
+    expect(schema).toContain('"default":"ec2-user"');
+    expect(schema).toContain('"default":"auto"');
+  });
+});
+
 describe('the aws driver', () => {
   const metaFor = (backingLabel = 'large-node') => ({
     name: 'meta',
@@ -657,6 +869,10 @@ describe('the aws driver', () => {
       tags: { team: 'ci' },
       'use-spot': true,
       'connection-port': 22,
+      username: 'ec2-user',
+      'per-slot-users': false,
+      'connection-type': 'ssh',
+      'python-path': 'auto',
     });
     expect(labels?.get('templated')?.options).toEqual({
       'instance-type': 'c7i.large',
@@ -664,6 +880,10 @@ describe('the aws driver', () => {
       'connection-port': 2222,
       tags: {},
       'use-spot': false,
+      username: 'ec2-user',
+      'per-slot-users': false,
+      'connection-type': 'ssh',
+      'python-path': 'auto',
     });
   });
 

@@ -38,7 +38,10 @@ export class Ec2Lookups {
     private readonly policy: CallPolicy,
   ) {}
 
-  /** What the label's launch template version says about the network (DescribeLaunchTemplateVersions). */
+  /**
+   * What the label's launch template version says about the network, and its user data
+   * (DescribeLaunchTemplateVersions).
+   */
   async templateNetwork(
     image: Extract<AwsImage, { kind: 'launch-template' }>,
     budget: RetryBudget,
@@ -68,6 +71,7 @@ export class Ec2Lookups {
       describe,
       interfaces: data.NetworkInterfaces ?? [],
       instanceGroups: [...(data.SecurityGroupIds ?? []), ...(data.SecurityGroups ?? [])],
+      ...(data.UserData ? { userData: Buffer.from(data.UserData, 'base64').toString('utf8') } : {}),
     };
     this.templates.set(key, {
       network,

@@ -181,9 +181,9 @@ export class Ec2Provider implements BackingProvider {
     const image = settings.image;
     const rootDevice =
       image.kind === 'image' ? await this.lookups.rootDevice(image.imageId, budget) : undefined;
-    const base = baseRequest(spec, settings, this.poolId, rootDevice);
     const template =
       image.kind === 'launch-template' ? await this.lookups.templateNetwork(image, budget) : undefined;
+    const base = baseRequest(spec, settings, this.poolId, rootDevice, template?.userData);
     const outcomes: string[] = [];
     let tried = 0;
     let capacityMisses = 0;

@@ -6,9 +6,11 @@ import type {
   RunInstancesCommandInput,
   Tag,
 } from '@aws-sdk/client-ec2';
+import { DEFAULT_AWS_USERNAME } from '../../config/contractFields.ts';
 import type { LaunchSpec } from '../../core/provider.ts';
 import type { Offering } from './offerings.ts';
 import type { AwsImage, AwsLabelSettings } from './settings.ts';
+import { composeUserData, MAX_USERDATA_BYTES, userDataBytes } from './userData.ts';
 
 /**
  * The RunInstances request, built as plain data from a label's settings (no EC2 call here).
@@ -67,6 +69,8 @@ export interface TemplateNetwork {
   readonly interfaces: readonly LaunchTemplateInstanceNetworkInterfaceSpecification[];
   /** Security groups it sets at instance level (SecurityGroupIds, SecurityGroups). */
   readonly instanceGroups: readonly string[];
+  /** Its user data, decoded: user data given at launch replaces it, so ours is combined with it. */
+  readonly userData?: string;
 }
 
 export type NetworkParameters = Pick<
@@ -166,14 +170,48 @@ export function describeTemplate(image: Extract<AwsImage, { kind: 'launch-templa
 }
 
 /**
+ * The user data of a launch (userData.ts): the label's own `userdata`, else its launch template's, with
+ * the pool's authorized-keys and per-slot users. Over EC2's 16 KB it is an Error that names the keys to
+ * change (the configuration check catches this before, except for a launch template's own user data,
+ * which only EC2 knows).
+ */
+export function launchUserData(
+  spec: LaunchSpec,
+  settings: AwsLabelSettings,
+  templateUserData?: string,
+): string | undefined {
+  const own = settings.userdata ?? templateUserData;
+  const username = settings.username ?? DEFAULT_AWS_USERNAME;
+  const text = composeUserData({
+    ...(own === undefined ? {} : { own }),
+    authorizedKeys: settings.authorizedKeys ?? [],
+    ...(settings.perSlotUsers ? { slotUsers: { username, slots: spec.slots ?? 1 } } : {}),
+  });
+  if (text !== undefined && userDataBytes(text) > MAX_USERDATA_BYTES) {
+    const whose =
+      settings.userdata !== undefined
+        ? 'userdata'
+        : templateUserData !== undefined
+          ? "launch template's user data"
+          : '';
+    throw new Error(
+      `the user data of label ${settings.label} in ${settings.poolKey} would be ${userDataBytes(text)} bytes, over EC2's ${MAX_USERDATA_BYTES}: ${[whose, 'authorized-keys', settings.perSlotUsers ? `per-slot-users (${spec.slots ?? 1} users)` : ''].filter(Boolean).join(', ')} together; make them smaller`,
+    );
+  }
+  return text;
+}
+
+/**
  * The parts of the RunInstances request that do not depend on the offering. `rootDevice` is the image's
- * root device name (for the encrypted root volume mapping), needed when the label names an image.
+ * root device name (for the encrypted root volume mapping), needed when the label names an image;
+ * `templateUserData` the launch template's user data, when the label launches from one.
  */
 export function baseRequest(
   spec: LaunchSpec,
   settings: AwsLabelSettings,
   poolId: string,
   rootDevice: string | undefined,
+  templateUserData?: string,
 ): RunInstancesCommandInput {
   const tags = tagsFor(spec, settings, poolId);
   const image = settings.image;
@@ -207,8 +245,10 @@ export function baseRequest(
     };
   }
   if (settings.keyName !== undefined) input.KeyName = settings.keyName;
-  if (settings.userdata !== undefined)
-    input.UserData = Buffer.from(settings.userdata, 'utf8').toString('base64');
+  const userData = launchUserData(spec, settings, templateUserData);
+  // Not the template's own, unchanged: sending it back would change nothing.
+  if (userData !== undefined && userData !== templateUserData)
+    input.UserData = Buffer.from(userData, 'utf8').toString('base64');
   if (settings.iamInstanceProfile) {
     input.IamInstanceProfile =
       'arn' in settings.iamInstanceProfile

@@ -42,6 +42,11 @@ export interface AwsLabelSettings {
   readonly tags: Readonly<Record<string, string>>;
   readonly useSpot: boolean;
   readonly connectionPort: number;
+  /** The pool's authorized-keys: put on every instance through cloud-init (userData.ts). Unset: none. */
+  readonly authorizedKeys?: readonly string[];
+  /** Whom jobs log in as; with perSlotUsers, the prefix of the slot users. Unset: ec2-user. */
+  readonly username?: string;
+  readonly perSlotUsers?: boolean;
 }
 
 /** The settings of every label of an aws backing pool; throws when the options are invalid. */
@@ -111,6 +116,9 @@ function settingsOf(poolKey: string, provider: AwsProviderConfig): Map<string, A
       tags: label.tags,
       useSpot: label['use-spot'],
       connectionPort: label['connection-port'],
+      authorizedKeys: pool['authorized-keys'] ?? [],
+      username: label.username,
+      perSlotUsers: label['per-slot-users'],
     });
   }
   return out;
