@@ -26,6 +26,8 @@
  * - `ssh-dss` keys (OpenSSH no longer accepts them) and key types this does not know are left out.
  */
 
+import type { ReportedHostKeys } from '../../core/provider.ts';
+
 /** More keys than any sshd offers (one per algorithm); a record carries them on every node. */
 export const MAX_CONSOLE_HOST_KEYS = 8;
 /** A 16384-bit RSA key is about 2,800 characters of base64; a longer key line is not a host key. */
@@ -36,13 +38,11 @@ export const MAX_CONSOLE_CHARS = 128 * 1024;
 export const BEGIN_KEYS = '-----BEGIN SSH HOST KEY KEYS-----';
 export const END_KEYS = '-----END SSH HOST KEY KEYS-----';
 
-export type ConsoleHostKeys =
-  /** No complete host-key block in the output (yet). */
-  | { readonly kind: 'none' }
-  /** The keys, as `<type> <base64>` (the known_hosts form, without the comment), in the order printed. */
-  | { readonly kind: 'keys'; readonly keys: readonly string[] }
-  /** A complete block that cannot be trusted, and why. */
-  | { readonly kind: 'invalid'; readonly reason: string };
+/**
+ * `none`: no complete host-key block in the output (yet). `keys`: as `<type> <base64>` (the known_hosts
+ * form, without the comment), in the order printed. `invalid`: a complete block that cannot be trusted.
+ */
+export type ConsoleHostKeys = ReportedHostKeys;
 
 /** Key types taken from the block, with the number of SSH strings their public key blob holds. */
 const KEY_TYPES: ReadonlyMap<string, number> = new Map([
