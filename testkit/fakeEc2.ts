@@ -384,6 +384,7 @@ export class FakeEc2 {
   inputs(command: 'DescribeInstances'): DescribeInstancesCommandInput[];
   inputs(command: 'TerminateInstances'): TerminateInstancesCommandInput[];
   inputs(command: 'DescribeImages'): DescribeImagesCommandInput[];
+  inputs(command: 'GetConsoleOutput'): GetConsoleOutputCommandInput[];
   inputs(command: Ec2CommandName): unknown[] {
     return this.callLog.filter((call) => call.command === command).map((call) => call.input);
   }

@@ -20,6 +20,20 @@ const stringList = (what: string) => nonEmptyList(nonEmptyString(), what);
 
 export const EBS_VOLUME_TYPES = ['gp3', 'gp2', 'io2', 'io1', 'st1', 'sc1', 'standard'] as const;
 
+/**
+ * How a backing node's SSH host keys are learned before its nodes are handed out (docs/aws.md, "Host
+ * keys"): from EC2's console output (no network path needed), by an SSH scan from the functions (needs
+ * one), or not at all.
+ */
+export const HOST_KEY_SOURCES = ['console', 'scan', 'none'] as const;
+export type HostKeySource = (typeof HOST_KEY_SOURCES)[number];
+const HOST_KEYS_HELP =
+  "How the instances' SSH host keys, which every node carries, are learned before their nodes are handed out: " +
+  'console (what cloud-init prints to the serial console, read with GetConsoleOutput; the backing node waits for them within boot-timeout), ' +
+  'scan (an SSH handshake from the functions; needs a network path to the instances), or none (nodes carry no host keys).';
+const hostKeys = () =>
+  z.enum(HOST_KEY_SOURCES, { error: `one of ${HOST_KEY_SOURCES.join(', ')}` }).optional();
+
 const TAG_KEY = 'a tag key of 1 to 128 characters';
 const TAG_VALUE = 'a tag value of at most 256 characters';
 
@@ -130,6 +144,7 @@ export const awsLabelSchema = z.strictObject(
       .max(65535, { error: 'a port number from 1 to 65535' })
       .default(22)
       .describe('The TCP port nodes connect to (SSH).'),
+    'host-keys': hostKeys().describe(`${HOST_KEYS_HELP} Default: the pool's value.`),
     'hourly-cost': hourlyCost()
       .optional()
       .describe(
@@ -160,6 +175,9 @@ export const awsPoolSchema = z.strictObject(
     'public-ipv4': bool()
       .default(false)
       .describe('Give the instances a public IPv4 address and connect to it (instead of the private one).'),
+    'host-keys': hostKeys().describe(
+      `${HOST_KEYS_HELP} Default: scan when the functions reach the instances (they run in the instances' VPC, or public-ipv4), else console.`,
+    ),
     labels: nonEmptyList(awsLabelSchema, 'labels'),
   },
   { error: MAPPING },

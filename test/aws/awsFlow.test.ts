@@ -24,7 +24,18 @@ import { sqsEvent } from '../../testkit/harness.ts';
  * The whole flow on the embedded DynamoDB with EC2 played by the stateful fake: the same handlers as
  * in Lambda, EC2 state events fed to the fulfil handler as EventBridge -> SQS would deliver them.
  */
-const yaml = (o: { retries?: number; maxServers?: number; publicIpv4?: boolean; minReady?: number } = {}) =>
+interface PoolOptions {
+  retries?: number;
+  maxServers?: number;
+  publicIpv4?: boolean;
+  minReady?: number;
+  /** running -> host keys in the console output (the fake EC2's consoleDelayMs). */
+  consoleDelayMs?: number;
+  /** False: the instances never print their host keys. */
+  consoleHostKeys?: boolean;
+}
+
+const yaml = (o: PoolOptions = {}) =>
   poolConfig({
     labels: o.minReady ? [{ name: 'large' }, { name: 'small', 'min-ready': o.minReady }] : undefined,
     backing: {
@@ -80,7 +91,7 @@ afterEach(() => {
   pools = [];
 });
 
-async function pool(o: { retries?: number; maxServers?: number; minReady?: number } = {}): Promise<Pool> {
+async function pool(o: PoolOptions = {}): Promise<Pool> {
   const tableName = `aws-flow-${++table}`;
   await ensureTable(dynamodb, tableName);
   const clock = new ManualClock(Date.parse('2026-06-01T00:00:00Z'));
@@ -89,8 +100,10 @@ async function pool(o: { retries?: number; maxServers?: number; minReady?: numbe
     region: 'eu-west-1',
     clock,
     bootDelayMs: 30_000,
+    consoleDelayMs: o.consoleDelayMs ?? 0,
     onEvent: (e) => void queue.push(e),
   });
+  ec2.consoleHostKeys = o.consoleHostKeys ?? true;
   pools.push(ec2);
   const base = awsContext({
     config: parseConfigOrThrow(yaml(o), 'aws.yaml'),
@@ -382,11 +395,13 @@ describe('the fulfil function and other instances in the region', () => {
     const out = await p.fulfil(sqsEvent([...events, spotWarning(foreign)]));
     expect(out.batchItemFailures).toEqual([]);
     expect(p.ec2.mock.calls()).toHaveLength(0);
-    // Our instance's events: `pending` needs no call, `running` one DescribeInstances (its address).
+    // Our instance's events: `pending` needs no call, `running` one DescribeInstances (its address) and,
+    // the functions being outside the VPC, one GetConsoleOutput (its host keys).
     await p.ec2.advance(30_000);
     await p.deliver();
-    expect(p.ec2.mock.calls()).toHaveLength(1);
+    expect(p.ec2.mock.calls()).toHaveLength(2);
     expect(p.ec2.inputs('DescribeInstances')[0]?.InstanceIds).toEqual([instance?.instanceId]);
+    expect(p.ec2.inputs('GetConsoleOutput')).toEqual([{ InstanceId: instance?.instanceId, Latest: true }]);
     expect((await p.ctx.store.getRequest('ours'))?.state).toBe('fulfilled');
     // A spot warning for ours needs no EC2 call either, and fails its backing node.
     p.ec2.resetCalls();
@@ -412,5 +427,58 @@ describe('the fulfil function and other instances in the region', () => {
     await p.deliver();
     expect((await reap(p.ctx)).stopped).toHaveLength(1);
     expect(await p.ctx.store.backingIdOfResource(id)).toBeUndefined();
+  });
+});
+
+describe('host keys from the console output: the functions outside the VPC cannot scan an instance', () => {
+  /** The `running` event of the pool's one instance, delivered again (as SQS does after a failure). */
+  const redeliverRunning = (p: Pool) => {
+    const running = p.ec2.events.filter((e) => e.detail.state === 'running');
+    return p.fulfil(sqsEvent(running.map((e) => JSON.stringify(e))));
+  };
+
+  it('hands no node out until the console shows the host keys, then nodes carry exactly those keys', async () => {
+    const p = await pool({ consoleDelayMs: 90_000 });
+    await p.request(sqsEvent([req('keys')]));
+    const [instance] = p.ec2.instances;
+    const id = instance?.instanceId as string;
+    await p.ec2.advance(30_000); // running; cloud-init prints the keys 90 s later
+    expect((await p.deliver())?.batchItemFailures).toHaveLength(1); // comes back: no keys yet
+    const waiting = await p.ctx.store.getRequest('keys');
+    expect(waiting).toMatchObject({ state: 'pending', nodes: [{ state: 'pending' }] });
+    expect(waiting?.nodes[0]?.hostKeys).toBeUndefined();
+    // The event comes back a minute later: still none.
+    p.clock.advance(60_000);
+    expect((await redeliverRunning(p)).batchItemFailures).toHaveLength(1);
+    expect((await p.ctx.store.getRequest('keys'))?.state).toBe('pending');
+    // Once printed, the reaper's readying step (or the next delivery) makes it ready.
+    p.clock.advance(30_000);
+    expect((await reap(p.ctx)).failed).toEqual([]);
+    const ready = await p.ctx.store.getRequest('keys');
+    expect(ready?.state).toBe('fulfilled');
+    expect(ready?.nodes[0]?.hostKeys).toEqual(p.ec2.hostKeysOf(id));
+    expect(ready?.nodes[0]?.hostKeys).toHaveLength(1);
+    expect(p.ec2.inputs('GetConsoleOutput').every((i) => i.InstanceId === id && i.Latest === true)).toBe(
+      true,
+    );
+  });
+
+  it('fails the backing node with the reason when no host keys show by boot-timeout', async () => {
+    const p = await pool({ consoleHostKeys: false, retries: 1 });
+    await p.request(sqsEvent([req('silent')]));
+    const id = p.ec2.instances[0]?.instanceId as string;
+    const backingId = (await p.ctx.store.getRequest('silent'))?.nodes[0]?.backingNodeId as string;
+    await p.ec2.advance(30_000);
+    expect((await p.deliver())?.batchItemFailures).toHaveLength(1);
+    p.clock.advance(119_000);
+    expect((await redeliverRunning(p)).batchItemFailures).toHaveLength(1); // within boot-timeout (120 s)
+    p.clock.advance(1_000);
+    expect((await redeliverRunning(p)).batchItemFailures).toEqual([]);
+    const reason = `boot-timeout of 120s exceeded: no SSH host keys in the console output of ${id} (cloud-init prints them at boot; see host-keys in docs/aws.md)`;
+    expect(await p.ctx.store.getBacking(backingId)).toMatchObject({ state: 'failed', reason });
+    expect(await p.ctx.store.getRequest('silent')).toMatchObject({
+      state: 'failed',
+      nodes: [{ state: 'failed', reason: expect.stringContaining(reason) }],
+    });
   });
 });

@@ -34,6 +34,7 @@ import {
   RunInstancesCommand,
   TerminateInstancesCommand,
 } from '@aws-sdk/client-ec2';
+import type { HostKeySource } from '../../config/awsSchema.ts';
 import type { BackingPool } from '../../config/model.ts';
 import type { Clock } from '../../core/clock.ts';
 import { CapacityError, RetryableError } from '../../core/errors.ts';
@@ -136,6 +137,11 @@ export class Ec2Provider implements BackingProvider {
     for (const pool of options.pools) {
       if (pool.driver === 'aws') this.settings.set(pool.key, awsPoolSettings(pool));
     }
+  }
+
+  /** The label's `host-keys` as configured (label, else pool); undefined when unset or not this provider's. */
+  hostKeysSetting(poolKey: string, label: string): HostKeySource | undefined {
+    return this.settings.get(poolKey)?.get(label)?.hostKeys;
   }
 
   /** Whether this provider launches in the backing pool. */

@@ -4,7 +4,12 @@
  * (schema + the aws rules of resolve.ts), so a hand-built BackingPool fails as clearly as a file would.
  */
 
-import { type AwsProviderConfig, awsProviderSchema, type EBS_VOLUME_TYPES } from '../../config/awsSchema.ts';
+import {
+  type AwsProviderConfig,
+  awsProviderSchema,
+  type EBS_VOLUME_TYPES,
+  type HostKeySource,
+} from '../../config/awsSchema.ts';
 import type { BackingPool } from '../../config/model.ts';
 import { formatPath } from '../../config/paths.ts';
 import { checkConfigRules } from '../../config/rules.ts';
@@ -42,6 +47,8 @@ export interface AwsLabelSettings {
   readonly tags: Readonly<Record<string, string>>;
   readonly useSpot: boolean;
   readonly connectionPort: number;
+  /** `host-keys` of the label, else of the pool; unset: by the functions' network (awsContext). */
+  readonly hostKeys?: HostKeySource;
 }
 
 /** The settings of every label of an aws backing pool; throws when the options are invalid. */
@@ -111,6 +118,9 @@ function settingsOf(poolKey: string, provider: AwsProviderConfig): Map<string, A
       tags: label.tags,
       useSpot: label['use-spot'],
       connectionPort: label['connection-port'],
+      ...((label['host-keys'] ?? pool['host-keys'])
+        ? { hostKeys: label['host-keys'] ?? pool['host-keys'] }
+        : {}),
     });
   }
   return out;
