@@ -155,6 +155,16 @@ describe('which addresses the functions can check', () => {
     expect(contextFor({ inVpc: false }).probePort).toBeUndefined();
   });
 
+  it('learns host keys from the console where the functions cannot reach the instances, by a scan where they can', () => {
+    const plan = (o: { publicIpv4?: boolean; inVpc?: boolean }) =>
+      contextFor(o).hostKeyPlan?.('ec2/main', 'large');
+    expect(plan({})).toEqual({ source: 'console', reachable: false });
+    expect(plan({ inVpc: true })).toEqual({ source: 'scan', reachable: true });
+    expect(plan({ publicIpv4: true })).toEqual({ source: 'scan', reachable: true });
+    // Not an aws pool: its provider reports its keys itself (local) or none do.
+    expect(contextFor({}).hostKeyPlan?.('local/main', 'large')).toBeUndefined();
+  });
+
   it('reads METASTATIC_IN_VPC from the function environment', async () => {
     const { LambdaEnv } = await import('../../shared/runtime/lambdaContext.ts');
     const base = { TABLE_NAME: 't', METASTATIC_CONFIG: 'x' };
