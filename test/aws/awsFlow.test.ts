@@ -33,6 +33,10 @@ interface PoolOptions {
   consoleDelayMs?: number;
   /** False: the instances never print their host keys. */
   consoleHostKeys?: boolean;
+  /** host-key-checking on the metastatic label. */
+  hostKeyChecking?: boolean;
+  /** Replaces parts of the context (a host-key plan, a scanner). */
+  context?: Partial<Context>;
 }
 
 const yaml = (o: PoolOptions = {}) =>
@@ -51,7 +55,15 @@ const yaml = (o: PoolOptions = {}) =>
     },
     meta: {
       provider: { 'launch-retries': o.retries ?? 3 },
-      labels: [{ name: 'small', 'backing-label': 'large', 'max-parallel-jobs': 2, 'grace-time': 60 }],
+      labels: [
+        {
+          name: 'small',
+          'backing-label': 'large',
+          'max-parallel-jobs': 2,
+          'grace-time': 60,
+          ...(o.hostKeyChecking ? { 'host-key-checking': true } : {}),
+        },
+      ],
     },
   });
 
@@ -116,7 +128,7 @@ async function pool(o: PoolOptions = {}): Promise<Pool> {
     eventBridge: new EventBridgeClient({ region: 'eu-west-1' }),
   });
   // The instances' private IPs are not reachable from here: their port "answers" by fiat.
-  const ctx: Context = { ...base, probePort: async () => true };
+  const ctx: Context = { ...base, probePort: async () => true, ...o.context };
   const request = makeRequestHandler(ctx, { maxReceiveCount: 3 });
   const fulfil = makeFulfilHandler(ctx);
   return {
@@ -471,6 +483,41 @@ describe('host keys from the console output: the functions outside the VPC canno
     expect(p.ec2.inputs('GetConsoleOutput').every((i) => i.InstanceId === id && i.Latest === true)).toBe(
       true,
     );
+  });
+
+  it('with a network path: scans once at ready (host-keys: scan), or checks the scan against the console', async () => {
+    const scanned = 'ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFGhuIUcOMbB0uu48laquLMTmgVmLN+ez3bxc/QZZfdV';
+    const scans: string[] = [];
+    const scanHostKeys = async (host: string) => {
+      scans.push(host);
+      return [scanned];
+    };
+    const scan = await pool({
+      context: { hostKeyPlan: () => ({ source: 'scan', reachable: true }), scanHostKeys },
+    });
+    await scan.request(sqsEvent([req('scanned')]));
+    await scan.ec2.advance(30_000);
+    await scan.deliver();
+    expect(await scan.ctx.store.getRequest('scanned')).toMatchObject({
+      state: 'fulfilled',
+      nodes: [{ hostKeys: [scanned] }],
+    });
+    expect(scans).toEqual([scan.ec2.instances[0]?.privateIp]);
+    expect(scan.ec2.inputs('GetConsoleOutput')).toEqual([]);
+    // host-key-checking with console keys and a path: a scan answering another key fails the backing node.
+    const both = await pool({
+      retries: 1,
+      hostKeyChecking: true,
+      context: { hostKeyPlan: () => ({ source: 'console', reachable: true }), scanHostKeys },
+    });
+    await both.request(sqsEvent([req('mismatch')]));
+    const backingId = (await both.ctx.store.getRequest('mismatch'))?.nodes[0]?.backingNodeId as string;
+    await both.ec2.advance(30_000);
+    await both.deliver();
+    const ip = both.ec2.instances[0]?.privateIp;
+    const reason = `host-key scan failed: ${ip}:22 answered with a host key its console output does not list`;
+    expect(await both.ctx.store.getBacking(backingId)).toMatchObject({ state: 'failed', reason });
+    expect((await both.ctx.store.getRequest('mismatch'))?.state).toBe('failed');
   });
 
   it('fails the backing node with the reason when no host keys show by boot-timeout', async () => {
