@@ -52,7 +52,7 @@ export interface LaunchResources {
 const WILDCARD_REASONS: Record<string, string> = {
   instance:
     'Instance ids are not known before launch: RunInstances requires the request tag metastatic:pool=<pool id>, ' +
-    'TerminateInstances the resource tag metastatic:pool=<pool id>, CreateTags ec2:CreateAction=RunInstances.',
+    'TerminateInstances and GetConsoleOutput the resource tag metastatic:pool=<pool id>, CreateTags ec2:CreateAction=RunInstances.',
   volume:
     'Volumes are created by RunInstances: it requires the request tag metastatic:pool=<pool id> on them; ' +
     'CreateTags only with ec2:CreateAction=RunInstances.',
@@ -69,7 +69,7 @@ const WILDCARD_REASONS: Record<string, string> = {
 
 /**
  * The EC2 and IAM permissions of the functions that launch, describe and terminate the pool's
- * instances, as one policy attached to their roles. RunInstances, TerminateInstances and CreateTags
+ * instances, as one policy attached to their roles. RunInstances, TerminateInstances, GetConsoleOutput and CreateTags
  * are bound to the pool's tag; resources named in the configuration (images, subnets, security groups,
  * key pairs, launch templates by id) are granted by ARN, and only what it leaves open is a wildcard.
  */
@@ -119,6 +119,14 @@ export class LauncherPermissions extends Construct {
       new PolicyStatement({
         sid: 'TerminatePoolInstances',
         actions: ['ec2:TerminateInstances'],
+        resources: [arn('instance/*')],
+        conditions: { StringEquals: { [`aws:ResourceTag/${POOL_TAG_KEY}`]: props.poolId } },
+      }),
+      // The host keys cloud-init prints to the serial console (aws `host-keys: console`, the default
+      // when the functions cannot reach the instances): only of the pool's own instances.
+      new PolicyStatement({
+        sid: 'ReadPoolConsoles',
+        actions: ['ec2:GetConsoleOutput'],
         resources: [arn('instance/*')],
         conditions: { StringEquals: { [`aws:ResourceTag/${POOL_TAG_KEY}`]: props.poolId } },
       }),

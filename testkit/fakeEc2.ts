@@ -16,6 +16,9 @@
  * - Failures on demand: `failLaunches` (by instance type, subnet, market, or all; for the next N matching
  *   launches or until cleared), `throttle` (the next N calls), `failCalls` (any error for the next N
  *   calls of some commands), `kill` (an instance dies, now or later).
+ * - GetConsoleOutput (base64, as EC2): once an instance runs, a kernel log; `consoleDelayMs` after it
+ *   turned `running`, also the SSH host-key block cloud-init prints (testkit/consoleOutput.ts), with the
+ *   instance's own keys (`hostKeysOf`). `consoleHostKeys = false`: an image that never prints them.
  * - Eventual consistency on demand: `notFoundAfterLaunchMs` (a new instance is unknown to DescribeInstances
  *   and TerminateInstances for that long after RunInstances, as EC2 documents) and `hide` (one instance is
  *   unknown for a while, or for good). An unknown instance answers InvalidInstanceID.NotFound by id and is
@@ -30,6 +33,9 @@ import {
   type DescribeInstancesCommandOutput,
   EC2Client,
   EC2ServiceException,
+  GetConsoleOutputCommand,
+  type GetConsoleOutputCommandInput,
+  type GetConsoleOutputCommandOutput,
   type Instance,
   type InstanceStateName,
   RunInstancesCommand,
@@ -43,6 +49,7 @@ import {
 import { type AwsClientStub, mockClient } from 'aws-sdk-client-mock';
 import { ManualClock } from '../shared/core/clock.ts';
 import { type InstanceState, type StateChangeEvent, stateChangeEvent } from '../shared/core/stateChanges.ts';
+import { cloudInitConsole, fakeEd25519Key } from './consoleOutput.ts';
 
 export const EC2_EVENT_SOURCE = 'aws.ec2';
 
@@ -84,6 +91,8 @@ export interface FakeInstance {
   stateReason?: string;
   /** When it reached `terminated` (forgotten forgetAfterMs later). */
   terminatedAt?: number;
+  /** When it first turned `running` (its console's host-key block appears consoleDelayMs later). */
+  runningAt?: number;
 }
 
 export interface LaunchFailure {
@@ -98,7 +107,12 @@ export interface LaunchFailure {
   readonly times?: number;
 }
 
-export type Ec2CommandName = 'RunInstances' | 'DescribeInstances' | 'TerminateInstances' | 'DescribeImages';
+export type Ec2CommandName =
+  | 'RunInstances'
+  | 'DescribeInstances'
+  | 'TerminateInstances'
+  | 'DescribeImages'
+  | 'GetConsoleOutput';
 
 export interface FakeEc2Options {
   readonly region?: string;
@@ -108,6 +122,8 @@ export interface FakeEc2Options {
   readonly bootDelayMs?: number;
   /** shutting-down -> terminated. Default 10 s. */
   readonly terminateDelayMs?: number;
+  /** running -> the host-key block in the console output. Default 0. */
+  readonly consoleDelayMs?: number;
   /** A terminated instance stays describable this long. Default 1 h. */
   readonly forgetAfterMs?: number;
   /** At most this many instances per DescribeInstances page. Default 1000. */
@@ -198,6 +214,10 @@ export class FakeEc2 {
   terminateDelayMs: number;
   /** How long a new instance stays unknown to DescribeInstances and TerminateInstances. Default 0. */
   notFoundAfterLaunchMs = 0;
+  /** How long after `running` cloud-init's host-key block shows in the console output. */
+  consoleDelayMs: number;
+  /** False: instances never print their host keys to the console (an image without cloud-init). */
+  consoleHostKeys = true;
 
   private readonly forgetAfterMs: number;
   private readonly pageSize: number;
@@ -225,6 +245,7 @@ export class FakeEc2 {
     this.clock = options.clock ?? new ManualClock();
     this.bootDelayMs = options.bootDelayMs ?? 30_000;
     this.terminateDelayMs = options.terminateDelayMs ?? 10_000;
+    this.consoleDelayMs = options.consoleDelayMs ?? 0;
     this.forgetAfterMs = options.forgetAfterMs ?? 60 * 60_000;
     this.pageSize = options.pageSize ?? 1000;
     this.subnets = options.subnets ?? {};
@@ -363,6 +384,7 @@ export class FakeEc2 {
   inputs(command: 'DescribeInstances'): DescribeInstancesCommandInput[];
   inputs(command: 'TerminateInstances'): TerminateInstancesCommandInput[];
   inputs(command: 'DescribeImages'): DescribeImagesCommandInput[];
+  inputs(command: 'GetConsoleOutput'): GetConsoleOutputCommandInput[];
   inputs(command: Ec2CommandName): unknown[] {
     return this.callLog.filter((call) => call.command === command).map((call) => call.input);
   }
@@ -399,6 +421,31 @@ export class FakeEc2 {
       this.record('DescribeImages', input);
       return this.describeImages(input);
     });
+    this.mock.on(GetConsoleOutputCommand).callsFake((input: GetConsoleOutputCommandInput) => {
+      this.record('GetConsoleOutput', input);
+      return this.getConsoleOutput(input);
+    });
+  }
+
+  /** The SSH host keys an instance prints to its console (one ed25519 key, derived from its id). */
+  hostKeysOf(instanceId: string): string[] {
+    return [fakeEd25519Key(instanceId)];
+  }
+
+  private async getConsoleOutput(
+    input: GetConsoleOutputCommandInput,
+  ): Promise<GetConsoleOutputCommandOutput> {
+    this.enter('GetConsoleOutput');
+    const id = input.InstanceId ?? '';
+    this.checkIds([id]);
+    const instance = this.byId.get(id) as FakeInstance;
+    const meta = { $metadata: {}, InstanceId: id, Timestamp: new Date(this.clock.now()) };
+    if (instance.runningAt === undefined) return meta; // nothing posted before it ran
+    const printed =
+      this.consoleHostKeys && this.clock.now() - instance.runningAt >= this.consoleDelayMs
+        ? cloudInitConsole(this.hostKeysOf(id))
+        : '[    0.000000] Linux version 6.8.0-1021-aws (buildd@lcy02-amd64-089) #23-Ubuntu SMP\r\n';
+    return { ...meta, Output: Buffer.from(printed).toString('base64') };
   }
 
   private record(command: Ec2CommandName, input: unknown): void {
@@ -714,6 +761,7 @@ export class FakeEc2 {
 
   private setState(instance: FakeInstance, state: InstanceState, at: number, reason?: string): void {
     instance.state = state;
+    if (state === 'running') instance.runningAt ??= at;
     if (reason !== undefined) instance.stateReason = reason;
     if (state === 'terminated') {
       instance.terminatedAt = at;

@@ -28,6 +28,20 @@ const stringList = (what: string) => nonEmptyList(nonEmptyString(), what);
 
 export const EBS_VOLUME_TYPES = ['gp3', 'gp2', 'io2', 'io1', 'st1', 'sc1', 'standard'] as const;
 
+/**
+ * How a backing node's SSH host keys are learned before its nodes are handed out (docs/aws.md, "Host
+ * keys"): from EC2's console output (no network path needed), by an SSH scan from the functions (needs
+ * one), or not at all.
+ */
+export const HOST_KEY_SOURCES = ['console', 'scan', 'none'] as const;
+export type HostKeySource = (typeof HOST_KEY_SOURCES)[number];
+const HOST_KEYS_HELP =
+  "How the instances' SSH host keys, which every node carries, are learned before their nodes are handed out: " +
+  'console (what cloud-init prints to the serial console, read with GetConsoleOutput; the backing node waits for them within boot-timeout), ' +
+  'scan (an SSH handshake from the functions; needs a network path to the instances), or none (nodes carry no host keys).';
+const hostKeys = () =>
+  z.enum(HOST_KEY_SOURCES, { error: `one of ${HOST_KEY_SOURCES.join(', ')}` }).optional();
+
 const TAG_KEY = 'a tag key of 1 to 128 characters';
 const TAG_VALUE = 'a tag value of at most 256 characters';
 
@@ -145,6 +159,7 @@ export const awsLabelSchema = z.strictObject(
       ),
     'per-slot-users': perSlotUsers(),
     ...contractKeys,
+    'host-keys': hostKeys().describe(`${HOST_KEYS_HELP} Default: the pool's value.`),
     'hourly-cost': hourlyCost()
       .optional()
       .describe(
@@ -180,6 +195,9 @@ export const awsPoolSchema = z.strictObject(
       .describe(
         `OpenSSH public keys (of the CI system) put on every instance the pool launches, through cloud-init in its user data, for each label's username (or each slot's user with per-slot-users); at most ${MAX_AUTHORIZED_KEYS}. The image needs cloud-init.`,
       ),
+    'host-keys': hostKeys().describe(
+      `${HOST_KEYS_HELP} Default: scan when the functions reach the instances (they run in the instances' VPC, or public-ipv4), else console.`,
+    ),
     labels: nonEmptyList(awsLabelSchema, 'labels'),
   },
   { error: MAPPING },

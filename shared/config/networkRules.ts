@@ -7,10 +7,12 @@ import { asRecord, asString, type PathIssue, type PathSegment } from './paths.ts
  * bin/cdk.ts's `-c vpcId=… -c functionSubnetIds=…`), so these rules run only when the caller says:
  * synth (lib/metastaticPool.ts) and `metastatic validate` (cli/commands/config.ts, `--functions-in-vpc`).
  *
- * Of the settings that reach the instances from the functions, only host-key-checking needs the path:
- * a scan that cannot connect fails the backing node, so every launch ends in a terminated instance and,
- * after launch-retries of them, a failed request (issue 22, defect 7: three c7g.4xlarge launched for
- * nothing). The port check before ready (connection-port within boot-timeout) is skipped where it cannot
+ * Of the settings that reach the instances from the functions, only the SSH scans need the path: a scan
+ * that cannot connect fails the backing node, so every launch ends in a terminated instance and, after
+ * launch-retries of them, a failed request (issue 22, defect 7: three c7g.4xlarge launched for
+ * nothing). So an aws `host-keys: scan` needs the path, and so does host-key-checking unless the backing
+ * label's host keys come from the console output (`host-keys: console`, the default without a path):
+ * those keys then stand in for the scan at each allocation (issue 23). The port check before ready (connection-port within boot-timeout) is skipped where it cannot
  * connect (shared/runtime/awsContext.ts): a backing node is then ready when EC2 reports it running.
  */
 export interface FunctionsNetwork {
@@ -22,13 +24,20 @@ export interface FunctionsNetwork {
 const FIX =
   "put the functions in the instances' VPC (cdk synth -c vpcId=… -c functionSubnetIds=…, MetastaticPool's " +
   '`vpc`; check with `metastatic validate --functions-in-vpc`), give the aws pool public-ipv4: true (the ' +
-  "instances' security group must then admit connection-port from Lambda's addresses), or set " +
-  'host-key-checking: false';
+  "instances' security group must then admit connection-port from Lambda's addresses), take the keys from " +
+  'the console output instead (host-keys: console on the aws pool or label, or unset), or set host-key-checking: false';
+
+const FIX_SCAN =
+  "put the functions in the instances' VPC (cdk synth -c vpcId=… -c functionSubnetIds=…, MetastaticPool's " +
+  '`vpc`; check with `metastatic validate --functions-in-vpc`), give the pool public-ipv4: true, or use ' +
+  'host-keys: console (or leave it unset: console is the default without a network path)';
 
 /** An aws pool offering a backing label: its key and whether its instances have public addresses. */
 interface AwsOffer {
   readonly poolKey: string;
   readonly publicIpv4: boolean;
+  /** The label's host-keys, else the pool's; unset: console here (no network path). */
+  readonly hostKeys: unknown;
 }
 
 /**
@@ -41,7 +50,7 @@ export function checkFunctionsNetwork(data: unknown, network: FunctionsNetwork):
   const providers = asRecord(data)?.providers;
   if (!Array.isArray(providers)) return [];
   const backing = backingOffers(providers);
-  const issues: PathIssue[] = [];
+  const issues: PathIssue[] = scansWithoutPath(providers);
   providers.forEach((rawProvider, pi) => {
     const provider = asRecord(rawProvider);
     if (provider?.driver !== 'metastatic' || !Array.isArray(provider.pools)) return;
@@ -57,6 +66,7 @@ export function checkFunctionsNetwork(data: unknown, network: FunctionsNetwork):
         const backingLabel = asString(label?.['backing-label']);
         const offer = backingLabel === undefined ? undefined : backing.get(backingLabel);
         if (!label || !offer || offer === 'local' || offer.publicIpv4) return;
+        if (offer.hostKeys === undefined || offer.hostKeys === 'console') return; // the console's keys
         const own = label['host-key-checking'];
         if (own === true) {
           issues.push({
@@ -89,6 +99,30 @@ function unreachableMessage(offer: AwsOffer, whose: string): string {
   );
 }
 
+/** `host-keys: scan` on an aws pool or label whose instances have no public address: an error at the key. */
+function scansWithoutPath(providers: readonly unknown[]): PathIssue[] {
+  const issues: PathIssue[] = [];
+  providers.forEach((rawProvider, pi) => {
+    const provider = asRecord(rawProvider);
+    if (provider?.driver !== 'aws' || !Array.isArray(provider.pools)) return;
+    provider.pools.forEach((rawPool, qi) => {
+      const pool = asRecord(rawPool);
+      if (!pool || pool['public-ipv4'] === true) return;
+      const poolKey = `${asString(provider.name) ?? '?'}/${asString(pool.name) ?? '?'}`;
+      const message = `host-keys: scan: the functions scan the host keys of ${poolKey}'s instances, but they run outside a VPC and the pool gives its instances no public address: ${FIX_SCAN}`;
+      const poolPath: PathSegment[] = ['providers', pi, 'pools', qi];
+      if (pool['host-keys'] === 'scan') issues.push({ path: [...poolPath, 'host-keys'], message });
+      if (!Array.isArray(pool.labels)) return;
+      pool.labels.forEach((rawLabel, li) => {
+        if (asRecord(rawLabel)?.['host-keys'] === 'scan') {
+          issues.push({ path: [...poolPath, 'labels', li, 'host-keys'], message });
+        }
+      });
+    });
+  });
+  return issues;
+}
+
 /**
  * Backing labels by name: the first pool offering each in file order (as resolve.ts picks), aws with its
  * public-ipv4, or 'local' (local processes: the embedded pool reaches them on its host).
@@ -102,16 +136,20 @@ function backingOffers(providers: readonly unknown[]): Map<string, AwsOffer | 'l
     for (const rawPool of provider.pools) {
       const pool = asRecord(rawPool);
       if (!pool || !Array.isArray(pool.labels)) continue;
-      const offer: AwsOffer | 'local' =
-        driver === 'local'
-          ? 'local'
-          : {
-              poolKey: `${asString(provider.name) ?? '?'}/${asString(pool.name) ?? '?'}`,
-              publicIpv4: pool['public-ipv4'] === true,
-            };
       for (const rawLabel of pool.labels) {
-        const name = asString(asRecord(rawLabel)?.name);
-        if (name !== undefined && !offers.has(name)) offers.set(name, offer);
+        const label = asRecord(rawLabel);
+        const name = asString(label?.name);
+        if (name === undefined || offers.has(name)) continue;
+        offers.set(
+          name,
+          driver === 'local'
+            ? 'local'
+            : {
+                poolKey: `${asString(provider.name) ?? '?'}/${asString(pool.name) ?? '?'}`,
+                publicIpv4: pool['public-ipv4'] === true,
+                hostKeys: label?.['host-keys'] ?? pool['host-keys'],
+              },
+        );
       }
     }
   }

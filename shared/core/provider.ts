@@ -36,6 +36,17 @@ export interface BackingResource {
   readonly attributes: Readonly<Record<string, unknown>>;
 }
 
+/**
+ * A backing node's SSH host keys as the provider reads them without a network path to the machine (on
+ * EC2: the block cloud-init prints to the serial console): `none` until they are there, `invalid` with
+ * the reason when what is there cannot be trusted.
+ */
+export type ReportedHostKeys =
+  | { readonly kind: 'none' }
+  /** As `<type> <base64>` (the known_hosts form). */
+  | { readonly kind: 'keys'; readonly keys: readonly string[] }
+  | { readonly kind: 'invalid'; readonly reason: string };
+
 export interface BackingProvider {
   /** Starts a backing node. Idempotent: the same (backingNodeId, attempt) never starts a second resource. */
   launch(spec: LaunchSpec): Promise<{ resourceId: string }>;
@@ -69,6 +80,12 @@ export interface BackingProvider {
    * reason. Undefined when unknown (EC2's state-change events carry no reason).
    */
   endReason?(resourceId: string): string | undefined;
+  /**
+   * The resource's SSH host keys as the provider itself reports them (EC2: its console output), for
+   * labels that take their keys that way (aws `host-keys: console`). Throws RetryableError when the
+   * provider could not be asked now; `none` while the machine has not printed them yet.
+   */
+  reportedHostKeys?(resourceId: string): Promise<ReportedHostKeys>;
 }
 
 /** Finds the provider adapter for a backing pool, or for a resource named in a state event. */

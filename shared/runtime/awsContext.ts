@@ -1,6 +1,6 @@
 import type { EC2Client } from '@aws-sdk/client-ec2';
 import { EventBridgeClient } from '@aws-sdk/client-eventbridge';
-import type { ResolvedConfig } from '../config/model.ts';
+import type { BackingPool, ResolvedConfig } from '../config/model.ts';
 import type { Clock } from '../core/clock.ts';
 import type { Log } from '../core/log.ts';
 import type { MetricSink } from '../core/observability.ts';
@@ -10,7 +10,7 @@ import { EventBridgeSink } from '../providers/events/eventBridgeSink.ts';
 import { probePort } from '../providers/probe.ts';
 import { scanHostKeys } from '../providers/scanHostKeysLazily.ts';
 import type { DynamoStore } from '../store/dynamoStore.ts';
-import type { Context } from '../usecases/context.ts';
+import type { Context, HostKeyPlan } from '../usecases/context.ts';
 
 /**
  * The use-case context on AWS: EC2 backing nodes (one provider per region of the configured aws
@@ -67,9 +67,16 @@ export function awsContext(args: {
   };
   // Outside the pool's VPC the functions reach an instance's port only on a public address; with
   // private addresses a probe could never succeed, so readiness is then EC2's `running`.
-  const reachable =
-    awsPools.length > 0 &&
-    (args.inVpc === true || awsPools.every((p) => p.poolOptions['public-ipv4'] === true));
+  const reaches = (pool: BackingPool) => args.inVpc === true || pool.poolOptions['public-ipv4'] === true;
+  const reachable = awsPools.length > 0 && awsPools.every(reaches);
+  // host-keys, unset: scan where the functions reach the instances, else read them from the console.
+  const hostKeyPlan = (poolKey: string, label: string): HostKeyPlan | undefined => {
+    const pool = awsPools.find((p) => p.key === poolKey);
+    if (!pool) return undefined;
+    const canReach = reaches(pool);
+    const source = byPool.get(poolKey)?.hostKeysSetting(poolKey, label) ?? (canReach ? 'scan' : 'console');
+    return { source, reachable: canReach };
+  };
   return {
     store: args.store,
     config: args.config,
@@ -78,6 +85,7 @@ export function awsContext(args: {
     log: args.log,
     ...(reachable ? { probePort } : {}),
     scanHostKeys,
+    hostKeyPlan,
     events: new EventBridgeSink(
       args.eventBridge ?? new EventBridgeClient({ region: args.region }),
       args.eventBusName,

@@ -11,6 +11,7 @@ import { ownerSince, supersedes } from '../core/ids.ts';
 import { MetricName, PoolEventType } from '../core/observability.ts';
 import type { BackingProvider } from '../core/provider.ts';
 import type { BackingRecord, NodeRecord } from '../core/records.ts';
+import { hostKeysOf } from '../core/request.ts';
 import { MIN_CHECK_MS } from '../core/timing.ts';
 import { retryOnConflict } from './conflicts.ts';
 import { type Context, deliveryDead, emit, timeLeft } from './context.ts';
@@ -142,9 +143,20 @@ export async function reserveBacking(
  * With less than MIN_CHECK_MS left it does not start, and a scan the deadline cut short that runs out is
  * no verdict while the backing node is within boot-timeout of its first `running` report: both throw
  * DeadlineError (retryable: the record comes back with a fresh deadline). Any other failure is the
- * backing node's.
+ * backing node's. Where the backing node's keys come from its console (Context.hostKeyPlan), the scan
+ * must answer with one of them, and without a network path those keys are the answer.
  */
 export async function scanKeys(ctx: Context, bootTimeoutS: number, b: BackingRecord): Promise<string[]> {
+  const plan = ctx.hostKeyPlan?.(b.backingPoolKey, b.backingLabel);
+  const fromConsole = plan?.source === 'console' ? hostKeysOf(b) : undefined;
+  if (plan && !plan.reachable) {
+    // No network path to scan over: the keys EC2's console output gave (read when the backing node became
+    // ready) stand in for the scan. networkRules.ts refuses host-key-checking here with any other source.
+    if (fromConsole?.length) return [...fromConsole];
+    throw new Error(
+      `the functions cannot reach backing node ${b.id}, and it has no host keys from its console`,
+    );
+  }
   if (!b.host || b.port === undefined) throw new Error(`backing node ${b.id} has no connection details`);
   const scan = ctx.scanHostKeys;
   if (!scan) throw new Error('no host-key scanner is configured');
@@ -169,6 +181,10 @@ export async function scanKeys(ctx: Context, bootTimeoutS: number, b: BackingRec
     throw err;
   }
   if (keys.length === 0) throw new Error(`${where} offered no host key`);
+  // Both ways at hand: the host must answer with a key its console printed (else a host in between).
+  if (fromConsole?.length && !keys.every((k) => fromConsole.includes(k))) {
+    throw new Error(`${where} answered with a host key its console output does not list`);
+  }
   return keys;
 }
 

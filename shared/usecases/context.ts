@@ -1,3 +1,4 @@
+import type { HostKeySource } from '../config/awsSchema.ts';
 import type { ResolvedConfig } from '../config/model.ts';
 import type { Clock } from '../core/clock.ts';
 import type { Log } from '../core/log.ts';
@@ -15,6 +16,12 @@ export interface Context {
   readonly log: Log;
   /** Scans a backing node's SSH host keys (host-key-checking); the real one does an SSH handshake. */
   readonly scanHostKeys?: (host: string, port: number, timeoutMs: number) => Promise<string[]>;
+  /**
+   * How a backing pool's backing nodes get their own SSH host keys before their nodes are handed out
+   * (aws `host-keys`, resolved against the functions' network by awsContext; see HostKeyPlan). Unset, or
+   * undefined for a pool: its provider reports them with the resource (local backing nodes) or none do.
+   */
+  readonly hostKeyPlan?: (backingPoolKey: string, backingLabel: string) => HostKeyPlan | undefined;
   /** Whether a backing node's connection port answers (boot-timeout); the real one opens a TCP connection. */
   readonly probePort?: (host: string, port: number, timeoutMs: number) => Promise<boolean>;
   /** Where pool events are published (EventBridge on AWS, a JSON-lines file locally). */
@@ -46,6 +53,20 @@ export interface Context {
    * instances run at once and only age tells.
    */
   readonly deliveriesDeadBefore?: number;
+}
+
+/** How a backing node's host keys are learned (Context.hostKeyPlan). */
+export interface HostKeyPlan {
+  /**
+   * `console`: the provider reports them (EC2's console output); the backing node is ready only once it
+   * has, within boot-timeout. `scan`: one SSH scan when it becomes ready. `none`: not learned.
+   */
+  readonly source: HostKeySource;
+  /**
+   * Whether the functions have a network path to the backing nodes. Without one, host-key-checking's
+   * scan at each allocation is replaced by the keys learned from the console.
+   */
+  readonly reachable: boolean;
 }
 
 /** How long the invocation's work may still go on (see Context.deadline); infinite when unbounded. */

@@ -6,6 +6,7 @@ import type { BackingProvider, BackingResource } from '../core/provider.ts';
 import type { BackingRecord } from '../core/records.ts';
 import type { StateChangeEvent } from '../core/stateChanges.ts';
 import { PORT_PROBE_TIMEOUT_MS } from '../core/timing.ts';
+import { learnHostKeys } from './backingHostKeys.ts';
 import { retryOnConflict, unlessConflict } from './conflicts.ts';
 import { type Context, timeLeft } from './context.ts';
 import { failBackingNode, failBadBacking } from './failure.ts';
@@ -145,26 +146,19 @@ export async function resourceRunning(ctx: Context, resource: BackingResource): 
     }
     const answered = await ctx.probePort(resource.host, resource.port, probeMs);
     if (!answered) {
-      const since = b.runningAt ?? (await stampRunning(ctx, b));
-      if (ctx.clock.now() - since >= bootTimeout * 1000) {
-        const reason = `boot-timeout of ${bootTimeout}s exceeded: ${resource.host}:${resource.port} did not answer`;
-        const report = await failBackingNode(ctx, b.id, reason, { resourceGone: false });
-        return {
-          kind: 'failed',
-          backingNodeId: b.id,
-          nodesFailed: report?.failed ?? 0,
-          nodesMoved: report?.rehomed ?? 0,
-        };
-      }
-      throw new RetryableError(
-        `backing node ${b.id} is running but ${resource.host}:${resource.port} does not answer yet`,
-      );
+      return notReadyYet(ctx, b, bootTimeout, {
+        failure: `${resource.host}:${resource.port} did not answer`,
+        waiting: `backing node ${b.id} is running but ${resource.host}:${resource.port} does not answer yet`,
+      });
     }
   }
+  const learned = await learnHostKeys(ctx, b, resource, bootTimeout);
+  if (learned.kind === 'wait') return notReadyYet(ctx, b, bootTimeout, learned);
+  if (learned.kind === 'fail') return failReadying(ctx, b, learned.reason);
   const backing = await backingReady(ctx, b.id, resource.resourceId, {
     host: resource.host,
     port: resource.port,
-    attributes: { ...resource.attributes },
+    attributes: { ...resource.attributes, ...(learned.keys ? { hostKeys: [...learned.keys] } : {}) },
   });
   if (!backing)
     return { kind: 'ignored', reason: `no launching backing node for resource ${resource.resourceId}` };
@@ -172,6 +166,34 @@ export async function resourceRunning(ctx: Context, resource: BackingResource): 
     kind: 'ready',
     backingNodeId: backing.id,
     nodesReady: await markNodesReady(ctx, backing, failBadBacking),
+  };
+}
+
+/**
+ * A running backing node that is not ready yet (its port does not answer, its host keys are not known):
+ * retried (RetryableError) within boot-timeout, counted from the first `running` report; failed after.
+ */
+async function notReadyYet(
+  ctx: Context,
+  b: BackingRecord,
+  bootTimeout: number,
+  why: { readonly failure: string; readonly waiting: string },
+): Promise<FulfilOutcome> {
+  const since = b.runningAt ?? (await stampRunning(ctx, b));
+  if (ctx.clock.now() - since >= bootTimeout * 1000) {
+    return failReadying(ctx, b, `boot-timeout of ${bootTimeout}s exceeded: ${why.failure}`);
+  }
+  throw new RetryableError(why.waiting);
+}
+
+/** Fails a backing node that cannot become ready; its nodes move or fail (failure.ts). */
+async function failReadying(ctx: Context, b: BackingRecord, reason: string): Promise<FulfilOutcome> {
+  const report = await failBackingNode(ctx, b.id, reason, { resourceGone: false });
+  return {
+    kind: 'failed',
+    backingNodeId: b.id,
+    nodesFailed: report?.failed ?? 0,
+    nodesMoved: report?.rehomed ?? 0,
   };
 }
 

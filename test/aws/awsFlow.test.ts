@@ -34,6 +34,14 @@ interface PoolOptions {
   keys?: string[];
   /** More keys of the backing label (the node contract: username, python-path, ...). */
   large?: Record<string, unknown>;
+  /** running -> host keys in the console output (the fake EC2's consoleDelayMs). */
+  consoleDelayMs?: number;
+  /** False: the instances never print their host keys. */
+  consoleHostKeys?: boolean;
+  /** host-key-checking on the metastatic label. */
+  hostKeyChecking?: boolean;
+  /** Replaces parts of the context (a host-key plan, a scanner). */
+  context?: Partial<Context>;
 }
 
 const yaml = (o: PoolOptions = {}) =>
@@ -60,7 +68,15 @@ const yaml = (o: PoolOptions = {}) =>
     },
     meta: {
       provider: { 'launch-retries': o.retries ?? 3 },
-      labels: [{ name: 'small', 'backing-label': 'large', 'max-parallel-jobs': 2, 'grace-time': 60 }],
+      labels: [
+        {
+          name: 'small',
+          'backing-label': 'large',
+          'max-parallel-jobs': 2,
+          'grace-time': 60,
+          ...(o.hostKeyChecking ? { 'host-key-checking': true } : {}),
+        },
+      ],
     },
   });
 
@@ -109,8 +125,10 @@ async function pool(o: PoolOptions = {}): Promise<Pool> {
     region: 'eu-west-1',
     clock,
     bootDelayMs: 30_000,
+    consoleDelayMs: o.consoleDelayMs ?? 0,
     onEvent: (e) => void queue.push(e),
   });
+  ec2.consoleHostKeys = o.consoleHostKeys ?? true;
   pools.push(ec2);
   const base = awsContext({
     config: parseConfigOrThrow(yaml(o), 'aws.yaml'),
@@ -123,7 +141,7 @@ async function pool(o: PoolOptions = {}): Promise<Pool> {
     eventBridge: new EventBridgeClient({ region: 'eu-west-1' }),
   });
   // The instances' private IPs are not reachable from here: their port "answers" by fiat.
-  const ctx: Context = { ...base, probePort: async () => true };
+  const ctx: Context = { ...base, probePort: async () => true, ...o.context };
   const request = makeRequestHandler(ctx, { maxReceiveCount: 3 });
   const fulfil = makeFulfilHandler(ctx);
   return {
@@ -160,6 +178,16 @@ describe('which addresses the functions can check', () => {
     // Private addresses from outside the VPC: a check could never succeed, so `running` means ready.
     expect(contextFor({}).probePort).toBeUndefined();
     expect(contextFor({ inVpc: false }).probePort).toBeUndefined();
+  });
+
+  it('learns host keys from the console where the functions cannot reach the instances, by a scan where they can', () => {
+    const plan = (o: { publicIpv4?: boolean; inVpc?: boolean }) =>
+      contextFor(o).hostKeyPlan?.('ec2/main', 'large');
+    expect(plan({})).toEqual({ source: 'console', reachable: false });
+    expect(plan({ inVpc: true })).toEqual({ source: 'scan', reachable: true });
+    expect(plan({ publicIpv4: true })).toEqual({ source: 'scan', reachable: true });
+    // Not an aws pool: its provider reports its keys itself (local) or none do.
+    expect(contextFor({}).hostKeyPlan?.('local/main', 'large')).toBeUndefined();
   });
 
   it('reads METASTATIC_IN_VPC from the function environment', async () => {
@@ -446,11 +474,13 @@ describe('the fulfil function and other instances in the region', () => {
     const out = await p.fulfil(sqsEvent([...events, spotWarning(foreign)]));
     expect(out.batchItemFailures).toEqual([]);
     expect(p.ec2.mock.calls()).toHaveLength(0);
-    // Our instance's events: `pending` needs no call, `running` one DescribeInstances (its address).
+    // Our instance's events: `pending` needs no call, `running` one DescribeInstances (its address) and,
+    // the functions being outside the VPC, one GetConsoleOutput (its host keys).
     await p.ec2.advance(30_000);
     await p.deliver();
-    expect(p.ec2.mock.calls()).toHaveLength(1);
+    expect(p.ec2.mock.calls()).toHaveLength(2);
     expect(p.ec2.inputs('DescribeInstances')[0]?.InstanceIds).toEqual([instance?.instanceId]);
+    expect(p.ec2.inputs('GetConsoleOutput')).toEqual([{ InstanceId: instance?.instanceId, Latest: true }]);
     expect((await p.ctx.store.getRequest('ours'))?.state).toBe('fulfilled');
     // A spot warning for ours needs no EC2 call either, and fails its backing node.
     p.ec2.resetCalls();
@@ -476,5 +506,93 @@ describe('the fulfil function and other instances in the region', () => {
     await p.deliver();
     expect((await reap(p.ctx)).stopped).toHaveLength(1);
     expect(await p.ctx.store.backingIdOfResource(id)).toBeUndefined();
+  });
+});
+
+describe('host keys from the console output: the functions outside the VPC cannot scan an instance', () => {
+  /** The `running` event of the pool's one instance, delivered again (as SQS does after a failure). */
+  const redeliverRunning = (p: Pool) => {
+    const running = p.ec2.events.filter((e) => e.detail.state === 'running');
+    return p.fulfil(sqsEvent(running.map((e) => JSON.stringify(e))));
+  };
+
+  it('hands no node out until the console shows the host keys, then nodes carry exactly those keys', async () => {
+    const p = await pool({ consoleDelayMs: 90_000 });
+    await p.request(sqsEvent([req('keys')]));
+    const [instance] = p.ec2.instances;
+    const id = instance?.instanceId as string;
+    await p.ec2.advance(30_000); // running; cloud-init prints the keys 90 s later
+    expect((await p.deliver())?.batchItemFailures).toHaveLength(1); // comes back: no keys yet
+    const waiting = await p.ctx.store.getRequest('keys');
+    expect(waiting).toMatchObject({ state: 'pending', nodes: [{ state: 'pending' }] });
+    expect(waiting?.nodes[0]?.hostKeys).toBeUndefined();
+    // The event comes back a minute later: still none.
+    p.clock.advance(60_000);
+    expect((await redeliverRunning(p)).batchItemFailures).toHaveLength(1);
+    expect((await p.ctx.store.getRequest('keys'))?.state).toBe('pending');
+    // Once printed, the reaper's readying step (or the next delivery) makes it ready.
+    p.clock.advance(30_000);
+    expect((await reap(p.ctx)).failed).toEqual([]);
+    const ready = await p.ctx.store.getRequest('keys');
+    expect(ready?.state).toBe('fulfilled');
+    expect(ready?.nodes[0]?.hostKeys).toEqual(p.ec2.hostKeysOf(id));
+    expect(ready?.nodes[0]?.hostKeys).toHaveLength(1);
+    expect(p.ec2.inputs('GetConsoleOutput').every((i) => i.InstanceId === id && i.Latest === true)).toBe(
+      true,
+    );
+  });
+
+  it('with a network path: scans once at ready (host-keys: scan), or checks the scan against the console', async () => {
+    const scanned = 'ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFGhuIUcOMbB0uu48laquLMTmgVmLN+ez3bxc/QZZfdV';
+    const scans: string[] = [];
+    const scanHostKeys = async (host: string) => {
+      scans.push(host);
+      return [scanned];
+    };
+    const scan = await pool({
+      context: { hostKeyPlan: () => ({ source: 'scan', reachable: true }), scanHostKeys },
+    });
+    await scan.request(sqsEvent([req('scanned')]));
+    await scan.ec2.advance(30_000);
+    await scan.deliver();
+    expect(await scan.ctx.store.getRequest('scanned')).toMatchObject({
+      state: 'fulfilled',
+      nodes: [{ hostKeys: [scanned] }],
+    });
+    expect(scans).toEqual([scan.ec2.instances[0]?.privateIp]);
+    expect(scan.ec2.inputs('GetConsoleOutput')).toEqual([]);
+    // host-key-checking with console keys and a path: a scan answering another key fails the backing node.
+    const both = await pool({
+      retries: 1,
+      hostKeyChecking: true,
+      context: { hostKeyPlan: () => ({ source: 'console', reachable: true }), scanHostKeys },
+    });
+    await both.request(sqsEvent([req('mismatch')]));
+    const backingId = (await both.ctx.store.getRequest('mismatch'))?.nodes[0]?.backingNodeId as string;
+    await both.ec2.advance(30_000);
+    await both.deliver();
+    const ip = both.ec2.instances[0]?.privateIp;
+    const reason = `host-key scan failed: ${ip}:22 answered with a host key its console output does not list`;
+    expect(await both.ctx.store.getBacking(backingId)).toMatchObject({ state: 'failed', reason });
+    expect((await both.ctx.store.getRequest('mismatch'))?.state).toBe('failed');
+  });
+
+  it('fails the backing node with the reason when no host keys show by boot-timeout', async () => {
+    const p = await pool({ consoleHostKeys: false, retries: 1 });
+    await p.request(sqsEvent([req('silent')]));
+    const id = p.ec2.instances[0]?.instanceId as string;
+    const backingId = (await p.ctx.store.getRequest('silent'))?.nodes[0]?.backingNodeId as string;
+    await p.ec2.advance(30_000);
+    expect((await p.deliver())?.batchItemFailures).toHaveLength(1);
+    p.clock.advance(119_000);
+    expect((await redeliverRunning(p)).batchItemFailures).toHaveLength(1); // within boot-timeout (120 s)
+    p.clock.advance(1_000);
+    expect((await redeliverRunning(p)).batchItemFailures).toEqual([]);
+    const reason = `boot-timeout of 120s exceeded: no SSH host keys in the console output of ${id} (cloud-init prints them at boot; see host-keys in docs/aws.md)`;
+    expect(await p.ctx.store.getBacking(backingId)).toMatchObject({ state: 'failed', reason });
+    expect(await p.ctx.store.getRequest('silent')).toMatchObject({
+      state: 'failed',
+      nodes: [{ state: 'failed', reason: expect.stringContaining(reason) }],
+    });
   });
 });

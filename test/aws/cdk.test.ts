@@ -446,7 +446,7 @@ describe('MetastaticStack (the example configuration, as bin/cdk.ts builds it)',
     ]);
   });
 
-  it('allows CreateTags only on launch, TerminateInstances only on tagged instances, Describe* on *', () => {
+  it('allows CreateTags only on launch, TerminateInstances and GetConsoleOutput only on tagged instances, Describe* on *', () => {
     const statements = statementsOf(template);
     const createTags = allowing(statements, 'ec2:CreateTags');
     expect(createTags).toHaveLength(1);
@@ -460,6 +460,13 @@ describe('MetastaticStack (the example configuration, as bin/cdk.ts builds it)',
       });
       expect(resourcesOf(s)).toEqual(['arn:<AWS::Partition>:ec2:eu-west-1:<AWS::AccountId>:instance/*']);
     }
+    // The console output (host keys) of the pool's own instances only, as for TerminateInstances.
+    const consoles = allowing(statements, 'ec2:GetConsoleOutput');
+    expect(consoles).toHaveLength(1);
+    expect(consoles[0]?.Condition).toEqual(terminate[0]?.Condition);
+    expect(resourcesOf(consoles[0] as Statement)).toEqual([
+      'arn:<AWS::Partition>:ec2:eu-west-1:<AWS::AccountId>:instance/*',
+    ]);
     const describe = allowing(statements, 'ec2:DescribeInstances');
     expect(describe).toEqual([
       expect.objectContaining({ Action: ['ec2:DescribeImages', 'ec2:DescribeInstances'], Resource: '*' }),
@@ -1125,7 +1132,14 @@ describe('MetastaticPool options and checks', () => {
   });
 
   it('refuses host-key-checking outside the VPC at synth, naming the YAML path and the fix (issue 22, defect 7)', () => {
-    const scanning = awsConfig('image-id: ami-1').replace(
+    // host-keys: none: the console's keys cannot stand in for the scan (they do by default: issue 23).
+    const checking = (label: string) =>
+      awsConfig(label).replace(
+        'backing-label: big',
+        'backing-label: big\n            host-key-checking: true',
+      );
+    expect(() => synth(checking('image-id: ami-1'))).not.toThrow();
+    const scanning = awsConfig('image-id: ami-1\nhost-keys: none').replace(
       'backing-label: big',
       'backing-label: big\n            host-key-checking: true',
     );
@@ -1139,7 +1153,7 @@ describe('MetastaticPool options and checks', () => {
     })();
     expect(err).toBeInstanceOf(ConfigInvalidError);
     expect((err as Error).message).toMatch(
-      /^invalid configuration:\nconfig:\d+:\d+: providers\[1\]\.pools\[0\]\.labels\[0\]\.host-key-checking: .*put the functions in the instances' VPC.*or set host-key-checking: false$/s,
+      /^invalid configuration:\nconfig:\d+:\d+: providers\[1\]\.pools\[0\]\.labels\[0\]\.host-key-checking: .*put the functions in the instances' VPC.*host-keys: console.*or set host-key-checking: false$/s,
     );
     // In the VPC, the functions reach the instances: accepted.
     const app = newApp();

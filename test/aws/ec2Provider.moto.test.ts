@@ -601,6 +601,48 @@ describeWithMoto('EC2 provider contract against moto_server', () => {
     expect((await instance(resourceId)).State?.Name).toBe('running');
     expect(await p.describe(resourceId)).toMatchObject({ resourceId, state: 'running' });
   });
+
+  // ---- host keys from the console ---------------------------------------------------------------------
+
+  it("reads the console through GetConsoleOutput with Latest, decodes moto's base64 answer, and finds no key block in it", async () => {
+    const p = provider({}, { [LABEL]: imageLabel() });
+    const { resourceId } = await p.launch(spec());
+    proxy.clear();
+    // moto 5.2.1 answers a fixed Xen kernel log (no cloud-init): a console with no host-key block yet.
+    expect(await p.reportedHostKeys(resourceId)).toEqual({ kind: 'none' });
+    const [read] = proxy.requests.filter((r) => r.action === 'GetConsoleOutput');
+    expect(read?.params.get('InstanceId')).toBe(resourceId);
+    expect(read?.params.get('Latest')).toBe('true');
+    expect(read?.answeredBy).toBe('moto');
+  });
+
+  it('asks again without Latest when EC2 refuses it (not a Nitro instance), and retries throttling', async () => {
+    const p = provider({}, { [LABEL]: imageLabel() });
+    const { resourceId } = await p.launch(spec());
+    proxy.clear();
+    proxy.fail({ action: 'GetConsoleOutput', code: 'RequestLimitExceeded', times: 1 });
+    proxy.fail({
+      action: 'GetConsoleOutput',
+      when: (r) => r.params.get('Latest') === 'true',
+      code: 'UnsupportedOperation',
+      message: 'The requested operation is not supported for this instance type.',
+    });
+    expect(await p.reportedHostKeys(resourceId)).toEqual({ kind: 'none' });
+    expect(
+      proxy.requests
+        .filter((r) => r.action === 'GetConsoleOutput')
+        .map((r) => `${r.params.get('Latest') ?? '-'} -> ${r.answeredBy}`),
+    ).toEqual(['true -> RequestLimitExceeded', 'true -> UnsupportedOperation', '- -> moto']);
+  });
+
+  it('takes an instance EC2 does not know (yet) for one with no keys yet; a refusal is an error naming it', async () => {
+    const p = provider({}, { [LABEL]: imageLabel() });
+    // moto's own InvalidInstanceID.NotFound.
+    expect(await p.reportedHostKeys('i-0123456789abcdef0')).toEqual({ kind: 'none' });
+    proxy.fail({ action: 'GetConsoleOutput', code: 'UnauthorizedOperation', times: 2 });
+    const err = await rejection(p.reportedHostKeys('i-0123456789abcdef0'));
+    expect(err.message).toMatch(/^GetConsoleOutput i-0123456789abcdef0 failed: UnauthorizedOperation/);
+  });
 });
 
 /** Creates an instance profile in moto's IAM (a Query API call; the project has no IAM SDK client). */

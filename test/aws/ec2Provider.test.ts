@@ -3,6 +3,7 @@ import {
   DescribeInstancesCommand,
   DescribeLaunchTemplateVersionsCommand,
   type DescribeLaunchTemplateVersionsCommandInput,
+  GetConsoleOutputCommand,
   type ResponseLaunchTemplateData,
   RunInstancesCommand,
   type RunInstancesCommandInput,
@@ -1181,5 +1182,39 @@ describe('the fake EC2', () => {
     await fake.advance(10_000);
     expect(seen).toEqual(['pending', 'running', 'shutting-down', 'terminated']);
     expect(fake.eventErrors).toHaveLength(1);
+  });
+});
+
+describe('reportedHostKeys: the host keys cloud-init printed to the console', () => {
+  it('has none while the instance boots, then the keys of the block in the base64 console output', async () => {
+    const { fake, provider } = setup({ fake: { bootDelayMs: 30_000, consoleDelayMs: 60_000 } });
+    const { resourceId } = await provider.launch(spec());
+    expect(await provider.reportedHostKeys(resourceId)).toEqual({ kind: 'none' }); // pending: nothing posted
+    await fake.advance(30_000 + 59_000);
+    expect(await provider.reportedHostKeys(resourceId)).toEqual({ kind: 'none' }); // kernel log only
+    await fake.advance(1_000);
+    expect(await provider.reportedHostKeys(resourceId)).toEqual({
+      kind: 'keys',
+      keys: fake.hostKeysOf(resourceId),
+    });
+    // The exact request: the instance, and the console as it is now (Latest).
+    const calls = fake.mock.commandCalls(GetConsoleOutputCommand).map((c) => c.args[0].input);
+    expect(calls.at(-1)).toEqual({ InstanceId: resourceId, Latest: true });
+  });
+
+  it('passes on a block it cannot trust with the reason, and retries throttling within its budget', async () => {
+    const { fake, provider, sleeps } = setup({ fake: { bootDelayMs: 0 } });
+    const { resourceId } = await provider.launch(spec());
+    const garbled =
+      '-----BEGIN SSH HOST KEY KEYS-----\r\nssh-ed25519 AAAAC3Nz\r\n-----END SSH HOST KEY KEYS-----\r\n';
+    fake.mock
+      .on(GetConsoleOutputCommand)
+      .rejectsOnce(ec2Error('RequestLimitExceeded', 'Request limit exceeded.'))
+      .resolves({ InstanceId: resourceId, Output: Buffer.from(garbled).toString('base64') });
+    expect(await provider.reportedHostKeys(resourceId)).toEqual({
+      kind: 'invalid',
+      reason: 'a ssh-ed25519 line of the host-key block holds a key that is not a ssh-ed25519 public key',
+    });
+    expect(sleeps).toEqual([750]);
   });
 });

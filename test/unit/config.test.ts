@@ -1017,7 +1017,9 @@ describe('the aws driver', () => {
 
 describe('a network path from the functions to the instances (issue 22, defect 7)', () => {
   /** An aws pool (public-ipv4 as given) and a metastatic pool on it; `meta` adds keys to the pool, `small` to the label. */
-  const text = (o: { publicIpv4?: boolean; meta?: string; small?: string } = {}) =>
+  const text = (
+    o: { publicIpv4?: boolean; meta?: string; small?: string; awsPool?: string; awsLabel?: string } = {},
+  ) =>
     dedent(`
       providers:
         - name: ec2
@@ -1027,8 +1029,9 @@ describe('a network path from the functions to the instances (issue 22, defect 7
             - name: main
               subnet-id: subnet-1
               public-ipv4: ${o.publicIpv4 ?? false}
+              ${o.awsPool ?? 'max-servers: 10'}
               labels:
-                - { name: big, instance-type: c7g.4xlarge, image-id: ami-1 }
+                - { name: big, instance-type: c7g.4xlarge, image-id: ami-1${o.awsLabel ? `, ${o.awsLabel}` : ''} }
         - name: local
           driver: local
           pools:
@@ -1048,14 +1051,18 @@ describe('a network path from the functions to the instances (issue 22, defect 7
                   backing-label: proc
     `);
   const outside = { functionsInVpc: false };
+  // host-key-checking over a scan only: the console's keys cannot stand in.
+  const noConsole = 'host-keys: none';
 
   it('refuses host-key-checking on a label whose instances the functions cannot reach, naming the path and the fix', () => {
-    const errors = errorsOf(parseConfig(text({ small: 'host-key-checking: true' }), 'pool.yaml', outside));
+    const errors = errorsOf(
+      parseConfig(text({ small: 'host-key-checking: true', awsPool: noConsole }), 'pool.yaml', outside),
+    );
     expect(errors).toEqual([
       {
         file: 'pool.yaml',
         path: 'providers[2].pools[0].labels[0].host-key-checking',
-        line: 25,
+        line: 26,
         column: 32,
         message: expect.stringMatching(
           /^host-key-checking: the functions scan the host keys of ec2\/main's instances \(backing-label "big"\), but they run outside a VPC and the pool gives its instances no public address: put the functions in the instances' VPC .*or set host-key-checking: false$/,
@@ -1067,13 +1074,15 @@ describe('a network path from the functions to the instances (issue 22, defect 7
   });
 
   it("refuses the pool's host-key-checking at the pool's key when a label takes it", () => {
-    const errors = errorsOf(parseConfig(text({ meta: 'host-key-checking: true' }), 'pool.yaml', outside));
+    const errors = errorsOf(
+      parseConfig(text({ meta: 'host-key-checking: true', awsLabel: noConsole }), 'pool.yaml', outside),
+    );
     expect(errors.map((e) => e.path)).toEqual(['providers[2].pools[0].host-key-checking']);
     expect(errors[0]?.message).toMatch(/label "small"/);
     // A label that turns it off needs no path; the local label never does.
     ok(
       parseConfig(
-        text({ meta: 'host-key-checking: true', small: 'host-key-checking: false' }),
+        text({ meta: 'host-key-checking: true', small: 'host-key-checking: false', awsPool: noConsole }),
         'pool.yaml',
         outside,
       ),
@@ -1081,10 +1090,55 @@ describe('a network path from the functions to the instances (issue 22, defect 7
   });
 
   it('accepts host-key-checking when the functions run in the VPC, or the instances have public addresses', () => {
-    ok(parseConfig(text({ small: 'host-key-checking: true' }), 'pool.yaml', { functionsInVpc: true }));
-    ok(parseConfig(text({ small: 'host-key-checking: true', publicIpv4: true }), 'pool.yaml', outside));
+    const scanOnly = { small: 'host-key-checking: true', awsPool: noConsole };
+    ok(parseConfig(text(scanOnly), 'pool.yaml', { functionsInVpc: true }));
+    ok(parseConfig(text({ ...scanOnly, publicIpv4: true }), 'pool.yaml', outside));
     // Without a deployment to check against (metastatic dev, the functions' own load), nothing is said.
-    ok(parseConfig(text({ small: 'host-key-checking: true' }), 'pool.yaml'));
+    ok(parseConfig(text(scanOnly), 'pool.yaml'));
+  });
+
+  it('accepts host-key-checking outside the VPC when the keys come from the console output (the default there)', () => {
+    ok(parseConfig(text({ small: 'host-key-checking: true' }), 'pool.yaml', outside));
+    ok(
+      parseConfig(
+        text({ small: 'host-key-checking: true', awsPool: 'host-keys: console' }),
+        'pool.yaml',
+        outside,
+      ),
+    );
+    // The label's own value wins over the pool's.
+    ok(
+      parseConfig(
+        text({ small: 'host-key-checking: true', awsPool: noConsole, awsLabel: 'host-keys: console' }),
+        'pool.yaml',
+        outside,
+      ),
+    );
+  });
+
+  it('refuses host-keys: scan on an aws pool or label the functions cannot reach, at its key', () => {
+    const errors = errorsOf(
+      parseConfig(text({ awsPool: 'host-keys: scan', awsLabel: 'host-keys: scan' }), 'pool.yaml', outside),
+    );
+    expect(errors.map((e) => e.path)).toEqual([
+      'providers[0].pools[0].host-keys',
+      'providers[0].pools[0].labels[0].host-keys',
+    ]);
+    expect(errors[0]?.message).toMatch(
+      /^host-keys: scan: the functions scan the host keys of ec2\/main's instances, but they run outside a VPC .*or use host-keys: console/,
+    );
+    ok(parseConfig(text({ awsPool: 'host-keys: scan', publicIpv4: true }), 'pool.yaml', outside));
+    ok(parseConfig(text({ awsPool: 'host-keys: scan' }), 'pool.yaml', { functionsInVpc: true }));
+  });
+
+  it('refuses a host-keys value it does not know, naming the choices', () => {
+    const errors = errorsOf(parseConfig(text({ awsLabel: 'host-keys: ssh' }), 'pool.yaml'));
+    expect(errors.map((e) => [e.path, e.message])).toEqual([
+      [
+        'providers[0].pools[0].labels[0].host-keys',
+        'host-keys: expected one of console, scan, none, got "ssh"',
+      ],
+    ]);
   });
 });
 

@@ -18,7 +18,8 @@
  * State-change Notification" events.
  *
  * IAM: ec2:RunInstances, ec2:CreateTags (for TagSpecifications), ec2:DescribeInstances,
- * ec2:DescribeImages, ec2:TerminateInstances (best restricted with `ec2:ResourceTag/metastatic:pool`),
+ * ec2:DescribeImages, ec2:TerminateInstances and ec2:GetConsoleOutput (best restricted with
+ * `ec2:ResourceTag/metastatic:pool`),
  * ec2:DescribeLaunchTemplateVersions when labels use launch templates, iam:PassRole when labels use an
  * instance profile.
  */
@@ -27,15 +28,18 @@ import {
   EC2Client,
   type EC2ClientConfig,
   type Filter,
+  GetConsoleOutputCommand,
   type Instance,
   paginateDescribeInstances,
   RunInstancesCommand,
   TerminateInstancesCommand,
 } from '@aws-sdk/client-ec2';
+import type { HostKeySource } from '../../config/awsSchema.ts';
 import type { BackingPool } from '../../config/model.ts';
 import type { Clock } from '../../core/clock.ts';
 import { CapacityError, RetryableError } from '../../core/errors.ts';
-import type { BackingProvider, BackingResource, LaunchSpec } from '../../core/provider.ts';
+import type { BackingProvider, BackingResource, LaunchSpec, ReportedHostKeys } from '../../core/provider.ts';
+import { MAX_CONSOLE_CHARS, parseConsoleHostKeys } from './consoleHostKeys.ts';
 import { type CallPolicy, type Ec2ProviderLog, ec2Call, type RetryBudget } from './ec2Calls.ts';
 import {
   type BackoffPolicy,
@@ -55,6 +59,9 @@ export const TERMINATE_BATCH_SIZE = 1000;
 /** DescribeInstances pages: EC2 accepts MaxResults from 5 to 1000. */
 export const LIST_PAGE_SIZE = 1000;
 export const MIN_LIST_PAGE_SIZE = 5;
+
+/** MAX_CONSOLE_CHARS as base64: a multiple of 4, so the end of a longer answer decodes whole. */
+const MAX_CONSOLE_BASE64 = Math.ceil(MAX_CONSOLE_CHARS / 3) * 4;
 
 /** Whether `id` has the shape of an EC2 instance id (for routing events to this provider). */
 export function isEc2InstanceId(id: string): boolean {
@@ -130,6 +137,11 @@ export class Ec2Provider implements BackingProvider {
     for (const pool of options.pools) {
       if (pool.driver === 'aws') this.settings.set(pool.key, awsPoolSettings(pool));
     }
+  }
+
+  /** The label's `host-keys` as configured (label, else pool); undefined when unset or not this provider's. */
+  hostKeysSetting(poolKey: string, label: string): HostKeySource | undefined {
+    return this.settings.get(poolKey)?.get(label)?.hostKeys;
   }
 
   /** Whether this provider launches in the backing pool. */
@@ -295,6 +307,42 @@ export class Ec2Provider implements BackingProvider {
       if (resource) out.push(resource);
     }
     return out;
+  }
+
+  /**
+   * The SSH host keys cloud-init printed to the instance's serial console (consoleHostKeys.ts), read
+   * with GetConsoleOutput. `Latest: true` reads the console as it is now, which Nitro instances support;
+   * others refuse it, and are asked again without it (the output EC2 buffered at the last state change,
+   * which can be minutes late). An instance EC2 does not know (yet) has no keys yet: the caller's
+   * boot-timeout bounds the wait.
+   */
+  async reportedHostKeys(resourceId: string): Promise<ReportedHostKeys> {
+    if (!isEc2InstanceId(resourceId))
+      return { kind: 'invalid', reason: `${resourceId} is not an instance id` };
+    const budget: RetryBudget = { used: 0 };
+    const read = (latest: boolean) =>
+      ec2Call(this.policy, 'GetConsoleOutput', budget, () =>
+        this.client.send(
+          new GetConsoleOutputCommand({ InstanceId: resourceId, ...(latest ? { Latest: true } : {}) }),
+        ),
+      );
+    let output: string | undefined;
+    try {
+      output = (
+        await read(true).catch((err: unknown) => {
+          if (err instanceof RetryableError || classifyEc2Error(err) !== 'other') throw err;
+          return read(false); // not a Nitro instance: no `Latest`
+        })
+      ).Output;
+    } catch (err) {
+      if (err instanceof RetryableError) throw err;
+      if (classifyEc2Error(err) === 'not-found') return { kind: 'none' };
+      throw new Error(`GetConsoleOutput ${resourceId} failed: ${describeEc2Error(err)}`, { cause: err });
+    }
+    if (!output) return { kind: 'none' }; // nothing posted yet
+    // EC2 sends at most 64 KB; a longer answer is cut to its end (whole 4-character groups) first.
+    const tail = output.length > MAX_CONSOLE_BASE64 ? output.slice(-MAX_CONSOLE_BASE64) : output;
+    return parseConsoleHostKeys(Buffer.from(tail, 'base64').toString('utf8'));
   }
 
   async terminate(resourceId: string): Promise<void> {

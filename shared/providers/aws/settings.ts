@@ -4,7 +4,12 @@
  * (schema + the aws rules of resolve.ts), so a hand-built BackingPool fails as clearly as a file would.
  */
 
-import { type AwsProviderConfig, awsProviderSchema, type EBS_VOLUME_TYPES } from '../../config/awsSchema.ts';
+import {
+  type AwsProviderConfig,
+  awsProviderSchema,
+  type EBS_VOLUME_TYPES,
+  type HostKeySource,
+} from '../../config/awsSchema.ts';
 import type { BackingPool } from '../../config/model.ts';
 import { formatPath } from '../../config/paths.ts';
 import { checkConfigRules } from '../../config/rules.ts';
@@ -47,6 +52,8 @@ export interface AwsLabelSettings {
   /** Whom jobs log in as; with perSlotUsers, the prefix of the slot users. Unset: ec2-user. */
   readonly username?: string;
   readonly perSlotUsers?: boolean;
+  /** `host-keys` of the label, else of the pool; unset: by the functions' network (awsContext). */
+  readonly hostKeys?: HostKeySource;
 }
 
 /** The settings of every label of an aws backing pool; throws when the options are invalid. */
@@ -119,6 +126,9 @@ function settingsOf(poolKey: string, provider: AwsProviderConfig): Map<string, A
       authorizedKeys: pool['authorized-keys'] ?? [],
       username: label.username,
       perSlotUsers: label['per-slot-users'],
+      ...((label['host-keys'] ?? pool['host-keys'])
+        ? { hostKeys: label['host-keys'] ?? pool['host-keys'] }
+        : {}),
     });
   }
   return out;
