@@ -87,6 +87,8 @@ export const NodeRecord = z.object({
   releasedAt: z.number().optional(),
   /** SSH host keys (`type base64`), scanned when host-key-checking is on, else the backing node's. */
   hostKeys: z.array(z.string()).optional(),
+  /** The user to log in as, when the backing node names one per slot (local: `slot<N>`). */
+  username: z.string().optional(),
   /** Backing nodes this node has been placed on so far (launch-retries bounds it). */
   attempts: z.number().int().positive().optional(),
   /** Kept by an operator: only an explicit (forced) release frees it. */
