@@ -21,6 +21,7 @@ export function nodeJson(n: NodeRecord) {
     slot: n.slot ?? null,
     host: n.host ?? null,
     port: n.port ?? null,
+    username: n.username ?? null,
     attributes: n.attributes ?? {},
     hostKeys: n.hostKeys ?? [],
     ...(n.held ? { held: true } : {}),
