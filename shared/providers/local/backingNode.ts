@@ -194,7 +194,7 @@ interface Login {
 }
 
 /** How long a login waits for its slot to be live (the pool writes the file just after the node is ready). */
-const LOGIN_WAIT_MS = 5_000;
+const LOGIN_WAIT_MS = 2_000;
 const LOGIN_POLL_MS = 100;
 /** Environment variables a client may set (as sshd's default AcceptEnv). */
 const ACCEPTED_ENV = /^(LANG|LC_[A-Z]+)$/;
