@@ -270,6 +270,23 @@ describe('logging in to a node of metastatic dev', { timeout: 240_000 }, () => {
     expect(out.stderr.toString()).toContain(`permissions 0644 for identity ${loose} are too open`);
   });
 
+  it('metastatic ssh waits for a node still pending, then runs the command', async () => {
+    // Both slots of the first backing node are taken: this node waits for a new one to boot.
+    const sent = await cli(['request', 'small-node', '--id', 'later', '--json']);
+    expect(sent.code, sent.stderr.toString()).toBe(0);
+    await until('the request to be recorded', async () => {
+      const out = await cli(['list', 'requests', '--json']);
+      return (
+        (JSON.parse(out.stdout.toString()) as { id: string }[]).some((r) => r.id === 'later') || undefined
+      );
+    });
+    const out = await cli(['ssh', 'later/0', '--timeout', '60', '--', 'echo', '$METASTATIC_NODE_ID']);
+    expect(out.code, out.stderr.toString()).toBe(0);
+    expect(out.stdout.toString()).toBe('later/0\n');
+    const ready = await cli(['ssh', 'later/0', '--timeout', '0', '--', 'true']);
+    expect(ready.code).toBe(0);
+  });
+
   it('a released node refuses new sessions and its running processes end', async () => {
     const n = node(0);
     const running = ssh(n, ['echo $$ > job.pid; exec sleep 300']);
