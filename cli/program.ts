@@ -233,6 +233,38 @@ export function buildProgram(): Command {
     });
 
   program
+    .command('ssh')
+    .description(
+      "log in to a node with OpenSSH's ssh, or run COMMAND there; exits with ssh's exit status (the command's)",
+    )
+    .argument('<node-id>', 'the node id (<request-id>/<index>)')
+    .argument('[command...]', 'after --: the remote command and its arguments (no local shell reads them)')
+    .option(
+      '-i, --identity <file>',
+      "private key to log in with (default: the embedded pool's client key, <state-dir>/client_ed25519; required with --stack)",
+    )
+    .option('-l, --user <name>', "log in as this user (default: the node's username)")
+    .option('--timeout <seconds>', 'wait this long for a pending node to be ready', seconds('--timeout'), 300)
+    .addHelpText(
+      'after',
+      [
+        '',
+        'The host is verified: ssh runs with StrictHostKeyChecking=yes and a known_hosts written for this',
+        "call from the node's recorded host keys (never your own ~/.ssh/known_hosts), IdentitiesOnly=yes,",
+        'no password. A released, failed or unknown node is refused with the reason.',
+        '',
+        'Examples:',
+        '  metastatic ssh req-1/0                    an interactive shell on the node',
+        '  metastatic ssh req-1/0 -- uname -a        run a command; its exit status is this one',
+        '  metastatic --stack pool ssh req-1/0 -i ~/.ssh/ci_ed25519 -- make test',
+      ].join('\n'),
+    )
+    .action(async (nodeId: string, command: string[], opts) => {
+      const { ssh } = await import('./commands/ssh.ts');
+      await ssh(await target(), nodeId, command, opts);
+    });
+
+  program
     .command('list')
     .description('list nodes, backing nodes or requests')
     .addArgument(new Argument('<what>', 'what to list').choices(['nodes', 'backing', 'requests']))

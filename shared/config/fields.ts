@@ -223,3 +223,47 @@ export const hourlyCost = () => {
   const phrase = `a cost per hour >= 0 and <= ${MAX_HOURLY_COST}`;
   return z.number({ error: phrase }).min(0, { error: phrase }).max(MAX_HOURLY_COST, { error: phrase });
 };
+
+// ---- credentials (a local backing pool's authorized-keys) -----------------------------------------------
+
+/** Keys a local backing pool accepts besides the embedded pool's own client key. */
+export const MAX_AUTHORIZED_KEYS = 32;
+/** Characters of one key line: a 16384-bit RSA key with a comment fits; a pasted file does not. */
+export const MAX_AUTHORIZED_KEY_CHARS = 4096;
+/** The key types a local backing node can verify (ssh2's server: no FIDO `sk-` keys, no DSA). */
+export const AUTHORIZED_KEY_TYPES = [
+  'ssh-ed25519',
+  'ssh-rsa',
+  'ecdsa-sha2-nistp256',
+  'ecdsa-sha2-nistp384',
+  'ecdsa-sha2-nistp521',
+] as const;
+const AUTHORIZED_KEY = `an OpenSSH public key line "<type> <base64> [comment]" of at most ${MAX_AUTHORIZED_KEY_CHARS} characters, type ${AUTHORIZED_KEY_TYPES.join(', ')}`;
+
+/**
+ * Whether `line` is `<type> <base64> [comment]` with a known type whose base64 decodes to a key blob of
+ * that same type (the blob starts with the type as an SSH string), as in an authorized_keys file without
+ * options. Pure, so the configuration checks it without ssh2.
+ */
+export function isPublicKeyLine(line: string): boolean {
+  const match = /^(\S+) ([A-Za-z0-9+/]+={0,2})(?: [^\r\n\0]*)?$/.exec(line);
+  if (!match) return false;
+  const [, type = '', base64 = ''] = match;
+  if (!(AUTHORIZED_KEY_TYPES as readonly string[]).includes(type) || base64.length % 4 !== 0) return false;
+  const blob = Buffer.from(base64, 'base64');
+  if (blob.length < 4 + type.length) return false;
+  return (
+    blob.readUInt32BE(0) === type.length && blob.subarray(4, 4 + type.length).toString('latin1') === type
+  );
+}
+
+export const authorizedKey = () =>
+  z
+    .string({ error: AUTHORIZED_KEY })
+    .max(MAX_AUTHORIZED_KEY_CHARS, { error: AUTHORIZED_KEY })
+    .refine(isPublicKeyLine, { error: AUTHORIZED_KEY });
+
+export const authorizedKeys = () => {
+  const phrase = `a list of at most ${MAX_AUTHORIZED_KEYS} public keys`;
+  return z.array(authorizedKey(), { error: phrase }).max(MAX_AUTHORIZED_KEYS, { error: phrase });
+};

@@ -13,6 +13,7 @@ import { awsProviderSchema } from './awsSchema.ts';
 import { contractKeys } from './contractFields.ts';
 import {
   attributes,
+  authorizedKeys,
   bool,
   cores,
   DEFAULT_LEASE_HELP,
@@ -24,6 +25,7 @@ import {
   MAPPING,
   MAX_ATTRIBUTES_BYTES,
   MAX_ATTRIBUTES_DEPTH,
+  MAX_AUTHORIZED_KEYS,
   MAX_BOOT_SECONDS,
   MAX_KEEP_SECONDS,
   MAX_LAUNCH_RETRIES,
@@ -174,6 +176,11 @@ export const localPoolSchema = z.strictObject(
     'max-servers': intBetween(1, MAX_SERVERS)
       .optional()
       .describe(`Backing nodes this pool may run at once; unset = unlimited; at most ${MAX_SERVERS}.`),
+    'authorized-keys': authorizedKeys()
+      .default([])
+      .describe(
+        `OpenSSH public key lines ("ssh-ed25519 AAAA... comment") whose holders may log in to this pool's backing nodes, besides the embedded pool's own client key; at most ${MAX_AUTHORIZED_KEYS}.`,
+      ),
     labels: nonEmptyList(localLabelSchema, 'labels'),
   },
   { error: MAPPING },

@@ -144,6 +144,7 @@ function connected(
   hostKeys: string[] | undefined,
   now: number,
 ): NodeRecord {
+  const username = slotUsername(backing, n.slot);
   return {
     ...n,
     host: backing.host,
@@ -152,8 +153,18 @@ function connected(
     ...nodeContract(backing.contract ?? LEGACY_CONTRACT, n.slot),
     attributes: nodeAttributes(backing.attributes, poolAttributes),
     hostKeys: hostKeys ?? hostKeysOf(backing),
+    ...(username !== undefined ? { username } : {}),
     readyAt: now,
   };
+}
+
+/**
+ * The user a node on `slot` logs in as, when its backing node serves one user per slot: the provider
+ * reports the prefix in its attributes (`slotUserPrefix`; local backing nodes: `slot`, so `slot0`, ...).
+ */
+export function slotUsername(b: BackingRecord, slot: number | undefined): string | undefined {
+  const prefix = b.attributes?.slotUserPrefix;
+  return typeof prefix === 'string' && slot !== undefined ? `${prefix}${slot}` : undefined;
 }
 
 /** The backing node's own host keys, which a node takes when host-key-checking is off. */

@@ -27,6 +27,8 @@ export function embeddedContext(args: {
   clock: Clock;
   log: Log;
   region?: string;
+  /** Public keys every local backing node lets in besides its pool's (the dev client key). */
+  authorizedKeys?: readonly string[];
 }): { context: Context; localProvider: LocalProvider } {
   const localProvider = new LocalProvider({
     stateDir: args.stateDir,
@@ -35,6 +37,7 @@ export function embeddedContext(args: {
     host: localHost(args.config),
     clock: args.clock,
     logger: args.log,
+    authorizedKeys: args.authorizedKeys,
     onEvent: async (event) => {
       await args.sqs.send(
         new SendMessageCommand({ QueueUrl: args.fulfilQueueUrl, MessageBody: JSON.stringify(event) }),

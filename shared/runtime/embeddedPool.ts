@@ -16,9 +16,11 @@ import { failBackingNode } from '../usecases/failure.ts';
 import { drainBacking, holdNode } from '../usecases/operator.ts';
 import type { ReapReport } from '../usecases/reapReport.ts';
 import { requestMessageOf, waitingRequests } from '../usecases/waiting.ts';
+import { type ClientKey, ensureClientKey } from './clientKey.ts';
 import { embeddedContext } from './embeddedContext.ts';
 import { type EmbeddedInfo, embeddedInfoPath } from './embeddedInfo.ts';
 import { type Engine, ensureQueue, ensureTable, startDynalite, startSqsEngine } from './engines.ts';
+import { LiveSlotSync } from './liveSlotSync.ts';
 import { type OperatorCall, type OperatorEndpoint, startOperatorEndpoint } from './operatorEndpoint.ts';
 import { holdPrivateUmask, makePrivateDir } from './privateState.ts';
 import { SqsPoller } from './sqsPoller.ts';
@@ -76,6 +78,9 @@ export class EmbeddedPool {
     private readonly options: EmbeddedPoolOptions,
     /** Gives back the private umask held while the stack runs (privateState.ts). */
     private readonly releaseUmask: () => void,
+    /** The SSH client key every local backing node lets in (clientKey.ts). */
+    readonly clientKey: ClientKey,
+    private readonly liveSlots: LiveSlotSync,
   ) {}
 
   static async start(options: EmbeddedPoolOptions): Promise<EmbeddedPool> {
@@ -120,6 +125,7 @@ export class EmbeddedPool {
           `capacity set ${set}: ${n} place(s) moved from the one-item form of an earlier version`,
         );
       }
+      const clientKey = await ensureClientKey(stateDir);
       const { context: embedded, localProvider } = embeddedContext({
         config: options.config,
         stateDir,
@@ -128,15 +134,33 @@ export class EmbeddedPool {
         fulfilQueueUrl: fulfilQueue.url,
         clock,
         log: options.log,
+        authorizedKeys: [clientKey.publicKey],
       });
       // Deliveries run only in this process: what one that started before it holds is abandoned (its
       // claims and places are taken over, or given back by the reaper, at once).
       const context: Context = { ...embedded, deliveriesDeadBefore: clock.now() };
+      const liveSlots = new LiveSlotSync(
+        store,
+        localProvider,
+        new Set(options.config.backingPools.filter((p) => p.driver === 'local').map((p) => p.key)),
+        options.log,
+      );
+      // Every handler run may make a node ready or end one: the backing processes learn it before the
+      // run counts as done (a client that saw the node ready finds its slot live).
+      const thenSync =
+        <A extends unknown[], R>(run: (...args: A) => Promise<R>) =>
+        async (...args: A): Promise<R> => {
+          try {
+            return await run(...args);
+          } finally {
+            await liveSlots.sync();
+          }
+        };
       const handlers = {
-        request: makeRequestHandler(context, { maxReceiveCount }),
-        deadLetters: makeDeadLetterHandler(context),
-        fulfil: makeFulfilHandler(context),
-        reaper: makeReaperHandler(context),
+        request: thenSync(makeRequestHandler(context, { maxReceiveCount })),
+        deadLetters: thenSync(makeDeadLetterHandler(context)),
+        fulfil: thenSync(makeFulfilHandler(context)),
+        reaper: thenSync(makeReaperHandler(context)),
       };
       const info: EmbeddedInfo = {
         region: REGION,
@@ -162,6 +186,8 @@ export class EmbeddedPool {
         engines,
         options,
         releaseUmask,
+        clientKey,
+        liveSlots,
       );
       if (!options.noPollers) {
         // A previous run may have left backing processes (adopted now) or lost some (kill -9, a
@@ -224,6 +250,11 @@ export class EmbeddedPool {
       case 'reap':
         return this.reapNow();
     }
+  }
+
+  /** Tells every local backing process which slots are live now (tests that write the table directly). */
+  syncLiveSlots(): Promise<void> {
+    return this.liveSlots.sync();
   }
 
   /** Runs the reaper now (waits for a run already in progress first). */

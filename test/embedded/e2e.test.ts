@@ -82,9 +82,12 @@ describe('metastatic CLI end to end (a new user’s session)', { timeout: 180_00
           'request',
           'slot',
           'state',
+          'username',
         ].sort(),
       );
       expect(r.nodes[0].request).toBe(r.id);
+      // One user per slot on a local backing node.
+      expect(r.nodes[0].username).toBe(`slot${r.nodes[0].slot}`);
     }
     const nodes = requests.map((r) => r.nodes[0]);
     expect(new Set(nodes.map((n) => n.backingNodeId)).size).toBe(2);

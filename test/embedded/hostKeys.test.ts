@@ -33,6 +33,14 @@ const pool: BackingPool = {
 };
 
 const SCAN_TIMEOUT_MS = 10_000;
+
+/** The one key the backing nodes of these tests let in (not ssh2's generator, which mangles one key in ~256). */
+const CLIENT_KEY = newEd25519PrivateKey();
+const CLIENT_PUBLIC = (() => {
+  const parsed = ssh2.utils.parseKey(CLIENT_KEY);
+  if (parsed instanceof Error) throw parsed;
+  return `${parsed.type} ${parsed.getPublicSSH().toString('base64')} test-client`;
+})();
 // A backing process boots in about a second; many times that on a loaded machine (a hang detector, not a speed check).
 const WAIT = { timeout: 45_000, interval: 20 };
 
@@ -66,13 +74,16 @@ afterEach(async () => {
 });
 
 /** Launches a backing node through the local provider and waits until it is running. */
-async function backingNode(backingNodeId: string): Promise<{ resource: BackingResource; port: number }> {
+async function backingNode(
+  backingNodeId: string,
+): Promise<{ resource: BackingResource; port: number; provider: LocalProvider }> {
   const provider = new LocalProvider({
     stateDir,
     pools: [pool],
     clock: systemClock,
     onEvent: () => {},
     logger: { info: () => {}, warn: () => {}, error: () => {} },
+    authorizedKeys: [CLIENT_PUBLIC],
   });
   providers.push(provider);
   const { resourceId } = await provider.launch({
@@ -87,7 +98,7 @@ async function backingNode(backingNodeId: string): Promise<{ resource: BackingRe
     expect(resource?.state).toBe('running');
   }, WAIT);
   if (!resource?.port) throw new Error(`backing node ${backingNodeId} has no port`);
-  return { resource, port: resource.port };
+  return { resource, port: resource.port, provider };
 }
 
 /** A TCP server on a free loopback port, closed (with its connections) after the test. */
@@ -144,6 +155,7 @@ function sshRun(
   port: number,
   command: string | undefined,
   auth: ClientAuth,
+  username = 'slot0',
 ): Promise<{ out: string; code: unknown }> {
   return new Promise((resolve, reject) => {
     const client = new ssh2.Client();
@@ -178,7 +190,7 @@ function sshRun(
     client.connect({
       host: '127.0.0.1',
       port,
-      username: 'tester',
+      username,
       readyTimeout: SCAN_TIMEOUT_MS,
       authHandler: [method],
       tryKeyboard: method === 'keyboard-interactive',
@@ -310,25 +322,22 @@ describe('SSH on a local backing node', () => {
     expect(await firstLine(port)).toBe('SSH-2.0-metastatic_bn-banner');
   });
 
-  it('lets any user in with none, password or publickey; exec greets and echoes, shell greets; exit 0', async () => {
-    const { resource, port } = await backingNode('bn-exec');
-    const greeting = `metastatic backing node bn-exec (${resource.resourceId})\n`;
-    const userKey = newEd25519PrivateKey(); // not ssh2's generator, which mangles one key in ~256
-    const none = { method: 'none' } as const;
-    expect(await sshRun(port, 'hello world', none)).toEqual({ out: `${greeting}hello world\n`, code: 0 });
-    expect(await sshRun(port, 'uname -a', { method: 'password', password: 'anything' })).toEqual({
-      out: `${greeting}uname -a\n`,
-      code: 0,
+  it("lets in only its authorized key, as a live slot's user; none, password, other keys and users are refused", async () => {
+    const { resource, port, provider } = await backingNode('bn-exec');
+    await provider.setLiveSlots(resource.resourceId, { '0': 'req-a/0' });
+    const key = { method: 'publickey', privateKey: CLIENT_KEY } as const;
+    expect(await sshRun(port, 'echo "$METASTATIC_NODE_ID $METASTATIC_SLOT"; exit 3', key)).toEqual({
+      out: 'req-a/0 0\n',
+      code: 3,
     });
-    expect(await sshRun(port, 'id', { method: 'publickey', privateKey: userKey })).toEqual({
-      out: `${greeting}id\n`,
-      code: 0,
-    });
-    expect(await sshRun(port, undefined, none)).toEqual({ out: greeting, code: 0 });
-    // Other methods are refused.
-    await expect(sshRun(port, 'id', { method: 'keyboard-interactive' })).rejects.toThrow(
-      /authentication methods failed/,
-    );
+    const refused = /All configured authentication methods failed/;
+    await expect(sshRun(port, 'id', { method: 'none' })).rejects.toThrow(refused);
+    await expect(sshRun(port, 'id', { method: 'password', password: 'anything' })).rejects.toThrow(refused);
+    await expect(sshRun(port, 'id', { method: 'keyboard-interactive' })).rejects.toThrow(refused);
+    await expect(
+      sshRun(port, 'id', { method: 'publickey', privateKey: newEd25519PrivateKey() }),
+    ).rejects.toThrow(refused);
+    await expect(sshRun(port, 'id', key, 'root')).rejects.toThrow(refused);
   });
 
   it('survives clients that disconnect or misbehave mid-handshake', async () => {
@@ -358,12 +367,19 @@ describe('SSH on a local backing node', () => {
   });
 
   it.skipIf(!hasSsh)('answers the OpenSSH client', async () => {
-    const { resource, port } = await backingNode('bn-openssh');
+    const { resource, port, provider } = await backingNode('bn-openssh');
+    await provider.setLiveSlots(resource.resourceId, { '1': 'req-b/0' });
+    const identity = join(stateDir, 'client_key');
+    await writeFile(identity, CLIENT_KEY, { mode: 0o600 });
     const { stdout } = await promisify(execFile)(
       'ssh',
       [
         '-p',
         String(port),
+        '-i',
+        identity,
+        '-o',
+        'IdentitiesOnly=yes',
         '-o',
         'StrictHostKeyChecking=no',
         '-o',
@@ -371,14 +387,12 @@ describe('SSH on a local backing node', () => {
         '-o',
         'BatchMode=yes',
         '-o',
-        'PreferredAuthentications=none,publickey,password',
-        '-o',
         'LogLevel=ERROR',
-        'test@127.0.0.1',
-        'hello',
+        'slot1@127.0.0.1',
+        'echo hello $METASTATIC_NODE_ID',
       ],
       { timeout: SCAN_TIMEOUT_MS },
     );
-    expect(stdout).toBe(`metastatic backing node bn-openssh (${resource.resourceId})\nhello\n`);
+    expect(stdout).toBe('hello req-b/0\n');
   });
 });

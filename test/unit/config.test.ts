@@ -1535,3 +1535,48 @@ describe('the JSON schema', () => {
     expect(committed).toBe(`${JSON.stringify(configJsonSchema(), null, 2)}\n`);
   });
 });
+
+describe('authorized-keys of a local backing pool', () => {
+  const ED25519 = `ssh-ed25519 ${Buffer.concat([Buffer.from([0, 0, 0, 11]), Buffer.from('ssh-ed25519'), Buffer.from([0, 0, 0, 32]), Buffer.alloc(32, 7)]).toString('base64')}`;
+  const withKeys = (keys: unknown) => {
+    const config = withMeta([pool([label('a')])]);
+    const [local] = config.providers as Obj[];
+    (local as { pools: Obj[] }).pools[0] = {
+      ...(local as { pools: Obj[] }).pools[0],
+      'authorized-keys': keys,
+    };
+    return parseObject(config);
+  };
+
+  it('accepts OpenSSH public key lines, with or without a comment, and keeps them on the pool', () => {
+    const config = ok(withKeys([ED25519, `${ED25519} ci@example`]));
+    expect(config.backingPools[0]?.poolOptions['authorized-keys']).toEqual([
+      ED25519,
+      `${ED25519} ci@example`,
+    ]);
+    expect(
+      ok(parseObject(withMeta([pool([label('a')])]))).backingPools[0]?.poolOptions['authorized-keys'],
+    ).toEqual([]);
+  });
+
+  it('rejects unknown types, a blob of another type, options, bad base64, too long and too many, by YAML path', () => {
+    const path = 'providers[0].pools[0].authorized-keys';
+    const bad = [
+      `ssh-dss ${ED25519.split(' ')[1]}`,
+      `ssh-rsa ${ED25519.split(' ')[1]}`,
+      `from="10.0.0.1" ${ED25519}`,
+      'ssh-ed25519 not*base64',
+      `${ED25519} ${'x'.repeat(5000)}`,
+    ];
+    const messages = problems(withKeys(bad));
+    expect(messages).toHaveLength(bad.length);
+    bad.forEach((_, i) => {
+      expect(messages[i]).toMatch(
+        new RegExp(`^${path.replace(/[[\]]/g, '\\$&')}\\[${i}\\]: expected an OpenSSH public key line`),
+      );
+    });
+    expect(problems(withKeys(Array.from({ length: 33 }, () => ED25519)))).toEqual([
+      `${path}: authorized-keys: expected a list of at most 32 public keys, got a list`,
+    ]);
+  });
+});

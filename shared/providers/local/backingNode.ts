@@ -3,27 +3,39 @@
  * provider spawns it as a child process (node + the tsx loader):
  *
  *   backingNode.ts --id <backingNodeId> --resource <resourceId> --boot-delay <seconds> --host 127.0.0.1
- *                  --state-file <path> [--host-key-file <path>]
+ *                  --state-file <path> [--host-key-file <path>] [--authorized-keys-file <path>]
+ *                  [--live-file <path>] [--work-dir <path>]
  *
- * It loads its SSH host key from the host-key file (default: the state file's path with `.key` in place of
- * `.json`), or generates an ed25519 key there (mode 0600) on its first start, so a restarted process keeps
- * its key. It then waits boot-delay seconds ("booting"), serves SSH on a TCP port the OS chooses, writes
- * its state file atomically (tmp + rename, merged into whatever record the provider already wrote; with
- * `hostKeys: ["<type> <base64>"]`) and prints `HOSTKEY <type> <base64>` then `READY <port>` on stdout.
+ * (The last four default to the state file's path with `.key`, `.authorized_keys`, `.live` and `.work`
+ * in place of `.json`.) It loads its SSH host key from the host-key file, or generates an ed25519 key
+ * there (mode 0600) on its first start, so a restarted process keeps its key. It then waits boot-delay
+ * seconds ("booting"), serves SSH on a TCP port the OS chooses, writes its state file atomically (tmp +
+ * rename, merged into whatever record the provider already wrote; with `hostKeys: ["<type> <base64>"]`)
+ * and prints `HOSTKEY <type> <base64>` then `READY <port>` on stdout.
  *
- * The SSH server is a loopback toy machine: its identification line is `SSH-2.0-metastatic_<backingNodeId>`
- * (so `nc 127.0.0.1 PORT` shows which backing node answers), any user gets in with `none`, `password` or
- * `publickey`, and a session's `shell` or `exec` prints `metastatic backing node <id> (<resourceId>)`
- * (exec: then the command line) and exits 0. SIGTERM/SIGINT close the server and exit 0.
+ * SSH: the identification line is `SSH-2.0-metastatic_<backingNodeId>` (so `nc 127.0.0.1 PORT` shows
+ * which backing node answers). One process on one port serves every slot: user `slot<N>` is slot N
+ * (liveSlots.ts), let in only with public-key authentication by a key of the authorized-keys file, and
+ * only while the live file names a node on that slot. A session runs commands for real (slotProcess.ts:
+ * `/bin/sh -c` in the slot's working directory `<work-dir>/slot<N>` (0700) with METASTATIC_NODE_ID and
+ * METASTATIC_SLOT set, exit status or signal returned, a pty through `script`) and serves the `sftp`
+ * subsystem (sftpServer.ts), so `scp` works. Every process a connection started ends when it closes;
+ * once the live file no longer names its node on its slot (released), its connection and processes end
+ * and the slot's directory is removed.
  *
- * It deliberately does not watch its parent: a backing node outlives a crashed provider so that a restarted
- * one can adopt it from the state file.
+ * SIGHUP re-reads the live file and the authorized keys. SIGTERM/SIGINT end every session's processes,
+ * close the server and exit 0. It deliberately does not watch its parent: a backing node outlives a
+ * crashed provider so that a restarted one can adopt it from the state file.
  */
-import { readFile, rename, unlink, writeFile } from 'node:fs/promises';
+import { chmod, mkdir, readFile, rename, rm, unlink, writeFile } from 'node:fs/promises';
 import { createServer, type Server, type Socket } from 'node:net';
+import { join } from 'node:path';
 import { parseArgs } from 'node:util';
-import ssh2, { type AuthenticationType, type ServerChannel, type SessionAccept } from 'ssh2';
+import ssh2, { type SessionAccept } from 'ssh2';
 import { newEd25519PrivateKey } from './hostKey.ts';
+import { LIVE_POLL_MS, parseLiveSlots, slotOfUser, slotUser } from './liveSlots.ts';
+import { serveSftp } from './sftpServer.ts';
+import { endGroup, KILL_GRACE_MS, type PtyInfo, runOnChannel, signalGroup } from './slotProcess.ts';
 
 const { utils } = ssh2;
 
@@ -34,6 +46,9 @@ interface Args {
   readonly host: string;
   readonly stateFile: string;
   readonly hostKeyFile: string;
+  readonly authorizedKeysFile: string;
+  readonly liveFile: string;
+  readonly workDir: string;
 }
 
 interface HostKey {
@@ -57,6 +72,9 @@ function parse(): Args {
       host: { type: 'string', default: '127.0.0.1' },
       'state-file': { type: 'string' },
       'host-key-file': { type: 'string' },
+      'authorized-keys-file': { type: 'string' },
+      'live-file': { type: 'string' },
+      'work-dir': { type: 'string' },
     },
     strict: true,
     allowPositionals: false,
@@ -70,8 +88,18 @@ function parse(): Args {
   if (!Number.isFinite(bootDelaySeconds) || bootDelaySeconds < 0) {
     fail(`--boot-delay must be a non-negative number of seconds, got ${values['boot-delay']}`);
   }
-  const hostKeyFile = values['host-key-file'] || `${stateFile.replace(/\.json$/, '')}.key`;
-  return { id, resource, bootDelaySeconds, host: host ?? '127.0.0.1', stateFile, hostKeyFile };
+  const base = stateFile.replace(/\.json$/, '');
+  return {
+    id,
+    resource,
+    bootDelaySeconds,
+    host: host ?? '127.0.0.1',
+    stateFile,
+    hostKeyFile: values['host-key-file'] || `${base}.key`,
+    authorizedKeysFile: values['authorized-keys-file'] || `${base}.authorized_keys`,
+    liveFile: values['live-file'] || `${base}.live`,
+    workDir: values['work-dir'] || `${base}.work`,
+  };
 }
 
 /** Writes `record` merged over the existing state file (if any), atomically. */
@@ -120,37 +148,256 @@ function identFor(backingNodeId: string): string {
   return `metastatic_${backingNodeId.replace(/[^\x21-\x7e]/g, '_')}`;
 }
 
-/** The SSH side of the toy machine; every client and channel error is swallowed (it is the client's). */
-function sshServer(args: Args, hostKey: HostKey): InstanceType<typeof ssh2.Server> {
-  const greeting = `metastatic backing node ${args.id} (${args.resource})\n`;
-  const allowed: AuthenticationType[] = ['none', 'password', 'publickey'];
+/** A public key a login may present, parsed once. */
+interface AllowedKey {
+  readonly blob: Buffer;
+  readonly key: ssh2.ParsedKey;
+}
+
+/**
+ * The keys of the authorized-keys file (the embedded pool's client key and the pool's configured keys,
+ * one OpenSSH public key line each); unreadable or unparsable lines are skipped with a warning.
+ */
+async function loadAuthorizedKeys(path: string): Promise<AllowedKey[]> {
+  let text = '';
+  try {
+    text = await readFile(path, 'utf8');
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code !== 'ENOENT') {
+      process.stderr.write(`backing node: cannot read ${path}: ${String(err)}\n`);
+    }
+    return [];
+  }
+  const keys: AllowedKey[] = [];
+  for (const line of text.split('\n')) {
+    if (line.trim() === '' || line.startsWith('#')) continue;
+    const parsed = utils.parseKey(line);
+    const key = Array.isArray(parsed) ? parsed[0] : parsed;
+    if (!key || key instanceof Error) {
+      process.stderr.write(
+        `backing node: skipping an authorized key it cannot parse: ${line.slice(0, 40)}\n`,
+      );
+      continue;
+    }
+    keys.push({ blob: key.getPublicSSH(), key });
+  }
+  return keys;
+}
+
+/** A logged-in connection: the slot and node it is for, and the process groups its sessions started. */
+interface Login {
+  readonly slot: number;
+  readonly nodeId: string;
+  readonly dir: string;
+  readonly end: () => void;
+  readonly groups: Set<number>;
+}
+
+/** How long a login waits for its slot to be live (the pool writes the file just after the node is ready). */
+const LOGIN_WAIT_MS = 2_000;
+const LOGIN_POLL_MS = 100;
+/** Environment variables a client may set (as sshd's default AcceptEnv). */
+const ACCEPTED_ENV = /^(LANG|LC_[A-Z]+)$/;
+
+/**
+ * The slots as the live file says, re-read on demand; when a slot's node changes, every login for the old
+ * node ends and its working directory is moved aside and removed, so the next node starts empty.
+ */
+class Slots {
+  private slots: Readonly<Record<string, string>> = {};
+  private reading: Promise<void> | undefined;
+  readonly logins = new Set<Login>();
+
+  constructor(
+    private readonly liveFile: string,
+    private readonly workDir: string,
+  ) {}
+
+  nodeOn(slot: number): string | undefined {
+    return this.slots[String(slot)];
+  }
+
+  /** Re-reads the live file (one read at a time; a missing or unreadable file means no live slot). */
+  reload(): Promise<void> {
+    this.reading ??= this.read().finally(() => {
+      this.reading = undefined;
+    });
+    return this.reading;
+  }
+
+  /** The node on `slot`, waiting up to LOGIN_WAIT_MS for the pool to name one. */
+  async waitFor(slot: number): Promise<string | undefined> {
+    const deadline = Date.now() + LOGIN_WAIT_MS;
+    for (;;) {
+      await this.reload();
+      const node = this.nodeOn(slot);
+      if (node !== undefined || Date.now() >= deadline) return node;
+      await new Promise((resolve) => setTimeout(resolve, LOGIN_POLL_MS));
+    }
+  }
+
+  /** The slot's working directory, made private (0700) if it is not there yet. */
+  async dirOf(slot: number): Promise<string> {
+    const dir = join(this.workDir, slotUser(slot));
+    await mkdir(this.workDir, { recursive: true, mode: 0o700 });
+    await mkdir(dir, { recursive: true, mode: 0o700 });
+    await chmod(dir, 0o700);
+    return dir;
+  }
+
+  private async read(): Promise<void> {
+    let next: Readonly<Record<string, string>> = {};
+    try {
+      next = parseLiveSlots(await readFile(this.liveFile, 'utf8'))?.slots ?? {};
+    } catch {
+      // No file yet (or it is being replaced): nothing is live.
+    }
+    const before = this.slots;
+    this.slots = next;
+    for (const login of this.logins) {
+      if (next[String(login.slot)] !== login.nodeId) login.end();
+    }
+    for (const [slot, node] of Object.entries(before)) {
+      if (next[slot] !== node) await this.clear(Number(slot));
+    }
+  }
+
+  /** Moves a slot's directory aside (its next node gets a fresh one at once) and removes it in the background. */
+  private async clear(slot: number): Promise<void> {
+    const dir = join(this.workDir, slotUser(slot));
+    const gone = join(this.workDir, `.gone-${slotUser(slot)}-${Date.now()}-${process.pid}`);
+    try {
+      await rename(dir, gone);
+    } catch {
+      return; // Never logged into: nothing to clear.
+    }
+    // After the old node's processes had their SIGKILL, so none writes into it while it goes.
+    setTimeout(() => void rm(gone, { recursive: true, force: true }).catch(() => {}), KILL_GRACE_MS + 200);
+  }
+}
+
+/** The environment of a slot's processes: the backing process's own, without the pool's variables. */
+function slotEnv(login: Login, extra: Readonly<Record<string, string>>): NodeJS.ProcessEnv {
+  const env: NodeJS.ProcessEnv = {};
+  for (const [key, value] of Object.entries(process.env)) {
+    if (!key.startsWith('METASTATIC_')) env[key] = value;
+  }
+  return {
+    ...env,
+    ...extra,
+    HOME: login.dir,
+    PWD: login.dir,
+    METASTATIC_NODE_ID: login.nodeId,
+    METASTATIC_SLOT: String(login.slot),
+  };
+}
+
+/**
+ * The SSH side of a local backing node. Public-key authentication only, as `slot<N>` for a live slot N,
+ * with a key of the authorized-keys file; every client and channel error is swallowed (it is the client's).
+ */
+function sshServer(
+  args: Args,
+  hostKey: HostKey,
+  slots: Slots,
+  keys: () => readonly AllowedKey[],
+  stopping: () => boolean,
+): InstanceType<typeof ssh2.Server> {
   return new ssh2.Server({ hostKeys: [hostKey.privateKey], ident: identFor(args.id) }, (client) => {
     client.on('error', () => {});
+    let login: Login | undefined;
     client.on('authentication', (ctx) => {
-      if (allowed.includes(ctx.method)) ctx.accept();
-      else ctx.reject(allowed);
+      if (ctx.method !== 'publickey' || stopping()) return ctx.reject(['publickey']);
+      const slot = slotOfUser(ctx.username);
+      const allowed = slot === undefined ? undefined : keys().find((k) => k.blob.equals(ctx.key.data));
+      if (slot === undefined || !allowed) return ctx.reject(['publickey']);
+      // Without a signature the client only asks whether this key would do.
+      if (!ctx.signature || !ctx.blob) return ctx.accept();
+      if (allowed.key.verify(ctx.blob, ctx.signature, ctx.hashAlgo) !== true)
+        return ctx.reject(['publickey']);
+      void (async () => {
+        const nodeId = await slots.waitFor(slot);
+        if (nodeId === undefined || stopping()) return ctx.reject(['publickey']);
+        const dir = await slots.dirOf(slot);
+        const groups = new Set<number>();
+        login = {
+          slot,
+          nodeId,
+          dir,
+          groups,
+          end: () => {
+            for (const pgid of groups) endGroup(pgid);
+            client.end();
+          },
+        };
+        ctx.accept();
+      })().catch((err: unknown) => {
+        process.stderr.write(`backing node: login as ${ctx.username} failed: ${String(err)}\n`);
+        ctx.reject(['publickey']);
+      });
     });
     client.on('ready', () => {
+      const current = login;
+      if (!current) return void client.end();
+      slots.logins.add(current);
+      // The slot may have been released between the check and now.
+      if (slots.nodeOn(current.slot) !== current.nodeId) return current.end();
+      client.on('close', () => {
+        slots.logins.delete(current);
+        for (const pgid of current.groups) endGroup(pgid);
+      });
       client.on('session', (acceptSession) => {
         const session = acceptSession();
-        let pty = false;
+        let pty: PtyInfo | undefined;
+        const env: Record<string, string> = {};
+        const sessionGroups = new Set<number>();
+        const track = (pgid: number, started: boolean): void => {
+          for (const set of [current.groups, sessionGroups]) {
+            if (started) set.add(pgid);
+            else set.delete(pgid);
+          }
+        };
+        const options = () => ({ cwd: current.dir, env: slotEnv(current, env), track });
         // Replies are only owed when the client asked for one (accept is then undefined at run time).
-        session.on('pty', (accept: SessionAccept | undefined) => {
-          pty = true;
+        session.on('pty', (accept: SessionAccept | undefined, _reject, info) => {
+          pty = { term: info.term, rows: info.rows, cols: info.cols };
           accept?.();
         });
-        session.on('env', (accept: SessionAccept | undefined) => accept?.());
+        session.on('env', (accept: SessionAccept | undefined, reject: (() => void) | undefined, info) => {
+          if (ACCEPTED_ENV.test(info.key)) {
+            env[info.key] = info.val;
+            accept?.();
+          } else reject?.();
+        });
         session.on('window-change', (accept: SessionAccept | undefined) => accept?.());
-        const run = (channel: ServerChannel | undefined, output: string): void => {
+        session.on('signal', (accept: SessionAccept | undefined, _reject, info) => {
+          const name = `SIG${info.name.replace(/^SIG/, '')}` as NodeJS.Signals;
+          for (const pgid of sessionGroups) {
+            try {
+              process.kill(-pgid, name);
+            } catch {
+              // Gone, or not a signal this system knows.
+            }
+          }
+          accept?.();
+        });
+        session.on('exec', (accept, _reject, info) => {
+          const channel = accept();
           if (!channel) return;
           channel.on('error', () => {});
-          // A terminal in raw mode needs CR LF.
-          channel.write(pty ? output.replace(/\n/g, '\r\n') : output);
-          channel.exit(0);
-          channel.end();
-        };
-        session.on('shell', (accept) => run(accept(), greeting));
-        session.on('exec', (accept, _reject, info) => run(accept(), `${greeting}${info.command}\n`));
+          runOnChannel(channel, info.command, pty, options());
+        });
+        session.on('shell', (accept) => {
+          const channel = accept();
+          if (!channel) return;
+          channel.on('error', () => {});
+          runOnChannel(channel, undefined, pty, options());
+        });
+        session.on('sftp', (accept) => {
+          const sftp = accept();
+          if (sftp) serveSftp(sftp, current.dir);
+        });
+        session.on('subsystem', (_accept, reject) => reject?.());
       });
     });
   });
@@ -168,18 +415,44 @@ async function main(): Promise<void> {
   process.stdout.on('error', () => {});
   process.stderr.on('error', () => {});
 
+  const slots = new Slots(args.liveFile, args.workDir);
+  let keys: readonly AllowedKey[] = [];
+  const reload = async (): Promise<void> => {
+    keys = await loadAuthorizedKeys(args.authorizedKeysFile);
+    await slots.reload();
+  };
+  // Installed first: SIGHUP's default action would end the process.
+  process.on('SIGHUP', () => void reload());
+
   const stop = (): void => {
     if (stopping) return;
     stopping = true;
     if (bootTimer) clearTimeout(bootTimer);
+    clearInterval(poll);
+    // Every session's processes end with the node: SIGHUP now, SIGKILL to what is left before exiting.
+    const groups = [...slots.logins].flatMap((login) => [...login.groups]);
+    for (const pgid of groups) endGroup(pgid);
     for (const socket of sockets) socket.destroy();
-    if (!server?.listening) process.exit(0);
-    server.close(() => process.exit(0));
+    const exit = (): void => {
+      for (const pgid of groups) signalGroup(pgid, 'SIGKILL');
+      process.exit(0);
+    };
+    const exitAfterGrace = (): void => {
+      if (groups.length === 0) exit();
+      else setTimeout(exit, KILL_GRACE_MS);
+    };
+    if (!server?.listening) {
+      exitAfterGrace();
+      return;
+    }
+    server.close(exitAfterGrace);
     // Should close hang for any reason, still go.
-    setTimeout(() => process.exit(0), 2_000).unref();
+    setTimeout(exit, KILL_GRACE_MS + 2_000).unref();
   };
   process.on('SIGTERM', stop);
   process.on('SIGINT', stop);
+  // The signal is a prompt; the file is re-read now and then anyway (a signal sent while we started).
+  const poll = setInterval(() => void slots.reload(), LIVE_POLL_MS);
 
   let hostKey: HostKey;
   try {
@@ -188,7 +461,14 @@ async function main(): Promise<void> {
     fail(`host key ${args.hostKeyFile}: ${err instanceof Error ? err.message : String(err)}`);
   }
   if (stopping) return;
-  const ssh = sshServer(args, hostKey);
+  await reload();
+  const ssh = sshServer(
+    args,
+    hostKey,
+    slots,
+    () => keys,
+    () => stopping,
+  );
 
   const listen = (): void => {
     bootTimer = undefined;

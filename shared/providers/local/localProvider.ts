@@ -13,6 +13,7 @@ import type { Clock } from '../../core/clock.ts';
 import type { BackingProvider, BackingResource, LaunchSpec } from '../../core/provider.ts';
 import { type InstanceState, type StateChangeEvent, stateChangeEvent } from '../../core/stateChanges.ts';
 import { clip } from '../../core/text.ts';
+import { formatLiveSlots } from './liveSlots.ts';
 import { isAlive, type LocalRecord, localResourceId, RecordFiles, resourceOf } from './localRecords.ts';
 import {
   AdoptedWatch,
@@ -50,6 +51,11 @@ export interface LocalProviderOptions {
   readonly clock: Clock;
   readonly onEvent: (event: StateChangeEvent) => Promise<void> | void;
   readonly logger?: LocalProviderLogger;
+  /**
+   * Public keys (OpenSSH lines) every backing node lets in besides its pool's `authorized-keys`: the
+   * embedded pool's own client key (shared/runtime/clientKey.ts).
+   */
+  readonly authorizedKeys?: readonly string[];
 }
 
 /** A child process started by this provider instance. */
@@ -76,6 +82,9 @@ export class LocalProvider implements BackingProvider {
   private readonly clock: Clock;
   private readonly onEvent: LocalProviderOptions['onEvent'];
   private readonly logger: LocalProviderLogger;
+  private readonly authorizedKeys: readonly string[];
+  /** The live-slots file's text last written per resource, so an unchanged set is neither written nor signalled. */
+  private readonly liveWritten = new Map<string, string>();
   private readonly pools = new Map<string, BackingPool>();
   /** Live children started by this instance. */
   private readonly children = new Map<string, Child>();
@@ -109,6 +118,7 @@ export class LocalProvider implements BackingProvider {
     this.clock = options.clock;
     this.onEvent = options.onEvent;
     this.logger = options.logger ?? defaultLogger;
+    this.authorizedKeys = options.authorizedKeys ?? [];
     for (const pool of options.pools) {
       if (pool.driver === 'local') this.pools.set(pool.key, pool);
     }
@@ -180,6 +190,44 @@ export class LocalProvider implements BackingProvider {
   }
 
   /**
+   * Tells a backing process which of its slots are live, and for which node (slot -> node id): written to
+   * its live file (liveSlots.ts), then SIGHUP so that it re-reads it at once. A login is let in only for
+   * a node named there; the sessions of a node no longer named end. Unchanged sets are skipped.
+   */
+  async setLiveSlots(resourceId: string, slots: Readonly<Record<string, string>>): Promise<void> {
+    const text = formatLiveSlots(slots);
+    if (this.liveWritten.get(resourceId) === text) return;
+    const child = this.children.get(resourceId);
+    let pid: number | undefined;
+    if (child) {
+      if (child.run.hasExited || child.terminating) return;
+      pid = child.record.pid;
+    } else {
+      const record = await this.liveRecord(resourceId);
+      if (!record) return;
+      if (record.state === 'running') pid = record.pid;
+    }
+    await this.files.writePrivate(this.files.liveFile(resourceId), text);
+    this.liveWritten.set(resourceId, text);
+    // Only a process that announced READY has its SIGHUP handler (the default action would end it); one
+    // still starting reads the file before it listens. It re-reads it every second anyway.
+    if (child) {
+      if (child.record.state === 'running') child.run.process.kill('SIGHUP');
+    } else if (pid !== undefined && (await isAlive(pid, resourceId))) {
+      try {
+        process.kill(pid, 'SIGHUP');
+      } catch {
+        // Gone meanwhile.
+      }
+    }
+  }
+
+  /** The local resources known now (children and records on disk), by id: the ones setLiveSlots serves. */
+  async resourceIds(): Promise<string[]> {
+    return [...new Set<string>([...this.children.keys(), ...(await this.files.ids())])];
+  }
+
+  /**
    * Why a child of this instance exited before it was ready: its exit code or signal and the last line
    * it wrote to stderr (e.g. `backing node: server error: getaddrinfo ENOTFOUND ...` for a host it cannot
    * listen on), so the cause reaches the backing node's failure reason and not only the log.
@@ -198,6 +246,13 @@ export class LocalProvider implements BackingProvider {
   }
 
   // --- internals --------------------------------------------------------------------------------------
+
+  /** The authorized-keys file of a backing node of `poolKey`: the provider's keys, then the pool's. */
+  private authorizedKeysFor(poolKey: string): string {
+    const configured = this.pools.get(poolKey)?.poolOptions['authorized-keys'];
+    const poolKeys = Array.isArray(configured) ? configured.filter((k) => typeof k === 'string') : [];
+    return [...this.authorizedKeys, ...poolKeys].map((line) => `${line}\n`).join('');
+  }
 
   private settings(poolKey: string, labelName: string): LabelSettings {
     return labelSettings(this.pools.get(poolKey), poolKey, labelName);
@@ -263,6 +318,10 @@ export class LocalProvider implements BackingProvider {
     await this.files.remove(resourceId);
     if (this.closed) throw new Error('local provider is shut down');
 
+    // Written before the process starts, which reads it once it listens: no login before it is there.
+    const authorizedKeysFile = this.files.authorizedKeysFile(resourceId);
+    await this.files.writePrivate(authorizedKeysFile, this.authorizedKeysFor(spec.poolKey));
+    this.liveWritten.delete(resourceId);
     const proc = await spawnBackingNode({
       backingNodeId: spec.backingNodeId,
       resourceId,
@@ -270,6 +329,9 @@ export class LocalProvider implements BackingProvider {
       host: this.host,
       stateFile: this.files.file(resourceId),
       hostKeyFile: this.files.keyFile(resourceId),
+      authorizedKeysFile,
+      liveFile: this.files.liveFile(resourceId),
+      workDir: this.files.workDir(resourceId),
     });
     const pid = proc.pid as number;
     const record: LocalRecord = {

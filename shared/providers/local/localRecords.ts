@@ -1,11 +1,14 @@
 import { createHash } from 'node:crypto';
-import { readdir, readFile, rename, unlink, writeFile } from 'node:fs/promises';
+import { readdir, readFile, rename, rm, unlink, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { BackingResource } from '../../core/provider.ts';
+import { SLOT_USER_PREFIX } from './liveSlots.ts';
 
 /**
  * The local provider's records on disk. Every resource is recorded under `<stateDir>/local/<resourceId>.json`,
- * its SSH host key (private, 0600) under `<resourceId>.key`; both go when the resource ends. A record
+ * its SSH host key (private, 0600) under `<resourceId>.key`, the public keys it lets in under
+ * `<resourceId>.authorized_keys`, its live slots under `<resourceId>.live` (liveSlots.ts) and its slots'
+ * working directories under `<resourceId>.work/`; all go when the resource ends. A record
  * whose pid is alive is a resource "tagged as ours", so a restarted provider can still see, describe and
  * terminate the backing nodes of a previous run.
  */
@@ -110,6 +113,25 @@ export class RecordFiles {
     return join(this.dir, `${resourceId}.key`);
   }
 
+  authorizedKeysFile(resourceId: string): string {
+    return join(this.dir, `${resourceId}.authorized_keys`);
+  }
+
+  liveFile(resourceId: string): string {
+    return join(this.dir, `${resourceId}.live`);
+  }
+
+  workDir(resourceId: string): string {
+    return join(this.dir, `${resourceId}.work`);
+  }
+
+  /** Writes one of the resource's files atomically (tmp + rename), private to the user. */
+  async writePrivate(path: string, text: string): Promise<void> {
+    const tmp = `${path}.${process.pid}.tmp`;
+    await writeFile(tmp, text, { mode: 0o600 });
+    await rename(tmp, path);
+  }
+
   async read(resourceId: string): Promise<LocalRecord | undefined> {
     try {
       return parseRecord(resourceId, await readFile(this.file(resourceId), 'utf8'));
@@ -126,15 +148,22 @@ export class RecordFiles {
     await rename(tmp, path);
   }
 
-  /** Removes the resource's record and its host key. */
+  /** Removes the resource's record, its host key, its authorized and live files and its slots' directories. */
   async remove(resourceId: string): Promise<void> {
-    for (const path of [this.file(resourceId), this.keyFile(resourceId)]) {
+    const files = [
+      this.file(resourceId),
+      this.keyFile(resourceId),
+      this.authorizedKeysFile(resourceId),
+      this.liveFile(resourceId),
+    ];
+    for (const path of files) {
       try {
         await unlink(path);
       } catch (err) {
         if (errorCode(err) !== 'ENOENT') throw err;
       }
     }
+    await rm(this.workDir(resourceId), { recursive: true, force: true });
   }
 
   /** The resource ids recorded; temporary files a dead writer left behind are removed on the way. */
@@ -151,9 +180,9 @@ export class RecordFiles {
     return out;
   }
 
-  /** Removes `<id>.json.<pid>.tmp` (or `<id>.key.<pid>.tmp`) left behind by a writer that died mid-write. */
+  /** Removes `<id>.json.<pid>.tmp` (or `.key`, `.authorized_keys`, `.live`) left behind by a writer that died mid-write. */
   private async removeOrphanTmp(name: string): Promise<void> {
-    const writer = /\.(?:json|key)\.(\d+)\.tmp$/.exec(name)?.[1];
+    const writer = /\.(?:json|key|authorized_keys|live)\.(\d+)\.tmp$/.exec(name)?.[1];
     if (writer === undefined || Number(writer) === process.pid) return;
     try {
       process.kill(Number(writer), 0);
@@ -186,6 +215,8 @@ export function resourceOf(
       label: record.label,
       resourceId: record.resourceId,
       pid: record.pid,
+      // One user per slot (`slot<N>`, liveSlots.ts): a node's username is this and its slot (core/request.ts).
+      slotUserPrefix: SLOT_USER_PREFIX,
       ...(record.hostKeys ? { hostKeys: [...record.hostKeys] } : {}),
     },
   };

@@ -72,6 +72,9 @@ export interface BackingNodeArgs {
   readonly host: string;
   readonly stateFile: string;
   readonly hostKeyFile: string;
+  readonly authorizedKeysFile: string;
+  readonly liveFile: string;
+  readonly workDir: string;
 }
 
 /**
@@ -96,6 +99,12 @@ export async function spawnBackingNode(args: BackingNodeArgs): Promise<ChildProc
       args.stateFile,
       '--host-key-file',
       args.hostKeyFile,
+      '--authorized-keys-file',
+      args.authorizedKeysFile,
+      '--live-file',
+      args.liveFile,
+      '--work-dir',
+      args.workDir,
     ],
     { stdio: ['ignore', 'pipe', 'pipe'] },
   );

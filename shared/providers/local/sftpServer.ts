@@ -1,0 +1,311 @@
+/**
+ * The `sftp` subsystem of a local backing node, over ssh2's SFTP server stream: what OpenSSH's `sftp`
+ * and `scp` (which speaks SFTP by default since OpenSSH 9) need to put and get files and list, make and
+ * remove directories. Relative paths are the slot's working directory's; absolute paths are taken as
+ * they are, with the backing process's own uid: a local node is the user's own machine, so SFTP allows
+ * exactly what a command run on the node could do, nothing more (no chroot, no privilege).
+ */
+import { constants, type Stats } from 'node:fs';
+import {
+  chmod,
+  type FileHandle,
+  lstat,
+  mkdir,
+  open,
+  opendir,
+  readlink,
+  realpath,
+  rename,
+  rmdir,
+  stat,
+  symlink,
+  truncate,
+  unlink,
+  utimes,
+} from 'node:fs/promises';
+import { isAbsolute, resolve } from 'node:path';
+import ssh2, { type Attributes, type SFTPWrapper } from 'ssh2';
+
+const { STATUS_CODE, OPEN_MODE } = ssh2.utils.sftp;
+
+/** SFTP open flags as open(2) flags (ssh2's flagsToString knows only the combinations fopen() has). */
+function openFlags(flags: number): number | undefined {
+  const read = (flags & OPEN_MODE.READ) !== 0;
+  const write = (flags & OPEN_MODE.WRITE) !== 0;
+  if (!read && !write) return undefined;
+  let out = read && write ? constants.O_RDWR : write ? constants.O_WRONLY : constants.O_RDONLY;
+  if (flags & OPEN_MODE.APPEND) out |= constants.O_APPEND;
+  if (flags & OPEN_MODE.CREAT) out |= constants.O_CREAT;
+  if (flags & OPEN_MODE.TRUNC) out |= constants.O_TRUNC;
+  if (flags & OPEN_MODE.EXCL) out |= constants.O_EXCL;
+  return out;
+}
+
+/** Bytes sent for one READ at most (OpenSSH asks for 32 KiB or less; a larger ask gets a short read). */
+const MAX_READ = 64 * 1024;
+/** Names returned by one READDIR. */
+const NAMES_PER_READDIR = 100;
+/** Open handles per SFTP session: a client that opens without closing is refused, not fed descriptors. */
+const MAX_HANDLES = 256;
+
+type Open =
+  | { readonly kind: 'file'; readonly file: FileHandle }
+  | { readonly kind: 'dir'; readonly path: string; names?: string[] };
+
+function statusOf(err: unknown): number {
+  const code = (err as NodeJS.ErrnoException).code;
+  if (code === 'ENOENT' || code === 'ENOTDIR') return STATUS_CODE.NO_SUCH_FILE;
+  if (code === 'EACCES' || code === 'EPERM') return STATUS_CODE.PERMISSION_DENIED;
+  return STATUS_CODE.FAILURE;
+}
+
+function attrsOf(s: Stats): Attributes {
+  return {
+    mode: s.mode,
+    uid: s.uid,
+    gid: s.gid,
+    size: s.size,
+    atime: Math.floor(s.atimeMs / 1000),
+    mtime: Math.floor(s.mtimeMs / 1000),
+  };
+}
+
+const PERMS = 'rwxrwxrwx';
+/** `ls -l`'s line for an entry, which `sftp`'s `ls -l` prints as it is. */
+function longname(name: string, s: Stats): string {
+  const type = s.isDirectory() ? 'd' : s.isSymbolicLink() ? 'l' : '-';
+  let perms = '';
+  for (let i = 0; i < 9; i++) perms += s.mode & (1 << (8 - i)) ? PERMS[i] : '-';
+  const date = new Date(s.mtimeMs).toISOString().slice(0, 16).replace('T', ' ');
+  return `${type}${perms} ${s.nlink} ${s.uid} ${s.gid} ${s.size} ${date} ${name}`;
+}
+
+/** Applies the attributes a client set (SETSTAT, FSETSTAT, MKDIR, OPEN with CREAT). */
+async function applyAttrs(path: string, attrs: Attributes | undefined): Promise<void> {
+  if (!attrs) return;
+  if (typeof attrs.size === 'number') await truncate(path, attrs.size);
+  if (typeof attrs.mode === 'number') await chmod(path, attrs.mode & 0o7777);
+  if (typeof attrs.atime === 'number' && typeof attrs.mtime === 'number') {
+    await utimes(path, attrs.atime, attrs.mtime);
+  }
+}
+
+/** What ssh2 keeps private on a server-side SFTP stream: its channel id and the protocol it sends on. */
+interface SftpInternals {
+  readonly outgoing?: { readonly id: number; readonly state: string };
+  readonly _protocol?: { exitStatus(channel: number, status: number): void };
+}
+
+/**
+ * Sends `exit-status` on an SFTP session's channel. ssh2 exposes exit() on exec and shell channels
+ * only; its SFTP stream keeps the channel to itself, so this uses the same protocol call exit() makes.
+ */
+function sendExitStatus(sftp: SFTPWrapper, status: number): void {
+  const internals = sftp as unknown as SftpInternals;
+  if (internals.outgoing?.state !== 'open') return;
+  try {
+    internals._protocol?.exitStatus(internals.outgoing.id, status);
+  } catch {
+    // The connection is gone.
+  }
+}
+
+/** Serves one SFTP session, paths relative to `cwd`; every handle still open is closed when it ends. */
+export function serveSftp(sftp: SFTPWrapper, cwd: string): void {
+  const handles = new Map<number, Open & { readonly path: string }>();
+  let nextHandle = 0;
+  const at = (path: string): string => (isAbsolute(path) ? resolve(path) : resolve(cwd, path || '.'));
+  const handleOf = (buf: Buffer) => (buf.length === 4 ? handles.get(buf.readUInt32BE(0)) : undefined);
+  const newHandle = (entry: Open & { readonly path: string }): Buffer | undefined => {
+    if (handles.size >= MAX_HANDLES) return undefined;
+    const id = nextHandle++ >>> 0;
+    handles.set(id, entry);
+    const buf = Buffer.alloc(4);
+    buf.writeUInt32BE(id);
+    return buf;
+  };
+  /** Runs a request; a thrown error answers with its status and message. */
+  const serve = (reqid: number, work: () => Promise<void>): void => {
+    work().catch((err: unknown) => {
+      try {
+        sftp.status(reqid, statusOf(err), (err as Error).message);
+      } catch {
+        // The session is gone.
+      }
+    });
+  };
+  const ok = (reqid: number) => sftp.status(reqid, STATUS_CODE.OK);
+
+  sftp.on('error', () => {});
+  // The client's EOF ends the subsystem: exit status 0 (as sshd reports sftp-server's; scp exits 1
+  // without one), then close the channel, or scp waits for it forever.
+  sftp.on('end', () => {
+    sendExitStatus(sftp, 0);
+    sftp.end();
+  });
+  sftp.on('close', () => {
+    for (const entry of handles.values()) if (entry.kind === 'file') void entry.file.close().catch(() => {});
+    handles.clear();
+  });
+
+  sftp.on('OPEN', (reqid, filename, flags, attrs) =>
+    serve(reqid, async () => {
+      const path = at(filename);
+      const mode = openFlags(flags);
+      if (mode === undefined)
+        return void sftp.status(reqid, STATUS_CODE.FAILURE, 'open for neither read nor write');
+      const file = await open(path, mode, typeof attrs?.mode === 'number' ? attrs.mode & 0o7777 : 0o666);
+      const handle = newHandle({ kind: 'file', file, path });
+      if (!handle) {
+        await file.close();
+        return void sftp.status(reqid, STATUS_CODE.FAILURE, 'too many open handles');
+      }
+      sftp.handle(reqid, handle);
+    }),
+  );
+  sftp.on('READ', (reqid, handle, offset, length) =>
+    serve(reqid, async () => {
+      const entry = handleOf(handle);
+      if (entry?.kind !== 'file') return void sftp.status(reqid, STATUS_CODE.FAILURE, 'bad handle');
+      const buffer = Buffer.alloc(Math.min(length, MAX_READ));
+      const { bytesRead } = await entry.file.read(buffer, 0, buffer.length, offset);
+      if (bytesRead === 0) return void sftp.status(reqid, STATUS_CODE.EOF);
+      sftp.data(reqid, buffer.subarray(0, bytesRead));
+    }),
+  );
+  sftp.on('WRITE', (reqid, handle, offset, data) =>
+    serve(reqid, async () => {
+      const entry = handleOf(handle);
+      if (entry?.kind !== 'file') return void sftp.status(reqid, STATUS_CODE.FAILURE, 'bad handle');
+      let written = 0;
+      while (written < data.length) {
+        const { bytesWritten } = await entry.file.write(
+          data,
+          written,
+          data.length - written,
+          offset + written,
+        );
+        written += bytesWritten;
+      }
+      ok(reqid);
+    }),
+  );
+  sftp.on('FSTAT', (reqid, handle) =>
+    serve(reqid, async () => {
+      const entry = handleOf(handle);
+      if (!entry) return void sftp.status(reqid, STATUS_CODE.FAILURE, 'bad handle');
+      sftp.attrs(reqid, attrsOf(entry.kind === 'file' ? await entry.file.stat() : await stat(entry.path)));
+    }),
+  );
+  sftp.on('FSETSTAT', (reqid, handle, attrs) =>
+    serve(reqid, async () => {
+      const entry = handleOf(handle);
+      if (!entry) return void sftp.status(reqid, STATUS_CODE.FAILURE, 'bad handle');
+      await applyAttrs(entry.path, attrs);
+      ok(reqid);
+    }),
+  );
+  sftp.on('CLOSE', (reqid, handle) =>
+    serve(reqid, async () => {
+      const entry = handleOf(handle);
+      if (!entry) return void sftp.status(reqid, STATUS_CODE.FAILURE, 'bad handle');
+      handles.delete(handle.readUInt32BE(0));
+      if (entry.kind === 'file') await entry.file.close();
+      ok(reqid);
+    }),
+  );
+  sftp.on('OPENDIR', (reqid, path) =>
+    serve(reqid, async () => {
+      const dir = at(path);
+      if (!(await stat(dir)).isDirectory()) {
+        return void sftp.status(reqid, STATUS_CODE.FAILURE, `${path}: not a directory`);
+      }
+      const handle = newHandle({ kind: 'dir', path: dir });
+      if (!handle) return void sftp.status(reqid, STATUS_CODE.FAILURE, 'too many open handles');
+      sftp.handle(reqid, handle);
+    }),
+  );
+  sftp.on('READDIR', (reqid, handle) =>
+    serve(reqid, async () => {
+      const entry = handleOf(handle);
+      if (entry?.kind !== 'dir') return void sftp.status(reqid, STATUS_CODE.FAILURE, 'bad handle');
+      if (!entry.names) {
+        entry.names = ['.', '..'];
+        for await (const d of await opendir(entry.path)) entry.names.push(d.name);
+      }
+      const batch = entry.names.splice(0, NAMES_PER_READDIR);
+      if (batch.length === 0) return void sftp.status(reqid, STATUS_CODE.EOF);
+      const names = [];
+      for (const filename of batch) {
+        const s = await lstat(resolve(entry.path, filename)).catch(() => undefined);
+        if (s) names.push({ filename, longname: longname(filename, s), attrs: attrsOf(s) });
+      }
+      sftp.name(reqid, names);
+    }),
+  );
+  sftp.on('STAT', (reqid, path) =>
+    serve(reqid, async () => sftp.attrs(reqid, attrsOf(await stat(at(path))))),
+  );
+  sftp.on('LSTAT', (reqid, path) =>
+    serve(reqid, async () => sftp.attrs(reqid, attrsOf(await lstat(at(path))))),
+  );
+  sftp.on('SETSTAT', (reqid, path, attrs) =>
+    serve(reqid, async () => {
+      await applyAttrs(at(path), attrs);
+      ok(reqid);
+    }),
+  );
+  sftp.on('REMOVE', (reqid, path) =>
+    serve(reqid, async () => {
+      const target = at(path);
+      if ((await lstat(target)).isDirectory()) {
+        return void sftp.status(reqid, STATUS_CODE.FAILURE, `${path}: is a directory`);
+      }
+      await unlink(target);
+      ok(reqid);
+    }),
+  );
+  sftp.on('RMDIR', (reqid, path) =>
+    serve(reqid, async () => {
+      const target = at(path);
+      if (!(await lstat(target)).isDirectory()) {
+        return void sftp.status(reqid, STATUS_CODE.FAILURE, `${path}: not a directory`);
+      }
+      await rmdir(target);
+      ok(reqid);
+    }),
+  );
+  sftp.on('MKDIR', (reqid, path, attrs) =>
+    serve(reqid, async () => {
+      await mkdir(at(path), { mode: typeof attrs?.mode === 'number' ? attrs.mode & 0o7777 : 0o777 });
+      ok(reqid);
+    }),
+  );
+  sftp.on('REALPATH', (reqid, path) =>
+    serve(reqid, async () => {
+      const target = at(path);
+      // A path that does not exist yet (the target of a put) is normalized, not refused.
+      const real = await realpath(target).catch(() => target);
+      sftp.name(reqid, [{ filename: real, longname: real, attrs: {} as Attributes }]);
+    }),
+  );
+  sftp.on('RENAME', (reqid, oldPath, newPath) =>
+    serve(reqid, async () => {
+      await rename(at(oldPath), at(newPath));
+      ok(reqid);
+    }),
+  );
+  sftp.on('READLINK', (reqid, path) =>
+    serve(reqid, async () => {
+      const target = await readlink(at(path));
+      sftp.name(reqid, [{ filename: target, longname: target, attrs: {} as Attributes }]);
+    }),
+  );
+  sftp.on('SYMLINK', (reqid, linkPath, targetPath) =>
+    serve(reqid, async () => {
+      // OpenSSH's sftp-server swaps the two (a long-standing bug clients now expect): targetPath is the link.
+      await symlink(linkPath, at(targetPath));
+      ok(reqid);
+    }),
+  );
+}
