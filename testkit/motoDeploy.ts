@@ -413,6 +413,9 @@ export function deployConfig(network: Network): string {
         'max-servers': 2,
         'subnet-ids': [network.subnetId],
         'security-group-id': network.securityGroupId,
+        // moto's instances print no console output of cloud-init (host-keys: console, the default
+        // outside the VPC, would wait for keys that never come) and answer no SSH scan: none.
+        'host-keys': 'none',
       },
       labels: [
         {

@@ -83,6 +83,9 @@ describe('metastatic CLI end to end (a new user’s session)', { timeout: 180_00
           'slot',
           'state',
           'username',
+          'connectionType',
+          'pythonPath',
+          'shellType',
         ].sort(),
       );
       expect(r.nodes[0].request).toBe(r.id);
@@ -249,15 +252,20 @@ describe('metastatic CLI without a running pool', { timeout: 180_000 }, () => {
         },
       ],
     });
-    // host-key-checking on instances the functions cannot reach (issue 22, defect 7): refused, with the
-    // fix, unless the functions run in the instances' VPC.
+    // A scan of instances the functions cannot reach (issue 22, defect 7): refused, with the fix, unless
+    // the functions run in the instances' VPC. host-key-checking alone is accepted outside it: the keys
+    // then come from the console output (host-keys: console, the default there; issue 23).
     const scanning = join(dir, 'scanning.yaml');
     const aws = await readFile(join(root, 'examples', 'aws.yaml'), 'utf8');
-    await writeFile(scanning, aws.replace(/(\n( *)backing-label: .*\n)/, '$1$2host-key-checking: true\n'));
+    const checking = aws.replace(/(\n( *)backing-label: .*\n)/, '$1$2host-key-checking: true\n');
+    await writeFile(scanning, checking.replace(/(\n( *)security-group-id: .*\n)/, '$1$2host-keys: scan\n'));
     const refused = await cli(['validate', scanning]);
     expect(refused.code).toBe(1);
-    expect(refused.stderr).toMatch(/labels\[0\]\.host-key-checking: host-key-checking: .*--functions-in-vpc/);
+    expect(refused.stderr).toMatch(/pools\[0\]\.host-keys: host-keys: scan: .*--functions-in-vpc/);
     expect((await cli(['validate', scanning, '--functions-in-vpc'])).code).toBe(0);
+    const fromConsole = join(dir, 'console.yaml');
+    await writeFile(fromConsole, checking);
+    expect((await cli(['validate', fromConsole])).code).toBe(0);
     const badShape = await cli(['validate', join(root, 'examples', 'local.yaml'), '--shape', 'cores']);
     expect(badShape.code).toBe(2);
     expect(badShape.stderr).toContain('--shape cores: expected key=value pairs');
