@@ -185,12 +185,7 @@ export interface CancelOptions {
  * when it ended cancelled (now or before); 1 when it had ended otherwise (fulfilled: release its nodes).
  */
 export async function cancel(target: Target, requestId: string, opts: CancelOptions): Promise<void> {
-  if (!requestIdPattern.test(requestId)) throw new CliError(`"${requestId}" is not a request id`, 2);
-  if (isSpareRequestId(requestId))
-    throw new CliError(
-      `"${requestId}" is one of the pool's own min-ready requests: no message may end it`,
-      2,
-    );
+  checkClientRequestId(requestId);
   const client = await connect(target);
   try {
     const ended = (r: RequestRecord | undefined) => r?.state === 'fulfilled' || r?.state === 'failed';
@@ -297,12 +292,7 @@ export async function releaseRequest(
   requestId: string,
   opts: ReleaseRequestOptions,
 ): Promise<void> {
-  if (!requestIdPattern.test(requestId)) throw new CliError(`"${requestId}" is not a request id`, 2);
-  if (isSpareRequestId(requestId))
-    throw new CliError(
-      `"${requestId}" is one of the pool's own min-ready requests: no message may end it`,
-      2,
-    );
+  checkClientRequestId(requestId);
   const client = await connect(target);
   try {
     const left = (r: RequestRecord | undefined) =>
@@ -334,5 +324,16 @@ export async function releaseRequest(
     }
   } finally {
     client.close();
+  }
+}
+
+/** A request id a message may name: not one of the pool's own min-ready requests (usage error, exit 2). */
+function checkClientRequestId(requestId: string): void {
+  if (!requestIdPattern.test(requestId)) throw new CliError(`"${requestId}" is not a request id`, 2);
+  if (isSpareRequestId(requestId)) {
+    throw new CliError(
+      `"${requestId}" is one of the pool's own min-ready requests: no message may end it`,
+      2,
+    );
   }
 }
