@@ -75,16 +75,7 @@ export class IndexQueries {
    * created before `createdBefore` (epoch ms), oldest first; pass the returned cursor for the next page.
    */
   async waitingRequests(createdBefore: number, cursor?: PageCursor): Promise<Page<RequestRecord>> {
-    const out = await this.doc.send(
-      new QueryCommand({
-        TableName: this.tableName,
-        IndexName: REAP_INDEX,
-        KeyConditionExpression: 'rpk = :p AND rsk < :b',
-        ExpressionAttributeValues: { ':p': reapPartition.waiting, ':b': waitingSortKey(createdBefore) },
-        ExclusiveStartKey: cursor,
-      }),
-    );
-    return { items: (out.Items ?? []).map((i) => RequestRecord.parse(i)), cursor: out.LastEvaluatedKey };
+    return this.requestsPage(REAP_INDEX, 'r', reapPartition.waiting, waitingSortKey(createdBefore), cursor);
   }
 
   /**
@@ -92,16 +83,7 @@ export class IndexQueries {
    * placed before `placedBefore` (epoch ms), oldest first; pass the returned cursor for the next page.
    */
   async pendingRequests(placedBefore: number, cursor?: PageCursor): Promise<Page<RequestRecord>> {
-    const out = await this.doc.send(
-      new QueryCommand({
-        TableName: this.tableName,
-        IndexName: REAP_INDEX,
-        KeyConditionExpression: 'rpk = :p AND rsk < :b',
-        ExpressionAttributeValues: { ':p': reapPartition.pending, ':b': waitingSortKey(placedBefore) },
-        ExclusiveStartKey: cursor,
-      }),
-    );
-    return { items: (out.Items ?? []).map((i) => RequestRecord.parse(i)), cursor: out.LastEvaluatedKey };
+    return this.requestsPage(REAP_INDEX, 'r', reapPartition.pending, waitingSortKey(placedBefore), cursor);
   }
 
   /**
@@ -109,12 +91,26 @@ export class IndexQueries {
    * `before` (epoch ms), soonest first: only lapsed leases are read, never every leased request.
    */
   async leasesBefore(before: number, cursor?: PageCursor): Promise<Page<RequestRecord>> {
+    return this.requestsPage(FREE_INDEX, 'f', LEASE_PARTITION, leaseSortKey(before), cursor);
+  }
+
+  /**
+   * One page of the requests in an index partition whose sort key is below `below`, in sort-key order
+   * (`r`: the reap index's rpk/rsk, `f`: the free index's fpk/fsk).
+   */
+  private async requestsPage(
+    index: string,
+    key: 'r' | 'f',
+    partition: string,
+    below: string,
+    cursor: PageCursor | undefined,
+  ): Promise<Page<RequestRecord>> {
     const out = await this.doc.send(
       new QueryCommand({
         TableName: this.tableName,
-        IndexName: FREE_INDEX,
-        KeyConditionExpression: 'fpk = :p AND fsk < :b',
-        ExpressionAttributeValues: { ':p': LEASE_PARTITION, ':b': leaseSortKey(before) },
+        IndexName: index,
+        KeyConditionExpression: `${key}pk = :p AND ${key}sk < :b`,
+        ExpressionAttributeValues: { ':p': partition, ':b': below },
         ExclusiveStartKey: cursor,
       }),
     );
