@@ -38,7 +38,7 @@ export function killBackingNode(pid: number): void {
   } catch {
     return; // gone (or no /proc: nothing can be checked, so nothing is killed)
   }
-  if (!cmdline.includes('backingNode.ts')) return;
+  if (!/backingNode\.(ts|js)\0/.test(cmdline)) return;
   try {
     process.kill(pid, 'SIGKILL');
   } catch {

@@ -1,6 +1,6 @@
 /**
  * The program a local backing node runs: the embedded pool's stand-in for an EC2 instance. The local
- * provider spawns it as a child process (node + the tsx loader):
+ * provider spawns it as a child process (built, or bundled from the sources by bin/fromSources.mjs):
  *
  *   backingNode.ts --id <backingNodeId> --resource <resourceId> --boot-delay <seconds> --host 127.0.0.1
  *                  --state-file <path> [--host-key-file <path>] [--authorized-keys-file <path>]

@@ -1,6 +1,6 @@
 import { type ChildProcess, spawn } from 'node:child_process';
-import { createRequire } from 'node:module';
-import { fileURLToPath, pathToFileURL } from 'node:url';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import type { BackingPool } from '../../config/model.ts';
 import { errorCode, isAlive, isRecord, type LocalRecord } from './localRecords.ts';
 
@@ -24,22 +24,23 @@ export interface SupervisorLogger {
   error(msg: string, extra?: object): void;
 }
 
-/** Run from this repository's sources (TypeScript, through tsx), or built (`dist/`, plain JavaScript). */
+/**
+ * Run from this repository's sources (TypeScript: in-process tests), from its sources bundled by
+ * bin/fromSources.mjs (the CLI in a clone: backingNode.js is beside the chunk this code is in), or built
+ * (`dist/`: backingNode.js is beside this module).
+ */
 const FROM_SOURCES = import.meta.url.endsWith('.ts');
-const BACKING_NODE_SCRIPT = fileURLToPath(
-  new URL(FROM_SOURCES ? './backingNode.ts' : './backingNode.js', import.meta.url),
-);
 
 /**
- * The tsx loader as an absolute URL: `--import tsx` alone resolves against the child's working directory,
- * which fails whenever metastatic is started from outside its own tree.
+ * The backing node's script: beside this module when built or bundled; from the sources, the bundle of
+ * bin/fromSources.mjs (built when a source changed), which starts in about half the CPU time of the
+ * TypeScript run through a loader.
  */
-function tsxLoader(): string {
-  try {
-    return pathToFileURL(createRequire(import.meta.url).resolve('tsx')).href;
-  } catch {
-    return 'tsx';
-  }
+async function backingNodeScript(): Promise<string> {
+  if (!FROM_SOURCES) return fileURLToPath(new URL('./backingNode.js', import.meta.url));
+  const fromSources = '../../../bin/fromSources.mjs';
+  const { sourceBuild } = (await import(fromSources)) as { sourceBuild(): Promise<string> };
+  return join(await sourceBuild(), 'backingNode.js');
 }
 
 /** What a backing node process of a label is started with, and what its resources report. */
@@ -85,8 +86,8 @@ export async function spawnBackingNode(args: BackingNodeArgs): Promise<ChildProc
   const proc = spawn(
     process.execPath,
     [
-      ...(FROM_SOURCES ? ['--import', tsxLoader()] : []),
-      BACKING_NODE_SCRIPT,
+      '--enable-source-maps',
+      await backingNodeScript(),
       '--id',
       args.backingNodeId,
       '--resource',
