@@ -10,8 +10,8 @@ import { cpus } from 'node:os';
 import { basename, dirname, extname, join, relative } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
+import { startInProcessDynalite } from '../../testkit/inProcessDynalite.ts';
 import { renderChart } from './chart.ts';
-import { startSimEngine } from './engine.ts';
 import { model } from './model.ts';
 import { formatJson, hours, pct, ratio, secs, table } from './report.ts';
 import {
@@ -341,7 +341,7 @@ async function runAll(
   onDone: (run: SimRun, result: PolicyResult) => void,
 ): Promise<void> {
   if (workers <= 1) {
-    const engine = await startSimEngine({ http });
+    const engine = await startInProcessDynalite({ http });
     try {
       for (const run of runs) {
         const { trace, options, series } = run.task;

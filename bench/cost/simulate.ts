@@ -22,7 +22,7 @@ import { reap } from '../../shared/usecases/reap.ts';
 import { releaseNode } from '../../shared/usecases/release.ts';
 import { requestNodes } from '../../shared/usecases/requestNodes.ts';
 import { poolConfig } from '../../testkit/configs.ts';
-import type { SimEngine } from './engine.ts';
+import type { InProcessDynalite } from '../../testkit/inProcessDynalite.ts';
 import { mulberry32 } from './prng.ts';
 import { EventQueue } from './queue.ts';
 import { SimProvider, simRegistry } from './simProvider.ts';
@@ -183,7 +183,7 @@ let tableSeq = 0;
 
 /** Runs the trace through the real use cases with the given pool settings. */
 export async function simulate(
-  engine: SimEngine,
+  engine: InProcessDynalite,
   trace: Trace,
   options: SimOptions,
   opts: { series?: boolean } = {},
@@ -201,7 +201,7 @@ export async function simulate(
 }
 
 async function run(
-  engine: SimEngine,
+  engine: InProcessDynalite,
   tableName: string,
   trace: Trace,
   o: SimOptions,

@@ -2,7 +2,7 @@
  * A child process of `npm run cost` (bench/cost/main.ts forks one per core): runs the simulations it
  * is sent, one at a time, on a dynalite of its own, and sends each result back.
  */
-import { startSimEngine } from './engine.ts';
+import { startInProcessDynalite } from '../../testkit/inProcessDynalite.ts';
 import { type PolicyResult, type SimOptions, simulate } from './simulate.ts';
 import type { Trace } from './traces.ts';
 
@@ -21,7 +21,7 @@ const send = (reply: TaskReply) => process.send?.(reply);
 
 if (process.send) {
   // Listen at once (a message that came before a listener would be lost); the engine starts meanwhile.
-  const engine = startSimEngine({ http: process.env.COST_SIM_HTTP === '1' });
+  const engine = startInProcessDynalite({ http: process.env.COST_SIM_HTTP === '1' });
   process.on('message', (task: Task) => {
     engine
       .then((e) => simulate(e, task.trace, task.options, { series: task.series }))

@@ -19,7 +19,14 @@ import { requestMessageOf, waitingRequests } from '../usecases/waiting.ts';
 import { type ClientKey, ensureClientKey } from './clientKey.ts';
 import { embeddedContext } from './embeddedContext.ts';
 import { type EmbeddedInfo, embeddedInfoPath } from './embeddedInfo.ts';
-import { type Engine, ensureQueue, ensureTable, startDynalite, startSqsEngine } from './engines.ts';
+import {
+  type Engine,
+  ensureQueue,
+  ensureTable,
+  localEngineClientConfig,
+  startDynalite,
+  startSqsEngine,
+} from './engines.ts';
 import { LiveSlotSync } from './liveSlotSync.ts';
 import { type OperatorCall, type OperatorEndpoint, startOperatorEndpoint } from './operatorEndpoint.ts';
 import { holdPrivateUmask, makePrivateDir } from './privateState.ts';
@@ -46,7 +53,6 @@ export interface EmbeddedPoolOptions {
 
 export const REGION = 'us-east-1';
 export const TABLE_NAME = 'metastatic';
-const CREDENTIALS = { accessKeyId: 'metastatic', secretAccessKey: 'metastatic' };
 
 /**
  * The embedded default: the same handlers as in Lambda, against dynalite and fauxqs on loopback, with
@@ -97,12 +103,8 @@ export class EmbeddedPool {
       engines.push(ddbEngine);
       const sqsEngine = await startSqsEngine();
       engines.push(sqsEngine);
-      const dynamodb = new DynamoDBClient({
-        endpoint: ddbEngine.endpoint,
-        region: REGION,
-        credentials: CREDENTIALS,
-      });
-      const sqs = new SQSClient({ endpoint: sqsEngine.endpoint, region: REGION, credentials: CREDENTIALS });
+      const dynamodb = new DynamoDBClient(localEngineClientConfig(ddbEngine.endpoint, REGION));
+      const sqs = new SQSClient(localEngineClientConfig(sqsEngine.endpoint, REGION));
       await ensureTable(dynamodb, TABLE_NAME);
       const maxReceiveCount = options.maxReceiveCount ?? 50;
       const requestQueue = await ensureQueue(sqs, 'metastatic-requests', {

@@ -55,6 +55,32 @@ export async function startSqsEngine(options: { host?: string; port?: number } =
   return { endpoint: `http://${host}:${port}`, close: () => app.close() };
 }
 
+/**
+ * Signs a request to a local engine with a fixed Authorization header of SigV4's form. dynalite checks
+ * that a request carries one (and an X-Amz-Date) but not the signature, fauxqs checks neither, and on
+ * loopback there is no secret to prove: computing SigV4 (a SHA-256 of the body, a canonical request and
+ * four HMACs per call) was a third of the CPU time of each call to the embedded pool's table (measured
+ * in one run: 1.6 ms signed, 1.1 ms with this, per GetItem, client and engine in one process).
+ */
+const localSigner = {
+  async sign<R extends { headers: Record<string, string> }>(request: R): Promise<R> {
+    request.headers.authorization =
+      'AWS4-HMAC-SHA256 Credential=local/20260101/eu-west-1/local/aws4_request, SignedHeaders=host, Signature=local';
+    request.headers['x-amz-date'] = '20260101T000000Z';
+    return request;
+  },
+};
+
+/** What an AWS SDK client of a local engine is made with: its endpoint, a region (any), the local signer. */
+export function localEngineClientConfig(endpoint: string, region: string) {
+  return {
+    endpoint,
+    region,
+    credentials: { accessKeyId: 'local', secretAccessKey: 'local' },
+    signer: localSigner,
+  };
+}
+
 /** Creates the pool's table unless it exists (a restart on the same state dir keeps it). */
 export async function ensureTable(client: DynamoDBClient, tableName: string): Promise<void> {
   try {

@@ -3,7 +3,7 @@ import { DynamoDBDocumentClient, PutCommand } from '@aws-sdk/lib-dynamodb';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { MAX_SERVERS } from '../../shared/config/fields.ts';
 import { nodeId, ownerSince, ownerToken } from '../../shared/core/ids.ts';
-import { ensureTable, startDynalite } from '../../shared/runtime/engines.ts';
+import { ensureTable, localEngineClientConfig, startDynalite } from '../../shared/runtime/engines.ts';
 import type { CapacitySets, CapacityStep } from '../../shared/store/capacitySets.ts';
 import { CapacitySteps } from '../../shared/store/capacitySteps.ts';
 import { DynamoStore } from '../../shared/store/dynamoStore.ts';
@@ -17,7 +17,6 @@ import { holdPlaces } from '../../testkit/heldPlaces.ts';
  * was left part-way; a reserve and a release cost the same write units with 20 or 5,000 places held;
  * and the largest pool the configuration admits (max-servers MAX_SERVERS) is exact at its limit.
  */
-const region = { region: 'eu-west-1', credentials: { accessKeyId: 'x', secretAccessKey: 'x' } };
 let engine: Awaited<ReturnType<typeof startDynalite>>;
 let client: DynamoDBClient;
 let store: DynamoStore;
@@ -30,7 +29,7 @@ const owner = (at: number, n: number) => ownerToken(at, { messageId: `m-${n}`, r
 
 beforeAll(async () => {
   engine = await startDynalite();
-  client = new DynamoDBClient({ ...region, endpoint: engine.endpoint });
+  client = new DynamoDBClient(localEngineClientConfig(engine.endpoint, 'eu-west-1'));
   await ensureTable(client, 'scale');
   store = new DynamoStore(client, 'scale');
   doc = DynamoDBDocumentClient.from(client);

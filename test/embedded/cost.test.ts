@@ -1,5 +1,4 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { type SimEngine, startSimEngine } from '../../bench/cost/engine.ts';
 import { model } from '../../bench/cost/model.ts';
 import {
   DEFAULT_OPTIONS,
@@ -10,14 +9,15 @@ import {
   simulate,
 } from '../../bench/cost/simulate.ts';
 import { batchTrace, formatTraceCsv, parseTraceCsv, syntheticTrace } from '../../bench/cost/traces.ts';
+import { type InProcessDynalite, startInProcessDynalite } from '../../testkit/inProcessDynalite.ts';
 
 /**
  * The cost simulator (bench/cost, `npm run cost`) on a 20-job trace: the real use cases on dynalite,
  * a virtual clock. Only figures are checked, never timing.
  */
-let engine: SimEngine;
+let engine: InProcessDynalite;
 beforeAll(async () => {
-  engine = await startSimEngine();
+  engine = await startInProcessDynalite();
 });
 afterAll(async () => {
   await engine.close();

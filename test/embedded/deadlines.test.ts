@@ -22,7 +22,12 @@ import { makeReaperHandler } from '../../shared/handlers/reaperHandler.ts';
 import { makeRequestHandler } from '../../shared/handlers/requestHandler.ts';
 import { probePort } from '../../shared/providers/probe.ts';
 import { scanHostKeys } from '../../shared/providers/scanHostKeysLazily.ts';
-import { type Engine, ensureTable, startDynalite } from '../../shared/runtime/engines.ts';
+import {
+  type Engine,
+  ensureTable,
+  localEngineClientConfig,
+  startDynalite,
+} from '../../shared/runtime/engines.ts';
 import { DynamoStore } from '../../shared/store/dynamoStore.ts';
 import type { Context } from '../../shared/usecases/context.ts';
 import { reap } from '../../shared/usecases/reap.ts';
@@ -51,11 +56,7 @@ let silent: { server: Server; port: number; sockets: Set<Socket> };
 
 beforeAll(async () => {
   engine = await startDynalite();
-  dynamodb = new DynamoDBClient({
-    endpoint: engine.endpoint,
-    region: 'us-east-1',
-    credentials: { accessKeyId: 'x', secretAccessKey: 'x' },
-  });
+  dynamodb = new DynamoDBClient(localEngineClientConfig(engine.endpoint, 'us-east-1'));
   // Accepts TCP connections (the port probe answers) and never says a word (an SSH scan hangs).
   const sockets = new Set<Socket>();
   const server = createServer((socket) => {

@@ -1,18 +1,20 @@
 /**
- * The DynamoDB the simulator runs on: dynalite, in this process, in memory, one table per simulation.
+ * dynalite (the real DynamoDB engine of the embedded pool), in this process, in memory, for the cost
+ * simulator and the chaos suite: many thousands of calls each, where the transport is not what is tested.
  *
  * By default the client reaches dynalite's own request handler directly (no socket): the requests and
  * responses are the same as over HTTP, minus the loopback HTTP work (about half of a call's time on
  * 2 cores). `http: true` uses the embedded pool's startDynalite() on a loopback port instead. Either
- * way requests carry a fixed signature: dynalite checks that one is there, not what it is.
+ * way requests are signed as the embedded pool's are (engines.ts, localEngineClientConfig): dynalite
+ * checks that a signature is there, not what it is.
  */
 import { EventEmitter } from 'node:events';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { DynamoDBClient, type DynamoDBClientConfig } from '@aws-sdk/client-dynamodb';
 import dynalite from 'dynalite';
-import { startDynalite } from '../../shared/runtime/engines.ts';
+import { localEngineClientConfig, startDynalite } from '../shared/runtime/engines.ts';
 
-export interface SimEngine {
+export interface InProcessDynalite {
   readonly client: DynamoDBClient;
   /** DynamoDB calls made through `client` so far. */
   calls(): number;
@@ -20,9 +22,8 @@ export interface SimEngine {
 }
 
 const REGION = 'us-east-1';
-const CREDENTIALS = { accessKeyId: 'sim', secretAccessKey: 'sim' };
 
-export async function startSimEngine(options: { http?: boolean } = {}): Promise<SimEngine> {
+export async function startInProcessDynalite(options: { http?: boolean } = {}): Promise<InProcessDynalite> {
   let transport: Pick<DynamoDBClientConfig, 'endpoint' | 'requestHandler'>;
   let closeEngine: () => Promise<void>;
   if (options.http) {
@@ -35,19 +36,14 @@ export async function startSimEngine(options: { http?: boolean } = {}): Promise<
     transport = { endpoint: 'http://dynalite.in-process', requestHandler: inProcessHandler(listener) };
     closeEngine = () => new Promise<void>((resolve) => server.close(() => resolve()));
   }
-  const client = new DynamoDBClient({
-    ...transport,
-    region: REGION,
-    credentials: CREDENTIALS,
-    signer: { sign: async (request) => fakeSignature(request) },
-  });
+  const client = new DynamoDBClient({ ...localEngineClientConfig('', REGION), ...transport });
   let calls = 0;
   client.middlewareStack.add(
     (next) => async (args) => {
       calls++;
       return next(args);
     },
-    { step: 'initialize', name: 'costSimCallCounter' },
+    { step: 'initialize', name: 'inProcessDynaliteCallCounter' },
   );
   return {
     client,
@@ -57,13 +53,6 @@ export async function startSimEngine(options: { http?: boolean } = {}): Promise<
       await closeEngine();
     },
   };
-}
-
-function fakeSignature<T extends { headers: Record<string, string> }>(request: T): T {
-  request.headers.authorization =
-    'AWS4-HMAC-SHA256 Credential=sim/20260101/us-east-1/dynamodb/aws4_request, SignedHeaders=host, Signature=0';
-  request.headers['x-amz-date'] = '20260101T000000Z';
-  return request;
 }
 
 interface OutgoingRequest {
