@@ -133,8 +133,8 @@ describe.concurrent('the GitLab custom executor on metastatic dev', { timeout: 1
   });
 
   it('runs a passing job on a node: sources fetched, output seen, variables kept literal, lease renewed, node released', async () => {
-    const j = job({ script: ['cat hello.txt', 'printf "tricky=%s\\n" "$TRICKY"', 'sleep 4', 'pwd'] });
-    const result = await runCustomExecutorJob(config, j, { env: { ...env, METASTATIC_CI_LEASE: '10' } });
+    const j = job({ script: ['cat hello.txt', 'printf "tricky=%s\\n" "$TRICKY"', 'sleep 7', 'pwd'] });
+    const result = await runCustomExecutorJob(config, j, { env: { ...env, METASTATIC_CI_LEASE: '15' } });
     expect(result.status, result.log + result.runnerLog).toBe('success');
     expect(result.stages.map((s) => [s.stage, s.exitCode])).toEqual([
       ['prepare_exec', 0],
@@ -149,7 +149,7 @@ describe.concurrent('the GitLab custom executor on metastatic dev', { timeout: 1
     expect(result.log).toMatch(/\/builds\/runner7\/0\/group\/project\n/);
     expect(result.runnerLog).toContain('released');
     expect(await nodesOf(result.log)).toEqual(['released']);
-    // A 10 s lease, renewed every 3 s while the node is awaited and the stages run (the pool logs each).
+    // A 15 s lease, renewed every 5 s while the node is awaited and the stages run (the pool logs each).
     const id = /request (gitlab-7-[0-9]+-[0-9a-f]+)/.exec(result.log)?.[1] ?? '?';
     const renewals = devLog()
       .split('\n')
