@@ -1,16 +1,19 @@
 /**
  * `npm run build`: what the package ships, in dist/ (run by `npm pack` through `prepack`).
  *
- * - dist/{shared,functions,cli,lib}: the sources compiled by tsc (tsconfig.build.json) to ES modules with
- *   their .d.ts, imports rewritten from .ts to .js; the CLI and the CDK constructs run from here when
- *   installed.
+ * - dist/{shared,cli,lib}: the sources compiled by tsc (tsconfig.build.json) to ES modules with their
+ *   .d.ts, imports rewritten from .ts to .js; the CLI and the CDK constructs run from here when
+ *   installed. tsconfig.build.json is a composite project that `npm run typecheck` (tsc -b) builds too:
+ *   in `npm test`, the package test's `npm pack` finds it up to date instead of compiling it again.
+ *   Outputs of deleted sources are removed, and a missing output forces a full compile (tsc -b trusts
+ *   its build info, which does not notice a deleted output).
  * - dist/lambda/<name>/: each pool function's Lambda bundle (lib/lambdaBundle.ts), which the constructs
  *   use as they are: a CDK app of the user's needs no esbuild and bundles nothing at synth.
  */
 import { execFileSync } from 'node:child_process';
-import { mkdirSync, rmSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync, rmSync } from 'node:fs';
 import { createRequire } from 'node:module';
-import { join } from 'node:path';
+import { join, relative } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { POOL_FUNCTION_NAMES, writeBundle } from '../lib/lambdaBundle.ts';
 
@@ -18,10 +21,36 @@ const root = fileURLToPath(new URL('..', import.meta.url));
 const dist = join(root, 'dist');
 const started = Date.now();
 
-rmSync(dist, { recursive: true, force: true });
+const COMPILED = ['shared', 'cli', 'lib'];
+const OUTPUT = /(\.d)?\.(js|ts)(\.map)?$/;
+
+/** Every file under `dir`, recursively (none when it does not exist). */
+function files(dir: string): string[] {
+  if (!existsSync(dir)) return [];
+  return readdirSync(dir, { recursive: true, withFileTypes: true })
+    .filter((e) => e.isFile())
+    .map((e) => join(e.parentPath, e.name));
+}
+
+// Outputs whose source is gone (renamed or deleted since the last build) would be packed: removed.
+for (const output of COMPILED.flatMap((d) => files(join(dist, d)))) {
+  const source = join(root, relative(dist, output).replace(OUTPUT, '.ts'));
+  if (!existsSync(source)) rmSync(output);
+}
+const sources = COMPILED.flatMap((d) => files(join(root, d))).filter(
+  (f) => f.endsWith('.ts') && !f.endsWith('.d.ts'),
+);
+const complete = sources.every((f) =>
+  ['.js', '.d.ts'].every((ext) => existsSync(join(dist, relative(root, f).replace(/\.ts$/, ext)))),
+);
 const tsc = createRequire(import.meta.url).resolve('typescript/bin/tsc');
-execFileSync(process.execPath, [tsc, '-p', join(root, 'tsconfig.build.json')], { stdio: 'inherit' });
+execFileSync(
+  process.execPath,
+  [tsc, '-b', join(root, 'tsconfig.build.json'), ...(complete ? [] : ['--force'])],
+  { stdio: 'inherit' },
+);
 process.stderr.write(`build: compiled the sources into dist/ (${Date.now() - started} ms)\n`);
+rmSync(join(dist, 'lambda'), { recursive: true, force: true });
 
 for (const name of POOL_FUNCTION_NAMES) {
   const outDir = join(dist, 'lambda', name);
