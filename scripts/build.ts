@@ -1,9 +1,9 @@
 /**
  * `npm run build`: what the package ships, in dist/ (run by `npm pack` through `prepack`).
  *
- * - dist/{shared,functions,cli,lib}: the sources compiled by tsc (tsconfig.build.json) to ES modules with
- *   their .d.ts, imports rewritten from .ts to .js; the CLI and the CDK constructs run from here when
- *   installed.
+ * - dist/{shared,functions,cli,client,lib}: the sources compiled by tsc (tsconfig.build.json) to ES modules
+ *   with their .d.ts, imports rewritten from .ts to .js; the CLI, the client library (`metastatic/client`)
+ *   and the CDK constructs (`metastatic/cdk`) run from here when installed.
  * - dist/lambda/<name>/: each pool function's Lambda bundle (lib/lambdaBundle.ts), which the constructs
  *   use as they are: a CDK app of the user's needs no esbuild and bundles nothing at synth.
  */

@@ -9,7 +9,7 @@ import {
   TimeoutError,
   UnknownLabelError,
 } from '../../client/errors.ts';
-import { checkIdentity, loginOf, remoteCommandLine, runSsh } from '../../client/openssh.ts';
+import { checkIdentity, loginOf, remoteCommandLine, runSsh, type SshLogin } from '../../client/openssh.ts';
 import { DEFAULT_RUN_LEASE, newRequestId, PoolClient, requestMessage } from '../../client/poolClient.ts';
 import type { PoolNode } from '../../client/records.ts';
 import { clientKeyPath } from '../../shared/runtime/clientKey.ts';
@@ -119,6 +119,7 @@ export async function run(
             METASTATIC_REQUEST_ID: request.id,
             METASTATIC_NODES: nodesVariable(nodes),
           });
+          await loginAccepted(login, identity, signal, LOGIN_WAIT_MS);
           const ended = await runSsh(login, [line], { identity, signal });
           const code = exitStatus(ended);
           // ssh's own 255 is also what a dropped connection gives: a pool that stopped, a node released.
@@ -145,6 +146,25 @@ export async function run(
     throw runError(err, received);
   } finally {
     for (const s of SIGNALS) process.off(s, onSignal);
+  }
+}
+
+/** How long `run` waits for a ready node to accept its login before it runs the command anyway. */
+const LOGIN_WAIT_MS = 30_000;
+
+/**
+ * Waits until the node lets this key in (ssh ... true exits 0), trying every half second for up to
+ * `waitMs`: a node is recorded ready a moment before its host has taken it in (a local backing node told
+ * of its live slots, an EC2 instance's per-slot user made by cloud-init), and the command must not be
+ * lost to that moment. Nothing of these tries reaches stdout or stderr; after `waitMs` the command is
+ * run anyway, and ssh's own error, if any, is the user's to read.
+ */
+async function loginAccepted(login: SshLogin, identity: string, signal: AbortSignal, waitMs: number) {
+  const deadline = Date.now() + waitMs;
+  while (Date.now() < deadline && !signal.aborted) {
+    const tried = await runSsh(login, ['true'], { identity, signal, stdio: ['ignore', 'ignore', 'ignore'] });
+    if (tried.code !== 255) return;
+    await new Promise((r) => setTimeout(r, 500));
   }
 }
 
