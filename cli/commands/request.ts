@@ -159,6 +159,7 @@ export function waitProgress(id: string) {
     },
     done() {
       if (tty && shown) process.stderr.write('\r\x1b[K');
+      shown = false;
     },
   };
 }

@@ -97,8 +97,8 @@ export async function run(
     const pool = await PoolClient.connect(poolTarget(target)).catch((err) => {
       throw new CliError((err as Error).message, err instanceof InvalidInputError ? 2 : RUN_EXIT.ownFailure);
     });
+    const progress = opts.quiet ? undefined : waitProgress(spec.id);
     try {
-      const progress = opts.quiet ? undefined : waitProgress(spec.id);
       let requestId: string | undefined;
       const status = await pool.run(
         spec,
@@ -140,6 +140,7 @@ export async function run(
       if (requestId) say(`released ${requestId}`);
       process.exitCode = status;
     } finally {
+      progress?.done(); // a wait that failed leaves no half-drawn progress line on a terminal
       pool.close();
     }
   } catch (err) {
