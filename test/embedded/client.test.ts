@@ -50,7 +50,7 @@ const CONFIG = `providers:
             memory: 2GiB
 `;
 
-describe('metastatic/client against an embedded pool', { timeout: 60_000 }, () => {
+describe('metastatic/client against an embedded pool', { timeout: 120_000 }, () => {
   let stateDir: string;
   let embedded: EmbeddedPool;
   let pool: PoolClient;
