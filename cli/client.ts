@@ -1,40 +1,24 @@
 import { readFile } from 'node:fs/promises';
 import { request as httpRequest } from 'node:http';
-import { join, resolve } from 'node:path';
-import { DynamoDBClient } from '@aws-sdk/client-dynamodb';
-import type { SQSClient, SQSClientConfig } from '@aws-sdk/client-sqs';
+import { resolve } from 'node:path';
 import { z } from 'zod';
+import { openConnection, type PoolConnection, type PoolTarget } from '../client/connection.ts';
 import type { ResolvedConfig } from '../shared/config/model.ts';
 import { systemClock } from '../shared/core/clock.ts';
-import type { PoolMessage } from '../shared/core/messages.ts';
 import { BackingRecord, NodeRecord } from '../shared/core/records.ts';
-import {
-  configHash,
-  type EmbeddedInfo,
-  embeddedInfoPath,
-  readEmbeddedInfo,
-} from '../shared/runtime/embeddedInfo.ts';
+import { configHash, type EmbeddedInfo } from '../shared/runtime/embeddedInfo.ts';
 import { OperatorAnswer, type OperatorCall } from '../shared/runtime/operatorEndpoint.ts';
-import { DynamoStore } from '../shared/store/dynamoStore.ts';
 import { consoleLog } from './consoleLog.ts';
 import { CliError } from './errors.ts';
 import { printError } from './output.ts';
 
-/*
- * What only some commands need is imported when first used: the SQS client when a message is sent, the
- * CloudFormation client with --stack, the configuration and the use-case contexts for operator verbs.
- * `list` and `status` load the DynamoDB client and the store, nothing more.
+/**
+ * A connection to a running pool as the CLI's commands use it: the client library's (client/connection.ts:
+ * the store for reads, the request queue for messages), and the operator verbs, which only the CLI has.
  */
-
-/** A connection to a running pool: the store for reads, the request queue for commands. */
-export interface PoolClient {
-  readonly store: DynamoStore;
-  /** Where an embedded pool writes its events (`<state-dir>/events.jsonl`); a deployed one publishes to EventBridge. */
-  readonly eventsFile?: string;
-  send(message: PoolMessage): Promise<void>;
+export interface PoolClient extends PoolConnection {
   /** The operator verbs (hold, drain, reap), done with the pool's configuration. */
   operator(): Promise<Operator>;
-  close(): void;
 }
 
 /** A reaper run's report as the CLI reads it (the pool's ReapReport; other fields are passed through). */
@@ -72,100 +56,55 @@ export interface Target {
   readonly config?: string;
 }
 
+/** The client library's target for the CLI's. */
+export function poolTarget(t: Target): PoolTarget {
+  return t.stack ? { stack: t.stack, ...(t.region ? { region: t.region } : {}) } : { stateDir: t.stateDir };
+}
+
 export async function connect(target: Target | string): Promise<PoolClient> {
   const t: Target = typeof target === 'string' ? { stateDir: target } : target;
-  return t.stack ? connectStack(t, t.stack) : connectLocal(t);
+  const connection = await openConnection(poolTarget(t));
+  return { ...connection, operator: () => operatorOf(connection, t) };
 }
 
-/** A deployed pool: its stack outputs name the queue and the table; credentials come from the usual chain. */
-async function connectStack(t: Target, stackName: string): Promise<PoolClient> {
-  const region = t.region ?? process.env.AWS_REGION ?? process.env.AWS_DEFAULT_REGION;
-  if (!region) throw new CliError('--stack needs a region: pass --region or set AWS_REGION', 2);
-  const [{ CloudFormationClient }, { readStack }] = await Promise.all([
-    import('@aws-sdk/client-cloudformation'),
-    import('./stack.ts'),
+/**
+ * Against an embedded pool, the running `metastatic dev` does the work (its operator endpoint). Against a
+ * stack, this process, with the configuration given (--stack-config) and the stack's outputs.
+ */
+async function operatorOf(connection: PoolConnection, t: Target): Promise<Operator> {
+  if (connection.pool.kind === 'embedded') {
+    const info = connection.pool.info;
+    await checkConfiguration(info, t.config);
+    const call = (c: OperatorCall) => callPool(info, c);
+    return {
+      hold: async (id) => NodeRecord.parse(await call({ verb: 'hold', id })),
+      drain: async (id) => BackingRecord.parse(await call({ verb: 'drain', id })),
+      reap: async () => ReapReportJson.parse(await call({ verb: 'reap' })),
+    };
+  }
+  if (!t.config) {
+    throw new CliError('operator verbs against a stack need its configuration: pass --stack-config FILE', 2);
+  }
+  const info = connection.pool.info;
+  const config = await loadConfig(t.config);
+  const [{ awsContext }, { holdNode, drainBacking }, { reap }] = await Promise.all([
+    import('../shared/runtime/awsContext.ts'),
+    import('../shared/usecases/operator.ts'),
+    import('../shared/usecases/reap.ts'),
   ]);
-  const cfn = new CloudFormationClient({ region });
-  const info = await readStack(cfn, stackName, region).finally(() => cfn.destroy());
-  const dynamodb = new DynamoDBClient({ region });
-  // The SQS client would otherwise send to the queue URL's host (https://sqs.<region>.amazonaws.com/...,
-  // whatever the endpoint): an endpoint set in the environment (AWS_ENDPOINT_URL[_SQS], e.g. a VPC
-  // endpoint or an AWS-protocol server) must win. On AWS both name the same regional endpoint.
-  const sqs = lazySqs({ region, useQueueUrlAsEndpoint: false });
-  const store = new DynamoStore(dynamodb, info.tableName);
+  const context = awsContext({
+    config,
+    store: connection.store,
+    region: info.region,
+    poolId: info.poolId,
+    eventBusName: info.eventBusName,
+    clock: systemClock,
+    log: consoleLog('warn'),
+  });
   return {
-    store,
-    send: (message) => sqs.send(info.requestQueueUrl, message),
-    async operator() {
-      if (!t.config) {
-        throw new CliError(
-          'operator verbs against a stack need its configuration: pass --stack-config FILE',
-          2,
-        );
-      }
-      const config = await loadConfig(t.config);
-      const [{ awsContext }, { holdNode, drainBacking }, { reap }] = await Promise.all([
-        import('../shared/runtime/awsContext.ts'),
-        import('../shared/usecases/operator.ts'),
-        import('../shared/usecases/reap.ts'),
-      ]);
-      const context = awsContext({
-        config,
-        store,
-        region,
-        poolId: info.poolId,
-        eventBusName: info.eventBusName,
-        clock: systemClock,
-        log: consoleLog('warn'),
-      });
-      return {
-        hold: (id) => holdNode(context, id),
-        drain: (id) => drainBacking(context, id),
-        reap: async () => ReapReportJson.parse(await reap(context)),
-      };
-    },
-    close() {
-      dynamodb.destroy();
-      sqs.destroy();
-    },
-  };
-}
-
-async function connectLocal(t: Target): Promise<PoolClient> {
-  const stateDir = t.stateDir;
-  const info = await readEmbeddedInfo(stateDir);
-  if (!info) {
-    throw new CliError(
-      `no running pool found: ${embeddedInfoPath(stateDir)} does not exist.\n` +
-        'Start one with `npm start` (or `npx metastatic dev`), or point --state-dir / METASTATIC_STATE_DIR at its state directory.',
-    );
-  }
-  if (!isAlive(info.pid)) {
-    throw new CliError(
-      `the pool that wrote ${embeddedInfoPath(stateDir)} (pid ${info.pid}) is not running; start it with \`npm start\``,
-    );
-  }
-  const credentials = { accessKeyId: 'metastatic', secretAccessKey: 'metastatic' };
-  const dynamodb = new DynamoDBClient({ endpoint: info.dynamodbEndpoint, region: info.region, credentials });
-  const sqs = lazySqs({ endpoint: info.sqsEndpoint, region: info.region, credentials });
-  const store = new DynamoStore(dynamodb, info.tableName);
-  return {
-    store,
-    eventsFile: join(info.stateDir, 'events.jsonl'),
-    send: (message) => sqs.send(info.requestQueueUrl, message),
-    async operator() {
-      await checkConfiguration(info, t.config);
-      const call = (c: OperatorCall) => callPool(info, c);
-      return {
-        hold: async (id) => NodeRecord.parse(await call({ verb: 'hold', id })),
-        drain: async (id) => BackingRecord.parse(await call({ verb: 'drain', id })),
-        reap: async () => ReapReportJson.parse(await call({ verb: 'reap' })),
-      };
-    },
-    close() {
-      dynamodb.destroy();
-      sqs.destroy();
-    },
+    hold: (id) => holdNode(context, id),
+    drain: (id) => drainBacking(context, id),
+    reap: async () => ReapReportJson.parse(await reap(context)),
   };
 }
 
@@ -255,41 +194,9 @@ async function callPool(info: EmbeddedInfo, call: OperatorCall): Promise<unknown
   );
 }
 
-/** An SQS client made on first use. */
-function lazySqs(config: SQSClientConfig) {
-  let made: Promise<SQSClient> | undefined;
-  let sqs: SQSClient | undefined;
-  const client = () => {
-    made ??= import('@aws-sdk/client-sqs').then(({ SQSClient }) => {
-      sqs = new SQSClient(config);
-      return sqs;
-    });
-    return made;
-  };
-  return {
-    client,
-    async send(queueUrl: string, message: PoolMessage): Promise<void> {
-      const { SendMessageCommand } = await import('@aws-sdk/client-sqs');
-      await (await client()).send(
-        new SendMessageCommand({ QueueUrl: queueUrl, MessageBody: JSON.stringify(message) }),
-      );
-    },
-    destroy: () => sqs?.destroy(),
-  };
-}
-
 async function loadConfig(path: string): Promise<ResolvedConfig> {
   const { formatConfigErrors, loadConfigFile } = await import('../shared/config/load.ts');
   const loaded = await loadConfigFile(path);
   if (!loaded.ok) throw new CliError(`invalid configuration:\n${formatConfigErrors(loaded.errors)}`);
   return loaded.config;
-}
-
-function isAlive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (err) {
-    return (err as NodeJS.ErrnoException).code === 'EPERM';
-  }
 }

@@ -1,54 +1,10 @@
-import { parseNodeId } from '../shared/core/ids.ts';
-import { isSpareRequestId } from '../shared/core/minReady.ts';
-import type { BackingRecord, NodeRecord, RequestRecord } from '../shared/core/records.ts';
+import { requestOfNode } from '../client/records.ts';
+import type { BackingRecord } from '../shared/core/records.ts';
 import { terminalText } from './terminal.ts';
 
-/** The request a node serves: undefined for a min-ready node (the pool's own, core/minReady.ts). */
-export function requestOfNode(n: NodeRecord): string | undefined {
-  const requestId = parseNodeId(n.id)?.requestId;
-  return requestId === undefined || isSpareRequestId(requestId) ? undefined : requestId;
-}
-
-/** The JSON shapes the CLI prints with --json: a public API for scripts (documented in docs/cli.md). */
-export function nodeJson(n: NodeRecord) {
-  return {
-    id: n.id,
-    label: n.label,
-    state: n.state,
-    /** null for a min-ready node: it serves no request (yet). */
-    request: requestOfNode(n) ?? null,
-    backingNodeId: n.backingNodeId ?? null,
-    slot: n.slot ?? null,
-    host: n.host ?? null,
-    port: n.port ?? null,
-    /** The node contract (core/contract.ts), null until the node is ready; shellType null means sh. */
-    username: n.username ?? null,
-    connectionType: n.connectionType ?? null,
-    pythonPath: n.pythonPath ?? null,
-    shellType: n.shellType ?? null,
-    attributes: n.attributes ?? {},
-    hostKeys: n.hostKeys ?? [],
-    ...(n.held ? { held: true } : {}),
-    ...(n.reason ? { reason: n.reason } : {}),
-    /** A node on a min-ready node's slot: that node; a min-ready node in use: the node using it. */
-    ...(n.spare ? { minReadyNode: n.spare } : {}),
-    ...(n.takenBy ? { takenBy: n.takenBy.node } : {}),
-  };
-}
-
-export function requestJson(r: RequestRecord) {
-  return {
-    id: r.id,
-    state: r.state,
-    labels: r.labels,
-    ...(r.shapes ? { shapes: r.shapes } : {}),
-    nodes: r.nodes.map(nodeJson),
-    ...(r.reason ? { reason: r.reason } : {}),
-    ...(r.lease === undefined ? {} : { lease: r.lease }),
-    ...(r.leaseExpiresAt === undefined ? {} : { leaseExpiresAt: new Date(r.leaseExpiresAt).toISOString() }),
-    ...(r.leaseLapsedAt === undefined ? {} : { leaseLapsedAt: new Date(r.leaseLapsedAt).toISOString() }),
-  };
-}
+/** The JSON shapes the CLI prints with --json: the client library's (client/records.ts), one definition. */
+export { toPoolNode as nodeJson, toPoolRequest as requestJson } from '../client/records.ts';
+export { requestOfNode };
 
 export function backingJson(b: BackingRecord) {
   return {

@@ -1,5 +1,5 @@
 import { CommanderError } from 'commander';
-import { CliError } from './errors.ts';
+import { asCliError } from './errors.ts';
 import { buildProgram } from './program.ts';
 import { terminalText } from './terminal.ts';
 
@@ -7,12 +7,13 @@ import { terminalText } from './terminal.ts';
 try {
   await buildProgram().parseAsync(process.argv);
 } catch (err) {
+  const known = asCliError(err);
   if (err instanceof CommanderError) {
     // --help and --version exit 0; usage errors (already printed by commander) exit 2.
     process.exitCode = err.exitCode === 0 ? 0 : 2;
-  } else if (err instanceof CliError) {
-    process.stderr.write(terminalText(`metastatic: ${err.message}\n`));
-    process.exitCode = err.exitCode;
+  } else if (known) {
+    process.stderr.write(terminalText(`metastatic: ${known.message}\n`));
+    process.exitCode = known.exitCode;
   } else {
     process.stderr.write(terminalText(`metastatic: ${(err as Error).stack ?? String(err)}\n`));
     process.exitCode = 1;

@@ -1,4 +1,5 @@
-import type { NodeRecord, RequestRecord } from '../shared/core/records.ts';
+import type { PoolRequest } from '../client/records.ts';
+import type { NodeRecord } from '../shared/core/records.ts';
 import { table } from './format.ts';
 import { terminalJson, terminalText } from './terminal.ts';
 
@@ -21,12 +22,12 @@ export function isLive(n: NodeRecord): boolean {
 }
 
 /** `1/2 ready` */
-export function nodeSummary(r: RequestRecord): string {
+export function nodeSummary(r: { readonly nodes: readonly { readonly state: string }[] }): string {
   const ready = r.nodes.filter((n) => n.state === 'ready').length;
   return `${ready}/${r.nodes.length} ready`;
 }
 
-export function printRequest(r: RequestRecord): void {
+export function printRequest(r: PoolRequest): void {
   print(`request ${r.id}: ${r.state}${r.reason ? ` (${r.reason})` : ''}`);
   if (r.nodes.length > 0 && r.state !== 'failed') {
     print(

@@ -265,6 +265,88 @@ export function buildProgram(): Command {
     });
 
   program
+    .command('run')
+    .description(
+      "request nodes, run COMMAND on the first over SSH, release them whatever happens; exits with the command's status",
+    )
+    .argument('[labels...]', 'labels to request (or a shape), then -- and the command with its arguments')
+    .usage('[options] [labels...] -- command [args...]')
+    .option('--cores <n>', 'by shape: cores the node needs', (v) => {
+      const n = Number(v);
+      if (!Number.isFinite(n) || n <= 0) throw new InvalidArgumentError('--cores must be a number > 0');
+      return n;
+    })
+    .option('--memory <size>', 'by shape: memory the node needs ("4GiB")')
+    .option('--disk <size>', 'by shape: disk the node needs ("20GiB")')
+    .option('--count <n>', 'by shape: how many nodes of that shape (default: 1)', (v) => Number(v))
+    .option('--id <id>', 'request id (default: generated)')
+    .option('--requestor <name>', 'who asks (recorded with the request)', 'cli')
+    .option(
+      '--priority <n>',
+      `request priority: an integer from ${-MAX_PRIORITY} to ${MAX_PRIORITY}, lower first (default: 100)`,
+      priority,
+    )
+    .option(
+      '--expected-duration <seconds>',
+      'how long the command will run: placed beside nodes expected to end about then',
+      seconds('--expected-duration'),
+    )
+    .option(
+      '--lease <seconds>',
+      `client lease, renewed every third of it while the command runs (${MIN_LEASE} to ${MAX_LEASE}, default 60)`,
+      Number,
+    )
+    .option(
+      '--timeout <seconds>',
+      'give up waiting for the nodes after this many seconds',
+      seconds('--timeout'),
+      300,
+    )
+    .option(
+      '-i, --identity <file>',
+      "private key to log in with (default: the embedded pool's client key; required with --stack)",
+    )
+    .option('-l, --user <name>', "log in as this user (default: the node's username)")
+    .option('-q, --quiet', 'no progress lines on stderr (errors are still printed)')
+    .addHelpText(
+      'after',
+      [
+        '',
+        'Everything after -- is the command, passed to the node as one shell-quoted command line: each',
+        'argument reaches it exactly as given (no local shell reads it; spaces, quotes, $ and ; stay as they',
+        "are). Use sh -c '...' for shell syntax. stdin, stdout and stderr are the command's, byte for byte;",
+        "metastatic's own progress goes to stderr only. Logging in is as `metastatic ssh` does it (host",
+        "verified from the node's record, StrictHostKeyChecking=yes, the pool's client key).",
+        '',
+        'The request always takes a lease (--lease, default 60 s), renewed while the command runs: if this',
+        'process is killed (kill -9), the nodes are released within the lease plus one reaper interval.',
+        'Whatever happens (the command exits, an error, Ctrl-C, SIGTERM, SIGHUP) the request is released.',
+        'With several labels the command runs on the first node; every node is listed in',
+        '$METASTATIC_NODES on the node (a line each: id host port username, the first one first), the',
+        'request id is in $METASTATIC_REQUEST_ID, and the other nodes are printed on stderr.',
+        '',
+        'Exit status:',
+        "  0-255  the command's own (128+n when a signal n killed it; 255 when ssh itself failed)",
+        '  2      usage: bad options, no command after --, labels the pool does not have',
+        '  123    the pool stopped, or ended the node (released elsewhere, lease lapsed), under the command',
+        '  124    no node could be had: the request failed (its reason is printed) or --timeout passed',
+        '  125    metastatic run failed before the command ran: no pool running, a key file others can read,',
+        '         a node without host keys, ssh not installed',
+        '  128+n  this process got signal n (SIGINT 130, SIGTERM 143, SIGHUP 129); its nodes were released',
+        '',
+        'Examples:',
+        "  metastatic run small-node -- sh -c 'echo hi; exit 3'        prints hi, exits 3",
+        '  metastatic run --cores 2 --memory 4GiB --lease 120 -- make -j2 test',
+        '  metastatic --stack pool run small-node -i ~/.ssh/ci_ed25519 -- ./ci.sh',
+      ].join('\n'),
+    )
+    .action(async (operands: string[], opts) => {
+      const { run } = await import('./commands/run.ts');
+      const { labels, command } = splitCommand(operands, process.argv);
+      await run(await target(), labels, command, opts);
+    });
+
+  program
     .command('list')
     .description('list nodes, backing nodes or requests')
     .addArgument(new Argument('<what>', 'what to list').choices(['nodes', 'backing', 'requests']))
@@ -323,4 +405,23 @@ export function buildProgram(): Command {
     });
 
   return program;
+}
+
+/**
+ * A command's operands split at the `--` that ended its options: the labels before it, the command after.
+ * Commander drops that `--` from the operands; the first `--` of the command line whose rest is the
+ * operands' tail is it (an earlier one was an option's value; later ones belong to the command).
+ */
+export function splitCommand(
+  operands: readonly string[],
+  argv: readonly string[],
+): { labels: string[]; command: string[] } {
+  for (let i = argv.indexOf('--'); i >= 0; i = argv.indexOf('--', i + 1)) {
+    const rest = argv.slice(i + 1);
+    const at = operands.length - rest.length;
+    if (at >= 0 && rest.every((a, k) => operands[at + k] === a)) {
+      return { labels: operands.slice(0, at), command: rest };
+    }
+  }
+  return { labels: [...operands], command: [] };
 }

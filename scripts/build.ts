@@ -1,12 +1,13 @@
 /**
  * `npm run build`: what the package ships, in dist/ (run by `npm pack` through `prepack`).
  *
- * - dist/{shared,cli,lib}: the sources compiled by tsc (tsconfig.build.json) to ES modules with their
- *   .d.ts, imports rewritten from .ts to .js; the CLI and the CDK constructs run from here when
- *   installed. tsconfig.build.json is a composite project that `npm run typecheck` (tsc -b) builds too:
- *   in `npm test`, the package test's `npm pack` finds it up to date instead of compiling it again.
- *   Outputs of deleted sources are removed, and a missing output forces a full compile (tsc -b trusts
- *   its build info, which does not notice a deleted output).
+ * - dist/{shared,cli,client,lib}: the sources compiled by tsc (tsconfig.build.json) to ES modules with
+ *   their .d.ts, imports rewritten from .ts to .js; the CLI, the client library (`metastatic/client`) and
+ *   the CDK constructs (`metastatic/cdk`) run from here when installed. tsconfig.build.json is a
+ *   composite project that `npm run typecheck` (tsc -b) builds too: in `npm test`, the package test's
+ *   `npm pack` finds it up to date instead of compiling it again. Outputs of deleted sources are removed,
+ *   and a missing output forces a full compile (tsc -b trusts its build info, which does not notice a
+ *   deleted output).
  * - dist/lambda/<name>/: each pool function's Lambda bundle (lib/lambdaBundle.ts), which the constructs
  *   use as they are: a CDK app of the user's needs no esbuild and bundles nothing at synth.
  */
@@ -21,7 +22,7 @@ const root = fileURLToPath(new URL('..', import.meta.url));
 const dist = join(root, 'dist');
 const started = Date.now();
 
-const COMPILED = ['shared', 'cli', 'lib'];
+const COMPILED = ['shared', 'cli', 'client', 'lib'];
 const OUTPUT = /(\.d)?\.(js|ts)(\.map)?$/;
 
 /** Every file under `dir`, recursively (none when it does not exist). */

@@ -1,15 +1,23 @@
-import { randomBytes } from 'node:crypto';
-import { parseNodeId, requestIdPattern } from '../../shared/core/ids.ts';
-import { holdsAnything, renewDecision } from '../../shared/core/leases.ts';
-import { MAX_NODE_SET, RenewMessage, RequestMessage } from '../../shared/core/messages.ts';
-import { isSpareRequestId } from '../../shared/core/minReady.ts';
-import type { PoolStore } from '../../shared/core/poolStore.ts';
-import type { NodeRecord, RequestRecord } from '../../shared/core/records.ts';
-import { connect, type Target } from '../client.ts';
+import { InvalidInputError, RequestFailedError, TimeoutError } from '../../client/errors.ts';
+import {
+  checkClientRequestId,
+  checkNodeId,
+  PoolClient,
+  type RequestSpec,
+  renewMessage,
+  requestMessage,
+} from '../../client/poolClient.ts';
+import type { PoolRequest } from '../../client/records.ts';
+import { MAX_NODE_SET } from '../../shared/core/messages.ts';
+import { poolTarget, type Target } from '../client.ts';
 import { CliError } from '../errors.ts';
-import { nodeJson, requestJson } from '../format.ts';
-import { nodeSummary, print, printJson, printRequest, sleep } from '../output.ts';
+import { nodeSummary, print, printJson, printRequest } from '../output.ts';
 import { terminalText } from '../terminal.ts';
+
+/*
+ * The request, release, renew and cancel commands: argument checks and printing here, the work in the
+ * client library (client/poolClient.ts), which `metastatic run` and library users share.
+ */
 
 export interface RequestOptions {
   readonly id?: string;
@@ -28,9 +36,21 @@ export interface RequestOptions {
   readonly json?: boolean;
 }
 
-/** `metastatic request LABEL...`: sends a request message; with --wait, follows it to its end. */
-export async function request(target: Target, labels: string[], opts: RequestOptions): Promise<void> {
-  const id = opts.id ?? `req-${Date.now().toString(36)}-${randomBytes(3).toString('hex')}`;
+/** Connects, runs `work` with the client, closes. */
+async function withPool<T>(target: Target, work: (pool: PoolClient) => Promise<T>): Promise<T> {
+  const pool = await PoolClient.connect(poolTarget(target));
+  try {
+    return await work(pool);
+  } finally {
+    pool.close();
+  }
+}
+
+/**
+ * The request spec of the CLI's labels and options, checked as the command line has them (a shape's
+ * fields named by their options); exit 2 for what the command line got wrong.
+ */
+export function requestSpecOf(labels: readonly string[], opts: Omit<RequestOptions, 'timeout'>): RequestSpec {
   const shaped = opts.cores !== undefined || opts.memory !== undefined || opts.disk !== undefined;
   if (shaped && labels.length > 0)
     throw new CliError('give labels or a shape (--cores, --memory, --disk), not both', 2);
@@ -41,97 +61,107 @@ export async function request(target: Target, labels: string[], opts: RequestOpt
       '--count goes with a shape (--cores, --memory, --disk); repeat a label to ask for more nodes',
       2,
     );
-  const count = opts.count ?? 1;
-  if (!Number.isInteger(count) || count < 1 || count > MAX_NODE_SET)
+  if (
+    opts.count !== undefined &&
+    (!Number.isInteger(opts.count) || opts.count < 1 || opts.count > MAX_NODE_SET)
+  )
     throw new CliError(`--count must be a whole number from 1 to ${MAX_NODE_SET}`, 2);
-  const shape = {
-    ...(opts.cores === undefined ? {} : { cores: opts.cores }),
-    ...(opts.memory === undefined ? {} : { memory: opts.memory }),
-    ...(opts.disk === undefined ? {} : { disk: opts.disk }),
-  };
-  const parsed = RequestMessage.safeParse({
-    kind: 'request',
-    id,
-    ...(shaped ? { shapes: Array.from({ length: count }, () => shape) } : { labels }),
-    requestor: opts.requestor,
-    priority: opts.priority,
-    ...(opts.expectedDuration === undefined ? {} : { 'expected-duration': opts.expectedDuration }),
-    ...(opts.lease === undefined ? {} : { lease: opts.lease }),
-  });
-  if (!parsed.success) {
-    // A shape's issues name the option that set it: `shapes.0.memory` is --memory.
-    const where = (path: PropertyKey[]) =>
-      path[0] === 'shapes' && typeof path[2] === 'string' ? `--${path[2]}` : path.join('.');
-    throw new CliError(
-      [...new Set(parsed.error.issues.map((i) => `${where(i.path)}: ${i.message}`))].join('\n'),
-      2,
-    );
-  }
   if (labels.length > MAX_NODE_SET) throw new CliError(`at most ${MAX_NODE_SET} labels per request`, 2);
-  const client = await connect(target);
+  return {
+    ...(opts.id === undefined ? {} : { id: opts.id }),
+    ...(shaped
+      ? {
+          shape: {
+            ...(opts.cores === undefined ? {} : { cores: opts.cores }),
+            ...(opts.memory === undefined ? {} : { memory: opts.memory }),
+            ...(opts.disk === undefined ? {} : { disk: opts.disk }),
+          },
+          ...(opts.count === undefined ? {} : { count: opts.count }),
+        }
+      : { labels }),
+    requestor: opts.requestor,
+    ...(opts.priority === undefined ? {} : { priority: opts.priority }),
+    ...(opts.expectedDuration === undefined ? {} : { expectedDuration: opts.expectedDuration }),
+    ...(opts.lease === undefined ? {} : { lease: opts.lease }),
+  };
+}
+
+/** The library's refusal of a spec, its fields named as the command line's options (`shapes.0.memory` is --memory). */
+export function asUsageError(err: unknown): unknown {
+  if (!(err instanceof InvalidInputError) || err.issues.length === 0) return err;
+  const where = (path: string) => /^shapes\.\d+\.(\w+)$/.exec(path)?.[1];
+  const lines = err.issues.map((i) => `${where(i.path) ? `--${where(i.path)}` : i.path}: ${i.message}`);
+  return new CliError([...new Set(lines)].join('\n'), 2);
+}
+
+/** `metastatic request LABEL...`: sends a request message; with --wait, follows it to its end. */
+export async function request(target: Target, labels: string[], opts: RequestOptions): Promise<void> {
+  const spec = requestSpecOf(labels, opts);
+  // Checked before connecting: a bad spec exits 2 whether a pool runs or not.
   try {
-    await client.send(parsed.data);
+    requestMessage(spec);
+  } catch (err) {
+    throw asUsageError(err);
+  }
+  await withPool(target, async (pool) => {
+    const sent = await pool.request(spec);
     if (!opts.wait) {
-      const r = await client.store.getRequest(id);
-      const shown = r ? requestJson(r) : { id, state: 'requested', ...sent(parsed.data), nodes: [] };
-      if (opts.json) printJson(shown);
-      else print(`request ${id} sent (${shown.state}); follow it with: metastatic list requests`);
+      if (opts.json) printJson(sent);
+      else print(`request ${sent.id} sent (${sent.state}); follow it with: metastatic list requests`);
       return;
     }
-    const r = await waitForRequest(client.store, id, opts.timeout);
-    if (opts.json)
-      printJson(
-        r ? requestJson(r) : { id, state: 'requested', ...sent(parsed.data), nodes: [], reason: 'timed out' },
-      );
-    else if (r) printRequest(r);
-    if (r?.state !== 'fulfilled') {
-      const why =
-        !r || r.state === 'requested' || r.state === 'pending'
-          ? `timed out after ${opts.timeout}s`
-          : r.reason;
-      process.exitCode = 1;
-      if (!opts.json)
+    let r: PoolRequest | undefined;
+    let why: string;
+    const progress = waitProgress(sent.id);
+    try {
+      r = await pool.waitFor(sent.id, { timeout: opts.timeout, onProgress: progress.show });
+      progress.done();
+    } catch (err) {
+      progress.done();
+      if (err instanceof RequestFailedError) {
+        r = err.request;
+        why = err.reason;
+      } else if (err instanceof TimeoutError) {
+        r = err.request;
+        why = `timed out after ${opts.timeout}s`;
+      } else throw err;
+      if (opts.json) printJson(r ?? { ...sent, reason: 'timed out' });
+      else {
+        if (r) printRequest(r);
         process.stderr.write(
-          terminalText(`request ${id} ${r?.state === 'failed' ? 'failed' : 'not fulfilled'}: ${why}\n`),
+          terminalText(`request ${sent.id} ${r?.state === 'failed' ? 'failed' : 'not fulfilled'}: ${why}\n`),
         );
+      }
+      process.exitCode = 1;
+      return;
     }
-  } finally {
-    client.close();
-  }
+    if (opts.json) printJson(r);
+    else printRequest(r);
+  });
 }
 
-/** What a request not recorded yet asked for, as `list requests --json` shows it. */
-function sent(m: RequestMessage): { labels: string[]; shapes?: RequestMessage['shapes'] } {
-  return m.shapes ? { labels: [], shapes: m.shapes } : { labels: m.labels ?? [] };
-}
-
-/** Follows a request until it ends or the timeout passes, with a progress line on stderr. */
-async function waitForRequest(
-  store: PoolStore,
-  id: string,
-  timeoutSeconds: number,
-): Promise<RequestRecord | undefined> {
-  const started = Date.now();
+/**
+ * A wait's progress line on stderr: redrawn in place on a terminal (with the time waited), one line per
+ * change elsewhere. What a status carries is escaped; our own carriage return and erase-line stay.
+ */
+export function waitProgress(id: string) {
   const tty = process.stderr.isTTY;
-  let r: RequestRecord | undefined;
-  let shown = '';
-  while (Date.now() - started < timeoutSeconds * 1000) {
-    r = await store.getRequest(id);
-    if (r && (r.state === 'fulfilled' || r.state === 'failed')) break;
-    const status = r ? `${r.state}, ${nodeSummary(r)}` : 'queued';
-    if (tty) {
-      // Our own carriage return and erase-line stay; what the status carries is escaped.
-      process.stderr.write(
-        `\r${terminalText(`waiting for ${id}: ${status} (${((Date.now() - started) / 1000).toFixed(1)}s)`)}\x1b[K`,
-      );
-    } else if (status !== shown) {
-      process.stderr.write(terminalText(`waiting for ${id}: ${status}\n`));
-    }
-    shown = status;
-    await sleep(100);
-  }
-  if (tty) process.stderr.write('\r\x1b[K');
-  return r;
+  let shown = false;
+  return {
+    show(r: PoolRequest | undefined, elapsedMs: number) {
+      const status = r ? `${r.state}, ${nodeSummary(r)}` : 'queued';
+      shown = true;
+      if (tty) {
+        process.stderr.write(
+          `\r${terminalText(`waiting for ${id}: ${status} (${(elapsedMs / 1000).toFixed(1)}s)`)}\x1b[K`,
+        );
+      } else process.stderr.write(terminalText(`waiting for ${id}: ${status}\n`));
+    },
+    done() {
+      if (tty && shown) process.stderr.write('\r\x1b[K');
+      shown = false;
+    },
+  };
 }
 
 export interface ReleaseOptions {
@@ -142,36 +172,18 @@ export interface ReleaseOptions {
 
 /** `metastatic release NODE-ID`: sends a release message and waits until it is applied. */
 export async function release(target: Target, nodeIdArg: string, opts: ReleaseOptions): Promise<void> {
-  const parsed = parseNodeId(nodeIdArg);
-  if (!parsed)
-    throw new CliError(`"${nodeIdArg}" is not a node id (node ids look like <request-id>/<index>)`, 2);
-  const client = await connect(target);
-  try {
-    const node = (await client.store.getRequest(parsed.requestId))?.nodes[parsed.index];
-    if (!node) throw new CliError(`unknown node ${nodeIdArg}`);
-    if (node.held && !opts.force && (node.state === 'ready' || node.state === 'pending')) {
-      throw new CliError(`node ${nodeIdArg} is held; release it with --force`);
-    }
-    if (node.state === 'released' || node.state === 'failed') {
-      if (opts.json) printJson(nodeJson(node));
-      else print(`${nodeIdArg} was already ${node.state}`);
-      return;
-    }
-    await client.send({ kind: 'release', nodeId: nodeIdArg, ...(opts.force ? { force: true } : {}) });
-    const deadline = Date.now() + opts.timeout * 1000;
-    let current: NodeRecord | undefined = node;
-    while (current && current.state !== 'released' && current.state !== 'failed' && Date.now() < deadline) {
-      await sleep(100);
-      current = (await client.store.getRequest(parsed.requestId))?.nodes[parsed.index];
-    }
-    if (!current || (current.state !== 'released' && current.state !== 'failed')) {
-      throw new CliError(`release of ${nodeIdArg} was sent but not applied within ${opts.timeout}s`);
-    }
-    if (opts.json) printJson(nodeJson(current));
-    else print(current.state === 'released' ? `released ${nodeIdArg}` : `${nodeIdArg} is ${current.state}`);
-  } finally {
-    client.close();
-  }
+  checkNodeId(nodeIdArg);
+  await withPool(target, async (pool) => {
+    const { node, alreadyEnded } = await pool.releaseNode(nodeIdArg, opts).catch((err: unknown) => {
+      if ((err as Error).name === 'NodeHeldError') {
+        throw new CliError(`node ${nodeIdArg} is held; release it with --force`);
+      }
+      throw err;
+    });
+    if (opts.json) printJson(node);
+    else if (alreadyEnded) print(`${nodeIdArg} was already ${node.state}`);
+    else print(node.state === 'released' ? `released ${nodeIdArg}` : `${nodeIdArg} is ${node.state}`);
+  });
 }
 
 export interface CancelOptions {
@@ -186,23 +198,9 @@ export interface CancelOptions {
  */
 export async function cancel(target: Target, requestId: string, opts: CancelOptions): Promise<void> {
   checkClientRequestId(requestId);
-  const client = await connect(target);
-  try {
-    const ended = (r: RequestRecord | undefined) => r?.state === 'fulfilled' || r?.state === 'failed';
-    let current = await client.store.getRequest(requestId);
-    if (!ended(current)) {
-      await client.send({ kind: 'cancel', id: requestId, ...(opts.reason ? { reason: opts.reason } : {}) });
-      const deadline = Date.now() + opts.timeout * 1000;
-      while (!ended(current) && Date.now() < deadline) {
-        await sleep(100);
-        current = await client.store.getRequest(requestId);
-      }
-      if (!current || !ended(current)) {
-        throw new CliError(`cancel of ${requestId} was sent but not applied within ${opts.timeout}s`);
-      }
-    }
-    const r = current as RequestRecord;
-    if (opts.json) printJson(requestJson(r));
+  await withPool(target, async (pool) => {
+    const r = await pool.cancel(requestId, opts);
+    if (opts.json) printJson(r);
     else printRequest(r);
     if (!(r.state === 'failed' && r.reason?.startsWith('cancelled'))) {
       throw new CliError(
@@ -211,9 +209,7 @@ export async function cancel(target: Target, requestId: string, opts: CancelOpti
           : `request ${requestId} had already ended: ${r.state}`,
       );
     }
-  } finally {
-    client.close();
-  }
+  });
 }
 
 export interface RenewOptions {
@@ -229,51 +225,12 @@ export interface RenewOptions {
  * or when the renewal was not applied in time (the pool refused it: a length above max-lease).
  */
 export async function renew(target: Target, requestId: string, opts: RenewOptions): Promise<void> {
-  const parsed = RenewMessage.safeParse({
-    kind: 'renew',
-    id: requestId,
-    ...(opts.lease === undefined ? {} : { lease: opts.lease }),
+  renewMessage(requestId, opts.lease);
+  await withPool(target, async (pool) => {
+    const current = await pool.renew(requestId, opts);
+    if (opts.json) printJson(current);
+    else print(`renewed ${requestId}: lease ${current.lease} s, until ${current.leaseExpiresAt}`);
   });
-  if (!parsed.success) {
-    throw new CliError(
-      [...new Set(parsed.error.issues.map((i) => `${i.path.join('.') || 'renew'}: ${i.message}`))].join('\n'),
-      2,
-    );
-  }
-  const client = await connect(target);
-  try {
-    const before = await client.store.getRequest(requestId);
-    // The pool checks max-lease itself; here only what the record says (no configuration needed).
-    const decision = renewDecision(requestId, before, Date.now(), opts.lease, {});
-    if (decision.kind === 'refuse') throw new CliError(decision.reason);
-    await client.send(parsed.data);
-    const deadline = Date.now() + opts.timeout * 1000;
-    let current = before;
-    const moved = (r: RequestRecord | undefined) =>
-      r?.leaseExpiresAt !== before?.leaseExpiresAt ||
-      r?.leaseLapsedAt !== undefined ||
-      !r ||
-      !holdsAnything(r);
-    while (!moved(current) && Date.now() < deadline) {
-      await sleep(100);
-      current = await client.store.getRequest(requestId);
-    }
-    if (!current || current.leaseLapsedAt !== undefined || !holdsAnything(current)) {
-      throw new CliError(`request ${requestId} ended before the renewal was applied: its lease lapsed`);
-    }
-    if (current.leaseExpiresAt === before?.leaseExpiresAt) {
-      throw new CliError(
-        `renewal of ${requestId} was sent but not applied within ${opts.timeout}s (refused? a lease above max-lease is; see the pool's log)`,
-      );
-    }
-    if (opts.json) printJson(requestJson(current));
-    else
-      print(
-        `renewed ${requestId}: lease ${current.lease} s, until ${new Date(current.leaseExpiresAt as number).toISOString()}`,
-      );
-  } finally {
-    client.close();
-  }
 }
 
 export interface ReleaseRequestOptions {
@@ -293,47 +250,13 @@ export async function releaseRequest(
   opts: ReleaseRequestOptions,
 ): Promise<void> {
   checkClientRequestId(requestId);
-  const client = await connect(target);
-  try {
-    const left = (r: RequestRecord | undefined) =>
-      r !== undefined &&
-      (r.state === 'requested' ||
-        (r.state !== 'failed' &&
-          r.nodes.some((n) => (n.state === 'pending' || n.state === 'ready') && (opts.force || !n.held))));
-    let current = await client.store.getRequest(requestId);
-    if (!current) throw new CliError(`unknown request ${requestId}`);
-    if (left(current)) {
-      await client.send({ kind: 'release', id: requestId, ...(opts.force ? { force: true } : {}) });
-      const deadline = Date.now() + opts.timeout * 1000;
-      while (left(current) && Date.now() < deadline) {
-        await sleep(100);
-        current = await client.store.getRequest(requestId);
-      }
-      if (left(current)) {
-        throw new CliError(
-          `release of request ${requestId} was sent but not applied within ${opts.timeout}s`,
-        );
-      }
-    }
-    const r = current as RequestRecord;
-    if (opts.json) printJson(requestJson(r));
+  await withPool(target, async (pool) => {
+    const r = await pool.releaseRequest(requestId, opts);
+    if (opts.json) printJson(r);
     else {
       printRequest(r);
       const kept = r.nodes.filter((n) => n.held && (n.state === 'pending' || n.state === 'ready'));
       if (kept.length > 0) print(`kept held ${kept.map((n) => n.id).join(', ')}: release with --force`);
     }
-  } finally {
-    client.close();
-  }
-}
-
-/** A request id a message may name: not one of the pool's own min-ready requests (usage error, exit 2). */
-function checkClientRequestId(requestId: string): void {
-  if (!requestIdPattern.test(requestId)) throw new CliError(`"${requestId}" is not a request id`, 2);
-  if (isSpareRequestId(requestId)) {
-    throw new CliError(
-      `"${requestId}" is one of the pool's own min-ready requests: no message may end it`,
-      2,
-    );
-  }
+  });
 }

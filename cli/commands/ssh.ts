@@ -1,7 +1,7 @@
-import { spawn } from 'node:child_process';
-import { mkdtemp, rm, stat, writeFile } from 'node:fs/promises';
-import { constants, tmpdir } from 'node:os';
-import { join } from 'node:path';
+import type { ChildProcess } from 'node:child_process';
+import { constants } from 'node:os';
+import { loginOf, runSsh } from '../../client/openssh.ts';
+import { toPoolNode } from '../../client/records.ts';
 import { parseNodeId } from '../../shared/core/ids.ts';
 import type { NodeRecord } from '../../shared/core/records.ts';
 import { clientKeyPath } from '../../shared/runtime/clientKey.ts';
@@ -62,69 +62,6 @@ async function readyNode(client: PoolClient, nodeId: string, timeoutSeconds: num
 }
 
 /**
- * Refuses a private key file others may read or write, as OpenSSH does ("UNPROTECTED PRIVATE KEY
- * FILE"), but with the reason and the fix in one line, before ssh is started.
- */
-async function checkIdentity(file: string): Promise<void> {
-  let mode: number;
-  try {
-    const s = await stat(file);
-    if (!s.isFile()) throw new CliError(`identity ${file} is not a file`);
-    mode = s.mode & 0o777;
-  } catch (err) {
-    if (err instanceof CliError) throw err;
-    throw new CliError(`cannot read the identity ${file}: ${(err as NodeJS.ErrnoException).code ?? err}`);
-  }
-  if (mode & 0o077) {
-    throw new CliError(
-      `permissions 0${mode.toString(8)} for identity ${file} are too open: a private key must be ` +
-        `readable by you only, or ssh ignores it (chmod 600 ${file})`,
-    );
-  }
-}
-
-/** known_hosts lines for the node's recorded host keys: `[host]:port type base64` (`host ...` on port 22). */
-export function knownHostsLines(host: string, port: number, hostKeys: readonly string[]): string {
-  const name = port === 22 ? host : `[${host}]:${port}`;
-  return hostKeys.map((key) => `${name} ${key}\n`).join('');
-}
-
-/** The ssh argument list: the node's host, port and user, this identity and known_hosts only. */
-export function sshArgs(
-  node: { host: string; port: number; user: string },
-  identity: string,
-  knownHosts: string,
-  command: readonly string[],
-): string[] {
-  return [
-    '-p',
-    String(node.port),
-    '-l',
-    node.user,
-    '-i',
-    identity,
-    '-o',
-    'IdentitiesOnly=yes',
-    '-o',
-    'StrictHostKeyChecking=yes',
-    '-o',
-    `UserKnownHostsFile=${knownHosts}`,
-    '-o',
-    'GlobalKnownHostsFile=/dev/null',
-    '-o',
-    'UpdateHostKeys=no',
-    '-o',
-    'CheckHostIP=no',
-    '-o',
-    'PasswordAuthentication=no',
-    '-o',
-    'KbdInteractiveAuthentication=no',
-    node.host,
-    ...(command.length > 0 ? ['--', ...command] : []),
-  ];
-}
-
-/**
  * `metastatic ssh NODE-ID [-- COMMAND...]`: runs OpenSSH's `ssh` to the node with its recorded host
  * keys as the only known hosts (a known_hosts file written for this call, 0600, removed after) and
  * exits with ssh's exit status (128 + n if ssh itself dies of signal n).
@@ -145,55 +82,39 @@ export async function ssh(
   } finally {
     client.close();
   }
-  const user = opts.user ?? node.username;
-  if (!user) throw new CliError(`node ${nodeId} records no username: pass --user NAME`, 2);
-  if (!node.host || node.port === undefined) throw new CliError(`node ${nodeId} records no host and port`);
-  if (!node.hostKeys?.length) {
-    throw new CliError(`node ${nodeId} records no host keys: its host cannot be verified, so ssh is not run`);
+  if (!opts.user && !node.username) {
+    throw new CliError(`node ${nodeId} records no username: pass --user NAME`, 2);
   }
-  await checkIdentity(identity);
-
-  const dir = await mkdtemp(join(tmpdir(), 'metastatic-ssh-'));
-  const knownHosts = join(dir, 'known_hosts');
+  const login = loginOf(toPoolNode(node), opts.user);
+  // Ctrl-C reaches ssh from the terminal itself; a signal sent to this process alone is passed on.
+  let child: ChildProcess | undefined;
+  const forward = (signal: NodeJS.Signals) => () => child?.kill(signal);
+  const onTerm = forward('SIGTERM');
+  const onHup = forward('SIGHUP');
+  const onInt = () => {};
+  process.on('SIGTERM', onTerm);
+  process.on('SIGHUP', onHup);
+  process.on('SIGINT', onInt);
   try {
-    await writeFile(knownHosts, knownHostsLines(node.host, node.port, node.hostKeys), { mode: 0o600 });
-    const child = spawn(
-      'ssh',
-      sshArgs({ host: node.host, port: node.port, user }, identity, knownHosts, command),
-      {
-        stdio: 'inherit',
+    const ended = await runSsh(login, command, {
+      identity,
+      onSpawn: (c) => {
+        child = c;
       },
-    );
-    // Ctrl-C reaches ssh from the terminal itself; a signal sent to this process alone is passed on.
-    const forward = (signal: NodeJS.Signals) => () => child.kill(signal);
-    const onTerm = forward('SIGTERM');
-    const onHup = forward('SIGHUP');
-    const onInt = () => {};
-    process.on('SIGTERM', onTerm);
-    process.on('SIGHUP', onHup);
-    process.on('SIGINT', onInt);
-    try {
-      const [code, signal] = await new Promise<[number | null, NodeJS.Signals | null]>((resolve, reject) => {
-        child.once('error', (err: NodeJS.ErrnoException) =>
-          reject(
-            new CliError(
-              err.code === 'ENOENT' ? 'ssh (OpenSSH) is not installed or not on PATH' : `ssh: ${err.message}`,
-            ),
-          ),
-        );
-        child.once('exit', (c, s) => resolve([c, s]));
-      });
-      process.exitCode = signal ? 128 + (signalNumber(signal) ?? 0) : (code ?? 1);
-    } finally {
-      process.off('SIGTERM', onTerm);
-      process.off('SIGHUP', onHup);
-      process.off('SIGINT', onInt);
-    }
+    });
+    process.exitCode = exitStatus(ended);
   } finally {
-    await rm(dir, { recursive: true, force: true });
+    process.off('SIGTERM', onTerm);
+    process.off('SIGHUP', onHup);
+    process.off('SIGINT', onInt);
   }
 }
 
-function signalNumber(signal: NodeJS.Signals): number | undefined {
+/** A process's end as a shell reports it: its code, or 128 + n when signal n killed it. */
+export function exitStatus(ended: { code: number | null; signal: NodeJS.Signals | null }): number {
+  return ended.signal ? 128 + (signalNumber(ended.signal) ?? 0) : (ended.code ?? 1);
+}
+
+export function signalNumber(signal: NodeJS.Signals): number | undefined {
   return constants.signals[signal];
 }

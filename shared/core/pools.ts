@@ -11,6 +11,9 @@ export type PoolChoice =
   | { readonly ok: true; readonly pools: readonly MetastaticPool[] }
   | { readonly ok: false; readonly reason: string };
 
+/** How the reason of a request for labels the configuration lacks begins (clients tell it apart by it). */
+export const UNKNOWN_LABEL_REASON = 'unknown label';
+
 export function eligiblePools(config: ResolvedConfig, labels: readonly string[]): PoolChoice {
   // The labels come from users: a reason names a few of them, each cut short (core/text.ts).
   const unknown = [...new Set(labels.filter((l) => !config.metastaticLabelNames.has(l)))];
@@ -18,7 +21,7 @@ export function eligiblePools(config: ResolvedConfig, labels: readonly string[])
     const known = [...config.metastaticLabelNames].sort().join(', ') || 'none';
     return {
       ok: false,
-      reason: `unknown label${unknown.length > 1 ? 's' : ''} ${listSome(unknown)} (configured: ${known})`,
+      reason: `${UNKNOWN_LABEL_REASON}${unknown.length > 1 ? 's' : ''} ${listSome(unknown)} (configured: ${known})`,
     };
   }
   const named = listSome([...new Set(labels)], (l) => clip(l, MAX_QUOTED_LENGTH));

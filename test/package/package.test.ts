@@ -91,6 +91,24 @@ async function buildCdkApp(): Promise<CdkApp> {
       '',
     ].join('\n'),
   );
+  // A client of the user's, type-checked in the same tsc run: metastatic/client's declarations.
+  writeFileSync(
+    join(app, 'client.ts'),
+    [
+      "import { PoolClient, PoolNotFoundError, type PoolNode, type RequestSpec } from 'metastatic/client';",
+      '',
+      "const spec: RequestSpec = { labels: ['small-node'], lease: 60 };",
+      "const describe = (n: PoolNode): string => n.id + ' ' + (n.host ?? '-') + ':' + String(n.port);",
+      'void describe;',
+      'try {',
+      '  await PoolClient.connect({ stateDir: process.argv[2] as string });',
+      "  console.log('connected?');",
+      '} catch (err) {',
+      "  console.log([typeof PoolClient, err instanceof PoolNotFoundError, spec.labels?.length].join(' '));",
+      '}',
+      '',
+    ].join('\n'),
+  );
   writeFileSync(
     join(app, 'tsconfig.json'),
     JSON.stringify({
@@ -104,7 +122,7 @@ async function buildCdkApp(): Promise<CdkApp> {
         types: ['node'],
         outDir: 'out',
       },
-      files: ['app.ts'],
+      files: ['app.ts', 'client.ts'],
     }),
   );
   // The compiler of this repository (the app has none installed); the types come from the app's node_modules.
@@ -249,6 +267,15 @@ describe('the installed CLI', { timeout: 180_000 }, () => {
       expect(dev.exitCode, log).toBe(0);
     });
   }
+});
+
+describe('a client of the user’s', { timeout: 300_000 }, () => {
+  it('imports metastatic/client from the installed package, its types checked by the app’s tsc', async () => {
+    await cdkApp; // compiled (and type-checked) with the CDK app
+    const empty = mkdtempSync(join(work, 'no-pool-'));
+    const out = await run(process.execPath, [join(app, 'out', 'client.js'), empty], app);
+    expect(out, out.stderr).toMatchObject({ code: 0, stdout: 'function true 1\n' });
+  });
 });
 
 describe('a CDK app of the user’s', { timeout: 300_000 }, () => {

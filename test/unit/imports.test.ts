@@ -9,7 +9,7 @@ import { describe, expect, it } from 'vitest';
  * command is a deliberate lazy edge, not a dependency of the importing module's body.
  */
 const root = resolve(dirname(fileURLToPath(import.meta.url)), '../..');
-const productionDirs = ['shared', 'functions', 'lib', 'cli', 'bin'];
+const productionDirs = ['shared', 'functions', 'lib', 'cli', 'client', 'bin'];
 
 function sources(dir: string): string[] {
   return readdirSync(join(root, dir), { withFileTypes: true }).flatMap((e) => {

@@ -1,0 +1,185 @@
+import { type ChildProcess, type StdioOptions, spawn } from 'node:child_process';
+import { mkdtemp, rm, stat, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { MetastaticError, NodeUnreachableError } from './errors.ts';
+import type { PoolNode } from './records.ts';
+
+/**
+ * Logging in to a node with the real OpenSSH client, verified: the node's recorded host keys are the only
+ * known hosts (a known_hosts written for the call, 0600 in a private temporary directory, removed after),
+ * StrictHostKeyChecking=yes, IdentitiesOnly=yes, no password. `metastatic ssh` and `metastatic run` both
+ * log in through here.
+ */
+
+/** A private key file that cannot be used: missing, not a file, or readable by others. */
+export class IdentityError extends MetastaticError {}
+
+/** Where and as whom to log in to a node, and the host keys to verify it by. */
+export interface SshLogin {
+  readonly nodeId: string;
+  readonly host: string;
+  readonly port: number;
+  readonly user: string;
+  readonly hostKeys: readonly string[];
+}
+
+/**
+ * The login of a ready node (as `user`, else its `username`). NodeUnreachableError when its record
+ * lacks a host, a port, a user or host keys: an unverifiable host is never logged in to.
+ */
+export function loginOf(node: PoolNode, user?: string): SshLogin {
+  const name = user ?? node.username;
+  if (!name) throw new NodeUnreachableError(`node ${node.id} records no username: pass --user NAME`);
+  if (!node.host || node.port === null)
+    throw new NodeUnreachableError(`node ${node.id} records no host and port`);
+  if (node.hostKeys.length === 0) {
+    throw new NodeUnreachableError(
+      `node ${node.id} records no host keys: its host cannot be verified, so ssh is not run`,
+    );
+  }
+  return { nodeId: node.id, host: node.host, port: node.port, user: name, hostKeys: node.hostKeys };
+}
+
+/**
+ * Refuses a private key file others may read or write, as OpenSSH does ("UNPROTECTED PRIVATE KEY
+ * FILE"), but with the reason and the fix in one line, before ssh is started.
+ */
+export async function checkIdentity(file: string): Promise<void> {
+  let mode: number;
+  try {
+    const s = await stat(file);
+    if (!s.isFile()) throw new IdentityError(`identity ${file} is not a file`);
+    mode = s.mode & 0o777;
+  } catch (err) {
+    if (err instanceof IdentityError) throw err;
+    throw new IdentityError(
+      `cannot read the identity ${file}: ${(err as NodeJS.ErrnoException).code ?? err}`,
+    );
+  }
+  if (mode & 0o077) {
+    throw new IdentityError(
+      `permissions 0${mode.toString(8)} for identity ${file} are too open: a private key must be ` +
+        `readable by you only, or ssh ignores it (chmod 600 ${file})`,
+    );
+  }
+}
+
+/** known_hosts lines for the node's recorded host keys: `[host]:port type base64` (`host ...` on port 22). */
+export function knownHostsLines(host: string, port: number, hostKeys: readonly string[]): string {
+  const name = port === 22 ? host : `[${host}]:${port}`;
+  return hostKeys.map((key) => `${name} ${key}\n`).join('');
+}
+
+/** The ssh argument list: the node's host, port and user, this identity and known_hosts only. */
+export function sshArgs(
+  node: { host: string; port: number; user: string },
+  identity: string,
+  knownHosts: string,
+  command: readonly string[],
+): string[] {
+  return [
+    '-p',
+    String(node.port),
+    '-l',
+    node.user,
+    '-i',
+    identity,
+    '-o',
+    'IdentitiesOnly=yes',
+    '-o',
+    'StrictHostKeyChecking=yes',
+    '-o',
+    `UserKnownHostsFile=${knownHosts}`,
+    '-o',
+    'GlobalKnownHostsFile=/dev/null',
+    '-o',
+    'UpdateHostKeys=no',
+    '-o',
+    'CheckHostIP=no',
+    '-o',
+    'PasswordAuthentication=no',
+    '-o',
+    'KbdInteractiveAuthentication=no',
+    node.host,
+    ...(command.length > 0 ? ['--', ...command] : []),
+  ];
+}
+
+/** One word for a POSIX shell, exactly `text` once the shell has read it: single-quoted, `'` as `'\''`. */
+export function shellQuote(text: string): string {
+  return `'${text.replace(/'/g, `'\\''`)}'`;
+}
+
+/**
+ * The command line a POSIX login shell (sh, bash, dash, ksh, zsh) reads back as exactly `argv`, each
+ * element one word whatever it holds (spaces, quotes, `$`, `;`, newlines), after exporting `env`. It ends
+ * with `exit $?`, so the shell waits for the command instead of exec'ing it: a command killed by signal n
+ * then ends the session with status 128+n, which OpenSSH's client returns (an exit-signal from sshd
+ * would make it exit 255, whatever the signal).
+ */
+export function remoteCommandLine(
+  argv: readonly string[],
+  env: Readonly<Record<string, string>> = {},
+): string {
+  if (argv.length === 0) throw new Error('no command');
+  const exports = Object.entries(env).map(([k, v]) => {
+    if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(k)) throw new Error(`not an environment variable name: ${k}`);
+    return `${k}=${shellQuote(v)}`;
+  });
+  return `${exports.length > 0 ? `export ${exports.join(' ')}; ` : ''}${argv.map(shellQuote).join(' ')}; exit $?`;
+}
+
+export interface SshRunOptions {
+  /** The private key file (checked: 0600). */
+  readonly identity: string;
+  /** Default: inherit this process's stdin, stdout and stderr (byte for byte, nothing added). */
+  readonly stdio?: StdioOptions;
+  /** Ends ssh (SIGTERM) when it fires. */
+  readonly signal?: AbortSignal;
+  /** Told of the ssh process once it started (to pass signals on, say). */
+  readonly onSpawn?: (child: ChildProcess) => void;
+}
+
+/**
+ * Runs OpenSSH's `ssh` to `login` with `remote` as its command arguments (none: a login shell) and
+ * resolves with how ssh ended. The caller quotes: ssh joins its arguments with spaces and the remote shell
+ * reads them again (`remoteCommandLine` makes one argument that reads back as an argv).
+ */
+export async function runSsh(
+  login: SshLogin,
+  remote: readonly string[],
+  opts: SshRunOptions,
+): Promise<{ code: number | null; signal: NodeJS.Signals | null }> {
+  await checkIdentity(opts.identity);
+  const dir = await mkdtemp(join(tmpdir(), 'metastatic-ssh-'));
+  const knownHosts = join(dir, 'known_hosts');
+  try {
+    await writeFile(knownHosts, knownHostsLines(login.host, login.port, login.hostKeys), { mode: 0o600 });
+    const child = spawn('ssh', sshArgs(login, opts.identity, knownHosts, remote), {
+      stdio: opts.stdio ?? 'inherit',
+    });
+    const onAbort = () => child.kill('SIGTERM');
+    opts.signal?.addEventListener('abort', onAbort, { once: true });
+    try {
+      const ended = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve, reject) => {
+        child.once('error', (err: NodeJS.ErrnoException) =>
+          reject(
+            new MetastaticError(
+              err.code === 'ENOENT' ? 'ssh (OpenSSH) is not installed or not on PATH' : `ssh: ${err.message}`,
+              { cause: err },
+            ),
+          ),
+        );
+        child.once('exit', (code, signal) => resolve({ code, signal }));
+      });
+      opts.onSpawn?.(child);
+      if (opts.signal?.aborted) onAbort();
+      return await ended;
+    } finally {
+      opts.signal?.removeEventListener('abort', onAbort);
+    }
+  } finally {
+    await rm(dir, { recursive: true, force: true });
+  }
+}

@@ -1,0 +1,598 @@
+import { randomBytes } from 'node:crypto';
+import { parseNodeId, requestIdPattern } from '../shared/core/ids.ts';
+import { holdsAnything, renewDecision } from '../shared/core/leases.ts';
+import { MAX_NODE_SET, type PoolMessage, RenewMessage, RequestMessage } from '../shared/core/messages.ts';
+import { isSpareRequestId } from '../shared/core/minReady.ts';
+import { UNKNOWN_LABEL_REASON } from '../shared/core/pools.ts';
+import type { RequestRecord } from '../shared/core/records.ts';
+import { openConnection, type PoolConnection, type PoolTarget } from './connection.ts';
+import {
+  AbortedError,
+  InvalidInputError,
+  MetastaticError,
+  NodeHeldError,
+  NodeLostError,
+  NodeNotFoundError,
+  PoolStoppedError,
+  RenewRefusedError,
+  RequestFailedError,
+  RequestNotFoundError,
+  TimeoutError,
+  UnknownLabelError,
+} from './errors.ts';
+import { type PoolNode, type PoolRequest, toPoolNode, toPoolRequest } from './records.ts';
+
+/** What one node of a request by shape needs: at least one of them. Sizes as `"4GiB"`, `"512MiB"`. */
+export interface Shape {
+  readonly cores?: number;
+  readonly memory?: string;
+  readonly disk?: string;
+}
+
+/** A request: `labels` (one node each, a node set served all-or-nothing), or `shape` (and `count`). */
+export interface RequestSpec {
+  /** Default: `req-<base36 time>-<6 hex>`. Re-sending the same id never allocates twice. */
+  readonly id?: string;
+  readonly labels?: readonly string[];
+  readonly shape?: Shape;
+  /** With `shape`: how many nodes of it (default 1). */
+  readonly count?: number;
+  /** Who asks, recorded with the request. */
+  readonly requestor?: string;
+  /** Lower first (default: the pool's, 100). */
+  readonly priority?: number;
+  /** Seconds the nodes will be kept: placed beside nodes expected to end about then. */
+  readonly expectedDuration?: number;
+  /** Seconds of client lease: renew it (`renew`) or the reaper releases the nodes. */
+  readonly lease?: number;
+}
+
+/** How long and how to wait; every wait polls the table. */
+export interface WaitOptions {
+  /** Seconds (default 300). */
+  readonly timeout?: number;
+  /** Ends the wait with AbortedError. */
+  readonly signal?: AbortSignal;
+}
+
+export interface WaitForOptions extends WaitOptions {
+  /** Called at each poll whose state differs from the last: the request (undefined until recorded). */
+  readonly onProgress?: (request: PoolRequest | undefined, elapsedMs: number) => void;
+}
+
+export interface RunOptions extends WaitForOptions {
+  /** Seconds of lease when the spec has none (default 60, at least 10). */
+  readonly lease?: number;
+  /** Milliseconds between renewals (default: a third of the lease). */
+  readonly renewEvery?: number;
+  /** Seconds to wait for the release to be applied (default 30). */
+  readonly releaseTimeout?: number;
+  /** Told of a release that failed; without it such a failure is thrown when the job itself succeeded. */
+  readonly onReleaseError?: (error: unknown) => void;
+}
+
+/** What `run` gives its job: the request's nodes (ready) and a signal that fires when they are lost. */
+export interface RunContext {
+  readonly request: PoolRequest;
+  /**
+   * Aborted when the job should stop: the caller's signal fired, the pool stopped (PoolStoppedError), a
+   * node was ended under it (NodeLostError); `signal.reason` says which.
+   */
+  readonly signal: AbortSignal;
+}
+
+/** `run`'s default lease, seconds: a dead client's nodes go within this (plus one reaper interval). */
+export const DEFAULT_RUN_LEASE = 60;
+/** How often a wait reads the table. */
+const POLL_MS = 100;
+/** How often `run` checks an embedded pool and its nodes while the job runs. */
+const WATCH_MS = 1000;
+
+/** A request id of `[A-Za-z0-9._:-]`, unique enough: `req-<base36 time>-<6 hex>`. */
+export function newRequestId(): string {
+  return `req-${Date.now().toString(36)}-${randomBytes(3).toString('hex')}`;
+}
+
+/**
+ * A client of a metastatic pool, embedded or deployed: sends request, release, cancel and renew messages
+ * to its request queue and reads their outcome from its table (docs/client.md).
+ *
+ * ```ts
+ * const pool = await PoolClient.connect({ stateDir: '.metastatic' });
+ * try {
+ *   const code = await pool.run({ labels: ['small-node'] }, async ([node]) => runMyJob(node));
+ * } finally {
+ *   pool.close();
+ * }
+ * ```
+ */
+export class PoolClient {
+  private constructor(
+    /** The store and the queue; for reads this class does not offer (the CLI's list and status). */
+    readonly connection: PoolConnection,
+  ) {}
+
+  /** Connects to the pool of `target` (default: the embedded pool of $METASTATIC_STATE_DIR or .metastatic). */
+  static async connect(target: PoolTarget = {}): Promise<PoolClient> {
+    return new PoolClient(await openConnection(target));
+  }
+
+  /** Closes the AWS SDK clients. */
+  close(): void {
+    this.connection.close();
+  }
+
+  /** The request as recorded now, or undefined when the pool has not recorded it (yet). */
+  async get(requestId: string): Promise<PoolRequest | undefined> {
+    const r = await this.read(requestId);
+    return r && toPoolRequest(r);
+  }
+
+  /** The node as recorded now. */
+  async getNode(nodeId: string): Promise<PoolNode> {
+    const parsed = checkNodeId(nodeId);
+    const node = (await this.read(parsed.requestId))?.nodes[parsed.index];
+    if (!node) throw new NodeNotFoundError(nodeId);
+    return toPoolNode(node);
+  }
+
+  /**
+   * Sends a request; returns it as recorded, or (not recorded yet) as `{ id, state: 'requested', labels,
+   * nodes: [] }`. Throws InvalidInputError, sending nothing, for a spec no message may carry.
+   */
+  async request(spec: RequestSpec): Promise<PoolRequest> {
+    const message = requestMessage(spec);
+    await this.send(message);
+    return (await this.get(message.id)) ?? provisional(message);
+  }
+
+  /**
+   * Waits until the request is fulfilled and returns it. Throws RequestFailedError (UnknownLabelError for
+   * labels the pool lacks) with the pool's reason when it fails, TimeoutError when `timeout` passes first,
+   * AbortedError when `signal` fires, PoolStoppedError when the embedded pool stops meanwhile.
+   */
+  async waitFor(requestId: string, opts: WaitForOptions = {}): Promise<PoolRequest> {
+    const timeout = opts.timeout ?? 300;
+    const started = Date.now();
+    let shown: string | undefined;
+    let checked = started;
+    for (;;) {
+      throwIfAborted(opts.signal);
+      const r = await this.read(requestId);
+      if (r?.state === 'fulfilled') return toPoolRequest(r);
+      if (r?.state === 'failed') throw failure(toPoolRequest(r));
+      const now = Date.now();
+      const status = r ? `${r.state} ${r.nodes.map((n) => n.state).join(',')}` : 'queued';
+      if (status !== shown) opts.onProgress?.(r && toPoolRequest(r), now - started);
+      shown = status;
+      if (now - started >= timeout * 1000) {
+        throw new TimeoutError(
+          `request ${requestId} not fulfilled within ${timeout} s`,
+          timeout,
+          r && toPoolRequest(r),
+        );
+      }
+      if (now - checked >= WATCH_MS) {
+        checked = now;
+        await this.connection.checkRunning();
+      }
+      await sleep(POLL_MS, opts.signal);
+    }
+  }
+
+  /**
+   * Renews the request's lease from now, by its own length or `lease` seconds, and waits until the pool
+   * applied it (its expiry moved); returns the request. Refused before anything is sent
+   * (RenewRefusedError) when the request has ended, has no lease, or its lease lapsed; RequestNotFoundError
+   * for an unknown one. With `wait: false`, only sends.
+   */
+  async renew(
+    requestId: string,
+    opts: WaitOptions & { readonly lease?: number; readonly wait?: boolean } = {},
+  ): Promise<PoolRequest> {
+    const message = renewMessage(requestId, opts.lease);
+    const before = await this.read(requestId);
+    if (!before) throw new RequestNotFoundError(requestId, `unknown request "${requestId}"`);
+    // The pool checks max-lease itself; here only what the record says (no configuration needed).
+    const decision = renewDecision(requestId, before, Date.now(), opts.lease, {});
+    if (decision.kind === 'refuse') throw new RenewRefusedError(requestId, decision.reason);
+    await this.send(message);
+    if (opts.wait === false) return toPoolRequest(before);
+    const timeout = opts.timeout ?? 30;
+    const moved = (r: RequestRecord | undefined) =>
+      !r || r.leaseExpiresAt !== before.leaseExpiresAt || r.leaseLapsedAt !== undefined || !holdsAnything(r);
+    const current = await this.poll(requestId, moved, timeout, opts.signal);
+    if (!current || current.leaseLapsedAt !== undefined || !holdsAnything(current)) {
+      throw new RenewRefusedError(
+        requestId,
+        `request ${requestId} ended before the renewal was applied: its lease lapsed`,
+      );
+    }
+    if (current.leaseExpiresAt === before.leaseExpiresAt) {
+      throw new TimeoutError(
+        `renewal of ${requestId} was sent but not applied within ${timeout}s (refused? a lease above max-lease is; see the pool's log)`,
+        timeout,
+        toPoolRequest(current),
+      );
+    }
+    return toPoolRequest(current);
+  }
+
+  /**
+   * Releases one node and waits until it is released (or failed); `alreadyEnded` when it was before.
+   * NodeNotFoundError for an unknown node, NodeHeldError for a held one without `force`.
+   */
+  async releaseNode(
+    nodeId: string,
+    opts: WaitOptions & { readonly force?: boolean } = {},
+  ): Promise<{ node: PoolNode; alreadyEnded: boolean }> {
+    const parsed = checkNodeId(nodeId);
+    const ended = (n: { state: string } | undefined) => n?.state === 'released' || n?.state === 'failed';
+    const node = (await this.read(parsed.requestId))?.nodes[parsed.index];
+    if (!node) throw new NodeNotFoundError(nodeId);
+    if (node.held && !opts.force && (node.state === 'ready' || node.state === 'pending')) {
+      throw new NodeHeldError(nodeId);
+    }
+    if (ended(node)) return { node: toPoolNode(node), alreadyEnded: true };
+    await this.send({ kind: 'release', nodeId, ...(opts.force ? { force: true } : {}) });
+    const timeout = opts.timeout ?? 30;
+    const r = await this.poll(parsed.requestId, (r) => ended(r?.nodes[parsed.index]), timeout, opts.signal);
+    const current = r?.nodes[parsed.index];
+    if (!current || !ended(current)) {
+      throw new TimeoutError(`release of ${nodeId} was sent but not applied within ${timeout}s`, timeout);
+    }
+    return { node: toPoolNode(current), alreadyEnded: false };
+  }
+
+  /**
+   * Releases every node of the request in one message and waits until none it releases is left (held
+   * nodes are kept without `force`; a request still waiting ends failed). Idempotent: an ended request is
+   * returned as it is. RequestNotFoundError for an unknown request.
+   */
+  async releaseRequest(
+    requestId: string,
+    opts: WaitOptions & { readonly force?: boolean } = {},
+  ): Promise<PoolRequest> {
+    checkClientRequestId(requestId);
+    const left = (r: RequestRecord | undefined) =>
+      r !== undefined &&
+      (r.state === 'requested' ||
+        (r.state !== 'failed' &&
+          r.nodes.some((n) => (n.state === 'pending' || n.state === 'ready') && (opts.force || !n.held))));
+    const before = await this.read(requestId);
+    if (!before) throw new RequestNotFoundError(requestId);
+    if (!left(before)) return toPoolRequest(before);
+    await this.send({ kind: 'release', id: requestId, ...(opts.force ? { force: true } : {}) });
+    const timeout = opts.timeout ?? 30;
+    const current = await this.poll(requestId, (r) => !left(r), timeout, opts.signal);
+    if (left(current) || !current) {
+      throw new TimeoutError(
+        `release of request ${requestId} was sent but not applied within ${timeout}s`,
+        timeout,
+        current && toPoolRequest(current),
+      );
+    }
+    return toPoolRequest(current);
+  }
+
+  /**
+   * Ends a request that is not fulfilled yet and waits until it has ended; returns it (ended cancelled,
+   * or as it had ended before: a fulfilled request's nodes are to be released instead).
+   */
+  async cancel(
+    requestId: string,
+    opts: WaitOptions & { readonly reason?: string } = {},
+  ): Promise<PoolRequest> {
+    checkClientRequestId(requestId);
+    const ended = (r: RequestRecord | undefined) => r?.state === 'fulfilled' || r?.state === 'failed';
+    let current = await this.read(requestId);
+    if (!ended(current)) {
+      await this.send({ kind: 'cancel', id: requestId, ...(opts.reason ? { reason: opts.reason } : {}) });
+      const timeout = opts.timeout ?? 30;
+      current = await this.poll(requestId, ended, timeout, opts.signal);
+      if (!current || !ended(current)) {
+        throw new TimeoutError(`cancel of ${requestId} was sent but not applied within ${timeout}s`, timeout);
+      }
+    }
+    return toPoolRequest(current as RequestRecord);
+  }
+
+  /**
+   * Requests nodes with a lease, waits for them, runs `job` with them while renewing the lease (every
+   * third of it), and releases the whole request whatever happens: the job's return, its error, the
+   * caller's abort, a failed wait. Returns what the job returned.
+   *
+   * The job's `signal` fires when the pool stops (PoolStoppedError) or a node is ended under it
+   * (NodeLostError): `run` then throws that error once the job has returned. The caller's own abort makes
+   * `run` throw AbortedError (after the release).
+   */
+  async run<T>(
+    spec: RequestSpec,
+    job: (nodes: PoolNode[], context: RunContext) => Promise<T>,
+    opts: RunOptions = {},
+  ): Promise<T> {
+    const lease = spec.lease ?? opts.lease ?? DEFAULT_RUN_LEASE;
+    const message = requestMessage({ ...spec, lease });
+    const stop = new AbortController();
+    const onAbort = () => stop.abort(new AbortedError(opts.signal?.reason));
+    if (opts.signal?.aborted) throw new AbortedError(opts.signal.reason);
+    opts.signal?.addEventListener('abort', onAbort, { once: true });
+    await this.send(message);
+    const keeper = this.keepLease(message.id, opts.renewEvery ?? (lease * 1000) / 3, stop);
+    let outcome: { ok: true; value: T } | { ok: false; error: unknown };
+    try {
+      const request = await this.waitFor(message.id, { ...opts, signal: stop.signal }).catch((err) => {
+        throw stop.signal.aborted ? stop.signal.reason : err;
+      });
+      keeper.watch(request);
+      const value = await job(request.nodes, { request, signal: stop.signal });
+      outcome = stop.signal.aborted ? { ok: false, error: stop.signal.reason } : { ok: true, value };
+    } catch (err) {
+      // A job that failed because its signal fired failed for the signal's reason.
+      const error = stop.signal.aborted && !(err instanceof MetastaticError) ? stop.signal.reason : err;
+      outcome = { ok: false, error };
+    }
+    opts.signal?.removeEventListener('abort', onAbort);
+    await keeper.stop();
+    let releaseFailure: { error: unknown } | undefined;
+    try {
+      await this.end(message.id, opts.releaseTimeout ?? 30);
+    } catch (error) {
+      releaseFailure = { error };
+    }
+    if (releaseFailure) {
+      if (opts.onReleaseError) opts.onReleaseError(releaseFailure.error);
+      else if (outcome.ok) throw releaseFailure.error;
+    }
+    if (!outcome.ok) throw outcome.error;
+    return outcome.value;
+  }
+
+  /**
+   * Ends a request `run` made, whatever state it is in: releases its nodes, and cancels it if the pool has
+   * not recorded it yet (its message, when it comes, is then refused; one placed meanwhile is released).
+   */
+  private async end(requestId: string, timeout: number): Promise<void> {
+    if ((await this.read(requestId)) === undefined) {
+      const ended = await this.cancel(requestId, {
+        timeout,
+        reason: 'its client ended before it was recorded',
+      });
+      if (ended.state !== 'fulfilled') return;
+    }
+    await this.releaseRequest(requestId, { timeout });
+  }
+
+  /**
+   * Keeps a request's lease while `run` waits and its job runs: renews it every `renewEvery` ms once the
+   * request is recorded, and (with `watch`) checks that its nodes are still ready and the pool still
+   * running, aborting `stop` with the reason when not. A renewal that fails for a passing reason (the
+   * queue, the network) is tried again at the next tick: the lease is three ticks long.
+   */
+  private keepLease(requestId: string, renewEvery: number, stop: AbortController) {
+    let watched: PoolRequest | undefined;
+    let lastRenewal = Date.now();
+    let running = true;
+    const tick = async () => {
+      await this.connection.checkRunning();
+      const r = await this.read(requestId);
+      if (watched && r) checkNodesHeld(r);
+      if (r && Date.now() - lastRenewal >= renewEvery && holdsAnything(r)) {
+        lastRenewal = Date.now();
+        await this.send({ kind: 'renew', id: requestId });
+      }
+    };
+    const loop = (async () => {
+      while (running && !stop.signal.aborted) {
+        await sleep(Math.min(WATCH_MS, renewEvery), stop.signal).catch(() => undefined);
+        if (!running || stop.signal.aborted) break;
+        try {
+          await tick();
+        } catch (err) {
+          if (err instanceof PoolStoppedError || err instanceof NodeLostError) stop.abort(err);
+          // Anything else passes: the next tick tries again, well within the lease.
+        }
+      }
+    })();
+    return {
+      watch(request: PoolRequest) {
+        watched = request;
+      },
+      async stop() {
+        running = false;
+        await loop;
+      },
+    };
+  }
+
+  /**
+   * Throws PoolStoppedError when the pool has stopped, NodeLostError when a node of the fulfilled request
+   * is no longer ready (or its lease lapsed). For up to `settleMs` it looks again while neither shows
+   * (a pool stopping closes its connections before it records anything): a job whose connection dropped
+   * learns why.
+   */
+  async checkHeld(requestId: string, settleMs = 0): Promise<void> {
+    const deadline = Date.now() + settleMs;
+    for (;;) {
+      try {
+        await this.connection.checkRunning();
+        const r = await this.read(requestId);
+        if (r) checkNodesHeld(r);
+      } catch (err) {
+        if (err instanceof PoolStoppedError || err instanceof NodeLostError) throw err;
+        // Anything else (a table closing under the read) says nothing yet: look again.
+      }
+      if (Date.now() >= deadline) return;
+      await sleep(200);
+    }
+  }
+
+  /** Reads a request; a table that no longer exists is a stopped pool. */
+  private async read(requestId: string): Promise<RequestRecord | undefined> {
+    try {
+      return await this.connection.store.getRequest(requestId);
+    } catch (err) {
+      throw (await this.stopped(err)) ?? err;
+    }
+  }
+
+  private async send(message: PoolMessage): Promise<void> {
+    try {
+      await this.connection.send(message);
+    } catch (err) {
+      throw (await this.stopped(err)) ?? err;
+    }
+  }
+
+  /** The PoolStoppedError an error means, if it means one. */
+  private async stopped(err: unknown): Promise<PoolStoppedError | undefined> {
+    const name = (err as { name?: string })?.name ?? '';
+    if (/QueueDoesNotExist|NonExistentQueue|ResourceNotFoundException/.test(name)) {
+      return new PoolStoppedError(`the pool's queue or table no longer exists: ${(err as Error).message}`, {
+        cause: err,
+      });
+    }
+    try {
+      await this.connection.checkRunning();
+    } catch (stoppedErr) {
+      if (stoppedErr instanceof PoolStoppedError) return stoppedErr;
+    }
+    return undefined;
+  }
+
+  /** Reads the request every POLL_MS until `done` holds or `timeout` seconds pass; returns the last read. */
+  private async poll(
+    requestId: string,
+    done: (r: RequestRecord | undefined) => boolean,
+    timeout: number,
+    signal: AbortSignal | undefined,
+  ): Promise<RequestRecord | undefined> {
+    const deadline = Date.now() + timeout * 1000;
+    let r = await this.read(requestId);
+    while (!done(r) && Date.now() < deadline) {
+      await sleep(POLL_MS, signal);
+      r = await this.read(requestId);
+    }
+    return r;
+  }
+}
+
+/** The request message of a spec, or InvalidInputError naming each field that is wrong. */
+export function requestMessage(spec: RequestSpec): RequestMessage {
+  const id = spec.id ?? newRequestId();
+  const shaped = spec.shape !== undefined;
+  if (shaped && spec.labels !== undefined) throw new InvalidInputError('give labels or a shape, not both');
+  if (!shaped && (spec.labels === undefined || spec.labels.length === 0)) {
+    throw new InvalidInputError('give the labels to request, or a shape (cores, memory, disk)');
+  }
+  if (!shaped && spec.count !== undefined) {
+    throw new InvalidInputError('count goes with a shape; repeat a label to ask for more nodes');
+  }
+  const count = spec.count ?? 1;
+  if (!Number.isInteger(count) || count < 1 || count > MAX_NODE_SET) {
+    throw new InvalidInputError(`count must be a whole number from 1 to ${MAX_NODE_SET}`, [
+      { path: 'count', message: `must be a whole number from 1 to ${MAX_NODE_SET}` },
+    ]);
+  }
+  const parsed = RequestMessage.safeParse({
+    kind: 'request',
+    id,
+    ...(shaped
+      ? { shapes: Array.from({ length: count }, () => ({ ...spec.shape })) }
+      : { labels: [...(spec.labels ?? [])] }),
+    ...(spec.requestor === undefined ? {} : { requestor: spec.requestor }),
+    ...(spec.priority === undefined ? {} : { priority: spec.priority }),
+    ...(spec.expectedDuration === undefined ? {} : { 'expected-duration': spec.expectedDuration }),
+    ...(spec.lease === undefined ? {} : { lease: spec.lease }),
+  });
+  if (!parsed.success) throw invalid(parsed.error.issues, 'request');
+  return parsed.data;
+}
+
+/** The renew message for a request id and an optional new length, or InvalidInputError. */
+export function renewMessage(requestId: string, lease?: number): RenewMessage {
+  const parsed = RenewMessage.safeParse({
+    kind: 'renew',
+    id: requestId,
+    ...(lease === undefined ? {} : { lease }),
+  });
+  if (!parsed.success) throw invalid(parsed.error.issues, 'renew');
+  return parsed.data;
+}
+
+/** InvalidInputError from zod issues: `path: message` each, once. */
+function invalid(
+  issues: readonly { path: PropertyKey[]; message: string }[],
+  what: string,
+): InvalidInputError {
+  const list = issues.map((i) => ({ path: i.path.map(String).join('.') || what, message: i.message }));
+  const lines = [...new Set(list.map((i) => `${i.path}: ${i.message}`))];
+  return new InvalidInputError(lines.join('\n'), list);
+}
+
+/** What a request not recorded yet asked for, as `get` would show it. */
+function provisional(m: RequestMessage): PoolRequest {
+  return {
+    id: m.id,
+    state: 'requested',
+    labels: m.shapes ? [] : (m.labels ?? []),
+    ...(m.shapes ? { shapes: m.shapes } : {}),
+    nodes: [],
+  };
+}
+
+/** NodeLostError when a node of a fulfilled request is no longer ready, or its lease lapsed. */
+function checkNodesHeld(r: RequestRecord): void {
+  const lost = r.nodes.find((n) => n.state !== 'ready');
+  if (lost) throw new NodeLostError(toPoolNode(lost));
+  const first = r.nodes[0];
+  if (r.leaseLapsedAt !== undefined && first) {
+    throw new NodeLostError(toPoolNode(first), `the lease of request ${r.id} lapsed`);
+  }
+}
+
+function failure(r: PoolRequest): RequestFailedError {
+  return r.reason?.startsWith(UNKNOWN_LABEL_REASON) ? new UnknownLabelError(r) : new RequestFailedError(r);
+}
+
+export function checkNodeId(nodeId: string): { requestId: string; index: number } {
+  const parsed = parseNodeId(nodeId);
+  if (!parsed) {
+    throw new InvalidInputError(`"${nodeId}" is not a node id (node ids look like <request-id>/<index>)`);
+  }
+  return parsed;
+}
+
+/** A request id a message may name: not one of the pool's own min-ready requests. */
+export function checkClientRequestId(requestId: string): void {
+  if (!requestIdPattern.test(requestId)) throw new InvalidInputError(`"${requestId}" is not a request id`);
+  if (isSpareRequestId(requestId)) {
+    throw new InvalidInputError(
+      `"${requestId}" is one of the pool's own min-ready requests: no message may end it`,
+    );
+  }
+}
+
+function throwIfAborted(signal: AbortSignal | undefined): void {
+  if (signal?.aborted)
+    throw signal.reason instanceof MetastaticError ? signal.reason : new AbortedError(signal.reason);
+}
+
+/** Sleeps `ms`, or rejects (AbortedError, or the signal's own MetastaticError) when `signal` fires. */
+function sleep(ms: number, signal?: AbortSignal): Promise<void> {
+  return new Promise((resolve, reject) => {
+    if (signal?.aborted) {
+      reject(signal.reason instanceof MetastaticError ? signal.reason : new AbortedError(signal.reason));
+      return;
+    }
+    const onAbort = () => {
+      clearTimeout(timer);
+      reject(signal?.reason instanceof MetastaticError ? signal.reason : new AbortedError(signal?.reason));
+    };
+    const timer = setTimeout(() => {
+      signal?.removeEventListener('abort', onAbort);
+      resolve();
+    }, ms);
+    signal?.addEventListener('abort', onAbort, { once: true });
+  });
+}

@@ -1,0 +1,95 @@
+import { spawnSync } from 'node:child_process';
+import { describe, expect, it } from 'vitest';
+import { RUN_EXIT } from '../../cli/commands/run.ts';
+import { buildProgram, splitCommand } from '../../cli/program.ts';
+import { remoteCommandLine, shellQuote } from '../../client/openssh.ts';
+
+/**
+ * What `metastatic run` sends and how it reads its command line, without a pool: the remote command line
+ * read back by real shells (as sshd runs it: `<login shell> -c <line>`) gives exactly the argv it was
+ * made from, and a command killed by a signal ends the shell with 128+n.
+ */
+const NASTY = [
+  'a b',
+  "it's",
+  '"q"',
+  '$HOME',
+  // biome-ignore lint/suspicious/noTemplateCurlyInString: a parameter expansion no shell may expand
+  '${x:-y}',
+  'x;y',
+  'l1\nl2',
+  '',
+  '*',
+  '`id`',
+  '\\',
+  "'",
+  '-n',
+  '$(echo no)',
+];
+const shells = ['sh', 'bash', 'dash'].filter((s) => spawnSync(s, ['-c', 'true']).status === 0);
+
+describe('the remote command line', () => {
+  for (const shell of shells) {
+    it(`reads back as exactly the argv under ${shell}, with the environment exported`, () => {
+      const line = remoteCommandLine(['printf', '[%s]\\n', ...NASTY], { METASTATIC_NODES: "a 1\nb 'x'" });
+      const out = spawnSync(shell, ['-c', line], { encoding: 'utf8' });
+      expect(out.status).toBe(0);
+      expect(out.stdout).toBe(NASTY.map((a) => `[${a}]\n`).join(''));
+      const env = spawnSync(
+        shell,
+        [
+          '-c',
+          remoteCommandLine(['sh', '-c', 'printf %s "$METASTATIC_NODES"'], {
+            METASTATIC_NODES: "a 1\nb 'x'",
+          }),
+        ],
+        { encoding: 'utf8' },
+      );
+      expect(env.stdout).toBe("a 1\nb 'x'");
+    });
+
+    it(`ends ${shell} with 128+n when signal n killed the command, and with the command's status`, () => {
+      expect(spawnSync(shell, ['-c', remoteCommandLine(['sh', '-c', 'kill -TERM $$'])]).status).toBe(143);
+      expect(spawnSync(shell, ['-c', remoteCommandLine(['sh', '-c', 'exit 7'])]).status).toBe(7);
+    });
+  }
+
+  it('quotes a word so no shell reads anything in it', () => {
+    expect(shellQuote("it's")).toBe(`'it'\\''s'`);
+    expect(() => remoteCommandLine([])).toThrow('no command');
+    expect(() => remoteCommandLine(['true'], { 'A;B': 'x' })).toThrow('not an environment variable name');
+  });
+});
+
+describe('metastatic run: its command line', () => {
+  it('splits labels from the command at the -- that ended the options', () => {
+    const argv = (rest: string[]) => ['node', 'metastatic', '--state-dir', 'd', 'run', ...rest];
+    expect(
+      splitCommand(['small-node', 'sh', '-c', 'x'], argv(['small-node', '--', 'sh', '-c', 'x'])),
+    ).toEqual({
+      labels: ['small-node'],
+      command: ['sh', '-c', 'x'],
+    });
+    // A later -- belongs to the command; one given as an option's value is not the separator.
+    expect(splitCommand(['a', 'git', 'log', '--', 'f'], argv(['a', '--', 'git', 'log', '--', 'f']))).toEqual({
+      labels: ['a'],
+      command: ['git', 'log', '--', 'f'],
+    });
+    expect(splitCommand(['a', 'true'], argv(['--requestor', '--', 'a', '--', 'true']))).toEqual({
+      labels: ['a'],
+      command: ['true'],
+    });
+    expect(splitCommand(['a', 'b'], argv(['a', 'b']))).toEqual({ labels: ['a', 'b'], command: [] });
+  });
+
+  it('has exit codes of its own, distinct, and its --help explains them', () => {
+    const codes = Object.values(RUN_EXIT);
+    expect(new Set(codes).size).toBe(codes.length);
+    const run = buildProgram().commands.find((c) => c.name() === 'run');
+    let help = '';
+    run?.configureOutput({ writeOut: (s) => (help += s) });
+    run?.outputHelp();
+    for (const code of codes) expect(help).toMatch(new RegExp(`^  ${code} `, 'm'));
+    expect(help).toContain('128+n');
+  });
+});
