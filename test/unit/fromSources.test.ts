@@ -21,7 +21,8 @@ import { afterAll, describe, expect, it } from 'vitest';
 const root = resolve(import.meta.dirname, '..', '..');
 const copy = mkdtempSync(join(tmpdir(), 'metastatic-sources-'));
 const cache = join(copy, 'cache');
-for (const dir of ['cli', 'shared', 'bin']) cpSync(join(root, dir), join(copy, dir), { recursive: true });
+for (const dir of ['cli', 'client', 'shared', 'bin'])
+  cpSync(join(root, dir), join(copy, dir), { recursive: true });
 cpSync(join(root, 'package.json'), join(copy, 'package.json'));
 symlinkSync(join(root, 'node_modules'), join(copy, 'node_modules'), 'dir');
 // Copied files are new: older mtimes, as a checkout's, so a build is recorded (see the next test).
