@@ -1,0 +1,123 @@
+import { join, resolve } from 'node:path';
+import { requestIdPattern } from '../../shared/core/ids.ts';
+import type { RequestRecord } from '../../shared/core/records.ts';
+import { clientKeyPath } from '../../shared/runtime/clientKey.ts';
+import {
+  buildInventory,
+  inventoryJson,
+  inventoryKnownHosts,
+  inventoryNodes,
+  inventoryYaml,
+} from '../ansibleInventory.ts';
+import { connect, type PoolClient, type Target } from '../client.ts';
+import { CliError } from '../errors.ts';
+import { sleep } from '../output.ts';
+import { checkIdentity, writePrivateFile } from '../sshAccess.ts';
+import { terminalText } from '../terminal.ts';
+
+export interface InventoryOptions {
+  /** Print JSON instead of YAML. */
+  readonly json?: boolean;
+  /** Where to write the known_hosts file; default (embedded pool): `<state-dir>/known_hosts.d/<request-id>`. */
+  readonly knownHosts?: string;
+  /** Private key for Ansible to log in with; default (embedded pool): the dev client key. */
+  readonly identity?: string;
+  /** Seconds to wait for a request still being served. */
+  readonly timeout: number;
+  /** Leave released or failed nodes out instead of refusing. */
+  readonly readyOnly?: boolean;
+}
+
+/** Where the embedded pool's inventories keep their known_hosts files (inside the private state dir). */
+export const KNOWN_HOSTS_DIR = 'known_hosts.d';
+
+const POLL_MS = 500;
+
+/**
+ * The request once it is fulfilled, waiting (progress on stderr) while it is still being served, up to
+ * `timeoutSeconds`; an unknown request is refused.
+ */
+async function servedRequest(
+  client: PoolClient,
+  requestId: string,
+  timeoutSeconds: number,
+  readyOnly: boolean,
+): Promise<{ request: RequestRecord; nodes: ReturnType<typeof inventoryNodes> & { kind: 'nodes' } }> {
+  const deadline = Date.now() + timeoutSeconds * 1000;
+  let said = '';
+  const endLine = () => {
+    if (said) process.stderr.write('\n');
+  };
+  for (;;) {
+    const request = await client.store.getRequest(requestId);
+    if (!request) {
+      endLine();
+      throw new CliError(`there is no request ${requestId}`);
+    }
+    let nodes: ReturnType<typeof inventoryNodes>;
+    try {
+      nodes = inventoryNodes(request, readyOnly);
+    } catch (err) {
+      endLine();
+      throw err;
+    }
+    if (nodes.kind === 'nodes') {
+      endLine();
+      return { request, nodes };
+    }
+    if (Date.now() >= deadline) {
+      endLine();
+      throw new CliError(
+        `request ${requestId} is still ${nodes.state} after ${timeoutSeconds} s (--timeout)`,
+      );
+    }
+    if (said !== nodes.state) {
+      process.stderr.write(
+        terminalText(`${said ? '\n' : ''}waiting for request ${requestId} (${nodes.state})`),
+      );
+      said = nodes.state;
+    } else process.stderr.write('.');
+    await sleep(POLL_MS);
+  }
+}
+
+/**
+ * `metastatic inventory REQUEST-ID`: prints an Ansible inventory of the request's ready nodes (YAML, or
+ * JSON with --json) and writes the known_hosts file it points ssh at (0600), from the nodes' recorded
+ * host keys. Against the embedded pool the inventory logs in with the dev client key.
+ */
+export async function inventory(target: Target, requestId: string, opts: InventoryOptions): Promise<void> {
+  if (!requestIdPattern.test(requestId)) {
+    throw new CliError(`"${requestId}" is not a request id`, 2);
+  }
+  const knownHostsOption = opts.knownHosts;
+  if (knownHostsOption === undefined && target.stack) {
+    throw new CliError('against a stack, say where to write the known_hosts file: --known-hosts FILE', 2);
+  }
+  const knownHosts = resolve(knownHostsOption ?? join(target.stateDir, KNOWN_HOSTS_DIR, requestId));
+  const identityOption = opts.identity ?? (target.stack ? undefined : clientKeyPath(target.stateDir));
+  const identity = identityOption === undefined ? undefined : resolve(identityOption);
+  if (identity !== undefined) await checkIdentity(identity);
+
+  const client = await connect(target);
+  let served: Awaited<ReturnType<typeof servedRequest>>;
+  try {
+    served = await servedRequest(client, requestId, opts.timeout, opts.readyOnly === true);
+  } finally {
+    client.close();
+  }
+  const { ready, left } = served.nodes;
+  const built = buildInventory(requestId, ready, { knownHosts, identity });
+  const hostsText = inventoryKnownHosts(ready);
+  // The default file is in the state dir (private); a file named by the user is written where it says.
+  await writePrivateFile(knownHosts, hostsText, knownHostsOption === undefined);
+  for (const node of left) {
+    const why = node.reason ? ` (${node.reason})` : '';
+    process.stderr.write(terminalText(`left out: node ${node.id} is ${node.state}${why}\n`));
+  }
+  process.stdout.write(
+    opts.json
+      ? inventoryJson(built)
+      : inventoryYaml(built, `metastatic inventory of request ${requestId}; known_hosts: ${knownHosts}`),
+  );
+}
