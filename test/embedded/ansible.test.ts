@@ -1,0 +1,268 @@
+import { type ChildProcess, spawn } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { existsSync } from 'node:fs';
+import { mkdir, mkdtemp, readFile, rm, stat, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import ssh2 from 'ssh2';
+import { afterAll, beforeAll, expect, it } from 'vitest';
+import { newEd25519PrivateKey } from '../../shared/providers/local/hostKey.ts';
+import { ansibleEnv, describeWithAnsible } from '../../testkit/ansible.ts';
+import { startDev, until } from '../../testkit/processes.ts';
+
+/**
+ * Zuul's way in: `metastatic inventory` for a request of two nodes on one `metastatic dev`, and real
+ * ansible-core playbooks through it, over OpenSSH with ControlMaster, sftp, `-tt` and python modules, as
+ * Ansible runs them by default, with host-key checking on: facts gathered, a file copied byte for byte
+ * into each slot's directory, commands run, a failing task failing the play (and naming its host), and a
+ * known_hosts with another key refusing the hosts. Then the requests an inventory must refuse.
+ */
+const root = resolve(import.meta.dirname, '..', '..');
+const bin = join(root, 'bin', 'metastatic.mjs');
+
+interface Run {
+  code: number | null;
+  stdout: string;
+  stderr: string;
+}
+
+function run(
+  file: string,
+  args: readonly string[],
+  env?: NodeJS.ProcessEnv,
+  timeoutMs = 90_000,
+): Promise<Run> {
+  return new Promise((done, fail) => {
+    const child = spawn(file, args, { stdio: ['ignore', 'pipe', 'pipe'], env: env ?? process.env });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.on('data', (d) => {
+      stdout += d;
+    });
+    child.stderr.on('data', (d) => {
+      stderr += d;
+    });
+    child.on('error', fail);
+    const timer = setTimeout(() => child.kill('SIGKILL'), timeoutMs);
+    child.on('close', (code) => {
+      clearTimeout(timer);
+      done({ code, stdout, stderr });
+    });
+  });
+}
+
+interface Node {
+  id: string;
+  slot: number;
+  host: string;
+  port: number;
+  attributes: { resourceId: string };
+}
+
+/** A playbook: facts, a copy into the home directory, a command; then a play in which slot 1 fails. */
+const PLAYBOOK = `
+- name: use the nodes
+  hosts: small_node
+  gather_facts: true
+  gather_subset: [min]
+  tasks:
+    - name: copy the payload
+      ansible.builtin.copy:
+        src: "{{ payload }}"
+        dest: "~/payload.bin"
+        mode: "0600"
+    - name: report facts and the node
+      ansible.builtin.shell: >-
+        echo "{{ ansible_facts.system }} {{ ansible_facts.python.version.major }}
+        {{ metastatic.node_id }} $METASTATIC_NODE_ID {{ metastatic.attributes.note | length }}" > facts.txt
+- name: a task that fails on one node
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: fail on slot 1
+      ansible.builtin.command: sh -c 'test "$METASTATIC_SLOT" != 1'
+    - name: only after success
+      ansible.builtin.command: touch after.txt
+`;
+
+const PING = `
+- hosts: all
+  gather_facts: false
+  tasks:
+    - ansible.builtin.ping:
+`;
+
+describeWithAnsible('Ansible playbooks on the nodes of metastatic dev', { timeout: 120_000 }, () => {
+  let stateDir: string;
+  let work: string;
+  let dev: ChildProcess;
+  let devLog = () => '';
+  let nodes: Node[];
+  let templated: string;
+
+  const cli = (args: string[]) => run(process.execPath, [bin, '--state-dir', stateDir, ...args]);
+  const slotDir = (n: Node) => join(stateDir, 'local', `${n.attributes.resourceId}.work`, `slot${n.slot}`);
+  const node = (slot: number): Node => {
+    const n = nodes.find((x) => x.slot === slot);
+    if (!n) throw new Error(`no node on slot ${slot}`);
+    return n;
+  };
+
+  beforeAll(async () => {
+    stateDir = await mkdtemp(join(tmpdir(), 'metastatic-ansible-'));
+    work = await mkdtemp(join(tmpdir(), 'metastatic-ansible-work-'));
+    templated = join(work, 'templated');
+    // An attribute Ansible would run, were it templated; and a label whose backing node never boots
+    // while the test runs (a request for it stays pending).
+    const config = join(work, 'pool.yaml');
+    await writeFile(
+      config,
+      `providers:
+  - name: local
+    driver: local
+    pools:
+      - name: main
+        labels:
+          - name: large-node
+            boot-delay: 0.2
+          - name: slow-large
+            boot-delay: 600
+  - name: meta
+    driver: metastatic
+    pools:
+      - name: main
+        node-attributes:
+          note: "{{ lookup('pipe', 'touch ${templated}') }}"
+        labels:
+          - name: small-node
+            backing-label: large-node
+            max-parallel-jobs: 2
+          - name: slow-node
+            backing-label: slow-large
+`,
+    );
+    // The nodes' commands see dev's PATH: the system's, so that Ansible's interpreter discovery finds
+    // the system Python, not whatever shims (pyenv) the test runner's PATH has first.
+    const started = await startDev(bin, stateDir, ['-c', config], {
+      ...process.env,
+      PATH: '/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin',
+    });
+    dev = started.process;
+    devLog = started.log;
+    const [out, slow] = await Promise.all([
+      cli(['request', 'small-node', 'small-node', '--id', 'job', '--wait', '--json']),
+      cli(['request', 'slow-node', '--id', 'slow']),
+    ]);
+    expect(out.code, out.stderr + devLog()).toBe(0);
+    expect(slow.code, slow.stderr + devLog()).toBe(0);
+    nodes = JSON.parse(out.stdout).nodes as Node[];
+  });
+
+  afterAll(async () => {
+    if (dev && dev.exitCode === null) {
+      dev.kill('SIGTERM');
+      await until('dev to stop', () => (dev.exitCode !== null ? true : undefined), 30_000).catch(() =>
+        dev.kill('SIGKILL'),
+      );
+    }
+    await rm(stateDir, { recursive: true, force: true });
+    await rm(work, { recursive: true, force: true });
+  });
+
+  it('runs a playbook: facts, an exact copy into each slot, commands; a failing task fails the play', async () => {
+    const inventory = await cli(['inventory', 'job']);
+    expect(inventory.code, inventory.stderr).toBe(0);
+    const knownHosts = join(stateDir, 'known_hosts.d', 'job');
+    expect((await stat(knownHosts)).mode & 0o777).toBe(0o600);
+    expect(inventory.stdout).toContain(`UserKnownHostsFile=${knownHosts}`);
+    await writeFile(join(work, 'inventory.yaml'), inventory.stdout);
+    await writeFile(join(work, 'site.yaml'), PLAYBOOK);
+    const payload = Buffer.concat([Buffer.from([0, 255, 10, 13]), randomBytes(64 * 1024)]);
+    await writeFile(join(work, 'payload.bin'), payload);
+
+    const play = await run(
+      'ansible-playbook',
+      [
+        '-i',
+        join(work, 'inventory.yaml'),
+        join(work, 'site.yaml'),
+        '-e',
+        `payload=${join(work, 'payload.bin')}`,
+      ],
+      ansibleEnv(work),
+    );
+    const said = `${play.stdout}\n${play.stderr}`;
+    // 2: a host failed (4 would be unreachable). The failing host is named; the other went on.
+    expect(play.code, said).toBe(2);
+    expect(play.stdout).toMatch(/fatal: \[job-1\]: FAILED!/);
+    expect(play.stdout).toMatch(/job-0\s+: ok=5 .* failed=0/);
+    expect(play.stdout).toMatch(/job-1\s+: ok=3 .* failed=1/);
+    for (const n of nodes) {
+      const dir = slotDir(n);
+      expect((await readFile(join(dir, 'payload.bin'))).equals(payload), n.id).toBe(true);
+      // Python's discovered interpreter ran the modules: facts came back and were used.
+      const note = `{{ lookup('pipe', 'touch ${templated}') }}`;
+      expect((await readFile(join(dir, 'facts.txt'), 'utf8')).trim()).toBe(
+        `Linux 3 ${n.id} ${n.id} ${note.length}`,
+      );
+      // Ansible's own files stayed in the slot's directory; none under a directory called "~slot<N>".
+      expect(existsSync(join(dir, '.ansible'))).toBe(true);
+    }
+    expect(existsSync(join(slotDir(node(0)), 'after.txt'))).toBe(true);
+    expect(existsSync(join(slotDir(node(1)), 'after.txt'))).toBe(false);
+    expect(existsSync(templated), 'an attribute was templated').toBe(false);
+  });
+
+  it('refuses the hosts when the known_hosts holds another key (JSON inventory, host-key checking on)', async () => {
+    const knownHosts = join(work, 'kh', 'known_hosts');
+    await mkdir(join(work, 'kh'), { mode: 0o700 });
+    const inventory = await cli(['inventory', 'job', '--json', '--known-hosts', knownHosts]);
+    expect(inventory.code, inventory.stderr).toBe(0);
+    expect((await stat(knownHosts)).mode & 0o777).toBe(0o600);
+    const n = node(0);
+    expect(await readFile(knownHosts, 'utf8')).toMatch(`[${n.host}]:${n.port} ssh-ed25519 `);
+    await writeFile(join(work, 'inventory.json'), inventory.stdout);
+    await writeFile(join(work, 'ping.yaml'), PING);
+    // The first test proved these hosts answer with the right key; here a known_hosts with another.
+    const other = ssh2.utils.parseKey(newEd25519PrivateKey());
+    if (other instanceof Error) throw other;
+    await writeFile(
+      knownHosts,
+      `[${n.host}]:${n.port} ssh-ed25519 ${other.getPublicSSH().toString('base64')}\n`,
+    );
+    // A control directory of its own: a connection the first test left open would skip the key check.
+    const refused = await run(
+      'ansible-playbook',
+      ['-i', join(work, 'inventory.json'), join(work, 'ping.yaml')],
+      ansibleEnv(work, join(work, 'cp-wrong')),
+    );
+    expect(refused.code, refused.stdout + refused.stderr).toBe(4); // every host unreachable
+    expect(refused.stdout).toMatch(/UNREACHABLE!/);
+    expect(refused.stdout).toMatch(/REMOTE HOST IDENTIFICATION HAS CHANGED|Host key verification failed/);
+  });
+
+  it('refuses an unknown request, one still pending after --timeout, and a node set missing a node', async () => {
+    const [unknown, pending, released] = await Promise.all([
+      cli(['inventory', 'no-such-request']),
+      cli(['inventory', 'slow', '--timeout', '1']),
+      cli(['release', node(1).id]),
+    ]);
+    expect(unknown.code).toBe(1);
+    expect(unknown.stderr).toContain('there is no request no-such-request');
+    expect(pending.code).toBe(1);
+    expect(pending.stderr).toMatch(/waiting for request slow \((requested|pending)\)/);
+    expect(pending.stderr).toMatch(/request slow is still (requested|pending) after 1 s \(--timeout\)/);
+    expect(released.code, released.stderr).toBe(0);
+
+    const [partial, readyOnly] = await Promise.all([
+      cli(['inventory', 'job']),
+      cli(['inventory', 'job', '--ready-only', '--json']),
+    ]);
+    expect(partial.code).toBe(1);
+    expect(partial.stderr).toContain(`${node(1).id} is released`);
+    expect(partial.stderr).toContain('--ready-only');
+    expect(readyOnly.code, readyOnly.stderr).toBe(0);
+    expect(Object.keys(JSON.parse(readyOnly.stdout).all.hosts)).toEqual(['job-0']);
+    expect(readyOnly.stderr).toContain(`left out: node ${node(1).id} is released`);
+  });
+});
