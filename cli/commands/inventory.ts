@@ -42,11 +42,12 @@ async function servedRequest(
   requestId: string,
   timeoutSeconds: number,
   readyOnly: boolean,
+  progress: (text: string) => void,
 ): Promise<{ request: RequestRecord; nodes: ReturnType<typeof inventoryNodes> & { kind: 'nodes' } }> {
   const deadline = Date.now() + timeoutSeconds * 1000;
   let said = '';
   const endLine = () => {
-    if (said) process.stderr.write('\n');
+    if (said) progress('\n');
   };
   for (;;) {
     const request = await client.store.getRequest(requestId);
@@ -72,21 +73,31 @@ async function servedRequest(
       );
     }
     if (said !== nodes.state) {
-      process.stderr.write(
-        terminalText(`${said ? '\n' : ''}waiting for request ${requestId} (${nodes.state})`),
-      );
+      progress(`${said ? '\n' : ''}waiting for request ${requestId} (${nodes.state})`);
       said = nodes.state;
-    } else process.stderr.write('.');
+    } else progress('.');
     await sleep(POLL_MS);
   }
 }
 
+/** An inventory as text, and what it says on the side (nodes left out, the known_hosts file written). */
+export interface InventoryText {
+  readonly text: string;
+  readonly knownHosts: string;
+  readonly notes: readonly string[];
+}
+
 /**
- * `metastatic inventory REQUEST-ID`: prints an Ansible inventory of the request's ready nodes (YAML, or
- * JSON with --json) and writes the known_hosts file it points ssh at (0600), from the nodes' recorded
- * host keys. Against the embedded pool the inventory logs in with the dev client key.
+ * The inventory of `requestId`'s ready nodes as text (YAML, or JSON with `json`), once the request is
+ * fulfilled, after writing the known_hosts file it points ssh at (0600). `progress` gets the waiting
+ * messages (the command sends them to stderr). Refusals are CliErrors with the reason.
  */
-export async function inventory(target: Target, requestId: string, opts: InventoryOptions): Promise<void> {
+export async function inventoryText(
+  target: Target,
+  requestId: string,
+  opts: InventoryOptions,
+  progress: (text: string) => void,
+): Promise<InventoryText> {
   if (!requestIdPattern.test(requestId)) {
     throw new CliError(`"${requestId}" is not a request id`, 2);
   }
@@ -102,22 +113,32 @@ export async function inventory(target: Target, requestId: string, opts: Invento
   const client = await connect(target);
   let served: Awaited<ReturnType<typeof servedRequest>>;
   try {
-    served = await servedRequest(client, requestId, opts.timeout, opts.readyOnly === true);
+    served = await servedRequest(client, requestId, opts.timeout, opts.readyOnly === true, progress);
   } finally {
     client.close();
   }
   const { ready, left } = served.nodes;
   const built = buildInventory(requestId, ready, { knownHosts, identity });
-  const hostsText = inventoryKnownHosts(ready);
   // The default file is in the state dir (private); a file named by the user is written where it says.
-  await writePrivateFile(knownHosts, hostsText, knownHostsOption === undefined);
-  for (const node of left) {
-    const why = node.reason ? ` (${node.reason})` : '';
-    process.stderr.write(terminalText(`left out: node ${node.id} is ${node.state}${why}\n`));
-  }
-  process.stdout.write(
-    opts.json
-      ? inventoryJson(built)
-      : inventoryYaml(built, `metastatic inventory of request ${requestId}; known_hosts: ${knownHosts}`),
+  await writePrivateFile(knownHosts, inventoryKnownHosts(ready), knownHostsOption === undefined);
+  const notes = left.map(
+    (node) => `left out: node ${node.id} is ${node.state}${node.reason ? ` (${node.reason})` : ''}`,
   );
+  const text = opts.json
+    ? inventoryJson(built)
+    : inventoryYaml(built, `metastatic inventory of request ${requestId}; known_hosts: ${knownHosts}`);
+  return { text, knownHosts, notes };
+}
+
+/**
+ * `metastatic inventory REQUEST-ID`: prints an Ansible inventory of the request's ready nodes (YAML, or
+ * JSON with --json) and writes the known_hosts file it points ssh at (0600), from the nodes' recorded
+ * host keys; waiting and notes on stderr. Against the embedded pool the inventory logs in with the dev
+ * client key.
+ */
+export async function inventory(target: Target, requestId: string, opts: InventoryOptions): Promise<void> {
+  const stderr = (text: string) => process.stderr.write(terminalText(text));
+  const { text, notes } = await inventoryText(target, requestId, opts, stderr);
+  for (const note of notes) stderr(`${note}\n`);
+  process.stdout.write(text);
 }
