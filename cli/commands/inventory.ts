@@ -1,6 +1,6 @@
 import { join, resolve } from 'node:path';
 import { requestIdPattern } from '../../shared/core/ids.ts';
-import type { RequestRecord } from '../../shared/core/records.ts';
+import type { NodeRecord } from '../../shared/core/records.ts';
 import { clientKeyPath } from '../../shared/runtime/clientKey.ts';
 import {
   buildInventory,
@@ -43,7 +43,7 @@ async function servedRequest(
   timeoutSeconds: number,
   readyOnly: boolean,
   progress: (text: string) => void,
-): Promise<{ request: RequestRecord; nodes: ReturnType<typeof inventoryNodes> & { kind: 'nodes' } }> {
+): Promise<{ ready: readonly NodeRecord[]; left: readonly NodeRecord[] }> {
   const deadline = Date.now() + timeoutSeconds * 1000;
   let said = '';
   const endLine = () => {
@@ -64,7 +64,7 @@ async function servedRequest(
     }
     if (nodes.kind === 'nodes') {
       endLine();
-      return { request, nodes };
+      return nodes;
     }
     if (Date.now() >= deadline) {
       endLine();
@@ -108,16 +108,17 @@ export async function inventoryText(
   const knownHosts = resolve(knownHostsOption ?? join(target.stateDir, KNOWN_HOSTS_DIR, requestId));
   const identityOption = opts.identity ?? (target.stack ? undefined : clientKeyPath(target.stateDir));
   const identity = identityOption === undefined ? undefined : resolve(identityOption);
-  if (identity !== undefined) await checkIdentity(identity);
 
+  // Connected first: without a running pool, that is the error to see, not a missing client key.
   const client = await connect(target);
-  let served: Awaited<ReturnType<typeof servedRequest>>;
+  let served: { ready: readonly NodeRecord[]; left: readonly NodeRecord[] };
   try {
+    if (identity !== undefined) await checkIdentity(identity);
     served = await servedRequest(client, requestId, opts.timeout, opts.readyOnly === true, progress);
   } finally {
     client.close();
   }
-  const { ready, left } = served.nodes;
+  const { ready, left } = served;
   const built = buildInventory(requestId, ready, { knownHosts, identity });
   // The default file is in the state dir (private); a file named by the user is written where it says.
   await writePrivateFile(knownHosts, inventoryKnownHosts(ready), knownHostsOption === undefined);
