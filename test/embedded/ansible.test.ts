@@ -6,6 +6,7 @@ import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import ssh2 from 'ssh2';
 import { afterAll, beforeAll, expect, it } from 'vitest';
+import { connect, type PoolClient } from '../../cli/client.ts';
 import { type InventoryOptions, inventoryText } from '../../cli/commands/inventory.ts';
 import { CliError } from '../../cli/errors.ts';
 import { newEd25519PrivateKey } from '../../shared/providers/local/hostKey.ts';
@@ -101,6 +102,7 @@ describeWithAnsible('Ansible playbooks on the nodes of metastatic dev', { timeou
   let devLog = () => '';
   let nodes: Node[];
   let templated: string;
+  let client: PoolClient | undefined;
 
   const cli = (args: string[]) => run(process.execPath, [bin, '--state-dir', stateDir, ...args]);
   const slotDir = (n: Node) => join(stateDir, 'local', `${n.attributes.resourceId}.work`, `slot${n.slot}`);
@@ -151,16 +153,32 @@ describeWithAnsible('Ansible playbooks on the nodes of metastatic dev', { timeou
     });
     dev = started.process;
     devLog = started.log;
-    const [out, slow] = await Promise.all([
-      cli(['request', 'small-node', 'small-node', '--id', 'job', '--wait', '--json']),
-      cli(['request', 'slow-node', '--id', 'slow']),
-    ]);
-    expect(out.code, out.stderr + devLog()).toBe(0);
-    expect(slow.code, slow.stderr + devLog()).toBe(0);
-    nodes = JSON.parse(out.stdout).nodes as Node[];
+    // The requests are sent from this process (as the CLI's `request` would send them): a CLI start
+    // costs a second of CPU, and the CLI is what the tests below run.
+    const pool = await connect({ stateDir });
+    client = pool;
+    await pool.send({ kind: 'request', id: 'job', labels: ['small-node', 'small-node'] });
+    await pool.send({ kind: 'request', id: 'slow', labels: ['slow-node'] });
+    const job = await until(
+      'request job to be fulfilled',
+      async () => {
+        const r = await pool.store.getRequest('job');
+        if (r?.state === 'failed') throw new Error(`request job failed: ${r.reason}\n${devLog()}`);
+        return r?.state === 'fulfilled' ? r : undefined;
+      },
+      60_000,
+    );
+    nodes = job.nodes.map((n) => ({
+      id: n.id,
+      slot: n.slot ?? -1,
+      host: n.host ?? '',
+      port: n.port ?? 0,
+      attributes: n.attributes as { resourceId: string },
+    }));
   });
 
   afterAll(async () => {
+    client?.close();
     if (dev && dev.exitCode === null) {
       dev.kill('SIGTERM');
       await until('dev to stop', () => (dev.exitCode !== null ? true : undefined), 30_000).catch(() =>
@@ -264,8 +282,14 @@ describeWithAnsible('Ansible playbooks on the nodes of metastatic dev', { timeou
     expect(pending).toMatch(/^1: request slow is still (requested|pending) after 1 s \(--timeout\)$/);
     expect(waited).toMatch(/^waiting for request slow \((requested|pending)\)/);
 
-    const released = await cli(['release', node(1).id]);
-    expect(released.code, released.stderr).toBe(0);
+    const pool = client;
+    if (!pool) throw new Error('no pool client');
+    await pool.send({ kind: 'release', nodeId: node(1).id });
+    await until('node 1 to be released', async () =>
+      (await pool.store.getRequest('job'))?.nodes.some((n) => n.id === node(1).id && n.state === 'released')
+        ? true
+        : undefined,
+    );
     expect(await refusal('job')).toMatch(
       new RegExp(`^1: request job has nodes that are not ready: ${node(1).id} is released.*--ready-only`),
     );
