@@ -205,6 +205,8 @@ export function inventoryJson(inventory: Inventory): string {
 const UNSAFE_TAG = '!unsafe';
 /** A key YAML reads back as the same string when written plain (no quoting, no tag, no number). */
 const PLAIN_KEY = /^[A-Za-z_][A-Za-z0-9_.-]*$/;
+/** Plain words YAML 1.1 (PyYAML, which Ansible uses) reads as a boolean or null, not as a string. */
+const YAML11_WORDS = /^(y|n|yes|no|true|false|on|off|null)$/i;
 
 /**
  * The inventory as YAML text: unsafe strings as `!unsafe "..."`, every string and every key that is not
@@ -215,8 +217,13 @@ export function inventoryYaml(inventory: Inventory, comment?: string): string {
   const doc = new Document(toYamlValue(inventory as unknown as InventoryValue));
   visit(doc, {
     Pair(_key, pair) {
-      if (isScalar(pair.key) && typeof pair.key.value === 'string' && !PLAIN_KEY.test(pair.key.value)) {
-        pair.key.type = 'QUOTE_DOUBLE';
+      const key = pair.key;
+      if (
+        isScalar(key) &&
+        typeof key.value === 'string' &&
+        (!PLAIN_KEY.test(key.value) || YAML11_WORDS.test(key.value))
+      ) {
+        key.type = 'QUOTE_DOUBLE';
       }
     },
     Scalar(key, node) {

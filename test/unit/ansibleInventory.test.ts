@@ -204,7 +204,13 @@ describe('inventory text', () => {
       node({
         id: 'job/0',
         label: 'small-node',
-        attributes: { note: hostile, 'key: with\nnewline\u001b[1m': [1, hostile, { deep: true }], n: 2.5 },
+        attributes: {
+          note: hostile,
+          'key: with\nnewline\u001b[1m': [1, hostile, { deep: true }],
+          n: 2.5,
+          yes: 'a key YAML 1.1 would read as true',
+          '1': 'a key that looks like a number',
+        },
       }),
     ],
     FILES,
@@ -215,6 +221,8 @@ describe('inventory text', () => {
     expect(text.startsWith('# inventory of request job\n')).toBe(true);
     expect(text).not.toMatch(RAW_UNSAFE);
     expect(text).toContain('ansible_python_interpreter: !unsafe "auto"');
+    expect(text).toContain('"yes": !unsafe');
+    expect(text).toContain('"1": !unsafe');
     expect(readYaml(text)).toEqual(tagged(inventory));
   });
 
