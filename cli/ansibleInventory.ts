@@ -1,7 +1,7 @@
 import { Document, isScalar, visit } from 'yaml';
+import { badHost, hostTrustOptions, knownHostsText } from '../client/openssh.ts';
 import type { NodeRecord } from '../shared/core/records.ts';
 import { CliError } from './errors.ts';
-import { badHost, hostTrustOptions, knownHostsText } from './sshAccess.ts';
 import { terminalJson, terminalText } from './terminal.ts';
 
 /**

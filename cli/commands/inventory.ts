@@ -1,4 +1,7 @@
-import { join, resolve } from 'node:path';
+import { randomBytes } from 'node:crypto';
+import { chmod, mkdir, rename, unlink, writeFile } from 'node:fs/promises';
+import { dirname, join, resolve } from 'node:path';
+import { checkIdentity } from '../../client/openssh.ts';
 import { requestIdPattern } from '../../shared/core/ids.ts';
 import type { NodeRecord } from '../../shared/core/records.ts';
 import { clientKeyPath } from '../../shared/runtime/clientKey.ts';
@@ -12,7 +15,6 @@ import {
 import { connect, type PoolClient, type Target } from '../client.ts';
 import { CliError } from '../errors.ts';
 import { sleep } from '../output.ts';
-import { checkIdentity, writePrivateFile } from '../sshAccess.ts';
 import { terminalText } from '../terminal.ts';
 
 export interface InventoryOptions {
@@ -77,6 +79,24 @@ async function servedRequest(
       said = nodes.state;
     } else progress('.');
     await sleep(POLL_MS);
+  }
+}
+
+/**
+ * Writes `text` to `file` readable by its owner only (0600), whole: a private temporary file beside it,
+ * then renamed over it, so nobody ever reads a half-written file and a symbolic link at `file` is
+ * replaced, never followed. `makeDir`: the directory is created (0700) if missing.
+ */
+async function writePrivateFile(file: string, text: string, makeDir: boolean): Promise<void> {
+  if (makeDir) await mkdir(dirname(file), { recursive: true, mode: 0o700 });
+  const tmp = `${file}.${process.pid}.${randomBytes(4).toString('hex')}.tmp`;
+  try {
+    await writeFile(tmp, text, { mode: 0o600, flag: 'wx' });
+    await chmod(tmp, 0o600); // the umask may have taken bits away, never added: still, be exact
+    await rename(tmp, file);
+  } catch (err) {
+    await unlink(tmp).catch(() => {});
+    throw new CliError(`cannot write ${file}: ${(err as NodeJS.ErrnoException).code ?? String(err)}`);
   }
 }
 

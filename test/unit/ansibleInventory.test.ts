@@ -13,7 +13,7 @@ import {
   pythonInterpreter,
   Unsafe,
 } from '../../cli/ansibleInventory.ts';
-import { knownHostsText } from '../../cli/sshAccess.ts';
+import { knownHostsText } from '../../client/openssh.ts';
 import type { NodeRecord } from '../../shared/core/records.ts';
 
 /**
