@@ -347,6 +347,52 @@ export function buildProgram(): Command {
     });
 
   program
+    .command('inventory')
+    .description(
+      "print an Ansible inventory of a request's ready nodes (YAML, or JSON), and write the known_hosts it needs",
+    )
+    .argument('<request-id>', 'the request whose nodes to list')
+    .option('--json', 'print the inventory as JSON (Ansible reads it from a file named *.json)')
+    .option(
+      '--known-hosts <file>',
+      "write the nodes' host keys here, 0600 (default: <state-dir>/known_hosts.d/<request-id>; required with --stack)",
+    )
+    .option(
+      '-i, --identity <file>',
+      "private key the inventory logs in with (default: the embedded pool's client key; with --stack: none, ssh's own)",
+    )
+    .option(
+      '--timeout <seconds>',
+      'wait this long for a request still being served',
+      seconds('--timeout'),
+      300,
+    )
+    .option('--ready-only', 'leave released or failed nodes out (default: refuse a request that has any)')
+    .addHelpText(
+      'after',
+      [
+        '',
+        'Each node is a host named after its node id (req-1/0 -> req-1-0), with ansible_host, ansible_port,',
+        'ansible_user, ansible_connection, ansible_python_interpreter (python-path; auto = discovery),',
+        'ansible_shell_type (shell-type, when set), ansible_ssh_private_key_file and a `metastatic` variable',
+        '(node_id, request_id, label, slot, backing_node_id, attributes); one group per label (small-node ->',
+        'small_node). The host is verified as `metastatic ssh` does it: ansible_ssh_common_args point ssh at',
+        'the written known_hosts only (StrictHostKeyChecking=yes, never your ~/.ssh/known_hosts) and',
+        'ansible_host_key_checking is true. Every string is marked !unsafe: Ansible never templates it.',
+        'Progress and notes go to stderr; exit 1 for an unknown or failed request, 2 for a bad request id.',
+        '',
+        'Examples:',
+        '  metastatic request small-node small-node --id job --wait',
+        '  metastatic inventory job > inventory.yaml && ansible-playbook -i inventory.yaml site.yaml',
+        '  metastatic --stack pool inventory job --known-hosts job.known_hosts -i ~/.ssh/ci_ed25519 --json > inv.json',
+      ].join('\n'),
+    )
+    .action(async (requestId: string, opts) => {
+      const { inventory } = await import('./commands/inventory.ts');
+      await inventory(await target(), requestId, opts);
+    });
+
+  program
     .command('list')
     .description('list nodes, backing nodes or requests')
     .addArgument(new Argument('<what>', 'what to list').choices(['nodes', 'backing', 'requests']))

@@ -65,28 +65,53 @@ export async function checkIdentity(file: string): Promise<void> {
   }
 }
 
-/** known_hosts lines for the node's recorded host keys: `[host]:port type base64` (`host ...` on port 22). */
-export function knownHostsLines(host: string, port: number, hostKeys: readonly string[]): string {
-  const name = port === 22 ? host : `[${host}]:${port}`;
-  return hostKeys.map((key) => `${name} ${key}\n`).join('');
+/** A host as known_hosts and ssh options take it: an address or a DNS name, nothing else. */
+const HOST = /^[A-Za-z0-9._:-]{1,253}$/;
+/** A host key as records keep it: `<type> <base64>` (no comment). */
+const HOST_KEY = /^[a-z0-9@.-]{1,64} [A-Za-z0-9+/]{1,16384}={0,2}$/;
+
+/** Why `host` cannot be written into known_hosts or ssh options, or undefined when it can. */
+export function badHost(host: string): string | undefined {
+  return HOST.test(host) ? undefined : `host ${JSON.stringify(host)} is not an address or a host name`;
 }
 
-/** The ssh argument list: the node's host, port and user, this identity and known_hosts only. */
-export function sshArgs(
-  node: { host: string; port: number; user: string },
-  identity: string,
-  knownHosts: string,
-  command: readonly string[],
-): string[] {
+/** Why `key` is not a host key as records keep them (`<type> <base64>`), or undefined when it is one. */
+export function badHostKey(key: string): string | undefined {
+  return HOST_KEY.test(key)
+    ? undefined
+    : `host key ${JSON.stringify(key.slice(0, 80))} is not "<type> <base64>"`;
+}
+
+/**
+ * known_hosts lines for hosts and their recorded host keys: `[host]:port type base64` (`host ...` on port
+ * 22), each line once. NodeUnreachableError for a host or key that could add anything else to the file
+ * (a space, a newline, an `@cert-authority` marker): the file decides whom ssh trusts.
+ */
+export function knownHostsText(
+  entries: readonly { host: string; port: number; hostKeys: readonly string[] }[],
+): string {
+  const lines = new Set<string>();
+  for (const { host, port, hostKeys } of entries) {
+    const why = badHost(host) ?? hostKeys.map(badHostKey).find((b) => b !== undefined);
+    if (why) throw new NodeUnreachableError(`cannot write a known_hosts entry: ${why}`);
+    const name = port === 22 ? host : `[${host}]:${port}`;
+    for (const key of hostKeys) lines.add(`${name} ${key}\n`);
+  }
+  return [...lines].join('');
+}
+
+/** known_hosts lines for the node's recorded host keys (knownHostsText). */
+export function knownHostsLines(host: string, port: number, hostKeys: readonly string[]): string {
+  return knownHostsText([{ host, port, hostKeys }]);
+}
+
+/**
+ * The ssh options that make the host keys of `knownHosts` the only ones trusted: strict checking, no
+ * global file, no learning of new keys, no check of the address against other names; no password or
+ * keyboard-interactive fallback. `metastatic inventory` gives Ansible the same (ansible_ssh_common_args).
+ */
+export function hostTrustOptions(knownHosts: string): string[] {
   return [
-    '-p',
-    String(node.port),
-    '-l',
-    node.user,
-    '-i',
-    identity,
-    '-o',
-    'IdentitiesOnly=yes',
     '-o',
     'StrictHostKeyChecking=yes',
     '-o',
@@ -101,6 +126,28 @@ export function sshArgs(
     'PasswordAuthentication=no',
     '-o',
     'KbdInteractiveAuthentication=no',
+  ];
+}
+
+/** The ssh options that log in with this private key only (no agent's or default keys tried first). */
+export function identityOptions(identity: string): string[] {
+  return ['-i', identity, '-o', 'IdentitiesOnly=yes'];
+}
+
+/** The ssh argument list: the node's host, port and user, this identity and known_hosts only. */
+export function sshArgs(
+  node: { host: string; port: number; user: string },
+  identity: string,
+  knownHosts: string,
+  command: readonly string[],
+): string[] {
+  return [
+    '-p',
+    String(node.port),
+    '-l',
+    node.user,
+    ...identityOptions(identity),
+    ...hostTrustOptions(knownHosts),
     node.host,
     ...(command.length > 0 ? ['--', ...command] : []),
   ];

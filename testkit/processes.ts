@@ -54,12 +54,18 @@ export interface DevProcess {
 }
 
 /**
- * Starts `metastatic dev` (bin/metastatic.mjs) on `stateDir` with these extra arguments, and waits until
- * it has written dev.json (its engines and queues are up).
+ * Starts `metastatic dev` (bin/metastatic.mjs) on `stateDir` with these extra arguments (and `env`, by
+ * default this process's), and waits until it has written dev.json (its engines and queues are up).
  */
-export async function startDev(bin: string, stateDir: string, args: readonly string[]): Promise<DevProcess> {
+export async function startDev(
+  bin: string,
+  stateDir: string,
+  args: readonly string[],
+  env: NodeJS.ProcessEnv = process.env,
+): Promise<DevProcess> {
   const child = spawn(process.execPath, [bin, '--state-dir', stateDir, 'dev', ...args], {
     stdio: ['ignore', 'pipe', 'pipe'],
+    env,
   });
   let output = '';
   child.stdout?.on('data', (d) => {

@@ -207,6 +207,29 @@ describe('logging in to a node of metastatic dev', { timeout: 240_000 }, () => {
     expect(rest1.at(-1)).toBe('700');
   });
 
+  it("resolves ~slot<N> from the login directory to the slot's directory, in commands and over sftp", async () => {
+    // Ansible finds a user's home the POSIX way, `echo ~slot0`, and uses what comes back for its remote
+    // tmp and every `~/` path. No system user is called slot0, so the shell leaves the word as it is: it
+    // must then name the slot's directory, not a new directory called "~slot0".
+    const n = node(0);
+    const out = await ssh(n, [
+      'echo ~slot0; cd ~slot0 && pwd -P; cd "$HOME" && pwd -P; mkdir -p ~slot0/.ansible/tmp && echo x > ~slot0/.ansible/tmp/f && cat "$HOME/.ansible/tmp/f"',
+    ]);
+    expect(out.code, out.stderr.toString()).toBe(0);
+    const [word, viaTilde, home, content] = out.stdout.toString().trim().split('\n');
+    expect(word).toBe('~slot0');
+    expect(viaTilde).toBe(home);
+    expect(content).toBe('x');
+    const local = join(work, 'tilde.bin');
+    await writeFile(local, 'via sftp\n');
+    const sftpArgs = sshOptions(n, { identity: clientKey, knownHosts }, '-P');
+    const put = await run('sftp', ['-b', '-', ...sftpArgs], `put ${local} ~slot0/tilde.bin\n`);
+    expect(put.code, put.stderr.toString()).toBe(0);
+    expect((await ssh(n, ['cat "$HOME/tilde.bin"; rm "$HOME/tilde.bin"'])).stdout.toString()).toBe(
+      'via sftp\n',
+    );
+  });
+
   it('gives an interactive session a pty', async () => {
     const out = await ssh(node(1), ['tty; exit 4'], undefined, { tty: true });
     expect(out.code).toBe(4);

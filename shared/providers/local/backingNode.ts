@@ -19,7 +19,8 @@
  * only while the live file names a node on that slot. A session runs commands for real (slotProcess.ts:
  * `/bin/sh -c` in the slot's working directory `<work-dir>/slot<N>` (0700) with METASTATIC_NODE_ID and
  * METASTATIC_SLOT set, exit status or signal returned, a pty through `script`) and serves the `sftp`
- * subsystem (sftpServer.ts), so `scp` works. Every process a connection started ends when it closes;
+ * subsystem (sftpServer.ts), so `scp` works. The slot's directory holds a link `~slot<N>` -> `.` (homeLink:
+ * `~slot<N>` is no system user, so a shell leaves that word as it is, and Ansible uses it as the home). Every process a connection started ends when it closes;
  * once the live file no longer names its node on its slot (released), its connection and processes end
  * and the slot's directory is removed.
  *
@@ -27,7 +28,7 @@
  * close the server and exit 0. It deliberately does not watch its parent: a backing node outlives a
  * crashed provider so that a restarted one can adopt it from the state file.
  */
-import { chmod, mkdir, readFile, rename, rm, unlink, writeFile } from 'node:fs/promises';
+import { chmod, mkdir, readFile, rename, rm, symlink, unlink, writeFile } from 'node:fs/promises';
 import { createServer, type Server, type Socket } from 'node:net';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
@@ -236,12 +237,16 @@ class Slots {
     }
   }
 
-  /** The slot's working directory, made private (0700) if it is not there yet. */
+  /**
+   * The slot's working directory, made private (0700) if it is not there yet, with its `~slot<N>` link
+   * (homeLink) in place.
+   */
   async dirOf(slot: number): Promise<string> {
     const dir = join(this.workDir, slotUser(slot));
     await mkdir(this.workDir, { recursive: true, mode: 0o700 });
     await mkdir(dir, { recursive: true, mode: 0o700 });
     await chmod(dir, 0o700);
+    await homeLink(dir, slotUser(slot));
     return dir;
   }
 
@@ -273,6 +278,23 @@ class Slots {
     }
     // After the old node's processes had their SIGKILL, so none writes into it while it goes.
     setTimeout(() => void rm(gone, { recursive: true, force: true }).catch(() => {}), KILL_GRACE_MS + 200);
+  }
+}
+
+/**
+ * `<dir>/~<user>` -> `.`, so that the word `~slot<N>` names the slot's directory from it. A client that
+ * asks the node for a user's home does it the POSIX way, `echo ~slot<N>` (Ansible, for its remote_tmp
+ * and every `~/` path a task names), and a shell expands `~name` only for a name the system's user
+ * database knows. `slot<N>` is not a system user (a local node runs as you, without root), so POSIX
+ * leaves the word as it is: `~slot0`, a relative path, which Ansible then uses from the login directory.
+ * Without the link it made a directory literally named `~slot0` there, and `dest: ~/f` wrote
+ * `~slot0/f`; with it both land where `HOME` is. Recreated at every login, so removing it is harmless.
+ */
+async function homeLink(dir: string, user: string): Promise<void> {
+  try {
+    await symlink('.', join(dir, `~${user}`));
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
   }
 }
 
