@@ -156,6 +156,49 @@ describe('logging in to a node of metastatic dev', { timeout: 240_000 }, () => {
     expect(signal).toBe('SIGKILL');
   });
 
+  it.each([
+    ['stderr', '>&2'],
+    ['stdout', ''],
+  ] as const)(
+    "keeps a command's whole %s for a client that reads it only after the command ended (ssh2)",
+    async (stream, redirect) => {
+      // The command writes more than the client's window holds and exits at once; the client reads
+      // nothing for a second, so the rest waits in the server. It must all arrive, then the status.
+      const n = node(0);
+      const privateKey = await readFile(clientKey, 'utf8');
+      const size = 4 * 1024 * 1024;
+      const got = await new Promise<{ bytes: number; code: unknown }>((done, fail) => {
+        const client = new ssh2.Client();
+        client.on('error', fail);
+        client.on('ready', () =>
+          client.exec(`head -c ${size} /dev/zero ${redirect}; exit 7`, (err, channel) => {
+            if (err) return fail(err);
+            const slow = stream === 'stderr' ? channel.stderr : channel;
+            const other = stream === 'stderr' ? channel : channel.stderr;
+            let bytes = 0;
+            let code: unknown;
+            slow.pause();
+            slow.on('data', (d: Buffer) => {
+              bytes += d.length;
+            });
+            channel.on('exit', (c: unknown) => {
+              code = c;
+            });
+            // Counted once the client has read all it received (the stream ends after the channel closed).
+            slow.on('end', () => {
+              client.end();
+              done({ bytes, code });
+            });
+            other.resume();
+            setTimeout(() => slow.resume(), 1000);
+          }),
+        );
+        client.connect({ host: n.host, port: n.port, username: 'slot0', privateKey });
+      });
+      expect(got).toEqual({ bytes: size, code: 7 });
+    },
+  );
+
   it('streams stdin, stdout and stderr byte for byte, binary and large', async () => {
     const data = randomBytes(3 * 1024 * 1024);
     const echoed = await ssh(node(0), ['cat'], data);

@@ -77,8 +77,8 @@ export interface SlotProcessOptions {
 
 /**
  * Runs `command` (a shell when undefined) for a session channel: stdin from the channel, stdout and
- * stderr to it; once the process and its output pipes closed, the exit status or signal, then EOF and
- * close. Ending the channel (the client went, the slot was released) ends the process group.
+ * stderr to it; once the process and its output pipes closed and its output is written to the channel,
+ * the exit status or signal, then EOF and close. Ending the channel (the client went, the slot was released) ends the process group.
  */
 export function runOnChannel(
   channel: ServerChannel,
@@ -114,12 +114,17 @@ export function runOnChannel(
   let closed = false;
   child.once('close', (code, signal) => {
     closed = true;
-    if (signal) channel.exit(signal.replace(/^SIG/, ''), false, '');
-    else channel.exit(code ?? 255);
-    channel.end();
     // Whatever it left behind in its group (`sleep 100 &`) ends with the session.
     endGroup(pgid);
     options.track(pgid, false);
+    // stderr is a stream of its own, which may still hold output waiting for the client's window:
+    // ending the channel before it is written loses its tail (seen under load: a large `cat >&2` came
+    // back short). The status and EOF follow once it is; stdout's own buffer is flushed by end().
+    channel.stderr.end(() => {
+      if (signal) channel.exit(signal.replace(/^SIG/, ''), false, '');
+      else channel.exit(code ?? 255);
+      channel.end();
+    });
   });
   channel.once('close', () => {
     if (closed) return;
