@@ -24,7 +24,7 @@ export default defineConfig({
     hookTimeout: 120_000,
     // Integration tests start their own dynalite/fauxqs on port 0, so files can run in parallel;
     // two workers match the two cores CI has.
-    maxWorkers: 3,
+    maxWorkers: 2,
     allowOnly: false,
     // What a passing test prints (a chaos summary, CDK's "Bundling asset") is noise in CI's output; a
     // failing test's output is kept.
