@@ -1,4 +1,4 @@
-import { afterEach, describe, expect, it } from 'vitest';
+import { afterEach, describe, expect, it, vi } from 'vitest';
 import { spreadSlot, withClaimedSlot } from '../../shared/core/backing.ts';
 import { ConflictError } from '../../shared/core/errors.ts';
 import { CLAIM_TAKEOVER_MS, SLOT_LEASE_MS } from '../../shared/core/timing.ts';
@@ -206,5 +206,18 @@ describe('nodes left pending on a backing node that became ready', () => {
     const late = await store.getRequest('late');
     expect(late?.state).toBe('fulfilled');
     expect(late?.nodes[0]).toMatchObject({ state: 'ready', host: b.host, port: b.port });
+  });
+
+  it('are looked for by reading a request only while one of its nodes there may be pending', async () => {
+    h = await startHarness(baseConfig({ slots: 2 }));
+    await readyNode(h, 'first');
+    const ctx = h.pool.context;
+    const reads = vi.spyOn(ctx.store, 'getRequest');
+    await reap(ctx); // sees first/0 ready: it is never pending again
+    reads.mockClear();
+    await reap(ctx);
+    await reap(ctx);
+    expect(reads.mock.calls.filter(([id]) => id === 'first')).toEqual([]);
+    reads.mockRestore();
   });
 });
