@@ -96,34 +96,15 @@ export function buildProgram(): Command {
       await dev(await stateDir(), opts);
     });
 
-  program
-    .command('request')
-    .description(
-      'request one node per LABEL (several labels form a node set, served all-or-nothing), or nodes by shape (--cores, --memory, --disk)',
-    )
-    .argument('[labels...]', 'labels to request (or give a shape instead)')
-    .option('--cores <n>', 'by shape: cores each node needs', (v) => {
-      const n = Number(v);
-      if (!Number.isFinite(n) || n <= 0) throw new InvalidArgumentError('--cores must be a number > 0');
-      return n;
-    })
-    .option('--memory <size>', 'by shape: memory each node needs ("4GiB")')
-    .option('--disk <size>', 'by shape: disk each node needs ("20GiB")')
-    .option('--count <n>', 'by shape: how many nodes of that shape, served together (default: 1)', (v) =>
-      Number(v),
-    )
-    .option('--id <id>', 'request id (default: generated); re-sending the same id never allocates twice')
-    .option('--requestor <name>', 'who asks (recorded with the request)', 'cli')
-    .option(
-      '--priority <n>',
-      `request priority: an integer from ${-MAX_PRIORITY} to ${MAX_PRIORITY}, lower first (default: 100)`,
-      priority,
-    )
-    .option(
-      '--expected-duration <seconds>',
-      'how long the nodes will be kept: placed beside nodes expected to end about then',
-      seconds('--expected-duration'),
-    )
+  requestOptions(
+    program
+      .command('request')
+      .description(
+        'request one node per LABEL (several labels form a node set, served all-or-nothing), or nodes by shape (--cores, --memory, --disk)',
+      )
+      .argument('[labels...]', 'labels to request (or give a shape instead)'),
+    'the nodes will be kept',
+  )
     .option(
       '--lease <seconds>',
       `client lease: renew it with \`metastatic renew\` or the reaper releases the nodes (${MIN_LEASE} to ${MAX_LEASE})`,
@@ -264,33 +245,16 @@ export function buildProgram(): Command {
       await ssh(await target(), nodeId, command, opts);
     });
 
-  program
-    .command('run')
-    .description(
-      "request nodes, run COMMAND on the first over SSH, release them whatever happens; exits with the command's status",
-    )
-    .argument('[labels...]', 'labels to request (or a shape), then -- and the command with its arguments')
-    .usage('[options] [labels...] -- command [args...]')
-    .option('--cores <n>', 'by shape: cores the node needs', (v) => {
-      const n = Number(v);
-      if (!Number.isFinite(n) || n <= 0) throw new InvalidArgumentError('--cores must be a number > 0');
-      return n;
-    })
-    .option('--memory <size>', 'by shape: memory the node needs ("4GiB")')
-    .option('--disk <size>', 'by shape: disk the node needs ("20GiB")')
-    .option('--count <n>', 'by shape: how many nodes of that shape (default: 1)', (v) => Number(v))
-    .option('--id <id>', 'request id (default: generated)')
-    .option('--requestor <name>', 'who asks (recorded with the request)', 'cli')
-    .option(
-      '--priority <n>',
-      `request priority: an integer from ${-MAX_PRIORITY} to ${MAX_PRIORITY}, lower first (default: 100)`,
-      priority,
-    )
-    .option(
-      '--expected-duration <seconds>',
-      'how long the command will run: placed beside nodes expected to end about then',
-      seconds('--expected-duration'),
-    )
+  requestOptions(
+    program
+      .command('run')
+      .description(
+        "request nodes, run COMMAND on the first over SSH, release them whatever happens; exits with the command's status",
+      )
+      .argument('[labels...]', 'labels to request (or a shape), then -- and the command with its arguments')
+      .usage('[options] [labels...] -- command [args...]'),
+    'the command will run',
+  )
     .option(
       '--lease <seconds>',
       `client lease, renewed every third of it while the command runs (${MIN_LEASE} to ${MAX_LEASE}, default 60)`,
@@ -470,4 +434,31 @@ export function splitCommand(
     }
   }
   return { labels: [...operands], command: [] };
+}
+
+/** What a request is made of, as `request` and `run` take it: labels or a shape, and how to place it. */
+function requestOptions(command: Command, kept: string): Command {
+  return command
+    .option('--cores <n>', 'by shape: cores each node needs', (v) => {
+      const n = Number(v);
+      if (!Number.isFinite(n) || n <= 0) throw new InvalidArgumentError('--cores must be a number > 0');
+      return n;
+    })
+    .option('--memory <size>', 'by shape: memory each node needs ("4GiB")')
+    .option('--disk <size>', 'by shape: disk each node needs ("20GiB")')
+    .option('--count <n>', 'by shape: how many nodes of that shape, served together (default: 1)', (v) =>
+      Number(v),
+    )
+    .option('--id <id>', 'request id (default: generated); re-sending the same id never allocates twice')
+    .option('--requestor <name>', 'who asks (recorded with the request)', 'cli')
+    .option(
+      '--priority <n>',
+      `request priority: an integer from ${-MAX_PRIORITY} to ${MAX_PRIORITY}, lower first (default: 100)`,
+      priority,
+    )
+    .option(
+      '--expected-duration <seconds>',
+      `how long ${kept}: placed beside nodes expected to end about then`,
+      seconds('--expected-duration'),
+    );
 }

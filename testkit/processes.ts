@@ -77,3 +77,12 @@ export async function startDev(
   await until('dev.json', async () => (existsSync(join(stateDir, 'dev.json')) ? true : undefined));
   return { process: child, log: () => output };
 }
+
+/** Stops a `metastatic dev` a test started (SIGTERM; SIGKILL if it is not gone within 30 s). */
+export async function stopDev(dev: ChildProcess | undefined): Promise<void> {
+  if (!dev || dev.exitCode !== null) return;
+  dev.kill('SIGTERM');
+  await until('dev to stop', () => (dev.exitCode !== null ? true : undefined), 30_000).catch(() =>
+    dev.kill('SIGKILL'),
+  );
+}

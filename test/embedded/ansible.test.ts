@@ -11,7 +11,7 @@ import { type InventoryOptions, inventoryText } from '../../cli/commands/invento
 import { CliError } from '../../cli/errors.ts';
 import { newEd25519PrivateKey } from '../../shared/providers/local/hostKey.ts';
 import { ansibleEnv, describeWithAnsible } from '../../testkit/ansible.ts';
-import { startDev, until } from '../../testkit/processes.ts';
+import { startDev, stopDev, until } from '../../testkit/processes.ts';
 
 /**
  * Zuul's way in: `metastatic inventory` for a request of two nodes on one `metastatic dev`, and real
@@ -177,12 +177,7 @@ describeWithAnsible('Ansible playbooks on the nodes of metastatic dev', { timeou
 
   afterAll(async () => {
     client?.close();
-    if (dev && dev.exitCode === null) {
-      dev.kill('SIGTERM');
-      await until('dev to stop', () => (dev.exitCode !== null ? true : undefined), 30_000).catch(() =>
-        dev.kill('SIGKILL'),
-      );
-    }
+    await stopDev(dev);
     await rm(stateDir, { recursive: true, force: true });
     await rm(work, { recursive: true, force: true });
   });

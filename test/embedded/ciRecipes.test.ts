@@ -10,7 +10,7 @@ import {
   type GitLabJob,
   runCustomExecutorJob,
 } from '../../testkit/gitlabRunner.ts';
-import { startDev, until } from '../../testkit/processes.ts';
+import { startDev, stopDev } from '../../testkit/processes.ts';
 
 /**
  * The CI recipes of docs/ci.md against one `metastatic dev`: the GitLab custom executor's drivers
@@ -122,12 +122,7 @@ describe.concurrent('the GitLab custom executor on metastatic dev', { timeout: 1
 
   afterAll(async () => {
     client?.close();
-    if (dev && dev.exitCode === null) {
-      dev.kill('SIGTERM');
-      await until('dev to stop', () => (dev.exitCode !== null ? true : undefined), 30_000).catch(() =>
-        dev.kill('SIGKILL'),
-      );
-    }
+    await stopDev(dev);
     await rm(stateDir, { recursive: true, force: true });
     await rm(work, { recursive: true, force: true });
   });

@@ -3,7 +3,7 @@ import { mkdtemp, readdir, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { killBackingNode, startDev, until } from '../../testkit/processes.ts';
+import { killBackingNode, startDev, stopDev } from '../../testkit/processes.ts';
 
 /**
  * `request --lease`, `renew` and `release --request` through the CLI a user runs, against a real
@@ -35,12 +35,7 @@ describe('leases through the CLI against metastatic dev', { timeout: 180_000 }, 
   });
 
   afterAll(async () => {
-    if (dev.exitCode === null) {
-      dev.kill('SIGTERM');
-      await until('dev to stop', async () => (dev.exitCode !== null ? true : undefined), 30_000).catch(() =>
-        dev.kill('SIGKILL'),
-      );
-    }
+    await stopDev(dev);
     const local = join(stateDir, 'local');
     for (const f of await readdir(local).catch(() => [] as string[])) {
       if (!f.endsWith('.json')) continue;

@@ -3,7 +3,7 @@ import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { startDev, until } from '../../testkit/processes.ts';
+import { startDev, stopDev, until } from '../../testkit/processes.ts';
 
 /**
  * min-ready in `metastatic dev`, through the CLI a user runs: the pool makes its ready node as it
@@ -53,12 +53,7 @@ describe('min-ready in metastatic dev', { timeout: 180_000 }, () => {
   });
 
   afterAll(async () => {
-    if (dev.exitCode === null) {
-      dev.kill('SIGTERM');
-      await until('dev to stop', async () => (dev.exitCode !== null ? true : undefined), 30_000).catch(() =>
-        dev.kill('SIGKILL'),
-      );
-    }
+    await stopDev(dev);
     await rm(stateDir, { recursive: true, force: true });
   });
 

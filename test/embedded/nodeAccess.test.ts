@@ -6,7 +6,7 @@ import { join, resolve } from 'node:path';
 import ssh2 from 'ssh2';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { newEd25519PrivateKey } from '../../shared/providers/local/hostKey.ts';
-import { alive, startDev, until } from '../../testkit/processes.ts';
+import { alive, startDev, stopDev, until } from '../../testkit/processes.ts';
 
 /**
  * A node a job can use, through the real OpenSSH client against one `metastatic dev` (shared by every
@@ -100,12 +100,7 @@ describe('logging in to a node of metastatic dev', { timeout: 240_000 }, () => {
   });
 
   afterAll(async () => {
-    if (dev && dev.exitCode === null) {
-      dev.kill('SIGTERM');
-      await until('dev to stop', () => (dev.exitCode !== null ? true : undefined), 30_000).catch(() =>
-        dev.kill('SIGKILL'),
-      );
-    }
+    await stopDev(dev);
     await rm(stateDir, { recursive: true, force: true });
     await rm(work, { recursive: true, force: true });
     await rm(cliTmp, { recursive: true, force: true });

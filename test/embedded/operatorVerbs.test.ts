@@ -3,7 +3,7 @@ import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { alive, killBackingNode, startDev, until } from '../../testkit/processes.ts';
+import { alive, killBackingNode, startDev, stopDev, until } from '../../testkit/processes.ts';
 
 /**
  * Operator verbs against a running `metastatic dev`, through the CLI a user runs (issue 22, defect 5).
@@ -130,12 +130,7 @@ describe('operator verbs against metastatic dev', { timeout: 240_000 }, () => {
 
   afterAll(async () => {
     for (const run of started) killGroup(run.process.pid);
-    if (dev.exitCode === null) {
-      dev.kill('SIGTERM');
-      await until('dev to stop', async () => (dev.exitCode !== null ? true : undefined), 30_000).catch(() =>
-        dev.kill('SIGKILL'),
-      );
-    }
+    await stopDev(dev);
     for (const pid of backingPids) killBackingNode(pid);
     await rm(stateDir, { recursive: true, force: true });
   });

@@ -5,7 +5,7 @@ import { join, resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { PoolClient } from '../../client/poolClient.ts';
 import type { PoolRequest } from '../../client/records.ts';
-import { startDev, until } from '../../testkit/processes.ts';
+import { startDev, stopDev, until } from '../../testkit/processes.ts';
 
 /**
  * `metastatic run` as a CI step uses it, against one `metastatic dev` (reaper every 0.5 s) shared by every
@@ -105,12 +105,7 @@ describe('metastatic run against metastatic dev', { timeout: 120_000 }, () => {
 
   afterAll(async () => {
     pool?.close();
-    if (dev && dev.exitCode === null) {
-      dev.kill('SIGTERM');
-      await until('dev to stop', () => (dev.exitCode !== null ? true : undefined), 30_000).catch(() =>
-        dev.kill('SIGKILL'),
-      );
-    }
+    await stopDev(dev);
     await rm(stateDir, { recursive: true, force: true });
     await rm(work, { recursive: true, force: true });
   });
