@@ -85,8 +85,17 @@ export interface RunContext {
 export const DEFAULT_RUN_LEASE = 60;
 /** How often a wait reads the table. */
 const POLL_MS = 100;
-/** How often `run` checks an embedded pool and its nodes while the job runs. */
-const WATCH_MS = 1000;
+/**
+ * How often `run` checks an embedded pool and its nodes while the job runs (a file and a loopback read).
+ * On a stack each check is a DynamoDB read, so it checks at each renewal instead (lease/3: 20 s by
+ * default), not every second for as long as every job runs.
+ */
+const EMBEDDED_WATCH_MS = 1000;
+
+/** How long `run` waits between two checks of its request (and renewals, when due), in ms. */
+export function watchInterval(pool: 'embedded' | 'stack', renewEveryMs: number): number {
+  return pool === 'embedded' ? Math.min(EMBEDDED_WATCH_MS, renewEveryMs) : renewEveryMs;
+}
 
 /** A request id of `[A-Za-z0-9._:-]`, unique enough: `req-<base36 time>-<6 hex>`. */
 export function newRequestId(): string {
@@ -172,7 +181,7 @@ export class PoolClient {
           r && toPoolRequest(r),
         );
       }
-      if (now - checked >= WATCH_MS) {
+      if (now - checked >= EMBEDDED_WATCH_MS) {
         checked = now;
         await this.connection.checkRunning();
       }
@@ -384,7 +393,7 @@ export class PoolClient {
     };
     const loop = (async () => {
       while (running && !stop.signal.aborted) {
-        await sleep(Math.min(WATCH_MS, renewEvery), stop.signal).catch(() => undefined);
+        await sleep(watchInterval(this.connection.pool.kind, renewEvery), stop.signal).catch(() => undefined);
         if (!running || stop.signal.aborted) break;
         try {
           await tick();

@@ -3,6 +3,7 @@ import { describe, expect, it } from 'vitest';
 import { RUN_EXIT } from '../../cli/commands/run.ts';
 import { buildProgram, splitCommand } from '../../cli/program.ts';
 import { remoteCommandLine, shellQuote } from '../../client/openssh.ts';
+import { watchInterval } from '../../client/poolClient.ts';
 
 /**
  * What `metastatic run` sends and how it reads its command line, without a pool: the remote command line
@@ -91,5 +92,13 @@ describe('metastatic run: its command line', () => {
     run?.outputHelp();
     for (const code of codes) expect(help).toMatch(new RegExp(`^  ${code} `, 'm'));
     expect(help).toContain('128+n');
+  });
+});
+
+describe('run: how often it reads its request while the job runs', () => {
+  it('every second on an embedded pool, only at each renewal on a stack (each read is a DynamoDB call)', () => {
+    expect(watchInterval('embedded', 20_000)).toBe(1000);
+    expect(watchInterval('embedded', 500)).toBe(500);
+    expect(watchInterval('stack', 20_000)).toBe(20_000);
   });
 });
