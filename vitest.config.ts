@@ -1,4 +1,5 @@
 import { defineConfig } from 'vitest/config';
+import SlowestFirst from './testkit/slowestFirst.ts';
 
 /**
  * Files that replace a module or an SDK client for the whole process (vi.mock, aws-sdk-client-mock) run
@@ -25,6 +26,8 @@ export default defineConfig({
     // Integration tests start their own dynalite/fauxqs on port 0, so files can run in parallel;
     // two workers match the two cores CI has.
     maxWorkers: 2,
+    // The longest files start first (testkit/slowestFirst.ts), so that none of them is the run's tail.
+    sequence: { sequencer: SlowestFirst },
     allowOnly: false,
     // What a passing test prints (a chaos summary, CDK's "Bundling asset") is noise in CI's output; a
     // failing test's output is kept.

@@ -1,6 +1,7 @@
 import { execFile } from 'node:child_process';
 import { existsSync, mkdirSync, symlinkSync, writeFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { promisify } from 'node:util';
 
 const execFileP = promisify(execFile);
@@ -26,6 +27,7 @@ export interface InstalledPackage {
  * are installed by npm from the tarball's package.json, as a user's install does.
  */
 export async function packAndInstall(work: string, also: readonly string[] = []): Promise<InstalledPackage> {
+  await typecheckEnded();
   const packed = await execFileP('npm', ['pack', '--json', '--pack-destination', work], {
     cwd: ROOT,
     maxBuffer: 64 * 1024 * 1024,
@@ -55,4 +57,19 @@ export async function packAndInstall(work: string, also: readonly string[] = [])
     files: info.files.map((f) => f.path),
     bin: join(app, 'node_modules', 'metastatic', 'bin', 'metastatic.mjs'),
   };
+}
+
+/**
+ * In `npm test` the type check runs beside the suite (scripts/test.mjs) and builds dist/ as it checks:
+ * `npm pack`, which builds dist/ too, waits until it has ended (METASTATIC_TYPECHECK_DONE names the file
+ * it then writes), so that two compilers never write the same outputs. Elsewhere nothing to wait for.
+ */
+async function typecheckEnded(): Promise<void> {
+  const done = process.env.METASTATIC_TYPECHECK_DONE;
+  if (!done) return;
+  const deadline = Date.now() + 300_000;
+  while (!existsSync(done)) {
+    if (Date.now() > deadline) throw new Error(`the type check did not end within 300 s (${done})`);
+    await sleep(250);
+  }
 }
