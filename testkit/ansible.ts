@@ -1,7 +1,7 @@
-import { spawnSync } from 'node:child_process';
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe } from 'vitest';
+import { onPath } from './onPath.ts';
 
 /**
  * ansible-core's `ansible-playbook`, for the test that runs real playbooks against nodes of the embedded
@@ -16,15 +16,9 @@ let availability: string | undefined | null = null;
 /** Why ansible-playbook cannot run here, or undefined when it can. */
 export function ansibleUnavailable(): string | undefined {
   if (availability !== null) return availability;
-  const probe = spawnSync('ansible-playbook', ['--version'], {
-    stdio: 'ignore',
-    timeout: 30_000,
-    env: ansibleEnvOf(process.env, {}),
-  });
-  availability =
-    probe.error || probe.status !== 0
-      ? `ansible-playbook is not installed (${probe.error?.message ?? `exit ${probe.status}`}); apt-get install ansible-core`
-      : undefined;
+  availability = onPath('ansible-playbook')
+    ? undefined
+    : 'ansible-playbook is not installed (not on PATH); apt-get install ansible-core';
   if (availability !== undefined && process.env.METASTATIC_REQUIRE_ANSIBLE === '1') {
     throw new Error(`METASTATIC_REQUIRE_ANSIBLE=1 but ${availability}`);
   }

@@ -1,6 +1,7 @@
-import { type ChildProcess, spawn, spawnSync } from 'node:child_process';
+import { type ChildProcess, spawn } from 'node:child_process';
 import { createServer } from 'node:net';
 import { describe } from 'vitest';
+import { onPath } from './onPath.ts';
 
 /**
  * moto_server, a local server that speaks AWS's wire protocols (EC2 query/XML, DynamoDB, SQS,
@@ -29,11 +30,9 @@ let availability: string | undefined | null = null;
 /** Why moto cannot run here, or undefined when it can. */
 export function motoUnavailable(): string | undefined {
   if (availability !== null) return availability;
-  const probe = spawnSync('moto_server', ['--help'], { stdio: 'ignore', timeout: 20_000 });
-  availability =
-    probe.error || probe.status !== 0
-      ? `moto_server is not installed (${probe.error?.message ?? `exit ${probe.status}`}); pip install 'moto[server]==5.2.1'`
-      : undefined;
+  availability = onPath('moto_server')
+    ? undefined
+    : "moto_server is not installed (not on PATH); pip install 'moto[server]==5.2.1'";
   if (availability !== undefined && process.env.METASTATIC_REQUIRE_MOTO === '1') {
     throw new Error(`METASTATIC_REQUIRE_MOTO=1 but ${availability}`);
   }
