@@ -1,9 +1,14 @@
 import { CommanderError } from 'commander';
 import { asCliError } from './errors.ts';
+import { exitQuietlyWhenOutputCloses } from './output.ts';
 import { buildProgram } from './program.ts';
 import { terminalText } from './terminal.ts';
 
-/** The `metastatic` CLI: exit 0 on success and --help, 1 on a failure, 2 on a usage error. */
+/**
+ * The `metastatic` CLI: exit 0 on success and --help, 1 on a failure, 2 on a usage error, 141 when the
+ * reader of its output went away.
+ */
+exitQuietlyWhenOutputCloses();
 try {
   await buildProgram().parseAsync(process.argv);
 } catch (err) {

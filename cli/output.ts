@@ -5,6 +5,23 @@ import { terminalJson, terminalText } from './terminal.ts';
 
 /** What the commands print: text and JSON escaped for the terminal (nothing a record carries reaches it raw). */
 
+/** The exit status of a Unix tool that SIGPIPE ended (128 + 13): what a shell reports for `yes | head -1`'s `yes`. */
+export const CLOSED_PIPE_EXIT = 141;
+
+/**
+ * A reader that stops early (`metastatic list | head -1`, `metastatic validate … | true`) closes the pipe,
+ * and the next write fails with EPIPE. Unix tools die of SIGPIPE there, quietly; Node ignores SIGPIPE and
+ * would print a stack trace instead. Exit as they do, with nothing on stderr (which may be the same pipe).
+ */
+export function exitQuietlyWhenOutputCloses(): void {
+  for (const stream of [process.stdout, process.stderr]) {
+    stream.on('error', (err: NodeJS.ErrnoException) => {
+      if (err.code !== 'EPIPE') throw err;
+      process.exit(CLOSED_PIPE_EXIT);
+    });
+  }
+}
+
 export const print = (text: string): void => {
   process.stdout.write(`${terminalText(text)}\n`);
 };

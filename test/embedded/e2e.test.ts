@@ -1,4 +1,4 @@
-import { type ChildProcess, execFile } from 'node:child_process';
+import { type ChildProcess, execFile, spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { connect } from 'node:net';
@@ -27,6 +27,21 @@ function cli(args: string[], env: NodeJS.ProcessEnv = {}): Promise<Run> {
         done({ code, stdout, stderr });
       },
     );
+  });
+}
+
+/** The CLI with its stdout read by nobody: the pipe's far end is closed at once (`metastatic … | true`). */
+function cliIntoClosedPipe(
+  args: string[],
+): Promise<{ code: number | null; signal: string | null; stderr: string }> {
+  return new Promise((done) => {
+    const child = spawn(process.execPath, [bin, ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+    child.stdout.destroy();
+    let stderr = '';
+    child.stderr.on('data', (d) => {
+      stderr += d;
+    });
+    child.on('close', (code, signal) => done({ code, signal, stderr }));
   });
 }
 
@@ -169,6 +184,15 @@ describe('metastatic CLI end to end (a new user’s session)', { timeout: 180_00
     expect(late.stderr).toContain('request served-1 was already fulfilled: release its nodes instead');
     expect((await cli(withState(['release', 'served-1/0']))).code).toBe(0);
     expect((await cli(withState(['cancel', '../bad']))).code).toBe(2);
+  });
+
+  it('exits quietly, 141 as a Unix tool ended by SIGPIPE, when the reader closes its output (list, validate, schema)', async () => {
+    const results = await Promise.all([
+      cliIntoClosedPipe(withState(['list', 'requests', '--all'])),
+      cliIntoClosedPipe(['validate', join(root, 'examples', 'local.yaml')]),
+      cliIntoClosedPipe(['schema']),
+    ]);
+    expect(results).toEqual(Array(3).fill({ code: 141, signal: null, stderr: '' }));
   });
 
   it('reports an unknown node and a usage error with distinct exit codes', async () => {
