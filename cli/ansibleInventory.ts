@@ -2,7 +2,7 @@ import { Document, isScalar, visit } from 'yaml';
 import { badHost, hostTrustOptions, knownHostsText } from '../client/openssh.ts';
 import type { NodeRecord } from '../shared/core/records.ts';
 import { CliError } from './errors.ts';
-import { terminalJson, terminalText } from './terminal.ts';
+import { human, terminalJson, terminalText } from './terminal.ts';
 
 /**
  * A request's ready nodes as an Ansible inventory, the way Zuul turns Nodepool's node records into one:
@@ -258,7 +258,7 @@ export type InventoryNodes =
   | { readonly kind: 'waiting'; readonly state: string }
   | { readonly kind: 'nodes'; readonly ready: readonly NodeRecord[]; readonly left: readonly NodeRecord[] };
 
-const nodeState = (n: NodeRecord) => `${n.id} is ${n.state}${n.reason ? ` (${n.reason})` : ''}`;
+const nodeState = (n: NodeRecord) => human`${n.id} is ${n.state}${n.reason ? ` (${n.reason})` : ''}`;
 
 /**
  * The nodes of `request` an inventory holds: its ready ones once it is fulfilled (`waiting` until then).
@@ -272,7 +272,7 @@ export function inventoryNodes(
 ): InventoryNodes {
   if (request.state === 'failed') {
     const why = request.reason ? `: ${request.reason}` : '';
-    throw new CliError(`request ${request.id} failed${why}; it has no nodes for an inventory`);
+    throw new CliError(human`request ${request.id} failed${why}; it has no nodes for an inventory`);
   }
   if (request.state !== 'fulfilled') return { kind: 'waiting', state: request.state };
   const ready = request.nodes.filter((n) => n.state === 'ready');

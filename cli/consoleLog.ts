@@ -1,5 +1,5 @@
 import type { Log } from '../shared/core/log.ts';
-import { terminalJson, terminalText } from './terminal.ts';
+import { terminalJson, terminalValue } from './terminal.ts';
 
 const levels = { debug: 10, info: 20, warn: 30, error: 40 } as const;
 export type Level = keyof typeof levels;
@@ -26,8 +26,9 @@ export function consoleLog(minLevel: Level, json = false): Log {
       const rest = Object.entries(fields)
         .map(([k, v]) => `${k}=${typeof v === 'string' ? v : JSON.stringify(v)}`)
         .join(' ');
+      // One line, whatever its values hold: a newline in a field would print a forged log line.
       process.stderr.write(
-        `${terminalText(`${time} ${level.toUpperCase().padEnd(5)} ${message}${rest ? `  ${rest}` : ''}`)}\n`,
+        `${terminalValue(`${time} ${level.toUpperCase().padEnd(5)} ${message}${rest ? `  ${rest}` : ''}`)}\n`,
       );
     };
   return { debug: write('debug'), info: write('info'), warn: write('warn'), error: write('error') };

@@ -1,6 +1,6 @@
 import { requestOfNode } from '../client/records.ts';
 import type { BackingRecord } from '../shared/core/records.ts';
-import { terminalText } from './terminal.ts';
+import { terminalValue } from './terminal.ts';
 
 /** The JSON shapes the CLI prints with --json: the client library's (client/records.ts), one definition. */
 export { toPoolNode as nodeJson, toPoolRequest as requestJson } from '../client/records.ts';
@@ -29,8 +29,9 @@ export function backingJson(b: BackingRecord) {
 export function table(headers: readonly string[], rows: readonly (readonly unknown[])[]): string {
   const cells = [
     headers,
-    // Escaped per cell, before padding, so a cell's width is what the terminal shows.
-    ...rows.map((r) => r.map((c) => (c === undefined || c === null ? '-' : terminalText(String(c))))),
+    // Escaped per cell (a newline or tab in a value too: it would print a forged row), before padding, so
+    // a cell's width is what the terminal shows.
+    ...rows.map((r) => r.map((c) => (c === undefined || c === null ? '-' : terminalValue(String(c))))),
   ];
   const widths = headers.map((_, i) => Math.max(...cells.map((r) => (r[i] ?? '').length)));
   return cells

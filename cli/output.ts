@@ -1,7 +1,7 @@
 import type { PoolRequest } from '../client/records.ts';
 import type { NodeRecord } from '../shared/core/records.ts';
 import { table } from './format.ts';
-import { terminalJson, terminalText } from './terminal.ts';
+import { human, terminalJson, terminalText } from './terminal.ts';
 
 /** What the commands print: text and JSON escaped for the terminal (nothing a record carries reaches it raw). */
 
@@ -45,7 +45,7 @@ export function nodeSummary(r: { readonly nodes: readonly { readonly state: stri
 }
 
 export function printRequest(r: PoolRequest): void {
-  print(`request ${r.id}: ${r.state}${r.reason ? ` (${r.reason})` : ''}`);
+  print(human`request ${r.id}: ${r.state}${r.reason ? ` (${r.reason})` : ''}`);
   if (r.nodes.length > 0 && r.state !== 'failed') {
     print(
       table(

@@ -15,7 +15,7 @@ import {
 import { connect, type PoolClient, type Target } from '../client.ts';
 import { CliError } from '../errors.ts';
 import { sleep } from '../output.ts';
-import { terminalText } from '../terminal.ts';
+import { human, terminalText } from '../terminal.ts';
 
 export interface InventoryOptions {
   /** Print JSON instead of YAML. */
@@ -143,7 +143,7 @@ export async function inventoryText(
   // The default file is in the state dir (private); a file named by the user is written where it says.
   await writePrivateFile(knownHosts, inventoryKnownHosts(ready), knownHostsOption === undefined);
   const notes = left.map(
-    (node) => `left out: node ${node.id} is ${node.state}${node.reason ? ` (${node.reason})` : ''}`,
+    (node) => human`left out: node ${node.id} is ${node.state}${node.reason ? ` (${node.reason})` : ''}`,
   );
   const text = opts.json
     ? inventoryJson(built)

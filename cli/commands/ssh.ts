@@ -8,7 +8,7 @@ import { clientKeyPath } from '../../shared/runtime/clientKey.ts';
 import { connect, type PoolClient, type Target } from '../client.ts';
 import { CliError } from '../errors.ts';
 import { sleep } from '../output.ts';
-import { terminalText } from '../terminal.ts';
+import { human, terminalText } from '../terminal.ts';
 
 export interface SshOptions {
   /** Private key file; default: the embedded pool's client key (`<state-dir>/client_ed25519`). */
@@ -46,7 +46,7 @@ async function readyNode(client: PoolClient, nodeId: string, timeoutSeconds: num
     }
     if (node && (node.state === 'released' || node.state === 'failed')) {
       const why = node.reason ? ` (${node.reason})` : '';
-      throw new CliError(`node ${nodeId} is ${node.state}${why}: there is nothing to log in to`);
+      throw new CliError(human`node ${nodeId} is ${node.state}${why}: there is nothing to log in to`);
     }
     const state = node?.state ?? request.state;
     if (Date.now() >= deadline) {

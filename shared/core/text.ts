@@ -44,3 +44,20 @@ export function listSome(items: readonly string[], show: (item: string) => strin
   const shown = items.slice(0, MAX_LISTED).map(show).join(', ');
   return items.length > MAX_LISTED ? `${shown} and ${items.length - MAX_LISTED} more` : shown;
 }
+
+/** The characters JSON.stringify leaves raw that a terminal acts on or hides: DEL, C1, format, separators. */
+const UNSAFE_IN_JSON = /[\u007f-\u009f\p{Cf}\p{Zl}\p{Zp}]/gu;
+
+/**
+ * JSON text with every character of UNSAFE_IN_JSON escaped as `\uHHHH` (a surrogate pair beyond the first
+ * plane): the same JSON value, and inert when shown raw (`tail -f events.jsonl`, `--json` in a terminal).
+ * JSON.stringify has escaped the C0 controls already.
+ */
+export function inertJson(json: string): string {
+  return json.replace(UNSAFE_IN_JSON, (c) =>
+    c
+      .split('')
+      .map((unit) => `\\u${unit.charCodeAt(0).toString(16).padStart(4, '0')}`)
+      .join(''),
+  );
+}
