@@ -3,7 +3,7 @@ import { isSpareRequestId } from '../../shared/core/minReady.ts';
 import type { BackingRecord, RequestRecord } from '../../shared/core/records.ts';
 import { connect, type PoolClient, type Target } from '../client.ts';
 import { ago, table } from '../format.ts';
-import { isLive, sleep } from '../output.ts';
+import { isLive } from '../output.ts';
 import { terminalJson, terminalText } from '../terminal.ts';
 
 /** How many of the newest events `status` shows (and reads: the tail of events.jsonl, never the whole file). */
@@ -60,12 +60,19 @@ export async function status(target: Target, opts: StatusOptions): Promise<void>
   const client = await connect(target);
   const tty = process.stdout.isTTY === true && !opts.json;
   let stopped = false;
+  let wake = () => {};
   const stop = () => {
     stopped = true;
+    wake();
   };
   process.once('SIGINT', stop);
   process.once('SIGTERM', stop);
-  if (opts.watch && tty) process.stdout.write('\x1b[?25l'); // hide the cursor while redrawing
+  // A resized terminal (SIGWINCH) is redrawn at once, to its new size.
+  const resized = () => wake();
+  if (opts.watch && tty) {
+    process.stdout.on('resize', resized);
+    process.stdout.write('\x1b[?25l'); // hide the cursor while redrawing
+  }
   try {
     for (let first = true; first || (opts.watch && !stopped); first = false) {
       const snapshot = await poolStatus(client, Date.now());
@@ -74,18 +81,30 @@ export async function status(target: Target, opts: StatusOptions): Promise<void>
         process.stdout.write(`${terminalJson(text)}\n`);
       } else {
         const text = terminalText(render(snapshot, Date.now(), opts.watch ? opts.interval : undefined));
-        // On a terminal: home, draw, clear what the previous screen left below. Elsewhere: one after another.
-        if (opts.watch && tty)
-          process.stdout.write(`\x1b[H${text.replaceAll('\n', '\x1b[K\n')}\x1b[K\n\x1b[J`);
-        else process.stdout.write(`${first ? '' : '\n'}${text}\n`);
+        // On a terminal: home, draw the screen cut to the terminal (a taller one would scroll at every
+        // redraw), clear what the previous one left. Elsewhere: one snapshot after another, whole.
+        if (opts.watch && tty) {
+          const screen = fitToTerminal(text, process.stdout.rows ?? 24, process.stdout.columns ?? 80);
+          process.stdout.write(`\x1b[H${screen.replaceAll('\n', '\x1b[K\n')}\x1b[K\x1b[J`);
+        } else process.stdout.write(`${first ? '' : '\n'}${text}\n`);
       }
       if (!opts.watch) break;
-      for (let waited = 0; waited < opts.interval * 1000 && !stopped; waited += 100) await sleep(100);
+      await new Promise<void>((resolve) => {
+        const timer = setTimeout(resolve, opts.interval * 1000);
+        wake = () => {
+          clearTimeout(timer);
+          resolve();
+        };
+        if (stopped) wake();
+      });
     }
   } finally {
     process.off('SIGINT', stop);
     process.off('SIGTERM', stop);
-    if (opts.watch && tty) process.stdout.write('\x1b[?25h');
+    if (opts.watch && tty) {
+      process.stdout.off('resize', resized);
+      process.stdout.write('\x1b[?25h\n'); // the cursor back, below the screen
+    }
     client.close();
   }
 }
@@ -210,6 +229,27 @@ export function slotBar(used: number, slots: number): string {
   const cells = Math.min(slots, BAR_CELLS);
   const full = slots === 0 ? 0 : Math.min(cells, Math.round((used / slots) * cells));
   return `[${'█'.repeat(full)}${'·'.repeat(cells - full)}]`;
+}
+
+/**
+ * A screen cut to a terminal of `rows` x `columns`, as `top` does: at most `rows` lines, the last saying
+ * how many more there are, and no line wider than the terminal (a wrapped line takes two rows). Drawn
+ * from the top-left corner without a final newline, it never scrolls the terminal.
+ */
+export function fitToTerminal(text: string, rows: number, columns: number): string {
+  let lines = text.split('\n');
+  if (lines.length > rows) {
+    const kept = Math.max(0, rows - 1);
+    const more = lines.length - kept;
+    lines = [
+      ...lines.slice(0, kept),
+      `… ${more} more line${more === 1 ? '' : 's'} (a taller terminal or --json shows them)`,
+    ];
+  }
+  const width = Math.max(1, columns);
+  return lines
+    .map((line) => ([...line].length > width ? `${[...line].slice(0, width - 1).join('')}…` : line))
+    .join('\n');
 }
 
 /** The one-screen text of a snapshot. */

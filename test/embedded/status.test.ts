@@ -1,10 +1,11 @@
 import { type ChildProcess, execFile, execFileSync, spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
-import { mkdtemp, rm } from 'node:fs/promises';
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { slotBar } from '../../cli/commands/status.ts';
+import { connect } from '../../cli/client.ts';
+import { fitToTerminal, slotBar } from '../../cli/commands/status.ts';
 import { until } from '../../testkit/processes.ts';
 
 /**
@@ -41,7 +42,30 @@ describe('metastatic status', { timeout: 120_000 }, () => {
 
   beforeAll(async () => {
     stateDir = await mkdtemp(join(tmpdir(), 'metastatic-status-'));
-    dev = spawn(process.execPath, [bin, ...state(['dev', '--reaper-interval', '1'])], {
+    // The example, and a label whose one backing node boots for ten minutes: its requests wait.
+    const config = join(stateDir, 'pool.yaml');
+    await writeFile(
+      config,
+      `${await readFile(join(root, 'examples', 'local.yaml'), 'utf8')}
+  - name: slow
+    driver: local
+    pools:
+      - name: main
+        max-servers: 1
+        labels:
+          - name: slow-large
+            boot-delay: 600
+  - name: waits
+    driver: metastatic
+    pools:
+      - name: main
+        labels:
+          - name: waiting-node
+            backing-label: slow-large
+            max-parallel-jobs: 1
+`,
+    );
+    dev = spawn(process.execPath, [bin, ...state(['dev', '-c', config, '--reaper-interval', '1'])], {
       stdio: ['ignore', 'pipe', 'pipe'],
     });
     dev.stdout?.on('data', (d) => {
@@ -102,6 +126,18 @@ describe('metastatic status', { timeout: 120_000 }, () => {
       expect.arrayContaining(['Backing Node Launched', 'Request Fulfilled']),
     );
     expect(s.events.at(-1)).toMatchObject({ type: 'Request Fulfilled', subject: 'st-1' });
+  });
+
+  it('cuts a screen to the terminal: at most its rows, the last saying how many more, no line wider', () => {
+    const text = ['header', '', ...Array.from({ length: 30 }, (_, i) => `row ${i} ${'x'.repeat(i)}`)].join(
+      '\n',
+    );
+    const fitted = fitToTerminal(text, 10, 12).split('\n');
+    expect(fitted).toHaveLength(10);
+    expect(fitted[0]).toBe('header');
+    expect(fitted[9]).toBe('… 23 more l…');
+    expect(fitted.every((line) => [...line].length <= 12)).toBe(true);
+    expect(fitToTerminal('a\nb', 24, 80)).toBe('a\nb');
   });
 
   it('draws slot bars scaled to at most 16 cells', () => {
@@ -188,6 +224,62 @@ describe('metastatic status', { timeout: 120_000 }, () => {
         },
         10_000,
       );
+    },
+  );
+
+  it.skipIf(!hasTmux)(
+    'with --watch in an 80x24 terminal and 40 waiting requests, fits the screen and redraws on a resize',
+    async () => {
+      const pool = await connect({ stateDir });
+      try {
+        for (let i = 0; i < 41; i++)
+          await pool.send({ kind: 'request', id: `wait-${i}`, labels: ['waiting-node'] });
+        await until(
+          '40 requests waiting',
+          async () =>
+            (await pool.store.listRequests()).filter((r) => r.state === 'requested').length >= 40
+              ? true
+              : undefined,
+          60_000,
+        );
+      } finally {
+        pool.close();
+      }
+      // A long interval: after the first screen, only the resize redraws it.
+      const command = [process.execPath, bin, ...state(['status', '--watch', '--interval', '600'])]
+        .map((w) => `'${w.replaceAll("'", `'\\''`)}'`)
+        .join(' ');
+      const tall = `${session}-tall`;
+      tmux('new-session', '-d', '-s', tall, '-x', '80', '-y', '24', command);
+      try {
+        const screen = () => tmux('capture-pane', '-p', '-t', tall).replace(/\n+$/, '').split('\n');
+        const first = await until(
+          'the first screen',
+          () => (screen().some((l) => l.startsWith('… ')) ? screen() : undefined),
+          30_000,
+        );
+        expect(first.length).toBeLessThanOrEqual(24);
+        expect(first[0]).toMatch(/^metastatic status at /);
+        expect(first.at(-1)).toMatch(/^… \d+ more lines \(a taller terminal or --json shows them\)$/);
+        // Nothing scrolled off the top: the terminal's scrollback is empty.
+        expect(tmux('display-message', '-p', '-t', tall, '#{history_size}').trim()).toBe('0');
+        const hidden = Number(/^… (\d+) more/.exec(first.at(-1) ?? '')?.[1]);
+        tmux('resize-window', '-t', tall, '-x', '100', '-y', '40');
+        const resized = await until(
+          'the screen redrawn to 40 rows',
+          () => {
+            const now = screen();
+            const more = Number(/^… (\d+) more/.exec(now.at(-1) ?? '')?.[1]);
+            return more === hidden - 16 ? now : undefined;
+          },
+          30_000,
+        );
+        expect(resized[0]).toMatch(/^metastatic status at /);
+        expect(resized.length).toBe(40);
+        expect(tmux('display-message', '-p', '-t', tall, '#{history_size}').trim()).toBe('0');
+      } finally {
+        tmux('kill-session', '-t', tall);
+      }
     },
   );
 });
