@@ -1,5 +1,5 @@
 import { type ChildProcess, execFile, spawn } from 'node:child_process';
-import { existsSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { connect } from 'node:net';
 import { tmpdir } from 'node:os';
@@ -43,6 +43,13 @@ function cliIntoClosedPipe(
     });
     child.on('close', (code, signal) => done({ code, signal, stderr }));
   });
+}
+
+/** A process's group and session, from /proc/<pid>/stat (the fields after the command's name). */
+function sessionOf(pid: number): { pgid: number; sid: number } {
+  const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+  const [, , pgid, sid] = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+  return { pgid: Number(pgid), sid: Number(sid) };
 }
 
 function greeting(port: number): Promise<string> {
@@ -213,6 +220,11 @@ describe('metastatic CLI end to end (a new user’s session)', { timeout: 180_00
     const r = JSON.parse((await cli(withState(['request', 'small-node', '--wait', '--json']))).stdout);
     const pid = r.nodes[0].attributes.pid as number;
     expect(alive(pid)).toBe(true);
+    // The backing process leads a session of its own: a signal from dev's terminal (Ctrl-C, Ctrl-Z, a
+    // hangup) reaches dev alone, which stops its backing nodes in order (below) or leaves them running.
+    const { sid, pgid } = sessionOf(pid);
+    expect({ sid, pgid }).toEqual({ sid: pid, pgid: pid });
+    expect(sessionOf(dev.pid as number).sid).not.toBe(pid);
     const exited = new Promise<number | null>((ok) => dev.once('exit', (code) => ok(code)));
     dev.kill('SIGINT');
     expect(await exited).toBe(0);

@@ -79,7 +79,7 @@ export interface BackingNodeArgs {
 }
 
 /**
- * Starts a backing node process. Every argument is passed as its own argv entry (no shell), so nothing a
+ * Starts a backing node process, in a session of its own. Every argument is passed as its own argv entry (no shell), so nothing a
  * configuration carries is interpreted. Resolves with the process once it has a pid.
  */
 export async function spawnBackingNode(args: BackingNodeArgs): Promise<ChildProcess> {
@@ -107,7 +107,10 @@ export async function spawnBackingNode(args: BackingNodeArgs): Promise<ChildProc
       '--work-dir',
       args.workDir,
     ],
-    { stdio: ['ignore', 'pipe', 'pipe'] },
+    // A session of its own (setsid): what dev's terminal sends its foreground group (Ctrl-C, Ctrl-Z, the
+    // hangup when the terminal closes) reaches dev alone. dev stops its backing nodes itself on SIGINT
+    // and SIGTERM; when dev dies any other way they keep running and the next dev adopts them.
+    { stdio: ['ignore', 'pipe', 'pipe'], detached: true },
   );
   if (proc.pid === undefined) {
     const error = await new Promise<Error>((resolve) => proc.once('error', resolve));
