@@ -1,0 +1,126 @@
+import { describe, expect, it } from 'vitest';
+import {
+  ArrivalModel,
+  emptyModel,
+  forecastRate,
+  hourOfWeek,
+  observe,
+  PROFILE_HOURS,
+  readyTarget,
+} from '../../shared/core/forecast.ts';
+
+/** Epoch minute of Monday 2026-11-23 00:00 UTC. */
+const MONDAY = Date.UTC(2026, 10, 23) / 60_000;
+
+/** A deterministic generator (mulberry32) and Poisson draws from it (Knuth's method: small means). */
+function poissonSource(seed: number): (mean: number) => number {
+  let a = seed >>> 0;
+  const random = () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+  return (mean) => {
+    const limit = Math.exp(-mean);
+    let k = 0;
+    for (let p = random(); p > limit; p *= random()) k++;
+    return k;
+  };
+}
+
+/** The model after one minute at a time from `from` to `to`, with `rate(minute)` Poisson arrivals. */
+function fed(model: ArrivalModel, from: number, to: number, rate: (minute: number) => number, seed = 1) {
+  const draw = poissonSource(seed);
+  let m = model;
+  for (let minute = from; minute < to; minute++) m = observe(m, minute + 1, draw(rate(minute)));
+  return m;
+}
+
+/** E[min(N, k)] for N Poisson(mean), by summing the distribution far into its tail. */
+function servedExactly(mean: number, k: number): number {
+  let pmf = Math.exp(-mean);
+  let total = 0;
+  for (let j = 0; j < mean * 4 + 50; j++) {
+    total += Math.min(j, k) * pmf;
+    pmf *= mean / (j + 1);
+  }
+  return total;
+}
+
+describe('arrival forecasts (predictive readiness)', () => {
+  it('numbers the hours of the week from Monday 00:00 UTC', () => {
+    expect(hourOfWeek(MONDAY)).toBe(0);
+    expect(hourOfWeek(MONDAY + 8 * 60 + 59)).toBe(8);
+    expect(hourOfWeek(MONDAY + 6 * 24 * 60 + 23 * 60 + 30)).toBe(PROFILE_HOURS - 1);
+    expect(hourOfWeek(MONDAY + 7 * 24 * 60)).toBe(0);
+  });
+
+  it('holds the least ready room that serves the share of Poisson arrivals within one boot', () => {
+    for (const mean of [0.3, 1, 2.5, 10, 40, 200]) {
+      for (const share of [0.8, 0.9, 0.95]) {
+        const k = readyTarget(mean, share, 10_000);
+        expect(servedExactly(mean, k), `${mean} ${share} ${k}`).toBeGreaterThanOrEqual(share * mean - 1e-6);
+        expect(servedExactly(mean, k - 1), `${mean} ${share} ${k}`).toBeLessThan(share * mean);
+      }
+    }
+    // Beyond what e^-mean can hold: the normal approximation, a little above share x mean.
+    const big = readyTarget(5_000, 0.9, 100_000);
+    expect(big).toBeGreaterThan(0.9 * 5_000);
+    expect(big).toBeLessThan(0.92 * 5_000);
+    // Capped, and nothing for nothing.
+    expect(readyTarget(40, 0.95, 12)).toBe(12);
+    expect(readyTarget(0, 0.9, 10)).toBe(0);
+    expect(readyTarget(5, 0, 10)).toBe(0);
+  });
+
+  it('learns a steady rate', () => {
+    const model = fed(emptyModel('small', MONDAY), MONDAY, MONDAY + 180, () => 2);
+    const rate = forecastRate(model, MONDAY + 180, 5);
+    expect(rate).toBeGreaterThan(1.5);
+    expect(rate).toBeLessThan(2.6);
+  });
+
+  it('follows a burst it has never seen within minutes, and lets go of it as fast', () => {
+    const start = MONDAY + 10 * 60;
+    const quiet = fed(emptyModel('small', start), start, start + 120, () => 0.1);
+    expect(forecastRate(quiet, start + 120, 2)).toBeLessThan(0.5);
+    const burst = fed(quiet, start + 120, start + 124, () => 10, 2);
+    expect(forecastRate(burst, start + 124, 2)).toBeGreaterThan(5);
+    // The burst ends mid-hour: 25 quiet minutes later the short rate is gone and the hour's bucket is
+    // not written yet (the hour has not ended), so the forecast is back near quiet.
+    const after = fed(burst, start + 124, start + 149, () => 0, 3);
+    expect(forecastRate(after, start + 149, 2)).toBeLessThan(1);
+  });
+
+  it('rises ahead of a daily pattern it has learned, and falls after it', () => {
+    // Three weeks of weekdays busy from 08:00 to 18:00 UTC (6 a minute), quiet otherwise (0.2).
+    const busy = (minute: number) => {
+      const hour = hourOfWeek(minute);
+      return hour < 5 * 24 && hour % 24 >= 8 && hour % 24 < 18 ? 6 : 0.2;
+    };
+    const weeks = 3 * 7 * 24 * 60;
+    const model = fed(emptyModel('small', MONDAY), MONDAY, MONDAY + weeks, busy, 4);
+    const monday = MONDAY + weeks; // the fourth Monday, 00:00
+    // At 07:40 the last minutes were quiet, but the next half hour holds 08:00: the forecast rises.
+    const early = fed(model, monday, monday + 7 * 60 + 40, busy, 5);
+    expect(early.shortRate).toBeLessThan(0.6);
+    expect(forecastRate(early, monday + 7 * 60 + 40, 30)).toBeGreaterThan(4);
+    expect(forecastRate(early, monday + 7 * 60 + 40, 5)).toBeLessThan(1); // 07:40-07:45 stays quiet
+    // Half an hour after 18:00, the busy minutes have decayed and the profile says quiet.
+    const evening = fed(early, monday + 7 * 60 + 40, monday + 18 * 60 + 30, busy, 6);
+    expect(forecastRate(evening, monday + 18 * 60 + 30, 10)).toBeLessThan(1);
+  });
+
+  it('is idempotent per minute, bounded after a gap of weeks, and small enough for one item', () => {
+    const model = fed(emptyModel('small', MONDAY), MONDAY, MONDAY + 90, () => 3);
+    expect(observe(model, MONDAY + 90, 50)).toBe(model); // that span is folded already
+    expect(observe(model, MONDAY + 60, 50)).toBe(model);
+    const later = observe(model, MONDAY + 90 + 30 * 24 * 60, 0); // a month with no request
+    expect(ArrivalModel.parse(later)).toEqual(later);
+    expect(later.shortRate).toBeLessThan(1e-6);
+    expect(forecastRate(later, later.nextMinute, 60)).toBe(0);
+    expect(JSON.stringify(later).length).toBeLessThan(8_000);
+  });
+});
