@@ -1,11 +1,17 @@
 import type { BackingContract } from '../core/contract.ts';
-import type { Shape } from '../core/shapes.ts';
 
 /**
  * The resolved configuration the core works with: defaults applied, inheritance (provider -> pool -> label)
  * resolved, references checked. The YAML schema (schema.ts) is the user-facing shape; this is what every
  * handler receives.
  */
+
+/** What a slot gives, or what a node needs: cores, and sizes in MiB. An absent key is unknown / not asked. */
+export interface Shape {
+  readonly cores?: number;
+  readonly memoryMiB?: number;
+  readonly diskMiB?: number;
+}
 
 /** A metastatic label as offered by one metastatic pool. */
 export interface MetastaticLabel {

@@ -1,4 +1,4 @@
-import type { MetastaticLabel, MetastaticPool, ResolvedConfig } from '../config/model.ts';
+import type { MetastaticLabel, MetastaticPool, ResolvedConfig, Shape } from '../config/model.ts';
 import { quote } from './text.ts';
 
 /**
@@ -9,12 +9,8 @@ import { quote } from './text.ts';
  * label with a free slot now when its cost is within the configured margin of the cheapest).
  */
 
-/** What a slot gives, or what a node needs: cores, and sizes in MiB. An absent key is unknown / not asked. */
-export interface Shape {
-  readonly cores?: number;
-  readonly memoryMiB?: number;
-  readonly diskMiB?: number;
-}
+/** Defined with the configuration (a label's slot is one), which sits below the core. */
+export type { Shape };
 
 /** The largest size a shape may name: 1 PiB, far above any machine's memory or disk. */
 export const MAX_SIZE_MIB = 1024 ** 3;

@@ -4,9 +4,11 @@ import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
 
 /**
- * The layering of production modules (issue 11): no import circle, and the core imports no adapter. Only
- * static imports that load code count: `import type` is erased, and the CLI's `await import()` of a
- * command is a deliberate lazy edge, not a dependency of the importing module's body.
+ * The layering of production modules (issue 11): no import circle, and the core imports no adapter. The
+ * run-time graph counts only static imports that load code (`import type` is erased, and the CLI's
+ * `await import()` of a command is a deliberate lazy edge, not a dependency of the importing module's
+ * body); the type graph counts `import type` too, so that a circle of types (config's model and the
+ * core's shapes were one) is seen as well.
  */
 const root = resolve(dirname(fileURLToPath(import.meta.url)), '../..');
 const productionDirs = ['shared', 'functions', 'lib', 'cli', 'client', 'bin'];
@@ -17,6 +19,12 @@ function sources(dir: string): string[] {
     if (e.isDirectory()) return sources(path);
     return e.name.endsWith('.ts') && !e.name.endsWith('.d.ts') ? [path] : [];
   });
+}
+
+/** Every relative import and re-export, type-only ones included. */
+function allImports(text: string): string[] {
+  const pattern = /^(?:import|export)\s+(?:type\s+)?(?:[^'";]*?\sfrom\s+)?['"](\.[^'"]+)['"]/gms;
+  return [...text.matchAll(pattern)].map((m) => m[1] as string);
 }
 
 /** Relative imports that load code at run time: `import x from`, `import './x'`, `export ... from`. */
@@ -33,12 +41,12 @@ function runtimeImports(text: string): string[] {
   return out;
 }
 
-function graph(): Map<string, string[]> {
+function graph(imports: (text: string) => string[] = runtimeImports): Map<string, string[]> {
   const files = productionDirs.flatMap(sources);
   return new Map(
     files.map((f) => [
       f,
-      runtimeImports(readFileSync(join(root, f), 'utf8'))
+      imports(readFileSync(join(root, f), 'utf8'))
         .map((spec) => relative(root, resolve(root, dirname(f), spec)))
         .filter((target) => target.endsWith('.ts')),
     ]),
@@ -76,6 +84,10 @@ describe('production modules', () => {
     expect(cycles(g)).toEqual([]);
   });
 
+  it('import no circle of types either', () => {
+    expect(cycles(graph(allImports))).toEqual([]);
+  });
+
   it('keep the core free of adapters: shared/core imports only shared/core and shared/config', () => {
     const outside = [...g.entries()]
       .filter(([f]) => f.startsWith('shared/core/'))
@@ -85,6 +97,10 @@ describe('production modules', () => {
 
   it('reads type-only imports as loading nothing, and the walk finds a circle when there is one', () => {
     expect(runtimeImports("import type { A } from './a.ts';\nimport { type B } from './b.ts';")).toEqual([]);
+    expect(allImports("import type { A } from './a.ts';\nexport type { B } from './b.ts';")).toEqual([
+      './a.ts',
+      './b.ts',
+    ]);
     expect(runtimeImports("import { type B, c } from './b.ts';\nexport * from './d.ts';")).toEqual([
       './b.ts',
       './d.ts',
