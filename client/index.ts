@@ -19,6 +19,7 @@ export {
   TimeoutError,
   UnknownLabelError,
 } from './errors.ts';
+export { newRequestId, type RequestSpec, type Shape } from './messages.ts';
 export {
   checkIdentity,
   IdentityError,
@@ -32,12 +33,9 @@ export {
 } from './openssh.ts';
 export {
   DEFAULT_RUN_LEASE,
-  newRequestId,
   PoolClient,
-  type RequestSpec,
   type RunContext,
   type RunOptions,
-  type Shape,
   type WaitForOptions,
   type WaitOptions,
 } from './poolClient.ts';

@@ -2,11 +2,11 @@ import { InvalidInputError, RequestFailedError, TimeoutError } from '../../clien
 import {
   checkClientRequestId,
   checkNodeId,
-  PoolClient,
   type RequestSpec,
   renewMessage,
   requestMessage,
-} from '../../client/poolClient.ts';
+} from '../../client/messages.ts';
+import { PoolClient } from '../../client/poolClient.ts';
 import type { PoolRequest } from '../../client/records.ts';
 import { MAX_NODE_SET } from '../../shared/core/messages.ts';
 import { poolTarget, type Target } from '../client.ts';
