@@ -1,7 +1,7 @@
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { App, Duration, Stack } from 'aws-cdk-lib';
+import { App, type CfnElement, Duration, Stack } from 'aws-cdk-lib';
 import { Annotations, Match, Template } from 'aws-cdk-lib/assertions';
 import { SecurityGroup, Vpc } from 'aws-cdk-lib/aws-ec2';
 import { Role, ServicePrincipal } from 'aws-cdk-lib/aws-iam';
@@ -975,8 +975,8 @@ describe('MetastaticPool options and checks', () => {
       EvaluationPeriods: 4,
     });
     slow.hasResourceProperties('AWS::Lambda::EventInvokeConfig', { MaximumEventAgeInSeconds: 21_600 });
-    // EventBridge may use the queues' key to deliver EC2 events (CDK's SqsQueue target adds it for a key
-    // of the app; the stack must not depend on itself through the key policy).
+    // EventBridge may use the queues' key to deliver EC2 events, for this account (the stack must not
+    // depend on itself through the key policy).
     const [keyResource] = Object.values(template.findResources('AWS::KMS::Key'));
     if (!keyResource) throw new Error('no key in the template');
     const keyPolicy = (
@@ -986,7 +986,7 @@ describe('MetastaticPool options and checks', () => {
       (st) => JSON.stringify(st.Principal) === JSON.stringify({ Service: 'events.amazonaws.com' }),
     );
     const allowed = forEvents.flatMap((st) => asList(st.Action));
-    expect(allowed).toEqual(expect.arrayContaining(['kms:Decrypt', 'kms:GenerateDataKey*']));
+    expect(allowed).toEqual(['kms:Decrypt', 'kms:GenerateDataKey']);
     expect(forEvents.every((st) => st.Condition?.StringEquals?.['aws:SourceAccount'] === ENV.account)).toBe(
       true,
     );
@@ -1000,6 +1000,53 @@ describe('MetastaticPool options and checks', () => {
     template.hasResourceProperties('AWS::DynamoDB::Table', {
       SSESpecification: { SSEEnabled: true, SSEType: 'KMS', KMSMasterKeyId: Match.anyValue() },
     });
+    expect(nagViolations(app)).toEqual([]);
+  });
+
+  it("conditions EventBridge's access to the encrypted fulfil queues and their key itself, in an app without cdk.json's feature flags (issue 24, defect 6)", () => {
+    // A plain App, as a consuming app may be: without @aws-cdk/aws-events:eventsTargetQueueSameAccount,
+    // CDK's SqsQueue target gives events.amazonaws.com an encrypted queue and its key with no condition.
+    const app = new App();
+    const stack = new Stack(app, 'Plain', { env: ENV });
+    const key = new Key(stack, 'Key', { enableKeyRotation: true });
+    const pool = new MetastaticPool(stack, 'Pool', {
+      config: awsConfig('image-id: ami-1'),
+      encryptionKey: key,
+    });
+    const template = Template.fromStack(stack);
+    const isEvents = (st: Statement & { Principal?: unknown }) =>
+      JSON.stringify(st.Principal) === JSON.stringify({ Service: 'events.amazonaws.com' });
+    const ruleArns = [pool.ec2EventsRule, pool.spotInterruptionsRule].map((r) => stack.resolve(r.ruleArn));
+    const queueIds = [pool.fulfilQueue.queue, pool.fulfilQueue.deadLetterQueue].map((q) =>
+      stack.getLogicalId(q.node.defaultChild as CfnElement),
+    );
+    for (const queueId of queueIds) {
+      const policies = Object.values(template.findResources('AWS::SQS::QueuePolicy')).filter((p) =>
+        ((p.Properties as Json).Queues as Json[]).some((q) => q.Ref === queueId),
+      );
+      const forEvents = policies
+        .flatMap((p) => ((p.Properties as Json).PolicyDocument as { Statement: Statement[] }).Statement)
+        .filter((st) => st.Effect === 'Allow' && isEvents(st));
+      // Each EC2 rule may send, and only they: one statement per rule, on its ARN.
+      expect(forEvents.map((st) => st.Condition), queueId).toEqual(
+        ruleArns.map((arn) => ({ ArnEquals: { 'aws:SourceArn': arn } })),
+      );
+      for (const st of forEvents) expect(asList(st.Action)).toContain('sqs:SendMessage');
+    }
+    // The key policy cannot name the rules (key -> queue -> rule -> key would be a cycle): the account.
+    const [keyResource] = Object.values(template.findResources('AWS::KMS::Key'));
+    const keyStatements = (keyResource?.Properties as { KeyPolicy: { Statement: Statement[] } }).KeyPolicy
+      .Statement;
+    const keyForEvents = keyStatements.filter(isEvents);
+    expect(keyForEvents).toEqual([
+      expect.objectContaining({
+        Effect: 'Allow',
+        Action: ['kms:Decrypt', 'kms:GenerateDataKey'],
+        Condition: { StringEquals: { 'aws:SourceAccount': ENV.account } },
+      }),
+    ]);
+    expect(dependencyCycle(template)).toBeUndefined();
+    expect(Annotations.fromStack(stack).findWarning('*', Match.anyValue())).toEqual([]);
     expect(nagViolations(app)).toEqual([]);
   });
 
