@@ -108,17 +108,11 @@ export function poolDashboard(scope: Construct, o: PoolDashboardProps): Dashboar
       fn.metricInvocations({ period: PERIOD, statistic: Stats.SUM, label: 'runs' }),
       fn.metricErrors({ period: PERIOD, statistic: Stats.SUM, label: 'errors' }),
     ]),
+    // What the dead-letter alarms watch: the request DLQ is consumed by the request function within
+    // seconds, so its visible messages alone would show almost nothing (QueueWithDlq.deadLetterMetric).
     graph('Dead-letter queues', [
-      o.requestQueue.deadLetterQueue.metricApproximateNumberOfMessagesVisible({
-        period: PERIOD,
-        statistic: Stats.MAXIMUM,
-        label: 'request DLQ',
-      }),
-      o.fulfilQueue.deadLetterQueue.metricApproximateNumberOfMessagesVisible({
-        period: PERIOD,
-        statistic: Stats.MAXIMUM,
-        label: 'fulfil DLQ',
-      }),
+      o.requestQueue.deadLetterMetric(PERIOD, 'request DLQ'),
+      o.fulfilQueue.deadLetterMetric(PERIOD, 'fulfil DLQ'),
     ]),
     new AlarmStatusWidget({ title: 'Alarms', alarms: [...o.alarms], width: WIDTH, height: HEIGHT }),
   );
