@@ -498,9 +498,9 @@ describe('MetastaticStack (the example configuration, as bin/cdk.ts builds it)',
     // caller's own credentials), no batch or transaction actions, no DescribeTable (the embedded pool's).
     const perFunction = Object.values(template.findResources('AWS::IAM::Policy'))
       .map((policy) =>
-        ((policy as Json).Properties as { PolicyDocument: { Statement: Statement[] } }).PolicyDocument.Statement.filter(
-          (st) => asList(st.Action).some((a) => a.startsWith('dynamodb:')),
-        ),
+        (
+          (policy as Json).Properties as { PolicyDocument: { Statement: Statement[] } }
+        ).PolicyDocument.Statement.filter((st) => asList(st.Action).some((a) => a.startsWith('dynamodb:'))),
       )
       .filter((found) => found.length > 0)
       .map((found) =>
@@ -1057,16 +1057,18 @@ describe('MetastaticPool options and checks', () => {
         .flatMap((p) => ((p.Properties as Json).PolicyDocument as { Statement: Statement[] }).Statement)
         .filter((st) => st.Effect === 'Allow' && isEvents(st));
       // Each EC2 rule may send, and only they: one statement per rule, on its ARN.
-      expect(forEvents.map((st) => st.Condition), queueId).toEqual(
-        ruleArns.map((arn) => ({ ArnEquals: { 'aws:SourceArn': arn } })),
-      );
+      expect(
+        forEvents.map((st) => st.Condition),
+        queueId,
+      ).toEqual(ruleArns.map((arn) => ({ ArnEquals: { 'aws:SourceArn': arn } })));
       for (const st of forEvents) expect(asList(st.Action)).toContain('sqs:SendMessage');
     }
     // The key policy cannot name the rules (key -> queue -> rule -> key would be a cycle): the account.
-    const [keyResource] = Object.values(template.findResources('AWS::KMS::Key'));
-    const keyStatements = (keyResource?.Properties as { KeyPolicy: { Statement: Statement[] } }).KeyPolicy
-      .Statement;
-    const keyForEvents = keyStatements.filter(isEvents);
+    const keys = Object.values(template.findResources('AWS::KMS::Key'));
+    expect(keys).toHaveLength(1);
+    const keyForEvents = keys
+      .flatMap((k) => (k.Properties as { KeyPolicy: { Statement: Statement[] } }).KeyPolicy.Statement)
+      .filter(isEvents);
     expect(keyForEvents).toEqual([
       expect.objectContaining({
         Effect: 'Allow',
@@ -1077,7 +1079,8 @@ describe('MetastaticPool options and checks', () => {
     expect(dependencyCycle(template)).toBeUndefined();
     expect(Annotations.fromStack(stack).findWarning('*', Match.anyValue())).toEqual([]);
     expect(nagViolations(app)).toEqual([]);
-  });
+    // A plain App bundles the functions: built once per process (the first describe's), 10-50 s alone.
+  }, 180_000);
 
   it('warns that an imported queue key must admit EventBridge (its policy cannot be changed here)', () => {
     const app = newApp();
