@@ -108,11 +108,13 @@ async function confirmGone(
   const look = await lookUp(ctx, provider, { ...b, resourceId });
   if (look.gone) return undefined;
   if (look.unseen) {
-    throw new RetryableError(`resource ${resourceId} reported ${state} ${look.why}; retrying`);
+    throw new RetryableError(
+      `resource ${resourceId} reported ${state}, but its provider says it ${look.why}; retrying`,
+    );
   }
   return {
     kind: 'ignored',
-    reason: `resource ${resourceId} reported ${state} ${look.why} by its provider: the event is not current`,
+    reason: `resource ${resourceId} reported ${state}, but its provider says it ${look.why}: the event is not current`,
   };
 }
 
