@@ -1,15 +1,16 @@
-import { Annotations, Aws, CfnRule, Duration, Fn, Names, Resource, Stack, Token } from 'aws-cdk-lib';
+import { Annotations, Aws, CfnRule, Duration, Fn, Names, Stack, Token } from 'aws-cdk-lib';
 import type { Alarm, Dashboard, IAlarmAction } from 'aws-cdk-lib/aws-cloudwatch';
 import { SnsAction } from 'aws-cdk-lib/aws-cloudwatch-actions';
 import { type ISecurityGroup, SecurityGroup } from 'aws-cdk-lib/aws-ec2';
 import { EventBus, type EventPattern, type IEventBus, Rule, Schedule } from 'aws-cdk-lib/aws-events';
-import { LambdaFunction, SqsQueue } from 'aws-cdk-lib/aws-events-targets';
+import { LambdaFunction } from 'aws-cdk-lib/aws-events-targets';
 import type { IKey } from 'aws-cdk-lib/aws-kms';
 import { SqsEventSource } from 'aws-cdk-lib/aws-lambda-event-sources';
 import { Construct } from 'constructs';
 import { parseConfigOrThrow } from '../shared/config/load.ts';
 import type { ResolvedConfig } from '../shared/config/model.ts';
 import { FUNCTION_CONFIG_FILE } from '../shared/runtime/functionConfig.ts';
+import { admitEventBridgeToKey, FulfilQueueTarget } from './fulfilQueueTarget.ts';
 import { awsLabels, LauncherPermissions } from './launcherPermissions.ts';
 import { poolAlarms } from './poolAlarms.ts';
 import { poolDashboard } from './poolDashboard.ts';
@@ -215,10 +216,11 @@ export class MetastaticPool extends Construct {
     // They carry no instance tags, so these rules forward the EC2 events of every instance in the
     // region (state changes only in the states the fulfil function acts on); the fulfil function keeps
     // only the pool's instances. Two rules rather than one "$or" pattern: each is a plain pattern.
+    // An event EventBridge cannot deliver lands in the fulfil dead-letter queue, next to the events the
+    // fulfil function gave up on: one place to look and redrive. The target grants EventBridge each
+    // queue for its rule only (aws:SourceArn), whatever the app's feature flags (fulfilQueueTarget.ts).
     const toFulfilQueue = () =>
-      // An event EventBridge cannot deliver lands in the fulfil dead-letter queue, next to the events
-      // the fulfil function gave up on: one place to look and redrive.
-      new SqsQueue(this.fulfilQueue.queue, { deadLetterQueue: this.fulfilQueue.deadLetterQueue });
+      new FulfilQueueTarget(this.fulfilQueue.queue, this.fulfilQueue.deadLetterQueue);
     const [stateChange, spotWarning] = EC2_DETAIL_TYPES;
     const ec2Rules: Array<[string, string, EventPattern]> = [
       [
@@ -236,7 +238,7 @@ export class MetastaticPool extends Construct {
       ([id, description, eventPattern]) =>
         new Rule(this, id, { description, eventPattern, targets: [toFulfilQueue()] }),
     ) as [Rule, Rule];
-    if (props.encryptionKey) this.checkKeyAdmitsEventBridge(props.encryptionKey);
+    if (props.encryptionKey) this.admitEventBridge(props.encryptionKey);
 
     this.reaperSchedule = new Rule(this, 'ReaperSchedule', {
       description: 'Runs the metastatic reaper',
@@ -282,14 +284,12 @@ export class MetastaticPool extends Construct {
 
   /**
    * EventBridge sends to an SQS queue encrypted with a customer-managed key only if the key policy lets
-   * events.amazonaws.com use the key (kms:GenerateDataKey to send, kms:Decrypt as AWS documents for SQS
-   * targets); without it every EC2 event fails, silently but for Ec2EventsDeliveryAlarm. For a key this
-   * app creates, CDK's SqsQueue target adds that statement to the key policy (for events from this
-   * account). An imported key's policy cannot be changed from here, and CDK drops the grant without a
-   * word: say what to add.
+   * events.amazonaws.com use the key; without it every EC2 event fails, silently but for
+   * Ec2EventsDeliveryAlarm. A key this app creates gets the statement (for events of this account:
+   * fulfilQueueTarget.ts). An imported key's policy cannot be changed from here: say what to add.
    */
-  private checkKeyAdmitsEventBridge(key: IKey): void {
-    if (Resource.isOwnedResource(key)) return;
+  private admitEventBridge(key: IKey): void {
+    if (admitEventBridgeToKey(this, key)) return;
     Annotations.of(this).addWarningV2(
       'metastatic:encryption-key-policy',
       `encryptionKey ${key.node.path} is imported, and this stack cannot change its policy: add a statement ` +

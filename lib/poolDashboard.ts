@@ -30,7 +30,7 @@ const HEIGHT = 6;
 /**
  * One CloudWatch dashboard per pool (created in `scope`, the pool): requests in, fulfilled and failed;
  * time to fulfilled (p50, p95); nodes waiting; slots used and free; backing nodes by state; launches and
- * launch failures; reaper runs and errors; the dead-letter queues' depth; the pool's alarms. The pool's
+ * launch failures; reaper runs and errors; what reached the dead-letter queues; the pool's alarms. The pool's
  * metrics come from its functions (Powertools EMF, namespace METRICS_NAMESPACE, dimensions service and
  * pool); the gauges (slots, backing nodes by state, nodes waiting) are recorded by each reaper run. Its
  * name is CloudFormation's (a dashboard name is unique in the account): the stack outputs it.
@@ -108,17 +108,11 @@ export function poolDashboard(scope: Construct, o: PoolDashboardProps): Dashboar
       fn.metricInvocations({ period: PERIOD, statistic: Stats.SUM, label: 'runs' }),
       fn.metricErrors({ period: PERIOD, statistic: Stats.SUM, label: 'errors' }),
     ]),
+    // What the dead-letter alarms watch: the request DLQ is consumed by the request function within
+    // seconds, so its visible messages alone would show almost nothing (QueueWithDlq.deadLetterMetric).
     graph('Dead-letter queues', [
-      o.requestQueue.deadLetterQueue.metricApproximateNumberOfMessagesVisible({
-        period: PERIOD,
-        statistic: Stats.MAXIMUM,
-        label: 'request DLQ',
-      }),
-      o.fulfilQueue.deadLetterQueue.metricApproximateNumberOfMessagesVisible({
-        period: PERIOD,
-        statistic: Stats.MAXIMUM,
-        label: 'fulfil DLQ',
-      }),
+      o.requestQueue.deadLetterMetric(PERIOD, 'request DLQ'),
+      o.fulfilQueue.deadLetterMetric(PERIOD, 'fulfil DLQ'),
     ]),
     new AlarmStatusWidget({ title: 'Alarms', alarms: [...o.alarms], width: WIDTH, height: HEIGHT }),
   );

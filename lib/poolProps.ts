@@ -78,8 +78,9 @@ export interface MetastaticPoolProps {
   readonly requestMaxConcurrency?: number;
   /**
    * The most fulfil-function invocations the fulfil queue's event source mapping runs at once (2 to
-   * 1000). Each EC2 event of a pool instance costs a DescribeInstances, whose rate EC2 limits per account
-   * and region: a burst of events waits in the queue instead of spending the account's budget.
+   * 1000). An EC2 event of a pool instance that can change its backing node is confirmed with a
+   * DescribeInstances (events of other instances cost none), whose rate EC2 limits per account and
+   * region: a burst of events waits in the queue instead of spending the account's budget.
    * @default FULFIL_MAX_CONCURRENCY (5)
    */
   readonly fulfilMaxConcurrency?: number;
@@ -109,8 +110,9 @@ export interface MetastaticPoolProps {
   /**
    * Customer-managed KMS key for the table and the queues. EventBridge must be allowed to use it to
    * deliver EC2 events to the fulfil queue: a key this app creates gets a key-policy statement for
-   * events.amazonaws.com (from CDK's SqsQueue target, for events of this account); for an imported key
-   * synth warns, and that statement must be added to its policy by hand.
+   * events.amazonaws.com (kms:GenerateDataKey and kms:Decrypt, for events of this account:
+   * fulfilQueueTarget.ts), whatever the app's feature flags; for an imported key synth warns, and that
+   * statement must be added to its policy by hand.
    * @default - AWS managed encryption (DynamoDB) and SSE-SQS (queues)
    */
   readonly encryptionKey?: IKey;

@@ -81,9 +81,11 @@ export class PoolTable extends Construct {
   }
 
   /**
-   * Item reads and writes on the table and queries on its indexes. Unlike `Table.grantReadWriteData`,
-   * the indexes are named one by one rather than as `index/*`, and stream actions are left out (the table
-   * has no stream).
+   * What the pool's code does with the table (shared/store): single-item reads and writes and queries on
+   * the table (a capacity set's places are one item collection), queries on its indexes, named one by
+   * one rather than as `index/*`. Unlike `Table.grantReadWriteData`: no Scan (only the CLI's listings
+   * scan, with the caller's own credentials), no batch or transaction actions, no DescribeTable (the
+   * embedded pool's, to create its table), no stream actions (the table has no stream).
    */
   grantReadWriteData(grantee: IGrantable): Grant {
     const tableArn = this.table.tableArn;
@@ -91,18 +93,19 @@ export class PoolTable extends Construct {
       grantee,
       actions: [
         'dynamodb:GetItem',
-        'dynamodb:BatchGetItem',
         'dynamodb:Query',
-        'dynamodb:Scan',
-        'dynamodb:ConditionCheckItem',
         'dynamodb:PutItem',
         'dynamodb:UpdateItem',
         'dynamodb:DeleteItem',
-        'dynamodb:BatchWriteItem',
-        'dynamodb:DescribeTable',
       ],
-      resourceArns: [tableArn, ...this.indexNames.map((name) => `${tableArn}/index/${name}`)],
-    });
+      resourceArns: [tableArn],
+    }).combine(
+      Grant.addToPrincipal({
+        grantee,
+        actions: ['dynamodb:Query'],
+        resourceArns: this.indexNames.map((name) => `${tableArn}/index/${name}`),
+      }),
+    );
     // What DynamoDB needs of a customer-managed table key, named action by action (grantEncryptDecrypt
     // would add kms:ReEncrypt* and kms:GenerateDataKey*).
     this.table.encryptionKey?.grant(

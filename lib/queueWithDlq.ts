@@ -65,6 +65,8 @@ export class QueueWithDlq extends Construct {
   readonly deadLetterQueue: Queue;
   readonly deadLetterAlarm: Alarm;
   readonly maxReceiveCount: number;
+  /** A function consumes the dead-letter queue (QueueWithDlqProps.deadLetterQueueConsumed). */
+  readonly deadLetterQueueConsumed: boolean;
 
   constructor(scope: Construct, id: string, props: QueueWithDlqProps) {
     super(scope, id);
@@ -89,6 +91,7 @@ export class QueueWithDlq extends Construct {
       : { encryption: QueueEncryption.SQS_MANAGED };
 
     this.maxReceiveCount = props.maxReceiveCount;
+    this.deadLetterQueueConsumed = props.deadLetterQueueConsumed ?? false;
     this.deadLetterQueue = new Queue(this, 'DeadLetterQueue', {
       ...encryption,
       enforceSSL: true,
@@ -115,7 +118,7 @@ export class QueueWithDlq extends Construct {
       alarmDescription: props.deadLetterQueueConsumed
         ? `${what}: messages reached the dead-letter queue (a message's ${props.maxReceiveCount} receive(s) spent, or its last delivery died); its consumer ends them: look in its logs for why.`
         : `${what}: messages in the dead-letter queue (each one failed ${props.maxReceiveCount} receive(s)); inspect and redrive or delete them.`,
-      metric: this.deadLetterMetric(props.deadLetterQueueConsumed ?? false),
+      metric: this.deadLetterMetric(Duration.minutes(1)),
       threshold: 0,
       comparisonOperator: ComparisonOperator.GREATER_THAN_THRESHOLD,
       evaluationPeriods: 1,
@@ -125,21 +128,25 @@ export class QueueWithDlq extends Construct {
   }
 
   /**
-   * Visible messages (Maximum per minute) for a dead-letter queue nobody consumes. A consumed one is
-   * emptied within seconds and its gauges are sampled once a minute, so its alarm adds the in-flight
-   * gauge and the count of messages received from it (every dead letter is received at least once);
-   * FILL: SQS sends no data points for a queue idle for hours.
+   * Messages that reached the dead-letter queue, per `period`: what its alarm watches (per minute) and the
+   * dashboard plots. Visible messages (Maximum) for a dead-letter queue nobody consumes. A consumed one is
+   * emptied within seconds and its gauges are sampled once a minute, so this adds the in-flight gauge and
+   * the count of messages received from it (every dead letter is received at least once); FILL: SQS
+   * sends no data points for a queue idle for hours.
    */
-  private deadLetterMetric(consumed: boolean): IMetric {
-    const period = Duration.minutes(1);
+  deadLetterMetric(period: Duration, label?: string): IMetric {
     const dlq = this.deadLetterQueue;
-    const visible = dlq.metricApproximateNumberOfMessagesVisible({ period, statistic: Stats.MAXIMUM });
-    if (!consumed) return visible;
+    const visible = dlq.metricApproximateNumberOfMessagesVisible({
+      period,
+      statistic: Stats.MAXIMUM,
+      ...(label ? { label } : {}),
+    });
+    if (!this.deadLetterQueueConsumed) return visible;
     return new MathExpression({
-      label: 'messages that reached the dead-letter queue',
+      label: label ?? 'messages that reached the dead-letter queue',
       expression: 'FILL(visible, 0) + FILL(inFlight, 0) + FILL(received, 0)',
       usingMetrics: {
-        visible,
+        visible: dlq.metricApproximateNumberOfMessagesVisible({ period, statistic: Stats.MAXIMUM }),
         inFlight: dlq.metricApproximateNumberOfMessagesNotVisible({ period, statistic: Stats.MAXIMUM }),
         received: dlq.metricNumberOfMessagesReceived({ period, statistic: Stats.SUM }),
       },

@@ -23,6 +23,11 @@ export const DurationEstimate = z.object({
   samples: z.number().int().positive(),
   version: z.number().int().positive(),
   updatedAt: z.number(),
+  /**
+   * A requestor's estimate only: when it lapses, in epoch seconds (the table's TTL attribute), renewed by
+   * each write. Readers take a lapsed one for none (isExpired): TTL deletes it only within days.
+   */
+  expiresAt: z.number().int().positive().optional(),
 });
 export type DurationEstimate = z.infer<typeof DurationEstimate>;
 
@@ -42,8 +47,21 @@ export const MAX_SPREAD_FACTOR = 2;
 const MAX_SPREAD_STEP_FACTOR = 16;
 /** `samples` stops counting here (it only decides the share of a new duration). */
 const SAMPLES_CAP = 1_000_000;
+/**
+ * A requestor's estimate lapses this long after its last duration, and the table's TTL deletes it: a
+ * requestor named once (a CI job's own id) leaves no item behind for good. A label's is kept.
+ */
+export const REQUESTOR_ESTIMATE_TTL_MS = 30 * 24 * 3600_000;
 
-/** The estimate after one more duration (seconds > 0). */
+/** Whether an estimate has lapsed (a requestor's, REQUESTOR_ESTIMATE_TTL_MS after its last duration). */
+export function isExpired(e: DurationEstimate, now: number): boolean {
+  return e.expiresAt !== undefined && e.expiresAt * 1000 <= now;
+}
+
+/**
+ * The estimate after one more duration (seconds > 0). A lapsed one starts afresh (its version goes on:
+ * the item is there until TTL deletes it).
+ */
 export function withDuration(
   prev: DurationEstimate | undefined,
   key: { readonly label: string; readonly requestor?: string },
@@ -51,15 +69,18 @@ export function withDuration(
   now: number,
 ): DurationEstimate {
   const x = Math.log(Math.max(seconds, 0.001));
-  if (!prev) {
+  const expiry =
+    key.requestor === undefined ? {} : { expiresAt: Math.ceil((now + REQUESTOR_ESTIMATE_TTL_MS) / 1000) };
+  if (!prev || isExpired(prev, now)) {
     return {
       label: key.label,
       ...(key.requestor === undefined ? {} : { requestor: key.requestor }),
       logSeconds: x,
       logVariance: 0,
       samples: 1,
-      version: 1,
+      version: (prev?.version ?? 0) + 1,
       updatedAt: now,
+      ...expiry,
     };
   }
   const share = Math.max(LEARNING_RATE, 1 / (prev.samples + 1));
@@ -75,7 +96,23 @@ export function withDuration(
     samples: Math.min(SAMPLES_CAP, prev.samples + 1),
     version: prev.version + 1,
     updatedAt: now,
+    ...expiry,
   };
+}
+
+/**
+ * The estimate after several durations, in order: one write's worth (its version one more than prev's,
+ * which the write is conditional on).
+ */
+export function withDurations(
+  prev: DurationEstimate | undefined,
+  key: { readonly label: string; readonly requestor?: string },
+  durations: readonly number[],
+  now: number,
+): DurationEstimate | undefined {
+  let next = prev;
+  for (const seconds of durations) next = withDuration(next, key, seconds, now);
+  return next && next !== prev ? { ...next, version: (prev?.version ?? 0) + 1 } : undefined;
 }
 
 /** What the pool expects of a node without a hint: seconds, and whether it is sure enough to place by it. */

@@ -7,8 +7,11 @@ import type { BackingRecord, RequestRecord } from '../core/records.ts';
  *   pk                              sk        item
  *   REQUEST#<requestId>             REQUEST   a request and its nodes (node id = <requestId>/<index>)
  *   BACKING#<backingNodeId>         BACKING   a backing node and its slot map
- *   POOL#<provider/pool>            NODES     map of the pool's live node ids -> owner (max-servers)
- *   BACKINGPOOL#<provider/pool>     BACKING   map of the backing pool's live backing ids -> owner (its cap)
+ *   POOL#<provider/pool>            NODES     the counter of the pool's capacity set (max-servers): `used`,
+ *                                             and `pending` operations in flight (capacitySets.ts)
+ *   POOL#<provider/pool>            PLACE#NODES#<nodeId>  a place in it: one live node's, with its owner
+ *   BACKINGPOOL#<provider/pool>     BACKING   the counter of the backing pool's capacity set (its max-servers)
+ *   BACKINGPOOL#<provider/pool>     PLACE#BACKING#<backingNodeId>  a place in it: one backing node's
  *   RESOURCE#<resourceId>           RESOURCE  which backing node records this provider resource (the fulfil
  *                                             function's look-up of an EC2 event's instance, before any EC2 call)
  *   SEATS#<label>                   SEAT#<n>  a min-ready seat: the generation of its spare (core/minReady.ts)

@@ -11,6 +11,7 @@ import { retryOnConflict, unlessConflict } from './conflicts.ts';
 import { type Context, timeLeft } from './context.ts';
 import { failBackingNode, failBadBacking } from './failure.ts';
 import { markNodesReady } from './nodesReady.ts';
+import { isGone, lookUp, providerFor } from './reconcile.ts';
 
 export type FulfilOutcome =
   | { readonly kind: 'ignored'; readonly reason: string }
@@ -30,8 +31,13 @@ export type FulfilOutcome =
  *
  * The rule forwards every EC2 instance's events in the region (other teams' too): the instance is looked
  * up in the table first (its resource pointer), and an event for one no backing node records is ignored
- * without any EC2 call. Only `running` for a launching backing node calls EC2 (DescribeInstances, for the
- * address); a termination needs no confirmation, EC2's event is the word.
+ * without any EC2 call. An event for one of ours is not taken on its word: it may be late, out of order
+ * or not EC2's (anything allowed to send to the fulfil queue can write one), and failing a backing node
+ * fails its users' nodes. So `running` for a launching backing node, and every gone state, cost one
+ * DescribeInstances (two when EC2 does not find a recorded instance past RESOURCE_NOT_FOUND_GRACE_MS):
+ * a backing node fails only once its provider reports the resource gone or cannot find it
+ * (reconcile.ts lookUp, as the reaper decides); one it reports running stays as it is. A duplicate
+ * `running` for a ready backing node needs no call.
  */
 export async function handleStateChange(ctx: Context, event: StateChangeEvent): Promise<FulfilOutcome> {
   const resourceId = event.detail['instance-id'];
@@ -66,6 +72,8 @@ export async function handleStateChange(ctx: Context, event: StateChangeEvent): 
     }
     return resourceRunning(ctx, resource);
   }
+  const confirmed = await confirmGone(ctx, b, resourceId, state);
+  if (confirmed) return confirmed;
   // The provider may know why (a local process's own error, e.g. a host it cannot listen on).
   const cause = ctx.providers.forResource(resourceId)?.endReason?.(resourceId);
   const reason = `backing resource ${resourceId} is ${state}${cause ? `: ${cause}` : ''}`;
@@ -76,6 +84,39 @@ export async function handleStateChange(ctx: Context, event: StateChangeEvent): 
 
 /** States that mean the machine serves nobody any more. */
 const GONE_STATES: ReadonlySet<string> = new Set(['terminated', 'shutting-down', 'stopped', 'stopping']);
+
+/**
+ * Undefined when the provider confirms that the backing node's resource is gone (described in a state
+ * other than pending or running, or not found where "not found" is final); else why the event is not
+ * acted on. A recorded EC2 instance not found yet (eventual consistency) is retried.
+ */
+async function confirmGone(
+  ctx: Context,
+  b: BackingRecord,
+  resourceId: string,
+  state: string,
+): Promise<FulfilOutcome | undefined> {
+  let provider: BackingProvider;
+  try {
+    provider = providerFor(ctx, b);
+  } catch (err) {
+    return {
+      kind: 'ignored',
+      reason: `cannot confirm that ${resourceId} is ${state}: ${(err as Error).message}`,
+    };
+  }
+  const look = await lookUp(ctx, provider, { ...b, resourceId });
+  if (look.gone) return undefined;
+  if (look.unseen) {
+    throw new RetryableError(
+      `resource ${resourceId} reported ${state}, but its provider says it ${look.why}; retrying`,
+    );
+  }
+  return {
+    kind: 'ignored',
+    reason: `resource ${resourceId} reported ${state}, but its provider says it ${look.why}: the event is not current`,
+  };
+}
 
 /**
  * The backing node that records this resource, found by its pointer (no provider call), or why the
@@ -100,11 +141,30 @@ async function recordedBacking(
 /**
  * A spot interruption warning: the instance goes in two minutes. The backing node is retired at once
  * (no more slots); its ready nodes are failed with the reason so their users learn it, and waiting
- * nodes move to another backing node. The reaper terminates it. No EC2 call: the table says whose it is.
+ * nodes move to another backing node. The reaper terminates it. Not taken on its word either: one
+ * DescribeInstances, and a warning about an instance EC2 describes live and on-demand is ignored.
  */
 export async function handleSpotWarning(ctx: Context, resourceId: string): Promise<FulfilOutcome> {
   const b = await recordedBacking(ctx, resourceId);
   if ('kind' in b) return b;
+  let provider: BackingProvider;
+  try {
+    provider = providerFor(ctx, b);
+  } catch (err) {
+    return {
+      kind: 'ignored',
+      reason: `cannot confirm a spot warning for ${resourceId}: ${(err as Error).message}`,
+    };
+  }
+  const resource = await provider.describe(resourceId);
+  // EC2 says whether an instance is spot (`attributes.spot`). A provider that does not say (local, which
+  // has no spot market: its warnings are test input) is not second-guessed.
+  if (resource && !isGone(resource) && resource.attributes.spot === false) {
+    return {
+      kind: 'ignored',
+      reason: `resource ${resourceId} is not a spot instance: a spot warning cannot be about it`,
+    };
+  }
   const report = await failBackingNode(
     ctx,
     b.id,

@@ -142,7 +142,7 @@ export function providerFor(ctx: Context, b: BackingRecord): BackingProvider {
 }
 
 /** Gone, or no longer usable: a stopped (not terminated) machine serves nobody either. */
-function isGone(r: BackingResource | undefined): boolean {
+export function isGone(r: BackingResource | undefined): boolean {
   return r === undefined || (r.state !== 'pending' && r.state !== 'running');
 }
 

@@ -482,15 +482,60 @@ describe('the fulfil function and other instances in the region', () => {
     expect(p.ec2.inputs('DescribeInstances')[0]?.InstanceIds).toEqual([instance?.instanceId]);
     expect(p.ec2.inputs('GetConsoleOutput')).toEqual([{ InstanceId: instance?.instanceId, Latest: true }]);
     expect((await p.ctx.store.getRequest('ours'))?.state).toBe('fulfilled');
-    // A spot warning for ours needs no EC2 call either, and fails its backing node.
+  });
+
+  it('confirms with EC2 that an instance is gone, or is spot, before failing its backing node on an event (issue 24, defect 6)', async () => {
+    const p = await pool({ large: { 'use-spot': true } });
+    await p.request(sqsEvent([req('ours')]));
+    await p.ec2.advance(30_000);
+    await p.deliver();
+    const [instance] = p.ec2.instances;
+    const id = instance?.instanceId as string;
+    expect(instance?.spot).toBe(true);
+    const backingId = (await p.ctx.store.getRequest('ours'))?.nodes[0]?.backingNodeId as string;
+    // Events EC2 contradicts (the instance runs): stale, or not EC2's. One DescribeInstances each, no change.
     p.ec2.resetCalls();
-    expect(
-      (await p.fulfil(sqsEvent([spotWarning(instance?.instanceId as string)]))).batchItemFailures,
-    ).toEqual([]);
-    expect(p.ec2.mock.calls()).toHaveLength(0);
+    const gone = (['shutting-down', 'terminated', 'stopping', 'stopped'] as const).map((state) =>
+      JSON.stringify(
+        stateChangeEvent({ resourceId: id, state, source: 'aws.ec2', region: 'eu-west-1', at: 0 }),
+      ),
+    );
+    expect((await p.fulfil(sqsEvent(gone))).batchItemFailures).toEqual([]);
+    expect(p.ec2.inputs('DescribeInstances')).toEqual(Array(4).fill({ InstanceIds: [id] }));
+    expect((await p.ctx.store.getBacking(backingId))?.state).toBe('ready');
+    expect((await p.ctx.store.getRequest('ours'))?.nodes[0]?.state).toBe('ready');
+    // A spot warning for it is taken once EC2 says it is a spot instance: its backing node fails.
+    p.ec2.resetCalls();
+    expect((await p.fulfil(sqsEvent([spotWarning(id)]))).batchItemFailures).toEqual([]);
+    expect(p.ec2.inputs('DescribeInstances')).toEqual([{ InstanceIds: [id] }]);
     expect((await p.ctx.store.getRequest('ours'))?.nodes[0]).toMatchObject({
       state: 'failed',
       reason: expect.stringContaining('spot interruption warning'),
+    });
+    // EC2 ends it: the termination is confirmed and acted on (the backing node is failed already).
+    p.ec2.kill(id);
+    await p.ec2.advance(10_000);
+    expect((await p.deliver())?.batchItemFailures).toEqual([]);
+    expect((await p.ctx.store.getBacking(backingId))?.state).toBe('failed');
+  });
+
+  it('takes no spot warning for an on-demand instance, and acts on a termination EC2 confirms', async () => {
+    const p = await pool();
+    await p.request(sqsEvent([req('plain')]));
+    await p.ec2.advance(30_000);
+    await p.deliver();
+    const id = p.ec2.instances[0]?.instanceId as string;
+    expect((await p.fulfil(sqsEvent([spotWarning(id)]))).batchItemFailures).toEqual([]);
+    expect((await p.ctx.store.getRequest('plain'))?.nodes[0]?.state).toBe('ready');
+    // The termination EC2 reports: confirmed by DescribeInstances (terminated), the node fails.
+    p.ec2.kill(id);
+    await p.ec2.advance(10_000);
+    p.ec2.resetCalls();
+    expect((await p.deliver())?.batchItemFailures).toEqual([]);
+    expect(p.ec2.inputs('DescribeInstances').length).toBeGreaterThan(0);
+    expect((await p.ctx.store.getRequest('plain'))?.nodes[0]).toMatchObject({
+      state: 'failed',
+      reason: `backing resource ${id} is shutting-down`, // its first event, confirmed
     });
   });
 

@@ -72,7 +72,7 @@ describe('the cost simulator', () => {
     const bound = lowerBound(batch, DEFAULT_OPTIONS.slots).instanceSeconds;
     const r = await simulate(engine, batch, options({ learned: true }), { series: false });
     expect(r.instanceSeconds).toBeGreaterThanOrEqual(bound);
-    // Learning costs DynamoDB calls (an estimate write per release at least); without it none are made.
+    // Learning costs DynamoDB calls (estimate reads and writes); without it none are made.
     const plain = await simulate(engine, batch, options(), { series: false });
     expect(r.dynamodbCalls).toBeGreaterThan(plain.dynamodbCalls);
   });

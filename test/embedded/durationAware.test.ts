@@ -1,7 +1,22 @@
-import { afterEach, describe, expect, it } from 'vitest';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { ManualClock } from '../../shared/core/clock.ts';
+import { REQUESTOR_ESTIMATE_TTL_MS } from '../../shared/core/estimates.ts';
+import { silentLog } from '../../shared/core/log.ts';
+import type { PoolStore } from '../../shared/core/poolStore.ts';
+import type { NodeRecord, RequestRecord } from '../../shared/core/records.ts';
+import { ensureTable } from '../../shared/runtime/engines.ts';
+import { DynamoStore } from '../../shared/store/dynamoStore.ts';
+import type { Context } from '../../shared/usecases/context.ts';
+import {
+  cachedEstimates,
+  ESTIMATE_WRITE_INTERVAL_MS,
+  learnDuration,
+  learnedDuration,
+} from '../../shared/usecases/estimates.ts';
 import { releaseNode } from '../../shared/usecases/release.ts';
 import { baseConfig } from '../../testkit/configs.ts';
 import { type Harness, startHarness } from '../../testkit/harness.ts';
+import { type InProcessDynalite, startInProcessDynalite } from '../../testkit/inProcessDynalite.ts';
 
 /**
  * Duration-aware placement (issue 15, part 2 with hints given): a request's `expected-duration` puts
@@ -80,13 +95,17 @@ describe('duration-aware placement', () => {
     expect(await place(h, 'quick-2', undefined, 'quick')).toBe(quicks);
   });
 
-  it('learns every duration of concurrent releases: the estimate is written from the version it read', async () => {
+  it('learns every duration of concurrent releases: the first at once, the others with the next write', async () => {
     h = await startHarness(`learned-durations: true\n${baseConfig({ slots: 3 })}`);
     const ctx = h.pool.context;
     for (const id of ['a', 'b', 'c']) await place(h, id);
     h.clock.advance(600_000);
     await Promise.all(['a/0', 'b/0', 'c/0'].map((id) => releaseNode(ctx, id)));
-    expect(await ctx.store.getEstimate('small-node')).toMatchObject({ samples: 3, version: 3 });
+    expect(await ctx.store.getEstimate('small-node')).toMatchObject({ samples: 1, version: 1 });
+    await place(h, 'd');
+    h.clock.advance(ESTIMATE_WRITE_INTERVAL_MS);
+    await releaseNode(ctx, 'd/0');
+    expect(await ctx.store.getEstimate('small-node')).toMatchObject({ samples: 4, version: 2 });
   });
 
   it('refuses an expected duration that is not from 1 second to a week', async () => {
@@ -107,5 +126,111 @@ describe('duration-aware placement', () => {
       expect.stringContaining('expected-duration: must be at most 604800 seconds (7 days)'),
       expect.stringContaining('expected-duration: must be a number, not a string'),
     ]);
+  });
+});
+
+describe('learned estimates in the table, written by several function instances (issue 24, defect 8)', () => {
+  let engine: InProcessDynalite;
+  let tables = 0;
+  let requests = 0;
+  beforeAll(async () => {
+    engine = await startInProcessDynalite();
+  });
+  afterAll(async () => {
+    await engine.close();
+  });
+
+  async function newTable(): Promise<{ tableName: string; clock: ManualClock }> {
+    const tableName = `estimates-${++tables}`;
+    await ensureTable(engine.client, tableName);
+    return { tableName, clock: new ManualClock(Date.parse('2026-06-01T00:00:00Z')) };
+  }
+
+  /** A function instance: its own store (so its own estimate cache) on the shared table, its writes counted. */
+  function instance(table: { tableName: string; clock: ManualClock }) {
+    const store = new DynamoStore(engine.client, table.tableName, table.clock);
+    const writes = { done: 0, refused: 0 };
+    const counted = new Proxy(store, {
+      get(target, name) {
+        if (name === 'putEstimate') {
+          return async (...args: Parameters<PoolStore['putEstimate']>) => {
+            const ok = await target.putEstimate(...args);
+            writes[ok ? 'done' : 'refused']++;
+            return ok;
+          };
+        }
+        const value = Reflect.get(target, name, target);
+        return typeof value === 'function' ? value.bind(target) : value;
+      },
+    });
+    const ctx = {
+      store: counted,
+      clock: table.clock,
+      log: silentLog,
+      learnedDurations: true,
+    } as unknown as Context;
+    return { ctx, store, writes };
+  }
+
+  /** A node of label `small` kept `seconds`, released now. */
+  const release = (ctx: Context, seconds: number, requestor?: string) =>
+    learnDuration(
+      ctx,
+      { id: `r-${++requests}`, ...(requestor === undefined ? {} : { requestor }) } as RequestRecord,
+      {
+        label: 'small',
+        readyAt: ctx.clock.now() - seconds * 1000,
+        releasedAt: ctx.clock.now(),
+      } as NodeRecord,
+    );
+
+  it('writes each estimate from the version it read, at most once per instance and interval, and learns every duration', async () => {
+    const table = await newTable();
+    const a = instance(table);
+    const b = instance(table);
+    await release(a.ctx, 60, 'ci');
+    await release(b.ctx, 60, 'ci'); // b writes after a: a's cached copy is stale now
+    table.clock.advance(1_000);
+    // a's next releases within the interval: none is written from a's stale copy, and none is lost.
+    for (let i = 0; i < 20; i++) await release(a.ctx, 60, 'ci');
+    expect(a.writes).toEqual({ done: 2, refused: 0 }); // its first: the label's and ci's
+    table.clock.advance(ESTIMATE_WRITE_INTERVAL_MS);
+    await release(a.ctx, 60, 'ci'); // the interval is over: one write per estimate, with all 21 durations
+    expect(a.writes).toEqual({ done: 4, refused: 0 });
+    expect(b.writes).toEqual({ done: 2, refused: 0 });
+    for (const requestor of [undefined, 'ci']) {
+      expect(await a.store.getEstimate('small', requestor)).toMatchObject({ samples: 23, version: 3 });
+    }
+  });
+
+  it("gives a requestor's estimate an expiry that each write renews, and takes an expired one for none", async () => {
+    const table = await newTable();
+    const { ctx, store } = instance(table);
+    for (const [requestor, seconds] of [
+      ['once', 60],
+      ['once', 60],
+      ['once', 60],
+      ['other', 3_600],
+    ] as const) {
+      await release(ctx, seconds, requestor);
+      table.clock.advance(ESTIMATE_WRITE_INTERVAL_MS);
+    }
+    const own = await store.getEstimate('small', 'once');
+    // In epoch seconds, for DynamoDB's TTL (which deletes within days of it: readers check it themselves).
+    expect(own?.expiresAt).toBe(Math.ceil((own?.updatedAt ?? 0) / 1000 + REQUESTOR_ESTIMATE_TTL_MS / 1000));
+    expect((await store.getEstimate('small'))?.expiresAt).toBeUndefined(); // one per label: kept
+    expect((await learnedDuration(ctx, 'small', 'once'))?.seconds).toBeCloseTo(60, 6);
+    table.clock.advance(REQUESTOR_ESTIMATE_TTL_MS);
+    // Expired but not deleted yet: the label's estimate is used, and a new duration starts afresh.
+    expect((await learnedDuration(ctx, 'small', 'once'))?.seconds).toBeGreaterThan(60);
+    await release(ctx, 120, 'once');
+    expect(await store.getEstimate('small', 'once')).toMatchObject({ samples: 1, version: 4 });
+  });
+
+  it('keeps a bounded number of estimates in memory, whatever the number of requestors', async () => {
+    const table = await newTable();
+    const { ctx, store } = instance(table);
+    for (let i = 0; i < 1_100; i++) await learnedDuration(ctx, 'small', `job-${i}`);
+    expect(cachedEstimates(store)).toBeLessThanOrEqual(1_000);
   });
 });

@@ -3,11 +3,14 @@ import {
   type DurationEstimate,
   ESTIMATE_MIN_SAMPLES,
   expectedOf,
+  isExpired,
   keptSeconds,
   LEARNING_RATE,
   MAX_SPREAD_FACTOR,
   MAX_STEP_FACTOR,
+  REQUESTOR_ESTIMATE_TTL_MS,
   withDuration,
+  withDurations,
 } from '../../shared/core/estimates.ts';
 
 /** Learned duration estimates (issue 15, part 2): a robust running log-mean per label and requestor. */
@@ -23,6 +26,25 @@ describe('duration estimates', () => {
     const e = learn([60, 240]);
     expect(Math.exp(e.logSeconds)).toBeCloseTo(120, 9);
     expect(e).toMatchObject({ label: 'small', samples: 2, version: 2 });
+  });
+
+  it('folds several durations into one write (one version more than the one read), as one by one', () => {
+    const prev = learn([60, 60, 60]);
+    const folded = withDurations(prev, { label: 'small' }, [120, 240, 30], 10) as DurationEstimate;
+    const oneByOne = learn([60, 60, 60, 120, 240, 30]);
+    expect(folded).toEqual({ ...oneByOne, version: prev.version + 1, updatedAt: 10 });
+    expect(withDurations(prev, { label: 'small' }, [], 10)).toBeUndefined();
+  });
+
+  it("lets a requestor's estimate lapse REQUESTOR_ESTIMATE_TTL_MS after its last duration, then starts afresh", () => {
+    const key = { label: 'small', requestor: 'ci' };
+    const own = learn([60, 60, 60], key);
+    expect(own.expiresAt).toBe(Math.ceil((2 + REQUESTOR_ESTIMATE_TTL_MS) / 1000));
+    expect(isExpired(own, 2 + REQUESTOR_ESTIMATE_TTL_MS - 1_000)).toBe(false);
+    const lapsed = 2 + REQUESTOR_ESTIMATE_TTL_MS + 1_000;
+    expect(isExpired(own, lapsed)).toBe(true);
+    expect(withDuration(own, key, 600, lapsed)).toMatchObject({ samples: 1, version: 4 });
+    expect(learn([60]).expiresAt).toBeUndefined(); // a label's does not lapse
   });
 
   it('is moved at most x2 by one outlier once it is used, and follows a lasting change', () => {

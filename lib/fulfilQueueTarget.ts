@@ -1,0 +1,61 @@
+import { Resource, Stack } from 'aws-cdk-lib';
+import type { IRuleTarget, RuleTargetConfig } from 'aws-cdk-lib/aws-events';
+import { PolicyStatement, ServicePrincipal } from 'aws-cdk-lib/aws-iam';
+import type { IKey } from 'aws-cdk-lib/aws-kms';
+import type { IQueue } from 'aws-cdk-lib/aws-sqs';
+import type { aws_events } from 'aws-cdk-lib/interfaces';
+import type { Construct } from 'constructs';
+
+const EVENTS = 'events.amazonaws.com';
+
+/**
+ * The fulfil queue as the target of an EC2 events rule; an event EventBridge cannot deliver goes to the
+ * queue's dead-letter queue. What EventBridge may do is granted here rather than by CDK's `SqsQueue`
+ * target: on an encrypted queue that target conditions its grant only when the app sets the feature flag
+ * `@aws-cdk/aws-events:eventsTargetQueueSameAccount`, and this construct is built in other people's apps.
+ * Each queue's policy lets events.amazonaws.com send only for this rule (`aws:SourceArn`), with or
+ * without a key.
+ */
+export class FulfilQueueTarget implements IRuleTarget {
+  constructor(
+    private readonly queue: IQueue,
+    private readonly deadLetterQueue: IQueue,
+  ) {}
+
+  bind(rule: aws_events.IRuleRef): RuleTargetConfig {
+    for (const queue of [this.queue, this.deadLetterQueue]) {
+      queue.addToResourcePolicy(
+        new PolicyStatement({
+          principals: [new ServicePrincipal(EVENTS)],
+          actions: ['sqs:SendMessage'],
+          resources: [queue.queueArn],
+          conditions: { ArnEquals: { 'aws:SourceArn': rule.ruleRef.ruleArn } },
+        }),
+      );
+    }
+    return {
+      arn: this.queue.queueArn,
+      targetResource: this.queue,
+      deadLetterConfig: { arn: this.deadLetterQueue.queueArn },
+    };
+  }
+}
+
+/**
+ * Lets EventBridge use the queues' customer-managed key to send to them (SQS encrypts with it on the
+ * sender's behalf: kms:GenerateDataKey, and kms:Decrypt as AWS documents for SQS targets), for events of
+ * this account only (`aws:SourceAccount`). Not `aws:SourceArn`: the key policy naming the rules would be a
+ * cycle (key -> queue -> rule -> key). False when the key is imported: its policy cannot be changed here.
+ */
+export function admitEventBridgeToKey(scope: Construct, key: IKey): boolean {
+  if (!Resource.isOwnedResource(key)) return false;
+  key.addToResourcePolicy(
+    new PolicyStatement({
+      principals: [new ServicePrincipal(EVENTS)],
+      actions: ['kms:Decrypt', 'kms:GenerateDataKey'],
+      resources: ['*'],
+      conditions: { StringEquals: { 'aws:SourceAccount': Stack.of(scope).account } },
+    }),
+  );
+  return true;
+}
