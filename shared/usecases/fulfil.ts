@@ -11,7 +11,7 @@ import { retryOnConflict, unlessConflict } from './conflicts.ts';
 import { type Context, timeLeft } from './context.ts';
 import { failBackingNode, failBadBacking } from './failure.ts';
 import { markNodesReady } from './nodesReady.ts';
-import { isGone, lookUp, providerFor } from './reconcile.ts';
+import { isGone, lookUp, providerFor } from './resourceLook.ts';
 
 export type FulfilOutcome =
   | { readonly kind: 'ignored'; readonly reason: string }

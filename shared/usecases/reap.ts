@@ -14,8 +14,9 @@ import { endLapsedLeases } from './leases.ts';
 import { markNodesReady } from './nodesReady.ts';
 import { endOverduePending } from './pending.ts';
 import type { MutableReport, ReapReport } from './reapReport.ts';
-import { lookUp, providerFor, reconcile, reconcileCapacity, stop } from './reconcile.ts';
+import { reconcile, reconcileCapacity, stop } from './reconcile.ts';
 import { keepMinReady } from './replenish.ts';
+import { lookUp, providerFor } from './resourceLook.ts';
 import { endExpiredRequests, nodesWaiting } from './waiting.ts';
 
 /**

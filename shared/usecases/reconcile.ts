@@ -1,6 +1,5 @@
 import { markStopped } from '../core/backing.ts';
 import { ownerSince, parseNodeId } from '../core/ids.ts';
-import { notFoundIsFinal } from '../core/lifecycle.ts';
 import { MetricName, PoolEventType } from '../core/observability.ts';
 import type { BackingProvider, BackingResource } from '../core/provider.ts';
 import type { BackingRecord } from '../core/records.ts';
@@ -10,6 +9,7 @@ import { type Context, emit, leaseExpired, timeLeft } from './context.ts';
 import { failBackingNode } from './failure.ts';
 import { resourceRunning } from './fulfil.ts';
 import type { MutableReport } from './reapReport.ts';
+import { isGone, lookUp, providerFor } from './resourceLook.ts';
 
 /**
  * The reaper's side of the truth about what runs: the table against every provider's list of tagged
@@ -135,42 +135,6 @@ export async function reconcile(
     report.orphans.push(resourceId);
     ctx.log.warn('orphaned resource terminated', { resourceId, backingNodeId: r.backingNodeId });
   }
-}
-
-export function providerFor(ctx: Context, b: BackingRecord): BackingProvider {
-  return ctx.providers.forPool(b.backingPoolKey);
-}
-
-/** Gone, or no longer usable: a stopped (not terminated) machine serves nobody either. */
-export function isGone(r: BackingResource | undefined): boolean {
-  return r === undefined || (r.state !== 'pending' && r.state !== 'running');
-}
-
-/** What a look at a backing node's resource found: gone, or why not (`unseen`: not found yet). */
-type Look = { readonly gone: true } | { readonly gone: false; readonly why: string; readonly unseen?: true };
-
-/**
- * Whether a backing node's resource is gone, as far as its provider can tell now. Described in a state
- * other than pending or running: gone. Not found: gone for a provider whose "not found" is final; for an
- * eventually consistent one (EC2) only once the id has been recorded for RESOURCE_NOT_FOUND_GRACE_MS and
- * a second describe does not find it either. Before that it is `unseen`: a new instance EC2 does not show
- * yet, which must not be failed (nor its terminate taken as done).
- */
-export async function lookUp(ctx: Context, provider: BackingProvider, b: BackingRecord): Promise<Look> {
-  const id = b.resourceId as string;
-  const seen = (r: BackingResource | undefined): Look | undefined => {
-    if (r === undefined) return undefined;
-    return isGone(r) ? { gone: true } : { gone: false, why: `is still ${r.state}` };
-  };
-  const first = seen(await provider.describe(id));
-  if (first) return first;
-  if (!provider.eventuallyConsistent) return { gone: true };
-  const now = ctx.clock.now();
-  if (!notFoundIsFinal(b, now)) {
-    const age = Math.round((now - (b.resourceRecordedAt ?? b.launchedAt)) / 1000);
-    return { gone: false, unseen: true, why: `is not found yet (recorded ${age}s ago)` };
-  }
-  return seen(await provider.describe(id)) ?? { gone: true }; // one stale answer is not the last word
 }
 
 /**
