@@ -17,8 +17,9 @@ export type { CapacityStep } from './capacitySteps.ts';
  * (the table of contributions is in capacitySteps.ts, with the steps).
  *
  * Reserve: place `counting` (create) -> `used + k` with `pending reserve` (conditioned on room: the one
- * gate of max-servers) -> place `counted` -> pending removed. Release: place `releasing` -> `used - 1`
- * with `pending release` -> place deleted -> pending removed. A step that finds a member part-way
+ * gate of max-servers) -> place `counted` -> pending removed. Release: place `releasing` -> `used - k`
+ * with `pending release` -> place deleted -> pending removed. The counter is written twice per operation
+ * whatever the number of members (count, finish), each place a few times. A step that finds a member part-way
  * (a crash, a concurrent delivery) continues it from where it is; `recover` does that for operations
  * older than a given instant, so a crash anywhere leaves `used` exact and the leftovers are finished by
  * the reaper. The cap is never exceeded: only the conditional increment adds to `used`.
@@ -109,13 +110,12 @@ export class CapacitySets {
       }
       return { kind: 'full' };
     }
-    for (const m of members) {
-      // Only what is still part-way: a failed conditional write costs as much as one that goes through.
+    // Only what is still part-way: a failed conditional write costs as much as one that goes through.
+    const unfinished = members.filter((m) => {
       const place = found.get(m);
-      if (toCount.includes(m) || place?.phase === 'counting' || counter.pending[m]) {
-        await this.steps.finishReserve(key, m, owner);
-      }
-    }
+      return toCount.includes(m) || place?.phase === 'counting' || counter.pending[m] !== undefined;
+    });
+    await this.steps.finishReserves(key, unfinished, owner);
     return { kind: 'reserved' };
   }
 
@@ -136,10 +136,12 @@ export class CapacitySets {
    * own work never frees a concurrent delivery's place.
    */
   async unreserve(key: Key, members: readonly string[], owner?: string): Promise<void> {
+    // The common case, a counted place: marked releasing at once, and all of those counted down together
+    // (one write of the counter for the set, not one per member); anything else is read and sorted out.
+    const releasing: string[] = [];
     for (const m of members) {
-      // The common case, a counted place: marked releasing at once; anything else is read and sorted out.
       if (await this.steps.markReleasing(key, m, owner)) {
-        await this.steps.countDown(key, m, owner);
+        releasing.push(m);
         continue;
       }
       const place = await this.steps.place(key, m);
@@ -154,6 +156,7 @@ export class CapacitySets {
       }
       await this.steps.release(key, m, owner);
     }
+    await this.steps.countDownAll(key, releasing, owner);
   }
 
   /** Who holds each place (member -> owner token): one Query of the set's places, page by page. */

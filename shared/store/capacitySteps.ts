@@ -170,13 +170,35 @@ export class CapacitySteps {
   }
 
   /**
-   * Brings a reserved member to counted/none: counting -> counted (1 -> 1), then its pending entry goes.
-   * When the place is not this owner's to mark (taken over meanwhile), the pending entry stays for its new
-   * owner, who finishes it rather than count it again; when the place is gone (dropped or released while
-   * the count-up was in flight), the count-up is undone with the entry (none/reserve: 1 -> 0).
+   * Brings reserved members to counted/none: each place counting -> counted (1 -> 1), then their pending
+   * entries go in one write of the counter (a node set of 64 wrote it 64 times, one entry at a time: the
+   * hottest item of the pool). When a place is not this owner's to mark (taken over meanwhile), its pending
+   * entry stays for its new owner, who finishes it rather than count it again; when the place is gone
+   * (dropped or released while the count-up was in flight), the count-up is undone with the entry
+   * (none/reserve: 1 -> 0).
    */
-  async finishReserve(key: Key, member: string, owner: string): Promise<void> {
-    let marked = false;
+  async finishReserves(key: Key, members: readonly string[], owner: string): Promise<void> {
+    const marked: string[] = [];
+    for (const member of members) {
+      if (await this.markCounted(key, member, owner)) {
+        marked.push(member);
+        continue;
+      }
+      const place = await this.place(key, member);
+      if (place?.phase === 'counting') continue; // another owner's now: it finishes this reserve
+      if (await this.removePending(key, member, 'reserve', place ? 0 : -1))
+        this.afterStep?.('reserve finished', member);
+    }
+    await this.removePendings(key, marked, 'reserve');
+  }
+
+  /** One member's reserve finished (finishReserves). */
+  finishReserve(key: Key, member: string, owner: string): Promise<void> {
+    return this.finishReserves(key, [member], owner);
+  }
+
+  /** counting -> counted (1 -> 1) if the place is still this owner's; false otherwise. */
+  private async markCounted(key: Key, member: string, owner: string): Promise<boolean> {
     try {
       await this.doc.send(
         new UpdateCommand({
@@ -188,18 +210,12 @@ export class CapacitySteps {
           ExpressionAttributeValues: { ':counted': 'counted', ':counting': 'counting', ':owner': owner },
         }),
       );
-      marked = true;
-      this.afterStep?.('place counted', member);
     } catch (err) {
-      if (!isConditionFailure(err)) throw err;
+      if (isConditionFailure(err)) return false;
+      throw err;
     }
-    let delta = 0;
-    if (!marked) {
-      const place = await this.place(key, member);
-      if (place?.phase === 'counting') return; // another owner's now: it finishes this reserve
-      if (!place) delta = -1;
-    }
-    if (await this.removePending(key, member, 'reserve', delta)) this.afterStep?.('reserve finished', member);
+    this.afterStep?.('place counted', member);
+    return true;
   }
 
   /**
@@ -240,6 +256,50 @@ export class CapacitySteps {
     }
     this.afterStep?.('place releasing', member);
     return true;
+  }
+
+  /**
+   * releasing/none -> releasing/release (1 -> 0) for every member at once, in one write of the counter;
+   * then their places go, then their pending entries in one more write. When the one write cannot be made
+   * as sent (a member's entry is there already: a release before a crash, or a reserve still finishing),
+   * each member is counted down on its own (countDown), which sorts such an entry out.
+   */
+  async countDownAll(key: Key, members: readonly string[], owner: string | undefined): Promise<void> {
+    const [only] = members;
+    if (only === undefined) return;
+    if (members.length === 1) return this.countDown(key, only, owner);
+    const names: Record<string, string> = { '#used': 'used', '#pending': 'pending' };
+    const values: Record<string, unknown> = { ':k': members.length };
+    const set = ['#used = #used - :k'];
+    const free: string[] = [];
+    members.forEach((m, i) => {
+      names[`#m${i}`] = m;
+      values[`:e${i}`] = { op: 'release', owner: owner ?? 'any', at: this.now() } satisfies Pending;
+      set.push(`#pending.#m${i} = :e${i}`);
+      free.push(`attribute_not_exists(#pending.#m${i})`);
+    });
+    try {
+      await this.sendCreatingPending(
+        key,
+        new UpdateCommand({
+          TableName: this.tableName,
+          Key: key,
+          UpdateExpression: `SET ${set.join(', ')}`,
+          ConditionExpression: free.join(' AND '),
+          ExpressionAttributeNames: names,
+          ExpressionAttributeValues: values,
+        }),
+      );
+    } catch (err) {
+      if (!isConditionFailure(err)) throw err;
+      for (const m of members) await this.countDown(key, m, owner);
+      return;
+    }
+    for (const m of members) this.afterStep?.('counted down', m);
+    for (const m of members) {
+      if (await this.deletePlace(key, m, { phase: 'releasing' })) this.afterStep?.('place deleted', m);
+    }
+    await this.removePendings(key, members, 'release');
   }
 
   /** releasing/none -> releasing/release (1 -> 0), then the place and the pending entry go. */
@@ -326,6 +386,40 @@ export class CapacitySteps {
       if (isConditionFailure(err)) return false;
       throw err;
     }
+  }
+
+  /**
+   * Removes the pending entries of `op` of all `members` in one write (used unchanged); when one of them is
+   * gone already (finished by someone else: a recovery, a new owner), each is removed on its own.
+   */
+  async removePendings(key: Key, members: readonly string[], op: Pending['op']): Promise<void> {
+    const done: Record<Pending['op'], CapacityStep> = {
+      reserve: 'reserve finished',
+      release: 'release finished',
+    };
+    if (members.length === 0) return;
+    const names: Record<string, string> = { '#pending': 'pending', '#op': 'op' };
+    members.forEach((m, i) => {
+      names[`#m${i}`] = m;
+    });
+    try {
+      await this.doc.send(
+        new UpdateCommand({
+          TableName: this.tableName,
+          Key: key,
+          UpdateExpression: `REMOVE ${members.map((_, i) => `#pending.#m${i}`).join(', ')}`,
+          ConditionExpression: members.map((_, i) => `#pending.#m${i}.#op = :op`).join(' AND '),
+          ExpressionAttributeNames: names,
+          ExpressionAttributeValues: { ':op': op },
+        }),
+      );
+    } catch (err) {
+      if (!isConditionFailure(err)) throw err;
+      if (members.length === 1) return;
+      for (const m of members) if (await this.removePending(key, m, op, 0)) this.afterStep?.(done[op], m);
+      return;
+    }
+    for (const m of members) this.afterStep?.(done[op], m);
   }
 
   /** Deletes the places this owner created and never counted (a reservation that did not go through). */

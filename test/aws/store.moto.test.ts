@@ -372,6 +372,18 @@ function conformance(start: () => Promise<Engine>): () => void {
         expect(await store.capacity.members(keys.poolNodes('other'))).toEqual(new Set());
       });
 
+      it("finishes a set's reserve and counts its release down in one write of the counter each", async () => {
+        const members = ['s/0', 's/1', 's/2', 's/3'];
+        expect(await store.capacity.reserve(set, members, 5, 'o1')).toEqual({ kind: 'reserved' });
+        expect(await store.capacity.used(set)).toBe(4);
+        await store.capacity.unreserve(set, [...members, 'missing'], 'o1');
+        expect(await store.capacity.used(set)).toBe(0);
+        expect(await store.capacity.members(set)).toEqual(new Set());
+        expect(await store.capacity.reserve(set, ['t/0', 't/1', 't/2', 't/3', 't/4'], 5, 'o2')).toEqual({
+          kind: 'reserved',
+        });
+      });
+
       it('takes a reservation over only from its current owner', async () => {
         await store.capacity.reserve(set, ['a'], 5, 'dead');
         expect(await store.capacity.takeOverReservation(set, 'a', 'dead', 'alive')).toBe(true);

@@ -127,6 +127,23 @@ describe('a crash after any step', () => {
     expect(await sets.used(set)).toBe(0);
   });
 
+  it.each(['counted down', 'place deleted'] as const)(
+    'of the release of a whole set (after "%s" of its first member) leaves the count exact, and recover finishes it',
+    async (step) => {
+      const set = keys.poolNodes(`crash/release-set/${step}`);
+      await sets.reserve(set, ['s/0', 's/1', 's/2'], 3, 'a');
+      await crashAfter(step, () => sets.unreserve(set, ['s/0', 's/1', 's/2']));
+      // The set is counted down in one write: all of it or none of it.
+      expect(await sets.used(set)).toBe(0);
+      await sets.unreserve(set, ['s/0', 's/1', 's/2']); // a redelivered release: nothing counted twice
+      expect(await sets.used(set)).toBe(0);
+      expect(await sets.recover(set, Number.POSITIVE_INFINITY)).toBeGreaterThan(0);
+      expect(await sets.used(set)).toBe(0);
+      expect((await sets.members(set)).size).toBe(0);
+      expect(await sets.reserve(set, ['t/0', 't/1', 't/2'], 3, 'b')).toEqual({ kind: 'reserved' });
+    },
+  );
+
   it('of a release that no one redelivers is finished by recover alone', async () => {
     const set = keys.poolNodes('crash/release/alone');
     await sets.reserve(set, ['n/0'], 1, 'a');
@@ -197,6 +214,55 @@ describe('the cost of a place', () => {
     expect(costs[5_000]).toEqual(costs[20]);
     // A reserve is four writes of small items (place, counter, place, counter), a release four.
     expect(costs[20]).toEqual({ reserve: 4, release: 4 });
+  });
+});
+
+/** Writes (PutItem, UpdateItem, DeleteItem) sent to one item while `work` runs, failed conditions included. */
+async function writesTo(key: { pk: string; sk: string }, work: () => Promise<unknown>): Promise<number> {
+  let writes = 0;
+  const name = `writes-${Math.random()}`;
+  client.middlewareStack.add(
+    (next, context) => async (args) => {
+      const input = args.input as { Key?: Record<string, unknown>; Item?: Record<string, unknown> };
+      const target = input.Key ?? input.Item;
+      if (
+        /Put|Update|Delete/.test(context.commandName ?? '') &&
+        target?.pk === key.pk &&
+        target?.sk === key.sk
+      )
+        writes++;
+      return next(args);
+    },
+    { step: 'initialize', name },
+  );
+  try {
+    await work();
+  } finally {
+    client.middlewareStack.remove(name);
+  }
+  return writes;
+}
+
+describe('a node set of 64 (issue 24, defect 5)', () => {
+  it('writes the counter twice to take its places and twice to give them back, not once per member', async () => {
+    const set = keys.poolNodes('set/64');
+    const members = Array.from({ length: 64 }, (_, i) => longest(i));
+    const steps = new CapacitySteps(doc, 'scale', Date.now);
+    await sets.reserve(set, ['other/0'], MAX_SERVERS, owner(1_000_000_000, 1));
+
+    const reserve = await writesTo(set, () =>
+      sets.reserve(set, members, MAX_SERVERS, owner(2_000_000_000, 2)),
+    );
+    expect(await sets.used(set)).toBe(65);
+    expect((await steps.counter(set)).pending).toEqual({});
+    expect((await steps.places(set)).filter((p) => p.phase !== 'counted')).toEqual([]);
+
+    const release = await writesTo(set, () => sets.unreserve(set, members));
+    expect(await sets.used(set)).toBe(1);
+    expect((await steps.counter(set)).pending).toEqual({});
+    expect([...(await sets.members(set))]).toEqual(['other/0']);
+    // Count up and finish; count down and finish (65 and 128 writes of one item before).
+    expect({ reserve, release }).toEqual({ reserve: 2, release: 2 });
   });
 });
 
