@@ -1,6 +1,7 @@
 import type { DurationEstimate } from './estimates.ts';
 import type { BackingRecord, Claim, RequestRecord } from './records.ts';
 import type { BackingState } from './states.ts';
+import type { RegisteredQueue, WaitingQueue } from './waitingQueue.ts';
 
 /**
  * What the use cases need of the table, named for what they do with it (the port; DynamoStore in
@@ -29,8 +30,22 @@ export interface PoolStore {
     /** Recorded as the node's reason (a lease that lapsed). */
     reason?: string,
   ): Promise<RequestRecord | undefined>;
-  /** One page of the requests still waiting to be placed, created before `createdBefore`, oldest first. */
-  waitingRequests(createdBefore: number, cursor?: PageCursor): Promise<Page<RequestRecord>>;
+  // ---- waiting requests, in one queue per node-set shape (core/waitingQueue.ts)
+  /** The queues that may hold waiting requests (a queue is registered before any request is written to it). */
+  waitingQueues(): Promise<RegisteredQueue[]>;
+  /** The first request of a queue in service order, or the first served before `before`; one item read. */
+  firstWaiting(
+    queue: WaitingQueue,
+    before?: Pick<RequestRecord, 'id' | 'priority' | 'createdAt'>,
+  ): Promise<RequestRecord | undefined>;
+  /** One page of a queue's requests, in service order. */
+  waitingInQueue(queue: WaitingQueue, cursor?: PageCursor): Promise<Page<RequestRecord>>;
+  /** Removes a queue from the registry if nobody announced it since it was read; false otherwise. */
+  forgetQueue(queue: RegisteredQueue): Promise<boolean>;
+  /** One page of the requests an earlier version recorded waiting (before the queues), oldest first. */
+  legacyWaiting(cursor?: PageCursor): Promise<Page<RequestRecord>>;
+  /** Moves such a request to its queue while it still waits; false when it does not any more. */
+  requeueWaiting(r: RequestRecord): Promise<boolean>;
   /** One page of the requests placed and not yet fulfilled, placed before `placedBefore`, oldest first. */
   pendingRequests(placedBefore: number, cursor?: PageCursor): Promise<Page<RequestRecord>>;
 

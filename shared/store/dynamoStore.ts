@@ -25,9 +25,11 @@ import type {
   SlotClaim,
 } from '../core/poolStore.ts';
 import { BackingRecord, type Claim, RequestRecord } from '../core/records.ts';
+import type { RegisteredQueue, WaitingQueue } from '../core/waitingQueue.ts';
 import { CapacitySets } from './capacitySets.ts';
 import { IndexQueries } from './indexQueries.ts';
 import { backingItem, keys, requestItem, resourceItem } from './table.ts';
+import { WaitingQueues } from './waitingQueues.ts';
 import {
   backingExpected,
   claimSlotUpdate,
@@ -64,6 +66,7 @@ export class DynamoStore implements PoolStore {
   /** The capacity sets behind the places in max-servers (also reachable for tests and the bench). */
   readonly capacity: CapacitySets;
   private readonly indexes: IndexQueries;
+  private readonly queues: WaitingQueues;
 
   constructor(
     client: DynamoDBClient,
@@ -92,12 +95,14 @@ export class DynamoStore implements PoolStore {
     );
     this.capacity = new CapacitySets(this.doc, tableName, () => clock.now());
     this.indexes = new IndexQueries(this.doc, tableName);
+    this.queues = new WaitingQueues(this.doc, tableName, () => clock.now());
   }
 
   // ---- requests -------------------------------------------------------------------------------
 
   /** Records a new request; returns the existing one instead when the id is taken. */
   async createRequest(r: RequestRecord): Promise<RequestRecord | undefined> {
+    await this.queues.announce(r); // a waiting request's queue is in the registry before the request
     try {
       await this.doc.send(
         new PutCommand({
@@ -124,6 +129,7 @@ export class DynamoStore implements PoolStore {
 
   /** Replaces a request if its stored version is still `expectedVersion`. */
   async putRequest(next: RequestRecord, expectedVersion: number): Promise<void> {
+    await this.queues.announce(next);
     try {
       await this.doc.send(
         new PutCommand({
@@ -302,8 +308,31 @@ export class DynamoStore implements PoolStore {
     return this.indexes.backingInPhase(phase, before);
   }
 
-  waitingRequests(createdBefore: number, cursor?: PageCursor): Promise<Page<RequestRecord>> {
-    return this.indexes.waitingRequests(createdBefore, cursor);
+  waitingQueues(): Promise<RegisteredQueue[]> {
+    return this.queues.list();
+  }
+
+  firstWaiting(
+    queue: WaitingQueue,
+    before?: Pick<RequestRecord, 'id' | 'priority' | 'createdAt'>,
+  ): Promise<RequestRecord | undefined> {
+    return this.indexes.firstWaiting(queue, before);
+  }
+
+  waitingInQueue(queue: WaitingQueue, cursor?: PageCursor): Promise<Page<RequestRecord>> {
+    return this.indexes.waitingInQueue(queue, cursor);
+  }
+
+  forgetQueue(queue: RegisteredQueue): Promise<boolean> {
+    return this.queues.forget(queue);
+  }
+
+  legacyWaiting(cursor?: PageCursor): Promise<Page<RequestRecord>> {
+    return this.indexes.legacyWaiting(cursor);
+  }
+
+  requeueWaiting(r: RequestRecord): Promise<boolean> {
+    return this.queues.requeue(r);
   }
 
   pendingRequests(placedBefore: number, cursor?: PageCursor): Promise<Page<RequestRecord>> {

@@ -7,13 +7,16 @@ import {
 } from '@aws-sdk/lib-dynamodb';
 import type { BackingPhase, Page, PageCursor } from '../core/poolStore.ts';
 import { BackingRecord, RequestRecord } from '../core/records.ts';
+import type { WaitingQueue } from '../core/waitingQueue.ts';
 import {
   FREE_INDEX,
   freePartition,
   LEASE_PARTITION,
   leaseSortKey,
+  queuePartition,
   REAP_INDEX,
   reapPartition,
+  serviceKey,
   waitingSortKey,
 } from './table.ts';
 
@@ -71,11 +74,55 @@ export class IndexQueries {
   }
 
   /**
-   * One page of the requests still waiting to be placed (WAITING partition of the reap index) that were
-   * created before `createdBefore` (epoch ms), oldest first; pass the returned cursor for the next page.
+   * The first request of a waiting queue in service order, or the first served before `before`: one Query
+   * of one item, however many wait.
    */
-  async waitingRequests(createdBefore: number, cursor?: PageCursor): Promise<Page<RequestRecord>> {
-    return this.requestsPage(REAP_INDEX, 'r', reapPartition.waiting, waitingSortKey(createdBefore), cursor);
+  async firstWaiting(
+    queue: WaitingQueue,
+    before?: Pick<RequestRecord, 'id' | 'priority' | 'createdAt'>,
+  ): Promise<RequestRecord | undefined> {
+    const out = await this.doc.send(
+      new QueryCommand({
+        TableName: this.tableName,
+        IndexName: REAP_INDEX,
+        KeyConditionExpression: before === undefined ? 'rpk = :p' : 'rpk = :p AND rsk < :b',
+        ExpressionAttributeValues: {
+          ':p': queuePartition(queue),
+          ...(before === undefined ? {} : { ':b': serviceKey(before) }),
+        },
+        Limit: 1,
+      }),
+    );
+    const [first] = out.Items ?? [];
+    return first ? RequestRecord.parse(first) : undefined;
+  }
+
+  /** One page of a waiting queue's requests, in service order; pass the returned cursor for the next page. */
+  async waitingInQueue(queue: WaitingQueue, cursor?: PageCursor): Promise<Page<RequestRecord>> {
+    const out = await this.doc.send(
+      new QueryCommand({
+        TableName: this.tableName,
+        IndexName: REAP_INDEX,
+        KeyConditionExpression: 'rpk = :p',
+        ExpressionAttributeValues: { ':p': queuePartition(queue) },
+        ExclusiveStartKey: cursor,
+      }),
+    );
+    return { items: (out.Items ?? []).map((i) => RequestRecord.parse(i)), cursor: out.LastEvaluatedKey };
+  }
+
+  /**
+   * One page of the requests an earlier version recorded waiting (the single WAITING partition), oldest
+   * first; pass the returned cursor for the next page.
+   */
+  async legacyWaiting(cursor?: PageCursor): Promise<Page<RequestRecord>> {
+    return this.requestsPage(
+      REAP_INDEX,
+      'r',
+      reapPartition.waiting,
+      waitingSortKey(Number.MAX_SAFE_INTEGER),
+      cursor,
+    );
   }
 
   /**

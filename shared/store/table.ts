@@ -1,6 +1,9 @@
+import { createHash } from 'node:crypto';
 import type { CreateTableCommandInput } from '@aws-sdk/client-dynamodb';
 import { isLeaseLive } from '../core/leases.ts';
+import { priorityOf, requestClass } from '../core/priority.ts';
 import type { BackingRecord, RequestRecord } from '../core/records.ts';
+import { queueOf, type WaitingQueue } from '../core/waitingQueue.ts';
 
 /**
  * The single-table design (documented in docs/table.md). Keys:
@@ -17,6 +20,7 @@ import type { BackingRecord, RequestRecord } from '../core/records.ts';
  *   SEATS#<label>                   SEAT#<n>  a min-ready seat: the generation of its spare (core/minReady.ts)
  *   ESTIMATE#<label>                ALL       the label's learned duration estimate (core/estimates.ts)
  *   ESTIMATE#<label>                REQUESTOR#<requestor>  the same, for one requestor's nodes of the label
+ *   QUEUES                          <queue id>  a waiting queue that may hold requests (core/waitingQueue.ts)
  * Sparse indexes (attributes present only when the item belongs in them):
  *   free (fpk, fsk): backing nodes that can take a node, per pool and label, fullest then oldest first
  *                    and, in partition LEASE, every leased request that still holds something, by when
@@ -24,7 +28,9 @@ import type { BackingRecord, RequestRecord } from '../core/records.ts';
  *                    UpdateTable creates none; and `free` never held request items)
  *   reap (rpk, rsk): IDLE (empty), LAUNCHING (by launch time), ACTIVE (ready, in use), RETIRING and
  *                    FAILED (to terminate): every backing node that is not stopped is in exactly one;
- *                    WAITING: every request still `requested`, oldest first (request-timeout);
+ *                    WAITING#<queue id>: every request still `requested`, one partition per node-set
+ *                    shape, in service order (priority, then age); WAITING (no id): the same, written by
+ *                    an earlier version, oldest first, until the reaper moves them to their queues;
  *                    PENDING: every request `pending`, by placement time (its deadline)
  */
 export const FREE_INDEX = 'free';
@@ -42,6 +48,8 @@ export const keys = {
     pk: `SEATS#${label}`,
     sk: `SEAT#${String(seat).padStart(5, '0')}`,
   }),
+  /** A waiting queue in the registry of queues (core/waitingQueue.ts). */
+  waitingQueue: (q: WaitingQueue) => ({ pk: QUEUES_PK, sk: queueId(q) }),
   /** A learned duration estimate: the label's, or one requestor's for the label (core/estimates.ts). */
   estimate: (label: string, requestor?: string) => ({
     pk: `ESTIMATE#${label}`,
@@ -56,11 +64,49 @@ export const reapPartition = {
   active: 'ACTIVE',
   retiring: 'RETIRING',
   failed: 'FAILED',
-  /** Requests not placed yet (state `requested`), by creation time: the reaper ends those past request-timeout. */
+  /**
+   * Requests not placed yet (state `requested`) as an earlier version wrote them, by creation time; now
+   * each waits in its queue's partition (`queuePartition`), and the reaper moves these there.
+   */
   waiting: 'WAITING',
   /** Requests placed and not yet fulfilled (`pending`), by placement time: the reaper ends those past their deadline. */
   pending: 'PENDING',
 } as const;
+
+/** The registry of waiting queues: one item per queue, `sk` its id, in one item collection. */
+export const QUEUES_PK = 'QUEUES';
+
+/**
+ * A queue's id: its node count and a hash of its labels (labels are up to 255 characters each and a set
+ * may hold 64 of them, too long for a key). Two shapes meeting in one id would only share a partition.
+ */
+export function queueId(q: WaitingQueue): string {
+  return `${q.count}#${createHash('sha256').update(q.labels.join('\n')).digest('hex').slice(0, 16)}`;
+}
+
+/** The reap index partition of a waiting queue. */
+export function queuePartition(q: WaitingQueue): string {
+  return `${reapPartition.waiting}#${queueId(q)}`;
+}
+
+/**
+ * A waiting request's place in its queue, a sort key in service order (servedBefore in
+ * core/priority.ts): class, priority, creation time, id. The priority is written as the 16 hex digits of
+ * its IEEE 754 bits, sign bit flipped (every bit for a negative number), so that any number sorts as it
+ * compares, not only the bounded integers a message may carry now. Request ids are ASCII, so their byte
+ * order is the order servedBefore compares them in.
+ */
+export function serviceKey(r: Pick<RequestRecord, 'id' | 'priority' | 'createdAt'>): string {
+  return `${requestClass(r)}#${sortableNumber(priorityOf(r))}#${pad(r.createdAt, 15)}#${r.id}`;
+}
+
+function sortableNumber(x: number): string {
+  const bytes = Buffer.alloc(8);
+  bytes.writeDoubleBE(x === 0 ? 0 : x); // -0 as 0: they compare equal
+  if ((bytes[0] ?? 0) & 0x80) for (let i = 0; i < 8; i++) bytes[i] = ~(bytes[i] ?? 0) & 0xff;
+  else bytes[0] = (bytes[0] ?? 0) | 0x80;
+  return bytes.toString('hex');
+}
 
 /** The `free` index's partition of leased requests (no backing node is ever in it: theirs start `FREE#`). */
 export const LEASE_PARTITION = 'LEASE';
@@ -130,21 +176,24 @@ export function resourceItem(resourceId: string, backingNodeId: string, recorded
 }
 
 /**
- * The reap index attributes of a request: in WAITING exactly while it is `requested`, in PENDING exactly
- * while it is `pending`. Every request write but the release's node update is a whole-item put, so they
- * follow its state; the release's update never meets a `requested` request and never changes a request's
- * state (a pending request it leaves all ready is settled by a put), and PENDING's sort key does not change
- * while a request is pending.
+ * The reap index attributes of a request: in its waiting queue exactly while it is `requested`, in
+ * PENDING exactly while it is `pending`. Every request write but the release's node update is a whole-item
+ * put, so they follow its state; the release's update never meets a `requested` request and never changes
+ * a request's state (a pending request it leaves all ready is settled by a put), and PENDING's sort key
+ * does not change while a request is pending.
  */
 export function requestIndexAttributes(r: RequestRecord): { rpk?: string; rsk?: string } {
-  if (r.state === 'requested') return { rpk: reapPartition.waiting, rsk: waitingSortKey(r.createdAt, r.id) };
+  if (r.state === 'requested') return { rpk: queuePartition(queueOf(r)), rsk: serviceKey(r) };
   if (r.state === 'pending') {
     return { rpk: reapPartition.pending, rsk: waitingSortKey(r.placedAt ?? r.updatedAt, r.id) };
   }
   return {};
 }
 
-/** WAITING's sort key: creation time first, so "created before T" is one key condition (`rsk < T`). */
+/**
+ * PENDING's sort key (and the earlier WAITING's): the time first, so "before T" is one key condition
+ * (`rsk < T`).
+ */
 export function waitingSortKey(createdAt: number, id = ''): string {
   return `${pad(createdAt, 15)}#${id}`;
 }

@@ -1,8 +1,7 @@
 import { MetastaticError } from '../core/errors.ts';
-import { servedBefore } from '../core/priority.ts';
 import type { Context } from './context.ts';
 import { canRunShort, requestNodes } from './requestNodes.ts';
-import { requestMessageOf, waitingRequests } from './waiting.ts';
+import { firstWaitingFor, requestMessageOf } from './waiting.ts';
 
 /**
  * Room freed in a pool where requests can wait (a node released): the first waiting request, by
@@ -19,10 +18,7 @@ export async function handOffFreedRoom(
 ): Promise<string | undefined> {
   const pool = ctx.config.metastaticPools.find((p) => p.key === poolKey);
   if (!pool?.labels.has(label) || !canRunShort(ctx, pool)) return undefined;
-  const candidates = (await waitingRequests(ctx))
-    .filter((r) => r.labels.includes(label) && r.labels.every((l) => pool.labels.has(l)))
-    .sort((a, b) => (servedBefore(a, b) ? -1 : 1));
-  const next = candidates[0];
+  const next = await firstWaitingFor(ctx, label, pool);
   if (!next) return undefined;
   try {
     const outcome = await requestNodes(ctx, requestMessageOf(next));

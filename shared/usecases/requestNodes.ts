@@ -5,7 +5,7 @@ import { withLeaseOf } from '../core/leases.ts';
 import type { RequestMessage } from '../core/messages.ts';
 import { isSpareRequestId, nodeOnSpare } from '../core/minReady.ts';
 import { eligiblePools } from '../core/pools.ts';
-import { priorityOf, waitingAhead } from '../core/priority.ts';
+import { priorityOf } from '../core/priority.ts';
 import type { NodeRecord, RequestRecord } from '../core/records.ts';
 import { placedNode, placedRequest, requestedRecord } from '../core/request.ts';
 import { giveBackSlot } from './backingNodes.ts';
@@ -18,7 +18,7 @@ import { type Placement, type PlaceOptions, placeNode } from './placement.ts';
 import { AlreadyPlaced, isStoredVerdict, Recording } from './recording.ts';
 import { failRequest, recordFailure, requestSettled } from './requests.ts';
 import { labelsFor } from './shapes.ts';
-import { waitingRequests } from './waiting.ts';
+import { firstWaitingAhead } from './waiting.ts';
 
 export type RequestOutcome =
   | { readonly kind: 'duplicate'; readonly request: RequestRecord }
@@ -222,8 +222,9 @@ async function takeSpares(
  * Priority (core/priority.ts): where capacity can run short, a request lets a waiting request that is
  * served before it, and fits, go first, and waits; the one ahead takes the room at its next receive.
  * Capacity runs short only under a cap (the pool's max-servers, or a backing pool's): without one a
- * request is placed at once, on a free slot or a new backing node, and the check (one read of the
- * waiting requests) is skipped. Returns why it waits, or undefined.
+ * request is placed at once, on a free slot or a new backing node, and the check (the registry of
+ * waiting queues, then one item of each queue that fits: firstWaitingAhead) is skipped. Returns why it
+ * waits, or undefined.
  */
 async function requestAhead(
   ctx: Context,
@@ -231,12 +232,9 @@ async function requestAhead(
   me: RequestRecord,
 ): Promise<string | undefined> {
   if (!canRunShort(ctx, pool)) return undefined;
-  const waiting = await waitingRequests(ctx);
-  // Its own waiting record, when it has one, says since when it waits (a new receive's record says now).
-  const self = waiting.find((r) => r.id === me.id && r.bodyHash === me.bodyHash) ?? me;
-  const first = waitingAhead(self, waiting, pool);
+  const first = await firstWaitingAhead(ctx, me, pool);
   if (!first) return undefined;
-  return `${pool.key}: request ${first.id} (priority ${priorityOf(first)}) waits ahead of this one (priority ${priorityOf(self)})`;
+  return `${pool.key}: request ${first.id} (priority ${priorityOf(first)}) waits ahead of this one (priority ${priorityOf(me)})`;
 }
 
 /** Whether a cap can make requests for this pool wait: its max-servers, or a backing pool's. */

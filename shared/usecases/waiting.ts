@@ -1,6 +1,10 @@
+import type { MetastaticPool } from '../config/model.ts';
 import type { RequestMessage } from '../core/messages.ts';
+import type { Page, PageCursor } from '../core/poolStore.ts';
 import { requestTimeoutOf, shortestRequestTimeout } from '../core/pools.ts';
+import { servedBefore, waitingAhead } from '../core/priority.ts';
 import type { RequestRecord } from '../core/records.ts';
+import { QUEUE_FORGET_MS, queueAsksFor, queueFits } from '../core/waitingQueue.ts';
 import { type Context, timeLeft } from './context.ts';
 import { failRequest } from './requests.ts';
 
@@ -9,15 +13,15 @@ import { failRequest } from './requests.ts';
  * message: each receive tries to place it again, and the receive that reaches the queue's
  * maxReceiveCount ends it. A request whose message is gone (the embedded pool's in-memory queue died
  * with its process, a message deleted by hand) would wait forever, so the reaper ends every request
- * still waiting past its request-timeout, whatever became of its message. They sit in the WAITING
- * partition of the reap index, oldest first (docs/table.md): the reaper reads only those old enough to
- * be due, never a Scan.
+ * still waiting past its request-timeout, whatever became of its message. They wait in queues, one per
+ * node-set shape, each a partition of the reap index in service order (core/waitingQueue.ts,
+ * docs/table.md): the reaper reads every queue the registry names, never a Scan.
  */
 
 export interface WaitingReport {
   /** Requests ended `failed` because their request-timeout passed. */
   readonly expired: string[];
-  /** False when the invocation's time ran out before every due request was looked at. */
+  /** False when the invocation's time ran out before every waiting request was looked at. */
   readonly complete: boolean;
 }
 
@@ -31,58 +35,142 @@ export function requestTimeoutReason(timeoutSeconds: number, waitedMs: number): 
  * Idempotent and safe against a delivery placing the request at the same time: the end is one
  * version-checked write from `requested` (failRequest), so either the placement or the end wins, and a
  * delivery that loses gives back what it took.
+ *
+ * On the way it moves the requests an earlier version recorded waiting to their queues, and forgets the
+ * queues it found empty that nobody announced for QUEUE_FORGET_MS. Each queue is read whole: it is in
+ * service order, not by age, so no key condition picks the old ones out (the NodesWaiting gauge reads
+ * them all too).
  */
 export async function endExpiredRequests(ctx: Context): Promise<WaitingReport> {
   const expired: string[] = [];
   const now = ctx.clock.now();
-  // Created at or before this instant: old enough for the shortest request-timeout.
-  const due = now - shortestRequestTimeout(ctx.config) * 1000 + 1;
-  let cursor: Record<string, unknown> | undefined;
+  const shortest = shortestRequestTimeout(ctx.config) * 1000;
+  const endIfDue = async (r: RequestRecord) => {
+    const waited = now - r.createdAt;
+    if (waited < shortest) return false;
+    const timeout = requestTimeoutOf(ctx.config, r.labels);
+    if (waited < timeout * 1000) return false; // a label with a longer request-timeout
+    const reason = requestTimeoutReason(timeout, waited);
+    const after = await failRequest(ctx, r.id, r.bodyHash, reason);
+    if (after?.state === 'failed' && after.reason === reason) expired.push(r.id);
+    return true;
+  };
+  let cursor: PageCursor | undefined;
   do {
     if (timeLeft(ctx) <= 0) return { expired, complete: false };
-    const page = await ctx.store.waitingRequests(due, cursor);
+    const page = await ctx.store.legacyWaiting(cursor);
     for (const r of page.items) {
       if (timeLeft(ctx) <= 0) return { expired, complete: false };
-      const timeout = requestTimeoutOf(ctx.config, r.labels);
-      const waited = now - r.createdAt;
-      if (waited < timeout * 1000) continue; // a label with a longer request-timeout
-      const reason = requestTimeoutReason(timeout, waited);
-      const after = await failRequest(ctx, r.id, r.bodyHash, reason);
-      if (after?.state === 'failed' && after.reason === reason) expired.push(r.id);
+      if (!(await endIfDue(r))) await ctx.store.requeueWaiting(r);
     }
     cursor = page.cursor;
   } while (cursor);
+  for (const q of await ctx.store.waitingQueues()) {
+    let empty = true;
+    cursor = undefined;
+    do {
+      if (timeLeft(ctx) <= 0) return { expired, complete: false };
+      const page = await ctx.store.waitingInQueue(q, cursor);
+      if (page.items.length > 0) empty = false;
+      for (const r of page.items) {
+        if (timeLeft(ctx) <= 0) return { expired, complete: false };
+        await endIfDue(r);
+      }
+      cursor = page.cursor;
+    } while (cursor);
+    if (empty && now - q.registeredAt >= QUEUE_FORGET_MS) await ctx.store.forgetQueue(q);
+  }
   return { expired, complete: true };
 }
 
 /**
- * The nodes of waiting requests that are not ready yet (the NodesWaiting gauge): one read of the
- * `WAITING` index partition, page by page. Undefined when the invocation runs out of time part-way: a
- * partial count would read as a drop.
+ * Calls `visit` with every waiting request, queue by queue (each in service order), then those an
+ * earlier version recorded. False when the invocation ran out of time part-way (`timed`).
+ */
+async function eachWaiting(
+  ctx: Context,
+  visit: (r: RequestRecord) => void,
+  timed: boolean,
+): Promise<boolean> {
+  const pages: Array<(cursor?: PageCursor) => Promise<Page<RequestRecord>>> = [
+    ...(await ctx.store.waitingQueues()).map((q) => (c?: PageCursor) => ctx.store.waitingInQueue(q, c)),
+    (c?: PageCursor) => ctx.store.legacyWaiting(c),
+  ];
+  for (const read of pages) {
+    let cursor: PageCursor | undefined;
+    do {
+      if (timed && timeLeft(ctx) <= 0) return false;
+      const page = await read(cursor);
+      for (const r of page.items) visit(r);
+      cursor = page.cursor;
+    } while (cursor);
+  }
+  return true;
+}
+
+/**
+ * The nodes of waiting requests that are not ready yet (the NodesWaiting gauge): one read of every
+ * waiting queue, page by page. Undefined when the invocation runs out of time part-way: a partial count
+ * would read as a drop.
  */
 export async function nodesWaiting(ctx: Context): Promise<number | undefined> {
   let n = 0;
-  let cursor: Record<string, unknown> | undefined;
-  do {
-    if (timeLeft(ctx) <= 0) return undefined;
-    const page = await ctx.store.waitingRequests(Number.MAX_SAFE_INTEGER, cursor);
-    for (const r of page.items)
+  const complete = await eachWaiting(
+    ctx,
+    (r) => {
       n += Math.max(0, r.labels.length - r.nodes.filter((x) => x.state === 'ready').length);
-    cursor = page.cursor;
-  } while (cursor);
-  return n;
+    },
+    true,
+  );
+  return complete ? n : undefined;
 }
 
 /** Every request still waiting to be placed, oldest first (e.g. to re-queue after the queue was lost). */
 export async function waitingRequests(ctx: Context): Promise<RequestRecord[]> {
   const out: RequestRecord[] = [];
-  let cursor: Record<string, unknown> | undefined;
-  do {
-    const page = await ctx.store.waitingRequests(Number.MAX_SAFE_INTEGER, cursor);
-    out.push(...page.items);
-    cursor = page.cursor;
-  } while (cursor);
-  return out;
+  await eachWaiting(ctx, (r) => out.push(r), false);
+  return out.sort((a, b) => a.createdAt - b.createdAt || (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
+}
+
+/**
+ * The waiting request `me` must let go first in `pool`, if any (waitingAhead, core/priority.ts), read
+ * without reading every waiting request: one item per queue whose requests fit where `me` would go, the
+ * first of it served before `me` (the registry of queues, then those queries, at once). Exact: a queue's
+ * first served before `me` is the best placed of its requests that could be ahead. `pool` offers every
+ * label of `me` (it is one of its eligiblePools), so `me`'s own queue is among those read.
+ *
+ * Where `me` waits already, its stored record says since when (a redelivery's own record says now): it
+ * is in its own queue, which fits `me`. If it is that queue's first, nothing of its queue is ahead and
+ * the others are compared with it; if another request is first there, that one is ahead of it whatever
+ * its age, and so is the best of all the firsts.
+ */
+export async function firstWaitingAhead(
+  ctx: Context,
+  me: RequestRecord,
+  pool: MetastaticPool,
+): Promise<RequestRecord | undefined> {
+  const queues = (await ctx.store.waitingQueues()).filter((q) => queueFits(q, me, pool));
+  const firsts = (await Promise.all(queues.map((q) => ctx.store.firstWaiting(q, me)))).filter(
+    (r): r is RequestRecord => r !== undefined,
+  );
+  const self = firsts.find((r) => r.id === me.id && r.bodyHash === me.bodyHash) ?? me;
+  return waitingAhead(self, firsts, pool);
+}
+
+/**
+ * The first waiting request, by priority, that asks for `label` and can be placed in `pool` (the hand-off
+ * of a freed place): the first of each queue that does, one item each.
+ */
+export async function firstWaitingFor(
+  ctx: Context,
+  label: string,
+  pool: MetastaticPool,
+): Promise<RequestRecord | undefined> {
+  const queues = (await ctx.store.waitingQueues()).filter((q) => queueAsksFor(q, label, pool));
+  const firsts = await Promise.all(queues.map((q) => ctx.store.firstWaiting(q)));
+  let best: RequestRecord | undefined;
+  for (const r of firsts) if (r && (!best || servedBefore(r, best))) best = r;
+  return best;
 }
 
 /**

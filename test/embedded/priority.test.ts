@@ -1,5 +1,9 @@
+import type { DynamoDBClient } from '@aws-sdk/client-dynamodb';
 import { afterEach, describe, expect, it } from 'vitest';
+import type { RequestMessage } from '../../shared/core/messages.ts';
+import { requestedRecord } from '../../shared/core/request.ts';
 import { releaseNode } from '../../shared/usecases/release.ts';
+import { requestNodes } from '../../shared/usecases/requestNodes.ts';
 import { baseConfig } from '../../testkit/configs.ts';
 import { type Harness, sqsEvent, startHarness } from '../../testkit/harness.ts';
 
@@ -87,4 +91,84 @@ describe('priority', () => {
     expect((await deliver(h, request('high', 10), 2)).batchItemFailures).toEqual([]);
     expect([...(await store.nodePlaces('meta/main')).keys()]).toEqual(['high/0']);
   });
+
+  it('reads no more of the waiting requests with 100 waiting than with 10 to know who goes first (issue 24, defect 1)', async () => {
+    h = await startHarness(baseConfig({ slots: 4, maxServers: 2 }), { maxReceiveCount: 50 });
+    const harness = h;
+    const store = harness.pool.context.store;
+    for (const id of ['fill-1', 'fill-2']) await harness.send(request(id));
+    await harness.drainRequests();
+    // Requests that wait where a new one-node request would not let them go first: a pair (more nodes
+    // than it takes) or a request served after it (a higher priority number). Recorded as a delivery
+    // records a request that waits.
+    let n = 0;
+    const addWaiting = async (count: number) => {
+      for (let k = 0; k < count; k++, n++) {
+        const m: RequestMessage =
+          n % 2 === 0
+            ? { kind: 'request', id: `pair-${n}`, labels: ['small-node', 'small-node'] }
+            : { kind: 'request', id: `later-${n}`, labels: ['small-node'], priority: 200 };
+        await store.createRequest(requestedRecord(m, harness.clock.now() - 600_000 + n));
+      }
+    };
+    const readUnits = async (id: string) => {
+      const units = await consumedReadUnits(harness.pool.dynamodb, () => deliver(harness, request(id)));
+      expect((await store.getRequest(id))?.state).toBe('requested'); // the pool is full: it waits
+      return units;
+    };
+
+    await addWaiting(10);
+    const few = await readUnits('new-at-10');
+    await addWaiting(90);
+    const many = await readUnits('new-at-100');
+    // (It read every waiting request: 2.5 read units at 10, 4 at 100.)
+    expect(many).toBeLessThanOrEqual(few);
+
+    // Still exact: a request served before it that fits is found among them, wherever it sits.
+    await store.createRequest(
+      requestedRecord(
+        { kind: 'request', id: 'urgent', labels: ['small-node'], priority: 50 },
+        harness.clock.now(),
+      ),
+    );
+    harness.clock.advance(1);
+    await expect(
+      requestNodes(harness.pool.context, {
+        kind: 'request',
+        id: 'next',
+        labels: ['small-node'],
+        priority: 60,
+      }),
+    ).rejects.toThrow('request urgent (priority 50) waits ahead of this one (priority 60)');
+    await expect(
+      requestNodes(harness.pool.context, {
+        kind: 'request',
+        id: 'first',
+        labels: ['small-node'],
+        priority: 40,
+      }),
+    ).rejects.toThrow('meta/main is at max-servers (2)');
+  }, 60_000);
 });
+
+/** Read capacity units (GetItem, Query, Scan) consumed while `work` runs, as DynamoDB bills them. */
+async function consumedReadUnits(client: DynamoDBClient, work: () => Promise<unknown>): Promise<number> {
+  let units = 0;
+  const name = `read-units-${Math.random()}`;
+  client.middlewareStack.add(
+    (next, context) => async (args) => {
+      (args.input as Record<string, unknown>).ReturnConsumedCapacity = 'TOTAL';
+      const out = await next(args);
+      const consumed = (out.output as { ConsumedCapacity?: { CapacityUnits?: number } }).ConsumedCapacity;
+      if (/Get|Query|Scan/.test(context.commandName ?? '')) units += consumed?.CapacityUnits ?? 0;
+      return out;
+    },
+    { step: 'initialize', name },
+  );
+  try {
+    await work();
+  } finally {
+    client.middlewareStack.remove(name);
+  }
+  return units;
+}

@@ -1,5 +1,9 @@
+import { DynamoDBDocumentClient, PutCommand } from '@aws-sdk/lib-dynamodb';
 import { afterEach, describe, expect, it } from 'vitest';
 import { parseConfigOrThrow } from '../../shared/config/load.ts';
+import { requestedRecord } from '../../shared/core/request.ts';
+import { QUEUE_FORGET_MS } from '../../shared/core/waitingQueue.ts';
+import { keys, waitingSortKey } from '../../shared/store/table.ts';
 import { requestNodes } from '../../shared/usecases/requestNodes.ts';
 import { requestMessageOf, requestTimeoutReason, waitingRequests } from '../../shared/usecases/waiting.ts';
 import { largeNode, poolConfig, smallNode } from '../../testkit/configs.ts';
@@ -120,6 +124,47 @@ describe('request-timeout', () => {
     expect((await h.pool.reapNow()).expiredRequests).toEqual([]); // ended once
     expect(await waitingRequests(h.pool.context)).toEqual([]);
     expect((await store.getRequest('blocker'))?.state).not.toBe('failed'); // placed: no request-timeout
+  });
+
+  it('moves a request an earlier version recorded waiting to its queue, and forgets a queue left empty (issue 24)', async () => {
+    h = await startHarness(CONFIG);
+    const ctx = h.pool.context;
+    await h.send({ kind: 'request', id: 'blocker', labels: ['small-node'] });
+    await h.drainRequests();
+    // As an earlier version wrote a waiting request: in the one WAITING partition, by creation time.
+    const old = requestedRecord(
+      { kind: 'request', id: 'old', labels: ['small-node'] },
+      h.clock.now() - 1_000,
+    );
+    await DynamoDBDocumentClient.from(h.pool.dynamodb).send(
+      new PutCommand({
+        TableName: h.pool.info.tableName,
+        Item: {
+          ...keys.request('old'),
+          type: 'request',
+          ...old,
+          rpk: 'WAITING',
+          rsk: waitingSortKey(old.createdAt, 'old'),
+        },
+      }),
+    );
+    expect((await h.pool.reapNow()).expiredRequests).toEqual([]);
+    expect((await ctx.store.legacyWaiting()).items).toEqual([]);
+    // In its queue now, where a newer request for the same room finds it ahead.
+    await expect(requestNodes(ctx, { kind: 'request', id: 'new', labels: ['small-node'] })).rejects.toThrow(
+      'request old (priority 100) waits ahead of this one',
+    );
+    expect((await waitingRequests(ctx)).map((r) => r.id)).toEqual(['old', 'new']);
+
+    h.clock.advance(30_000);
+    expect((await h.pool.reapNow()).expiredRequests.sort()).toEqual(['new', 'old']);
+    expect((await ctx.store.waitingQueues()).map((q) => q.labels)).toEqual([['small-node']]); // announced lately
+    h.clock.advance(QUEUE_FORGET_MS);
+    await h.pool.reapNow();
+    expect(await ctx.store.waitingQueues()).toEqual([]);
+    // A request that waits again announces its queue again.
+    await waitOnce(h, 'again', ['small-node']);
+    expect((await ctx.store.waitingQueues()).map((q) => q.labels)).toEqual([['small-node']]);
   });
 
   it('makes a delivery that comes after the end a duplicate that holds nothing', async () => {

@@ -1,6 +1,8 @@
 import { describe, expect, it } from 'vitest';
 import { DEFAULT_REQUEST_PRIORITY, servedBefore, waitingAhead } from '../../shared/core/priority.ts';
 import type { RequestRecord } from '../../shared/core/records.ts';
+import { queueAsksFor, queueFits, queueOf } from '../../shared/core/waitingQueue.ts';
+import { queueId, serviceKey } from '../../shared/store/table.ts';
 
 const req = (id: string, over: Partial<RequestRecord> = {}): RequestRecord => ({
   id,
@@ -74,5 +76,82 @@ describe('request priority (Nodepool: lower number first, then oldest)', () => {
     const older = req('min-ready:small:0:1', { createdAt: 1 });
     const newer = req('min-ready:small:1:1', { createdAt: 2 });
     expect(servedBefore(older, newer)).toBe(true);
+  });
+});
+
+/**
+ * Waiting queues (issue 24, defect 1): the priority check reads, of each queue whose shape fits, only its
+ * first request served before `me`. Exact when that gives what `waitingAhead` gives over every waiting
+ * request, and when the store's sort key orders a queue as `servedBefore` does: checked here on many
+ * generated cases (a fixed seed, so a failure repeats).
+ */
+describe('waiting queues', () => {
+  const labels = ['small', 'large', 'gpu'];
+  let seed = 24;
+  const random = () => {
+    seed = (seed * 1_103_515_245 + 12_345) % 2 ** 31;
+    return seed / 2 ** 31;
+  };
+  const pick = <T>(xs: readonly T[]): T => xs[Math.floor(random() * xs.length)] as T;
+  const generated = (i: number): RequestRecord => {
+    const n = 1 + Math.floor(random() * 3);
+    return req(random() < 0.1 ? `min-ready:small:${i}:1` : `r${i}`, {
+      labels: Array.from({ length: n }, () => pick(labels)),
+      createdAt: Math.floor(random() * 20),
+      ...(random() < 0.7 ? { priority: pick([-3, 0, 50, 100, 100.5, 2_000_000_000]) } : {}),
+    });
+  };
+  /** What the store answers: the first of each queue that fits, served before `me` (sorted as the key sorts). */
+  const byQueues = (me: RequestRecord, waiting: readonly RequestRecord[]) => {
+    const queues = new Map<string, RequestRecord[]>();
+    for (const r of waiting) {
+      const id = queueId(queueOf(r));
+      queues.set(id, [...(queues.get(id) ?? []), r]);
+    }
+    const firsts: RequestRecord[] = [];
+    for (const rs of queues.values()) {
+      const [q] = rs.map(queueOf);
+      if (!q || !queueFits(q, me, pool)) continue;
+      const sorted = [...rs].sort((a, b) => (serviceKey(a) < serviceKey(b) ? -1 : 1));
+      const first = sorted.find((r) => serviceKey(r) < serviceKey(me));
+      if (first) firsts.push(first);
+    }
+    const self = firsts.find((r) => r.id === me.id) ?? me;
+    return waitingAhead(self, firsts, pool);
+  };
+
+  it('orders a queue by its sort key exactly as servedBefore does', () => {
+    const rs = Array.from({ length: 300 }, (_, i) => generated(i)).map((r) => ({ r, key: serviceKey(r) }));
+    const disagree: string[] = [];
+    for (const a of rs.slice(0, 60))
+      for (const b of rs)
+        if (a !== b && a.key < b.key !== servedBefore(a.r, b.r)) disagree.push(`${a.r.id} / ${b.r.id}`);
+    expect(disagree).toEqual([]);
+  });
+
+  it('finds, from the first of each fitting queue, the request waitingAhead finds among them all', () => {
+    for (let round = 0; round < 200; round++) {
+      const waiting = Array.from({ length: 25 }, (_, i) => generated(round * 100 + i));
+      // A new request (recorded now), and one that already waits (its stored record among them); both
+      // of this pool's labels only, as every request whose pools are tried (eligiblePools).
+      const mine = waiting.filter(
+        (r) => r.labels.every((l) => pool.labels.has(l)) && !r.id.startsWith('min'),
+      );
+      const fresh = req(`me-${round}`, { ...pick(mine), id: `me-${round}`, createdAt: 20 });
+      const stored = pick(mine);
+      for (const me of [fresh, { ...stored, createdAt: 20 }]) {
+        const all = [...waiting].sort((a, b) => (servedBefore(a, b) ? -1 : 1));
+        const self = all.find((r) => r.id === me.id) ?? me;
+        expect(byQueues(me, all)?.id, `round ${round}, ${me.id}`).toBe(waitingAhead(self, all, pool)?.id);
+      }
+    }
+  });
+
+  it('puts node sets of one shape in one queue whatever the order of their labels', () => {
+    expect(queueOf({ labels: ['b', 'a', 'b'] })).toEqual({ labels: ['a', 'b'], count: 3 });
+    expect(queueId(queueOf({ labels: ['a', 'b', 'b'] }))).toBe(queueId(queueOf({ labels: ['b', 'b', 'a'] })));
+    expect(queueId(queueOf({ labels: ['a', 'b'] }))).not.toBe(queueId(queueOf({ labels: ['a', 'b', 'b'] })));
+    expect(queueAsksFor(queueOf({ labels: ['small', 'large'] }), 'large', pool)).toBe(true);
+    expect(queueAsksFor(queueOf({ labels: ['small', 'gpu'] }), 'small', pool)).toBe(false);
   });
 });

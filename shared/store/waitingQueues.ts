@@ -1,0 +1,125 @@
+import { ConditionalCheckFailedException } from '@aws-sdk/client-dynamodb';
+import {
+  DeleteCommand,
+  type DynamoDBDocumentClient,
+  PutCommand,
+  QueryCommand,
+  type QueryCommandInput,
+  UpdateCommand,
+} from '@aws-sdk/lib-dynamodb';
+import type { RequestRecord } from '../core/records.ts';
+import { QUEUE_REANNOUNCE_MS, queueOf, RegisteredQueue } from '../core/waitingQueue.ts';
+import { keys, QUEUES_PK, queuePartition, reapPartition, serviceKey } from './table.ts';
+
+/**
+ * The registry of waiting queues (docs/table.md, Waiting queues): one small item per node-set shape that
+ * may have requests waiting, so that the readers of the queues (a delivery's priority check, the
+ * hand-off of a freed place, the reaper) know which partitions of the reap index to read without reading
+ * every waiting request.
+ *
+ * The one rule: a queue is in the registry before any request is written into it. A writer announces
+ * its request's queue (a PutItem) before it writes the request, unless this store announced it less than
+ * QUEUE_REANNOUNCE_MS ago; the reaper forgets a queue only when it found it empty and no writer announced
+ * it for QUEUE_FORGET_MS (three times longer), conditioned on the announcement it read. So a request in a
+ * queue the registry lacks would need a writer to stall ten minutes between its check and its write.
+ */
+export class WaitingQueues {
+  /** Queues this store announced, and when. */
+  private readonly announced = new Map<string, number>();
+
+  constructor(
+    private readonly doc: DynamoDBDocumentClient,
+    private readonly tableName: string,
+    private readonly now: () => number,
+  ) {}
+
+  /** Announces the queue of a request about to be written `requested` (nothing for any other state). */
+  async announce(r: RequestRecord): Promise<void> {
+    if (r.state !== 'requested') return;
+    const queue = queueOf(r);
+    const key = keys.waitingQueue(queue);
+    const now = this.now();
+    const last = this.announced.get(key.sk);
+    if (last !== undefined && last <= now && now - last < QUEUE_REANNOUNCE_MS) return;
+    try {
+      await this.doc.send(
+        new PutCommand({
+          TableName: this.tableName,
+          Item: { ...key, type: 'queue', labels: queue.labels, count: queue.count, registeredAt: now },
+          // Never back in time (another writer's clock may be ahead): the reaper's test reads the newest.
+          ConditionExpression: 'attribute_not_exists(pk) OR registeredAt < :now',
+          ExpressionAttributeValues: { ':now': now },
+        }),
+      );
+    } catch (err) {
+      if (!(err instanceof ConditionalCheckFailedException)) throw err; // announced later by another writer
+    }
+    this.announced.set(key.sk, now);
+  }
+
+  /** Every queue in the registry (one Query of one item collection, small items). */
+  async list(): Promise<RegisteredQueue[]> {
+    const input: QueryCommandInput = {
+      TableName: this.tableName,
+      KeyConditionExpression: 'pk = :pk',
+      ExpressionAttributeValues: { ':pk': QUEUES_PK },
+    };
+    const out: RegisteredQueue[] = [];
+    do {
+      const page = await this.doc.send(new QueryCommand(input));
+      for (const item of page.Items ?? []) out.push(RegisteredQueue.parse(item));
+      input.ExclusiveStartKey = page.LastEvaluatedKey;
+    } while (input.ExclusiveStartKey);
+    return out;
+  }
+
+  /** Removes a queue from the registry if no writer announced it since `q` was read; false otherwise. */
+  async forget(q: RegisteredQueue): Promise<boolean> {
+    const key = keys.waitingQueue(q);
+    try {
+      await this.doc.send(
+        new DeleteCommand({
+          TableName: this.tableName,
+          Key: key,
+          ConditionExpression: 'registeredAt = :at',
+          ExpressionAttributeValues: { ':at': q.registeredAt },
+        }),
+      );
+    } catch (err) {
+      if (err instanceof ConditionalCheckFailedException) return false;
+      throw err;
+    }
+    this.announced.delete(key.sk);
+    return true;
+  }
+
+  /**
+   * Moves a request an earlier version recorded in the single WAITING partition to its queue (announced
+   * first). Not a new version of the record: only its index keys change, and only while it is still
+   * `requested` there; false when it is not (placed or ended meanwhile, or moved already).
+   */
+  async requeue(r: RequestRecord): Promise<boolean> {
+    await this.announce(r);
+    try {
+      await this.doc.send(
+        new UpdateCommand({
+          TableName: this.tableName,
+          Key: keys.request(r.id),
+          UpdateExpression: 'SET rpk = :queue, rsk = :place',
+          ConditionExpression: 'rpk = :legacy AND #state = :requested',
+          ExpressionAttributeNames: { '#state': 'state' },
+          ExpressionAttributeValues: {
+            ':queue': queuePartition(queueOf(r)),
+            ':place': serviceKey(r),
+            ':legacy': reapPartition.waiting,
+            ':requested': 'requested',
+          },
+        }),
+      );
+      return true;
+    } catch (err) {
+      if (err instanceof ConditionalCheckFailedException) return false;
+      throw err;
+    }
+  }
+}
