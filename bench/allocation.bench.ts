@@ -18,7 +18,7 @@
  *   5. the CLI's start-up from the installed package (`--help`, `list nodes --json`) vs `node -e 0` (bench/cli.ts).
  * Prints the tables and a summary, and writes everything to bench/results.json.
  */
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { cpus, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
@@ -706,11 +706,10 @@ function minReadySummary(variants: readonly VariantResult[]) {
   ];
 }
 
-/** One line per figure: what was measured in this run, against its aim (nothing is asserted). */
-function summaryRows(p: Parts): { figure: string; measured: string; aim: string; met: string }[] {
-  const both = (f: (v: VariantResult) => string) => p.variants.map(f).join(' / ');
-  const fn = p.bundles.bundles.slice(1);
-  const bare = p.bundles.bundles[0];
+type SummaryRow = { figure: string; measured: string; aim: string; met: string };
+
+function warmPathRows(variants: readonly VariantResult[]): SummaryRow[] {
+  const both = (f: (v: VariantResult) => string) => variants.map(f).join(' / ');
   return [
     {
       figure: `DynamoDB calls per warm-path allocation (${both((v) => v.name)})`,
@@ -724,44 +723,154 @@ function summaryRows(p: Parts): { figure: string; measured: string; aim: string;
       aim: `<= ${AIM_LATENCY_RATIO}`,
       met: both((v) => yesNo(v.latency.ratio <= AIM_LATENCY_RATIO)),
     },
-    ...minReadySummary(p.variants),
+    ...minReadySummary(variants),
+  ];
+}
+
+function contentionRows(c: ContentionFigures): SummaryRow[] {
+  return [
     {
-      figure: `conditional-check conflicts per allocation, ${p.contention.concurrency}-way contention`,
-      measured: p.contention.conflictsPerAllocation.toFixed(2),
-      aim: `<= ${p.contention.aim}`,
-      met: yesNo(p.contention.aimMet),
+      figure: `conditional-check conflicts per allocation, ${c.concurrency}-way contention`,
+      measured: c.conflictsPerAllocation.toFixed(2),
+      aim: `<= ${c.aim}`,
+      met: yesNo(c.aimMet),
     },
+  ];
+}
+
+function scaleRows(s: ScaleFigures): SummaryRow[] {
+  return [
     {
-      figure: `allocation median, ${p.scale.large.backingNodes} vs ${p.scale.small.backingNodes} backing nodes`,
-      measured: `${p.scale.ratio.toFixed(2)} (${p.scale.large.latencyMs.median.toFixed(2)} / ${p.scale.small.latencyMs.median.toFixed(2)} ms)`,
-      aim: `<= ${p.scale.aim}`,
-      met: yesNo(p.scale.aimMet),
+      figure: `allocation median, ${s.large.backingNodes} vs ${s.small.backingNodes} backing nodes`,
+      measured: `${s.ratio.toFixed(2)} (${s.large.latencyMs.median.toFixed(2)} / ${s.small.latencyMs.median.toFixed(2)} ms)`,
+      aim: `<= ${s.aim}`,
+      met: yesNo(s.aimMet),
     },
-    ...capacitySummary(p.capacity),
+  ];
+}
+
+function bundlesRows(b: BundlesFigures): SummaryRow[] {
+  const fn = b.bundles.slice(1);
+  const bare = b.bundles[0];
+  return [
     {
-      figure: `bundle size / bare SDK handler (${fn.map((b) => b.name).join(' / ')})`,
-      measured: fn.map((b) => b.sizeRatio.toFixed(2)).join(' / '),
+      figure: `bundle size / bare SDK handler (${fn.map((x) => x.name).join(' / ')})`,
+      measured: fn.map((x) => x.sizeRatio.toFixed(2)).join(' / '),
       aim: '-',
       met: '',
     },
     {
       figure: `  gzip (bare: ${bare ? (bare.gzipBytes / 1024).toFixed(0) : '?'} KiB)`,
-      measured: fn.map((b) => b.gzipRatio.toFixed(2)).join(' / '),
+      measured: fn.map((x) => x.gzipRatio.toFixed(2)).join(' / '),
       aim: '-',
       met: '',
     },
     {
       figure: `module init / bare SDK handler (bare: ${bare ? bare.initMs.toFixed(0) : '?'} ms)`,
-      measured: fn.map((b) => b.initRatio.toFixed(2)).join(' / '),
+      measured: fn.map((x) => x.initRatio.toFixed(2)).join(' / '),
       aim: '-',
       met: '',
     },
+  ];
+}
+
+/** One line per figure: what was measured in this run, against its aim (nothing is asserted). */
+function summaryRows(p: Parts): SummaryRow[] {
+  return [
+    ...warmPathRows(p.variants),
+    ...contentionRows(p.contention),
+    ...scaleRows(p.scale),
+    ...capacitySummary(p.capacity),
+    ...bundlesRows(p.bundles),
     ...cliSummary(p.cli),
   ];
 }
 
+/**
+ * The parts that can run alone (`npm run bench -- --only capacity,cli`): each one's figures and summary
+ * rows stand by themselves, so a run of some of them updates theirs in bench/results.json and keeps the
+ * others'. (The warm path's figures are stored reshaped; it runs only in a full run.)
+ */
+interface AlonePart<F> {
+  readonly measure: (progress: (line: string) => void) => Promise<F>;
+  readonly report: (f: F) => string;
+  readonly rows: (f: F) => SummaryRow[];
+}
+const alone = <F>(part: AlonePart<F>) => part as AlonePart<unknown>;
+const ALONE: Record<string, AlonePart<unknown>> = {
+  contention: alone({ measure: measureContention, report: contentionReport, rows: contentionRows }),
+  scale: alone({ measure: measureScale, report: scaleReport, rows: scaleRows }),
+  capacity: alone({ measure: measureCapacity, report: capacityReport, rows: capacitySummary }),
+  bundles: alone({ measure: measureBundles, report: bundlesReport, rows: bundlesRows }),
+  cli: alone({ measure: measureCli, report: cliReport, rows: cliSummary }),
+};
+
+/** The parts named by `--only a,b` (or `--only=a,b`), or undefined for a full run. */
+function onlyParts(args: readonly string[]): string[] | undefined {
+  const i = args.findIndex((a) => a === '--only' || a.startsWith('--only='));
+  if (i < 0) return undefined;
+  const value = args[i]?.startsWith('--only=') ? args[i]?.slice('--only='.length) : args[i + 1];
+  const parts = (value ?? '').split(',').filter((p) => p !== '');
+  const unknown = parts.filter((p) => !(p in ALONE));
+  if (parts.length === 0 || unknown.length > 0) {
+    throw new Error(
+      `--only takes parts among ${Object.keys(ALONE).join(', ')}${unknown.length > 0 ? `; not ${unknown.join(', ')}` : ''}`,
+    );
+  }
+  return parts;
+}
+
+/** Runs some parts and merges their figures and summary rows into bench/results.json. */
+async function runAlone(parts: readonly string[], started: number): Promise<void> {
+  const out = fileURLToPath(new URL('./results.json', import.meta.url));
+  const previous = JSON.parse(await readFile(out, 'utf8')) as {
+    summary: SummaryRow[];
+    figures: Record<string, unknown> & { secondsByPart?: Record<string, number> };
+  } & Record<string, unknown>;
+  const progress = (line: string) => process.stdout.write(`${line}\n`);
+  let summary = previous.summary;
+  const figures: Record<string, unknown> = { ...previous.figures };
+  const seconds: Record<string, number> = { ...previous.figures.secondsByPart };
+  const measuredAt: Record<string, string> = {
+    ...(previous.figures.partsMeasuredAt as Record<string, string> | undefined),
+  };
+  for (const name of parts) {
+    const part = ALONE[name] as AlonePart<unknown>;
+    const t0 = performance.now();
+    const measured = await part.measure(progress);
+    seconds[name] = round((performance.now() - t0) / 1000, 1);
+    console.log(`\n${part.report(measured)}`);
+    // This part's rows replace its earlier ones where they stood.
+    const before = new Set(
+      previous.figures[name] ? part.rows(previous.figures[name]).map((r) => r.figure) : [],
+    );
+    const at = summary.findIndex((r) => before.has(r.figure));
+    summary = summary.filter((r) => !before.has(r.figure));
+    summary.splice(at < 0 ? summary.length : at, 0, ...part.rows(measured));
+    figures[name] = measured;
+    measuredAt[name] = new Date().toISOString();
+  }
+  console.log(`\nSummary (${parts.join(', ')} measured in this run; the other rows from earlier runs)`);
+  console.log(
+    table(
+      summary.map((r) => [r.figure, r.measured, r.aim, r.met]),
+      ['figure', 'measured', 'aim', 'met'],
+    ),
+  );
+  console.log(`\ntotal ${((performance.now() - started) / 1000).toFixed(1)} s`);
+  const results = {
+    ...previous,
+    date: new Date().toISOString(),
+    summary,
+    figures: { ...figures, secondsByPart: seconds, partsMeasuredAt: measuredAt },
+  };
+  await writeFile(out, `${JSON.stringify(results, null, 2)}\n`);
+  console.log(`wrote ${out} (${parts.join(', ')})`);
+}
+
 async function main(): Promise<void> {
   const started = performance.now();
+  const only = onlyParts(process.argv.slice(2));
   // The SDK warns that its releases after early 2027 need Node 22; the bundles' children inherit this.
   process.env.AWS_SDK_JS_NODE_VERSION_SUPPORT_WARNING_DISABLED = 'true';
   const machine = {
@@ -773,6 +882,7 @@ async function main(): Promise<void> {
     `metastatic benchmark: embedded engines (dynalite + fauxqs, in-process), ` +
       `${machine.cpus} cpus, node ${machine.node}, ${machine.platform}\n`,
   );
+  if (only) return runAlone(only, started);
   const progress = (line: string) => process.stdout.write(`${line}\n`);
   const seconds: Record<string, number> = {};
   const timed = async <T>(part: string, f: () => Promise<T>): Promise<T> => {
@@ -894,6 +1004,7 @@ async function main(): Promise<void> {
       bundles,
       cli,
       secondsByPart: seconds,
+      partsMeasuredAt: Object.fromEntries(Object.keys(ALONE).map((part) => [part, new Date().toISOString()])),
       totalSeconds: round(total, 1),
     },
   };
