@@ -176,7 +176,7 @@ describe('index attributes', () => {
     expect(backingIndexAttributes(backing({ state: 'stopped' })).rpk).toBeUndefined();
   });
 
-  it('files a request in WAITING while it is requested, in PENDING by placement time while it is pending', () => {
+  it('files a request in its WAITING queue while it is requested, in PENDING by placement time while it is pending', () => {
     const r = (state: 'requested' | 'pending' | 'fulfilled' | 'failed', createdAt = T0) => ({
       id: 'r',
       labels: [],
@@ -187,10 +187,18 @@ describe('index attributes', () => {
       version: 0,
       nodes: [],
     });
-    expect(requestIndexAttributes(r('requested'))).toEqual({ rpk: 'WAITING', rsk: `00${T0}#r` });
+    // Waiting: in the queue of its node set's shape (issue 24), in service order: priority, then age.
+    expect(requestIndexAttributes(r('requested'))).toEqual({
+      rpk: expect.stringMatching(/^WAITING#0#[0-9a-f]{16}$/),
+      rsk: expect.stringMatching(new RegExp(`#00${T0}#r$`)),
+    });
     expect(
       (requestIndexAttributes(r('requested', 9)).rsk as string) <
         (requestIndexAttributes(r('requested', 10)).rsk as string),
+    ).toBe(true);
+    expect(
+      (requestIndexAttributes({ ...r('requested', 10), priority: 1 }).rsk as string) <
+        (requestIndexAttributes(r('requested', 9)).rsk as string),
     ).toBe(true);
     for (const state of ['fulfilled', 'failed'] as const) {
       expect(requestIndexAttributes(r(state))).toEqual({});
