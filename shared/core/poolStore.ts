@@ -137,6 +137,15 @@ export interface PoolStore {
   /** Moves a seat from generation `from` to `from + 1`; false when it is not at `from` any more. */
   advanceSeat(label: string, seat: number, from: number): Promise<boolean>;
 
+  // ---- the reaper's rotation of its steps (usecases/reap.ts)
+  /** Where the next reaper run starts its steps, with the item's version; undefined when never written. */
+  reaperCursor(): Promise<ReaperCursor | undefined>;
+  /**
+   * Records where the next run starts (`first` undefined: the usual order), if the item is still at
+   * `readVersion` (undefined: absent); false when another run wrote it first.
+   */
+  putReaperCursor(first: string | undefined, readVersion: number | undefined): Promise<boolean>;
+
   // ---- operator listings (a Scan: never on a request path)
   listRequests(): Promise<RequestRecord[]>;
   listBacking(): Promise<BackingRecord[]>;
@@ -150,6 +159,12 @@ export interface PoolStore {
 export type BackingPhase = 'idle' | 'launching' | 'active' | 'retiring' | 'failed';
 
 export type PageCursor = Record<string, unknown>;
+
+/** The step the next reaper run starts with (absent: the usual order), and the item's version. */
+export interface ReaperCursor {
+  readonly first?: string;
+  readonly version: number;
+}
 
 export interface Page<T> {
   readonly items: T[];

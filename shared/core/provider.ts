@@ -102,7 +102,7 @@ export interface BackingProvider {
    * labels that take their keys that way (aws `host-keys: console`). Throws RetryableError when the
    * provider could not be asked now; `none` while the machine has not printed them yet.
    */
-  reportedHostKeys?(resourceId: string): Promise<ReportedHostKeys>;
+  reportedHostKeys?(resourceId: string, within?: Deadline): Promise<ReportedHostKeys>;
 }
 
 /** Finds the provider adapter for a backing pool, or for a resource named in a state event. */

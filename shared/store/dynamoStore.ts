@@ -21,6 +21,7 @@ import type {
   Page,
   PageCursor,
   PoolStore,
+  ReaperCursor,
   Reservation,
   SlotClaim,
 } from '../core/poolStore.ts';
@@ -554,6 +555,44 @@ export class DynamoStore implements PoolStore {
           // Generation 0 is the seat with no item yet.
           ConditionExpression: from === 0 ? `${conditions.itemDoesNotExist} OR gen = :from` : 'gen = :from',
           ExpressionAttributeValues: { ':from': from },
+        }),
+      );
+      return true;
+    } catch (err) {
+      if (err instanceof ConditionalCheckFailedException) return false;
+      throw err;
+    }
+  }
+
+  // ---- the reaper's rotation -------------------------------------------------------------------
+
+  async reaperCursor(): Promise<ReaperCursor | undefined> {
+    const out = await this.doc.send(
+      new GetCommand({ TableName: this.tableName, Key: keys.reaperCursor, ConsistentRead: true }),
+    );
+    if (!out.Item) return undefined;
+    const first = out.Item.first;
+    return { version: Number(out.Item.version), ...(typeof first === 'string' ? { first } : {}) };
+  }
+
+  async putReaperCursor(first: string | undefined, readVersion: number | undefined): Promise<boolean> {
+    try {
+      await this.doc.send(
+        new PutCommand({
+          TableName: this.tableName,
+          Item: {
+            ...keys.reaperCursor,
+            type: 'reaper',
+            ...(first === undefined ? {} : { first }),
+            version: (readVersion ?? 0) + 1,
+          },
+          ...(readVersion === undefined
+            ? { ConditionExpression: conditions.itemDoesNotExist }
+            : {
+                ConditionExpression: conditions.versionUnchanged,
+                ExpressionAttributeNames: { '#version': 'version' },
+                ExpressionAttributeValues: { ':expectedVersion': readVersion },
+              }),
         }),
       );
       return true;

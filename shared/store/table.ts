@@ -17,6 +17,7 @@ import type { BackingRecord, RequestRecord } from '../core/records.ts';
  *   SEATS#<label>                   SEAT#<n>  a min-ready seat: the generation of its spare (core/minReady.ts)
  *   ESTIMATE#<label>                ALL       the label's learned duration estimate (core/estimates.ts)
  *   ESTIMATE#<label>                REQUESTOR#<requestor>  the same, for one requestor's nodes of the label
+ *   REAPER                          CURSOR    the step the next reaper run starts with (usecases/reap.ts)
  * Sparse indexes (attributes present only when the item belongs in them):
  *   free (fpk, fsk): backing nodes that can take a node, per pool and label, fullest then oldest first
  *                    and, in partition LEASE, every leased request that still holds something, by when
@@ -42,6 +43,8 @@ export const keys = {
     pk: `SEATS#${label}`,
     sk: `SEAT#${String(seat).padStart(5, '0')}`,
   }),
+  /** The step the next reaper run starts with (usecases/reap.ts). */
+  reaperCursor: { pk: 'REAPER', sk: 'CURSOR' },
   /** A learned duration estimate: the label's, or one requestor's for the label (core/estimates.ts). */
   estimate: (label: string, requestor?: string) => ({
     pk: `ESTIMATE#${label}`,

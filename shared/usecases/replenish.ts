@@ -1,8 +1,8 @@
-import { BusyError, CapacityError, LaunchFailedError } from '../core/errors.ts';
+import { BusyError, CapacityError, DeadlineError, LaunchFailedError } from '../core/errors.ts';
 import { parseNodeId } from '../core/ids.ts';
 import { isFreeSpare, seatStep, spareMessage, spareRequestId } from '../core/minReady.ts';
 import type { BackingRecord, NodeRecord, RequestRecord } from '../core/records.ts';
-import { type Context, deliveryDead } from './context.ts';
+import { type Context, deliveryDead, timeLeft } from './context.ts';
 import { endSpare, usableSpareHost } from './minReady.ts';
 import { requestNodes } from './requestNodes.ts';
 import { failRequest } from './requests.ts';
@@ -20,6 +20,10 @@ export interface UpkeepReport {
   ended: number;
   /** Seats whose spare waits for capacity. */
   waiting: number;
+  /** Free spares moved onto a fuller backing node (consolidation). */
+  moved: number;
+  /** Seats left for the next upkeep because the invocation's time ran out (Context.deadline). */
+  deferred: number;
   errors: string[];
 }
 
@@ -42,14 +46,23 @@ export async function keepMinReady(
   label: string,
   options: UpkeepOptions = {},
 ): Promise<UpkeepReport> {
-  const report: UpkeepReport = { made: 0, ended: 0, waiting: 0, errors: [] };
+  const report: UpkeepReport = { made: 0, ended: 0, waiting: 0, moved: 0, deferred: 0, errors: [] };
   const wanted = ctx.config.minReady.get(label) ?? 0;
   const gens = await ctx.store.seatGenerations(label);
   const seats = new Set([...Array.from({ length: wanted }, (_, k) => k), ...gens.keys()]);
   for (const seat of seats) {
+    // Each seat may launch a backing node: none starts once the invocation's time is up.
+    if (timeLeft(ctx) <= 0) {
+      report.deferred++;
+      break;
+    }
     try {
       await keepSeat(ctx, label, seat, gens, seat < wanted, options, report);
     } catch (err) {
+      if (err instanceof DeadlineError) {
+        report.deferred++; // cut short: the next upkeep picks the seat up where it is
+        break;
+      }
       report.errors.push(`min-ready ${label} seat ${seat}: ${(err as Error).message}`);
     }
   }
@@ -97,8 +110,12 @@ async function keepSeat(
     }
     if (step === 'keep') {
       if (!options.hosts || !isFreeSpare(node) || !node.backingNodeId) return;
-      // One the run did not read (launched since) is read now rather than taken for gone.
-      const host = options.hosts.get(node.backingNodeId) ?? (await ctx.store.getBacking(node.backingNodeId));
+      // One the run did not read (launched since) is read now rather than taken for gone, and so is one
+      // that looked unusable as the run read it: it may have become ready since (the reaper's own
+      // reconciliation readies launching backing nodes whose `running` event was lost).
+      const read = options.hosts.get(node.backingNodeId);
+      if (read && usableSpareHost(read, now)) return;
+      const host = await ctx.store.getBacking(node.backingNodeId);
       if (host && usableSpareHost(host, now)) return;
       // Its backing node takes no new nodes (max-age, drained, failed): replaced now, so it never
       // keeps that backing node alive, and no request gets a node there.
