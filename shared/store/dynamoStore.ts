@@ -10,14 +10,17 @@ import {
   PutCommand,
   QueryCommand,
   UpdateCommand,
+  type UpdateCommandOutput,
 } from '@aws-sdk/lib-dynamodb';
 import { unmarshall } from '@aws-sdk/util-dynamodb';
 import { type Clock, systemClock } from '../core/clock.ts';
 import { ConflictError, ItemTooLargeError, LostWriteError, StoreRefusedError } from '../core/errors.ts';
 import { DurationEstimate } from '../core/estimates.ts';
+import { LabelBackoff } from '../core/minReady.ts';
 import type {
   BackingExpectation,
   BackingPhase,
+  MinReadyState,
   Page,
   PageCursor,
   PoolStore,
@@ -26,9 +29,10 @@ import type {
   SlotClaim,
 } from '../core/poolStore.ts';
 import { BackingRecord, type Claim, RequestRecord } from '../core/records.ts';
+import { RECORD_RETENTION_SECONDS } from '../core/timing.ts';
 import { CapacitySets } from './capacitySets.ts';
 import { IndexQueries } from './indexQueries.ts';
-import { backingItem, keys, requestItem, resourceItem } from './table.ts';
+import { backingItem, keys, purgeAtOf, requestEnded, requestItem, resourceItem } from './table.ts';
 import {
   backingExpected,
   claimSlotUpdate,
@@ -36,6 +40,7 @@ import {
   dropLeaseUpdate,
   lapseLeaseUpdate,
   pointsTo,
+  purgeAtUpdate,
   releaseNodeUpdate,
   renewLeaseUpdate,
 } from './writes.ts';
@@ -60,18 +65,28 @@ function isItemTooLarge(err: Error): boolean {
   return /item size.*exceeded/i.test(err.message);
 }
 
+export interface DynamoStoreOptions {
+  /** `record-retention`, seconds (default RECORD_RETENTION_SECONDS.default). */
+  readonly recordRetention?: number;
+}
+
 export class DynamoStore implements PoolStore {
   private readonly doc: DynamoDBDocumentClient;
   /** The capacity sets behind the places in max-servers (also reachable for tests and the bench). */
   readonly capacity: CapacitySets;
   private readonly indexes: IndexQueries;
 
+  /** Seconds an ended record stays before DynamoDB's TTL deletes it (`record-retention`, table.ts purgeAtOf). */
+  private readonly retention: number;
+
   constructor(
     client: DynamoDBClient,
     readonly tableName: string,
     /** Stamps the capacity sets' operations: the clock of the contexts using this store. */
     clock: Clock = systemClock,
+    options: DynamoStoreOptions = {},
   ) {
+    this.retention = options.recordRetention ?? RECORD_RETENTION_SECONDS.default;
     this.doc = DynamoDBDocumentClient.from(client, { marshallOptions: { removeUndefinedValues: true } });
     // A write DynamoDB refuses as invalid (an item over its size limit, a number out of its range) fails
     // the same way every time: a permanent error, not a transient one retried until the message's
@@ -103,7 +118,7 @@ export class DynamoStore implements PoolStore {
       await this.doc.send(
         new PutCommand({
           TableName: this.tableName,
-          Item: requestItem(r),
+          Item: requestItem(r, this.retention),
           ConditionExpression: conditions.itemDoesNotExist,
         }),
       );
@@ -129,7 +144,7 @@ export class DynamoStore implements PoolStore {
       await this.doc.send(
         new PutCommand({
           TableName: this.tableName,
-          Item: requestItem(next),
+          Item: requestItem(next, this.retention),
           ConditionExpression: conditions.versionUnchanged,
           ExpressionAttributeNames: { '#version': 'version' },
           ExpressionAttributeValues: { ':expectedVersion': expectedVersion },
@@ -157,8 +172,9 @@ export class DynamoStore implements PoolStore {
     force = false,
     reason?: string,
   ): Promise<RequestRecord | undefined> {
+    let out: UpdateCommandOutput;
     try {
-      const out = await this.doc.send(
+      out = await this.doc.send(
         new UpdateCommand({
           TableName: this.tableName,
           Key: keys.request(requestId),
@@ -166,11 +182,29 @@ export class DynamoStore implements PoolStore {
           ReturnValues: 'ALL_NEW',
         }),
       );
-      return RequestRecord.parse(out.Attributes);
     } catch (err) {
       if (err instanceof ConditionalCheckFailedException) return undefined;
       throw err;
     }
+    const released = RequestRecord.parse(out.Attributes);
+    // Its last live node: the request has ended, and gets its purge time. The update above cannot set
+    // it itself (it does not know the other nodes); every other write of a request is a whole-item put
+    // that computes it (requestItem). Nodes never come back from released or failed, so this cannot
+    // race with the request coming back to life.
+    if (requestEnded(released)) {
+      await this.doc
+        .send(
+          new UpdateCommand({
+            TableName: this.tableName,
+            Key: keys.request(requestId),
+            ...purgeAtUpdate(purgeAtOf(now, this.retention)),
+          }),
+        )
+        .catch((err: unknown) => {
+          if (!(err instanceof ConditionalCheckFailedException)) throw err; // deleted meanwhile
+        });
+    }
+    return released;
   }
 
   // ---- backing nodes --------------------------------------------------------------------------
@@ -193,7 +227,7 @@ export class DynamoStore implements PoolStore {
       await this.doc.send(
         new PutCommand({
           TableName: this.tableName,
-          Item: backingItem(b),
+          Item: backingItem(b, this.retention),
           ConditionExpression: conditions.itemDoesNotExist,
         }),
       );
@@ -216,7 +250,7 @@ export class DynamoStore implements PoolStore {
       await this.doc.send(
         new PutCommand({
           TableName: this.tableName,
-          Item: backingItem(next),
+          Item: backingItem(next, this.retention),
           ...backingExpected(expect),
         }),
       );
@@ -514,7 +548,12 @@ export class DynamoStore implements PoolStore {
   // ---- min-ready seats ----------------------------------------------------------------------------
 
   async seatGenerations(label: string): Promise<Map<number, number>> {
-    const seats = new Map<number, number>();
+    return (await this.minReadyState(label)).gens;
+  }
+
+  async minReadyState(label: string): Promise<MinReadyState> {
+    const gens = new Map<number, number>();
+    let backoff: LabelBackoff | undefined;
     let cursor: Record<string, unknown> | undefined;
     do {
       const out = await this.doc.send(
@@ -526,10 +565,35 @@ export class DynamoStore implements PoolStore {
           ExclusiveStartKey: cursor,
         }),
       );
-      for (const item of out.Items ?? []) seats.set(Number(item.seat), Number(item.gen));
+      for (const item of out.Items ?? []) {
+        if (item.type === 'backoff') backoff = LabelBackoff.parse(item);
+        else gens.set(Number(item.seat), Number(item.gen));
+      }
       cursor = out.LastEvaluatedKey;
     } while (cursor);
-    return seats;
+    return backoff ? { gens, backoff } : { gens };
+  }
+
+  async putLabelBackoff(label: string, next: LabelBackoff): Promise<boolean> {
+    try {
+      await this.doc.send(
+        new PutCommand({
+          TableName: this.tableName,
+          Item: { ...keys.seatsBackoff(label), type: 'backoff', label, ...next },
+          ...(next.version === 1
+            ? { ConditionExpression: conditions.itemDoesNotExist }
+            : {
+                ConditionExpression: conditions.versionUnchanged,
+                ExpressionAttributeNames: { '#version': 'version' },
+                ExpressionAttributeValues: { ':expectedVersion': next.version - 1 },
+              }),
+        }),
+      );
+      return true;
+    } catch (err) {
+      if (err instanceof ConditionalCheckFailedException) return false;
+      throw err;
+    }
   }
 
   async openSeat(label: string, seat: number): Promise<void> {

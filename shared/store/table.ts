@@ -1,6 +1,8 @@
 import type { CreateTableCommandInput } from '@aws-sdk/client-dynamodb';
 import { isLeaseLive } from '../core/leases.ts';
 import type { BackingRecord, RequestRecord } from '../core/records.ts';
+import { isLive } from '../core/request.ts';
+import { RECORD_RETENTION_SECONDS } from '../core/timing.ts';
 
 /**
  * The single-table design (documented in docs/table.md). Keys:
@@ -15,6 +17,7 @@ import type { BackingRecord, RequestRecord } from '../core/records.ts';
  *   RESOURCE#<resourceId>           RESOURCE  which backing node records this provider resource (the fulfil
  *                                             function's look-up of an EC2 event's instance, before any EC2 call)
  *   SEATS#<label>                   SEAT#<n>  a min-ready seat: the generation of its spare (core/minReady.ts)
+ *   SEATS#<label>                   BACKOFF   the label's min-ready launch backoff (core/minReady.ts)
  *   ESTIMATE#<label>                ALL       the label's learned duration estimate (core/estimates.ts)
  *   ESTIMATE#<label>                REQUESTOR#<requestor>  the same, for one requestor's nodes of the label
  *   REAPER                          CURSOR    the step the next reaper run starts with (usecases/reap.ts)
@@ -31,6 +34,26 @@ import type { BackingRecord, RequestRecord } from '../core/records.ts';
 export const FREE_INDEX = 'free';
 export const REAP_INDEX = 'reap';
 
+/**
+ * The table's TTL attribute (lib/poolTable.ts enables TTL on it): epoch seconds after which DynamoDB may
+ * delete the item. Only ended records carry it (`purgeAtOf`); it is storage housekeeping, never read by
+ * the pool (time-based rules read the records' own timestamps).
+ */
+export const PURGE_AT = 'purgeAt';
+
+/** When an item ended at `endedAt` (epoch ms) may be deleted: `retention` seconds later, epoch seconds. */
+export function purgeAtOf(endedAt: number, retention: number): number {
+  return Math.ceil(endedAt / 1000) + retention;
+}
+
+/**
+ * Whether a request has ended for good: failed, or placed with every node released or failed (a node
+ * never comes back from either). A `requested` one has not.
+ */
+export function requestEnded(r: RequestRecord): boolean {
+  return r.state === 'failed' || (r.state !== 'requested' && !r.nodes.some(isLive));
+}
+
 export const keys = {
   request: (id: string) => ({ pk: `REQUEST#${id}`, sk: 'REQUEST' }),
   backing: (id: string) => ({ pk: `BACKING#${id}`, sk: 'BACKING' }),
@@ -43,6 +66,8 @@ export const keys = {
     pk: `SEATS#${label}`,
     sk: `SEAT#${String(seat).padStart(5, '0')}`,
   }),
+  /** A label's min-ready launch backoff, beside its seats (one Query reads both). */
+  seatsBackoff: (label: string) => ({ pk: `SEATS#${label}`, sk: 'BACKOFF' }),
   /** The step the next reaper run starts with (usecases/reap.ts). */
   reaperCursor: { pk: 'REAPER', sk: 'CURSOR' },
   /** A learned duration estimate: the label's, or one requestor's for the label (core/estimates.ts). */
@@ -115,7 +140,10 @@ export function backingIndexAttributes(b: BackingRecord): Record<string, string 
   return { ...free, ...reap };
 }
 
-export function backingItem(b: BackingRecord): Record<string, unknown> {
+export function backingItem(
+  b: BackingRecord,
+  retention: number = RECORD_RETENTION_SECONDS.default,
+): Record<string, unknown> {
   // claims and ends are always maps (maybe empty): a slot claim sets one entry of each in place.
   return stripUndefined({
     ...keys.backing(b.id),
@@ -124,6 +152,7 @@ export function backingItem(b: BackingRecord): Record<string, unknown> {
     claims: b.claims ?? {},
     ends: b.ends ?? {},
     ...backingIndexAttributes(b),
+    ...(b.state === 'stopped' ? { [PURGE_AT]: purgeAtOf(b.stoppedAt ?? b.lastUsedAt, retention) } : {}),
   });
 }
 
@@ -152,13 +181,17 @@ export function waitingSortKey(createdAt: number, id = ''): string {
   return `${pad(createdAt, 15)}#${id}`;
 }
 
-export function requestItem(r: RequestRecord): Record<string, unknown> {
+export function requestItem(
+  r: RequestRecord,
+  retention: number = RECORD_RETENTION_SECONDS.default,
+): Record<string, unknown> {
   return stripUndefined({
     ...keys.request(r.id),
     type: 'request',
     ...r,
     ...requestIndexAttributes(r),
     ...leaseIndexAttributes(r),
+    ...(requestEnded(r) ? { [PURGE_AT]: purgeAtOf(r.updatedAt, retention) } : {}),
   });
 }
 

@@ -1,6 +1,6 @@
 import type { BackingExpectation } from '../core/poolStore.ts';
 import type { BackingRecord, Claim } from '../core/records.ts';
-import { backingIndexAttributes, LEASE_PARTITION, leaseSortKey } from './table.ts';
+import { backingIndexAttributes, LEASE_PARTITION, leaseSortKey, PURGE_AT } from './table.ts';
 
 /**
  * The conditions and update expressions of the store's conditional writes, named and built here as
@@ -52,6 +52,19 @@ export function releaseNodeUpdate(index: number, now: number, force: boolean, re
       ':fulfilled': 'fulfilled',
       ...(reason === undefined ? {} : { ':reason': reason }),
     },
+  };
+}
+
+/**
+ * Gives an ended request its purge time (DynamoDB's TTL attribute, table.ts PURGE_AT), keeping one
+ * already set; only while the item exists (a deleted one is not written back).
+ */
+export function purgeAtUpdate(purgeAt: number): Expression {
+  return {
+    UpdateExpression: 'SET #purgeAt = if_not_exists(#purgeAt, :purgeAt)',
+    ConditionExpression: 'attribute_exists(pk)',
+    ExpressionAttributeNames: { '#purgeAt': PURGE_AT },
+    ExpressionAttributeValues: { ':purgeAt': purgeAt },
   };
 }
 

@@ -1,6 +1,16 @@
 import { BusyError, CapacityError, DeadlineError, LaunchFailedError } from '../core/errors.ts';
 import { parseNodeId } from '../core/ids.ts';
-import { isFreeSpare, seatStep, spareMessage, spareRequestId } from '../core/minReady.ts';
+import {
+  backingOff,
+  backoffAfterFailure,
+  backoffCleared,
+  endsBackoff,
+  isFreeSpare,
+  type LabelBackoff,
+  seatStep,
+  spareMessage,
+  spareRequestId,
+} from '../core/minReady.ts';
 import type { BackingRecord, NodeRecord, RequestRecord } from '../core/records.ts';
 import { type Context, deliveryDead, timeLeft } from './context.ts';
 import { endSpare, usableSpareHost } from './minReady.ts';
@@ -24,6 +34,8 @@ export interface UpkeepReport {
   moved: number;
   /** Seats left for the next upkeep because the invocation's time ran out (Context.deadline). */
   deferred: number;
+  /** Seats not refilled because the label backs off (its spares keep failing to launch). */
+  backedOff: number;
   errors: string[];
 }
 
@@ -39,17 +51,29 @@ export interface UpkeepOptions {
  * Keeps a label's min-ready seats filled: each seat's spare is made (placed like any request, after
  * every waiting one), and a seat whose spare was taken and recorded, or ended, moves on to a new spare
  * (a conditional advance of its generation: two replenishers never make two). Seats above min-ready
- * (it was lowered) lose their free spares. Idempotent and safe to run anywhere, any number at once.
+ * (it was lowered) lose their free spares. A label whose spares keep failing to launch backs off
+ * (core/minReady.ts MIN_READY_BACKOFF): no new spare until its wait is over, then one at a time until
+ * one works. Idempotent and safe to run anywhere, any number at once; it stops when the invocation's
+ * time is up (the rest `deferred`).
  */
 export async function keepMinReady(
   ctx: Context,
   label: string,
   options: UpkeepOptions = {},
 ): Promise<UpkeepReport> {
-  const report: UpkeepReport = { made: 0, ended: 0, waiting: 0, moved: 0, deferred: 0, errors: [] };
+  const report: UpkeepReport = {
+    made: 0,
+    ended: 0,
+    waiting: 0,
+    moved: 0,
+    deferred: 0,
+    backedOff: 0,
+    errors: [],
+  };
   const wanted = ctx.config.minReady.get(label) ?? 0;
-  const gens = await ctx.store.seatGenerations(label);
-  const seats = new Set([...Array.from({ length: wanted }, (_, k) => k), ...gens.keys()]);
+  const state = await ctx.store.minReadyState(label);
+  const upkeep: Upkeep = { ctx, label, gens: state.gens, options, report, backoff: state.backoff };
+  const seats = new Set([...Array.from({ length: wanted }, (_, k) => k), ...state.gens.keys()]);
   for (const seat of seats) {
     // Each seat may launch a backing node: none starts once the invocation's time is up.
     if (timeLeft(ctx) <= 0) {
@@ -57,7 +81,7 @@ export async function keepMinReady(
       break;
     }
     try {
-      await keepSeat(ctx, label, seat, gens, seat < wanted, options, report);
+      await keepSeat(upkeep, seat, seat < wanted);
     } catch (err) {
       if (err instanceof DeadlineError) {
         report.deferred++; // cut short: the next upkeep picks the seat up where it is
@@ -69,15 +93,19 @@ export async function keepMinReady(
   return report;
 }
 
-async function keepSeat(
-  ctx: Context,
-  label: string,
-  seat: number,
-  gens: ReadonlyMap<number, number>,
-  wanted: boolean,
-  options: UpkeepOptions,
-  report: UpkeepReport,
-): Promise<void> {
+/** One upkeep of a label's seats: what every seat's step shares. */
+interface Upkeep {
+  readonly ctx: Context;
+  readonly label: string;
+  readonly gens: ReadonlyMap<number, number>;
+  readonly options: UpkeepOptions;
+  readonly report: UpkeepReport;
+  /** The label's backoff as last read or written by this upkeep. */
+  backoff: LabelBackoff | undefined;
+}
+
+async function keepSeat(upkeep: Upkeep, seat: number, wanted: boolean): Promise<void> {
+  const { ctx, label, gens, options, report } = upkeep;
   let gen = gens.get(seat) ?? 0;
   // Each round either settles the seat or advances it once; a seat advanced by another replenisher
   // meanwhile makes the advance fail, and the next upkeep picks it up.
@@ -90,6 +118,8 @@ async function keepSeat(
     const taker = takerId ? await ctx.store.getRequest(takerId) : undefined;
     const now = ctx.clock.now();
     const step = seatStep(spare, taker, (since) => deliveryDead(since, now, ctx.deliveriesDeadBefore));
+    // A spare that became ready since the label's last failure: it launches again.
+    if (endsBackoff(upkeep.backoff, node)) await clearBackoff(upkeep);
     if (!wanted) {
       // Above min-ready now: a waiting spare fails, a free one ends, and so does one taken by a delivery
       // that died without recording it; one in use (or that may still be recorded) is its taker's.
@@ -103,10 +133,16 @@ async function keepSeat(
       return;
     }
     if (step === 'make') {
+      // Launches of the label keep failing: no new spare before its wait is over (one already waiting
+      // for capacity is not a new one: it is placed again, as any waiting request).
+      if (spare === undefined && backingOff(upkeep.backoff, now)) {
+        report.backedOff++;
+        return;
+      }
       // A seat is recorded before its first spare, so that a lowered min-ready finds it (seatGenerations).
       if (!gens.has(seat)) await ctx.store.openSeat(label, seat);
-      await makeSpare(ctx, label, seat, gen, report);
-      return;
+      if ((await makeSpare(ctx, label, seat, gen, report)) !== 'failed') return;
+      continue; // every launch attempt failed: the seat moves on now, and the label backs off
     }
     if (step === 'keep') {
       if (!options.hosts || !isFreeSpare(node) || !node.backingNodeId) return;
@@ -138,26 +174,68 @@ async function keepSeat(
     }
     if (!(await ctx.store.advanceSeat(label, seat, gen))) return;
     gen++;
+    // The advance is won once per spare: a spare that failed without ever being ready counts once
+    // against its label (failed waiting for capacity or a launch, or its backing node failed under it).
+    if (spare?.state === 'failed' && node?.readyAt === undefined) {
+      await recordFailure(upkeep, spare.reason ?? `min-ready node ${id} failed`);
+    }
   }
 }
 
-/** Places a seat's spare (again, when it waits): an ordinary request, served after every other. */
+/** One more failed spare of the label: its backoff grows (a conditional write; re-read on a conflict). */
+async function recordFailure(upkeep: Upkeep, reason: string): Promise<void> {
+  const { ctx, label } = upkeep;
+  for (let round = 0; round < 3; round++) {
+    const next = backoffAfterFailure(upkeep.backoff, ctx.clock.now(), reason);
+    if (await ctx.store.putLabelBackoff(label, next)) {
+      upkeep.backoff = next;
+      ctx.log.warn('min-ready launches of a label back off', {
+        label,
+        failures: next.failures,
+        retryAt: new Date(next.retryAt).toISOString(),
+        reason: next.reason,
+      });
+      return;
+    }
+    upkeep.backoff = (await ctx.store.minReadyState(label)).backoff; // another replenisher wrote first
+  }
+}
+
+/** A spare of the label became ready since its last failure: the backoff is over. */
+async function clearBackoff(upkeep: Upkeep): Promise<void> {
+  const { ctx, label } = upkeep;
+  const current = upkeep.backoff;
+  if (!current) return;
+  const next = backoffCleared(current);
+  if (await ctx.store.putLabelBackoff(label, next)) {
+    upkeep.backoff = next;
+    ctx.log.info('min-ready launches of a label work again', { label, after: current.failures });
+  } else {
+    upkeep.backoff = (await ctx.store.minReadyState(label)).backoff; // written meanwhile: as it is now
+  }
+}
+
+/**
+ * Places a seat's spare (again, when it waits): an ordinary request, served after every other.
+ * `failed`: every launch attempt failed (the request ended failed).
+ */
 async function makeSpare(
   ctx: Context,
   label: string,
   seat: number,
   gen: number,
   report: UpkeepReport,
-): Promise<void> {
+): Promise<'placed' | 'waiting' | 'failed' | 'other'> {
   try {
     const out = await requestNodes(ctx, spareMessage(label, seat, gen));
     if (out.kind === 'placed') report.made++;
+    return out.kind === 'placed' ? 'placed' : out.request.state === 'failed' ? 'failed' : 'other';
   } catch (err) {
     if (err instanceof CapacityError || err instanceof BusyError) {
       report.waiting++;
-      return;
+      return 'waiting';
     }
-    if (err instanceof LaunchFailedError) return; // the request failed; the next upkeep advances the seat
+    if (err instanceof LaunchFailedError) return 'failed'; // the request failed
     throw err;
   }
 }

@@ -266,6 +266,38 @@ describe('the whole flow against a stateful fake EC2', () => {
     expect(spares.map((r) => r.state)).toEqual(['fulfilled', 'fulfilled']);
   });
 
+  it('backs off a label whose min-ready launches keep failing, exponentially, until one succeeds (issue 24)', async () => {
+    const p = await pool({ minReady: 5, retries: 3 });
+    p.ec2.failLaunches({ code: 'InvalidAMIID.NotFound' });
+    // Ten reaper runs a minute apart. Each used to remake every seat's spare: 5 x 3 RunInstances a run.
+    for (let run = 0; run < 10; run++) {
+      const report = await reap(p.ctx);
+      expect(report.errors).toEqual([]);
+      p.clock.advance(60_000);
+    }
+    // One spare tried at 0, 1, 3 and 7 minutes (waits of 1, 2, 4, then 8 minutes), 3 attempts each.
+    expect(p.ec2.inputs('RunInstances')).toHaveLength(4 * 3);
+    const { backoff } = await p.ctx.store.minReadyState('small');
+    expect(backoff).toMatchObject({
+      failures: 4,
+      retryAt: backoff ? backoff.lastFailedAt + 8 * 60_000 : 0,
+      reason: expect.stringContaining('InvalidAMIID.NotFound'),
+    });
+    // EC2 works again: once the wait is over, one run makes every seat's spare, and a spare that became
+    // ready resets the backoff.
+    p.ec2.clearFailures();
+    p.clock.advance(8 * 60_000);
+    expect((await reap(p.ctx)).minReadyMade).toBe(5);
+    await p.ec2.advance(30_000);
+    await p.deliver();
+    await reap(p.ctx);
+    expect((await p.ctx.store.minReadyState('small')).backoff?.failures ?? 0).toBe(0);
+    // A failure after that starts again from the shortest wait.
+    p.ec2.failLaunches({ code: 'InvalidAMIID.NotFound' });
+    for (const id of ['t1', 't2', 't3', 't4', 't5']) await p.request(sqsEvent([req(id)]));
+    expect((await p.ctx.store.minReadyState('small')).backoff).toMatchObject({ failures: 1 });
+  });
+
   it('serves requests by shape from the instance types the label launches: a slot is the instance / max-parallel-jobs', async () => {
     const p = await pool();
     // small: m7g.2xlarge or m6g.2xlarge (8 vCPUs, 32 GiB) in 2 slots = 4 cores, 16 GiB each.
