@@ -85,7 +85,7 @@ export function takenSpare(spare: RequestRecord, taker: string, by: string, at: 
  * details; it records the spare, whose slot and place it uses.
  */
 export function nodeOnSpare(n: NodeRecord, spare: NodeRecord, now: number): NodeRecord {
-  const { takenBy: _t, held: _h, reason: _r, releasedAt: _x, ...details } = spare;
+  const { takenBy: _t, held: _h, reason: _r, releasedAt: _x, movedFrom: _m, ...details } = spare;
   return { ...details, id: n.id, label: n.label, state: 'ready', attempts: 1, readyAt: now, spare: spare.id };
 }
 

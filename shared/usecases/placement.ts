@@ -138,6 +138,22 @@ export async function placeNode(
   return launchFor(ctx, pool, label, nodeId, attempt, options);
 }
 
+/**
+ * Claims a slot for `nodeId` on one given backing node, as placeNode claims on a candidate (the same
+ * conditional write, host-key scan included), and nothing else: no other candidate, no launch. For
+ * moving a free min-ready node onto a fuller backing node (usecases/minReady.ts moveSpare).
+ */
+export function claimSlotOn(
+  ctx: Context,
+  pool: MetastaticPool,
+  label: MetastaticLabel,
+  candidate: BackingRecord,
+  nodeId: string,
+  options: PlaceOptions,
+): Promise<Placement | undefined> {
+  return claimOn(ctx, pool, label, candidate, nodeId, 1, options, { losses: 0 });
+}
+
 /** What a claim attempt learnt of concurrent claimants. */
 interface Contention {
   /** Claims this placement lost so far (varies the slot it aims at next). */

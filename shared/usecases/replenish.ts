@@ -13,7 +13,7 @@ import {
 } from '../core/minReady.ts';
 import type { BackingRecord, NodeRecord, RequestRecord } from '../core/records.ts';
 import { type Context, deliveryDead, timeLeft } from './context.ts';
-import { endSpare, usableSpareHost } from './minReady.ts';
+import { endSpare, finishMove, moveSpare, usableSpareHost } from './minReady.ts';
 import { requestNodes } from './requestNodes.ts';
 import { failRequest } from './requests.ts';
 
@@ -72,7 +72,7 @@ export async function keepMinReady(
   };
   const wanted = ctx.config.minReady.get(label) ?? 0;
   const state = await ctx.store.minReadyState(label);
-  const upkeep: Upkeep = { ctx, label, gens: state.gens, options, report, backoff: state.backoff };
+  const upkeep: Upkeep = { ctx, label, gens: state.gens, options, report, backoff: state.backoff, free: [] };
   const seats = new Set([...Array.from({ length: wanted }, (_, k) => k), ...state.gens.keys()]);
   for (const seat of seats) {
     // Each seat may launch a backing node: none starts once the invocation's time is up.
@@ -90,6 +90,15 @@ export async function keepMinReady(
       report.errors.push(`min-ready ${label} seat ${seat}: ${(err as Error).message}`);
     }
   }
+  // The reaper's upkeep (it read the backing nodes): free spares onto the fullest backing nodes.
+  if (options.hosts && upkeep.free.length > 0 && timeLeft(ctx) > 0) {
+    try {
+      await consolidate(upkeep);
+    } catch (err) {
+      if (err instanceof DeadlineError) report.deferred++;
+      else report.errors.push(`min-ready ${label} moves: ${(err as Error).message}`);
+    }
+  }
   return report;
 }
 
@@ -102,6 +111,8 @@ interface Upkeep {
   readonly report: UpkeepReport;
   /** The label's backoff as last read or written by this upkeep. */
   backoff: LabelBackoff | undefined;
+  /** Free spares on usable backing nodes, as read (reaper only): what consolidate may move. */
+  readonly free: { readonly spare: RequestRecord; readonly host: BackingRecord }[];
 }
 
 async function keepSeat(upkeep: Upkeep, seat: number, wanted: boolean): Promise<void> {
@@ -120,6 +131,11 @@ async function keepSeat(upkeep: Upkeep, seat: number, wanted: boolean): Promise<
     const step = seatStep(spare, taker, (since) => deliveryDead(since, now, ctx.deliveriesDeadBefore));
     // A spare that became ready since the label's last failure: it launches again.
     if (endsBackoff(upkeep.backoff, node)) await clearBackoff(upkeep);
+    // A move cut short before it gave back the slot the spare left (moveSpare): finished first.
+    if (spare && node?.movedFrom) {
+      await finishMove(ctx, spare);
+      continue;
+    }
     if (!wanted) {
       // Above min-ready now: a waiting spare fails, a free one ends, and so does one taken by a delivery
       // that died without recording it; one in use (or that may still be recorded) is its taker's.
@@ -150,9 +166,15 @@ async function keepSeat(upkeep: Upkeep, seat: number, wanted: boolean): Promise<
       // that looked unusable as the run read it: it may have become ready since (the reaper's own
       // reconciliation readies launching backing nodes whose `running` event was lost).
       const read = options.hosts.get(node.backingNodeId);
-      if (read && usableSpareHost(read, now)) return;
+      if (read && usableSpareHost(read, now)) {
+        if (spare) upkeep.free.push({ spare, host: read });
+        return;
+      }
       const host = await ctx.store.getBacking(node.backingNodeId);
-      if (host && usableSpareHost(host, now)) return;
+      if (host && usableSpareHost(host, now)) {
+        if (spare) upkeep.free.push({ spare, host });
+        return;
+      }
       // Its backing node takes no new nodes (max-age, drained, failed): replaced now, so it never
       // keeps that backing node alive, and no request gets a node there.
       if (
@@ -178,6 +200,75 @@ async function keepSeat(upkeep: Upkeep, seat: number, wanted: boolean): Promise<
     // against its label (failed waiting for capacity or a launch, or its backing node failed under it).
     if (spare?.state === 'failed' && node?.readyAt === undefined) {
       await recordFailure(upkeep, spare.reason ?? `min-ready node ${id} failed`);
+    }
+  }
+}
+
+/** Candidates read when moving spares: the fullest backing nodes of the label with a free slot. */
+const MOVE_CANDIDATES = 25;
+
+/** A backing node as consolidate sees it: slots used, and whether anything but a free spare holds one. */
+interface Room {
+  b: BackingRecord;
+  used: number;
+  readonly pinned: boolean;
+}
+
+/**
+ * Keeps a label's free spares on the fullest backing nodes, so spares cost slots, not instances: a
+ * backing node that holds a spare is never idle, so spares left scattered by takes and releases would
+ * each keep a part-empty instance running (for ever with max-age unset). A spare moves (moveSpare) from
+ * a backing node to another of its pool and label, ready and taking nodes, with a free slot, when that
+ * one is "fuller": it runs something besides free spares and the spare's does not, or both alike and it
+ * holds at least as many slots. Emptiest first, onto the fullest. Each move strictly increases the
+ * packing (more spares beside busy nodes, or a larger sum of squares of slots used), so moves never go
+ * back and forth.
+ */
+async function consolidate(upkeep: Upkeep): Promise<void> {
+  const { ctx, label, report } = upkeep;
+  const freeIds = new Set(upkeep.free.map((f) => f.spare.nodes[0]?.id));
+  const roomOf = (b: BackingRecord): Room => ({
+    b,
+    used: b.used,
+    pinned: Object.values(b.slotMap).some((id) => !freeIds.has(id)),
+  });
+  const fuller = (to: Room, from: Room) =>
+    (to.pinned && !from.pinned) || (to.pinned === from.pinned && to.used >= from.used);
+  const byPool = new Map<string, typeof upkeep.free>();
+  for (const f of upkeep.free) {
+    const key = f.spare.poolKey ?? '';
+    byPool.set(key, [...(byPool.get(key) ?? []), f]);
+  }
+  for (const [poolKey, free] of byPool) {
+    const pool = ctx.config.metastaticPools.find((p) => p.key === poolKey);
+    const config = pool?.labels.get(label);
+    if (!pool || !config) continue;
+    const now = ctx.clock.now();
+    const rooms = new Map<string, Room>();
+    for (const f of free) if (!rooms.has(f.host.id)) rooms.set(f.host.id, roomOf(f.host));
+    const found = await ctx.store.findCandidates(pool.key, label, MOVE_CANDIDATES);
+    for (const b of found.items) if (usableSpareHost(b, now)) rooms.set(b.id, roomOf(b));
+    const key = (r: Room) => (r.pinned ? 1_000_000 : 0) + r.used;
+    for (const f of [...free].sort((x, y) => key(roomOf(x.host)) - key(roomOf(y.host)))) {
+      if (timeLeft(ctx) <= 0) {
+        report.deferred++;
+        return;
+      }
+      const from = rooms.get(f.host.id);
+      if (!from) continue;
+      const to = [...rooms.values()]
+        .filter((r) => r.b.id !== from.b.id && r.used < r.b.slots && fuller(r, from))
+        .sort((x, y) => key(y) - key(x))[0];
+      if (!to) continue;
+      try {
+        if (!(await moveSpare(ctx, pool, config, f.spare, to.b))) continue;
+      } catch (err) {
+        if (err instanceof BusyError) continue; // a move of it in flight elsewhere: left to that one
+        throw err;
+      }
+      report.moved++;
+      from.used--;
+      to.used++;
     }
   }
 }
