@@ -172,32 +172,44 @@ export class DynamoStore implements PoolStore {
     force = false,
     reason?: string,
   ): Promise<RequestRecord | undefined> {
-    let out: UpdateCommandOutput;
-    try {
-      out = await this.doc.send(
-        new UpdateCommand({
-          TableName: this.tableName,
-          Key: keys.request(requestId),
-          ...releaseNodeUpdate(index, now, force, reason),
-          ReturnValues: 'ALL_NEW',
-        }),
-      );
-    } catch (err) {
-      if (err instanceof ConditionalCheckFailedException) return undefined;
-      throw err;
-    }
+    const purgeAt = purgeAtOf(now, this.retention);
+    const release = async (alone: boolean): Promise<UpdateCommandOutput | undefined> => {
+      try {
+        return await this.doc.send(
+          new UpdateCommand({
+            TableName: this.tableName,
+            Key: keys.request(requestId),
+            ...releaseNodeUpdate(index, now, force, reason, alone ? purgeAt : undefined),
+            ReturnValues: 'ALL_NEW',
+            ...(alone ? { ReturnValuesOnConditionCheckFailure: 'ALL_OLD' as const } : {}),
+          }),
+        );
+      } catch (err) {
+        if (!(err instanceof ConditionalCheckFailedException)) throw err;
+        // Refused as the only node of its request: it has others (release it as one of them), or the
+        // release's own condition failed (the caller reads and decides).
+        if (!alone) return undefined;
+        const old = (err as { Item?: Record<string, AttributeValue> }).Item;
+        const nodes = old ? unmarshall(old).nodes : (await this.getRequest(requestId))?.nodes;
+        return Array.isArray(nodes) && nodes.length > 1 ? release(false) : undefined;
+      }
+    };
+    // Most requests have one node, which is node 0: its release ends the request, and the same update
+    // gives it its purge time (conditioned on the one node), with no extra write.
+    const out = await release(index === 0);
+    if (!out) return undefined;
     const released = RequestRecord.parse(out.Attributes);
-    // Its last live node: the request has ended, and gets its purge time. The update above cannot set
-    // it itself (it does not know the other nodes); every other write of a request is a whole-item put
-    // that computes it (requestItem). Nodes never come back from released or failed, so this cannot
-    // race with the request coming back to life.
-    if (requestEnded(released)) {
+    // The last live node of several: the request has ended, and gets its purge time now. The release
+    // cannot set it itself (it does not know the other nodes); every other write of a request is a
+    // whole-item put that computes it (requestItem). Nodes never come back from released or failed, so
+    // this cannot race with the request coming back to life.
+    if (requestEnded(released) && released.nodes.length > 1) {
       await this.doc
         .send(
           new UpdateCommand({
             TableName: this.tableName,
             Key: keys.request(requestId),
-            ...purgeAtUpdate(purgeAtOf(now, this.retention)),
+            ...purgeAtUpdate(purgeAt),
           }),
         )
         .catch((err: unknown) => {

@@ -29,19 +29,31 @@ type Expression = {
  * Marks one node of a request released: the node must still be pending or ready, in a placed request;
  * a held node only by a forced (operator) release.
  */
-export function releaseNodeUpdate(index: number, now: number, force: boolean, reason?: string): Expression {
+export function releaseNodeUpdate(
+  index: number,
+  now: number,
+  force: boolean,
+  reason?: string,
+  /**
+   * Set when the request is known to have this one node: the update also gives it its purge time
+   * (PURGE_AT), conditioned on the request having one node (the release then ends it).
+   */
+  purgeAt?: number,
+): Expression {
   const why = reason === undefined ? '' : `, #nodes[${index}].reason = :reason`;
+  const purge = purgeAt === undefined ? '' : ', #purgeAt = :purgeAt';
   return {
-    UpdateExpression: `SET #nodes[${index}].#state = :released, #nodes[${index}].releasedAt = :now${why}, updatedAt = :now ADD #version :one`,
+    UpdateExpression: `SET #nodes[${index}].#state = :released, #nodes[${index}].releasedAt = :now${why}, updatedAt = :now${purge} ADD #version :one`,
     // A held node is released only by a forced (operator) release.
     ConditionExpression: `#nodes[${index}].#state IN (:pending, :ready) AND #rstate IN (:pending, :fulfilled)${
       force ? '' : ` AND attribute_not_exists(#nodes[${index}].held)`
-    } AND attribute_not_exists(#nodes[${index}].takenBy)`,
+    } AND attribute_not_exists(#nodes[${index}].takenBy)${purgeAt === undefined ? '' : ' AND size(#nodes) = :one'}`,
     ExpressionAttributeNames: {
       '#nodes': 'nodes',
       '#state': 'state',
       '#rstate': 'state',
       '#version': 'version',
+      ...(purgeAt === undefined ? {} : { '#purgeAt': PURGE_AT }),
     },
     ExpressionAttributeValues: {
       ':released': 'released',
@@ -51,6 +63,7 @@ export function releaseNodeUpdate(index: number, now: number, force: boolean, re
       ':ready': 'ready',
       ':fulfilled': 'fulfilled',
       ...(reason === undefined ? {} : { ':reason': reason }),
+      ...(purgeAt === undefined ? {} : { ':purgeAt': purgeAt }),
     },
   };
 }

@@ -157,7 +157,8 @@ export function endSpareOf(ctx: Context, n: NodeRecord): Promise<boolean> {
  * same conditional write as any placement's), then the spare's request moves to it (a put conditioned
  * on the version read, recording the slot it leaves), then the old slot is given back. A request that
  * takes the spare meanwhile changes that version: its take wins, the move gives its new slot back, and
- * the taker runs where it found the spare. Returns whether the spare moved.
+ * the taker runs where it found the spare. Returns the backing node it moved onto as its claim left
+ * it, or undefined when it did not move.
  */
 export async function moveSpare(
   ctx: Context,
@@ -165,10 +166,11 @@ export async function moveSpare(
   label: MetastaticLabel,
   spare: RequestRecord,
   onto: BackingRecord,
-): Promise<boolean> {
+): Promise<BackingRecord | undefined> {
   const node = spare.nodes[0];
-  if (!isFreeSpare(node) || !node.backingNodeId || node.slot === undefined || node.movedFrom) return false;
-  if (node.backingNodeId === onto.id) return false;
+  if (!isFreeSpare(node) || !node.backingNodeId || node.slot === undefined || node.movedFrom)
+    return undefined;
+  if (node.backingNodeId === onto.id) return undefined;
   const owner = ownerToken(ctx.clock.now());
   const placement = await claimSlotOn(ctx, pool, label, onto, node.id, {
     owner,
@@ -176,7 +178,7 @@ export async function moveSpare(
   });
   if (placement?.backing.state !== 'ready') {
     if (placement) await giveBackSlot(ctx, onto.id, node.id, { owner });
-    return false;
+    return undefined;
   }
   const now = ctx.clock.now();
   const from = { backingNodeId: node.backingNodeId, slot: node.slot };
@@ -190,11 +192,11 @@ export async function moveSpare(
   if (!(await unlessConflict(() => ctx.store.putRequest(next, spare.version)))) {
     // Taken (or ended) since it was read: that write stands, and the new slot goes back.
     await giveBackSlot(ctx, onto.id, node.id, { owner });
-    return false;
+    return undefined;
   }
   ctx.log.info('min-ready node moved', { nodeId: node.id, from: from.backingNodeId, to: onto.id });
   await finishMove(ctx, next);
-  return true;
+  return placement.backing;
 }
 
 /**

@@ -249,26 +249,40 @@ async function consolidate(upkeep: Upkeep): Promise<void> {
     const found = await ctx.store.findCandidates(pool.key, label, MOVE_CANDIDATES);
     for (const b of found.items) if (usableSpareHost(b, now)) rooms.set(b.id, roomOf(b));
     const key = (r: Room) => (r.pinned ? 1_000_000 : 0) + r.used;
-    for (const f of [...free].sort((x, y) => key(roomOf(x.host)) - key(roomOf(y.host)))) {
+    // Always a spare of the emptiest backing node left, so one is emptied before the next is touched.
+    const left = [...free];
+    while (left.length > 0) {
       if (timeLeft(ctx) <= 0) {
         report.deferred++;
         return;
       }
+      const at = (f: (typeof left)[number]) => key(rooms.get(f.host.id) as Room);
+      left.sort((x, y) => at(x) - at(y));
+      const f = left.shift() as (typeof left)[number];
       const from = rooms.get(f.host.id);
       if (!from) continue;
       const to = [...rooms.values()]
         .filter((r) => r.b.id !== from.b.id && r.used < r.b.slots && fuller(r, from))
         .sort((x, y) => key(y) - key(x))[0];
       if (!to) continue;
+      let onto: BackingRecord | undefined;
       try {
-        if (!(await moveSpare(ctx, pool, config, f.spare, to.b))) continue;
+        onto = await moveSpare(ctx, pool, config, f.spare, to.b);
       } catch (err) {
         if (err instanceof BusyError) continue; // a move of it in flight elsewhere: left to that one
         throw err;
       }
+      if (!onto) {
+        // Lost a race (its slot, or the spare taken): the next move there starts from it as it is now.
+        const current = await ctx.store.getBacking(to.b.id);
+        if (current && usableSpareHost(current, ctx.clock.now())) to.b = current;
+        else rooms.delete(to.b.id);
+        continue;
+      }
       report.moved++;
       from.used--;
       to.used++;
+      to.b = onto;
     }
   }
 }

@@ -262,6 +262,22 @@ describe('ended records and DynamoDB TTL (issue 24)', () => {
     await releaseNode(h.pool.context, 'pair/1');
     const released = await store.getRequest('pair');
     expect((await item(h, keys.request('pair'))).purgeAt).toBe(purgeAt(released?.nodes[1]?.releasedAt ?? 0));
+    // A one-node request (most are): its release gives it its purge time in the same update, no other write.
+    await readyNode(h, 'solo');
+    const commands: string[] = [];
+    h.pool.dynamodb.middlewareStack.add(
+      (next, context) => async (args) => {
+        commands.push(String(context.commandName));
+        return next(args);
+      },
+      { step: 'initialize', name: 'ttlTestCommands' },
+    );
+    await releaseNode(h.pool.context, 'solo/0');
+    h.pool.dynamodb.middlewareStack.remove('ttlTestCommands');
+    // The release's update, then the slot given back (read, put).
+    expect(commands.filter((c) => c.startsWith('Update'))).toHaveLength(1);
+    const solo = await store.getRequest('solo');
+    expect((await item(h, keys.request('solo'))).purgeAt).toBe(purgeAt(solo?.nodes[0]?.releasedAt ?? 0));
     // A request that can never be served ends at once.
     await h.send({ kind: 'request', id: 'unknown', labels: ['no-such-label'] });
     await h.drainRequests();
