@@ -238,7 +238,7 @@ export const configSchema = z
       'record-retention': intBetween(RECORD_RETENTION_SECONDS.min, RECORD_RETENTION_SECONDS.max)
         .default(RECORD_RETENTION_SECONDS.default)
         .describe(
-          `Seconds an ended request (every node released or failed) or a stopped backing node stays in the table before DynamoDB's TTL deletes it (attribute purgeAt). ${RECORD_RETENTION_SECONDS.min / 86400} days (a request message's life in the queue: its record tells a redelivery from a new request) to ${RECORD_RETENTION_SECONDS.max / 86400} days; default ${RECORD_RETENTION_SECONDS.default / 86400}.`,
+          `Seconds an ended request (every node released or failed) or a stopped backing node stays in the table before DynamoDB's TTL deletes it (attribute expiresAt). ${RECORD_RETENTION_SECONDS.min / 86400} days (a request message's life in the queue: its record tells a redelivery from a new request) to ${RECORD_RETENTION_SECONDS.max / 86400} days; default ${RECORD_RETENTION_SECONDS.default / 86400}.`,
         ),
       'shape-cost-margin': intBetween(0, MAX_SHAPE_COST_MARGIN)
         .default(DEFAULT_SHAPE_COST_MARGIN)

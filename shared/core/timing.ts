@@ -86,7 +86,7 @@ export const RESOURCE_NOT_FOUND_GRACE_MS = 5 * 60_000;
 
 /**
  * How long an ended record (a request whose nodes all ended, a stopped backing node) stays in the table
- * before DynamoDB's TTL may delete it (`record-retention`, seconds; the item's `purgeAt`). At least the
+ * before DynamoDB's TTL may delete it (`record-retention`, seconds; the item's `expiresAt`). At least the
  * request queue's message retention (SQS's default, 4 days, which the stack keeps): a request message can
  * be received until then, and only its record tells a redelivery from a new request. At most 90 days.
  */

@@ -32,15 +32,15 @@ import { BackingRecord, type Claim, RequestRecord } from '../core/records.ts';
 import { RECORD_RETENTION_SECONDS } from '../core/timing.ts';
 import { CapacitySets } from './capacitySets.ts';
 import { IndexQueries } from './indexQueries.ts';
-import { backingItem, keys, purgeAtOf, requestEnded, requestItem, resourceItem } from './table.ts';
+import { backingItem, expiresAtOf, keys, requestEnded, requestItem, resourceItem } from './table.ts';
 import {
   backingExpected,
   claimSlotUpdate,
   conditions,
   dropLeaseUpdate,
+  expiresAtUpdate,
   lapseLeaseUpdate,
   pointsTo,
-  purgeAtUpdate,
   releaseNodeUpdate,
   renewLeaseUpdate,
 } from './writes.ts';
@@ -76,7 +76,7 @@ export class DynamoStore implements PoolStore {
   readonly capacity: CapacitySets;
   private readonly indexes: IndexQueries;
 
-  /** Seconds an ended record stays before DynamoDB's TTL deletes it (`record-retention`, table.ts purgeAtOf). */
+  /** Seconds an ended record stays before DynamoDB's TTL deletes it (`record-retention`, table.ts expiresAtOf). */
   private readonly retention: number;
 
   constructor(
@@ -172,14 +172,14 @@ export class DynamoStore implements PoolStore {
     force = false,
     reason?: string,
   ): Promise<RequestRecord | undefined> {
-    const purgeAt = purgeAtOf(now, this.retention);
+    const expiresAt = expiresAtOf(now, this.retention);
     const release = async (alone: boolean): Promise<UpdateCommandOutput | undefined> => {
       try {
         return await this.doc.send(
           new UpdateCommand({
             TableName: this.tableName,
             Key: keys.request(requestId),
-            ...releaseNodeUpdate(index, now, force, reason, alone ? purgeAt : undefined),
+            ...releaseNodeUpdate(index, now, force, reason, alone ? expiresAt : undefined),
             ReturnValues: 'ALL_NEW',
             ...(alone ? { ReturnValuesOnConditionCheckFailure: 'ALL_OLD' as const } : {}),
           }),
@@ -209,7 +209,7 @@ export class DynamoStore implements PoolStore {
           new UpdateCommand({
             TableName: this.tableName,
             Key: keys.request(requestId),
-            ...purgeAtUpdate(purgeAt),
+            ...expiresAtUpdate(expiresAt),
           }),
         )
         .catch((err: unknown) => {

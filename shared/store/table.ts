@@ -35,14 +35,15 @@ export const FREE_INDEX = 'free';
 export const REAP_INDEX = 'reap';
 
 /**
- * The table's TTL attribute (lib/poolTable.ts enables TTL on it): epoch seconds after which DynamoDB may
- * delete the item. Only ended records carry it (`purgeAtOf`); it is storage housekeeping, never read by
- * the pool (time-based rules read the records' own timestamps).
+ * The table's TTL attribute (lib/poolTable.ts enables TTL on it; a table has one): epoch seconds after
+ * which DynamoDB may delete the item. Ended requests and stopped backing nodes carry it (`expiresAtOf`),
+ * and so do requestor duration estimates (their lapse, core/estimates.ts). For requests and backing nodes
+ * it is storage housekeeping, never read by the pool (time-based rules read the records' own timestamps).
  */
-export const PURGE_AT = 'purgeAt';
+export const TTL_ATTRIBUTE = 'expiresAt';
 
 /** When an item ended at `endedAt` (epoch ms) may be deleted: `retention` seconds later, epoch seconds. */
-export function purgeAtOf(endedAt: number, retention: number): number {
+export function expiresAtOf(endedAt: number, retention: number): number {
   return Math.ceil(endedAt / 1000) + retention;
 }
 
@@ -152,7 +153,9 @@ export function backingItem(
     claims: b.claims ?? {},
     ends: b.ends ?? {},
     ...backingIndexAttributes(b),
-    ...(b.state === 'stopped' ? { [PURGE_AT]: purgeAtOf(b.stoppedAt ?? b.lastUsedAt, retention) } : {}),
+    ...(b.state === 'stopped'
+      ? { [TTL_ATTRIBUTE]: expiresAtOf(b.stoppedAt ?? b.lastUsedAt, retention) }
+      : {}),
   });
 }
 
@@ -191,7 +194,7 @@ export function requestItem(
     ...r,
     ...requestIndexAttributes(r),
     ...leaseIndexAttributes(r),
-    ...(requestEnded(r) ? { [PURGE_AT]: purgeAtOf(r.updatedAt, retention) } : {}),
+    ...(requestEnded(r) ? { [TTL_ATTRIBUTE]: expiresAtOf(r.updatedAt, retention) } : {}),
   });
 }
 

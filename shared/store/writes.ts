@@ -1,6 +1,6 @@
 import type { BackingExpectation } from '../core/poolStore.ts';
 import type { BackingRecord, Claim } from '../core/records.ts';
-import { backingIndexAttributes, LEASE_PARTITION, leaseSortKey, PURGE_AT } from './table.ts';
+import { backingIndexAttributes, LEASE_PARTITION, leaseSortKey, TTL_ATTRIBUTE } from './table.ts';
 
 /**
  * The conditions and update expressions of the store's conditional writes, named and built here as
@@ -36,24 +36,24 @@ export function releaseNodeUpdate(
   reason?: string,
   /**
    * Set when the request is known to have this one node: the update also gives it its purge time
-   * (PURGE_AT), conditioned on the request having one node (the release then ends it).
+   * (TTL_ATTRIBUTE), conditioned on the request having one node (the release then ends it).
    */
-  purgeAt?: number,
+  expiresAt?: number,
 ): Expression {
   const why = reason === undefined ? '' : `, #nodes[${index}].reason = :reason`;
-  const purge = purgeAt === undefined ? '' : ', #purgeAt = :purgeAt';
+  const purge = expiresAt === undefined ? '' : ', #expiresAt = :expiresAt';
   return {
     UpdateExpression: `SET #nodes[${index}].#state = :released, #nodes[${index}].releasedAt = :now${why}, updatedAt = :now${purge} ADD #version :one`,
     // A held node is released only by a forced (operator) release.
     ConditionExpression: `#nodes[${index}].#state IN (:pending, :ready) AND #rstate IN (:pending, :fulfilled)${
       force ? '' : ` AND attribute_not_exists(#nodes[${index}].held)`
-    } AND attribute_not_exists(#nodes[${index}].takenBy)${purgeAt === undefined ? '' : ' AND size(#nodes) = :one'}`,
+    } AND attribute_not_exists(#nodes[${index}].takenBy)${expiresAt === undefined ? '' : ' AND size(#nodes) = :one'}`,
     ExpressionAttributeNames: {
       '#nodes': 'nodes',
       '#state': 'state',
       '#rstate': 'state',
       '#version': 'version',
-      ...(purgeAt === undefined ? {} : { '#purgeAt': PURGE_AT }),
+      ...(expiresAt === undefined ? {} : { '#expiresAt': TTL_ATTRIBUTE }),
     },
     ExpressionAttributeValues: {
       ':released': 'released',
@@ -63,21 +63,21 @@ export function releaseNodeUpdate(
       ':ready': 'ready',
       ':fulfilled': 'fulfilled',
       ...(reason === undefined ? {} : { ':reason': reason }),
-      ...(purgeAt === undefined ? {} : { ':purgeAt': purgeAt }),
+      ...(expiresAt === undefined ? {} : { ':expiresAt': expiresAt }),
     },
   };
 }
 
 /**
- * Gives an ended request its purge time (DynamoDB's TTL attribute, table.ts PURGE_AT), keeping one
+ * Gives an ended request its purge time (DynamoDB's TTL attribute, table.ts TTL_ATTRIBUTE), keeping one
  * already set; only while the item exists (a deleted one is not written back).
  */
-export function purgeAtUpdate(purgeAt: number): Expression {
+export function expiresAtUpdate(expiresAt: number): Expression {
   return {
-    UpdateExpression: 'SET #purgeAt = if_not_exists(#purgeAt, :purgeAt)',
+    UpdateExpression: 'SET #expiresAt = if_not_exists(#expiresAt, :expiresAt)',
     ConditionExpression: 'attribute_exists(pk)',
-    ExpressionAttributeNames: { '#purgeAt': PURGE_AT },
-    ExpressionAttributeValues: { ':purgeAt': purgeAt },
+    ExpressionAttributeNames: { '#expiresAt': TTL_ATTRIBUTE },
+    ExpressionAttributeValues: { ':expiresAt': expiresAt },
   };
 }
 

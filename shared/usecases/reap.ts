@@ -166,7 +166,9 @@ export async function reap(ctx: Context): Promise<ReapReport> {
       const empty: BackingRecord[] = [];
       for (const b of failed) {
         await guard('settle', b.id, async () => {
-          const resourceGone = b.resourceId ? (looks.get(b.id)?.gone ?? false) : true;
+          const look = looks.get(b.id);
+          if (b.resourceId && !look) throw new Error(`resource ${b.resourceId} could not be looked up`);
+          const resourceGone = look?.gone ?? true;
           const settled = await settleFailedNodes(ctx, b, resourceGone);
           report.moved += settled.rehomed;
           const current = await ctx.store.getBacking(b.id);
@@ -271,7 +273,11 @@ export async function reap(ctx: Context): Promise<ReapReport> {
   return report;
 }
 
-/** What lookUp finds of each failed backing node's resource, a batch per provider (by backing node id). */
+/**
+ * What lookUp finds of each failed backing node's resource, a batch per provider (by backing node id).
+ * One whose provider cannot be had or failed to answer has none (its settle reports it); running out of
+ * the invocation's time ends the step.
+ */
 async function lookUpAll(
   ctx: Context,
   records: readonly BackingRecord[],
@@ -279,12 +285,21 @@ async function lookUpAll(
   const byProvider = new Map<BackingProvider, BackingRecord[]>();
   for (const b of records) {
     if (!b.resourceId) continue;
-    const provider = providerFor(ctx, b);
-    byProvider.set(provider, [...(byProvider.get(provider) ?? []), b]);
+    try {
+      const provider = providerFor(ctx, b);
+      byProvider.set(provider, [...(byProvider.get(provider) ?? []), b]);
+    } catch {
+      // No provider for its pool: left without a look, reported by its settle.
+    }
   }
   const looks = new Map<string, { gone: boolean }>();
   for (const [provider, batch] of byProvider) {
-    for (const [id, look] of await lookUpMany(ctx, provider, batch)) looks.set(id, look);
+    try {
+      for (const [id, look] of await lookUpMany(ctx, provider, batch)) looks.set(id, look);
+    } catch (err) {
+      if (err instanceof DeadlineError) throw err;
+      ctx.log.warn('reaper: could not look up failed backing nodes', { error: (err as Error).message });
+    }
   }
   return looks;
 }

@@ -241,7 +241,7 @@ describe('ended records and DynamoDB TTL (issue 24)', () => {
         )
       ).Item ?? {},
     );
-  const purgeAt = (endedAt: number) => Math.ceil(endedAt / 1000) + RETENTION;
+  const expiresAt = (endedAt: number) => Math.ceil(endedAt / 1000) + RETENTION;
 
   it('gives a request its purge time (record-retention) when it ends and a backing node when it stops, never a live one', async () => {
     h = await startHarness(
@@ -256,12 +256,14 @@ describe('ended records and DynamoDB TTL (issue 24)', () => {
     await h.send({ kind: 'request', id: 'pair', labels: ['small-node', 'small-node'] });
     await h.drainRequests();
     await h.fulfilUntil(async () => (await store.getRequest('pair'))?.state === 'fulfilled');
-    expect((await item(h, keys.request('pair'))).purgeAt).toBeUndefined();
+    expect((await item(h, keys.request('pair'))).expiresAt).toBeUndefined();
     await releaseNode(h.pool.context, 'pair/0');
-    expect((await item(h, keys.request('pair'))).purgeAt).toBeUndefined();
+    expect((await item(h, keys.request('pair'))).expiresAt).toBeUndefined();
     await releaseNode(h.pool.context, 'pair/1');
     const released = await store.getRequest('pair');
-    expect((await item(h, keys.request('pair'))).purgeAt).toBe(purgeAt(released?.nodes[1]?.releasedAt ?? 0));
+    expect((await item(h, keys.request('pair'))).expiresAt).toBe(
+      expiresAt(released?.nodes[1]?.releasedAt ?? 0),
+    );
     // A one-node request (most are): its release gives it its purge time in the same update, no other write.
     await readyNode(h, 'solo');
     const commands: string[] = [];
@@ -277,19 +279,19 @@ describe('ended records and DynamoDB TTL (issue 24)', () => {
     // The release's update, then the slot given back (read, put).
     expect(commands.filter((c) => c.startsWith('Update'))).toHaveLength(1);
     const solo = await store.getRequest('solo');
-    expect((await item(h, keys.request('solo'))).purgeAt).toBe(purgeAt(solo?.nodes[0]?.releasedAt ?? 0));
+    expect((await item(h, keys.request('solo'))).expiresAt).toBe(expiresAt(solo?.nodes[0]?.releasedAt ?? 0));
     // A request that can never be served ends at once.
     await h.send({ kind: 'request', id: 'unknown', labels: ['no-such-label'] });
     await h.drainRequests();
     const failed = await store.getRequest('unknown');
     expect(failed?.state).toBe('failed');
-    expect((await item(h, keys.request('unknown'))).purgeAt).toBe(purgeAt(failed?.updatedAt ?? 0));
+    expect((await item(h, keys.request('unknown'))).expiresAt).toBe(expiresAt(failed?.updatedAt ?? 0));
     // The backing node: none while it runs, its purge time once stopped.
     const [b] = await store.listBacking();
-    expect((await item(h, keys.backing(b?.id ?? ''))).purgeAt).toBeUndefined();
+    expect((await item(h, keys.backing(b?.id ?? ''))).expiresAt).toBeUndefined();
     h.clock.advance(1_000);
     expect((await h.pool.reapNow()).stopped).toEqual([b?.id]);
     const stopped = await store.getBacking(b?.id ?? '');
-    expect((await item(h, keys.backing(b?.id ?? ''))).purgeAt).toBe(purgeAt(stopped?.stoppedAt ?? 0));
+    expect((await item(h, keys.backing(b?.id ?? ''))).expiresAt).toBe(expiresAt(stopped?.stoppedAt ?? 0));
   });
 });
