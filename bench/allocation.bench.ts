@@ -15,7 +15,9 @@
  *   3. allocation latency with 2,000 backing nodes vs 20 (bench/scale.ts), and the capacity units an
  *      allocation and a release cost with 20 vs 5,000 live nodes (bench/capacity.ts);
  *   4. the Lambda bundles' size and module-initialisation time vs a bare SDK handler (bench/bundles.ts);
- *   5. the CLI's start-up from the installed package (`--help`, `list nodes --json`) vs `node -e 0` (bench/cli.ts).
+ *   5. the CLI's start-up from the installed package (`--help`, `list nodes --json`) vs `node -e 0` (bench/cli.ts);
+ *   6. backing nodes held only by min-ready nodes before and after the reaper keeps them on the fullest
+ *      backing nodes (bench/spares.ts).
  * Prints the tables and a summary, and writes everything to bench/results.json.
  */
 import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
@@ -43,6 +45,7 @@ import { type CliFigures, cliReport, cliSummary, measureCli } from './cli.ts';
 import { fmtMs, log, quantile, round, type Summary, sleep, summarize, table, yesNo } from './common.ts';
 import { type ContentionFigures, contentionReport, measureContention } from './contention.ts';
 import { measureScale, type ScaleFigures, scaleReport } from './scale.ts';
+import { measureSpares, type SparesFigures, sparesReport, sparesSummary } from './spares.ts';
 
 // ---- parameters -----------------------------------------------------------------------------------
 
@@ -684,6 +687,7 @@ interface Parts {
   readonly capacity: CapacityFigures;
   readonly bundles: BundlesFigures;
   readonly cli: CliFigures;
+  readonly spares: SparesFigures;
 }
 
 /**
@@ -783,6 +787,7 @@ function summaryRows(p: Parts): SummaryRow[] {
     ...capacitySummary(p.capacity),
     ...bundlesRows(p.bundles),
     ...cliSummary(p.cli),
+    ...sparesSummary(p.spares),
   ];
 }
 
@@ -920,6 +925,7 @@ async function main(): Promise<void> {
   const capacity = await timed('capacity', () => measureCapacity(progress));
   const bundles = await timed('bundles', () => measureBundles(progress));
   const cli = await timed('cli', () => measureCli(progress));
+  const spares = await timed('spares', () => measureSpares(progress));
 
   console.log('');
   console.log(report(variants));
@@ -940,7 +946,9 @@ async function main(): Promise<void> {
   console.log(bundlesReport(bundles));
   console.log('');
   console.log(cliReport(cli));
-  const summary = summaryRows({ variants, contention, scale, capacity, bundles, cli });
+  console.log('');
+  console.log(sparesReport(spares));
+  const summary = summaryRows({ variants, contention, scale, capacity, bundles, cli, spares });
   console.log('');
   console.log('Summary (ratios measured in this one run; aims are targets, nothing is asserted)');
   console.log(
@@ -1003,6 +1011,7 @@ async function main(): Promise<void> {
       capacity,
       bundles,
       cli,
+      spares,
       secondsByPart: seconds,
       partsMeasuredAt: Object.fromEntries(Object.keys(ALONE).map((part) => [part, new Date().toISOString()])),
       totalSeconds: round(total, 1),

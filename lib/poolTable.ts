@@ -10,7 +10,7 @@ import {
 import { Grant, type IGrantable } from 'aws-cdk-lib/aws-iam';
 import type { IKey } from 'aws-cdk-lib/aws-kms';
 import { Construct } from 'constructs';
-import { tableDefinition } from '../shared/store/table.ts';
+import { TTL_ATTRIBUTE, tableDefinition } from '../shared/store/table.ts';
 
 export interface PoolTableProps {
   /**
@@ -32,7 +32,8 @@ const TABLE_ID = 'Resource';
 /**
  * The pool's single table, built from `tableDefinition` (shared/store/table.ts): the same keys and the
  * `free` and `reap` indexes the embedded pool creates with CreateTable. On-demand, point-in-time
- * recovery, encrypted, retained on delete.
+ * recovery, encrypted, retained on delete; TTL on `expiresAt`, which only ended records carry (requests
+ * whose nodes all ended, stopped backing nodes: the configuration's `record-retention` after they ended).
  */
 export class PoolTable extends Construct {
   readonly table: Table;
@@ -57,6 +58,8 @@ export class PoolTable extends Construct {
         ? { encryption: TableEncryption.CUSTOMER_MANAGED, encryptionKey: props.encryptionKey }
         : { encryption: TableEncryption.AWS_MANAGED }),
       removalPolicy: props.removalPolicy ?? RemovalPolicy.RETAIN,
+      // Ended records carry the time DynamoDB may delete them (`record-retention` after they ended).
+      timeToLiveAttribute: TTL_ATTRIBUTE,
     });
     const names: string[] = [];
     for (const gsi of def.GlobalSecondaryIndexes ?? []) {

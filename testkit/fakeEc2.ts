@@ -114,6 +114,14 @@ export type Ec2CommandName =
   | 'DescribeImages'
   | 'GetConsoleOutput';
 
+const ALL_COMMANDS: readonly Ec2CommandName[] = [
+  'RunInstances',
+  'DescribeInstances',
+  'TerminateInstances',
+  'DescribeImages',
+  'GetConsoleOutput',
+];
+
 export interface FakeEc2Options {
   readonly region?: string;
   /** The clock instances age by; share it with the code under test. Default: a new ManualClock. */
@@ -235,6 +243,8 @@ export class FakeEc2 {
     error: () => Error;
     commands?: ReadonlySet<Ec2CommandName>;
   }[] = [];
+  /** Command -> how long each of its calls takes (on the clock). */
+  private readonly latency = new Map<Ec2CommandName, number>();
   private counter = 0;
   private otherIds = 0;
   private delivery: Promise<void> = Promise.resolve();
@@ -308,6 +318,18 @@ export class FakeEc2 {
       error,
       ...(options.commands ? { commands: new Set(options.commands) } : {}),
     });
+  }
+
+  /**
+   * Every later call of the given commands (default all) takes `ms`: the clock moves on by that much
+   * before the call does anything, so code bounded by the clock (an invocation's deadline) sees the time
+   * EC2 took. 0 makes them instant again.
+   */
+  slowCalls(ms: number, commands: readonly Ec2CommandName[] = ALL_COMMANDS): void {
+    for (const command of commands) {
+      if (ms > 0) this.latency.set(command, ms);
+      else this.latency.delete(command);
+    }
   }
 
   /**
@@ -452,8 +474,10 @@ export class FakeEc2 {
     this.callLog.push({ command, input: structuredClone(input) });
   }
 
-  /** Applies due changes, then fails the call if an injected failure applies to it. */
+  /** Takes the call's time (slowCalls), applies due changes, then fails the call if an injected failure applies to it. */
   private enter(command: Ec2CommandName): void {
+    const took = this.latency.get(command);
+    if (took !== undefined) this.clock.advance(took);
     this.tick();
     const rule = this.injected.find((r) => r.remaining > 0 && (!r.commands || r.commands.has(command)));
     if (!rule) return;

@@ -103,6 +103,8 @@ export interface ResolvedConfig {
   readonly shapeCostMargin: number;
   /** `learned-durations`: learn node durations and place nodes without a hint by them. */
   readonly learnedDurations: boolean;
+  /** `record-retention`: seconds an ended record stays before DynamoDB's TTL deletes it (core/timing.ts). */
+  readonly recordRetention: number;
   /** Keys that are valid but have no effect yet, by YAML path: shown as warnings, never errors. */
   readonly notices: readonly ConfigNotice[];
 }

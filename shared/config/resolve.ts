@@ -104,6 +104,7 @@ export function resolveConfig(file: ConfigFile): ResolvedConfig {
     minReady: minReadyOf(file),
     shapeCostMargin: file['shape-cost-margin'],
     learnedDurations: file['learned-durations'],
+    recordRetention: file['record-retention'],
     notices: [...notices, ...noticesOf(file, metastaticLabelNames)],
   };
 }

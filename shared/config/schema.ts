@@ -9,6 +9,7 @@
  * Objects are strict (an unknown key is an error, so typos are caught).
  */
 import { z } from 'zod';
+import { RECORD_RETENTION_SECONDS } from '../core/timing.ts';
 import { awsProviderSchema } from './awsSchema.ts';
 import { contractKeys } from './contractFields.ts';
 import {
@@ -233,6 +234,11 @@ export const configSchema = z
         .default(false)
         .describe(
           'Learn how long nodes of each label (and requestor) are kept, and place a node whose request gives no expected-duration by that estimate when it is confident of one.',
+        ),
+      'record-retention': intBetween(RECORD_RETENTION_SECONDS.min, RECORD_RETENTION_SECONDS.max)
+        .default(RECORD_RETENTION_SECONDS.default)
+        .describe(
+          `Seconds an ended request (every node released or failed) or a stopped backing node stays in the table before DynamoDB's TTL deletes it (attribute expiresAt). ${RECORD_RETENTION_SECONDS.min / 86400} days (a request message's life in the queue: its record tells a redelivery from a new request) to ${RECORD_RETENTION_SECONDS.max / 86400} days; default ${RECORD_RETENTION_SECONDS.default / 86400}.`,
         ),
       'shape-cost-margin': intBetween(0, MAX_SHAPE_COST_MARGIN)
         .default(DEFAULT_SHAPE_COST_MARGIN)

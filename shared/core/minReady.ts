@@ -1,6 +1,8 @@
+import { z } from 'zod';
 import { contentHash, nodeId, parseNodeId, SPARE_ID_PREFIX } from './ids.ts';
 import type { RequestMessage } from './messages.ts';
 import type { NodeRecord, RequestRecord } from './records.ts';
+import { boundedReason } from './text.ts';
 
 /**
  * min-ready (Nodepool's top-level `labels[].min-ready`): the pool keeps that many nodes of a label
@@ -83,7 +85,7 @@ export function takenSpare(spare: RequestRecord, taker: string, by: string, at: 
  * details; it records the spare, whose slot and place it uses.
  */
 export function nodeOnSpare(n: NodeRecord, spare: NodeRecord, now: number): NodeRecord {
-  const { takenBy: _t, held: _h, reason: _r, releasedAt: _x, ...details } = spare;
+  const { takenBy: _t, held: _h, reason: _r, releasedAt: _x, movedFrom: _m, ...details } = spare;
   return { ...details, id: n.id, label: n.label, state: 'ready', attempts: 1, readyAt: now, spare: spare.id };
 }
 
@@ -112,4 +114,66 @@ export function seatStep(
   const takers = parsed ? taker?.nodes[parsed.index] : undefined;
   if (takers?.spare === node.id) return 'advance';
   return takerDead(node.takenBy.at) ? 'orphan' : 'keep';
+}
+
+/**
+ * A label whose min-ready nodes keep failing to launch backs off (issue 24): each refill would otherwise
+ * spend launch-retries launches per seat on every reaper run (300 RunInstances a minute at min-ready 100
+ * and 3 retries), against the account's shared EC2 API budget. After `failures` failed spares in a row,
+ * no new spare is made before `retryAt`: `baseMs` x `factor`^(failures - 1), at most `maxMs`. A spare
+ * that becomes ready after the last failure resets it. Kept in the table (one item per label, beside its
+ * seats), written conditionally on its version, since replenishers may run at once.
+ */
+export const MIN_READY_BACKOFF = { baseMs: 60_000, factor: 2, maxMs: 30 * 60_000 } as const;
+
+export const LabelBackoff = z.object({
+  /** Spares in a row that failed to launch (never became ready); 0: none since the last success. */
+  failures: z.number().int().nonnegative(),
+  /** When the last of them was found failed (epoch ms). */
+  lastFailedAt: z.number(),
+  /** No new spare of the label before this (epoch ms). */
+  retryAt: z.number(),
+  /** Why the last one failed (its request's reason). */
+  reason: z.string().optional(),
+  /** Optimistic-concurrency version: every write requires the one read. */
+  version: z.number().int().positive(),
+});
+export type LabelBackoff = z.infer<typeof LabelBackoff>;
+
+/** The label's backoff after one more failed spare, found failed at `now`. */
+export function backoffAfterFailure(
+  prev: LabelBackoff | undefined,
+  now: number,
+  reason?: string,
+): LabelBackoff {
+  const failures = (prev?.failures ?? 0) + 1;
+  const { baseMs, factor, maxMs } = MIN_READY_BACKOFF;
+  const wait = Math.min(maxMs, baseMs * factor ** (failures - 1));
+  return {
+    failures,
+    lastFailedAt: now,
+    retryAt: now + wait,
+    ...(reason === undefined ? {} : { reason: boundedReason(reason) }),
+    version: (prev?.version ?? 0) + 1,
+  };
+}
+
+/** Whether no new spare of the label may be made now. */
+export function backingOff(b: LabelBackoff | undefined, now: number): boolean {
+  return b !== undefined && b.failures > 0 && now < b.retryAt;
+}
+
+/** Whether a spare's node shows the label launches again: ready since its last failure. */
+export function endsBackoff(b: LabelBackoff | undefined, spare: NodeRecord | undefined): boolean {
+  return b !== undefined && b.failures > 0 && spare?.readyAt !== undefined && spare.readyAt > b.lastFailedAt;
+}
+
+/** The label's backoff reset by a success. */
+export function backoffCleared(prev: LabelBackoff): LabelBackoff {
+  return {
+    failures: 0,
+    lastFailedAt: prev.lastFailedAt,
+    retryAt: prev.lastFailedAt,
+    version: prev.version + 1,
+  };
 }

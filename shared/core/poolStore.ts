@@ -1,4 +1,5 @@
 import type { DurationEstimate } from './estimates.ts';
+import type { LabelBackoff } from './minReady.ts';
 import type { BackingRecord, Claim, RequestRecord } from './records.ts';
 import type { BackingState } from './states.ts';
 import type { RegisteredQueue, WaitingQueue } from './waitingQueue.ts';
@@ -151,6 +152,22 @@ export interface PoolStore {
   openSeat(label: string, seat: number): Promise<void>;
   /** Moves a seat from generation `from` to `from + 1`; false when it is not at `from` any more. */
   advanceSeat(label: string, seat: number, from: number): Promise<boolean>;
+  /** A label's seats (as seatGenerations) and its launch backoff, in one read. */
+  minReadyState(label: string): Promise<MinReadyState>;
+  /**
+   * Writes a label's backoff if the stored one is still the one it was made from (version - 1; none for
+   * version 1); false when another writer got there first.
+   */
+  putLabelBackoff(label: string, next: LabelBackoff): Promise<boolean>;
+
+  // ---- the reaper's rotation of its steps (usecases/reap.ts)
+  /** Where the next reaper run starts its steps, with the item's version; undefined when never written. */
+  reaperCursor(): Promise<ReaperCursor | undefined>;
+  /**
+   * Records where the next run starts (`first` undefined: the usual order), if the item is still at
+   * `readVersion` (undefined: absent); false when another run wrote it first.
+   */
+  putReaperCursor(first: string | undefined, readVersion: number | undefined): Promise<boolean>;
 
   // ---- operator listings (a Scan: never on a request path)
   listRequests(): Promise<RequestRecord[]>;
@@ -165,6 +182,18 @@ export interface PoolStore {
 export type BackingPhase = 'idle' | 'launching' | 'active' | 'retiring' | 'failed';
 
 export type PageCursor = Record<string, unknown>;
+
+/** A label's min-ready seats (seat -> generation; absent = 0) and its launch backoff (core/minReady.ts). */
+export interface MinReadyState {
+  readonly gens: Map<number, number>;
+  readonly backoff?: LabelBackoff;
+}
+
+/** The step the next reaper run starts with (absent: the usual order), and the item's version. */
+export interface ReaperCursor {
+  readonly first?: string;
+  readonly version: number;
+}
 
 export interface Page<T> {
   readonly items: T[];

@@ -1,7 +1,14 @@
+import type { Deadline } from './timing.ts';
+
 /**
  * The port through which the core launches and stops backing nodes. One adapter per driver: `local`
  * (child processes, for the embedded pool) and `aws` (EC2). Adapters report state changes as
  * EC2-shaped events (see events.ts), so the fulfil flow is the same everywhere.
+ *
+ * Every call takes the invocation's deadline (`within`, Context.deadline) where one applies: an adapter
+ * whose calls can take long (EC2's requests, its retries with backoff, a launch trying offering after
+ * offering) starts no request and sleeps no backoff past it, and throws DeadlineError instead (a
+ * RetryableError: the work is left to the next delivery or reaper run). Unset: no bound but its own.
  */
 
 export interface LaunchSpec {
@@ -49,12 +56,17 @@ export type ReportedHostKeys =
 
 export interface BackingProvider {
   /** Starts a backing node. Idempotent: the same (backingNodeId, attempt) never starts a second resource. */
-  launch(spec: LaunchSpec): Promise<{ resourceId: string }>;
+  launch(spec: LaunchSpec, within?: Deadline): Promise<{ resourceId: string }>;
   /**
    * The resource as the provider sees it now, or undefined when it does not exist (any more), or, for an
    * eventually consistent provider, not yet (see `eventuallyConsistent`).
    */
-  describe(resourceId: string): Promise<BackingResource | undefined>;
+  describe(resourceId: string, within?: Deadline): Promise<BackingResource | undefined>;
+  /**
+   * Several resources at once (the reaper confirms a batch it terminated): the ones found, by id; an id
+   * left out is not found (see `describe`). Optional: without it, `describe` is asked for each.
+   */
+  describeMany?(resourceIds: readonly string[], within?: Deadline): Promise<Map<string, BackingResource>>;
   /**
    * True when a resource created a moment ago can still be unknown to `describe`, `list` and `terminate`
    * (EC2's eventual consistency). The reaper then takes "not found" for "gone" only once the resource id
@@ -66,9 +78,14 @@ export interface BackingProvider {
    * Stops and deletes the resource. Idempotent: terminating a gone resource succeeds (so, with
    * `eventuallyConsistent`, a young resource "not found" may not have been terminated: describe after).
    */
-  terminate(resourceId: string): Promise<void>;
+  terminate(resourceId: string, within?: Deadline): Promise<void>;
+  /**
+   * Terminates several resources, in as few calls as the provider allows (EC2: 1,000 ids a call), with
+   * `terminate`'s idempotency. Optional: without it, `terminate` is asked for each.
+   */
+  terminateMany?(resourceIds: readonly string[], within?: Deadline): Promise<void>;
   /** Every resource carrying this pool's tag (for reconciliation). */
-  list(): Promise<BackingResource[]>;
+  list(within?: Deadline): Promise<BackingResource[]>;
   /**
    * Why launching in a backing pool is paused right now (a quota error a moment ago), or undefined.
    * Requests then wait instead of spending launch attempts.
@@ -85,7 +102,7 @@ export interface BackingProvider {
    * labels that take their keys that way (aws `host-keys: console`). Throws RetryableError when the
    * provider could not be asked now; `none` while the machine has not printed them yet.
    */
-  reportedHostKeys?(resourceId: string): Promise<ReportedHostKeys>;
+  reportedHostKeys?(resourceId: string, within?: Deadline): Promise<ReportedHostKeys>;
 }
 
 /** Finds the provider adapter for a backing pool, or for a resource named in a state event. */

@@ -115,6 +115,12 @@ export const NodeRecord = z.object({
   spare: z.string().optional(),
   /** On a min-ready node: the node that took it, and the delivery (owner token) that did, when. */
   takenBy: z.object({ node: z.string(), by: z.string(), at: z.number() }).optional(),
+  /**
+   * On a min-ready node just moved onto a fuller backing node (usecases/minReady.ts moveSpare): the slot
+   * it held before, until that slot is given back (the move's last step; a move cut short there is
+   * finished by the next upkeep, or when the node ends).
+   */
+  movedFrom: z.object({ backingNodeId: z.string(), slot: z.number().int().nonnegative() }).optional(),
 });
 export type NodeRecord = z.infer<typeof NodeRecord>;
 

@@ -84,6 +84,14 @@ export const MIN_CHECK_MS = PORT_PROBE_TIMEOUT_MS;
  */
 export const RESOURCE_NOT_FOUND_GRACE_MS = 5 * 60_000;
 
+/**
+ * How long an ended record (a request whose nodes all ended, a stopped backing node) stays in the table
+ * before DynamoDB's TTL may delete it (`record-retention`, seconds; the item's `expiresAt`). At least the
+ * request queue's message retention (SQS's default, 4 days, which the stack keeps): a request message can
+ * be received until then, and only its record tells a redelivery from a new request. At most 90 days.
+ */
+export const RECORD_RETENTION_SECONDS = { default: 7 * 86400, min: 4 * 86400, max: 90 * 86400 } as const;
+
 /** The part of Lambda's invocation context that tells how long the invocation may still run. */
 export interface InvocationTime {
   getRemainingTimeInMillis(): number;

@@ -116,7 +116,11 @@ export class EmbeddedPool {
         maxReceiveCount: 5,
       });
 
-      const store = new DynamoStore(dynamodb, TABLE_NAME, clock);
+      // dynalite has no TTL: ended records get their purge time all the same (the table is the same
+      // shape as on AWS) and stay until the state dir goes.
+      const store = new DynamoStore(dynamodb, TABLE_NAME, clock, {
+        recordRetention: options.config.recordRetention,
+      });
       // A state dir of an earlier version keeps each capacity set in one item: moved to places first.
       const moved = await store.migrateCapacitySets(
         options.config.metastaticPools.map((p) => p.key),

@@ -86,7 +86,9 @@ export function lambdaRuntimeFromEnv(raw: NodeJS.ProcessEnv = process.env): Lamb
   );
   const context = awsContext({
     config,
-    store: new DynamoStore(dynamodb, env.TABLE_NAME),
+    store: new DynamoStore(dynamodb, env.TABLE_NAME, systemClock, {
+      recordRetention: config.recordRetention,
+    }),
     region: env.AWS_REGION,
     poolId: env.POOL_ID,
     inVpc: env.METASTATIC_IN_VPC,

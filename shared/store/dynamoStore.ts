@@ -10,31 +10,37 @@ import {
   PutCommand,
   QueryCommand,
   UpdateCommand,
+  type UpdateCommandOutput,
 } from '@aws-sdk/lib-dynamodb';
 import { unmarshall } from '@aws-sdk/util-dynamodb';
 import { type Clock, systemClock } from '../core/clock.ts';
 import { ConflictError, ItemTooLargeError, LostWriteError, StoreRefusedError } from '../core/errors.ts';
 import { DurationEstimate } from '../core/estimates.ts';
+import { LabelBackoff } from '../core/minReady.ts';
 import type {
   BackingExpectation,
   BackingPhase,
+  MinReadyState,
   Page,
   PageCursor,
   PoolStore,
+  ReaperCursor,
   Reservation,
   SlotClaim,
 } from '../core/poolStore.ts';
 import { BackingRecord, type Claim, RequestRecord } from '../core/records.ts';
+import { RECORD_RETENTION_SECONDS } from '../core/timing.ts';
 import type { RegisteredQueue, WaitingQueue } from '../core/waitingQueue.ts';
 import { CapacitySets } from './capacitySets.ts';
 import { IndexQueries } from './indexQueries.ts';
-import { backingItem, keys, requestItem, resourceItem } from './table.ts';
+import { backingItem, expiresAtOf, keys, requestEnded, requestItem, resourceItem } from './table.ts';
 import { WaitingQueues } from './waitingQueues.ts';
 import {
   backingExpected,
   claimSlotUpdate,
   conditions,
   dropLeaseUpdate,
+  expiresAtUpdate,
   lapseLeaseUpdate,
   pointsTo,
   releaseNodeUpdate,
@@ -61,6 +67,11 @@ function isItemTooLarge(err: Error): boolean {
   return /item size.*exceeded/i.test(err.message);
 }
 
+export interface DynamoStoreOptions {
+  /** `record-retention`, seconds (default RECORD_RETENTION_SECONDS.default). */
+  readonly recordRetention?: number;
+}
+
 export class DynamoStore implements PoolStore {
   private readonly doc: DynamoDBDocumentClient;
   /** The capacity sets behind the places in max-servers (also reachable for tests and the bench). */
@@ -68,12 +79,17 @@ export class DynamoStore implements PoolStore {
   private readonly indexes: IndexQueries;
   private readonly queues: WaitingQueues;
 
+  /** Seconds an ended record stays before DynamoDB's TTL deletes it (`record-retention`, table.ts expiresAtOf). */
+  private readonly retention: number;
+
   constructor(
     client: DynamoDBClient,
     readonly tableName: string,
     /** Stamps the capacity sets' operations: the clock of the contexts using this store. */
     clock: Clock = systemClock,
+    options: DynamoStoreOptions = {},
   ) {
+    this.retention = options.recordRetention ?? RECORD_RETENTION_SECONDS.default;
     this.doc = DynamoDBDocumentClient.from(client, { marshallOptions: { removeUndefinedValues: true } });
     // A write DynamoDB refuses as invalid (an item over its size limit, a number out of its range) fails
     // the same way every time: a permanent error, not a transient one retried until the message's
@@ -107,7 +123,7 @@ export class DynamoStore implements PoolStore {
       await this.doc.send(
         new PutCommand({
           TableName: this.tableName,
-          Item: requestItem(r),
+          Item: requestItem(r, this.retention),
           ConditionExpression: conditions.itemDoesNotExist,
         }),
       );
@@ -134,7 +150,7 @@ export class DynamoStore implements PoolStore {
       await this.doc.send(
         new PutCommand({
           TableName: this.tableName,
-          Item: requestItem(next),
+          Item: requestItem(next, this.retention),
           ConditionExpression: conditions.versionUnchanged,
           ExpressionAttributeNames: { '#version': 'version' },
           ExpressionAttributeValues: { ':expectedVersion': expectedVersion },
@@ -162,20 +178,51 @@ export class DynamoStore implements PoolStore {
     force = false,
     reason?: string,
   ): Promise<RequestRecord | undefined> {
-    try {
-      const out = await this.doc.send(
-        new UpdateCommand({
-          TableName: this.tableName,
-          Key: keys.request(requestId),
-          ...releaseNodeUpdate(index, now, force, reason),
-          ReturnValues: 'ALL_NEW',
-        }),
-      );
-      return RequestRecord.parse(out.Attributes);
-    } catch (err) {
-      if (err instanceof ConditionalCheckFailedException) return undefined;
-      throw err;
+    const expiresAt = expiresAtOf(now, this.retention);
+    const release = async (alone: boolean): Promise<UpdateCommandOutput | undefined> => {
+      try {
+        return await this.doc.send(
+          new UpdateCommand({
+            TableName: this.tableName,
+            Key: keys.request(requestId),
+            ...releaseNodeUpdate(index, now, force, reason, alone ? expiresAt : undefined),
+            ReturnValues: 'ALL_NEW',
+            ...(alone ? { ReturnValuesOnConditionCheckFailure: 'ALL_OLD' as const } : {}),
+          }),
+        );
+      } catch (err) {
+        if (!(err instanceof ConditionalCheckFailedException)) throw err;
+        // Refused as the only node of its request: it has others (release it as one of them), or the
+        // release's own condition failed (the caller reads and decides).
+        if (!alone) return undefined;
+        const old = (err as { Item?: Record<string, AttributeValue> }).Item;
+        const nodes = old ? unmarshall(old).nodes : (await this.getRequest(requestId))?.nodes;
+        return Array.isArray(nodes) && nodes.length > 1 ? release(false) : undefined;
+      }
+    };
+    // Most requests have one node, which is node 0: its release ends the request, and the same update
+    // gives it its purge time (conditioned on the one node), with no extra write.
+    const out = await release(index === 0);
+    if (!out) return undefined;
+    const released = RequestRecord.parse(out.Attributes);
+    // The last live node of several: the request has ended, and gets its purge time now. The release
+    // cannot set it itself (it does not know the other nodes); every other write of a request is a
+    // whole-item put that computes it (requestItem). Nodes never come back from released or failed, so
+    // this cannot race with the request coming back to life.
+    if (requestEnded(released) && released.nodes.length > 1) {
+      await this.doc
+        .send(
+          new UpdateCommand({
+            TableName: this.tableName,
+            Key: keys.request(requestId),
+            ...expiresAtUpdate(expiresAt),
+          }),
+        )
+        .catch((err: unknown) => {
+          if (!(err instanceof ConditionalCheckFailedException)) throw err; // deleted meanwhile
+        });
     }
+    return released;
   }
 
   // ---- backing nodes --------------------------------------------------------------------------
@@ -198,7 +245,7 @@ export class DynamoStore implements PoolStore {
       await this.doc.send(
         new PutCommand({
           TableName: this.tableName,
-          Item: backingItem(b),
+          Item: backingItem(b, this.retention),
           ConditionExpression: conditions.itemDoesNotExist,
         }),
       );
@@ -221,7 +268,7 @@ export class DynamoStore implements PoolStore {
       await this.doc.send(
         new PutCommand({
           TableName: this.tableName,
-          Item: backingItem(next),
+          Item: backingItem(next, this.retention),
           ...backingExpected(expect),
         }),
       );
@@ -542,7 +589,12 @@ export class DynamoStore implements PoolStore {
   // ---- min-ready seats ----------------------------------------------------------------------------
 
   async seatGenerations(label: string): Promise<Map<number, number>> {
-    const seats = new Map<number, number>();
+    return (await this.minReadyState(label)).gens;
+  }
+
+  async minReadyState(label: string): Promise<MinReadyState> {
+    const gens = new Map<number, number>();
+    let backoff: LabelBackoff | undefined;
     let cursor: Record<string, unknown> | undefined;
     do {
       const out = await this.doc.send(
@@ -554,10 +606,35 @@ export class DynamoStore implements PoolStore {
           ExclusiveStartKey: cursor,
         }),
       );
-      for (const item of out.Items ?? []) seats.set(Number(item.seat), Number(item.gen));
+      for (const item of out.Items ?? []) {
+        if (item.type === 'backoff') backoff = LabelBackoff.parse(item);
+        else gens.set(Number(item.seat), Number(item.gen));
+      }
       cursor = out.LastEvaluatedKey;
     } while (cursor);
-    return seats;
+    return backoff ? { gens, backoff } : { gens };
+  }
+
+  async putLabelBackoff(label: string, next: LabelBackoff): Promise<boolean> {
+    try {
+      await this.doc.send(
+        new PutCommand({
+          TableName: this.tableName,
+          Item: { ...keys.seatsBackoff(label), type: 'backoff', label, ...next },
+          ...(next.version === 1
+            ? { ConditionExpression: conditions.itemDoesNotExist }
+            : {
+                ConditionExpression: conditions.versionUnchanged,
+                ExpressionAttributeNames: { '#version': 'version' },
+                ExpressionAttributeValues: { ':expectedVersion': next.version - 1 },
+              }),
+        }),
+      );
+      return true;
+    } catch (err) {
+      if (err instanceof ConditionalCheckFailedException) return false;
+      throw err;
+    }
   }
 
   async openSeat(label: string, seat: number): Promise<void> {
@@ -583,6 +660,44 @@ export class DynamoStore implements PoolStore {
           // Generation 0 is the seat with no item yet.
           ConditionExpression: from === 0 ? `${conditions.itemDoesNotExist} OR gen = :from` : 'gen = :from',
           ExpressionAttributeValues: { ':from': from },
+        }),
+      );
+      return true;
+    } catch (err) {
+      if (err instanceof ConditionalCheckFailedException) return false;
+      throw err;
+    }
+  }
+
+  // ---- the reaper's rotation -------------------------------------------------------------------
+
+  async reaperCursor(): Promise<ReaperCursor | undefined> {
+    const out = await this.doc.send(
+      new GetCommand({ TableName: this.tableName, Key: keys.reaperCursor, ConsistentRead: true }),
+    );
+    if (!out.Item) return undefined;
+    const first = out.Item.first;
+    return { version: Number(out.Item.version), ...(typeof first === 'string' ? { first } : {}) };
+  }
+
+  async putReaperCursor(first: string | undefined, readVersion: number | undefined): Promise<boolean> {
+    try {
+      await this.doc.send(
+        new PutCommand({
+          TableName: this.tableName,
+          Item: {
+            ...keys.reaperCursor,
+            type: 'reaper',
+            ...(first === undefined ? {} : { first }),
+            version: (readVersion ?? 0) + 1,
+          },
+          ...(readVersion === undefined
+            ? { ConditionExpression: conditions.itemDoesNotExist }
+            : {
+                ConditionExpression: conditions.versionUnchanged,
+                ExpressionAttributeNames: { '#version': 'version' },
+                ExpressionAttributeValues: { ':expectedVersion': readVersion },
+              }),
         }),
       );
       return true;

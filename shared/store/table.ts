@@ -3,6 +3,8 @@ import type { CreateTableCommandInput } from '@aws-sdk/client-dynamodb';
 import { isLeaseLive } from '../core/leases.ts';
 import { priorityOf, requestClass } from '../core/priority.ts';
 import type { BackingRecord, RequestRecord } from '../core/records.ts';
+import { isLive } from '../core/request.ts';
+import { RECORD_RETENTION_SECONDS } from '../core/timing.ts';
 import { queueOf, type WaitingQueue } from '../core/waitingQueue.ts';
 
 /**
@@ -18,9 +20,11 @@ import { queueOf, type WaitingQueue } from '../core/waitingQueue.ts';
  *   RESOURCE#<resourceId>           RESOURCE  which backing node records this provider resource (the fulfil
  *                                             function's look-up of an EC2 event's instance, before any EC2 call)
  *   SEATS#<label>                   SEAT#<n>  a min-ready seat: the generation of its spare (core/minReady.ts)
+ *   SEATS#<label>                   BACKOFF   the label's min-ready launch backoff (core/minReady.ts)
  *   ESTIMATE#<label>                ALL       the label's learned duration estimate (core/estimates.ts)
  *   ESTIMATE#<label>                REQUESTOR#<requestor>  the same, for one requestor's nodes of the label
  *   QUEUES                          <queue id>  a waiting queue that may hold requests (core/waitingQueue.ts)
+ *   REAPER                          CURSOR    the step the next reaper run starts with (usecases/reap.ts)
  * Sparse indexes (attributes present only when the item belongs in them):
  *   free (fpk, fsk): backing nodes that can take a node, per pool and label, fullest then oldest first
  *                    and, in partition LEASE, every leased request that still holds something, by when
@@ -36,6 +40,27 @@ import { queueOf, type WaitingQueue } from '../core/waitingQueue.ts';
 export const FREE_INDEX = 'free';
 export const REAP_INDEX = 'reap';
 
+/**
+ * The table's TTL attribute (lib/poolTable.ts enables TTL on it; a table has one): epoch seconds after
+ * which DynamoDB may delete the item. Ended requests and stopped backing nodes carry it (`expiresAtOf`),
+ * and so do requestor duration estimates (their lapse, core/estimates.ts). For requests and backing nodes
+ * it is storage housekeeping, never read by the pool (time-based rules read the records' own timestamps).
+ */
+export const TTL_ATTRIBUTE = 'expiresAt';
+
+/** When an item ended at `endedAt` (epoch ms) may be deleted: `retention` seconds later, epoch seconds. */
+export function expiresAtOf(endedAt: number, retention: number): number {
+  return Math.ceil(endedAt / 1000) + retention;
+}
+
+/**
+ * Whether a request has ended for good: failed, or placed with every node released or failed (a node
+ * never comes back from either). A `requested` one has not.
+ */
+export function requestEnded(r: RequestRecord): boolean {
+  return r.state === 'failed' || (r.state !== 'requested' && !r.nodes.some(isLive));
+}
+
 export const keys = {
   request: (id: string) => ({ pk: `REQUEST#${id}`, sk: 'REQUEST' }),
   backing: (id: string) => ({ pk: `BACKING#${id}`, sk: 'BACKING' }),
@@ -50,6 +75,10 @@ export const keys = {
   }),
   /** A waiting queue in the registry of queues (core/waitingQueue.ts). */
   waitingQueue: (q: WaitingQueue) => ({ pk: QUEUES_PK, sk: queueId(q) }),
+  /** A label's min-ready launch backoff, beside its seats (one Query reads both). */
+  seatsBackoff: (label: string) => ({ pk: `SEATS#${label}`, sk: 'BACKOFF' }),
+  /** The step the next reaper run starts with (usecases/reap.ts). */
+  reaperCursor: { pk: 'REAPER', sk: 'CURSOR' },
   /** A learned duration estimate: the label's, or one requestor's for the label (core/estimates.ts). */
   estimate: (label: string, requestor?: string) => ({
     pk: `ESTIMATE#${label}`,
@@ -158,7 +187,10 @@ export function backingIndexAttributes(b: BackingRecord): Record<string, string 
   return { ...free, ...reap };
 }
 
-export function backingItem(b: BackingRecord): Record<string, unknown> {
+export function backingItem(
+  b: BackingRecord,
+  retention: number = RECORD_RETENTION_SECONDS.default,
+): Record<string, unknown> {
   // claims and ends are always maps (maybe empty): a slot claim sets one entry of each in place.
   return stripUndefined({
     ...keys.backing(b.id),
@@ -167,6 +199,9 @@ export function backingItem(b: BackingRecord): Record<string, unknown> {
     claims: b.claims ?? {},
     ends: b.ends ?? {},
     ...backingIndexAttributes(b),
+    ...(b.state === 'stopped'
+      ? { [TTL_ATTRIBUTE]: expiresAtOf(b.stoppedAt ?? b.lastUsedAt, retention) }
+      : {}),
   });
 }
 
@@ -198,13 +233,17 @@ export function waitingSortKey(createdAt: number, id = ''): string {
   return `${pad(createdAt, 15)}#${id}`;
 }
 
-export function requestItem(r: RequestRecord): Record<string, unknown> {
+export function requestItem(
+  r: RequestRecord,
+  retention: number = RECORD_RETENTION_SECONDS.default,
+): Record<string, unknown> {
   return stripUndefined({
     ...keys.request(r.id),
     type: 'request',
     ...r,
     ...requestIndexAttributes(r),
     ...leaseIndexAttributes(r),
+    ...(requestEnded(r) ? { [TTL_ATTRIBUTE]: expiresAtOf(r.updatedAt, retention) } : {}),
   });
 }
 

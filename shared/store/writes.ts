@@ -1,6 +1,6 @@
 import type { BackingExpectation } from '../core/poolStore.ts';
 import type { BackingRecord, Claim } from '../core/records.ts';
-import { backingIndexAttributes, LEASE_PARTITION, leaseSortKey } from './table.ts';
+import { backingIndexAttributes, LEASE_PARTITION, leaseSortKey, TTL_ATTRIBUTE } from './table.ts';
 
 /**
  * The conditions and update expressions of the store's conditional writes, named and built here as
@@ -29,19 +29,31 @@ type Expression = {
  * Marks one node of a request released: the node must still be pending or ready, in a placed request;
  * a held node only by a forced (operator) release.
  */
-export function releaseNodeUpdate(index: number, now: number, force: boolean, reason?: string): Expression {
+export function releaseNodeUpdate(
+  index: number,
+  now: number,
+  force: boolean,
+  reason?: string,
+  /**
+   * Set when the request is known to have this one node: the update also gives it its purge time
+   * (TTL_ATTRIBUTE), conditioned on the request having one node (the release then ends it).
+   */
+  expiresAt?: number,
+): Expression {
   const why = reason === undefined ? '' : `, #nodes[${index}].reason = :reason`;
+  const purge = expiresAt === undefined ? '' : ', #expiresAt = :expiresAt';
   return {
-    UpdateExpression: `SET #nodes[${index}].#state = :released, #nodes[${index}].releasedAt = :now${why}, updatedAt = :now ADD #version :one`,
+    UpdateExpression: `SET #nodes[${index}].#state = :released, #nodes[${index}].releasedAt = :now${why}, updatedAt = :now${purge} ADD #version :one`,
     // A held node is released only by a forced (operator) release.
     ConditionExpression: `#nodes[${index}].#state IN (:pending, :ready) AND #rstate IN (:pending, :fulfilled)${
       force ? '' : ` AND attribute_not_exists(#nodes[${index}].held)`
-    } AND attribute_not_exists(#nodes[${index}].takenBy)`,
+    } AND attribute_not_exists(#nodes[${index}].takenBy)${expiresAt === undefined ? '' : ' AND size(#nodes) = :one'}`,
     ExpressionAttributeNames: {
       '#nodes': 'nodes',
       '#state': 'state',
       '#rstate': 'state',
       '#version': 'version',
+      ...(expiresAt === undefined ? {} : { '#expiresAt': TTL_ATTRIBUTE }),
     },
     ExpressionAttributeValues: {
       ':released': 'released',
@@ -51,7 +63,21 @@ export function releaseNodeUpdate(index: number, now: number, force: boolean, re
       ':ready': 'ready',
       ':fulfilled': 'fulfilled',
       ...(reason === undefined ? {} : { ':reason': reason }),
+      ...(expiresAt === undefined ? {} : { ':expiresAt': expiresAt }),
     },
+  };
+}
+
+/**
+ * Gives an ended request its purge time (DynamoDB's TTL attribute, table.ts TTL_ATTRIBUTE), keeping one
+ * already set; only while the item exists (a deleted one is not written back).
+ */
+export function expiresAtUpdate(expiresAt: number): Expression {
+  return {
+    UpdateExpression: 'SET #expiresAt = if_not_exists(#expiresAt, :expiresAt)',
+    ConditionExpression: 'attribute_exists(pk)',
+    ExpressionAttributeNames: { '#expiresAt': TTL_ATTRIBUTE },
+    ExpressionAttributeValues: { ':expiresAt': expiresAt },
   };
 }
 

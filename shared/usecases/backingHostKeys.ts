@@ -45,7 +45,7 @@ export async function learnHostKeys(
   const waiting = `backing node ${b.id} is running; waiting for its SSH host keys in the console output of ${id}`;
   let reported: ReportedHostKeys;
   try {
-    reported = await provider.reportedHostKeys(id);
+    reported = await provider.reportedHostKeys(id, ctx.deadline);
   } catch (err) {
     if (err instanceof RetryableError) throw err;
     // A refusal (a missing ec2:GetConsoleOutput permission...) is waited out like a console not printed

@@ -201,16 +201,20 @@ async function launch(ctx: Context, b: BackingRecord): Promise<BackingRecord> {
   let resourceId: string;
   try {
     const provider = ctx.providers.forPool(b.backingPoolKey);
-    ({ resourceId } = await provider.launch({
-      backingNodeId: b.id,
-      attempt: b.attempt,
-      poolKey: b.backingPoolKey,
-      label: b.backingLabel,
-      slots: b.slots,
-    }));
+    ({ resourceId } = await provider.launch(
+      {
+        backingNodeId: b.id,
+        attempt: b.attempt,
+        poolKey: b.backingPoolKey,
+        label: b.backingLabel,
+        slots: b.slots,
+      },
+      ctx.deadline,
+    ));
   } catch (err) {
     if (err instanceof RetryableError) {
-      // No capacity now (quota pause) or throttled: the record stays launching with its claim, so the
+      // No capacity now (quota pause), throttled, or out of the invocation's time (DeadlineError): the
+      // record stays launching with its claim, so the
       // retry calls the provider again with the same idempotency token (an instance that was created
       // after all comes back instead of a second one). The request waits meanwhile.
       ctx.log.warn('backing launch deferred', { backingNodeId: b.id, reason: (err as Error).message });

@@ -59,7 +59,7 @@ export async function handleStateChange(ctx: Context, event: StateChangeEvent): 
     } catch (err) {
       return { kind: 'ignored', reason: (err as Error).message };
     }
-    const resource = await provider.describe(resourceId);
+    const resource = await provider.describe(resourceId, ctx.deadline);
     if (!resource) {
       if (provider.eventuallyConsistent && !notFoundIsFinal(b, ctx.clock.now())) {
         // EC2 sent the event, so the instance exists: its describe has not caught up yet.
@@ -156,7 +156,7 @@ export async function handleSpotWarning(ctx: Context, resourceId: string): Promi
       reason: `cannot confirm a spot warning for ${resourceId}: ${(err as Error).message}`,
     };
   }
-  const resource = await provider.describe(resourceId);
+  const resource = await provider.describe(resourceId, ctx.deadline);
   // EC2 says whether an instance is spot (`attributes.spot`). A provider that does not say (local, which
   // has no spot market: its warnings are test input) is not second-guessed.
   if (resource && !isGone(resource) && resource.attributes.spot === false) {

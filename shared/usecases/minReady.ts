@@ -1,12 +1,14 @@
-import type { MetastaticPool } from '../config/model.ts';
+import type { MetastaticLabel, MetastaticPool } from '../config/model.ts';
 import { hashOf } from '../core/backing.ts';
-import { parseNodeId } from '../core/ids.ts';
+import { ownerToken, parseNodeId } from '../core/ids.ts';
 import { isFreeSpare, spareRequestId, takenSpare } from '../core/minReady.ts';
 import type { BackingRecord, NodeRecord, RequestRecord } from '../core/records.ts';
-import { withNodes } from '../core/request.ts';
-import { giveBackRoom } from './backingNodes.ts';
+import { placedNode, withNodes } from '../core/request.ts';
+import { giveBackRoom, giveBackSlot } from './backingNodes.ts';
 import { retryOnConflict, unlessConflict } from './conflicts.ts';
 import type { Context } from './context.ts';
+import { failBadBacking } from './failure.ts';
+import { claimSlotOn } from './placement.ts';
 
 /**
  * min-ready's use cases on one spare (the model is core/minReady.ts): taking it for a request's node,
@@ -109,6 +111,10 @@ export async function endSpare(
   });
   if (!ended) return false;
   await giveBackRoom(ctx, ended.r.poolKey, ended.n);
+  // A move cut short before it gave back the slot it left: that slot goes too.
+  const from = ended.n.movedFrom;
+  if (from && from.backingNodeId !== ended.n.backingNodeId)
+    await giveBackSlot(ctx, from.backingNodeId, ended.n.id);
   return true;
 }
 
@@ -142,4 +148,72 @@ export async function returnSpare(ctx: Context, spareNodeId: string, owner: stri
 export function endSpareOf(ctx: Context, n: NodeRecord): Promise<boolean> {
   if (!n.spare) return Promise.resolve(false);
   return endSpare(ctx, n.spare, (s) => s.takenBy?.node === n.id, `its taker ${n.id} ended`);
+}
+
+/**
+ * Moves a free spare (its request as read, `spare`) from the backing node it is on onto `onto`, a
+ * fuller one with a free slot: min-ready's consolidation (replenish.ts), so that spares fill the free
+ * slots of backing nodes that run anyway and the emptier ones can go. The new slot first (a claim, the
+ * same conditional write as any placement's), then the spare's request moves to it (a put conditioned
+ * on the version read, recording the slot it leaves), then the old slot is given back. A request that
+ * takes the spare meanwhile changes that version: its take wins, the move gives its new slot back, and
+ * the taker runs where it found the spare. Returns the backing node it moved onto as its claim left
+ * it, or undefined when it did not move.
+ */
+export async function moveSpare(
+  ctx: Context,
+  pool: MetastaticPool,
+  label: MetastaticLabel,
+  spare: RequestRecord,
+  onto: BackingRecord,
+): Promise<BackingRecord | undefined> {
+  const node = spare.nodes[0];
+  if (!isFreeSpare(node) || !node.backingNodeId || node.slot === undefined || node.movedFrom)
+    return undefined;
+  if (node.backingNodeId === onto.id) return undefined;
+  const owner = ownerToken(ctx.clock.now());
+  const placement = await claimSlotOn(ctx, pool, label, onto, node.id, {
+    owner,
+    failBacking: failBadBacking,
+  });
+  if (placement?.backing.state !== 'ready') {
+    if (placement) await giveBackSlot(ctx, onto.id, node.id, { owner });
+    return undefined;
+  }
+  const now = ctx.clock.now();
+  const from = { backingNodeId: node.backingNodeId, slot: node.slot };
+  // Its connection details are the new backing node's; it has been ready since it first was.
+  const moved: NodeRecord = {
+    ...placedNode(node, placement, pool.nodeAttributes, now),
+    ...(node.readyAt === undefined ? {} : { readyAt: node.readyAt }),
+    movedFrom: from,
+  };
+  const next = withNodes(spare, [moved, ...spare.nodes.slice(1)], now);
+  if (!(await unlessConflict(() => ctx.store.putRequest(next, spare.version)))) {
+    // Taken (or ended) since it was read: that write stands, and the new slot goes back.
+    await giveBackSlot(ctx, onto.id, node.id, { owner });
+    return undefined;
+  }
+  ctx.log.info('min-ready node moved', { nodeId: node.id, from: from.backingNodeId, to: onto.id });
+  await finishMove(ctx, next);
+  return placement.backing;
+}
+
+/**
+ * The last step of a move (moveSpare): gives back the slot the spare left, then forgets it. Idempotent;
+ * an upkeep calls it for a spare whose move was cut short there.
+ */
+export async function finishMove(ctx: Context, spare: RequestRecord): Promise<void> {
+  const node = spare.nodes[0];
+  const from = node?.movedFrom;
+  if (!node || !from) return;
+  // Never the slot it is on now (it cannot be: a spare with movedFrom is not moved again).
+  if (from.backingNodeId !== node.backingNodeId) await giveBackSlot(ctx, from.backingNodeId, node.id);
+  const { movedFrom: _done, ...settled } = node;
+  await unlessConflict(() =>
+    ctx.store.putRequest(
+      { ...spare, nodes: [settled, ...spare.nodes.slice(1)], version: spare.version + 1 },
+      spare.version,
+    ),
+  ); // lost to a take or an end: that writer's record keeps movedFrom, given back when the spare ends
 }

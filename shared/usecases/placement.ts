@@ -16,6 +16,7 @@ import {
   BusyError,
   CapacityError,
   ConflictError,
+  DeadlineError,
   LaunchAttemptError,
   LaunchFailedError,
   RetryableError,
@@ -33,7 +34,7 @@ import {
   scanKeys,
 } from './backingNodes.ts';
 import { AGAIN, MAX_CONFLICT_RETRIES, retryOnConflict, unlessConflict } from './conflicts.ts';
-import { type Context, deliveryDead } from './context.ts';
+import { type Context, deliveryDead, timeLeft } from './context.ts';
 
 /** Where a node went: its backing node as it was right after the claim. */
 export interface Placement {
@@ -129,9 +130,28 @@ export async function placeNode(
     cursor = found.cursor;
     if (!cursor) break;
   }
+  // No launch once the invocation's time is up: its outcome could not be recorded (Recording.write
+  // refuses), and the next delivery or reaper run takes the node up with a fresh deadline.
+  checkTimeToLaunch(ctx, nodeId);
   // A launch is the one side effect a duplicate must never repeat: the caller checks first.
   await options.beforeLaunch?.();
   return launchFor(ctx, pool, label, nodeId, attempt, options);
+}
+
+/**
+ * Claims a slot for `nodeId` on one given backing node, as placeNode claims on a candidate (the same
+ * conditional write, host-key scan included), and nothing else: no other candidate, no launch. For
+ * moving a free min-ready node onto a fuller backing node (usecases/minReady.ts moveSpare).
+ */
+export function claimSlotOn(
+  ctx: Context,
+  pool: MetastaticPool,
+  label: MetastaticLabel,
+  candidate: BackingRecord,
+  nodeId: string,
+  options: PlaceOptions,
+): Promise<Placement | undefined> {
+  return claimOn(ctx, pool, label, candidate, nodeId, 1, options, { losses: 0 });
 }
 
 /** What a claim attempt learnt of concurrent claimants. */
@@ -279,6 +299,7 @@ async function launchFor(
   // and a failed attempt is never reused. launch-retries is the total number of attempts.
   let lastReason = '';
   for (let attempt = firstAttempt; attempt <= pool.launchRetries; attempt++) {
+    checkTimeToLaunch(ctx, nodeId); // each attempt may launch (the one before may have failed)
     const id = backingNodeId(pool.key, label.name, nodeId, attempt);
     let record = await ctx.store.getBacking(id);
     if (!record) {
@@ -334,4 +355,13 @@ async function launchFor(
   throw new LaunchFailedError(
     `backing node for ${nodeId} failed to launch ${pool.launchRetries} time(s); last: ${lastReason}`,
   );
+}
+
+/** Throws DeadlineError when the invocation has no time left to launch (Context.deadline). */
+function checkTimeToLaunch(ctx: Context, nodeId: string): void {
+  if (timeLeft(ctx) <= 0) {
+    throw new DeadlineError(
+      `no time left in this invocation to launch a backing node for ${nodeId}; retrying`,
+    );
+  }
 }

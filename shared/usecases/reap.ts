@@ -3,6 +3,9 @@ import { DeadlineError, LaunchAttemptError, RetryableError } from '../core/error
 import { parseNodeId } from '../core/ids.ts';
 import { claimDue, deadlineDecision, needsMaxAgeDrain, reapDecision } from '../core/lifecycle.ts';
 import { MetricName } from '../core/observability.ts';
+import type { ReaperCursor } from '../core/poolStore.ts';
+import type { BackingProvider } from '../core/provider.ts';
+import { nextFirstStep, type ReaperStep, stepOrder } from '../core/reaperSteps.ts';
 import type { BackingRecord } from '../core/records.ts';
 import { holdsSlot } from '../core/request.ts';
 import { CLAIM_TAKEOVER_MS } from '../core/timing.ts';
@@ -14,34 +17,44 @@ import { endLapsedLeases } from './leases.ts';
 import { markNodesReady } from './nodesReady.ts';
 import { endOverduePending } from './pending.ts';
 import type { MutableReport, ReapReport } from './reapReport.ts';
-import { reconcile, reconcileCapacity, stop } from './reconcile.ts';
+import { reconcile, reconcileCapacity, stopMany } from './reconcile.ts';
 import { keepMinReady } from './replenish.ts';
-import { lookUp, providerFor } from './resourceLook.ts';
+import { lookUpMany, providerFor } from './resourceLook.ts';
 import { endExpiredRequests, nodesWaiting } from './waiting.ts';
 
 /**
  * One reaper run. Everything it looks at comes from Queries on the reap index (every backing node
  * that is not stopped sits in exactly one partition) and from the providers' own lists of tagged
- * resources, which are the truth about what runs:
- * 1. reconciliation both ways, first (a vanished resource must not be retired as if idle): a record
- *    whose resource is gone fails; a tagged resource with no live record is terminated; a launching
- *    record whose resource runs is made ready (a lost event);
- * 2. empty backing nodes are retired by the rules of core/lifecycle.ts, two-phase: a conditional write
- *    (still empty, unchanged since read) marks it retiring so no allocation can land on it, then the
- *    resource is terminated and, once the provider confirms it gone, the record is marked stopped;
- * 3. launching backing nodes past launch-timeout / boot-timeout fail and their nodes move elsewhere;
- * 4. ready backing nodes past max-age are drained (no new nodes; they go when empty);
- * 5. claims no recorded node confirmed within the slot lease are given back, and nodes left pending on a
- *    backing node ready in the last three minutes are readied (their readying was cut short);
- * 6. failed and retiring backing nodes are settled and terminated until the provider confirms;
- * 7. places in max-servers sets held by no live backing node or node past the slot lease are given back;
- * 8. requests still waiting past their request-timeout end `failed` (WAITING partition, waiting.ts), and
- *    requests still pending past launch-retries x (launch-timeout + boot-timeout) after their placement
- *    (PENDING partition, pending.ts);
- * 9. requests whose client lease lapsed are released, held nodes kept (LEASE partition of the free
- *    index, only the lapsed ones read; leases.ts);
- * 10. min-ready seats are refilled (replenish.ts).
- * A crash anywhere leaves records in partitions the next run picks up.
+ * resources, which are the truth about what runs. Reconciliation comes first, every run; then the steps
+ * of core/reaperSteps.ts:
+ * 1. reconciliation both ways (a vanished resource must not be retired as if idle): a record whose
+ *    resource is gone fails; tagged resources with no live record are terminated (a batch per provider);
+ *    a launching record whose resource runs is made ready (a lost event);
+ * 2. `retire`: empty backing nodes are retired by the rules of core/lifecycle.ts, two-phase: a
+ *    conditional write (still empty, unchanged since read) marks each due one retiring so no allocation
+ *    can land on it; then those and the ones left retiring by earlier runs are terminated in batches
+ *    (reconcile.ts stopMany: one TerminateInstances for up to 1,000) and, once the provider confirms them
+ *    gone, marked stopped;
+ * 3. `deadlines`: launching backing nodes past launch-timeout / boot-timeout fail and their nodes move;
+ * 4. `drain`: ready backing nodes past max-age are drained (no new nodes; they go when empty);
+ * 5. `claims`: claims no recorded node confirmed within the slot lease are given back; `readying`: nodes
+ *    left pending on a backing node ready in the last three minutes are readied (their readying was cut
+ *    short);
+ * 6. `failed`: failed backing nodes are settled, and the empty ones terminated (as in `retire`);
+ * 7. `capacity`: places in max-servers sets held by no live backing node or node past the slot lease are
+ *    given back;
+ * 8. `request-timeout`: requests still waiting past their request-timeout end `failed` (WAITING
+ *    partition, waiting.ts); `pending-timeout`: requests still pending past launch-retries x
+ *    (launch-timeout + boot-timeout) after their placement (PENDING partition, pending.ts);
+ * 9. `lease-expiry`: requests whose client lease lapsed are released, held nodes kept (LEASE partition of
+ *    the free index, only the lapsed ones read; leases.ts);
+ * 10. `min-ready`: min-ready seats are refilled (replenish.ts), a label whose spares keep failing backing
+ *    off, and free spares moved onto the fullest backing nodes.
+ * Every step is bounded by the invocation's time (Context.deadline): what it does not reach is left
+ * where the next run finds it (counted `deferred`, not an error). A run cut short makes the next one
+ * start with the step after the one it was cut short in (core/reaperSteps.ts), so a burst of work in
+ * one step cannot starve the others run after run. A crash anywhere leaves records in partitions the
+ * next run picks up.
  */
 export async function reap(ctx: Context): Promise<ReapReport> {
   const report: MutableReport = {
@@ -57,6 +70,7 @@ export async function reap(ctx: Context): Promise<ReapReport> {
     expiredRequests: [],
     minReadyMade: 0,
     minReadyEnded: 0,
+    minReadyMoved: 0,
     conflicts: 0,
     errors: [],
     deferred: 0,
@@ -81,92 +95,161 @@ export async function reap(ctx: Context): Promise<ReapReport> {
   const idle = await ctx.store.backingInPhase('idle');
   const launching = await ctx.store.backingInPhase('launching');
   const active = await ctx.store.backingInPhase('active');
+  const retiring = await ctx.store.backingInPhase('retiring');
 
   // 1. Reconciliation first: a vanished resource must not be retired as if it were idle.
   const gone = new Set<string>();
   await guard('reconcile', '-', () => reconcile(ctx, [...idle, ...launching, ...active], report, gone));
 
-  for (const b of idle) {
-    if (gone.has(b.id)) continue;
-    await guard('retire', b.id, () => retireIfDue(ctx, b, report));
-  }
-  for (const b of [...launching, ...idle.filter((x) => x.state === 'launching')]) {
-    if (gone.has(b.id) || report.retired.includes(b.id)) continue;
-    await guard('deadline', b.id, () => enforceDeadlines(ctx, b, report));
-  }
-  for (const b of active) {
-    if (gone.has(b.id) || !needsMaxAgeDrain(b, ctx.clock.now())) continue;
-    await guard('drain', b.id, async () => {
-      await unlessConflict(() =>
-        ctx.store.putBacking(markDrained(b, 'max-age reached'), { version: b.version }),
-      );
-    });
-  }
-  for (const b of [...launching, ...active]) {
-    if (gone.has(b.id)) continue;
-    await guard('lease', b.id, () => checkClaims(ctx, b, report));
-  }
-  // Nodes still pending on a backing node that became ready lately: their readying was cut short (a crash
-  // after the backing node's write, an event already consumed) and nothing else would come back to it.
-  // Only a backing node that became ready lately can hold pending nodes (later ones are placed ready): a
-  // few reaper periods after readyAt, as long as a delivery or a run that readies them can last.
-  for (const b of active) {
-    if (gone.has(b.id) || b.readyAt === undefined || ctx.clock.now() - b.readyAt > READYING_WINDOW_MS)
-      continue;
-    await guard('ready', b.id, async () => {
-      report.nodesReadied += await markNodesReady(ctx, b, failBadBacking);
-    });
-  }
-
-  // 6. Failed and retiring backing nodes: settle their nodes, then terminate until confirmed gone.
-  for (const b of await ctx.store.backingInPhase('failed')) {
-    await guard('settle', b.id, async () => {
-      const resourceGone = b.resourceId ? (await lookUp(ctx, providerFor(ctx, b), b)).gone : true;
-      const settled = await settleFailedNodes(ctx, b, resourceGone);
-      report.moved += settled.rehomed;
-      const current = await ctx.store.getBacking(b.id);
-      if (current && current.used === 0) await stop(ctx, current, report);
-    });
-  }
-  const retiring = await ctx.store.backingInPhase('retiring');
-  for (const b of retiring) {
-    await guard('stop', b.id, () => stop(ctx, b, report));
-  }
-  // 7. Places in max-servers sets that nothing live holds (their delivery died) are given back.
   let failedNow: BackingRecord[] | undefined;
-  await guard('capacity', '-', async () => {
-    failedNow = await ctx.store.backingInPhase('failed');
-    await reconcileCapacity(ctx, [...idle, ...launching, ...active, ...failedNow, ...retiring], report);
-  });
-  // 8. Requests still waiting past their request-timeout end, whatever became of their message.
-  await guard('request-timeout', '-', async () => {
-    const ended = await endExpiredRequests(ctx);
-    report.expiredRequests.push(...ended.expired);
-    if (!ended.complete) report.deferred++;
-  });
-  // ...and requests placed but pending past their deadline: each attempt's launch and boot timeouts passed.
-  await guard('pending-timeout', '-', async () => {
-    const ended = await endOverduePending(ctx);
-    report.expiredRequests.push(...ended.expired);
-    if (!ended.complete) report.deferred++;
-  });
-  // 9. Client leases that lapsed (before min-ready, so the seats it frees are refilled this run).
-  await guard('lease-expiry', '-', async () => {
-    const ended = await endLapsedLeases(ctx);
-    report.leasesExpired = [...(report.leasesExpired ?? []), ...ended.expired];
-    if (!ended.complete) report.deferred++;
-  });
-  // 10. min-ready: every label's seats refilled, spares on backing nodes that take no new nodes replaced
-  // (before max-age lets them go), seats above a lowered min-ready emptied.
-  const hosts = new Map(
-    [...idle, ...launching, ...active].filter((b) => !gone.has(b.id)).map((b) => [b.id, b] as const),
-  );
-  for (const label of ctx.config.metastaticLabelNames) {
-    await guard('min-ready', label, async () => {
-      const kept = await keepMinReady(ctx, label, { hosts });
-      report.minReadyMade += kept.made;
-      report.minReadyEnded += kept.ended;
-      report.errors.push(...kept.errors);
+  const steps: Record<ReaperStep, () => Promise<void>> = {
+    retire: async () => {
+      const marked: BackingRecord[] = [];
+      for (const b of idle) {
+        if (gone.has(b.id)) continue;
+        await guard('retire', b.id, async () => {
+          const next = await markRetiringIfDue(ctx, b, report);
+          if (next) marked.push(next);
+        });
+      }
+      // Those just marked and those earlier runs left retiring: terminated in batches.
+      const ids = new Set(marked.map((b) => b.id));
+      await guard('stop', '-', () =>
+        stopMany(ctx, [...marked, ...retiring.filter((b) => !ids.has(b.id))], report),
+      );
+    },
+    deadlines: async () => {
+      for (const b of [...launching, ...idle.filter((x) => x.state === 'launching')]) {
+        if (gone.has(b.id) || report.retired.includes(b.id)) continue;
+        await guard('deadline', b.id, () => enforceDeadlines(ctx, b, report));
+      }
+    },
+    drain: async () => {
+      for (const b of active) {
+        if (gone.has(b.id) || !needsMaxAgeDrain(b, ctx.clock.now())) continue;
+        await guard('drain', b.id, async () => {
+          await unlessConflict(() =>
+            ctx.store.putBacking(markDrained(b, 'max-age reached'), { version: b.version }),
+          );
+        });
+      }
+    },
+    claims: async () => {
+      for (const b of [...launching, ...active]) {
+        if (gone.has(b.id)) continue;
+        await guard('lease', b.id, () => checkClaims(ctx, b, report));
+      }
+    },
+    // Nodes still pending on a backing node that became ready lately: their readying was cut short (a
+    // crash after the backing node's write, an event already consumed) and nothing else would come back
+    // to it. Only a backing node that became ready lately can hold pending nodes (later ones are placed
+    // ready): a few reaper periods after readyAt, as long as a delivery or a run that readies them can last.
+    readying: async () => {
+      for (const b of active) {
+        if (gone.has(b.id) || b.readyAt === undefined || ctx.clock.now() - b.readyAt > READYING_WINDOW_MS)
+          continue;
+        await guard('ready', b.id, async () => {
+          report.nodesReadied += await markNodesReady(ctx, b, failBadBacking);
+        });
+      }
+    },
+    // Failed backing nodes: settle their nodes, then terminate the empty ones until confirmed gone.
+    failed: async () => {
+      let failed: BackingRecord[] | undefined;
+      let looks = new Map<string, { gone: boolean }>();
+      await guard('settle', '-', async () => {
+        const read = await ctx.store.backingInPhase('failed');
+        looks = await lookUpAll(ctx, read);
+        failed = read;
+      });
+      if (!failed) return; // not read, or its resources not looked up: the next run
+      const empty: BackingRecord[] = [];
+      for (const b of failed) {
+        await guard('settle', b.id, async () => {
+          const look = looks.get(b.id);
+          if (b.resourceId && !look) throw new Error(`resource ${b.resourceId} could not be looked up`);
+          const resourceGone = look?.gone ?? true;
+          const settled = await settleFailedNodes(ctx, b, resourceGone);
+          report.moved += settled.rehomed;
+          const current = await ctx.store.getBacking(b.id);
+          if (current?.state === 'failed' && current.used === 0) empty.push(current);
+        });
+      }
+      await guard('stop', '-', () => stopMany(ctx, empty, report));
+    },
+    // Places in max-servers sets that nothing live holds (their delivery died) are given back.
+    capacity: async () => {
+      await guard('capacity', '-', async () => {
+        failedNow = await ctx.store.backingInPhase('failed');
+        await reconcileCapacity(ctx, [...idle, ...launching, ...active, ...failedNow, ...retiring], report);
+      });
+    },
+    // Requests still waiting past their request-timeout end, whatever became of their message.
+    'request-timeout': async () => {
+      await guard('request-timeout', '-', async () => {
+        const ended = await endExpiredRequests(ctx);
+        report.expiredRequests.push(...ended.expired);
+        if (!ended.complete) report.deferred++;
+      });
+    },
+    // ...and requests placed but pending past their deadline: each attempt's launch and boot timeouts passed.
+    'pending-timeout': async () => {
+      await guard('pending-timeout', '-', async () => {
+        const ended = await endOverduePending(ctx);
+        report.expiredRequests.push(...ended.expired);
+        if (!ended.complete) report.deferred++;
+      });
+    },
+    // Client leases that lapsed (before min-ready in the usual order, so the seats it frees are refilled
+    // this run).
+    'lease-expiry': async () => {
+      await guard('lease-expiry', '-', async () => {
+        const ended = await endLapsedLeases(ctx);
+        report.leasesExpired = [...(report.leasesExpired ?? []), ...ended.expired];
+        if (!ended.complete) report.deferred++;
+      });
+    },
+    // min-ready: every label's seats refilled, spares on backing nodes that take no new nodes replaced
+    // (before max-age lets them go), seats above a lowered min-ready emptied, free spares moved onto the
+    // fullest backing nodes.
+    'min-ready': async () => {
+      const hosts = new Map(
+        [...idle, ...launching, ...active].filter((b) => !gone.has(b.id)).map((b) => [b.id, b] as const),
+      );
+      for (const label of ctx.config.metastaticLabelNames) {
+        await guard('min-ready', label, async () => {
+          const kept = await keepMinReady(ctx, label, { hosts });
+          report.minReadyMade += kept.made;
+          report.minReadyEnded += kept.ended;
+          report.minReadyMoved += kept.moved;
+          report.deferred += kept.deferred;
+          report.errors.push(...kept.errors);
+        });
+      }
+    },
+  };
+  // The steps, starting where the last run that ran out of time left off (core/reaperSteps.ts).
+  let cursor: ReaperCursor | undefined;
+  try {
+    cursor = await ctx.store.reaperCursor();
+  } catch (err) {
+    ctx.log.warn('reaper: could not read where to start; the usual order', { error: (err as Error).message });
+  }
+  const order = stepOrder(cursor?.first);
+  let lastStarted = -1;
+  for (const [i, step] of order.entries()) {
+    if (timeLeft(ctx) <= 0) {
+      report.deferred++; // this step and the ones after it: the next run's
+      break;
+    }
+    lastStarted = i;
+    await steps[step]();
+  }
+  const next = nextFirstStep(order, lastStarted, report.deferred > 0);
+  if (next !== cursor?.first) {
+    // A concurrent run that wrote first had the same view of the work; its word stands.
+    await ctx.store.putReaperCursor(next, cursor?.version).catch((err: unknown) => {
+      ctx.log.warn('reaper: could not record where the next run starts', { error: (err as Error).message });
     });
   }
   // Gauges, from what this run read.
@@ -183,24 +266,61 @@ export async function reap(ctx: Context): Promise<ReapReport> {
   ctx.metrics?.count(MetricName.backingLaunching, launching.length);
   ctx.metrics?.count(MetricName.backingActive, active.length);
   ctx.metrics?.count(MetricName.backingRetiring, retiring.length);
-  // From step 7's read (none when that step failed: a missing reading, not a wrong one).
+  // From the capacity step's read (none when that step did not run: a missing reading, not a wrong one).
   if (failedNow) ctx.metrics?.count(MetricName.backingFailed, failedNow.length);
   const waiting = ctx.metrics ? await nodesWaiting(ctx) : undefined;
   if (waiting !== undefined) ctx.metrics?.count(MetricName.nodesWaiting, waiting);
   return report;
 }
 
-async function retireIfDue(ctx: Context, b: BackingRecord, report: MutableReport): Promise<void> {
+/**
+ * What lookUp finds of each failed backing node's resource, a batch per provider (by backing node id).
+ * One whose provider cannot be had or failed to answer has none (its settle reports it); running out of
+ * the invocation's time ends the step.
+ */
+async function lookUpAll(
+  ctx: Context,
+  records: readonly BackingRecord[],
+): Promise<Map<string, { gone: boolean }>> {
+  const byProvider = new Map<BackingProvider, BackingRecord[]>();
+  for (const b of records) {
+    if (!b.resourceId) continue;
+    try {
+      const provider = providerFor(ctx, b);
+      byProvider.set(provider, [...(byProvider.get(provider) ?? []), b]);
+    } catch {
+      // No provider for its pool: left without a look, reported by its settle.
+    }
+  }
+  const looks = new Map<string, { gone: boolean }>();
+  for (const [provider, batch] of byProvider) {
+    try {
+      for (const [id, look] of await lookUpMany(ctx, provider, batch)) looks.set(id, look);
+    } catch (err) {
+      if (err instanceof DeadlineError) throw err;
+      ctx.log.warn('reaper: could not look up failed backing nodes', { error: (err as Error).message });
+    }
+  }
+  return looks;
+}
+
+/** Marks an idle backing node retiring if its rules say it is due (two-phase: stopMany terminates it). */
+async function markRetiringIfDue(
+  ctx: Context,
+  b: BackingRecord,
+  report: MutableReport,
+): Promise<BackingRecord | undefined> {
   const label = ctx.config.metastaticPools.find((p) => p.key === b.poolKey)?.labels.get(b.label);
   const decision = reapDecision(b, label, ctx.clock.now());
   if (!decision.retire) {
     if (decision.recheckAt !== undefined) {
       report.nextCheckAt = Math.min(report.nextCheckAt ?? Number.POSITIVE_INFINITY, decision.recheckAt);
     }
-    return;
+    return undefined;
   }
+  const next = markRetiring(b, ctx.clock.now(), decision.reason);
   const retired = await unlessConflict(() =>
-    ctx.store.putBacking(markRetiring(b, ctx.clock.now(), decision.reason), {
+    ctx.store.putBacking(next, {
       version: b.version,
       states: ['launching', 'ready'],
       used: 0,
@@ -208,11 +328,11 @@ async function retireIfDue(ctx: Context, b: BackingRecord, report: MutableReport
   );
   if (!retired) {
     report.conflicts++; // an allocation won: the backing node stays
-    return;
+    return undefined;
   }
   report.retired.push(b.id);
   ctx.log.info('backing node retiring', { backingNodeId: b.id, reason: decision.reason });
-  await stop(ctx, { ...markRetiring(b, ctx.clock.now(), decision.reason) }, report);
+  return next;
 }
 
 /** How long after a backing node became ready the reaper checks it for nodes left pending. */

@@ -30,6 +30,8 @@ export interface ReapReport {
   /** min-ready nodes placed this run (seats refilled), and ended (on a backing node taking no new nodes, taken by a dead delivery, above a lowered min-ready). */
   readonly minReadyMade: number;
   readonly minReadyEnded: number;
+  /** Free min-ready nodes moved onto a fuller backing node this run (replenish.ts), so emptier ones can go. */
+  readonly minReadyMoved: number;
   /** Retirements lost to a concurrent change (an allocation won): the backing node stays. */
   readonly conflicts: number;
   readonly errors: string[];

@@ -1,4 +1,5 @@
 import { markStopped } from '../core/backing.ts';
+import { DeadlineError } from '../core/errors.ts';
 import { ownerSince, parseNodeId } from '../core/ids.ts';
 import { MetricName, PoolEventType } from '../core/observability.ts';
 import type { BackingProvider, BackingResource } from '../core/provider.ts';
@@ -9,7 +10,7 @@ import { type Context, emit, leaseExpired, timeLeft } from './context.ts';
 import { failBackingNode } from './failure.ts';
 import { resourceRunning } from './fulfil.ts';
 import type { MutableReport } from './reapReport.ts';
-import { isGone, lookUp, providerFor } from './resourceLook.ts';
+import { isGone, type Look, lookUp, lookUpMany, providerFor } from './resourceLook.ts';
 
 /**
  * The reaper's side of the truth about what runs: the table against every provider's list of tagged
@@ -88,7 +89,7 @@ export async function reconcile(
   const listed = new Map<string, BackingResource>();
   const listedBy = new Map<string, BackingProvider>();
   for (const provider of providers.keys()) {
-    for (const r of await provider.list()) {
+    for (const r of await provider.list(ctx.deadline)) {
       listed.set(r.resourceId, r);
       listedBy.set(r.resourceId, provider);
     }
@@ -123,41 +124,140 @@ export async function reconcile(
     report.failed.push(b.id);
     report.moved += settled?.rehomed ?? 0;
   }
-  // Tagged resources with no live record: orphans (or records that were stopped but survived).
+  // Tagged resources with no live record: orphans (or records that were stopped but survived),
+  // terminated in one batch per provider.
+  const orphans = new Map<BackingProvider, BackingResource[]>();
   for (const [resourceId, r] of listed) {
     if (recorded.has(resourceId) || isGone(r)) continue;
+    if (r.launchedAt !== undefined && ctx.clock.now() - r.launchedAt < ORPHAN_GRACE_MS) continue;
+    if (timeLeft(ctx) <= 0) {
+      report.deferred++;
+      break;
+    }
     const record = await ctx.store.getBacking(r.backingNodeId);
     const live = record && record.state !== 'stopped' && record.resourceId === resourceId;
     const tracked = record && record.resourceId === undefined && record.state === 'launching';
     if (live || tracked) continue; // known, or a launch about to record its resource id
-    if (r.launchedAt !== undefined && ctx.clock.now() - r.launchedAt < ORPHAN_GRACE_MS) continue;
-    await listedBy.get(resourceId)?.terminate(resourceId);
-    report.orphans.push(resourceId);
-    ctx.log.warn('orphaned resource terminated', { resourceId, backingNodeId: r.backingNodeId });
+    const provider = listedBy.get(resourceId);
+    if (provider) orphans.set(provider, [...(orphans.get(provider) ?? []), r]);
+  }
+  for (const [provider, resources] of orphans) {
+    await terminateAll(
+      ctx,
+      provider,
+      resources.map((r) => r.resourceId),
+    );
+    for (const r of resources) {
+      report.orphans.push(r.resourceId);
+      ctx.log.warn('orphaned resource terminated', {
+        resourceId: r.resourceId,
+        backingNodeId: r.backingNodeId,
+      });
+    }
+  }
+}
+
+/** Terminates resources of one provider in as few calls as it allows (terminateMany), within the deadline. */
+async function terminateAll(ctx: Context, provider: BackingProvider, ids: readonly string[]): Promise<void> {
+  if (ids.length === 0) return;
+  if (provider.terminateMany) {
+    await provider.terminateMany(ids, ctx.deadline);
+    return;
+  }
+  for (const id of ids) await provider.terminate(id, ctx.deadline);
+}
+
+/**
+ * Terminates the resources of retiring and failed backing nodes (holding no slot), a batch per provider
+ * (terminateMany: EC2 takes 1,000 ids a call), confirms them gone (lookUpMany), and records each one
+ * confirmed stopped, freeing its place in the backing pool. One not confirmed yet (an instance EC2 does
+ * not show yet) stays retiring/failed and the next run tries again; so does everything the invocation's
+ * time does not reach (counted `deferred`). A failure of one batch or record is reported and the others
+ * go on.
+ */
+export async function stopMany(
+  ctx: Context,
+  records: readonly BackingRecord[],
+  report: MutableReport,
+): Promise<void> {
+  const byProvider = new Map<BackingProvider, BackingRecord[]>();
+  const withoutResource: BackingRecord[] = [];
+  for (const b of records) {
+    if (!b.resourceId) {
+      withoutResource.push(b);
+      continue;
+    }
+    try {
+      const provider = providerFor(ctx, b);
+      byProvider.set(provider, [...(byProvider.get(provider) ?? []), b]);
+    } catch (err) {
+      report.errors.push(`stop ${b.id}: ${(err as Error).message}`);
+    }
+  }
+  const finish = async (b: BackingRecord): Promise<boolean> => {
+    if (timeLeft(ctx) <= 0) {
+      report.deferred++; // the rest is the next run's
+      return false;
+    }
+    try {
+      await markGoneStopped(ctx, b, report);
+    } catch (err) {
+      report.errors.push(`stop ${b.id}: ${(err as Error).message}`);
+      ctx.log.error('reaper: stop failed; retried next run', { backingNodeId: b.id, error: err as Error });
+    }
+    return true;
+  };
+  for (const b of withoutResource) if (!(await finish(b))) return;
+  for (const [provider, batch] of byProvider) {
+    if (timeLeft(ctx) <= 0) {
+      report.deferred++;
+      return;
+    }
+    let looks: Map<string, Look>;
+    try {
+      await terminateAll(
+        ctx,
+        provider,
+        batch.map((b) => b.resourceId as string),
+      );
+      looks = await lookUpMany(ctx, provider, batch);
+    } catch (err) {
+      if (err instanceof DeadlineError) {
+        report.deferred++;
+        return;
+      }
+      report.errors.push(`stop ${batch.map((b) => b.id).join(', ')}: ${(err as Error).message}`);
+      ctx.log.error('reaper: terminate failed; retried next run', {
+        backingNodeIds: batch.map((b) => b.id),
+        error: err as Error,
+      });
+      continue;
+    }
+    for (const b of batch) {
+      const after = looks.get(b.id);
+      if (!after || (!after.gone && after.unseen)) {
+        // A young instance EC2 does not show yet: its terminate may have missed it. The next run again.
+        ctx.log.warn('backing resource not confirmed gone; terminated again next run', {
+          backingNodeId: b.id,
+          resourceId: b.resourceId,
+          why: after?.why,
+        });
+        continue;
+      }
+      if (!after.gone) {
+        report.errors.push(`stop ${b.id}: resource ${b.resourceId} ${after.why} after terminate`);
+        continue;
+      }
+      if (!(await finish(b))) return;
+    }
   }
 }
 
 /**
- * Terminates the resource and, once the provider confirms it gone, records the backing node stopped
- * and frees its place in the backing pool. Until confirmed, it stays retiring/failed and the next run
- * tries again.
+ * Records a retiring or failed backing node whose resource is gone as stopped, and frees its place in
+ * the backing pool.
  */
-export async function stop(ctx: Context, b: BackingRecord, report: MutableReport): Promise<void> {
-  if (b.resourceId) {
-    const provider = providerFor(ctx, b);
-    await provider.terminate(b.resourceId);
-    const after = await lookUp(ctx, provider, b);
-    if (!after.gone && after.unseen) {
-      // A young instance EC2 does not show yet: its terminate may have missed it. The next run again.
-      ctx.log.warn('backing resource not confirmed gone; terminated again next run', {
-        backingNodeId: b.id,
-        resourceId: b.resourceId,
-        why: after.why,
-      });
-      return;
-    }
-    if (!after.gone) throw new Error(`resource ${b.resourceId} ${after.why} after terminate`);
-  }
+async function markGoneStopped(ctx: Context, b: BackingRecord, report: MutableReport): Promise<void> {
   const current = await ctx.store.getBacking(b.id);
   if (!current || (current.state !== 'retiring' && current.state !== 'failed')) return;
   // The resource is gone: give its place in the backing pool back first. Done after the record is

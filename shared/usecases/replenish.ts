@@ -1,9 +1,19 @@
-import { BusyError, CapacityError, LaunchFailedError } from '../core/errors.ts';
+import { BusyError, CapacityError, DeadlineError, LaunchFailedError } from '../core/errors.ts';
 import { parseNodeId } from '../core/ids.ts';
-import { isFreeSpare, seatStep, spareMessage, spareRequestId } from '../core/minReady.ts';
+import {
+  backingOff,
+  backoffAfterFailure,
+  backoffCleared,
+  endsBackoff,
+  isFreeSpare,
+  type LabelBackoff,
+  seatStep,
+  spareMessage,
+  spareRequestId,
+} from '../core/minReady.ts';
 import type { BackingRecord, NodeRecord, RequestRecord } from '../core/records.ts';
-import { type Context, deliveryDead } from './context.ts';
-import { endSpare, usableSpareHost } from './minReady.ts';
+import { type Context, deliveryDead, timeLeft } from './context.ts';
+import { endSpare, finishMove, moveSpare, usableSpareHost } from './minReady.ts';
 import { requestNodes } from './requestNodes.ts';
 import { failRequest } from './requests.ts';
 
@@ -20,6 +30,12 @@ export interface UpkeepReport {
   ended: number;
   /** Seats whose spare waits for capacity. */
   waiting: number;
+  /** Free spares moved onto a fuller backing node (consolidation). */
+  moved: number;
+  /** Seats left for the next upkeep because the invocation's time ran out (Context.deadline). */
+  deferred: number;
+  /** Seats not refilled because the label backs off (its spares keep failing to launch). */
+  backedOff: number;
   errors: string[];
 }
 
@@ -35,36 +51,72 @@ export interface UpkeepOptions {
  * Keeps a label's min-ready seats filled: each seat's spare is made (placed like any request, after
  * every waiting one), and a seat whose spare was taken and recorded, or ended, moves on to a new spare
  * (a conditional advance of its generation: two replenishers never make two). Seats above min-ready
- * (it was lowered) lose their free spares. Idempotent and safe to run anywhere, any number at once.
+ * (it was lowered) lose their free spares. A label whose spares keep failing to launch backs off
+ * (core/minReady.ts MIN_READY_BACKOFF): no new spare until its wait is over, then one at a time until
+ * one works. Idempotent and safe to run anywhere, any number at once; it stops when the invocation's
+ * time is up (the rest `deferred`).
  */
 export async function keepMinReady(
   ctx: Context,
   label: string,
   options: UpkeepOptions = {},
 ): Promise<UpkeepReport> {
-  const report: UpkeepReport = { made: 0, ended: 0, waiting: 0, errors: [] };
+  const report: UpkeepReport = {
+    made: 0,
+    ended: 0,
+    waiting: 0,
+    moved: 0,
+    deferred: 0,
+    backedOff: 0,
+    errors: [],
+  };
   const wanted = ctx.config.minReady.get(label) ?? 0;
-  const gens = await ctx.store.seatGenerations(label);
-  const seats = new Set([...Array.from({ length: wanted }, (_, k) => k), ...gens.keys()]);
+  const state = await ctx.store.minReadyState(label);
+  const upkeep: Upkeep = { ctx, label, gens: state.gens, options, report, backoff: state.backoff, free: [] };
+  const seats = new Set([...Array.from({ length: wanted }, (_, k) => k), ...state.gens.keys()]);
   for (const seat of seats) {
+    // Each seat may launch a backing node: none starts once the invocation's time is up.
+    if (timeLeft(ctx) <= 0) {
+      report.deferred++;
+      break;
+    }
     try {
-      await keepSeat(ctx, label, seat, gens, seat < wanted, options, report);
+      await keepSeat(upkeep, seat, seat < wanted);
     } catch (err) {
+      if (err instanceof DeadlineError) {
+        report.deferred++; // cut short: the next upkeep picks the seat up where it is
+        break;
+      }
       report.errors.push(`min-ready ${label} seat ${seat}: ${(err as Error).message}`);
+    }
+  }
+  // The reaper's upkeep (it read the backing nodes): free spares onto the fullest backing nodes.
+  if (options.hosts && upkeep.free.length > 0 && timeLeft(ctx) > 0) {
+    try {
+      await consolidate(upkeep);
+    } catch (err) {
+      if (err instanceof DeadlineError) report.deferred++;
+      else report.errors.push(`min-ready ${label} moves: ${(err as Error).message}`);
     }
   }
   return report;
 }
 
-async function keepSeat(
-  ctx: Context,
-  label: string,
-  seat: number,
-  gens: ReadonlyMap<number, number>,
-  wanted: boolean,
-  options: UpkeepOptions,
-  report: UpkeepReport,
-): Promise<void> {
+/** One upkeep of a label's seats: what every seat's step shares. */
+interface Upkeep {
+  readonly ctx: Context;
+  readonly label: string;
+  readonly gens: ReadonlyMap<number, number>;
+  readonly options: UpkeepOptions;
+  readonly report: UpkeepReport;
+  /** The label's backoff as last read or written by this upkeep. */
+  backoff: LabelBackoff | undefined;
+  /** Free spares on usable backing nodes, as read (reaper only): what consolidate may move. */
+  readonly free: { readonly spare: RequestRecord; readonly host: BackingRecord }[];
+}
+
+async function keepSeat(upkeep: Upkeep, seat: number, wanted: boolean): Promise<void> {
+  const { ctx, label, gens, options, report } = upkeep;
   let gen = gens.get(seat) ?? 0;
   // Each round either settles the seat or advances it once; a seat advanced by another replenisher
   // meanwhile makes the advance fail, and the next upkeep picks it up.
@@ -77,6 +129,13 @@ async function keepSeat(
     const taker = takerId ? await ctx.store.getRequest(takerId) : undefined;
     const now = ctx.clock.now();
     const step = seatStep(spare, taker, (since) => deliveryDead(since, now, ctx.deliveriesDeadBefore));
+    // A spare that became ready since the label's last failure: it launches again.
+    if (endsBackoff(upkeep.backoff, node)) await clearBackoff(upkeep);
+    // A move cut short before it gave back the slot the spare left (moveSpare): finished first.
+    if (spare && node?.movedFrom) {
+      await finishMove(ctx, spare);
+      continue;
+    }
     if (!wanted) {
       // Above min-ready now: a waiting spare fails, a free one ends, and so does one taken by a delivery
       // that died without recording it; one in use (or that may still be recorded) is its taker's.
@@ -90,16 +149,32 @@ async function keepSeat(
       return;
     }
     if (step === 'make') {
+      // Launches of the label keep failing: no new spare before its wait is over (one already waiting
+      // for capacity is not a new one: it is placed again, as any waiting request).
+      if (spare === undefined && backingOff(upkeep.backoff, now)) {
+        report.backedOff++;
+        return;
+      }
       // A seat is recorded before its first spare, so that a lowered min-ready finds it (seatGenerations).
       if (!gens.has(seat)) await ctx.store.openSeat(label, seat);
-      await makeSpare(ctx, label, seat, gen, report);
-      return;
+      if ((await makeSpare(ctx, label, seat, gen, report)) !== 'failed') return;
+      continue; // every launch attempt failed: the seat moves on now, and the label backs off
     }
     if (step === 'keep') {
       if (!options.hosts || !isFreeSpare(node) || !node.backingNodeId) return;
-      // One the run did not read (launched since) is read now rather than taken for gone.
-      const host = options.hosts.get(node.backingNodeId) ?? (await ctx.store.getBacking(node.backingNodeId));
-      if (host && usableSpareHost(host, now)) return;
+      // One the run did not read (launched since) is read now rather than taken for gone, and so is one
+      // that looked unusable as the run read it: it may have become ready since (the reaper's own
+      // reconciliation readies launching backing nodes whose `running` event was lost).
+      const read = options.hosts.get(node.backingNodeId);
+      if (read && usableSpareHost(read, now)) {
+        if (spare) upkeep.free.push({ spare, host: read });
+        return;
+      }
+      const host = await ctx.store.getBacking(node.backingNodeId);
+      if (host && usableSpareHost(host, now)) {
+        if (spare) upkeep.free.push({ spare, host });
+        return;
+      }
       // Its backing node takes no new nodes (max-age, drained, failed): replaced now, so it never
       // keeps that backing node alive, and no request gets a node there.
       if (
@@ -121,26 +196,151 @@ async function keepSeat(
     }
     if (!(await ctx.store.advanceSeat(label, seat, gen))) return;
     gen++;
+    // The advance is won once per spare: a spare that failed without ever being ready counts once
+    // against its label (failed waiting for capacity or a launch, or its backing node failed under it).
+    if (spare?.state === 'failed' && node?.readyAt === undefined) {
+      await recordFailure(upkeep, spare.reason ?? `min-ready node ${id} failed`);
+    }
   }
 }
 
-/** Places a seat's spare (again, when it waits): an ordinary request, served after every other. */
+/** Candidates read when moving spares: the fullest backing nodes of the label with a free slot. */
+const MOVE_CANDIDATES = 25;
+
+/** A backing node as consolidate sees it: slots used, and whether anything but a free spare holds one. */
+interface Room {
+  b: BackingRecord;
+  used: number;
+  readonly pinned: boolean;
+}
+
+/**
+ * Keeps a label's free spares on the fullest backing nodes, so spares cost slots, not instances: a
+ * backing node that holds a spare is never idle, so spares left scattered by takes and releases would
+ * each keep a part-empty instance running (for ever with max-age unset). A spare moves (moveSpare) from
+ * a backing node to another of its pool and label, ready and taking nodes, with a free slot, when that
+ * one is "fuller": it runs something besides free spares and the spare's does not, or both alike and it
+ * holds at least as many slots. Emptiest first, onto the fullest. Each move strictly increases the
+ * packing (more spares beside busy nodes, or a larger sum of squares of slots used), so moves never go
+ * back and forth.
+ */
+async function consolidate(upkeep: Upkeep): Promise<void> {
+  const { ctx, label, report } = upkeep;
+  const freeIds = new Set(upkeep.free.map((f) => f.spare.nodes[0]?.id));
+  const roomOf = (b: BackingRecord): Room => ({
+    b,
+    used: b.used,
+    pinned: Object.values(b.slotMap).some((id) => !freeIds.has(id)),
+  });
+  const fuller = (to: Room, from: Room) =>
+    (to.pinned && !from.pinned) || (to.pinned === from.pinned && to.used >= from.used);
+  const byPool = new Map<string, typeof upkeep.free>();
+  for (const f of upkeep.free) {
+    const key = f.spare.poolKey ?? '';
+    byPool.set(key, [...(byPool.get(key) ?? []), f]);
+  }
+  for (const [poolKey, free] of byPool) {
+    const pool = ctx.config.metastaticPools.find((p) => p.key === poolKey);
+    const config = pool?.labels.get(label);
+    if (!pool || !config) continue;
+    const now = ctx.clock.now();
+    const rooms = new Map<string, Room>();
+    for (const f of free) if (!rooms.has(f.host.id)) rooms.set(f.host.id, roomOf(f.host));
+    const found = await ctx.store.findCandidates(pool.key, label, MOVE_CANDIDATES);
+    for (const b of found.items) if (usableSpareHost(b, now)) rooms.set(b.id, roomOf(b));
+    const key = (r: Room) => (r.pinned ? 1_000_000 : 0) + r.used;
+    // Always a spare of the emptiest backing node left, so one is emptied before the next is touched.
+    const left = [...free];
+    while (left.length > 0) {
+      if (timeLeft(ctx) <= 0) {
+        report.deferred++;
+        return;
+      }
+      const at = (f: (typeof left)[number]) => key(rooms.get(f.host.id) as Room);
+      left.sort((x, y) => at(x) - at(y));
+      const f = left.shift() as (typeof left)[number];
+      const from = rooms.get(f.host.id);
+      if (!from) continue;
+      const to = [...rooms.values()]
+        .filter((r) => r.b.id !== from.b.id && r.used < r.b.slots && fuller(r, from))
+        .sort((x, y) => key(y) - key(x))[0];
+      if (!to) continue;
+      let onto: BackingRecord | undefined;
+      try {
+        onto = await moveSpare(ctx, pool, config, f.spare, to.b);
+      } catch (err) {
+        if (err instanceof BusyError) continue; // a move of it in flight elsewhere: left to that one
+        throw err;
+      }
+      if (!onto) {
+        // Lost a race (its slot, or the spare taken): the next move there starts from it as it is now.
+        const current = await ctx.store.getBacking(to.b.id);
+        if (current && usableSpareHost(current, ctx.clock.now())) to.b = current;
+        else rooms.delete(to.b.id);
+        continue;
+      }
+      report.moved++;
+      from.used--;
+      to.used++;
+      to.b = onto;
+    }
+  }
+}
+
+/** One more failed spare of the label: its backoff grows (a conditional write; re-read on a conflict). */
+async function recordFailure(upkeep: Upkeep, reason: string): Promise<void> {
+  const { ctx, label } = upkeep;
+  for (let round = 0; round < 3; round++) {
+    const next = backoffAfterFailure(upkeep.backoff, ctx.clock.now(), reason);
+    if (await ctx.store.putLabelBackoff(label, next)) {
+      upkeep.backoff = next;
+      ctx.log.warn('min-ready launches of a label back off', {
+        label,
+        failures: next.failures,
+        retryAt: new Date(next.retryAt).toISOString(),
+        reason: next.reason,
+      });
+      return;
+    }
+    upkeep.backoff = (await ctx.store.minReadyState(label)).backoff; // another replenisher wrote first
+  }
+}
+
+/** A spare of the label became ready since its last failure: the backoff is over. */
+async function clearBackoff(upkeep: Upkeep): Promise<void> {
+  const { ctx, label } = upkeep;
+  const current = upkeep.backoff;
+  if (!current) return;
+  const next = backoffCleared(current);
+  if (await ctx.store.putLabelBackoff(label, next)) {
+    upkeep.backoff = next;
+    ctx.log.info('min-ready launches of a label work again', { label, after: current.failures });
+  } else {
+    upkeep.backoff = (await ctx.store.minReadyState(label)).backoff; // written meanwhile: as it is now
+  }
+}
+
+/**
+ * Places a seat's spare (again, when it waits): an ordinary request, served after every other.
+ * `failed`: every launch attempt failed (the request ended failed).
+ */
 async function makeSpare(
   ctx: Context,
   label: string,
   seat: number,
   gen: number,
   report: UpkeepReport,
-): Promise<void> {
+): Promise<'placed' | 'waiting' | 'failed' | 'other'> {
   try {
     const out = await requestNodes(ctx, spareMessage(label, seat, gen));
     if (out.kind === 'placed') report.made++;
+    return out.kind === 'placed' ? 'placed' : out.request.state === 'failed' ? 'failed' : 'other';
   } catch (err) {
     if (err instanceof CapacityError || err instanceof BusyError) {
       report.waiting++;
-      return;
+      return 'waiting';
     }
-    if (err instanceof LaunchFailedError) return; // the request failed; the next upkeep advances the seat
+    if (err instanceof LaunchFailedError) return 'failed'; // the request failed
     throw err;
   }
 }

@@ -6,16 +6,19 @@ import { mockClient } from 'aws-sdk-client-mock';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { parseConfigOrThrow } from '../../shared/config/load.ts';
 import { ManualClock } from '../../shared/core/clock.ts';
+import { DeadlineError } from '../../shared/core/errors.ts';
 import { silentLog } from '../../shared/core/log.ts';
 import { type StateChangeEvent, stateChangeEvent } from '../../shared/core/stateChanges.ts';
-import { RESOURCE_NOT_FOUND_GRACE_MS } from '../../shared/core/timing.ts';
+import { invocationFor, RESOURCE_NOT_FOUND_GRACE_MS } from '../../shared/core/timing.ts';
 import { makeFulfilHandler } from '../../shared/handlers/fulfilHandler.ts';
+import { makeReaperHandler } from '../../shared/handlers/reaperHandler.ts';
 import { makeRequestHandler } from '../../shared/handlers/requestHandler.ts';
 import { awsContext } from '../../shared/runtime/awsContext.ts';
 import { type Engine, ensureTable, startDynalite } from '../../shared/runtime/engines.ts';
 import { DynamoStore } from '../../shared/store/dynamoStore.ts';
 import type { Context } from '../../shared/usecases/context.ts';
 import { reap } from '../../shared/usecases/reap.ts';
+import { requestNodes } from '../../shared/usecases/requestNodes.ts';
 import { poolConfig } from '../../testkit/configs.ts';
 import { FakeEc2 } from '../../testkit/fakeEc2.ts';
 import { sqsEvent } from '../../testkit/harness.ts';
@@ -251,6 +254,50 @@ describe('the whole flow against a stateful fake EC2', () => {
     expect((await p.ctx.store.getBacking(warm?.nodes[0]?.backingNodeId as string))?.used).toBe(1);
   });
 
+  it('keeps min-ready nodes whose instance the reaper itself found running (a lost event), instead of replacing them', async () => {
+    const p = await pool({ minReady: 2 });
+    expect((await reap(p.ctx)).minReadyMade).toBe(2);
+    await p.ec2.advance(30_000); // running; the event is lost (never delivered)
+    const report = await reap(p.ctx);
+    // Its reconciliation made the backing node ready, and the spares on it with it: they stay.
+    expect(report.minReadyEnded).toBe(0);
+    expect(report.minReadyMade).toBe(0);
+    const spares = (await p.ctx.store.listRequests()).filter((r) => r.id.startsWith('min-ready:'));
+    expect(spares.map((r) => r.state)).toEqual(['fulfilled', 'fulfilled']);
+  });
+
+  it('backs off a label whose min-ready launches keep failing, exponentially, until one succeeds (issue 24)', async () => {
+    const p = await pool({ minReady: 5, retries: 3 });
+    p.ec2.failLaunches({ code: 'InvalidAMIID.NotFound' });
+    // Ten reaper runs a minute apart. Each used to remake every seat's spare: 5 x 3 RunInstances a run.
+    for (let run = 0; run < 10; run++) {
+      const report = await reap(p.ctx);
+      expect(report.errors).toEqual([]);
+      p.clock.advance(60_000);
+    }
+    // One spare tried at 0, 1, 3 and 7 minutes (waits of 1, 2, 4, then 8 minutes), 3 attempts each.
+    expect(p.ec2.inputs('RunInstances')).toHaveLength(4 * 3);
+    const { backoff } = await p.ctx.store.minReadyState('small');
+    expect(backoff).toMatchObject({
+      failures: 4,
+      retryAt: backoff ? backoff.lastFailedAt + 8 * 60_000 : 0,
+      reason: expect.stringContaining('InvalidAMIID.NotFound'),
+    });
+    // EC2 works again: once the wait is over, one run makes every seat's spare, and a spare that became
+    // ready resets the backoff.
+    p.ec2.clearFailures();
+    p.clock.advance(8 * 60_000);
+    expect((await reap(p.ctx)).minReadyMade).toBe(5);
+    await p.ec2.advance(30_000);
+    await p.deliver();
+    await reap(p.ctx);
+    expect((await p.ctx.store.minReadyState('small')).backoff?.failures ?? 0).toBe(0);
+    // A failure after that starts again from the shortest wait.
+    p.ec2.failLaunches({ code: 'InvalidAMIID.NotFound' });
+    for (const id of ['t1', 't2', 't3', 't4', 't5']) await p.request(sqsEvent([req(id)]));
+    expect((await p.ctx.store.minReadyState('small')).backoff).toMatchObject({ failures: 1 });
+  });
+
   it('serves requests by shape from the instance types the label launches: a slot is the instance / max-parallel-jobs', async () => {
     const p = await pool();
     // small: m7g.2xlarge or m6g.2xlarge (8 vCPUs, 32 GiB) in 2 slots = 4 cores, 16 GiB each.
@@ -374,6 +421,108 @@ describe('the whole flow against a stateful fake EC2', () => {
     expect(r?.reason).toMatch(
       /failed to launch 2 time\(s\); last: launch of large failed: .*InvalidAMIID\.NotFound/,
     );
+  });
+});
+
+describe("the reaper and placements within the invocation's time (issue 24)", () => {
+  /** A Lambda invocation of the reaper with `ms` to run, on the pool's clock (what EC2's latency moves). */
+  const invocation = (p: Pool, ms = 60_000) => invocationFor(p.clock, ms);
+  const release = (id: string) => JSON.stringify({ kind: 'release', nodeId: id });
+
+  /** `n` ready instances, each with both slots used by requests `<prefix>-<i>a` and `-<i>b`, then released. */
+  async function idleInstances(p: Pool, n: number, prefix = 'idle'): Promise<void> {
+    for (let i = 0; i < n; i++) await p.request(sqsEvent([req(`${prefix}-${i}a`), req(`${prefix}-${i}b`)]));
+    await p.ec2.advance(30_000);
+    await p.deliver();
+    const ids = Array.from({ length: n }, (_, i) => [`${prefix}-${i}a/0`, `${prefix}-${i}b/0`]).flat();
+    await p.request(sqsEvent(ids.map(release)));
+    expect(p.ec2.live()).toHaveLength(n);
+  }
+
+  it('launches nothing once the invocation has no time left: a placement checks before it launches', async () => {
+    const p = await pool();
+    const late: Context = { ...p.ctx, deadline: { remainingMs: () => 0 } };
+    await expect(
+      requestNodes(late, { kind: 'request', id: 'late', labels: ['small'] }),
+    ).rejects.toBeInstanceOf(DeadlineError);
+    expect(p.ec2.inputs('RunInstances')).toEqual([]);
+    expect(await p.ctx.store.listBacking()).toEqual([]);
+    // The redelivery, with time, places it.
+    expect((await p.request(sqsEvent([req('late')], 2))).batchItemFailures).toEqual([]);
+    expect(p.ec2.live()).toHaveLength(1);
+  });
+
+  it('fills a large min-ready over several runs, each within its time, the rest deferred and no error', async () => {
+    const p = await pool({ minReady: 24 });
+    p.ec2.slowCalls(5_000, ['RunInstances']);
+    const reaper = makeReaperHandler(p.ctx);
+    const made: number[] = [];
+    for (let run = 0; run < 6 && made.reduce((a, b) => a + b, 0) < 24; run++) {
+      const start = p.clock.now();
+      const report = await reaper(invocation(p));
+      expect(report.errors).toEqual([]);
+      // A launch starts only while the deadline (60 s less the safety margin) has time left: it ends in time.
+      expect(p.clock.now() - start).toBeLessThanOrEqual(60_000);
+      made.push(report.minReadyMade);
+      if (made.reduce((a, b) => a + b, 0) < 24) expect(report.deferred).toBeGreaterThan(0);
+      p.clock.advance(60_000 - (p.clock.now() - start)); // the schedule's next run
+    }
+    expect(made.reduce((a, b) => a + b, 0)).toBe(24);
+    expect(made.length).toBeGreaterThan(1);
+    // Two slots an instance: 12 instances, each launched once.
+    expect(p.ec2.inputs('RunInstances')).toHaveLength(12);
+  });
+
+  it('retires idle backing nodes in batches: one TerminateInstances, one DescribeInstances to confirm', async () => {
+    const p = await pool();
+    await idleInstances(p, 3);
+    p.clock.advance(61_000);
+    p.ec2.resetCalls();
+    const report = await reap(p.ctx);
+    expect(report.retired).toHaveLength(3);
+    expect(report.stopped.sort()).toEqual([...report.retired].sort());
+    expect(p.ec2.inputs('TerminateInstances')).toEqual([
+      { InstanceIds: expect.arrayContaining(p.ec2.instances.map((i) => i.instanceId)) },
+    ]);
+    // The reconciliation's list, and one look at the three after their terminate.
+    expect(p.ec2.inputs('DescribeInstances')).toHaveLength(2);
+    await p.ec2.advance(10_000);
+    expect(p.ec2.live()).toEqual([]);
+  });
+
+  it('rotates its steps: a run whose time a burst of idle nodes used up leaves the later steps first to the next', async () => {
+    const p = await pool();
+    await idleInstances(p, 3);
+    // A request that has waited past its request-timeout (3 h): the reaper's step 8 ends it.
+    const old = p.clock.now() - 3 * 3600_000 - 1_000;
+    await p.ctx.store.createRequest({
+      id: 'stale',
+      labels: ['small'],
+      bodyHash: 'x',
+      state: 'requested',
+      createdAt: old,
+      updatedAt: old,
+      version: 0,
+      nodes: [{ id: 'stale/0', label: 'small', state: 'requested' }],
+    });
+    p.clock.advance(61_000);
+    // Terminating takes EC2 most of a run's time, every run.
+    p.ec2.slowCalls(58_000, ['TerminateInstances']);
+    const reaper = makeReaperHandler(p.ctx);
+    const first = await reaper(invocation(p));
+    expect(first.retired).toHaveLength(3);
+    expect(first.deferred).toBeGreaterThan(0);
+    expect(first.expiredRequests).toEqual([]);
+    expect((await p.ctx.store.getRequest('stale'))?.state).toBe('requested');
+    const second = await reaper(invocation(p));
+    expect(second.expiredRequests).toEqual(['stale']);
+    expect((await p.ctx.store.getRequest('stale'))?.state).toBe('failed');
+    expect(second.errors).toEqual([]);
+    // The retiring ones are finished as the runs come round to them again.
+    p.ec2.slowCalls(0);
+    await reaper(invocation(p));
+    await reaper(invocation(p));
+    expect((await p.ctx.store.listBacking()).map((b) => b.state)).toEqual(['stopped', 'stopped', 'stopped']);
   });
 });
 

@@ -240,7 +240,7 @@ describe('MetastaticStack (the example configuration, as bin/cdk.ts builds it)',
     expect(Object.keys(template.findResources('AWS::DynamoDB::Table'))).toEqual([TABLE_LOGICAL_ID]);
   });
 
-  it('builds the table from tableDefinition: on-demand, point-in-time recovery, encrypted, retained', () => {
+  it('builds the table from tableDefinition: on-demand, point-in-time recovery, encrypted, retained, TTL on expiresAt', () => {
     template.hasResource('AWS::DynamoDB::Table', {
       DeletionPolicy: 'Retain',
       UpdateReplacePolicy: 'Retain',
@@ -251,6 +251,8 @@ describe('MetastaticStack (the example configuration, as bin/cdk.ts builds it)',
         GlobalSecondaryIndexes: tableDefinition.GlobalSecondaryIndexes,
         PointInTimeRecoverySpecification: { PointInTimeRecoveryEnabled: true },
         SSESpecification: { SSEEnabled: true },
+        // Ended records (record-retention after they ended) are deleted by DynamoDB (issue 24).
+        TimeToLiveSpecification: { AttributeName: 'expiresAt', Enabled: true },
       },
     });
     expect(tableDefinition.GlobalSecondaryIndexes?.map((i) => i.IndexName)).toEqual(['free', 'reap']);

@@ -13,7 +13,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { parseConfig } from '../../shared/config/load.ts';
 import type { BackingPool } from '../../shared/config/model.ts';
 import { ManualClock } from '../../shared/core/clock.ts';
-import { CapacityError, RetryableError } from '../../shared/core/errors.ts';
+import { CapacityError, DeadlineError, RetryableError } from '../../shared/core/errors.ts';
 import type { LaunchSpec } from '../../shared/core/provider.ts';
 import { StateChangeEvent } from '../../shared/core/stateChanges.ts';
 import {
@@ -877,6 +877,61 @@ describe('throttling', () => {
   });
 });
 
+describe("the invocation's deadline (issue 24)", () => {
+  /** An invocation's deadline `ms` from now on the setup's clock (what Context.deadline holds). */
+  const deadlineIn = (clock: ManualClock, ms: number) => {
+    const end = clock.now() + ms;
+    return { remainingMs: () => end - clock.now() };
+  };
+
+  it('stops retrying a throttled call when the next backoff would outlast the invocation, without sleeping it', async () => {
+    const sleeps: number[] = [];
+    const { clock, fake, provider } = setup({
+      provider: {
+        sleep: async (ms) => {
+          sleeps.push(ms);
+          clock.advance(ms);
+        },
+      },
+    });
+    fake.throttle(10, { commands: ['RunInstances'] });
+    const err = await rejection(provider.launch(spec(), deadlineIn(clock, 2_000)));
+    expect(err).toBeInstanceOf(DeadlineError);
+    expect(err.message).toMatch(/RunInstances throttled; .*left in this invocation/);
+    // 750 ms fits the 2 s, then 1,125 ms the 1,250 left; the next 1,688 ms would not fit the 125 left.
+    expect(sleeps).toEqual([750, 1125]);
+    expect(runInputs(fake)).toHaveLength(3);
+  });
+
+  it('tries no further offering once the invocation has no time left, and launches nothing', async () => {
+    const { clock, fake, provider } = setup({
+      pool: { 'subnet-id': undefined, 'subnet-ids': ['subnet-1', 'subnet-2'] },
+      labels: { [LABEL]: { 'instance-types': ['m7i.large', 'm6i.large'], 'image-id': 'ami-0abc' } },
+    });
+    fake.failLaunches({ code: 'InsufficientInstanceCapacity', instanceType: 'm7i.large' });
+    fake.slowCalls(3_000, ['RunInstances']);
+    const err = await rejection(provider.launch(spec(), deadlineIn(clock, 5_000)));
+    expect(err).toBeInstanceOf(DeadlineError);
+    // Two offerings took the 5 s; the third (m6i.large, which has capacity) is left to the next try.
+    expect(offeringsTried(fake)).toEqual(['m7i.large subnet-1 on-demand', 'm7i.large subnet-2 on-demand']);
+    expect(fake.instances).toEqual([]);
+    // Without a deadline the same launch goes on to the offering that works.
+    const { resourceId } = await provider.launch(spec());
+    expect(fake.instance(resourceId)?.instanceType).toBe('m6i.large');
+  });
+
+  it('asks nothing of EC2 when the invocation has no time left (launch, list, terminate)', async () => {
+    const { clock, fake, provider } = setup();
+    const { resourceId } = await provider.launch(spec());
+    fake.resetCalls();
+    const spent = deadlineIn(clock, 0);
+    expect(await rejection(provider.launch(spec('bn-2'), spent))).toBeInstanceOf(DeadlineError);
+    expect(await rejection(provider.list(spent))).toBeInstanceOf(DeadlineError);
+    expect(await rejection(provider.terminateMany([resourceId], spent))).toBeInstanceOf(DeadlineError);
+    expect(fake.mock.calls()).toHaveLength(0);
+  });
+});
+
 describe('describe', () => {
   it('maps a pending then running instance', async () => {
     const { fake, clock, provider } = setup({
@@ -939,6 +994,26 @@ describe('describe', () => {
     const calls = fake.mock.commandCalls(DescribeInstancesCommand).length;
     expect(await provider.describe('local-0123456789abcdef')).toBeUndefined();
     expect(fake.mock.commandCalls(DescribeInstancesCommand)).toHaveLength(calls);
+  });
+
+  it('describes many instances with an instance-id filter, 200 ids a call, leaving out the unknown ones', async () => {
+    const { fake, provider } = setup();
+    const ids: string[] = [];
+    for (let i = 0; i < 3; i++) ids.push((await provider.launch(spec(`bn-${i}`))).resourceId);
+    await provider.terminate(ids[2] as string);
+    const unknown = Array.from(
+      { length: 250 },
+      (_, i) => `i-${(0xf0000 + i).toString(16).padStart(17, '0')}`,
+    );
+    fake.resetCalls();
+    const found = await provider.describeMany([...unknown, ...ids, 'local-0123456789abcdef']);
+    expect([...found.keys()].sort()).toEqual([...ids].sort());
+    expect(ids.map((id) => found.get(id)?.state)).toEqual(['pending', 'pending', 'shutting-down']);
+    const calls = fake.mock.commandCalls(DescribeInstancesCommand).map((c) => c.args[0].input);
+    expect(calls.map((c) => c.Filters?.[0]?.Values?.length)).toEqual([200, 53]);
+    expect(calls.every((c) => c.Filters?.[0]?.Name === 'instance-id' && c.InstanceIds === undefined)).toBe(
+      true,
+    );
   });
 
   it('keeps describing a terminated instance while EC2 does, then not', async () => {

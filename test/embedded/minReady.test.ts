@@ -3,7 +3,7 @@ import type { PoolClient } from '../../cli/client.ts';
 import { poolStatus } from '../../cli/commands/status.ts';
 import { parseConfigOrThrow } from '../../shared/config/load.ts';
 import { ownerToken, parseNodeId } from '../../shared/core/ids.ts';
-import { isFreeSpare, isSpareRequestId } from '../../shared/core/minReady.ts';
+import { isFreeSpare, isSpareRequestId, takenSpare } from '../../shared/core/minReady.ts';
 import type { RequestRecord } from '../../shared/core/records.ts';
 import { CLAIM_TAKEOVER_MS } from '../../shared/core/timing.ts';
 import type { Context } from '../../shared/usecases/context.ts';
@@ -13,6 +13,7 @@ import { reap } from '../../shared/usecases/reap.ts';
 import { releaseNode } from '../../shared/usecases/release.ts';
 import { keepMinReady } from '../../shared/usecases/replenish.ts';
 import { baseConfig } from '../../testkit/configs.ts';
+import { crashingStore } from '../../testkit/crashingStore.ts';
 import { type Harness, sqsEvent, startHarness } from '../../testkit/harness.ts';
 
 /**
@@ -243,6 +244,131 @@ describe('min-ready', () => {
     expect((await keepMinReady(lowered, 'small-node')).ended).toBe(1);
     expect((await ctx.store.getRequest(requestOf(taken?.id)))?.nodes[0]?.state).toBe('released');
     expect((await ctx.store.listBacking()).every((b) => b.used === 0)).toBe(true);
+  });
+
+  it('moves a free min-ready node onto a fuller backing node, so spares cost slots, not instances (issue 24)', async () => {
+    // Two seats on one backing node; a request takes one and the refill goes onto a second backing node;
+    // the request's release ends the node it took: one free min-ready node on each backing node.
+    h = await withReadyNodes(baseConfig({ slots: 2, minReady: 2, grace: 0 }), 2);
+    const ctx = h.pool.context;
+    await h.send(request('r1'));
+    await h.drainRequests();
+    await h.fulfilUntil(allFree(h, 2));
+    await releaseNode(ctx, 'r1/0');
+    const hosts = async () =>
+      new Set(
+        (await spares(h as Harness))
+          .filter((r) => isFreeSpare(r.nodes[0]))
+          .map((r) => r.nodes[0]?.backingNodeId),
+      );
+    expect((await hosts()).size).toBe(2);
+    expect(await ctx.store.listBacking()).toHaveLength(2);
+    // The reaper moves one (a new slot first, then the old one freed): both on one backing node.
+    const report = await h.pool.reapNow();
+    expect(report.minReadyMoved).toBe(1);
+    expect(report.errors).toEqual([]);
+    expect((await hosts()).size).toBe(1);
+    expect(await freeSpares(h)).toBe(2);
+    // ...and the other, empty, goes (grace-time 0).
+    const after = await h.pool.reapNow();
+    expect(after.stopped).toHaveLength(1);
+    const live = (await ctx.store.listBacking()).filter((b) => b.state !== 'stopped');
+    expect(live).toHaveLength(1);
+    expect(live[0]?.used).toBe(2);
+    // Every free min-ready node holds the slot its record names, on the backing node that maps it back.
+    for (const r of await spares(h)) {
+      const n = r.nodes[0];
+      if (!isFreeSpare(n)) continue;
+      expect(live[0]?.slotMap[String(n.slot)]).toBe(n.id);
+      expect(n).toMatchObject({ backingNodeId: live[0]?.id, host: live[0]?.host, port: live[0]?.port });
+    }
+    // A request takes one at once from there.
+    await h.send(request('r2'));
+    await h.drainRequests();
+    expect((await ctx.store.getRequest('r2'))?.nodes[0]).toMatchObject({
+      state: 'ready',
+      backingNodeId: live[0]?.id,
+    });
+  });
+
+  it('leaves a min-ready node a request takes while it is being moved to that request, on its slot', async () => {
+    h = await withReadyNodes(baseConfig({ slots: 2, minReady: 2, grace: 0 }), 2);
+    const ctx = h.pool.context;
+    await h.send(request('r1'));
+    await h.drainRequests();
+    await h.fulfilUntil(allFree(h, 2));
+    await releaseNode(ctx, 'r1/0');
+    // The move's new slot is claimed; before it records the move, a delivery takes that min-ready node.
+    let raced: { spareId: string; from: string; to: string } | undefined;
+    const store = new Proxy(ctx.store, {
+      get(target, prop) {
+        const value = Reflect.get(target, prop, target) as unknown;
+        if (prop !== 'claimSlot' || typeof value !== 'function') return value;
+        return async (...args: Parameters<typeof target.claimSlot>) => {
+          const out = await target.claimSlot(...args);
+          const [onto, , nodeId] = args;
+          const spare = await target.getRequest(requestOf(nodeId));
+          if (!raced && out.claimed && spare && isFreeSpare(spare.nodes[0])) {
+            raced = { spareId: nodeId, from: spare.nodes[0]?.backingNodeId as string, to: onto.id };
+            await target.putRequest(
+              takenSpare(spare, 'racer/0', ownerToken(h?.clock.now() ?? 0), Date.now()),
+              spare.version,
+            );
+          }
+          return out;
+        };
+      },
+    });
+    const report = await keepMinReady({ ...ctx, store }, 'small-node', {
+      hosts: new Map((await ctx.store.listBacking()).map((b) => [b.id, b])),
+    });
+    expect(raced).toBeDefined();
+    expect(report.errors).toEqual([]);
+    // The take won: the node stays where the taker found it, and the new slot was given back.
+    const spare = (await ctx.store.getRequest(requestOf(raced?.spareId)))?.nodes[0];
+    expect(spare).toMatchObject({ takenBy: { node: 'racer/0' }, backingNodeId: raced?.from });
+    expect((await ctx.store.getBacking(raced?.from as string))?.slotMap[String(spare?.slot)]).toBe(spare?.id);
+    expect(Object.values((await ctx.store.getBacking(raced?.to as string))?.slotMap ?? {})).not.toContain(
+      spare?.id,
+    );
+    // (The other one may then move beside it.) Every min-ready node holds exactly the slot it records.
+    const backing = await ctx.store.listBacking();
+    for (const r of await spares(h)) {
+      const n = r.nodes[0];
+      if (n?.state !== 'ready') continue;
+      const holding = backing.filter((b) => Object.values(b.slotMap).includes(n?.id ?? ''));
+      expect(holding.map((b) => b.id)).toEqual([n?.backingNodeId]);
+      expect(holding[0]?.slotMap[String(n?.slot)]).toBe(n?.id);
+    }
+    expect(report.moved).toBeLessThanOrEqual(1);
+  });
+
+  it('finishes a move cut short after it recorded the new slot: the next upkeep gives the old slot back', async () => {
+    h = await withReadyNodes(baseConfig({ slots: 2, minReady: 2, grace: 0 }), 2);
+    const ctx = h.pool.context;
+    await h.send(request('r1'));
+    await h.drainRequests();
+    await h.fulfilUntil(allFree(h, 2));
+    await releaseNode(ctx, 'r1/0');
+    const hosts = new Map((await ctx.store.listBacking()).map((b) => [b.id, b]));
+    // The move's upkeep dies right after its put of the moved node (the one put a move makes first).
+    const dying = { ...ctx, store: crashingStore(ctx.store, (m) => m === 'putRequest') };
+    const cut = await keepMinReady(dying, 'small-node', { hosts });
+    expect(cut.errors).toEqual([expect.stringContaining('crashed after putRequest')]);
+    const moved = (await spares(h)).find((r) => r.nodes[0]?.movedFrom)?.nodes[0];
+    const from = moved?.movedFrom;
+    expect(from?.backingNodeId).not.toBe(moved?.backingNodeId);
+    // Both backing nodes name it: the old slot is held by nobody who runs there.
+    expect((await ctx.store.getBacking(from?.backingNodeId as string))?.slotMap[String(from?.slot)]).toBe(
+      moved?.id,
+    );
+    await h.pool.reapNow();
+    expect(
+      (await ctx.store.getBacking(from?.backingNodeId as string))?.slotMap[String(from?.slot)],
+    ).toBeUndefined();
+    const settled = (await ctx.store.getRequest(requestOf(moved?.id)))?.nodes[0];
+    expect(settled?.movedFrom).toBeUndefined();
+    expect(settled).toMatchObject({ state: 'ready', backingNodeId: moved?.backingNodeId, slot: moved?.slot });
   });
 
   it('fails the node that took a min-ready node when its backing node vanishes', async () => {

@@ -1,10 +1,14 @@
+import { GetItemCommand } from '@aws-sdk/client-dynamodb';
+import { marshall, unmarshall } from '@aws-sdk/util-dynamodb';
 import { afterEach, describe, expect, it, vi } from 'vitest';
 import { spreadSlot, withClaimedSlot } from '../../shared/core/backing.ts';
 import { ConflictError } from '../../shared/core/errors.ts';
 import { CLAIM_TAKEOVER_MS, SLOT_LEASE_MS } from '../../shared/core/timing.ts';
 import { makeRequestHandler } from '../../shared/handlers/requestHandler.ts';
+import { keys } from '../../shared/store/table.ts';
 import { reap } from '../../shared/usecases/reap.ts';
-import { baseConfig } from '../../testkit/configs.ts';
+import { releaseNode } from '../../shared/usecases/release.ts';
+import { baseConfig, largeNode, poolConfig, smallNode } from '../../testkit/configs.ts';
 import { crashingStore } from '../../testkit/crashingStore.ts';
 import { type Harness, readyNode, sqsEvent, startHarness } from '../../testkit/harness.ts';
 import { alive } from '../../testkit/processes.ts';
@@ -219,5 +223,75 @@ describe('nodes left pending on a backing node that became ready', () => {
     await reap(ctx);
     expect(reads.mock.calls.filter(([id]) => id === 'first')).toEqual([]);
     reads.mockRestore();
+  });
+});
+
+describe('ended records and DynamoDB TTL (issue 24)', () => {
+  const RETENTION = 5 * 86400;
+  /** The raw item, as DynamoDB's TTL sees it. */
+  const item = async (harness: Harness, key: { pk: string; sk: string }) =>
+    unmarshall(
+      (
+        await harness.pool.dynamodb.send(
+          new GetItemCommand({
+            TableName: harness.pool.info.tableName,
+            Key: marshall(key),
+            ConsistentRead: true,
+          }),
+        )
+      ).Item ?? {},
+    );
+  const expiresAt = (endedAt: number) => Math.ceil(endedAt / 1000) + RETENTION;
+
+  it('gives a request its purge time (record-retention) when it ends and a backing node when it stops, never a live one', async () => {
+    h = await startHarness(
+      poolConfig({
+        top: { 'record-retention': RETENTION },
+        backing: { labels: [largeNode({ 'boot-delay': 0 })] },
+        meta: { labels: [smallNode({ 'max-parallel-jobs': 2, 'grace-time': 0 })] },
+      }),
+    );
+    const store = h.pool.context.store;
+    // A two-node request: live until its last node ends.
+    await h.send({ kind: 'request', id: 'pair', labels: ['small-node', 'small-node'] });
+    await h.drainRequests();
+    await h.fulfilUntil(async () => (await store.getRequest('pair'))?.state === 'fulfilled');
+    expect((await item(h, keys.request('pair'))).expiresAt).toBeUndefined();
+    await releaseNode(h.pool.context, 'pair/0');
+    expect((await item(h, keys.request('pair'))).expiresAt).toBeUndefined();
+    await releaseNode(h.pool.context, 'pair/1');
+    const released = await store.getRequest('pair');
+    expect((await item(h, keys.request('pair'))).expiresAt).toBe(
+      expiresAt(released?.nodes[1]?.releasedAt ?? 0),
+    );
+    // A one-node request (most are): its release gives it its purge time in the same update, no other write.
+    await readyNode(h, 'solo');
+    const commands: string[] = [];
+    h.pool.dynamodb.middlewareStack.add(
+      (next, context) => async (args) => {
+        commands.push(String(context.commandName));
+        return next(args);
+      },
+      { step: 'initialize', name: 'ttlTestCommands' },
+    );
+    await releaseNode(h.pool.context, 'solo/0');
+    h.pool.dynamodb.middlewareStack.remove('ttlTestCommands');
+    // The release's update, then the slot given back (read, put).
+    expect(commands.filter((c) => c.startsWith('Update'))).toHaveLength(1);
+    const solo = await store.getRequest('solo');
+    expect((await item(h, keys.request('solo'))).expiresAt).toBe(expiresAt(solo?.nodes[0]?.releasedAt ?? 0));
+    // A request that can never be served ends at once.
+    await h.send({ kind: 'request', id: 'unknown', labels: ['no-such-label'] });
+    await h.drainRequests();
+    const failed = await store.getRequest('unknown');
+    expect(failed?.state).toBe('failed');
+    expect((await item(h, keys.request('unknown'))).expiresAt).toBe(expiresAt(failed?.updatedAt ?? 0));
+    // The backing node: none while it runs, its purge time once stopped.
+    const [b] = await store.listBacking();
+    expect((await item(h, keys.backing(b?.id ?? ''))).expiresAt).toBeUndefined();
+    h.clock.advance(1_000);
+    expect((await h.pool.reapNow()).stopped).toEqual([b?.id]);
+    const stopped = await store.getBacking(b?.id ?? '');
+    expect((await item(h, keys.backing(b?.id ?? ''))).expiresAt).toBe(expiresAt(stopped?.stoppedAt ?? 0));
   });
 });

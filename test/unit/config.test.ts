@@ -391,6 +391,18 @@ describe('validation rules', () => {
 });
 
 describe('field errors', () => {
+  it('takes record-retention in seconds: 7 days by default, from 4 days (the request queue keeps a message 4) to 90', () => {
+    expect(ok(parseConfig(poolConfig(), 'test.yaml')).recordRetention).toBe(7 * 86400);
+    expect(
+      ok(parseConfig(poolConfig({ top: { 'record-retention': 345600 } }), 'test.yaml')).recordRetention,
+    ).toBe(4 * 86400);
+    for (const bad of [3600, 91 * 86400, 1.5, '7d']) {
+      expect(problems(parseConfig(poolConfig({ top: { 'record-retention': bad } }), 'test.yaml'))).toEqual([
+        `record-retention: record-retention: expected an integer >= 345600 and <= 7776000, got ${JSON.stringify(bad)}`,
+      ]);
+    }
+  });
+
   it('rejects an unknown key and suggests the kebab-case spelling', () => {
     const text = poolConfig({ meta: { labels: [smallNode({ grace_time: 10 })] } });
     expect(errorsOf(parseConfig(text, 'test.yaml'))).toEqual([

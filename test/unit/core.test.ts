@@ -22,6 +22,7 @@ import {
   requestTimeoutOf,
   shortestRequestTimeout,
 } from '../../shared/core/pools.ts';
+import { nextFirstStep, REAPER_STEPS, stepOrder } from '../../shared/core/reaperSteps.ts';
 import type { BackingRecord } from '../../shared/core/records.ts';
 import { assertTransition, backingTransitions, canTransition } from '../../shared/core/states.ts';
 import {
@@ -251,6 +252,29 @@ describe('reaper decisions', () => {
   it.each(cases)('%s', (_name, b, l, elapsed, retire) => {
     const decision = reapDecision(backing(b), l === undefined ? undefined : label(l), T0 + elapsed);
     expect(decision.retire).toBe(retire);
+  });
+});
+
+describe("the reaper's rotation of its steps (issue 24)", () => {
+  it('runs every step once, in the usual order unless a run was cut short', () => {
+    expect(stepOrder(undefined)).toEqual([...REAPER_STEPS]);
+    expect(stepOrder('no-such-step')).toEqual([...REAPER_STEPS]);
+    const order = stepOrder('request-timeout');
+    expect(order[0]).toBe('request-timeout');
+    expect([...order].sort()).toEqual([...REAPER_STEPS].sort());
+    expect(order.at(-1)).toBe('capacity');
+  });
+
+  it('starts the next run after the step the time ran out in; the usual order once a run finished', () => {
+    const usual = stepOrder(undefined);
+    // Cut short in `retire` (index 0): the others go first next time, `retire` last.
+    expect(nextFirstStep(usual, 0, true)).toBe('deadlines');
+    expect(nextFirstStep(usual, 0, false)).toBeUndefined();
+    // Cut short in the last step of a rotated run: the next starts where this one did.
+    const rotated = stepOrder('lease-expiry');
+    expect(nextFirstStep(rotated, rotated.length - 1, true)).toBe('lease-expiry');
+    // Wrapping round to the first step of the usual order is the usual order.
+    expect(nextFirstStep(usual, usual.length - 1, true)).toBeUndefined();
   });
 });
 

@@ -39,6 +39,7 @@ import type { BackingPool } from '../../config/model.ts';
 import type { Clock } from '../../core/clock.ts';
 import { CapacityError, RetryableError } from '../../core/errors.ts';
 import type { BackingProvider, BackingResource, LaunchSpec, ReportedHostKeys } from '../../core/provider.ts';
+import type { Deadline } from '../../core/timing.ts';
 import { MAX_CONSOLE_CHARS, parseConsoleHostKeys } from './consoleHostKeys.ts';
 import { type CallPolicy, type Ec2ProviderLog, ec2Call, type RetryBudget } from './ec2Calls.ts';
 import {
@@ -56,6 +57,16 @@ import { type AwsLabelSettings, awsPoolSettings } from './settings.ts';
 
 /** TerminateInstances takes at most this many ids. */
 export const TERMINATE_BATCH_SIZE = 1000;
+/**
+ * Instance ids per DescribeInstances `instance-id` filter in describeMany: a conservative size (the
+ * DescribeInstances reference states no maximum for a filter's values; other EC2 APIs cap them at 200).
+ */
+export const DESCRIBE_BATCH_SIZE = 200;
+
+/** A provider call's retry budget, bounded by the invocation's deadline when it has one. */
+function budgetWithin(within: Deadline | undefined): RetryBudget {
+  return { used: 0, ...(within ? { deadline: within } : {}) };
+}
 /** DescribeInstances pages: EC2 accepts MaxResults from 5 to 1000. */
 export const LIST_PAGE_SIZE = 1000;
 export const MIN_LIST_PAGE_SIZE = 5;
@@ -170,12 +181,14 @@ export class Ec2Provider implements BackingProvider {
     return reasons.length > 0 ? reasons.join(' | ') : undefined;
   }
 
-  async launch(spec: LaunchSpec): Promise<{ resourceId: string }> {
+  async launch(spec: LaunchSpec, within?: Deadline): Promise<{ resourceId: string }> {
     const settings = this.settingsFor(spec.poolKey, spec.label);
     // Every offering failed (capacity or quota) a moment ago: wait, do not spend the attempt.
     const blocked = this.memory.labelBlocked(settings);
     if (blocked !== undefined) throw new CapacityError(blocked);
-    const budget: RetryBudget = { used: 0 };
+    // One budget for the whole launch: each offering's RunInstances (and each lookup before them)
+    // starts only while the invocation has time left, so the loop stops at its deadline.
+    const budget: RetryBudget = { used: 0, ...(within ? { deadline: within } : {}) };
     const offerings = offeringsOf(settings);
 
     if (offerings.length > 1) {
@@ -221,7 +234,8 @@ export class Ec2Provider implements BackingProvider {
         });
         return { resourceId: instanceId };
       } catch (err) {
-        if (err instanceof RetryableError) throw err; // throttled out: the message comes back later
+        // Throttled out, or out of the invocation's time: the message comes back later.
+        if (err instanceof RetryableError) throw err;
         const kind = classifyEc2Error(err);
         if (kind === 'capacity') {
           capacityMisses++;
@@ -263,9 +277,9 @@ export class Ec2Provider implements BackingProvider {
     throw new Error(`no capacity for ${where}: ${outcomes.join('; ')}`);
   }
 
-  async describe(resourceId: string): Promise<BackingResource | undefined> {
+  async describe(resourceId: string, within?: Deadline): Promise<BackingResource | undefined> {
     if (!isEc2InstanceId(resourceId)) return undefined;
-    const budget: RetryBudget = { used: 0 };
+    const budget = budgetWithin(within);
     let instances: Instance[];
     try {
       const out = await ec2Call(this.policy, 'DescribeInstances', budget, () =>
@@ -281,26 +295,37 @@ export class Ec2Provider implements BackingProvider {
     return instance ? resourceOf(instance, this.poolId, this.settings) : undefined;
   }
 
-  async list(): Promise<BackingResource[]> {
-    const budget: RetryBudget = { used: 0 };
+  /**
+   * Our instances among `resourceIds`, by id, in one DescribeInstances per DESCRIBE_BATCH_SIZE ids. An
+   * `instance-id` filter rather than InstanceIds: EC2 fails the whole call when one id is unknown, while
+   * a filter leaves it out (so an id missing from the answer is "not found", as for describe()).
+   */
+  async describeMany(
+    resourceIds: readonly string[],
+    within?: Deadline,
+  ): Promise<Map<string, BackingResource>> {
+    const ids = [...new Set(resourceIds)].filter(isEc2InstanceId);
+    const budget = budgetWithin(within);
+    const found = new Map<string, BackingResource>();
+    for (let start = 0; start < ids.length; start += DESCRIBE_BATCH_SIZE) {
+      const filters: Filter[] = [
+        { Name: 'instance-id', Values: ids.slice(start, start + DESCRIBE_BATCH_SIZE) },
+      ];
+      for (const instance of await this.describeAll(filters, budget, 'DescribeInstances (by id)')) {
+        const resource = resourceOf(instance, this.poolId, this.settings);
+        if (resource) found.set(resource.resourceId, resource);
+      }
+    }
+    return found;
+  }
+
+  async list(within?: Deadline): Promise<BackingResource[]> {
+    const budget = budgetWithin(within);
     const filters: Filter[] = [
       { Name: `tag:${TAG_POOL}`, Values: [this.poolId] },
       { Name: 'instance-state-name', Values: [...LISTED_STATES] },
     ];
-    // A throttled page restarts the listing: a partial list would make live instances look vanished.
-    const instances = await ec2Call(this.policy, 'DescribeInstances', budget, async () => {
-      const out: Instance[] = [];
-      for await (const page of paginateDescribeInstances(
-        { client: this.client, pageSize: this.listPageSize },
-        { Filters: filters },
-      )) {
-        for (const reservation of page.Reservations ?? []) out.push(...(reservation.Instances ?? []));
-      }
-      return out;
-    }).catch((err: unknown) => {
-      if (err instanceof RetryableError) throw err;
-      throw new Error(`DescribeInstances (list) failed: ${describeEc2Error(err)}`, { cause: err });
-    });
+    const instances = await this.describeAll(filters, budget, 'DescribeInstances (list)');
     const out: BackingResource[] = [];
     for (const instance of instances) {
       const resource = resourceOf(instance, this.poolId, this.settings);
@@ -316,10 +341,10 @@ export class Ec2Provider implements BackingProvider {
    * which can be minutes late). An instance EC2 does not know (yet) has no keys yet: the caller's
    * boot-timeout bounds the wait.
    */
-  async reportedHostKeys(resourceId: string): Promise<ReportedHostKeys> {
+  async reportedHostKeys(resourceId: string, within?: Deadline): Promise<ReportedHostKeys> {
     if (!isEc2InstanceId(resourceId))
       return { kind: 'invalid', reason: `${resourceId} is not an instance id` };
-    const budget: RetryBudget = { used: 0 };
+    const budget = budgetWithin(within);
     const read = (latest: boolean) =>
       ec2Call(this.policy, 'GetConsoleOutput', budget, () =>
         this.client.send(
@@ -345,23 +370,43 @@ export class Ec2Provider implements BackingProvider {
     return parseConsoleHostKeys(Buffer.from(tail, 'base64').toString('utf8'));
   }
 
-  async terminate(resourceId: string): Promise<void> {
-    await this.terminateMany([resourceId]);
+  async terminate(resourceId: string, within?: Deadline): Promise<void> {
+    await this.terminateMany([resourceId], within);
   }
 
   /**
    * Terminates the instances, in batches of TERMINATE_BATCH_SIZE. Idempotent: an instance that is gone
    * (or an id that is not an instance id) counts as terminated.
    */
-  async terminateMany(resourceIds: readonly string[]): Promise<void> {
+  async terminateMany(resourceIds: readonly string[], within?: Deadline): Promise<void> {
     const ids = [...new Set(resourceIds)].filter(isEc2InstanceId);
-    const budget: RetryBudget = { used: 0 };
+    const budget = budgetWithin(within);
     for (let start = 0; start < ids.length; start += TERMINATE_BATCH_SIZE) {
       await this.terminateBatch(ids.slice(start, start + TERMINATE_BATCH_SIZE), budget);
     }
   }
 
   // ---- internals ------------------------------------------------------------------------------------
+
+  /**
+   * Every instance DescribeInstances returns for `filters`, all pages. A throttled page restarts the
+   * listing: a partial list would make live instances look vanished.
+   */
+  private async describeAll(filters: Filter[], budget: RetryBudget, what: string): Promise<Instance[]> {
+    return ec2Call(this.policy, 'DescribeInstances', budget, async () => {
+      const out: Instance[] = [];
+      for await (const page of paginateDescribeInstances(
+        { client: this.client, pageSize: this.listPageSize },
+        { Filters: filters },
+      )) {
+        for (const reservation of page.Reservations ?? []) out.push(...(reservation.Instances ?? []));
+      }
+      return out;
+    }).catch((err: unknown) => {
+      if (err instanceof RetryableError) throw err;
+      throw new Error(`${what} failed: ${describeEc2Error(err)}`, { cause: err });
+    });
+  }
 
   private settingsFor(poolKey: string, label: string): AwsLabelSettings {
     const pool = this.settings.get(poolKey);
