@@ -4,10 +4,9 @@ import { ownerToken, parseNodeId } from '../core/ids.ts';
 import { isFreeSpare, spareRequestId, takenSpare } from '../core/minReady.ts';
 import type { BackingRecord, NodeRecord, RequestRecord } from '../core/records.ts';
 import { placedNode, withNodes } from '../core/request.ts';
-import { giveBackRoom, giveBackSlot } from './backingNodes.ts';
+import { type FailBacking, giveBackRoom, giveBackSlot } from './backingNodes.ts';
 import { retryOnConflict, unlessConflict } from './conflicts.ts';
 import type { Context } from './context.ts';
-import { failBadBacking } from './failure.ts';
 import { claimSlotOn } from './placement.ts';
 
 /**
@@ -158,7 +157,8 @@ export function endSpareOf(ctx: Context, n: NodeRecord): Promise<boolean> {
  * on the version read, recording the slot it leaves), then the old slot is given back. A request that
  * takes the spare meanwhile changes that version: its take wins, the move gives its new slot back, and
  * the taker runs where it found the spare. Returns the backing node it moved onto as its claim left
- * it, or undefined when it did not move.
+ * it, or undefined when it did not move. `failBacking` fails a backing node the claim finds bad (the
+ * caller's: failure.ts, whose imports reach back here).
  */
 export async function moveSpare(
   ctx: Context,
@@ -166,6 +166,7 @@ export async function moveSpare(
   label: MetastaticLabel,
   spare: RequestRecord,
   onto: BackingRecord,
+  failBacking: FailBacking,
 ): Promise<BackingRecord | undefined> {
   const node = spare.nodes[0];
   if (!isFreeSpare(node) || !node.backingNodeId || node.slot === undefined || node.movedFrom)
@@ -174,7 +175,7 @@ export async function moveSpare(
   const owner = ownerToken(ctx.clock.now());
   const placement = await claimSlotOn(ctx, pool, label, onto, node.id, {
     owner,
-    failBacking: failBadBacking,
+    failBacking,
   });
   if (placement?.backing.state !== 'ready') {
     if (placement) await giveBackSlot(ctx, onto.id, node.id, { owner });

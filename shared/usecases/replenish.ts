@@ -13,6 +13,7 @@ import {
 } from '../core/minReady.ts';
 import type { BackingRecord, NodeRecord, RequestRecord } from '../core/records.ts';
 import { type Context, deliveryDead, timeLeft } from './context.ts';
+import { failBadBacking } from './failure.ts';
 import { endSpare, finishMove, moveSpare, usableSpareHost } from './minReady.ts';
 import { requestNodes } from './requestNodes.ts';
 import { failRequest } from './requests.ts';
@@ -267,7 +268,7 @@ async function consolidate(upkeep: Upkeep): Promise<void> {
       if (!to) continue;
       let onto: BackingRecord | undefined;
       try {
-        onto = await moveSpare(ctx, pool, config, f.spare, to.b);
+        onto = await moveSpare(ctx, pool, config, f.spare, to.b, failBadBacking);
       } catch (err) {
         if (err instanceof BusyError) continue; // a move of it in flight elsewhere: left to that one
         throw err;
