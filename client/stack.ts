@@ -1,7 +1,8 @@
 import { type CloudFormationClient, DescribeStacksCommand } from '@aws-sdk/client-cloudformation';
+import { STACK_OUTPUTS } from '../shared/runtime/stackOutputs.ts';
 import { PoolNotFoundError } from './errors.ts';
 
-/** What a client needs from a deployed pool: the stack outputs of lib/metastaticStack.ts. */
+/** What a client needs from a deployed pool: the stack outputs MetastaticPool publishes (lib/metastaticPool.ts). */
 export interface StackInfo {
   readonly stackName: string;
   readonly region: string;
@@ -12,7 +13,7 @@ export interface StackInfo {
   readonly poolId: string;
 }
 
-const required = ['RequestQueueUrl', 'FulfilQueueUrl', 'TableName', 'EventBusName', 'PoolId'] as const;
+const required = Object.values(STACK_OUTPUTS);
 
 /** Reads a deployed pool's outputs; names what is missing when the stack is not a metastatic pool. */
 export async function readStack(
@@ -39,16 +40,17 @@ export async function readStack(
   const missing = required.filter((k) => !outputs[k]);
   if (missing.length > 0) {
     throw new PoolNotFoundError(
-      `stack ${stackName} is not a metastatic pool: missing output(s) ${missing.join(', ')}`,
+      `stack ${stackName} is not a metastatic pool: missing output(s) ${missing.join(', ')} ` +
+        '(a MetastaticPool publishes them in its stack unless built with stackOutputs: false)',
     );
   }
   return {
     stackName,
     region,
-    requestQueueUrl: outputs.RequestQueueUrl as string,
-    fulfilQueueUrl: outputs.FulfilQueueUrl as string,
-    tableName: outputs.TableName as string,
-    eventBusName: outputs.EventBusName as string,
-    poolId: outputs.PoolId as string,
+    requestQueueUrl: outputs[STACK_OUTPUTS.requestQueueUrl] as string,
+    fulfilQueueUrl: outputs[STACK_OUTPUTS.fulfilQueueUrl] as string,
+    tableName: outputs[STACK_OUTPUTS.tableName] as string,
+    eventBusName: outputs[STACK_OUTPUTS.eventBusName] as string,
+    poolId: outputs[STACK_OUTPUTS.poolId] as string,
   };
 }

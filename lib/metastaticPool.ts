@@ -1,4 +1,4 @@
-import { Annotations, Aws, CfnRule, Duration, Fn, Names, Stack, Token } from 'aws-cdk-lib';
+import { Annotations, Aws, CfnOutput, CfnRule, Duration, Fn, Names, Stack, Token } from 'aws-cdk-lib';
 import type { Alarm, Dashboard, IAlarmAction } from 'aws-cdk-lib/aws-cloudwatch';
 import { SnsAction } from 'aws-cdk-lib/aws-cloudwatch-actions';
 import { type ISecurityGroup, SecurityGroup } from 'aws-cdk-lib/aws-ec2';
@@ -10,6 +10,7 @@ import { Construct } from 'constructs';
 import { parseConfigOrThrow } from '../shared/config/load.ts';
 import type { ResolvedConfig } from '../shared/config/model.ts';
 import { FUNCTION_CONFIG_FILE } from '../shared/runtime/functionConfig.ts';
+import { STACK_OUTPUTS } from '../shared/runtime/stackOutputs.ts';
 import { admitEventBridgeToKey, FulfilQueueTarget } from './fulfilQueueTarget.ts';
 import { awsLabels, LauncherPermissions } from './launcherPermissions.ts';
 import { poolAlarms } from './poolAlarms.ts';
@@ -60,6 +61,8 @@ export class MetastaticPool extends Construct {
   readonly dashboard: Dashboard | undefined;
   /** The functions' security groups when they run in a VPC (empty otherwise): admit these on the instances. */
   readonly functionsSecurityGroups: readonly ISecurityGroup[];
+  /** The stack outputs the CLI reads, by key (empty with `stackOutputs: false`). */
+  readonly outputs: Readonly<Record<string, CfnOutput>>;
 
   constructor(scope: Construct, id: string, props: MetastaticPoolProps) {
     super(scope, id);
@@ -279,7 +282,51 @@ export class MetastaticPool extends Construct {
             alarms: this.alarms,
           });
 
+    this.outputs = props.stackOutputs === false ? {} : this.publishOutputs();
+
     acknowledgeFindings(this);
+  }
+
+  /**
+   * What `metastatic --stack NAME` and the client library read from the stack (client/stack.ts), as
+   * outputs with fixed keys: the construct makes them, so any stack that embeds it can be read, not
+   * only MetastaticStack. Their logical ids are the keys themselves (not derived from the construct's
+   * path), so a stack can hold only one pool that publishes them: a second one is refused here, by name,
+   * rather than by CloudFormation's duplicate-key error.
+   */
+  private publishOutputs(): Record<string, CfnOutput> {
+    const stack = Stack.of(this);
+    const other = stack.node
+      .findAll()
+      .find((c) => c !== this && c instanceof MetastaticPool && Object.keys(c.outputs ?? {}).length > 0);
+    if (other) {
+      throw new Error(
+        `stack ${stack.stackName} already has a MetastaticPool that publishes the stack outputs the CLI reads ` +
+          `(${other.node.path}): give ${this.node.path} stackOutputs: false, or put it in a stack of its own`,
+      );
+    }
+    const values: Array<[string, string, string | undefined]> = [
+      [
+        STACK_OUTPUTS.requestQueueUrl,
+        this.requestQueue.queue.queueUrl,
+        'Send request and release messages here',
+      ],
+      [STACK_OUTPUTS.fulfilQueueUrl, this.fulfilQueue.queue.queueUrl, undefined],
+      [STACK_OUTPUTS.tableName, this.table.tableName, undefined],
+      [
+        STACK_OUTPUTS.eventBusName,
+        this.eventBus.eventBusName,
+        'The pool publishes its events (source "metastatic") here',
+      ],
+      [STACK_OUTPUTS.poolId, this.poolId, 'Value of the metastatic:pool tag on the pool instances'],
+    ];
+    return Object.fromEntries(
+      values.map(([key, value, description]) => {
+        const output = new CfnOutput(this, key, { value, ...(description ? { description } : {}) });
+        output.overrideLogicalId(key);
+        return [key, output];
+      }),
+    );
   }
 
   /**

@@ -51,7 +51,10 @@ export interface MetastaticStackProps extends StackProps {
   };
 }
 
-/** A stack holding one metastatic pool, configured from a YAML file, with its endpoints as outputs. */
+/**
+ * A stack holding one metastatic pool, configured from a YAML file, with its endpoints as outputs (the
+ * pool's, and the dashboard's name and the functions' security group).
+ */
 export class MetastaticStack extends Stack {
   readonly pool: MetastaticPool;
 
@@ -76,26 +79,14 @@ export class MetastaticStack extends Stack {
       ebsKmsKeyArn: props.ebsKmsKeyArn,
       dashboard: props.dashboard,
     });
-    new CfnOutput(this, 'RequestQueueUrl', {
-      value: this.pool.requestQueue.queue.queueUrl,
-      description: 'Send request and release messages here',
-    });
-    new CfnOutput(this, 'FulfilQueueUrl', { value: this.pool.fulfilQueue.queue.queueUrl });
-    new CfnOutput(this, 'TableName', { value: this.pool.table.tableName });
-    new CfnOutput(this, 'EventBusName', {
-      value: this.pool.eventBus.eventBusName,
-      description: 'The pool publishes its events (source "metastatic") here',
-    });
+    // The outputs the CLI reads (RequestQueueUrl, FulfilQueueUrl, TableName, EventBusName, PoolId) are the
+    // pool's own (MetastaticPool.outputs); these two are the stack's.
     if (this.pool.dashboard) {
       new CfnOutput(this, 'DashboardName', {
         value: this.pool.dashboard.dashboardName,
         description: 'The pool at a glance: CloudWatch > Dashboards > this name',
       });
     }
-    new CfnOutput(this, 'PoolId', {
-      value: this.pool.poolId,
-      description: 'Value of the metastatic:pool tag on the pool instances',
-    });
     const [group] = this.pool.functionsSecurityGroups;
     if (group && !props.functionsVpc?.securityGroupIds?.length) {
       new CfnOutput(this, 'FunctionsSecurityGroupId', {

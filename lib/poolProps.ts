@@ -71,6 +71,14 @@ export interface MetastaticPoolProps {
    */
   readonly dashboard?: boolean;
   /**
+   * The stack outputs `metastatic --stack` and the client library read (RequestQueueUrl, FulfilQueueUrl,
+   * TableName, EventBusName, PoolId: shared/runtime/stackOutputs.ts), created by the construct with those
+   * keys. A stack holds one pool that publishes them: give a second pool in the same stack `false` (the
+   * CLI cannot find that one by stack name).
+   * @default true
+   */
+  readonly stackOutputs?: boolean;
+  /**
    * The most request-function invocations the request queue's event source mapping runs at once (2 to
    * 1000): messages beyond it wait in the queue rather than in parallel launches and table conflicts.
    * @default REQUEST_MAX_CONCURRENCY (10)

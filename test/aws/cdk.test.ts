@@ -1,6 +1,7 @@
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import type { CloudFormationClient } from '@aws-sdk/client-cloudformation';
 import { App, type CfnElement, Duration, Stack } from 'aws-cdk-lib';
 import { Annotations, Match, Template } from 'aws-cdk-lib/assertions';
 import { SecurityGroup, Vpc } from 'aws-cdk-lib/aws-ec2';
@@ -9,6 +10,7 @@ import { Key } from 'aws-cdk-lib/aws-kms';
 import { Queue } from 'aws-cdk-lib/aws-sqs';
 import { AwsSolutionsChecks, ServerlessChecks } from 'cdk-nag';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { readStack } from '../../client/stack.ts';
 import { LauncherPermissions } from '../../lib/launcherPermissions.ts';
 import { MetastaticPool } from '../../lib/metastaticPool.ts';
 import { MetastaticStack } from '../../lib/metastaticStack.ts';
@@ -1326,6 +1328,66 @@ describe('MetastaticPool options and checks', () => {
     writeFileSync(file, awsConfig('image-id: ami-1'));
     const stack = new MetastaticStack(newApp(), 'Metastatic', { configPath: file });
     expect(stack.region).toBe('eu-west-1');
+  });
+});
+
+describe("MetastaticPool embedded in an app of the user's (docs/install.md)", () => {
+  const INSTALL = readFileSync(join(ROOT, 'docs', 'install.md'), 'utf8');
+
+  /** docs/install.md's example app: a plain App (no cdk.json context), a Stack, the pool in it. */
+  function installExample() {
+    // No bundling (it takes seconds and changes no output); none of cdk.json's feature flags.
+    const app = new App({ context: { 'aws:cdk:bundling-stacks': [] } });
+    const stack = new Stack(app, 'CiPool', { env: ENV });
+    new MetastaticPool(stack, 'Pool', { config: readFileSync(EXAMPLE, 'utf8'), poolId: 'ci-pool' });
+    return stack;
+  }
+
+  it('is the app docs/install.md shows', () => {
+    expect(INSTALL).toContain(
+      "const stack = new Stack(app, 'CiPool', { env: { account: '123456789012', region: 'eu-west-1' } });",
+    );
+    expect(INSTALL).toContain(
+      "new MetastaticPool(stack, 'Pool', { config: readFileSync('pool.yaml', 'utf8'), poolId: 'ci-pool' });",
+    );
+  });
+
+  it('publishes the outputs `metastatic --stack` reads (issue 24, defect 7)', async () => {
+    const template = Template.fromStack(installExample());
+    const outputs = template.toJSON().Outputs as Record<string, { Value: unknown }> | undefined;
+    // CloudFormation's DescribeStacks, as the deployed stack would answer it (values resolved).
+    const cfn = {
+      send: async () => ({
+        Stacks: [
+          {
+            Outputs: Object.entries(outputs ?? {}).map(([key, o]) => ({
+              OutputKey: key,
+              OutputValue: typeof o.Value === 'string' ? o.Value : `resolved ${JSON.stringify(o.Value)}`,
+            })),
+          },
+        ],
+      }),
+    } as unknown as CloudFormationClient;
+    const info = await readStack(cfn, 'CiPool', ENV.region);
+    expect(info).toMatchObject({ stackName: 'CiPool', poolId: 'ci-pool' });
+    expect(outputs?.TableName?.Value).toEqual({ Ref: expect.stringMatching(/^PoolTable/) });
+  });
+
+  it('refuses a second pool publishing the outputs in one stack, and takes one that publishes none', () => {
+    const stack = installExample();
+    const config = readFileSync(EXAMPLE, 'utf8');
+    expect(() => new MetastaticPool(stack, 'Second', { config, poolId: 'second' })).toThrow(
+      'stack CiPool already has a MetastaticPool that publishes the stack outputs the CLI reads (CiPool/Pool): give CiPool/Second stackOutputs: false, or put it in a stack of its own',
+    );
+    const quiet = new MetastaticPool(stack, 'Quiet', { config, poolId: 'quiet', stackOutputs: false });
+    expect(quiet.outputs).toEqual({});
+    expect(Object.keys(Template.fromStack(stack).toJSON().Outputs).sort()).toEqual([
+      'EventBusName',
+      'FulfilQueueUrl',
+      'PoolId',
+      'RequestQueueUrl',
+      'TableName',
+    ]);
   });
 });
 
