@@ -15,7 +15,12 @@ import { fileURLToPath } from 'node:url';
 
 const REPOSITORY = fileURLToPath(new URL('..', import.meta.url));
 /** Entry points; the chunks they share sit beside them, so `new URL('./backingNode.js', import.meta.url)` holds. */
-const ENTRIES = { main: 'cli/main.ts', backingNode: 'shared/providers/local/backingNode.ts' };
+const ENTRIES = {
+  main: 'cli/main.ts',
+  backingNode: 'shared/providers/local/backingNode.ts',
+  // A deployed function's process in `metastatic rehearse` (cli/rehearse/lambdaRuntime.ts).
+  lambdaWorker: 'cli/rehearse/lambdaWorker.ts',
+};
 /**
  * Loaded from node_modules as they are: native addons (ssh2's crypto, cpu-features, dynalite's LevelDB),
  * packages that read files beside their own code, and the build tools.

@@ -1,12 +1,16 @@
-import { type ChildProcess, spawn } from 'node:child_process';
-import { createServer } from 'node:net';
 import { describe } from 'vitest';
+import {
+  MOTO_CREDENTIALS as CREDENTIALS,
+  resetMotoServer,
+  startMotoServer,
+} from '../cli/rehearse/motoServer.ts';
 import { onPath } from './onPath.ts';
 
 /**
  * moto_server, a local server that speaks AWS's wire protocols (EC2 query/XML, DynamoDB, SQS,
  * EventBridge, CloudFormation, S3, IAM): the suites that must prove AWS would accept our requests run
- * the real SDK against it. One server per test file, on a free loopback port; `reset()` between tests.
+ * the real SDK against it. One server per test file, on a free loopback port (started by the code
+ * `metastatic rehearse` starts its own with, cli/rehearse/motoServer.ts); `reset()` between tests.
  *
  * Where moto_server is not installed these suites skip, with one line saying why; with
  * METASTATIC_REQUIRE_MOTO=1 (set by .ci/run) its absence fails the run instead.
@@ -21,7 +25,7 @@ export interface Moto {
 }
 
 /** Credentials moto accepts (any); never real ones. */
-export const MOTO_CREDENTIALS = { accessKeyId: 'testing', secretAccessKey: 'testing' } as const;
+export const MOTO_CREDENTIALS = CREDENTIALS;
 /** moto's default account id. */
 export const MOTO_ACCOUNT = '123456789012';
 
@@ -51,74 +55,15 @@ export function describeWithMoto(name: string, body: () => void): void {
   describe(name, body);
 }
 
-async function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const server = createServer();
-    server.once('error', reject);
-    server.listen(0, '127.0.0.1', () => {
-      const address = server.address();
-      const port = typeof address === 'object' && address ? address.port : 0;
-      server.close(() => resolve(port));
-    });
-  });
-}
-
-/** Starts moto_server on a free loopback port and waits until it answers. */
+/** Starts moto_server on a free loopback port (as `metastatic rehearse` does) and waits until it answers. */
 export async function startMoto(options: { env?: Record<string, string> } = {}): Promise<Moto> {
   const why = motoUnavailable();
   if (why !== undefined) throw new Error(why);
-  for (let attempt = 0; ; attempt++) {
-    const port = await freePort();
-    const child = spawn('moto_server', ['-H', '127.0.0.1', '-p', String(port)], {
-      stdio: ['ignore', 'ignore', 'pipe'],
-      env: { ...process.env, ...options.env },
-    });
-    let stderr = '';
-    child.stderr?.on('data', (chunk: Buffer) => {
-      stderr = (stderr + chunk.toString()).slice(-4000);
-    });
-    const endpoint = `http://localhost:${port}`;
-    const up = await waitUntilUp(child, endpoint);
-    if (up) {
-      return {
-        endpoint,
-        port,
-        reset: async () => {
-          const res = await fetch(`${endpoint}/moto-api/reset`, { method: 'POST' });
-          if (!res.ok) throw new Error(`moto reset failed: HTTP ${res.status}`);
-        },
-        stop: () => stopChild(child),
-      };
-    }
-    await stopChild(child);
-    // Another process took the port between freePort() and the bind: try another one.
-    if (attempt >= 3) throw new Error(`moto_server did not start on port ${port}: ${stderr}`);
-  }
-}
-
-async function waitUntilUp(child: ChildProcess, endpoint: string): Promise<boolean> {
-  const deadline = Date.now() + 30_000;
-  while (Date.now() < deadline) {
-    if (child.exitCode !== null || child.signalCode !== null) return false;
-    try {
-      const res = await fetch(`${endpoint}/moto-api/data.json`);
-      if (res.ok) return true;
-    } catch {
-      // not listening yet
-    }
-    await new Promise((resolve) => setTimeout(resolve, 100));
-  }
-  return false;
-}
-
-function stopChild(child: ChildProcess): Promise<void> {
-  if (child.exitCode !== null || child.signalCode !== null) return Promise.resolve();
-  return new Promise((resolve) => {
-    const timer = setTimeout(() => child.kill('SIGKILL'), 5_000);
-    child.once('exit', () => {
-      clearTimeout(timer);
-      resolve();
-    });
-    child.kill('SIGTERM');
-  });
+  const server = await startMotoServer(options.env ? { env: options.env } : {});
+  return {
+    endpoint: server.endpoint,
+    port: server.port,
+    reset: () => resetMotoServer(server.endpoint),
+    stop: () => server.stop(),
+  };
 }
