@@ -2,8 +2,20 @@ import { type ChildProcess, execFile, spawn } from 'node:child_process';
 import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
+import { pathToFileURL } from 'node:url';
+import { CloudFormationClient, DescribeStacksCommand } from '@aws-sdk/client-cloudformation';
+import { DescribeTableCommand, DynamoDBClient } from '@aws-sdk/client-dynamodb';
+import { DescribeInstancesCommand, EC2Client } from '@aws-sdk/client-ec2';
+import { SendMessageCommand, SQSClient } from '@aws-sdk/client-sqs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { packAndInstall } from '../../testkit/installedPackage.ts';
+import {
+  describeWithMoto,
+  MOTO_CREDENTIALS,
+  type Moto,
+  motoUnavailable,
+  startMoto,
+} from '../../testkit/moto.ts';
 import { node24, nodeMajor } from '../../testkit/node24.ts';
 import { until } from '../../testkit/processes.ts';
 
@@ -11,7 +23,9 @@ import { until } from '../../testkit/processes.ts';
  * The package as a user gets it (issue 13): `npm pack`, installed into an empty directory with npm, no
  * build tools. Its CLI validates, runs an embedded pool and serves a request; a CDK app of the user's
  * imports `metastatic/cdk` with its types and synthesizes with the Lambda bundles shipped in the
- * package. The CLI and the bundles run under Node 24 (Lambda's runtime) as well as under this Node.
+ * package. The CLI and the bundles run under Node 24 (Lambda's runtime) as well as under this Node. That
+ * app, docs/install.md's own example, is rehearsed with the installed `metastatic rehearse` (deployed to
+ * moto, a request fulfilled, a release retiring the instance, the stack destroyed on Ctrl-C).
  */
 const root = resolve(import.meta.dirname, '..', '..');
 const version = (dir: string) =>
@@ -51,14 +65,17 @@ let cdkApp: Promise<CdkApp>;
 
 beforeAll(async () => {
   work = mkdtempSync(join(tmpdir(), 'metastatic-package-'));
-  // The user's CDK app brings aws-cdk-lib, constructs and @types/node (the versions here).
-  const installed = await packAndInstall(work, ['aws-cdk-lib', 'constructs', '@types/node']);
+  // The user's CDK app brings aws-cdk-lib, constructs, @types/node and the CDK CLI (the versions here).
+  const installed = await packAndInstall(work, ['aws-cdk-lib', 'constructs', '@types/node', 'aws-cdk']);
   app = installed.app;
   packedFiles = [...installed.files];
   // tsc over aws-cdk-lib's declarations and the synth take half a minute of child processes: they run
   // while the CLI tests run theirs, and the CDK app's tests wait for them. A failure is reported there.
   cdkApp = buildCdkApp();
   cdkApp.catch(() => undefined);
+  // The rehearsal of that app deploys while the CLI tests run theirs (it waits for the app to compile).
+  rehearsal = cdkApp.then(startRehearsal);
+  rehearsal.catch(() => undefined);
 }, 600_000);
 
 interface CdkApp {
@@ -68,26 +85,45 @@ interface CdkApp {
   };
 }
 
+/** docs/install.md's example app, as the page shows it ("In your CDK app"). */
+function installExample(): string {
+  const page = readFileSync(join(root, 'docs', 'install.md'), 'utf8');
+  const section = page.slice(page.indexOf('## In your CDK app'));
+  const code = /```ts\n([\s\S]*?)```/.exec(section)?.[1];
+  if (!code?.includes("new MetastaticPool(stack, 'Pool'")) {
+    throw new Error('docs/install.md "In your CDK app" has no MetastaticPool example');
+  }
+  return code;
+}
+
+/** The example configuration, as pool.yaml: an idle instance goes after 1 s rather than 300 (the rehearsal). */
+const POOL_YAML = readFileSync(join(root, 'examples', 'aws.yaml'), 'utf8').replace(
+  'grace-time: 300 ',
+  'grace-time: 1 ',
+);
+
 /**
- * A CDK app of the user's, written against the installed package: type-checked with this repository's
- * compiler (the app has none installed; the types come from the app's node_modules, aws-cdk-lib's
- * declarations checked too) and synthesized into work/cdk.out.
+ * A CDK app of the user's, written against the installed package: docs/install.md's example (app.ts,
+ * reading pool.yaml, with a cdk.json as `cdk init` writes one), and a check of the construct's members'
+ * types; type-checked with this repository's compiler (the app has none installed; the types come from
+ * the app's node_modules, aws-cdk-lib's declarations checked too) and synthesized into work/cdk.out.
  */
 async function buildCdkApp(): Promise<CdkApp> {
-  const config = readFileSync(join(root, 'examples', 'aws.yaml'), 'utf8');
+  if (!POOL_YAML.includes('grace-time: 1 ')) throw new Error('examples/aws.yaml has no grace-time: 300');
+  writeFileSync(join(app, 'pool.yaml'), POOL_YAML);
+  writeFileSync(join(app, 'app.ts'), installExample());
+  writeFileSync(join(app, 'cdk.json'), JSON.stringify({ app: 'node out/app.js' }));
   writeFileSync(
-    join(app, 'app.ts'),
+    join(app, 'members.ts'),
     [
       "import { App, Stack } from 'aws-cdk-lib';",
       "import { MetastaticPool } from 'metastatic/cdk';",
       '',
-      `const config: string = ${JSON.stringify(config)};`,
-      'const app = new App(); // the output directory comes in CDK_OUTDIR, as the CDK CLI passes it',
-      "const stack = new Stack(app, 'MyPool', { env: { account: '123456789012', region: 'eu-west-1' } });",
-      "const pool: MetastaticPool = new MetastaticPool(stack, 'Pool', { config });",
+      "const pool: MetastaticPool = new MetastaticPool(new Stack(new App(), 'S'), 'Pool', { config: '' });",
       'const names: string[] = [pool.requestFunction, pool.fulfilFunction, pool.reaperFunction].map((f) => f.function.functionName);',
+      'const outputs: string[] = Object.keys(pool.outputs);',
       'void names;',
-      'app.synth();',
+      'void outputs;',
       '',
     ].join('\n'),
   );
@@ -122,7 +158,7 @@ async function buildCdkApp(): Promise<CdkApp> {
         types: ['node'],
         outDir: 'out',
       },
-      files: ['app.ts', 'client.ts'],
+      files: ['app.ts', 'members.ts', 'client.ts'],
     }),
   );
   // The compiler of this repository (the app has none installed); the types come from the app's node_modules.
@@ -133,10 +169,96 @@ async function buildCdkApp(): Promise<CdkApp> {
   );
   if (tsc.code !== 0) throw new Error(`the app does not type-check:\n${tsc.stdout}${tsc.stderr}`);
   const outdir = join(work, 'cdk.out');
+  // As the CDK CLI runs it: the output directory in CDK_OUTDIR (the app synthesizes itself on exit).
   const synth = await run(process.execPath, [join(app, 'out', 'app.js')], app, { CDK_OUTDIR: outdir });
   if (synth.code !== 0) throw new Error(`synth failed:\n${synth.stderr}`);
-  const template = JSON.parse(readFileSync(join(outdir, 'MyPool.template.json'), 'utf8'));
+  const template = JSON.parse(readFileSync(join(outdir, 'CiPool.template.json'), 'utf8'));
   return { outdir, template };
+}
+
+/** `metastatic rehearse --json` of the user's app, from the installed package, and what it printed. */
+interface Rehearsing {
+  readonly moto: Moto;
+  readonly child: ChildProcess;
+  /** Its stdout, one JSON object per line. */
+  readonly events: Array<Record<string, unknown> & { type: string }>;
+  readonly ready: Ready;
+  /** Its stderr so far. */
+  stderr(): string;
+}
+
+interface Ready {
+  readonly stackName: string;
+  readonly poolId: string;
+  readonly region: string;
+  readonly endpoint: string;
+  readonly requestQueueUrl: string;
+  readonly tableName: string;
+  readonly labels: string[];
+  readonly network: Record<string, string>;
+  readonly notCreated: string[];
+  readonly env: Record<string, string>;
+  readonly commands: string[];
+}
+
+let rehearsal: Promise<Rehearsing | undefined>;
+
+/**
+ * Starts the installed `metastatic rehearse` in the app's directory (its aws-cdk), against a
+ * moto_server of this test's (so that what it leaves behind can be looked at), the reaper every second,
+ * every process it starts resolving only localhost; resolves when it printed `ready`.
+ */
+async function startRehearsal(): Promise<Rehearsing | undefined> {
+  if (motoUnavailable() !== undefined) return undefined;
+  const moto = await startMoto();
+  const guard = pathToFileURL(join(root, 'testkit', 'loopbackOnly.mjs')).href;
+  const child = spawn(
+    process.execPath,
+    [
+      join(app, 'node_modules', 'metastatic', 'bin', 'metastatic.mjs'),
+      'rehearse',
+      // The assembly buildCdkApp synthesized from the app (`cdk synth` would write the same): the
+      // rehearsal's own `cdk synth` of an app is run by test/aws/deploy.moto.test.ts (cdk.json's app).
+      '--app',
+      join(work, 'cdk.out'),
+      '--endpoint',
+      moto.endpoint,
+      '--reaper-interval',
+      '1',
+      '--json',
+    ],
+    {
+      cwd: app,
+      env: { ...process.env, NODE_OPTIONS: `${process.env.NODE_OPTIONS ?? ''} --import ${guard}`.trim() },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    },
+  );
+  const events: Rehearsing['events'] = [];
+  let stderr = '';
+  let rest = '';
+  child.stdout?.on('data', (chunk: Buffer) => {
+    const lines = (rest + chunk.toString()).split('\n');
+    rest = lines.pop() ?? '';
+    for (const line of lines) if (line.trim() !== '') events.push(JSON.parse(line));
+  });
+  child.stderr?.on('data', (chunk: Buffer) => {
+    stderr += chunk.toString();
+  });
+  try {
+    const ready = await until(
+      'metastatic rehearse to be ready',
+      () => {
+        if (child.exitCode !== null) throw new Error(`rehearse exited ${child.exitCode}:\n${stderr}`);
+        return events.find((e) => e.type === 'ready') as Ready | undefined;
+      },
+      400_000,
+    );
+    return { moto, child, events, ready, stderr: () => stderr };
+  } catch (err) {
+    child.kill('SIGKILL');
+    await moto.stop();
+    throw err;
+  }
 }
 
 afterAll(() => {
@@ -281,7 +403,6 @@ describe('a client of the user’s', { timeout: 300_000 }, () => {
 describe('a CDK app of the user’s', { timeout: 300_000 }, () => {
   let outdir: string;
   let template: CdkApp['template'];
-  const config = readFileSync(join(root, 'examples', 'aws.yaml'), 'utf8');
 
   beforeAll(async () => {
     ({ outdir, template } = await cdkApp);
@@ -313,7 +434,7 @@ describe('a CDK app of the user’s', { timeout: 300_000 }, () => {
         join(app, 'node_modules', 'metastatic', 'dist', 'lambda', name, 'index.js'),
       );
       expect(readFileSync(join(dirs[name], 'index.js')).equals(shipped)).toBe(true);
-      expect(readFileSync(join(dirs[name], 'metastatic.yaml'), 'utf8')).toBe(config);
+      expect(readFileSync(join(dirs[name], 'metastatic.yaml'), 'utf8')).toBe(POOL_YAML);
       for (const file of readdirSync(dirs[name]))
         expect(statSync(join(dirs[name], file)).mode & 0o444).toBe(0o444);
     }
@@ -357,4 +478,159 @@ describe('a CDK app of the user’s', { timeout: 300_000 }, () => {
     );
     expect(handled.stdout, handled.stderr).toContain('RESULT {"batchItemFailures":[]}');
   });
+});
+
+describeWithMoto('the offline rehearsal of that app (metastatic rehearse, installed)', () => {
+  let r: Rehearsing;
+  const cli = (args: string[]) =>
+    run(process.execPath, [join(app, 'node_modules', 'metastatic', 'bin', 'metastatic.mjs'), ...args], app, {
+      ...r.ready.env,
+      NODE_OPTIONS: `--import ${pathToFileURL(join(root, 'testkit', 'loopbackOnly.mjs')).href}`,
+    });
+  const clientConfig = () => ({
+    endpoint: r.moto.endpoint,
+    region: r.ready.region,
+    credentials: MOTO_CREDENTIALS,
+  });
+  const stack = ['--stack', 'CiPool', '--region', 'eu-west-1'];
+  const listed = async (what: string, id: string) => {
+    const out = await cli(['list', what, '--all', '--json', ...stack]);
+    if (out.code !== 0) throw new Error(out.stderr);
+    return (JSON.parse(out.stdout) as Array<{ id: string; state: string }>).find((x) => x.id === id);
+  };
+
+  beforeAll(async () => {
+    r = (await rehearsal) as Rehearsing;
+  }, 600_000);
+
+  afterAll(async () => {
+    const steps = r?.events.filter((e) => e.type === 'step').map((e) => `${e.step} ${e.ms} ms`);
+    console.info(`rehearsal steps: ${steps?.join(', ')}`);
+    if (r && r.child.exitCode === null) r.child.kill('SIGKILL');
+    await r?.moto.stop();
+  });
+
+  it("deploys docs/install.md's app into moto, making what its configuration names, and says what to type", () => {
+    expect(r.events.filter((e) => e.type === 'step').map((e) => e.step)).toEqual([
+      'moto',
+      'synth', // the app's assembly, copied
+      'network',
+      'bootstrap',
+      'deploy',
+    ]);
+    expect(r.ready).toMatchObject({
+      stackName: 'CiPool',
+      poolId: 'ci-pool',
+      region: 'eu-west-1',
+      endpoint: r.moto.endpoint,
+      labels: ['arm-small'],
+      env: { AWS_ENDPOINT_URL: r.moto.endpoint, AWS_REGION: 'eu-west-1' },
+    });
+    // examples/aws.yaml's subnets, security group and image, made in moto with its own ids.
+    expect(Object.keys(r.ready.network).sort()).toEqual(
+      [
+        'ami-0c1bc246476a5572b',
+        'sg-0123456789abcdef0',
+        'subnet-0a1b2c3d4e5f60718',
+        'subnet-0f9e8d7c6b5a40312',
+      ].sort(),
+    );
+    expect(r.ready.notCreated).toContain('AWS::CloudWatch::Alarm');
+    expect(r.ready.commands).toEqual([
+      expect.stringMatching(/^export AWS_ENDPOINT_URL=http:\/\/localhost:\d+ AWS_REGION=eu-west-1 /),
+      `aws --endpoint-url ${r.moto.endpoint} --region eu-west-1 sqs send-message --queue-url ${r.ready.requestQueueUrl} --message-body '{"kind":"request","id":"try-1","labels":["arm-small"],"requestor":"me"}'`,
+      'npx metastatic --stack CiPool status --watch',
+      `aws --endpoint-url ${r.moto.endpoint} --region eu-west-1 sqs send-message --queue-url ${r.ready.requestQueueUrl} --message-body '{"kind":"release","nodeId":"try-1/0"}'`,
+    ]);
+  });
+
+  it('fulfils a request sent to the deployed queue, which `metastatic --stack` then shows (issue 24, defect 7)', async () => {
+    const sqs = new SQSClient({ ...clientConfig(), useQueueUrlAsEndpoint: false });
+    try {
+      // What the printed `aws sqs send-message` does.
+      const body = { kind: 'request', id: 'try-1', labels: ['arm-small'], requestor: 'me' };
+      await sqs.send(
+        new SendMessageCommand({ QueueUrl: r.ready.requestQueueUrl, MessageBody: JSON.stringify(body) }),
+      );
+    } finally {
+      sqs.destroy();
+    }
+    await until(
+      'try-1 fulfilled',
+      async () => ((await listed('requests', 'try-1'))?.state === 'fulfilled' ? true : undefined),
+      120_000,
+    );
+    const status = await cli(['status', '--json', ...stack]);
+    expect(status.code, status.stderr).toBe(0);
+    expect(JSON.parse(status.stdout)).toMatchObject({
+      labels: [{ label: 'arm-small', nodesReady: 1, backingNodes: 1 }],
+      backing: [expect.objectContaining({ state: 'ready', usedSlots: 1 })],
+    });
+    // Each function ran, fed as Lambda feeds it (the reaper, every second, may have readied the backing
+    // node before the fulfil function had the running event: it is delivered all the same).
+    expect(r.events).toContainEqual(
+      expect.objectContaining({ type: 'delivery', function: 'request', failed: 0 }),
+    );
+    expect(r.events).toContainEqual(expect.objectContaining({ type: 'ec2', state: 'running' }));
+    await until(
+      'the running event delivered to the fulfil function',
+      () => r.events.find((e) => e.type === 'delivery' && e.function === 'fulfil' && e.failed === 0),
+      60_000,
+    );
+  }, 300_000);
+
+  it('retires the instance once its node is released and grace-time passed (the reaper on its schedule)', async () => {
+    const released = await cli(['release', 'try-1/0', '--json', ...stack]);
+    expect(released.code, released.stderr).toBe(0);
+    const backingId = (
+      JSON.parse((await cli(['list', 'nodes', '--all', '--json', ...stack])).stdout) as Array<{
+        id: string;
+        backingNodeId: string;
+      }>
+    ).find((n) => n.id === 'try-1/0')?.backingNodeId as string;
+    await until(
+      'the backing node stopped',
+      async () => ((await listed('backing', backingId))?.state === 'stopped' ? true : undefined),
+      120_000,
+    );
+    expect(r.events).toContainEqual(expect.objectContaining({ type: 'reaper', retired: [backingId] }));
+    const ec2 = new EC2Client(clientConfig());
+    try {
+      const out = await ec2.send(
+        new DescribeInstancesCommand({ Filters: [{ Name: 'tag:metastatic:pool', Values: ['ci-pool'] }] }),
+      );
+      expect((out.Reservations ?? []).flatMap((x) => x.Instances ?? []).map((i) => i.State?.Name)).toEqual([
+        'terminated',
+      ]);
+    } finally {
+      ec2.destroy();
+    }
+  }, 300_000);
+
+  it('stops on Ctrl-C, destroying the stack (the table is retained, as on AWS)', async () => {
+    r.child.kill('SIGINT');
+    await until('rehearse to exit', () => (r.child.exitCode !== null ? true : undefined), 120_000);
+    expect(r.child.exitCode, r.stderr()).toBe(0);
+    // (A reaper run or delivery under way when the signal came still reports its end.)
+    const after = r.events
+      .slice(r.events.findIndex((e) => e.type === 'stopping'))
+      .filter((e) => ['stopping', 'step', 'stopped'].includes(e.type));
+    expect(after.map((e) => (e.type === 'step' ? `step ${e.step}` : e.type))).toEqual([
+      'stopping',
+      'step destroy',
+      'stopped',
+    ]);
+    const cfn = new CloudFormationClient(clientConfig());
+    const dynamodb = new DynamoDBClient(clientConfig());
+    try {
+      await expect(cfn.send(new DescribeStacksCommand({ StackName: 'CiPool' }))).rejects.toThrow(
+        /does not exist/,
+      );
+      const table = await dynamodb.send(new DescribeTableCommand({ TableName: r.ready.tableName }));
+      expect(table.Table?.TableStatus).toBe('ACTIVE');
+    } finally {
+      cfn.destroy();
+      dynamodb.destroy();
+    }
+  }, 300_000);
 });
