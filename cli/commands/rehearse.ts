@@ -32,7 +32,11 @@ export async function rehearse(stack: string | undefined, opts: RehearseOptions)
   const signals = new Promise<string>((resolve) => {
     stopRequested = resolve;
   });
-  const onSignal = (signal: string) => () => stopRequested?.(signal);
+  let up = false;
+  const onSignal = (signal: string) => () => {
+    if (!up) say(`${signal}: the rehearsal stops (and cleans up) once the deploy under way is done...`);
+    stopRequested?.(signal);
+  };
   const onInt = onSignal('SIGINT');
   const onTerm = onSignal('SIGTERM');
   // A signal while the app deploys: the rehearsal is stopped and cleaned up once it is up.
@@ -60,6 +64,7 @@ export async function rehearse(stack: string | undefined, opts: RehearseOptions)
     if (err instanceof RehearsalError) throw new CliError(err.message);
     throw err;
   }
+  up = true;
   const ready = readyReport(rehearsal);
   if (out) out(ready);
   else say(readyText(ready));

@@ -4,11 +4,6 @@ import {
   paginateListStackResources,
   type StackResourceSummary,
 } from '@aws-sdk/client-cloudformation';
-import {
-  DescribeRuleCommand,
-  type EventBridgeClient,
-  ListTargetsByRuleCommand,
-} from '@aws-sdk/client-eventbridge';
 import { GetQueueAttributesCommand, type SQSClient } from '@aws-sdk/client-sqs';
 import { STACK_OUTPUTS } from '../../shared/runtime/stackOutputs.ts';
 import { type FunctionCode, functionCode, type Template } from './assembly.ts';
@@ -68,7 +63,6 @@ export interface DeployedPool {
 export interface Clients {
   readonly cfn: CloudFormationClient;
   readonly sqs: SQSClient;
-  readonly events: EventBridgeClient;
   readonly endpoint: string;
   readonly region: string;
 }
@@ -80,7 +74,7 @@ export async function describePool(
   assemblyDir: string,
   template: Template,
 ): Promise<DeployedPool> {
-  const { cfn, sqs, events } = clients;
+  const { cfn, sqs } = clients;
   const stack = (await cfn.send(new DescribeStacksCommand({ StackName: stackName }))).Stacks?.[0];
   if (!stack) throw new Error(`stack ${stackName} not found`);
   const outputs = Object.fromEntries(
@@ -131,23 +125,21 @@ export async function describePool(
   const [request] = consuming(requestQueueArn);
   const [fulfil] = consuming(fulfilQueueArn);
 
-  // The reaper: the pool function a schedule rule of the stack invokes.
+  // The reaper: the pool function a schedule rule of the template invokes (read from the template: the
+  // rehearsal removes the deployed rule's target, see rehearsal.ts).
   let reaper: DeployedFunction | undefined;
   let schedule: DeployedPool['schedule'] | undefined;
-  for (const r of resources) {
-    if (r.ResourceType !== 'AWS::Events::Rule' || !r.PhysicalResourceId) continue;
-    const rule = await events.send(new DescribeRuleCommand({ Name: r.PhysicalResourceId }));
-    if (!rule.ScheduleExpression) continue;
-    const targets = await events.send(new ListTargetsByRuleCommand({ Rule: r.PhysicalResourceId }));
-    const target = functions.find((f) => (targets.Targets ?? []).some((t) => t.Arn === f.functionArn));
-    if (!target) continue;
+  for (const [ruleId, rule] of Object.entries(template.Resources ?? {})) {
+    const expression = rule.Properties?.ScheduleExpression;
+    if (rule.Type !== 'AWS::Events::Rule' || typeof expression !== 'string') continue;
+    const targets = (rule.Properties?.Targets ?? []) as Array<{ Arn?: { 'Fn::GetAtt'?: [string, string] } }>;
+    const targeted = new Set(targets.map((t) => t.Arn?.['Fn::GetAtt']?.[0]));
+    const target = functions.find((f) => targeted.has(f.logicalId));
+    const ruleName = resources.find((r) => r.LogicalResourceId === ruleId)?.PhysicalResourceId;
+    if (!target || !ruleName) continue;
     reaper = target;
-    const seconds = rateSeconds(rule.ScheduleExpression);
-    schedule = {
-      ruleName: r.PhysicalResourceId,
-      expression: rule.ScheduleExpression,
-      ...(seconds !== undefined ? { seconds } : {}),
-    };
+    const seconds = rateSeconds(expression);
+    schedule = { ruleName, expression, ...(seconds !== undefined ? { seconds } : {}) };
   }
   if (!request || !fulfil || !reaper || !schedule) {
     const missing = [

@@ -104,6 +104,9 @@ export class FunctionProcess {
       env: this.env,
       stdio: ['ignore', 'pipe', 'pipe', 'ipc'],
       execArgv: [],
+      // Not in the terminal's process group: Ctrl-C reaches the rehearsal, which ends its functions after
+      // the invocations under way (the process exits by itself if the rehearsal dies: its IPC closes).
+      detached: true,
     });
     this.child = child;
     for (const stream of [child.stdout, child.stderr]) {

@@ -65,6 +65,9 @@ process.on('message', (message: Invoke) => {
     );
 });
 
+// The rehearsal that started this process is gone (it ended, or was killed): so is its container.
+process.on('disconnect', () => process.exit(0));
+
 // Lambda's runtime logs an unhandled rejection and goes on to the next invocation.
 process.on('unhandledRejection', (reason) => {
   console.error('unhandled rejection', reason);

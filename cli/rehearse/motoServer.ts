@@ -33,6 +33,12 @@ export interface StartMotoOptions {
   readonly env?: Readonly<Record<string, string>>;
   /** The moto_server command (default: `moto_server` on PATH). */
   readonly command?: string;
+  /**
+   * In a process group of its own, so that Ctrl-C in a terminal (SIGINT to the whole foreground group)
+   * does not end it under the rehearsal, which stops it itself as it cleans up; it is killed when this
+   * process exits.
+   */
+  readonly ownGroup?: boolean;
 }
 
 /** Starts moto_server on a loopback port and waits until it answers. */
@@ -48,6 +54,7 @@ export async function startMotoServer(options: StartMotoOptions = {}): Promise<M
     const port = options.port ?? (await freePort());
     const child = spawn(command, ['-H', '127.0.0.1', '-p', String(port)], {
       stdio: ['ignore', 'ignore', 'pipe'],
+      detached: options.ownGroup === true,
       env: {
         ...process.env,
         ...(options.account ? { MOTO_ACCOUNT_ID: options.account } : {}),
@@ -63,6 +70,9 @@ export async function startMotoServer(options: StartMotoOptions = {}): Promise<M
       stderr = (stderr + chunk.toString()).slice(-4000);
     });
     const endpoint = `http://localhost:${port}`;
+    const killOnExit = () => child.kill('SIGKILL');
+    if (options.ownGroup) process.once('exit', killOnExit);
+    child.once('exit', () => process.removeListener('exit', killOnExit));
     const up = await waitUntilUp(child, endpoint, () => spawnError);
     if (up) {
       return {

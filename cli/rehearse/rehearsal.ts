@@ -185,7 +185,10 @@ export class Rehearsal {
     let started = Date.now();
     let moto = options.endpoint
       ? await connectMotoServer(options.endpoint)
-      : await startMotoServer(options.port !== undefined ? { port: options.port } : {});
+      : await startMotoServer({
+          ownGroup: true,
+          ...(options.port !== undefined ? { port: options.port } : {}),
+        });
     emit({
       type: 'step',
       step: 'moto',
@@ -249,7 +252,7 @@ export class Rehearsal {
           );
         }
         await moto.stop();
-        moto = await startMotoServer({ port: moto.port, account: stack.account });
+        moto = await startMotoServer({ ownGroup: true, port: moto.port, account: stack.account });
         account = stack.account;
       }
       const clientConfig = { ...motoClientConfig(moto.endpoint, region) };
@@ -614,7 +617,7 @@ export class Rehearsal {
  * when they run in the instances' VPC or the instances have public addresses, and moto's instances are
  * records, not machines: readiness would wait for a port that never answers.
  */
-function reachabilityWarnings(config: ResolvedConfig, inVpc: boolean): string[] {
+export function reachabilityWarnings(config: ResolvedConfig, inVpc: boolean): string[] {
   const reaching = awsLabelSettings(config).filter((l) => inVpc || l.publicIpv4 || l.hostKeys === 'scan');
   if (reaching.length === 0) return [];
   const why = inVpc ? 'the functions run in the instances’ VPC' : 'public-ipv4 or host-keys: scan';
@@ -635,13 +638,14 @@ async function stackStatus(cfn: CloudFormationClient, stackName: string): Promis
   }
 }
 
-/** Deletes a stack a failed attempt left in a state CloudFormation cannot deploy from. */
-async function deleteLeftover(cfn: CloudFormationClient, stackName: string): Promise<void> {
+/** Deletes a stack a failed attempt left in a state CloudFormation cannot deploy from; true if it did. */
+export async function deleteLeftover(cfn: CloudFormationClient, stackName: string): Promise<boolean> {
   const status = await stackStatus(cfn, stackName);
-  if (status === undefined || !LEFTOVER_STATES.has(status)) return;
+  if (status === undefined || !LEFTOVER_STATES.has(status)) return false;
   await cfn.send(new DeleteStackCommand({ StackName: stackName }));
   await waitUntilStackDeleteComplete(
     { client: cfn, maxWaitTime: 120, minDelay: 1, maxDelay: 2 },
     { StackName: stackName },
   );
+  return true;
 }

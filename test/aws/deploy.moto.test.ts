@@ -4,12 +4,18 @@ import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
+import {
+  CloudFormationClient,
+  CreateChangeSetCommand,
+  DescribeStacksCommand,
+} from '@aws-sdk/client-cloudformation';
 import { DynamoDBClient } from '@aws-sdk/client-dynamodb';
 import type { Instance } from '@aws-sdk/client-ec2';
 import { SendMessageCommand, SQSClient } from '@aws-sdk/client-sqs';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { motoClientConfig, motoEnv } from '../../cli/rehearse/motoEnv.ts';
-import { Rehearsal, type RehearsalEvent } from '../../cli/rehearse/rehearsal.ts';
+import { motoAccount, startMotoServer } from '../../cli/rehearse/motoServer.ts';
+import { deleteLeftover, Rehearsal, type RehearsalEvent } from '../../cli/rehearse/rehearsal.ts';
 import { FULFIL_MAX_CONCURRENCY } from '../../lib/poolProps.ts';
 import { STACK_OUTPUTS } from '../../shared/runtime/stackOutputs.ts';
 import { DynamoStore } from '../../shared/store/dynamoStore.ts';
@@ -318,14 +324,50 @@ describeWithMoto('cdk deploy into moto, and the deployed bundles serving a reque
     );
   });
 
-  it('refuses, saying why, an app that does not synthesize and a directory without an app', async () => {
-    const endpoint = ['--endpoint', rehearsal.moto.endpoint];
-    const broken = await cli(['rehearse', ...endpoint, '--app', 'node -e "process.exit(3)"']);
+  it('refuses, saying why, an app that does not synthesize', async () => {
+    const broken = await cli([
+      'rehearse',
+      '--endpoint',
+      rehearsal.moto.endpoint,
+      '--app',
+      'node -e "process.exit(3)"',
+    ]);
     expect(broken.code).toBe(1);
     expect(broken.stderr).toMatch(/^metastatic: the app does not synthesize: cdk synth failed \(exit 1\):/m);
-    const none = await cli(['rehearse', ...endpoint], dir);
-    expect(none.code).toBe(1);
-    expect(none.stderr).toContain(`metastatic: no CDK app in ${dir}: run this in your CDK app's directory`);
+  });
+
+  it('deletes what a failed earlier deploy left (a stack in REVIEW_IN_PROGRESS) before deploying', async () => {
+    const cfn = new CloudFormationClient(motoClientConfig(rehearsal.moto.endpoint, rehearsal.region));
+    try {
+      // What a change-set deploy that failed leaves: a stack that was never created.
+      await cfn.send(
+        new CreateChangeSetCommand({
+          StackName: 'Leftover',
+          ChangeSetName: 'failed',
+          ChangeSetType: 'CREATE',
+          TemplateBody: JSON.stringify({ Resources: { Queue: { Type: 'AWS::SQS::Queue' } } }),
+        }),
+      );
+      const status = async () =>
+        (await cfn.send(new DescribeStacksCommand({ StackName: 'Leftover' }))).Stacks?.[0]?.StackStatus;
+      expect(await status()).toBe('REVIEW_IN_PROGRESS');
+      expect(await deleteLeftover(cfn, 'Leftover')).toBe(true);
+      await expect(status()).rejects.toThrow(/does not exist/);
+      // A stack that deployed is left alone.
+      expect(await deleteLeftover(cfn, STACK)).toBe(false);
+    } finally {
+      cfn.destroy();
+    }
+  });
+
+  it('starts moto_server for the account a stack names (CDK deploys a stack only into its own account)', async () => {
+    const other = await startMotoServer({ account: '111122223333' });
+    try {
+      expect(await motoAccount(other.endpoint)).toBe('111122223333');
+      expect(await motoAccount(rehearsal.moto.endpoint)).toBe('123456789012');
+    } finally {
+      await other.stop();
+    }
   });
 
   function cli(args: string[], cwd = ROOT): Promise<{ code: number; stdout: string; stderr: string }> {

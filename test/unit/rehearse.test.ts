@@ -1,4 +1,7 @@
+import { mkdtempSync, rmSync } from 'node:fs';
 import { createServer, type Server } from 'node:http';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { parseContext } from '../../cli/commands/rehearse.ts';
 import {
@@ -12,7 +15,10 @@ import { rateSeconds } from '../../cli/rehearse/deployed.ts';
 import { stateChanges } from '../../cli/rehearse/eventSources.ts';
 import { connectMotoServer, startMotoServer } from '../../cli/rehearse/motoServer.ts';
 import { mapConfigText } from '../../cli/rehearse/network.ts';
+import { Rehearsal, reachabilityWarnings } from '../../cli/rehearse/rehearsal.ts';
+import { parseConfigOrThrow } from '../../shared/config/load.ts';
 import { STACK_OUTPUTS } from '../../shared/runtime/stackOutputs.ts';
+import { poolConfig } from '../../testkit/configs.ts';
 
 /**
  * The parts of `metastatic rehearse` (cli/rehearse/) that need no moto: what it makes of an assembly, of
@@ -67,6 +73,34 @@ describe('the configuration the functions run with in the rehearsal', () => {
         'userdata: "echo subnet-123"',
       ].join('\n'),
     );
+  });
+});
+
+describe('what the rehearsal warns of', () => {
+  const config = (pool: string) =>
+    parseConfigOrThrow(
+      poolConfig({
+        backing: {
+          driver: 'aws',
+          provider: { region: 'eu-west-1' },
+          pool: { 'subnet-id': 'subnet-1', ...(pool ? { 'public-ipv4': true } : {}) },
+          labels: [{ name: 'big', 'instance-type': 'm7g.2xlarge', 'image-id': 'ami-1' }],
+        },
+        meta: { labels: [{ name: 'small', 'backing-label': 'big' }] },
+      }),
+      'pool.yaml',
+    );
+
+  it("functions that would connect to moto's instances (which are no machines), and nothing otherwise", () => {
+    expect(reachabilityWarnings(config(''), false)).toEqual([]);
+    expect(reachabilityWarnings(config('public'), false)).toEqual([
+      expect.stringMatching(
+        /^the functions connect to the instances of ec2\/main\/big \(public-ipv4 or host-keys: scan\)/,
+      ),
+    ]);
+    expect(reachabilityWarnings(config(''), true)).toEqual([
+      expect.stringContaining('(the functions run in the instances’ VPC)'),
+    ]);
   });
 });
 
@@ -169,6 +203,17 @@ describe('metastatic rehearse refuses, saying why', () => {
       server.close();
     }
     await expect(connectMotoServer('localhost:5000')).rejects.toThrow('give an http:// URL');
+  });
+
+  it('a directory with no CDK app, before starting anything', async () => {
+    const empty = mkdtempSync(join(tmpdir(), 'metastatic-no-app-'));
+    try {
+      await expect(Rehearsal.start({ cwd: empty })).rejects.toThrow(
+        `no CDK app in ${empty}: run this in your CDK app's directory (where its cdk.json is), or give --app`,
+      );
+    } finally {
+      rmSync(empty, { recursive: true, force: true });
+    }
   });
 
   it('a directory with no CDK CLI installed', () => {
