@@ -26,7 +26,10 @@ export async function rehearse(stack: string | undefined, opts: RehearseOptions)
     : undefined;
   const say = (text: string) => process.stderr.write(terminalText(`${text}\n`));
   const started = Date.now();
-  const onEvent = (e: RehearsalEvent) => (out ? out(e) : say(describe(e, started)));
+  const onEvent = (e: RehearsalEvent) => {
+    if (out) out(e);
+    else if (!idleReaperRun(e)) say(describe(e, started));
+  };
   let stopping = false;
   let stopRequested: ((signal: string) => void) | undefined;
   const signals = new Promise<string>((resolve) => {
@@ -147,7 +150,8 @@ function readyText(ready: ReturnType<typeof readyReport>): string {
     `  request queue   ${ready.requestQueueUrl}`,
     `  table           ${ready.tableName}`,
     `  labels          ${ready.labels.join(', ')}`,
-    `  functions       ${Object.values(ready.functions).join(', ')}: run here, fed by their queues; the reaper every ${ready.reaperInterval} s;`,
+    `  functions       ${Object.values(ready.functions).join(', ')}: run here, fed by their queues; the reaper every ${ready.reaperInterval} s`,
+    '                  (a line for each run that does something);',
     "                  EC2's state-change events sent as moto's instances change state",
     `  not created     ${ready.notCreated.join(', ') || 'none'} (moto skips these types)`,
     '',
@@ -162,6 +166,15 @@ function readyText(ready: ReturnType<typeof readyReport>): string {
       : 'Ctrl-C stops the rehearsal, destroys the stack and terminates the pool’s instances (the table stays, as on AWS).',
     '',
   ].join('\n');
+}
+
+/** A reaper run that found nothing to do: not worth a line of text (JSON has every run). */
+function idleReaperRun(e: RehearsalEvent): boolean {
+  return (
+    e.type === 'reaper' &&
+    !e.error &&
+    e.retired.length + e.stopped.length + e.failed.length + e.errors.length === 0
+  );
 }
 
 /** One progress line. */
