@@ -8,6 +8,7 @@ import { DescribeTableCommand, DynamoDBClient } from '@aws-sdk/client-dynamodb';
 import { DescribeInstancesCommand, EC2Client } from '@aws-sdk/client-ec2';
 import { SendMessageCommand, SQSClient } from '@aws-sdk/client-sqs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { DynamoStore } from '../../shared/store/dynamoStore.ts';
 import { packAndInstall } from '../../testkit/installedPackage.ts';
 import {
   describeWithMoto,
@@ -493,10 +494,11 @@ describeWithMoto('the offline rehearsal of that app (metastatic rehearse, instal
     credentials: MOTO_CREDENTIALS,
   });
   const stack = ['--stack', 'CiPool', '--region', 'eu-west-1'];
-  const listed = async (what: string, id: string) => {
-    const out = await cli(['list', what, '--all', '--json', ...stack]);
-    if (out.code !== 0) throw new Error(out.stderr);
-    return (JSON.parse(out.stdout) as Array<{ id: string; state: string }>).find((x) => x.id === id);
+  let dynamodb: DynamoDBClient | undefined;
+  /** The pool's table, read directly. */
+  const store = () => {
+    dynamodb ??= new DynamoDBClient(clientConfig());
+    return new DynamoStore(dynamodb, r.ready.tableName);
   };
 
   beforeAll(async () => {
@@ -504,6 +506,7 @@ describeWithMoto('the offline rehearsal of that app (metastatic rehearse, instal
   }, 600_000);
 
   afterAll(async () => {
+    dynamodb?.destroy();
     const steps = r?.events.filter((e) => e.type === 'step').map((e) => `${e.step} ${e.ms} ms`);
     console.info(`rehearsal steps: ${steps?.join(', ')}`);
     if (r && r.child.exitCode === null) r.child.kill('SIGKILL');
@@ -555,11 +558,15 @@ describeWithMoto('the offline rehearsal of that app (metastatic rehearse, instal
     } finally {
       sqs.destroy();
     }
+    // Watched in the table directly (a CLI run per look would cost a second each); then read with --stack.
     await until(
       'try-1 fulfilled',
-      async () => ((await listed('requests', 'try-1'))?.state === 'fulfilled' ? true : undefined),
+      async () => ((await store().getRequest('try-1'))?.state === 'fulfilled' ? true : undefined),
       120_000,
     );
+    const listed = await cli(['list', 'requests', '--json', ...stack]);
+    expect(listed.code, listed.stderr).toBe(0);
+    expect(JSON.parse(listed.stdout)).toEqual([expect.objectContaining({ id: 'try-1', state: 'fulfilled' })]);
     const status = await cli(['status', '--json', ...stack]);
     expect(status.code, status.stderr).toBe(0);
     expect(JSON.parse(status.stdout)).toMatchObject({
@@ -582,18 +589,18 @@ describeWithMoto('the offline rehearsal of that app (metastatic rehearse, instal
   it('retires the instance once its node is released and grace-time passed (the reaper on its schedule)', async () => {
     const released = await cli(['release', 'try-1/0', '--json', ...stack]);
     expect(released.code, released.stderr).toBe(0);
-    const backingId = (
-      JSON.parse((await cli(['list', 'nodes', '--all', '--json', ...stack])).stdout) as Array<{
-        id: string;
-        backingNodeId: string;
-      }>
-    ).find((n) => n.id === 'try-1/0')?.backingNodeId as string;
+    const backingId = JSON.parse(released.stdout).backingNodeId as string;
+    expect(backingId).toMatch(/^bn-/);
     await until(
-      'the backing node stopped',
-      async () => ((await listed('backing', backingId))?.state === 'stopped' ? true : undefined),
+      'the reaper to retire it',
+      () => r.events.find((e) => e.type === 'reaper' && String(e.retired) === backingId),
       120_000,
     );
-    expect(r.events).toContainEqual(expect.objectContaining({ type: 'reaper', retired: [backingId] }));
+    await until(
+      'the backing node stopped',
+      async () => ((await store().getBacking(backingId))?.state === 'stopped' ? true : undefined),
+      60_000,
+    );
     const ec2 = new EC2Client(clientConfig());
     try {
       const out = await ec2.send(
