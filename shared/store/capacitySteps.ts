@@ -124,6 +124,25 @@ export class CapacitySteps {
   }
 
   /**
+   * Adds a pending entry for each member to an update of the counter (`#m<i>` = the member, `:e<i>` = its
+   * entry, each set in `set`), and returns the conditions that none of them has one already.
+   */
+  private addPendingEntries(
+    members: readonly string[],
+    entry: Omit<Pending, 'at'>,
+    names: Record<string, string>,
+    values: Record<string, unknown>,
+    set: string[],
+  ): string[] {
+    return members.map((m, i) => {
+      names[`#m${i}`] = m;
+      values[`:e${i}`] = { ...entry, at: this.now() } satisfies Pending;
+      set.push(`#pending.#m${i} = :e${i}`);
+      return `attribute_not_exists(#pending.#m${i})`;
+    });
+  }
+
+  /**
    * counting/none -> counting/reserve for every member at once (0 -> 1 each), within `limit`; false: full,
    * or the set is still of the earlier form or has legacy members without their places yet (a member
    * there has a holder no place shows; a condition on the whole map keeps the expression's length
@@ -142,13 +161,7 @@ export class CapacitySteps {
       ':zero': 0,
     };
     const set = ['#used = if_not_exists(#used, :zero) + :k'];
-    const free: string[] = [];
-    members.forEach((m, i) => {
-      names[`#m${i}`] = m;
-      values[`:e${i}`] = { op: 'reserve', owner, at: this.now() } satisfies Pending;
-      set.push(`#pending.#m${i} = :e${i}`);
-      free.push(`attribute_not_exists(#pending.#m${i})`);
-    });
+    const free = this.addPendingEntries(members, { op: 'reserve', owner }, names, values, set);
     try {
       await this.sendCreatingPending(
         key,
@@ -271,13 +284,13 @@ export class CapacitySteps {
     const names: Record<string, string> = { '#used': 'used', '#pending': 'pending' };
     const values: Record<string, unknown> = { ':k': members.length };
     const set = ['#used = #used - :k'];
-    const free: string[] = [];
-    members.forEach((m, i) => {
-      names[`#m${i}`] = m;
-      values[`:e${i}`] = { op: 'release', owner: owner ?? 'any', at: this.now() } satisfies Pending;
-      set.push(`#pending.#m${i} = :e${i}`);
-      free.push(`attribute_not_exists(#pending.#m${i})`);
-    });
+    const free = this.addPendingEntries(
+      members,
+      { op: 'release', owner: owner ?? 'any' },
+      names,
+      values,
+      set,
+    );
     try {
       await this.sendCreatingPending(
         key,
