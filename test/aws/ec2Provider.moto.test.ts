@@ -473,6 +473,23 @@ describeWithMoto('EC2 provider contract against moto_server', () => {
     await p.terminateMany([]);
   });
 
+  it("describes many instances with an instance-id filter: unknown ids and other stacks' left out, no error", async () => {
+    const p = provider({}, { [LABEL]: imageLabel() });
+    const [a, b] = [(await p.launch(spec('bn-1'))).resourceId, (await p.launch(spec('bn-2'))).resourceId];
+    const foreign = (
+      await provider({}, { [LABEL]: imageLabel() }, { poolId: 'another-stack' }).launch(spec('bn-x'))
+    ).resourceId;
+    await p.terminate(b);
+    proxy.clear();
+    const found = await p.describeMany(['i-0123456789abcdef0', a, b, foreign, 'local-abc']);
+    expect([...found.keys()].sort()).toEqual([a, b].sort());
+    expect(found.get(a)).toMatchObject({ resourceId: a, backingNodeId: 'bn-1', state: 'running' });
+    expect(['shutting-down', 'terminated']).toContain(found.get(b)?.state);
+    const calls = proxy.requests.filter((r) => r.action === 'DescribeInstances');
+    expect(calls).toHaveLength(1);
+    expect(calls[0]?.params.get('Filter.1.Name')).toBe('instance-id');
+  });
+
   // ---- error paths through the fault proxy --------------------------------------------------------
 
   const spotLabels = (types: string[]) => ({ [LABEL]: typesLabel(types, { 'use-spot': true }) });

@@ -1,8 +1,9 @@
 import { CreateTableCommand, DynamoDBClient } from '@aws-sdk/client-dynamodb';
-import { DynamoDBDocumentClient, PutCommand } from '@aws-sdk/lib-dynamodb';
+import { DynamoDBDocumentClient, GetCommand, PutCommand } from '@aws-sdk/lib-dynamodb';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { ConflictError } from '../../shared/core/errors.ts';
 import { withDuration } from '../../shared/core/estimates.ts';
+import { backoffAfterFailure } from '../../shared/core/minReady.ts';
 import type { BackingPhase } from '../../shared/core/poolStore.ts';
 import type { BackingRecord, RequestRecord } from '../../shared/core/records.ts';
 import { startDynalite } from '../../shared/runtime/engines.ts';
@@ -104,6 +105,37 @@ function conformance(start: () => Promise<Engine>): () => void {
         // A pending node releases too.
         expect((await store.releaseNodeEntry('r1', 0, 7_000))?.nodes[0]?.state).toBe('released');
         expect((await store.getRequest('r1'))?.version).toBe(2);
+      });
+
+      it('gives an ended request its expiresAt (TTL): a one-node one in its release, the last of several after it', async () => {
+        const raw = async (id: string) =>
+          (
+            await DynamoDBDocumentClient.from(engine.client).send(
+              new GetCommand({ TableName: store.tableName, Key: keys.request(id), ConsistentRead: true }),
+            )
+          ).Item;
+        const day = 86_400;
+        const expiresAt = (ms: number) => Math.ceil(ms / 1000) + 7 * day; // the default record-retention
+        // One node: one update releases it and sets expiresAt (condition size(nodes) = 1).
+        await store.createRequest(placed('solo', ['ready']));
+        expect(await raw('solo')).not.toHaveProperty('expiresAt');
+        expect((await store.releaseNodeEntry('solo', 0, 5_000))?.nodes[0]?.state).toBe('released');
+        expect((await raw('solo'))?.expiresAt).toBe(expiresAt(5_000));
+        // Two nodes: node 0's one-node attempt is refused (moto returns the item, dynalite is read), then
+        // it is released as one of several; the last one's release sets expiresAt.
+        await store.createRequest(placed('pair', ['ready', 'ready']));
+        reads = 0;
+        expect((await store.releaseNodeEntry('pair', 0, 6_000))?.nodes[0]?.state).toBe('released');
+        expect(reads).toBe(engine.returnsItemOnConditionFailure ? 0 : 1);
+        expect(await raw('pair')).not.toHaveProperty('expiresAt');
+        expect((await store.releaseNodeEntry('pair', 1, 7_000))?.nodes[1]?.state).toBe('released');
+        expect((await raw('pair'))?.expiresAt).toBe(expiresAt(7_000));
+        // A node already released: refused, nothing written.
+        expect(await store.releaseNodeEntry('solo', 0, 8_000)).toBeUndefined();
+        expect((await raw('solo'))?.expiresAt).toBe(expiresAt(5_000));
+        // Whole-item puts compute it: a failed request has it, a live one not.
+        await store.putRequest({ ...request('solo'), version: 2, state: 'failed', updatedAt: 9_000 }, 1);
+        expect((await raw('solo'))?.expiresAt).toBe(expiresAt(9_000));
       });
 
       it('releases a held node only when forced, and nothing of a request not placed yet', async () => {
@@ -301,6 +333,35 @@ function conformance(start: () => Promise<Engine>): () => void {
         expect(await store.putEstimate(own)).toBe(true);
         expect(await store.getEstimate('small', 'ci')).toEqual(own);
         expect(await store.getEstimate('small')).toEqual(second); // separate items
+        expect(await store.listRequests()).toEqual([]);
+      });
+    });
+
+    describe('min-ready backoff and the reaper cursor', () => {
+      it('writes each only from the version it read, beside the seats and apart', async () => {
+        const first = backoffAfterFailure(undefined, 1_000, 'launch failed');
+        expect(await store.putLabelBackoff('small', first)).toBe(true);
+        expect(await store.putLabelBackoff('small', first)).toBe(false); // version 1 exists already
+        await store.openSeat('small', 0);
+        await store.advanceSeat('small', 1, 0);
+        const state = await store.minReadyState('small');
+        expect(state.backoff).toEqual(first);
+        expect([...state.gens.entries()].sort()).toEqual([
+          [0, 0],
+          [1, 1],
+        ]);
+        expect(await store.seatGenerations('small')).toEqual(state.gens); // the backoff is no seat
+        const second = backoffAfterFailure(first, 2_000, 'again');
+        expect(await store.putLabelBackoff('small', second)).toBe(true);
+        expect(await store.putLabelBackoff('small', backoffAfterFailure(first, 3_000))).toBe(false); // stale
+        expect((await store.minReadyState('small')).backoff).toMatchObject({ failures: 2, version: 2 });
+
+        expect(await store.reaperCursor()).toBeUndefined();
+        expect(await store.putReaperCursor('deadlines', undefined)).toBe(true);
+        expect(await store.putReaperCursor('claims', undefined)).toBe(false); // written meanwhile
+        expect(await store.reaperCursor()).toEqual({ first: 'deadlines', version: 1 });
+        expect(await store.putReaperCursor(undefined, 1)).toBe(true);
+        expect(await store.reaperCursor()).toEqual({ version: 2 });
         expect(await store.listRequests()).toEqual([]);
       });
     });

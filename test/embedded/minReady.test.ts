@@ -291,14 +291,40 @@ describe('min-ready', () => {
     });
   });
 
-  it('leaves a min-ready node a request takes while it is being moved to that request, on its slot', async () => {
+  it('never loses a min-ready node to a move: one cut short is finished, and a request taking it meanwhile wins', async () => {
     h = await withReadyNodes(baseConfig({ slots: 2, minReady: 2, grace: 0 }), 2);
     const ctx = h.pool.context;
-    await h.send(request('r1'));
-    await h.drainRequests();
-    await h.fulfilUntil(allFree(h, 2));
-    await releaseNode(ctx, 'r1/0');
-    // The move's new slot is claimed; before it records the move, a delivery takes that min-ready node.
+    /** One free min-ready node on each of two backing nodes: a take, its refill, then its release. */
+    const scatter = async (id: string) => {
+      await h?.send(request(id));
+      await h?.drainRequests();
+      await h?.fulfilUntil(allFree(h, 2));
+      await releaseNode(ctx, `${id}/0`);
+    };
+    const hostsNow = async () => new Map((await ctx.store.listBacking()).map((b) => [b.id, b]));
+    await scatter('r1');
+
+    // 1. The move's upkeep dies right after its put of the moved node (the first put a move makes).
+    const dying = { ...ctx, store: crashingStore(ctx.store, (m) => m === 'putRequest') };
+    const cut = await keepMinReady(dying, 'small-node', { hosts: await hostsNow() });
+    expect(cut.errors).toEqual([expect.stringContaining('crashed after putRequest')]);
+    const moved = (await spares(h)).find((r) => r.nodes[0]?.movedFrom)?.nodes[0];
+    const from = moved?.movedFrom;
+    expect(from?.backingNodeId).not.toBe(moved?.backingNodeId);
+    // Both backing nodes name it: the old slot is held by nobody who runs there...
+    const oldSlot = async () =>
+      (await ctx.store.getBacking(from?.backingNodeId as string))?.slotMap[String(from?.slot)];
+    expect(await oldSlot()).toBe(moved?.id);
+    // ...until the next upkeep gives it back.
+    await h.pool.reapNow();
+    expect(await oldSlot()).toBeUndefined();
+    const settled = (await ctx.store.getRequest(requestOf(moved?.id)))?.nodes[0];
+    expect(settled?.movedFrom).toBeUndefined();
+    expect(settled).toMatchObject({ state: 'ready', backingNodeId: moved?.backingNodeId, slot: moved?.slot });
+
+    // 2. Scattered again; the next move's new slot is claimed, and before it records the move a delivery
+    // takes that min-ready node.
+    await scatter('r2');
     let raced: { spareId: string; from: string; to: string } | undefined;
     const store = new Proxy(ctx.store, {
       get(target, prop) {
@@ -319,9 +345,7 @@ describe('min-ready', () => {
         };
       },
     });
-    const report = await keepMinReady({ ...ctx, store }, 'small-node', {
-      hosts: new Map((await ctx.store.listBacking()).map((b) => [b.id, b])),
-    });
+    const report = await keepMinReady({ ...ctx, store }, 'small-node', { hosts: await hostsNow() });
     expect(raced).toBeDefined();
     expect(report.errors).toEqual([]);
     // The take won: the node stays where the taker found it, and the new slot was given back.
@@ -341,34 +365,6 @@ describe('min-ready', () => {
       expect(holding[0]?.slotMap[String(n?.slot)]).toBe(n?.id);
     }
     expect(report.moved).toBeLessThanOrEqual(1);
-  });
-
-  it('finishes a move cut short after it recorded the new slot: the next upkeep gives the old slot back', async () => {
-    h = await withReadyNodes(baseConfig({ slots: 2, minReady: 2, grace: 0 }), 2);
-    const ctx = h.pool.context;
-    await h.send(request('r1'));
-    await h.drainRequests();
-    await h.fulfilUntil(allFree(h, 2));
-    await releaseNode(ctx, 'r1/0');
-    const hosts = new Map((await ctx.store.listBacking()).map((b) => [b.id, b]));
-    // The move's upkeep dies right after its put of the moved node (the one put a move makes first).
-    const dying = { ...ctx, store: crashingStore(ctx.store, (m) => m === 'putRequest') };
-    const cut = await keepMinReady(dying, 'small-node', { hosts });
-    expect(cut.errors).toEqual([expect.stringContaining('crashed after putRequest')]);
-    const moved = (await spares(h)).find((r) => r.nodes[0]?.movedFrom)?.nodes[0];
-    const from = moved?.movedFrom;
-    expect(from?.backingNodeId).not.toBe(moved?.backingNodeId);
-    // Both backing nodes name it: the old slot is held by nobody who runs there.
-    expect((await ctx.store.getBacking(from?.backingNodeId as string))?.slotMap[String(from?.slot)]).toBe(
-      moved?.id,
-    );
-    await h.pool.reapNow();
-    expect(
-      (await ctx.store.getBacking(from?.backingNodeId as string))?.slotMap[String(from?.slot)],
-    ).toBeUndefined();
-    const settled = (await ctx.store.getRequest(requestOf(moved?.id)))?.nodes[0];
-    expect(settled?.movedFrom).toBeUndefined();
-    expect(settled).toMatchObject({ state: 'ready', backingNodeId: moved?.backingNodeId, slot: moved?.slot });
   });
 
   it('fails the node that took a min-ready node when its backing node vanishes', async () => {
