@@ -18,8 +18,9 @@ export function chaosTest(options: { nodeCap: boolean; pool: string }): void {
   // I/O); `npm run test:chaos` draws a fresh seed per run to keep finding new schedules.
   const seed = parseSeed(process.env.CHAOS_SEED ?? '1');
   const trace = (process.env.CHAOS_TRACE ?? '').split(',').filter((s) => s !== '');
-  // 100 requests take 30-60 s here on a quiet machine: three times that and more for a busy one.
-  const timeout = Math.max(300_000, requests * 3_000);
+  // 100 requests take 40-60 s here on a quiet machine and 110 s beside busy neighbours (load 7 on the
+  // two cores, measured): three times that and more.
+  const timeout = Math.max(360_000, requests * 3_600);
   it(`keeps every invariant under faults, ${options.pool} (${requests} requests, seed ${seed})`, {
     timeout,
   }, async () => {
