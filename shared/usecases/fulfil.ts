@@ -85,6 +85,15 @@ export async function handleStateChange(ctx: Context, event: StateChangeEvent): 
 /** States that mean the machine serves nobody any more. */
 const GONE_STATES: ReadonlySet<string> = new Set(['terminated', 'shutting-down', 'stopped', 'stopping']);
 
+/** The provider of a backing node's resource, or the event ignored: `what` cannot be confirmed without it. */
+function providerOrWhyNot(ctx: Context, b: BackingRecord, what: string): BackingProvider | FulfilOutcome {
+  try {
+    return providerFor(ctx, b);
+  } catch (err) {
+    return { kind: 'ignored', reason: `cannot confirm ${what}: ${(err as Error).message}` };
+  }
+}
+
 /**
  * Undefined when the provider confirms that the backing node's resource is gone (described in a state
  * other than pending or running, or not found where "not found" is final); else why the event is not
@@ -96,15 +105,8 @@ async function confirmGone(
   resourceId: string,
   state: string,
 ): Promise<FulfilOutcome | undefined> {
-  let provider: BackingProvider;
-  try {
-    provider = providerFor(ctx, b);
-  } catch (err) {
-    return {
-      kind: 'ignored',
-      reason: `cannot confirm that ${resourceId} is ${state}: ${(err as Error).message}`,
-    };
-  }
+  const provider = providerOrWhyNot(ctx, b, `that ${resourceId} is ${state}`);
+  if ('kind' in provider) return provider;
   const look = await lookUp(ctx, provider, { ...b, resourceId });
   if (look.gone) return undefined;
   if (look.unseen) {
@@ -147,15 +149,8 @@ async function recordedBacking(
 export async function handleSpotWarning(ctx: Context, resourceId: string): Promise<FulfilOutcome> {
   const b = await recordedBacking(ctx, resourceId);
   if ('kind' in b) return b;
-  let provider: BackingProvider;
-  try {
-    provider = providerFor(ctx, b);
-  } catch (err) {
-    return {
-      kind: 'ignored',
-      reason: `cannot confirm a spot warning for ${resourceId}: ${(err as Error).message}`,
-    };
-  }
+  const provider = providerOrWhyNot(ctx, b, `a spot warning for ${resourceId}`);
+  if ('kind' in provider) return provider;
   const resource = await provider.describe(resourceId, ctx.deadline);
   // EC2 says whether an instance is spot (`attributes.spot`). A provider that does not say (local, which
   // has no spot market: its warnings are test input) is not second-guessed.
