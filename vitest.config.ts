@@ -34,8 +34,15 @@ export default defineConfig({
     silent: 'passed-only',
     // After the usual report: the slowest files and the tests close to their timeouts (drift, seen early).
     reporters: ['default', './testkit/durationReport.ts'],
-    // Node 20 is supported for local use; the SDK's notice that it will need 22 is noise in test output.
-    env: { AWS_SDK_JS_NODE_VERSION_SUPPORT_WARNING_DISABLED: 'true' },
+    env: {
+      // Node 20 is supported for local use; the SDK's notice that it will need 22 is noise in test output.
+      AWS_SDK_JS_NODE_VERSION_SUPPORT_WARNING_DISABLED: 'true',
+      // aws-cdk-lib validates every synthesized app against CloudFormation's rules (a WASM cfn-lint), about
+      // 7 CPU-seconds an app; the suite synthesizes dozens, to assert on resources, not on that. It is
+      // asserted where it is the point: test/aws/cdk.test.ts validates the stack's variants in one app, and
+      // the package test's user app is synthesized as a user's is, with validation, and its report read.
+      CDK_VALIDATION: 'false',
+    },
     projects: [
       {
         extends: true,

@@ -334,7 +334,8 @@ describeWithMoto('cdk deploy into moto, and the deployed bundles serving a reque
     ]);
     expect(broken.code).toBe(1);
     expect(broken.stderr).toMatch(/^metastatic: the app does not synthesize: cdk synth failed \(exit 1\):/m);
-  });
+    // Two CLIs start (metastatic's, then the CDK's): 5 s quiet, 43 s at load 11 on the 2-core machine.
+  }, 150_000);
 
   it('deletes what a failed earlier deploy left (a stack in REVIEW_IN_PROGRESS) before deploying', async () => {
     const cfn = new CloudFormationClient(motoClientConfig(rehearsal.moto.endpoint, rehearsal.region));

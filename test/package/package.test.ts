@@ -1,12 +1,14 @@
 import { type ChildProcess, execFile, spawn } from 'node:child_process';
 import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { builtinModules } from 'node:module';
 import { tmpdir } from 'node:os';
-import { join, resolve } from 'node:path';
+import { join, relative, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { CloudFormationClient, DescribeStacksCommand } from '@aws-sdk/client-cloudformation';
 import { DescribeTableCommand, DynamoDBClient } from '@aws-sdk/client-dynamodb';
 import { DescribeInstancesCommand, EC2Client } from '@aws-sdk/client-ec2';
 import { SendMessageCommand, SQSClient } from '@aws-sdk/client-sqs';
+import ts from 'typescript';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { DynamoStore } from '../../shared/store/dynamoStore.ts';
 import { packAndInstall } from '../../testkit/installedPackage.ts';
@@ -81,6 +83,8 @@ beforeAll(async () => {
 
 interface CdkApp {
   readonly outdir: string;
+  /** What CDK's CloudFormation validation reported at synth. */
+  readonly violations: readonly string[];
   readonly template: {
     Resources: Record<string, { Type: string; Properties: Record<string, unknown> }>;
   };
@@ -155,7 +159,10 @@ async function buildCdkApp(): Promise<CdkApp> {
         module: 'NodeNext',
         moduleResolution: 'NodeNext',
         strict: true,
-        skipLibCheck: false,
+        // The app is checked against the package's declarations; checking every declaration file as well
+        // (aws-cdk-lib's are most of them) costs 30 CPU-s more and proves nothing about this package: that
+        // its declarations resolve in an install is the test "declares only what an install brings".
+        skipLibCheck: true,
         types: ['node'],
         outDir: 'out',
       },
@@ -171,10 +178,60 @@ async function buildCdkApp(): Promise<CdkApp> {
   if (tsc.code !== 0) throw new Error(`the app does not type-check:\n${tsc.stdout}${tsc.stderr}`);
   const outdir = join(work, 'cdk.out');
   // As the CDK CLI runs it: the output directory in CDK_OUTDIR (the app synthesizes itself on exit).
-  const synth = await run(process.execPath, [join(app, 'out', 'app.js')], app, { CDK_OUTDIR: outdir });
+  // With CloudFormation validation, as a user's synth has it (the suite turns it off: vitest.config.ts).
+  const synth = await run(process.execPath, [join(app, 'out', 'app.js')], app, {
+    CDK_OUTDIR: outdir,
+    CDK_VALIDATION: 'true',
+  });
   if (synth.code !== 0) throw new Error(`synth failed:\n${synth.stderr}`);
   const template = JSON.parse(readFileSync(join(outdir, 'CiPool.template.json'), 'utf8'));
-  return { outdir, template };
+  const report = JSON.parse(readFileSync(join(outdir, 'validation-report.json'), 'utf8')) as {
+    pluginReports: Array<{
+      pluginName: string;
+      violations: Array<{ ruleName: string; description: string }>;
+    }>;
+  };
+  const violations = report.pluginReports.flatMap((p) =>
+    p.violations.map((v) => `${p.pluginName} ${v.ruleName}: ${v.description}`),
+  );
+  return { outdir, template, violations };
+}
+
+/**
+ * The imports TypeScript cannot resolve to types (as an app's compiler resolves them, NodeNext) in the
+ * package's declarations reachable from `entries` (by default the `types` of package.json's exports),
+ * as "<path in the package>: <specifier>". skipLibCheck, which most apps set, would turn such an import
+ * into `any` without a word; without it, the app would not compile.
+ */
+function unresolvedImports(entries?: readonly string[]): string[] {
+  const pkg = join(app, 'node_modules', 'metastatic');
+  const dist = join(pkg, 'dist');
+  const options = { module: ts.ModuleKind.NodeNext, moduleResolution: ts.ModuleResolutionKind.NodeNext };
+  const builtins = new Set(builtinModules.flatMap((m) => [m, `node:${m}`]));
+  const exported = (
+    JSON.parse(readFileSync(join(pkg, 'package.json'), 'utf8')) as {
+      exports: Record<string, string | { types?: string }>;
+    }
+  ).exports;
+  const queue = entries
+    ? [...entries]
+    : Object.values(exported).flatMap((e) => (typeof e === 'object' && e.types ? [join(pkg, e.types)] : []));
+  const seen = new Set(queue);
+  const unresolved: string[] = [];
+  for (let file = queue.shift(); file !== undefined; file = queue.shift()) {
+    for (const { fileName: spec } of ts.preProcessFile(readFileSync(file, 'utf8'), true, true)
+      .importedFiles) {
+      if (builtins.has(spec)) continue; // @types/node declares them as ambient modules
+      const to = ts.resolveModuleName(spec, file, options, ts.sys).resolvedModule?.resolvedFileName;
+      if (!to || !/\.d\.[cm]?ts$/.test(to)) unresolved.push(`${relative(pkg, file)}: ${spec}`);
+      else if (to.startsWith(dist) && !seen.has(to)) {
+        seen.add(to);
+        queue.push(to);
+      }
+    }
+  }
+  if (!entries && seen.size < 10) unresolved.push(`only ${seen.size} declaration files reached`);
+  return unresolved;
 }
 
 /** `metastatic rehearse --json` of the user's app, from the installed package, and what it printed. */
@@ -404,9 +461,10 @@ describe('a client of the user’s', { timeout: 300_000 }, () => {
 describe('a CDK app of the user’s', { timeout: 300_000 }, () => {
   let outdir: string;
   let template: CdkApp['template'];
+  let violations: CdkApp['violations'];
 
   beforeAll(async () => {
-    ({ outdir, template } = await cdkApp);
+    ({ outdir, template, violations } = await cdkApp);
   }, 300_000);
 
   /** Each function's code package in the assembly, by function name. */
@@ -426,6 +484,20 @@ describe('a CDK app of the user’s', { timeout: 300_000 }, () => {
     expect(functions).toHaveLength(3);
     for (const fn of functions)
       expect(fn.Properties).toMatchObject({ Runtime: 'nodejs24.x', Handler: 'index.handler' });
+    expect(violations).toEqual([]);
+  });
+
+  it('declares only what an install brings: every import its exported types reach resolves in the app', () => {
+    expect(unresolvedImports()).toEqual([]);
+    // A declaration importing a development dependency of the package (tsx: not installed with it)
+    // is reported, or the check would prove nothing.
+    const probe = join(app, 'node_modules', 'metastatic', 'dist', 'probe.d.ts');
+    writeFileSync(probe, "import type { tsImport } from 'tsx/esm/api';\nexport type P = typeof tsImport;\n");
+    try {
+      expect(unresolvedImports([probe])).toEqual(['dist/probe.d.ts: tsx/esm/api']);
+    } finally {
+      rmSync(probe);
+    }
   });
 
   it('ships the prebuilt bundles as they are in the package, with the configuration beside them (0644)', () => {
