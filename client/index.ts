@@ -33,10 +33,10 @@ export {
 } from './openssh.ts';
 export {
   DEFAULT_RUN_LEASE,
-  PoolClient,
   type RunContext,
   type RunOptions,
   type WaitForOptions,
   type WaitOptions,
-} from './poolClient.ts';
+} from './options.ts';
+export { PoolClient } from './poolClient.ts';
 export type { PoolNode, PoolRequest } from './records.ts';

@@ -16,6 +16,7 @@ import {
   TimeoutError,
   UnknownLabelError,
 } from './errors.ts';
+import { checkNodesHeld, EMBEDDED_WATCH_MS, keepLease, sleep, throwIfAborted } from './leaseKeeper.ts';
 import {
   checkClientRequestId,
   checkNodeId,
@@ -23,58 +24,17 @@ import {
   renewMessage,
   requestMessage,
 } from './messages.ts';
+import {
+  DEFAULT_RUN_LEASE,
+  type RunContext,
+  type RunOptions,
+  type WaitForOptions,
+  type WaitOptions,
+} from './options.ts';
 import { type PoolNode, type PoolRequest, toPoolNode, toPoolRequest } from './records.ts';
 
-/** How long and how to wait; every wait polls the table. */
-export interface WaitOptions {
-  /** Seconds (default 300). */
-  readonly timeout?: number;
-  /** Ends the wait with AbortedError. */
-  readonly signal?: AbortSignal;
-}
-
-export interface WaitForOptions extends WaitOptions {
-  /** Called at each poll whose state differs from the last: the request (undefined until recorded). */
-  readonly onProgress?: (request: PoolRequest | undefined, elapsedMs: number) => void;
-}
-
-export interface RunOptions extends WaitForOptions {
-  /** Seconds of lease when the spec has none (default 60, at least 10). */
-  readonly lease?: number;
-  /** Milliseconds between renewals (default: a third of the lease). */
-  readonly renewEvery?: number;
-  /** Seconds to wait for the release to be applied (default 30). */
-  readonly releaseTimeout?: number;
-  /** Told of a release that failed; without it such a failure is thrown when the job itself succeeded. */
-  readonly onReleaseError?: (error: unknown) => void;
-}
-
-/** What `run` gives its job: the request's nodes (ready) and a signal that fires when they are lost. */
-export interface RunContext {
-  readonly request: PoolRequest;
-  /**
-   * Aborted when the job should stop: the caller's signal fired, the pool stopped (PoolStoppedError), a
-   * node was ended under it (NodeLostError); `signal.reason` says which.
-   */
-  readonly signal: AbortSignal;
-}
-
-/** `run`'s default lease, seconds: a dead client's nodes go within this (plus one reaper interval). */
-export const DEFAULT_RUN_LEASE = 60;
 /** How often a wait reads the table. */
 const POLL_MS = 100;
-/**
- * How often `run` checks an embedded pool and its nodes while the job runs (a file and a loopback read).
- * On a stack each check is a DynamoDB read, so it checks at each renewal instead (lease/3: 20 s by
- * default), not every second for as long as every job runs.
- */
-const EMBEDDED_WATCH_MS = 1000;
-
-/** How long `run` waits between two checks of its request (and renewals, when due), in ms. */
-export function watchInterval(pool: 'embedded' | 'stack', renewEveryMs: number): number {
-  return pool === 'embedded' ? Math.min(EMBEDDED_WATCH_MS, renewEveryMs) : renewEveryMs;
-}
-
 /**
  * A client of a metastatic pool, embedded or deployed: sends request, release, cancel and renew messages
  * to its request queue and reads their outcome from its table (docs/client.md).
@@ -300,7 +260,17 @@ export class PoolClient {
     if (opts.signal?.aborted) throw new AbortedError(opts.signal.reason);
     opts.signal?.addEventListener('abort', onAbort, { once: true });
     await this.send(message);
-    const keeper = this.keepLease(message.id, opts.renewEvery ?? (lease * 1000) / 3, stop);
+    const keeper = keepLease(
+      {
+        pool: this.connection.pool.kind,
+        checkRunning: () => this.connection.checkRunning(),
+        read: (id) => this.read(id),
+        renew: (id) => this.send({ kind: 'renew', id }),
+      },
+      message.id,
+      opts.renewEvery ?? (lease * 1000) / 3,
+      stop,
+    );
     let outcome: { ok: true; value: T } | { ok: false; error: unknown };
     try {
       const request = await this.waitFor(message.id, { ...opts, signal: stop.signal }).catch((err) => {
@@ -343,48 +313,6 @@ export class PoolClient {
       if (ended.state !== 'fulfilled') return;
     }
     await this.releaseRequest(requestId, { timeout });
-  }
-
-  /**
-   * Keeps a request's lease while `run` waits and its job runs: renews it every `renewEvery` ms once the
-   * request is recorded, and (with `watch`) checks that its nodes are still ready and the pool still
-   * running, aborting `stop` with the reason when not. A renewal that fails for a passing reason (the
-   * queue, the network) is tried again at the next tick: the lease is three ticks long.
-   */
-  private keepLease(requestId: string, renewEvery: number, stop: AbortController) {
-    let watched: PoolRequest | undefined;
-    let lastRenewal = Date.now();
-    let running = true;
-    const tick = async () => {
-      await this.connection.checkRunning();
-      const r = await this.read(requestId);
-      if (watched && r) checkNodesHeld(r);
-      if (r && Date.now() - lastRenewal >= renewEvery && holdsAnything(r)) {
-        lastRenewal = Date.now();
-        await this.send({ kind: 'renew', id: requestId });
-      }
-    };
-    const loop = (async () => {
-      while (running && !stop.signal.aborted) {
-        await sleep(watchInterval(this.connection.pool.kind, renewEvery), stop.signal).catch(() => undefined);
-        if (!running || stop.signal.aborted) break;
-        try {
-          await tick();
-        } catch (err) {
-          if (err instanceof PoolStoppedError || err instanceof NodeLostError) stop.abort(err);
-          // Anything else passes: the next tick tries again, well within the lease.
-        }
-      }
-    })();
-    return {
-      watch(request: PoolRequest) {
-        watched = request;
-      },
-      async stop() {
-        running = false;
-        await loop;
-      },
-    };
   }
 
   /**
@@ -470,40 +398,6 @@ function provisional(m: RequestMessage): PoolRequest {
   };
 }
 
-/** NodeLostError when a node of a fulfilled request is no longer ready, or its lease lapsed. */
-function checkNodesHeld(r: RequestRecord): void {
-  const lost = r.nodes.find((n) => n.state !== 'ready');
-  if (lost) throw new NodeLostError(toPoolNode(lost));
-  const first = r.nodes[0];
-  if (r.leaseLapsedAt !== undefined && first) {
-    throw new NodeLostError(toPoolNode(first), `the lease of request ${r.id} lapsed`);
-  }
-}
-
 function failure(r: PoolRequest): RequestFailedError {
   return r.reason?.startsWith(UNKNOWN_LABEL_REASON) ? new UnknownLabelError(r) : new RequestFailedError(r);
-}
-
-function throwIfAborted(signal: AbortSignal | undefined): void {
-  if (signal?.aborted)
-    throw signal.reason instanceof MetastaticError ? signal.reason : new AbortedError(signal.reason);
-}
-
-/** Sleeps `ms`, or rejects (AbortedError, or the signal's own MetastaticError) when `signal` fires. */
-function sleep(ms: number, signal?: AbortSignal): Promise<void> {
-  return new Promise((resolve, reject) => {
-    if (signal?.aborted) {
-      reject(signal.reason instanceof MetastaticError ? signal.reason : new AbortedError(signal.reason));
-      return;
-    }
-    const onAbort = () => {
-      clearTimeout(timer);
-      reject(signal?.reason instanceof MetastaticError ? signal.reason : new AbortedError(signal?.reason));
-    };
-    const timer = setTimeout(() => {
-      signal?.removeEventListener('abort', onAbort);
-      resolve();
-    }, ms);
-    signal?.addEventListener('abort', onAbort, { once: true });
-  });
 }

@@ -11,7 +11,8 @@ import {
 } from '../../client/errors.ts';
 import { newRequestId, requestMessage } from '../../client/messages.ts';
 import { checkIdentity, loginOf, remoteCommandLine, runSsh, type SshLogin } from '../../client/openssh.ts';
-import { DEFAULT_RUN_LEASE, PoolClient } from '../../client/poolClient.ts';
+import { DEFAULT_RUN_LEASE } from '../../client/options.ts';
+import { PoolClient } from '../../client/poolClient.ts';
 import type { PoolNode } from '../../client/records.ts';
 import { clientKeyPath } from '../../shared/runtime/clientKey.ts';
 import { poolTarget, type Target } from '../client.ts';

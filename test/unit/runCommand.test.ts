@@ -2,8 +2,8 @@ import { spawnSync } from 'node:child_process';
 import { describe, expect, it } from 'vitest';
 import { RUN_EXIT } from '../../cli/commands/run.ts';
 import { buildProgram, splitCommand } from '../../cli/program.ts';
+import { watchInterval } from '../../client/leaseKeeper.ts';
 import { remoteCommandLine, shellQuote } from '../../client/openssh.ts';
-import { watchInterval } from '../../client/poolClient.ts';
 
 /**
  * What `metastatic run` sends and how it reads its command line, without a pool: the remote command line
