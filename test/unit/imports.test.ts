@@ -112,4 +112,26 @@ describe('production modules', () => {
     ]);
     expect(cycles(circle)).toEqual([['a', 'b', 'c', 'a']]);
   });
+
+  // The structure issue (11) brought the largest production file under ~400 lines; files over that are
+  // listed with the size they may not exceed, so none grows unseen and a split shrinks the list.
+  it('stay under 400 lines, but for the files listed, which may not grow', () => {
+    const LIMIT = 400;
+    const allowed: Record<string, number> = {
+      'shared/store/dynamoStore.ts': 719,
+      'cli/rehearse/rehearsal.ts': 651,
+      'shared/store/capacitySteps.ts': 532,
+      'cli/program.ts': 522,
+      'shared/providers/local/localProvider.ts': 447,
+      'shared/providers/aws/ec2Provider.ts': 445,
+      'shared/usecases/reap.ts': 405,
+      'client/poolClient.ts': 403,
+    };
+    const over = productionDirs
+      .flatMap(sources)
+      .map((f) => ({ f, lines: readFileSync(join(root, f), 'utf8').trimEnd().split('\n').length }))
+      .filter(({ f, lines }) => lines > (allowed[f] ?? LIMIT))
+      .map(({ f, lines }) => `${f}: ${lines} lines (at most ${allowed[f] ?? LIMIT})`);
+    expect(over).toEqual([]);
+  });
 });
