@@ -121,7 +121,6 @@ describe('production modules', () => {
       'shared/store/dynamoStore.ts': 719,
       'cli/rehearse/rehearsal.ts': 651,
       'shared/store/capacitySteps.ts': 532,
-      'cli/program.ts': 522,
       'shared/providers/local/localProvider.ts': 447,
       'shared/providers/aws/ec2Provider.ts': 445,
       'shared/usecases/reap.ts': 405,

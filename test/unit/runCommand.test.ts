@@ -1,7 +1,8 @@
 import { spawnSync } from 'node:child_process';
 import { describe, expect, it } from 'vitest';
 import { RUN_EXIT } from '../../cli/commands/run.ts';
-import { buildProgram, splitCommand } from '../../cli/program.ts';
+import { buildProgram } from '../../cli/program.ts';
+import { splitCommand } from '../../cli/programJobs.ts';
 import { watchInterval } from '../../client/leaseKeeper.ts';
 import { remoteCommandLine, shellQuote } from '../../client/openssh.ts';
 
