@@ -71,6 +71,50 @@ export const intBetween = (min: number, max: number) => {
 
 export const priority = () => intBetween(-MAX_PRIORITY, MAX_PRIORITY);
 
+/**
+ * Requestors a `priority-ceiling` may name. Each request is checked against one map per label; the bound
+ * keeps a configuration (and the resolved maps every handler holds) small: a pool has a few trusted
+ * senders, not thousands.
+ */
+export const MAX_CEILING_REQUESTORS = 1000;
+/** A requestor as a message names it (core/messages.ts): at most this many characters. */
+export const MAX_REQUESTOR_LENGTH = 256;
+
+/**
+ * `priority-ceiling` (issue 25): the best (lowest) priority a request may claim, by requestor. A request
+ * that claims a better one is served at its ceiling (clamped, not refused), and its record keeps what
+ * it claimed (core/priority.ts, trustedPriority).
+ */
+export const PRIORITY_CEILING_HELP =
+  'The best (lowest) priority a request may claim, by its requestor: a request claiming a better one is served at its ceiling ' +
+  '(clamped, not refused; its record keeps the priority it claimed). `requestor` is not authenticated: anyone who can send ' +
+  'to the request queue can name any requestor, so give a trusted name a better ceiling only where the queue is yours alone.';
+export const priorityCeiling = () =>
+  z.strictObject(
+    {
+      default: priority()
+        .optional()
+        .describe(
+          'Ceiling of a request whose requestor is not listed, or that names none. Unset = no ceiling for them.',
+        ),
+      requestors: z
+        .record(
+          z
+            .string({ error: `a requestor of 1 to ${MAX_REQUESTOR_LENGTH} characters` })
+            .min(1, { error: `a requestor of 1 to ${MAX_REQUESTOR_LENGTH} characters` })
+            .max(MAX_REQUESTOR_LENGTH, { error: `a requestor of 1 to ${MAX_REQUESTOR_LENGTH} characters` }),
+          priority(),
+          { error: `a mapping of requestor (1 to ${MAX_REQUESTOR_LENGTH} characters) to priority` },
+        )
+        .refine((m) => Object.keys(m).length <= MAX_CEILING_REQUESTORS, {
+          error: `at most ${MAX_CEILING_REQUESTORS} requestors`,
+        })
+        .default({})
+        .describe(`Ceiling of each requestor named here; at most ${MAX_CEILING_REQUESTORS}.`),
+    },
+    { error: 'a mapping with "default" and/or "requestors"' },
+  );
+
 /** Seconds; fractions allowed. */
 export const seconds = (max: number) => {
   const phrase = `a number of seconds >= 0 and <= ${max}`;

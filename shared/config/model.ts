@@ -89,6 +89,16 @@ export interface BackingPool {
   readonly labels: ReadonlyMap<string, BackingLabel>;
 }
 
+/**
+ * `priority-ceiling`, resolved: the best (lowest) priority a request may claim, by its requestor
+ * (core/priority.ts, trustedPriority). Requestors are not authenticated: see docs/threat-model.md.
+ */
+export interface PriorityCeiling {
+  /** The ceiling of a requestor not listed, or of a request that names none; undefined = none. */
+  readonly default?: number;
+  readonly requestors: ReadonlyMap<string, number>;
+}
+
 export interface ResolvedConfig {
   /** Metastatic pools sorted by priority (lower first), ties in file order. */
   readonly metastaticPools: readonly MetastaticPool[];
@@ -99,6 +109,10 @@ export interface ResolvedConfig {
   readonly metastaticLabelNames: ReadonlySet<string>;
   /** Labels with a min-ready above 0 (top-level `labels`): how many ready nodes of each the pool keeps. */
   readonly minReady: ReadonlyMap<string, number>;
+  /** The top-level `priority-ceiling`: for every label without one of its own; undefined = none. */
+  readonly priorityCeiling?: PriorityCeiling;
+  /** Labels with a `priority-ceiling` of their own (top-level `labels`), instead of the top-level one. */
+  readonly labelPriorityCeilings: ReadonlyMap<string, PriorityCeiling>;
   /** Requests by shape: percent above the cheapest fitting label worth paying for a free slot now. */
   readonly shapeCostMargin: number;
   /** `learned-durations`: learn node durations and place nodes without a hint by them. */

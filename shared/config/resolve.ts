@@ -12,6 +12,7 @@ import type {
   ConfigNotice,
   MetastaticLabel,
   MetastaticPool,
+  PriorityCeiling,
   ResolvedConfig,
 } from './model.ts';
 import { formatPath } from './paths.ts';
@@ -102,6 +103,14 @@ export function resolveConfig(file: ConfigFile): ResolvedConfig {
     backingPools,
     metastaticLabelNames,
     minReady: minReadyOf(file),
+    ...(file['priority-ceiling'] === undefined
+      ? {}
+      : { priorityCeiling: ceilingOf(file['priority-ceiling']) }),
+    labelPriorityCeilings: new Map(
+      (file.labels ?? []).flatMap((l) =>
+        l['priority-ceiling'] === undefined ? [] : [[l.name, ceilingOf(l['priority-ceiling'])] as const],
+      ),
+    ),
     shapeCostMargin: file['shape-cost-margin'],
     learnedDurations: file['learned-durations'],
     recordRetention: file['record-retention'],
@@ -196,6 +205,14 @@ function minReadyOf(file: ConfigFile): Map<string, number> {
     if (n > 0) minReady.set(label.name, n);
   }
   return minReady;
+}
+
+/** A `priority-ceiling` as the core reads it (a Map: a requestor named `__proto__` is only a name). */
+function ceilingOf(c: NonNullable<ConfigFile['priority-ceiling']>): PriorityCeiling {
+  return {
+    ...(c.default === undefined ? {} : { default: c.default }),
+    requestors: new Map(Object.entries(c.requestors)),
+  };
 }
 
 /** Valid keys that do nothing here: the user is told rather than left to wonder. */

@@ -36,8 +36,10 @@ import {
   MAX_SERVERS,
   name,
   nonEmptyList,
+  PRIORITY_CEILING_HELP,
   positiveSeconds,
   priority,
+  priorityCeiling,
   REQUEST_TIMEOUT_HELP,
   requestTimeout,
   seconds,
@@ -215,6 +217,11 @@ export const topLevelLabelSchema = z.strictObject(
       .describe(
         `Nodes of this label kept ready and unassigned ahead of requests (they count against max-servers); at most ${MAX_MIN_READY}.`,
       ),
+    'priority-ceiling': priorityCeiling()
+      .optional()
+      .describe(
+        `${PRIORITY_CEILING_HELP} For requests of this label, instead of the top-level one; a request of several labels takes the worst of theirs.`,
+      ),
   },
   { error: MAPPING },
 );
@@ -240,6 +247,9 @@ export const configSchema = z
         .describe(
           `Seconds an ended request (every node released or failed) or a stopped backing node stays in the table before DynamoDB's TTL deletes it (attribute expiresAt). ${RECORD_RETENTION_SECONDS.min / 86400} days (a request message's life in the queue: its record tells a redelivery from a new request) to ${RECORD_RETENTION_SECONDS.max / 86400} days; default ${RECORD_RETENTION_SECONDS.default / 86400}.`,
         ),
+      'priority-ceiling': priorityCeiling()
+        .optional()
+        .describe(`${PRIORITY_CEILING_HELP} Unset = no ceiling: any request may claim any priority.`),
       'shape-cost-margin': intBetween(0, MAX_SHAPE_COST_MARGIN)
         .default(DEFAULT_SHAPE_COST_MARGIN)
         .describe(

@@ -1,5 +1,6 @@
 import type { DurationEstimate } from './estimates.ts';
 import type { LabelBackoff } from './minReady.ts';
+import type { ServiceOrder } from './priority.ts';
 import type { BackingRecord, Claim, RequestRecord } from './records.ts';
 import type { BackingState } from './states.ts';
 import type { RegisteredQueue, WaitingQueue } from './waitingQueue.ts';
@@ -35,10 +36,7 @@ export interface PoolStore {
   /** The queues that may hold waiting requests (a queue is registered before any request is written to it). */
   waitingQueues(): Promise<RegisteredQueue[]>;
   /** The first request of a queue in service order, or the first served before `before`; one item read. */
-  firstWaiting(
-    queue: WaitingQueue,
-    before?: Pick<RequestRecord, 'id' | 'priority' | 'createdAt'>,
-  ): Promise<RequestRecord | undefined>;
+  firstWaiting(queue: WaitingQueue, before?: ServiceOrder): Promise<RequestRecord | undefined>;
   /** One page of a queue's requests, in service order. */
   waitingInQueue(queue: WaitingQueue, cursor?: PageCursor): Promise<Page<RequestRecord>>;
   /** Removes a queue from the registry if nobody announced it since it was read; false otherwise. */

@@ -1,4 +1,4 @@
-import type { MetastaticPool } from '../config/model.ts';
+import type { MetastaticPool, ResolvedConfig } from '../config/model.ts';
 import { SPARE_ID_PREFIX } from './ids.ts';
 import type { RequestRecord } from './records.ts';
 
@@ -14,8 +14,57 @@ export const DEFAULT_REQUEST_PRIORITY = 100;
  */
 export const MAX_PRIORITY = 1_000_000;
 
-export const priorityOf = (r: Pick<RequestRecord, 'priority'>): number =>
+/** The priority a request claimed (`priority`, else the default): what its message says. */
+export const claimedPriorityOf = (r: Pick<RequestRecord, 'priority'>): number =>
   r.priority ?? DEFAULT_REQUEST_PRIORITY;
+
+/** The priority a request is served at: what it claimed, held to its requestor's ceiling if one bound it. */
+export const priorityOf = (r: Pick<RequestRecord, 'priority' | 'priorityCeiling'>): number =>
+  Math.max(claimedPriorityOf(r), r.priorityCeiling ?? Number.NEGATIVE_INFINITY);
+
+/** What orders requests: class (from the id), served priority, age, id (servedBefore, the store's sort key). */
+export type ServiceOrder = Pick<RequestRecord, 'id' | 'priority' | 'priorityCeiling' | 'createdAt'>;
+
+/**
+ * The best (lowest) priority a request of `labels` by `requestor` may claim (`priority-ceiling`), or
+ * undefined when none bounds it: for each label, its own ceiling else the top-level one, the requestor's
+ * entry else the ceiling's `default`; of several labels, the worst (highest) ceiling, so a request cannot
+ * get ahead in one label's queue by naming another label beside it.
+ */
+export function priorityCeilingOf(
+  config: Pick<ResolvedConfig, 'priorityCeiling' | 'labelPriorityCeilings'>,
+  labels: readonly string[],
+  requestor: string | undefined,
+): number | undefined {
+  let worst: number | undefined;
+  for (const label of labels) {
+    const ceiling = config.labelPriorityCeilings.get(label) ?? config.priorityCeiling;
+    if (!ceiling) continue;
+    const bound =
+      (requestor === undefined ? undefined : ceiling.requestors.get(requestor)) ?? ceiling.default;
+    if (bound !== undefined && (worst === undefined || bound > worst)) worst = bound;
+  }
+  return worst;
+}
+
+/**
+ * The request as it is served: a claimed priority better than its requestor's ceiling (priorityCeilingOf)
+ * is served at the ceiling (clamped, not refused: the request is still served, behind those its ceiling
+ * puts ahead of it), recorded in `priorityCeiling`; `priority` stays as the message said it (part of its
+ * body: a redelivery must hash the same). The pool's own min-ready requests are never bounded (they are
+ * served in a class of their own). Requestors are not authenticated: the ceiling holds a careless
+ * sender to its place, not one that names a trusted requestor (docs/threat-model.md).
+ */
+export function trustedPriority(
+  config: Pick<ResolvedConfig, 'priorityCeiling' | 'labelPriorityCeilings'>,
+  r: RequestRecord,
+): RequestRecord {
+  const { priorityCeiling: _earlier, ...rest } = r;
+  if (requestClass(r) === 1) return rest;
+  const ceiling = priorityCeilingOf(config, r.labels, r.requestor);
+  if (ceiling === undefined || claimedPriorityOf(r) >= ceiling) return rest;
+  return { ...rest, priorityCeiling: ceiling };
+}
 
 /**
  * The class a request is served in, before its priority is looked at: 0 for every request a message
@@ -26,10 +75,7 @@ export const requestClass = (r: Pick<RequestRecord, 'id'>): 0 | 1 =>
   r.id.startsWith(SPARE_ID_PREFIX) ? 1 : 0;
 
 /** Whether `a` is served before `b`: by class, then priority, then age, then id. */
-export function servedBefore(
-  a: Pick<RequestRecord, 'priority' | 'createdAt' | 'id'>,
-  b: Pick<RequestRecord, 'priority' | 'createdAt' | 'id'>,
-): boolean {
+export function servedBefore(a: ServiceOrder, b: ServiceOrder): boolean {
   if (requestClass(a) !== requestClass(b)) return requestClass(a) < requestClass(b);
   if (priorityOf(a) !== priorityOf(b)) return priorityOf(a) < priorityOf(b);
   if (a.createdAt !== b.createdAt) return a.createdAt < b.createdAt;

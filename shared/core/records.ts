@@ -129,6 +129,12 @@ export const RequestRecord = z.object({
   labels: z.array(z.string()),
   requestor: z.string().optional(),
   priority: z.number().optional(),
+  /**
+   * The requestor's `priority-ceiling`, when it is worse (higher) than the priority the message claimed
+   * (`priority`, kept as sent: it is part of the body): the request is served at it (core/priority.ts,
+   * priorityOf, trustedPriority). Absent when no ceiling bound it.
+   */
+  priorityCeiling: z.number().optional(),
   /** The requestor's expected duration, seconds (`expected-duration`): placement uses it. */
   expectedDuration: z.number().optional(),
   /**

@@ -28,6 +28,7 @@ import type {
   Reservation,
   SlotClaim,
 } from '../core/poolStore.ts';
+import type { ServiceOrder } from '../core/priority.ts';
 import { BackingRecord, type Claim, RequestRecord } from '../core/records.ts';
 import { RECORD_RETENTION_SECONDS } from '../core/timing.ts';
 import type { RegisteredQueue, WaitingQueue } from '../core/waitingQueue.ts';
@@ -359,10 +360,7 @@ export class DynamoStore implements PoolStore {
     return this.queues.list();
   }
 
-  firstWaiting(
-    queue: WaitingQueue,
-    before?: Pick<RequestRecord, 'id' | 'priority' | 'createdAt'>,
-  ): Promise<RequestRecord | undefined> {
+  firstWaiting(queue: WaitingQueue, before?: ServiceOrder): Promise<RequestRecord | undefined> {
     return this.indexes.firstWaiting(queue, before);
   }
 

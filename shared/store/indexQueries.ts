@@ -6,6 +6,7 @@ import {
   type ScanCommandInput,
 } from '@aws-sdk/lib-dynamodb';
 import type { BackingPhase, Page, PageCursor } from '../core/poolStore.ts';
+import type { ServiceOrder } from '../core/priority.ts';
 import { BackingRecord, RequestRecord } from '../core/records.ts';
 import type { WaitingQueue } from '../core/waitingQueue.ts';
 import {
@@ -77,10 +78,7 @@ export class IndexQueries {
    * The first request of a waiting queue in service order, or the first served before `before`: one Query
    * of one item, however many wait.
    */
-  async firstWaiting(
-    queue: WaitingQueue,
-    before?: Pick<RequestRecord, 'id' | 'priority' | 'createdAt'>,
-  ): Promise<RequestRecord | undefined> {
+  async firstWaiting(queue: WaitingQueue, before?: ServiceOrder): Promise<RequestRecord | undefined> {
     const out = await this.doc.send(
       new QueryCommand({
         TableName: this.tableName,

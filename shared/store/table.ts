@@ -1,7 +1,7 @@
 import { createHash } from 'node:crypto';
 import type { CreateTableCommandInput } from '@aws-sdk/client-dynamodb';
 import { isLeaseLive } from '../core/leases.ts';
-import { priorityOf, requestClass } from '../core/priority.ts';
+import { priorityOf, requestClass, type ServiceOrder } from '../core/priority.ts';
 import type { BackingRecord, RequestRecord } from '../core/records.ts';
 import { isLive } from '../core/request.ts';
 import { RECORD_RETENTION_SECONDS } from '../core/timing.ts';
@@ -125,7 +125,7 @@ export function queuePartition(q: WaitingQueue): string {
  * compares, not only the bounded integers a message may carry now. Request ids are ASCII, so their byte
  * order is the order servedBefore compares them in.
  */
-export function serviceKey(r: Pick<RequestRecord, 'id' | 'priority' | 'createdAt'>): string {
+export function serviceKey(r: ServiceOrder): string {
   return `${requestClass(r)}#${sortableNumber(priorityOf(r))}#${pad(r.createdAt, 15)}#${r.id}`;
 }
 

@@ -1,9 +1,11 @@
 import {
+  anonymousPart,
   type DurationEstimate,
   type Expected,
   expectedOf,
   isExpired,
   keptSeconds,
+  type Taught,
   withDurations,
 } from '../core/estimates.ts';
 import { isSpareRequestId } from '../core/minReady.ts';
@@ -41,8 +43,8 @@ interface Kept {
   /** As last read or written, and when (the cache). */
   estimate?: DurationEstimate | undefined;
   readAt?: number;
-  /** Durations not written yet, and when this instance last began writing them. */
-  readonly pending: number[];
+  /** Durations not written yet (and who taught each), and when this instance last began writing them. */
+  readonly pending: Taught[];
   lastWriteAt?: number;
   writing: boolean;
 }
@@ -98,7 +100,7 @@ export async function learnedDuration(
       read(ctx, label, undefined),
       requestor === undefined ? undefined : read(ctx, label, requestor),
     ]);
-    return expectedOf(all, own);
+    return expectedOf(all, requestor === undefined ? anonymousPart(all) : own);
   } catch (err) {
     ctx.log.warn('could not read a duration estimate; placing without one', {
       label,
@@ -118,7 +120,7 @@ export async function learnDuration(ctx: Context, request: RequestRecord, node: 
   if (seconds === undefined || isSpareRequestId(request.id) || !learnsDurations(ctx)) return;
   for (const requestor of request.requestor === undefined ? [undefined] : [undefined, request.requestor]) {
     try {
-      await learnOne(ctx, node.label, requestor, seconds);
+      await learnOne(ctx, node.label, requestor, { seconds, from: request.requestor });
     } catch (err) {
       ctx.log.warn('could not learn a node duration', { label: node.label, error: (err as Error).message });
     }
@@ -126,9 +128,9 @@ export async function learnDuration(ctx: Context, request: RequestRecord, node: 
 }
 
 /** Buffers a duration, and writes the estimate unless this instance wrote it within the interval. */
-async function learnOne(ctx: Context, label: string, requestor: string | undefined, seconds: number) {
+async function learnOne(ctx: Context, label: string, requestor: string | undefined, taught: Taught) {
   const entry = keptOf(ctx.store, keyOf(label, requestor));
-  entry.pending.push(seconds);
+  entry.pending.push(taught);
   if (entry.pending.length > MAX_BUFFERED) entry.pending.shift();
   const now = ctx.clock.now();
   if (entry.writing) return; // the write under way started before this duration: the next one takes it

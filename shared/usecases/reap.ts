@@ -42,7 +42,7 @@ import { endExpiredRequests, nodesWaiting } from './waiting.ts';
  *    short);
  * 6. `failed`: failed backing nodes are settled, and the empty ones terminated (as in `retire`);
  * 7. `capacity`: places in max-servers sets held by no live backing node or node past the slot lease are
- *    given back;
+ *    given back (backing nodes whose slots an earlier step of the run changed are read again first);
  * 8. `request-timeout`: requests still waiting past their request-timeout end `failed` (WAITING
  *    partition, waiting.ts); `pending-timeout`: requests still pending past launch-retries x
  *    (launch-timeout + boot-timeout) after their placement (PENDING partition, pending.ts);
@@ -102,6 +102,9 @@ export async function reap(ctx: Context): Promise<ReapReport> {
   await guard('reconcile', '-', () => reconcile(ctx, [...idle, ...launching, ...active], report, gone));
 
   let failedNow: BackingRecord[] | undefined;
+  // Backing nodes an earlier step of this run changed the slots of (a claim given back, failed): the
+  // capacity step reads them again, so a place their slot no longer holds is given back this run.
+  const changed = new Set<string>();
   const steps: Record<ReaperStep, () => Promise<void>> = {
     retire: async () => {
       const marked: BackingRecord[] = [];
@@ -121,7 +124,9 @@ export async function reap(ctx: Context): Promise<ReapReport> {
     deadlines: async () => {
       for (const b of [...launching, ...idle.filter((x) => x.state === 'launching')]) {
         if (gone.has(b.id) || report.retired.includes(b.id)) continue;
-        await guard('deadline', b.id, () => enforceDeadlines(ctx, b, report));
+        await guard('deadline', b.id, async () => {
+          if (await enforceDeadlines(ctx, b, report)) changed.add(b.id);
+        });
       }
     },
     drain: async () => {
@@ -137,7 +142,9 @@ export async function reap(ctx: Context): Promise<ReapReport> {
     claims: async () => {
       for (const b of [...launching, ...active]) {
         if (gone.has(b.id)) continue;
-        await guard('lease', b.id, () => checkClaims(ctx, b, report));
+        await guard('lease', b.id, async () => {
+          if (await checkClaims(ctx, b, report)) changed.add(b.id);
+        });
       }
     },
     // Nodes still pending on a backing node that became ready lately: their readying was cut short (a
@@ -181,7 +188,15 @@ export async function reap(ctx: Context): Promise<ReapReport> {
     capacity: async () => {
       await guard('capacity', '-', async () => {
         failedNow = await ctx.store.backingInPhase('failed');
-        await reconcileCapacity(ctx, [...idle, ...launching, ...active, ...failedNow, ...retiring], report);
+        const live = new Map(
+          [...idle, ...launching, ...active, ...failedNow, ...retiring].map((b) => [b.id, b] as const),
+        );
+        for (const id of changed) {
+          const now = await ctx.store.getBacking(id);
+          if (now && now.state !== 'stopped') live.set(id, now);
+          else live.delete(id);
+        }
+        await reconcileCapacity(ctx, [...live.values()], report);
       });
     },
     // Requests still waiting past their request-timeout end, whatever became of their message.
@@ -341,7 +356,8 @@ const READYING_WINDOW_MS = 3 * CLAIM_TAKEOVER_MS;
 /** A launch recorded but never handed to the provider (deferred, or cut short by a crash) is finished here. */
 const UNFINISHED_LAUNCH_MS = 60_000;
 
-async function enforceDeadlines(ctx: Context, b: BackingRecord, report: MutableReport): Promise<void> {
+/** Enforces a launching backing node's deadlines; whether it failed it (its slots changed). */
+async function enforceDeadlines(ctx: Context, b: BackingRecord, report: MutableReport): Promise<boolean> {
   if (!b.resourceId && ctx.clock.now() - b.launchedAt >= UNFINISHED_LAUNCH_MS) {
     try {
       await ensureLaunched(ctx, b);
@@ -355,18 +371,19 @@ async function enforceDeadlines(ctx: Context, b: BackingRecord, report: MutableR
     { launchTimeout: pool?.launchTimeout ?? 3600, bootTimeout: pool?.bootTimeout ?? 120 },
     ctx.clock.now(),
   );
-  if (!decision.fail) return;
+  if (!decision.fail) return false;
   const settled = await failBackingNode(ctx, b.id, decision.reason, { resourceGone: false });
   report.failed.push(b.id);
   report.moved += settled?.rehomed ?? 0;
+  return true;
 }
 
 /**
  * Gives back slots whose claim no recorded node confirmed in time (core/lifecycle.ts, claimDue: the slot
  * lease, or sooner once the delivery is known dead for a claim a redelivery would not find); confirms
- * the others.
+ * the others. Returns whether it gave back a slot.
  */
-async function checkClaims(ctx: Context, b: BackingRecord, report: MutableReport): Promise<void> {
+async function checkClaims(ctx: Context, b: BackingRecord, report: MutableReport): Promise<boolean> {
   const now = ctx.clock.now();
   const expired = Object.entries(b.claims ?? {}).filter(([slot, claim]) => {
     const nodeId = b.slotMap[slot];
@@ -374,8 +391,9 @@ async function checkClaims(ctx: Context, b: BackingRecord, report: MutableReport
       ? leaseExpired(claim.at, now)
       : claimDue(b, nodeId, claim, now, ctx.deliveriesDeadBefore);
   });
-  if (expired.length === 0) return;
+  if (expired.length === 0) return false;
   const confirmed: number[] = [];
+  let gaveBack = false;
   for (const [slotText, claim] of expired) {
     const slot = Number(slotText);
     const nodeId = b.slotMap[slotText];
@@ -389,10 +407,11 @@ async function checkClaims(ctx: Context, b: BackingRecord, report: MutableReport
       confirmed.push(slot);
     } else if (await giveBackSlot(ctx, b.id, nodeId, { owner: claim.by, claimedAt: claim.at })) {
       report.reclaimedSlots++;
+      gaveBack = true;
       ctx.log.warn('slot given back: its claim was never recorded', { backingNodeId: b.id, slot, nodeId });
     }
   }
-  if (confirmed.length === 0) return;
+  if (confirmed.length === 0) return gaveBack;
   await retryOnConflict(
     `confirming claims on ${b.id}`,
     async () => {
@@ -402,4 +421,5 @@ async function checkClaims(ctx: Context, b: BackingRecord, report: MutableReport
     },
     () => undefined,
   );
+  return gaveBack;
 }

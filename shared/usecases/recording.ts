@@ -2,6 +2,7 @@ import { BusyError, DeadlineError, PermanentError, RetryableError } from '../cor
 import { supersedes } from '../core/ids.ts';
 import { isSpareRequestId } from '../core/minReady.ts';
 import { MetricName } from '../core/observability.ts';
+import { claimedPriorityOf } from '../core/priority.ts';
 import type { RequestRecord } from '../core/records.ts';
 import { CANCELLED_BEFORE_RECEIVED } from '../core/request.ts';
 import { DELIVERY_DEADLINE_MS } from '../core/timing.ts';
@@ -97,6 +98,14 @@ export class Recording {
   private async create(record: RequestRecord): Promise<RequestRecord | undefined> {
     const existing = await this.ctx.store.createRequest(record);
     if (!existing && !isSpareRequestId(this.base.id)) this.ctx.metrics?.count(MetricName.requestsReceived);
+    if (!existing && record.priorityCeiling !== undefined) {
+      this.ctx.log.warn("request priority clamped to its requestor's priority-ceiling", {
+        requestId: record.id,
+        requestor: record.requestor,
+        claimedPriority: claimedPriorityOf(record),
+        priority: record.priorityCeiling,
+      });
+    }
     return existing;
   }
 

@@ -5,7 +5,7 @@ import { withLeaseOf } from '../core/leases.ts';
 import type { RequestMessage } from '../core/messages.ts';
 import { isSpareRequestId, nodeOnSpare } from '../core/minReady.ts';
 import { eligiblePools } from '../core/pools.ts';
-import { priorityOf } from '../core/priority.ts';
+import { priorityOf, trustedPriority } from '../core/priority.ts';
 import type { NodeRecord, RequestRecord } from '../core/records.ts';
 import { placedNode, placedRequest, requestedRecord } from '../core/request.ts';
 import { giveBackSlot } from './backingNodes.ts';
@@ -49,7 +49,8 @@ export async function requestNodes(
 ): Promise<RequestOutcome> {
   const labels = await labelsFor(ctx, m);
   const now = ctx.clock.now();
-  const asked = requestedRecord(m, now, labels.ok ? labels.labels : []);
+  // Its priority within its requestor's priority-ceiling (clamped; the claim kept): core/priority.ts.
+  const asked = trustedPriority(ctx.config, requestedRecord(m, now, labels.ok ? labels.labels : []));
   const bodyHash = asked.bodyHash;
   // The lease it takes (its own, else its labels' default-lease), within its labels' max-lease.
   const leased = withLeaseOf(ctx.config, asked, m.lease);

@@ -3,6 +3,7 @@ import { parseNodeId } from '../core/ids.ts';
 import type { RequestMessage } from '../core/messages.ts';
 import { isSpareRequestId } from '../core/minReady.ts';
 import { MetricName, PoolEventType } from '../core/observability.ts';
+import { claimedPriorityOf, priorityOf } from '../core/priority.ts';
 import type { NodeRecord, RequestRecord } from '../core/records.ts';
 import {
   failedNode,
@@ -35,6 +36,7 @@ export async function requestSettled(ctx: Context, r: RequestRecord): Promise<vo
       requestId: r.id,
       requestor: r.requestor,
       labels: r.labels,
+      ...priorityDetail(r),
       nodes: r.nodes.map((n) => ({
         id: n.id,
         label: n.label,
@@ -59,9 +61,18 @@ export async function requestSettled(ctx: Context, r: RequestRecord): Promise<vo
       requestId: r.id,
       requestor: r.requestor,
       labels: r.labels,
+      ...priorityDetail(r),
       reason: r.reason,
     });
   }
+}
+
+/** The priority a request was served at, and the one it claimed when its priority-ceiling clamped it. */
+function priorityDetail(r: RequestRecord): Record<string, number> {
+  return {
+    priority: priorityOf(r),
+    ...(r.priorityCeiling === undefined ? {} : { claimedPriority: claimedPriorityOf(r) }),
+  };
 }
 
 /** Records a request that can never be served, unless its id is already taken (never overwrite). */

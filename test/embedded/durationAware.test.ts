@@ -211,6 +211,8 @@ describe('learned estimates in the table, written by several function instances 
       ['once', 60],
       ['once', 60],
       ['other', 3_600],
+      ['other', 3_600],
+      ['other', 3_600],
     ] as const) {
       await release(ctx, seconds, requestor);
       table.clock.advance(ESTIMATE_WRITE_INTERVAL_MS);
@@ -221,7 +223,8 @@ describe('learned estimates in the table, written by several function instances 
     expect((await store.getEstimate('small'))?.expiresAt).toBeUndefined(); // one per label: kept
     expect((await learnedDuration(ctx, 'small', 'once'))?.seconds).toBeCloseTo(60, 6);
     table.clock.advance(REQUESTOR_ESTIMATE_TTL_MS);
-    // Expired but not deleted yet: the label's estimate is used, and a new duration starts afresh.
+    // Expired but not deleted yet: the label's estimate (once's and other's shares, pooled) is used, and a
+    // new duration starts afresh.
     expect((await learnedDuration(ctx, 'small', 'once'))?.seconds).toBeGreaterThan(60);
     await release(ctx, 120, 'once');
     expect(await store.getEstimate('small', 'once')).toMatchObject({ samples: 1, version: 4 });
@@ -232,5 +235,50 @@ describe('learned estimates in the table, written by several function instances 
     const { ctx, store } = instance(table);
     for (let i = 0; i < 1_100; i++) await learnedDuration(ctx, 'small', `job-${i}`);
     expect(cachedEstimates(store)).toBeLessThanOrEqual(1_000);
+  });
+
+  describe("one requestor's influence on the label's estimate (issue 25, defect 4)", () => {
+    /** `n` releases of `seconds` by `requestor`, each written (a quiet interval between them). */
+    async function teach(
+      table: { clock: ManualClock },
+      ctx: Context,
+      n: number,
+      seconds: number,
+      requestor?: string,
+    ) {
+      for (let i = 0; i < n; i++) {
+        await release(ctx, seconds, requestor);
+        table.clock.advance(ESTIMATE_WRITE_INTERVAL_MS);
+      }
+    }
+
+    it('gives a label no estimate from 12 fast releases by one requestor, but that requestor its own', async () => {
+      const table = await newTable();
+      const { ctx } = instance(table);
+      await teach(table, ctx, 12, 1, 'ci');
+      // Another requestor, or a request naming none: nothing learned that is theirs, so no estimate.
+      expect(await learnedDuration(ctx, 'small', 'release')).toBeUndefined();
+      expect(await learnedDuration(ctx, 'small', undefined)).toBeUndefined();
+      // ci's own requests are placed by what ci taught.
+      expect(await learnedDuration(ctx, 'small', 'ci')).toMatchObject({ confident: true });
+      expect((await learnedDuration(ctx, 'small', 'ci'))?.seconds).toBeCloseTo(1, 6);
+    });
+
+    it('lets 12 fast releases by one requestor pull an established estimate at most halfway, and not confidently', async () => {
+      const table = await newTable();
+      const { ctx } = instance(table);
+      await teach(table, ctx, 10, 600, 'build');
+      await teach(table, ctx, 10, 600, 'test');
+      await teach(table, ctx, 10, 600); // requests naming no requestor
+      expect(await learnedDuration(ctx, 'small', 'newcomer')).toMatchObject({ confident: true });
+      await teach(table, ctx, 12, 1, 'ci');
+      const after = await learnedDuration(ctx, 'small', 'newcomer');
+      // At most halfway to ci's 1 s in log (sqrt(600) ~ 24 s), and rough: no one is placed by it.
+      expect(after?.seconds).toBeGreaterThan(Math.sqrt(600));
+      expect(after?.confident).toBe(false);
+      // The requests naming none keep their own estimate.
+      expect(await learnedDuration(ctx, 'small', undefined)).toMatchObject({ confident: true });
+      expect((await learnedDuration(ctx, 'small', undefined))?.seconds).toBeCloseTo(600, 6);
+    });
   });
 });

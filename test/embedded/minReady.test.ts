@@ -164,6 +164,30 @@ describe('min-ready', () => {
     expect((await ctx.store.nodePlaces('meta/main')).size).toBe(2);
   });
 
+  it('ends none of the min-ready nodes it made at start while their backing nodes launch (issue 25, defect 5)', async () => {
+    h = await startHarness(baseConfig({ slots: 2, minReady: 5 }));
+    // The run at start makes every spare on backing nodes still launching.
+    const first = await h.pool.reapNow();
+    expect(first).toMatchObject({ minReadyMade: 5, minReadyEnded: 0 });
+    // The runs after it, as the backing processes come up: each run's reconciliation readies a backing
+    // node it read launching (its event not drained here), and the upkeep later in that run finds its
+    // spares ready on it. None is ended and made again on the same backing node.
+    let ended = 0;
+    let made = 0;
+    const deadline = Date.now() + 45_000;
+    while ((await freeSpares(h)) < 5) {
+      if (Date.now() > deadline) throw new Error('the min-ready nodes never became ready');
+      const report = await h.pool.reapNow();
+      ended += report.minReadyEnded;
+      made += report.minReadyMade;
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    expect({ ended, made }).toEqual({ ended: 0, made: 0 });
+    expect((await spares(h)).map((r) => r.id).sort()).toEqual(
+      [0, 1, 2, 3, 4].map((seat) => `min-ready:small-node:${seat}:0`),
+    );
+  });
+
   it('replaces min-ready nodes on a backing node past max-age, which then goes', async () => {
     h = await withReadyNodes(baseConfig({ slots: 2, minReady: 1, maxAge: 600, grace: 0 }), 1);
     const ctx = h.pool.context;

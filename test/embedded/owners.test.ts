@@ -7,6 +7,7 @@ import { CLAIM_TAKEOVER_MS, SLOT_LEASE_MS } from '../../shared/core/timing.ts';
 import { makeRequestHandler } from '../../shared/handlers/requestHandler.ts';
 import { giveBackSlot } from '../../shared/usecases/backingNodes.ts';
 import type { Context } from '../../shared/usecases/context.ts';
+import { reap } from '../../shared/usecases/reap.ts';
 import { requestNodes } from '../../shared/usecases/requestNodes.ts';
 import { baseConfig } from '../../testkit/configs.ts';
 import { crashingStore } from '../../testkit/crashingStore.ts';
@@ -222,6 +223,26 @@ describe('deliveries never undo each other', () => {
     // What live records hold stays, however old.
     expect([...(await store.backingPlaces('local/main')).keys()]).toEqual([live.id]);
     expect([...(await store.nodePlaces('meta/main')).keys()]).toEqual(['live/0']);
+  });
+
+  it('gives back the place of a claim its own run gave back, in that run (issue 25, defect 10)', async () => {
+    h = await startHarness(baseConfig({ slots: 2, maxServers: 4 }), { maxReceiveCount: 50 });
+    await readyNode(h, 'base');
+    const ctx = h.pool.context;
+    const b = await readyBacking(h);
+    // A delivery reserves its place, claims a slot and dies before it records the node.
+    const dying = makeRequestHandler({ ...ctx, store: crashingStore(ctx.store, (m) => m === 'claimSlot') });
+    const body = JSON.stringify({ kind: 'request', id: 'cut', labels: ['small-node'] });
+    expect((await dying(sqsEvent([body], 1))).batchItemFailures).toHaveLength(1);
+    expect([...(await ctx.store.nodePlaces('meta/main')).keys()].sort()).toEqual(['base/0', 'cut/0']);
+    // A restart: every delivery before it is dead. One run gives back the claim (step `claims`) and then
+    // the place it leaves unheld (step `capacity`), not the place a reaper interval later.
+    h.clock.advance(1);
+    const restarted = { ...ctx, deliveriesDeadBefore: h.clock.now() };
+    const report = await reap(restarted);
+    expect(report).toMatchObject({ reclaimedSlots: 1, reclaimedPlaces: 1 });
+    expect((await ctx.store.getBacking(b.id))?.slotMap).toEqual({ '0': 'base/0' });
+    expect([...(await ctx.store.nodePlaces('meta/main')).keys()]).toEqual(['base/0']);
   });
 });
 

@@ -2,6 +2,7 @@ import type { DynamoDBClient } from '@aws-sdk/client-dynamodb';
 import { afterEach, describe, expect, it } from 'vitest';
 import type { RequestMessage } from '../../shared/core/messages.ts';
 import { requestedRecord } from '../../shared/core/request.ts';
+import { makeRequestHandler } from '../../shared/handlers/requestHandler.ts';
 import { releaseNode } from '../../shared/usecases/release.ts';
 import { requestNodes } from '../../shared/usecases/requestNodes.ts';
 import { baseConfig } from '../../testkit/configs.ts';
@@ -90,6 +91,50 @@ describe('priority', () => {
     // Its own message, when it comes back, is a duplicate: nothing more is taken.
     expect((await deliver(h, request('high', 10), 2)).batchItemFailures).toEqual([]);
     expect([...(await store.nodePlaces('meta/main')).keys()]).toEqual(['high/0']);
+  });
+
+  it("holds a request to its requestor's priority-ceiling: clamped, served behind a trusted one, the claim kept (issue 25, defect 3)", async () => {
+    const ceiling = 'priority-ceiling:\n  default: 100\n  requestors:\n    release-bot: -1000\n';
+    h = await startHarness(`${ceiling}${baseConfig({ slots: 4, maxServers: 1 })}`, { maxReceiveCount: 50 });
+    const ctx = h.pool.context;
+    const events: { type: string; detail: Record<string, unknown> }[] = [];
+    const withEvents = {
+      ...ctx,
+      events: {
+        publish: async (type: string, detail: Record<string, unknown>) => void events.push({ type, detail }),
+      },
+    } as typeof ctx;
+    await h.send(request('fill'));
+    await h.drainRequests();
+    // Anyone can claim the best priority there is; the trusted requestor asks for less.
+    const sneaky = { ...request('sneaky', -1_000_000), requestor: 'ci' };
+    const trusted = { ...request('trusted', -10), requestor: 'release-bot' };
+    expect((await deliver(h, sneaky)).batchItemFailures).toHaveLength(1);
+    h.clock.advance(1_000);
+    expect((await deliver(h, trusted)).batchItemFailures).toHaveLength(1);
+    // The claim is kept as sent (it is part of the body), the ceiling it is served at beside it.
+    expect(await ctx.store.getRequest('sneaky')).toMatchObject({
+      priority: -1_000_000,
+      priorityCeiling: 100,
+    });
+    const kept = await ctx.store.getRequest('trusted');
+    expect(kept).toMatchObject({ priority: -10 });
+    expect(kept?.priorityCeiling).toBeUndefined();
+    // A release message frees the place and hands it to the first waiting request: the trusted one,
+    // though the other is older.
+    const handler = makeRequestHandler(withEvents, { maxReceiveCount: 50 });
+    const send = async (body: unknown, receiveCount = 1) =>
+      (await handler(sqsEvent([JSON.stringify(body)], receiveCount))).batchItemFailures;
+    expect(await send({ kind: 'release', nodeId: 'fill/0' })).toEqual([]);
+    expect((await ctx.store.getRequest('trusted'))?.state).not.toBe('requested');
+    expect(await send(sneaky, 2)).toHaveLength(1);
+    expect((await ctx.store.getRequest('sneaky'))?.state).toBe('requested');
+    // Its event says the priority it was served at and, when a ceiling bound it, the one it claimed.
+    expect(await send({ kind: 'cancel', id: 'sneaky', reason: 'test' })).toEqual([]);
+    expect(events.find((e) => e.detail.requestId === 'sneaky')).toMatchObject({
+      type: 'Request Failed',
+      detail: { priority: 100, claimedPriority: -1_000_000 },
+    });
   });
 
   it('reads no more of the waiting requests with 100 waiting than with 10 to know who goes first (issue 24, defect 1)', async () => {

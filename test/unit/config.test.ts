@@ -390,6 +390,53 @@ describe('validation rules', () => {
   });
 });
 
+describe('priority-ceiling (issue 25, defect 3)', () => {
+  it("resolves the top-level ceiling and the labels' own", () => {
+    const config = ok(
+      parseObject({
+        'priority-ceiling': { default: 100, requestors: { 'release-bot': -1000 } },
+        labels: [
+          { name: 'large-node' },
+          { name: 'small-node', 'priority-ceiling': { requestors: { ci: 0 } } },
+        ],
+        ...withMeta([pool([label('small-node')])]),
+      }),
+    );
+    expect(config.priorityCeiling).toEqual({
+      default: 100,
+      requestors: new Map([['release-bot', -1000]]),
+    });
+    expect([...config.labelPriorityCeilings]).toEqual([['small-node', { requestors: new Map([['ci', 0]]) }]]);
+    const none = ok(parseObject(withMeta([pool([label('small-node')])])));
+    expect(none.priorityCeiling).toBeUndefined();
+    expect(none.labelPriorityCeilings.size).toBe(0);
+  });
+
+  it('refuses bad ceilings by YAML path', () => {
+    const many = Object.fromEntries(Array.from({ length: 1001 }, (_, i) => [`r${i}`, 0]));
+    expect(
+      problems(
+        parseObject({
+          'priority-ceiling': { default: -2_000_000, requestors: { ci: 'high', '': 1 }, other: 1 },
+          labels: [
+            { name: 'large-node' },
+            { name: 'small-node', 'priority-ceiling': { requestors: many } },
+            { name: 'x', 'priority-ceiling': [1] },
+          ],
+          ...withMeta([pool([label('small-node'), label('x')])]),
+        }),
+      ),
+    ).toEqual([
+      'priority-ceiling.default: default: expected an integer >= -1000000 and <= 1000000, got -2000000',
+      'priority-ceiling.requestors.ci: ci: expected an integer >= -1000000 and <= 1000000, got "high"',
+      'priority-ceiling.requestors.: : expected a mapping of requestor (1 to 256 characters) to priority, got ""',
+      'priority-ceiling.other: unknown key "other"',
+      'labels[1].priority-ceiling.requestors: requestors: expected at most 1000 requestors, got a mapping',
+      'labels[2].priority-ceiling: priority-ceiling: expected a mapping with "default" and/or "requestors", got a list',
+    ]);
+  });
+});
+
 describe('field errors', () => {
   it('takes record-retention in seconds: 7 days by default, from 4 days (the request queue keeps a message 4) to 90', () => {
     expect(ok(parseConfig(poolConfig(), 'test.yaml')).recordRetention).toBe(7 * 86400);

@@ -1,13 +1,17 @@
 import { describe, expect, it } from 'vitest';
 import {
+  anonymousPart,
   type DurationEstimate,
   ESTIMATE_MIN_SAMPLES,
   expectedOf,
   isExpired,
   keptSeconds,
   LEARNING_RATE,
+  labelWide,
+  MAX_PARTS,
   MAX_SPREAD_FACTOR,
   MAX_STEP_FACTOR,
+  PART_WEIGHT_CAP,
   REQUESTOR_ESTIMATE_TTL_MS,
   withDuration,
   withDurations,
@@ -18,6 +22,19 @@ import {
 const learn = (durations: number[], key: { label: string; requestor?: string } = { label: 'small' }) =>
   durations.reduce<DurationEstimate | undefined>(
     (e, d, i) => withDuration(e, key, d, i),
+    undefined,
+  ) as DurationEstimate;
+
+/** The label's item after each duration, taught in turn by each of `from` (round-robin). */
+const taught = (durations: number[], ...from: string[]) =>
+  durations.reduce<DurationEstimate | undefined>(
+    (e, d, i) =>
+      withDurations(
+        e,
+        { label: 'small' },
+        from.map((f) => ({ seconds: d, from: f })),
+        i,
+      ),
     undefined,
   ) as DurationEstimate;
 
@@ -32,7 +49,8 @@ describe('duration estimates', () => {
     const prev = learn([60, 60, 60]);
     const folded = withDurations(prev, { label: 'small' }, [120, 240, 30], 10) as DurationEstimate;
     const oneByOne = learn([60, 60, 60, 120, 240, 30]);
-    expect(folded).toEqual({ ...oneByOne, version: prev.version + 1, updatedAt: 10 });
+    const share = { ...oneByOne.parts?.[0], updatedAt: 10 }; // the share of the requests naming none
+    expect(folded).toEqual({ ...oneByOne, version: prev.version + 1, updatedAt: 10, parts: [share] });
     expect(withDurations(prev, { label: 'small' }, [], 10)).toBeUndefined();
   });
 
@@ -59,20 +77,23 @@ describe('duration estimates', () => {
   });
 
   it("prefers the requestor's own estimate once it has enough durations, else the label's", () => {
-    const label = learn([600, 600, 600]);
+    const label = taught([600, 600, 600], 'a', 'b');
     const few = learn([60, 60], { label: 'small', requestor: 'ci' });
     const enough = learn([60, 60, 60], { label: 'small', requestor: 'ci' });
     expect(expectedOf(label, few)?.seconds).toBeCloseTo(600, 6);
     expect(expectedOf(label, enough)?.seconds).toBeCloseTo(60, 6);
-    expect(expectedOf(learn([600, 600]), undefined)).toBeUndefined(); // fewer than ESTIMATE_MIN_SAMPLES
+    expect(expectedOf(taught([600], 'a', 'b'), undefined)).toBeUndefined(); // fewer than ESTIMATE_MIN_SAMPLES
     expect(ESTIMATE_MIN_SAMPLES).toBe(3);
+    // A request naming no requestor: its own is the share of those that name none.
+    const anonymous = anonymousPart(withDurations(label, { label: 'small' }, [60, 60, 60], 9));
+    expect(Math.exp(anonymous?.logSeconds ?? 0)).toBeCloseTo(60, 6);
   });
 
   it('is confident only while the durations stay within about x2 of it; a rough one is still recorded', () => {
-    const tight = learn([500, 600, 700, 650, 550]);
-    expect(Math.sqrt(tight.logVariance)).toBeLessThan(Math.log(MAX_SPREAD_FACTOR));
+    const tight = taught([500, 600, 700, 650, 550], 'a', 'b');
+    expect(Math.sqrt(labelWide(tight)?.logVariance ?? 9)).toBeLessThan(Math.log(MAX_SPREAD_FACTOR));
     expect(expectedOf(tight, undefined)).toMatchObject({ confident: true });
-    const wide = learn([10, 3600, 30, 7200, 60]); // seconds to hours: says little about the next one
+    const wide = taught([10, 3600, 30, 7200, 60], 'a', 'b'); // seconds to hours: says little about the next one
     expect(expectedOf(wide, undefined)).toMatchObject({ confident: false });
     // A confident requestor's estimate wins over a rough one of the label, and a confident label's over a
     // rough requestor's.
@@ -81,8 +102,38 @@ describe('duration estimates', () => {
     const roughOwn = learn([5, 5000, 50], { label: 'small', requestor: 'mixed' });
     expect(expectedOf(tight, roughOwn)).toMatchObject({
       confident: true,
-      seconds: Math.exp(tight.logSeconds),
+      seconds: Math.exp(labelWide(tight)?.logSeconds ?? 0),
     });
+  });
+
+  it("weighs requestors, not releases, in the label's estimate: none outweighs all the others (issue 25, defect 4)", () => {
+    // One requestor alone makes no label-wide estimate, however many releases.
+    const alone = taught(Array(100).fill(1), 'ci');
+    expect(labelWide(alone)).toBeUndefined();
+    expect(alone.samples).toBe(100); // every release is still counted on the item
+    // Past PART_WEIGHT_CAP durations a requestor gains no more say, and never more than the others together.
+    const flooded = (settled: DurationEstimate) =>
+      withDurations(settled, { label: 'small' }, Array(500).fill({ seconds: 1, from: 'ci' }), 9);
+    // Beside one other requestor: halfway in log, no further; beside two, a third of the way.
+    const beside1 = flooded(taught(Array(PART_WEIGHT_CAP).fill(600), 'build'));
+    expect(Math.exp(labelWide(beside1)?.logSeconds ?? 0)).toBeCloseTo(Math.sqrt(600), 6);
+    expect(expectedOf(beside1, undefined)).toMatchObject({ confident: false });
+    const settled = taught(Array(PART_WEIGHT_CAP).fill(600), 'build', 'test');
+    const beside2 = flooded(settled);
+    expect(Math.exp(labelWide(beside2)?.logSeconds ?? 0)).toBeCloseTo(600 ** (2 / 3), 6);
+    expect(expectedOf(beside2, undefined)).toMatchObject({ confident: false });
+    // A small requestor counts by its durations, up to the cap.
+    const one = withDurations(settled, { label: 'small' }, [{ seconds: 60, from: 'lint' }], 9);
+    const w = PART_WEIGHT_CAP;
+    expect(labelWide(one)?.logSeconds).toBeCloseTo((2 * w * Math.log(600) + Math.log(60)) / (2 * w + 1), 9);
+  });
+
+  it('keeps the shares of the MAX_PARTS most recently taught requestors: a bounded item', () => {
+    let e: DurationEstimate | undefined;
+    for (let i = 0; i < MAX_PARTS + 10; i++) e = withDuration(e, { label: 'small' }, 60, i, `job-${i}`);
+    expect(e?.parts).toHaveLength(MAX_PARTS);
+    expect(e?.parts?.[0]?.requestor).toBe(`job-${MAX_PARTS + 9}`);
+    expect(e?.parts?.some((p) => p.requestor === 'job-0')).toBe(false);
   });
 
   it('measures a node from ready to released; a node never ready teaches nothing', () => {

@@ -1,8 +1,16 @@
 import { describe, expect, it } from 'vitest';
-import { DEFAULT_REQUEST_PRIORITY, servedBefore, waitingAhead } from '../../shared/core/priority.ts';
+import type { PriorityCeiling } from '../../shared/config/model.ts';
+import {
+  DEFAULT_REQUEST_PRIORITY,
+  priorityCeilingOf,
+  priorityOf,
+  servedBefore,
+  trustedPriority,
+  waitingAhead,
+} from '../../shared/core/priority.ts';
 import type { RequestRecord } from '../../shared/core/records.ts';
 import { queueAsksFor, queueFits, queueOf } from '../../shared/core/waitingQueue.ts';
-import { queueId, serviceKey } from '../../shared/store/table.ts';
+import { serviceKey as keyOf, queueId, serviceKey } from '../../shared/store/table.ts';
 
 const req = (id: string, over: Partial<RequestRecord> = {}): RequestRecord => ({
   id,
@@ -153,5 +161,60 @@ describe('waiting queues', () => {
     expect(queueId(queueOf({ labels: ['a', 'b'] }))).not.toBe(queueId(queueOf({ labels: ['a', 'b', 'b'] })));
     expect(queueAsksFor(queueOf({ labels: ['small', 'large'] }), 'large', pool)).toBe(true);
     expect(queueAsksFor(queueOf({ labels: ['small', 'gpu'] }), 'small', pool)).toBe(false);
+  });
+});
+
+describe('priority-ceiling: who may claim which priority (issue 25, defect 3)', () => {
+  const ceiling = (d: number | undefined, requestors: Record<string, number> = {}): PriorityCeiling => ({
+    ...(d === undefined ? {} : { default: d }),
+    requestors: new Map(Object.entries(requestors)),
+  });
+  const config = {
+    priorityCeiling: ceiling(100, { 'release-bot': -1000, nightly: 300 }),
+    labelPriorityCeilings: new Map([
+      ['gpu', ceiling(500, { 'release-bot': 0 })],
+      ['open', ceiling(undefined)],
+    ]),
+  };
+
+  it("bounds by the requestor's entry, else the default; a label's own ceiling replaces the top-level one", () => {
+    expect(priorityCeilingOf(config, ['small'], 'release-bot')).toBe(-1000);
+    expect(priorityCeilingOf(config, ['small'], 'ci')).toBe(100);
+    expect(priorityCeilingOf(config, ['small'], undefined)).toBe(100); // no requestor: the default
+    expect(priorityCeilingOf(config, ['gpu'], 'release-bot')).toBe(0);
+    expect(priorityCeilingOf(config, ['gpu'], 'nightly')).toBe(500); // not listed in gpu's own
+    expect(priorityCeilingOf(config, ['open'], 'ci')).toBeUndefined(); // its own: no default
+    expect(priorityCeilingOf({ labelPriorityCeilings: new Map() }, ['small'], 'ci')).toBeUndefined();
+  });
+
+  it('takes the worst ceiling of a node set: naming another label beside it gets no request ahead', () => {
+    expect(priorityCeilingOf(config, ['small', 'gpu'], 'release-bot')).toBe(0);
+    expect(priorityCeilingOf(config, ['open', 'small'], 'ci')).toBe(100);
+  });
+
+  it('serves a claim better than the ceiling at the ceiling, keeps the claim as sent, and leaves spares alone', () => {
+    const sneaky = trustedPriority(config, req('sneaky', { requestor: 'ci', priority: -1_000_000 }));
+    expect(sneaky).toMatchObject({ priority: -1_000_000, priorityCeiling: 100 });
+    expect(priorityOf(sneaky)).toBe(100);
+    // Within its ceiling: unchanged (and a ceiling recorded by an earlier configuration is dropped).
+    const fair = trustedPriority(
+      config,
+      req('fair', { requestor: 'ci', priority: 150, priorityCeiling: 200 }),
+    );
+    expect(fair.priorityCeiling).toBeUndefined();
+    expect(priorityOf(fair)).toBe(150);
+    // A request that claims nothing claims the default: a worse ceiling holds it too.
+    const late = trustedPriority(config, req('late', { requestor: 'nightly' }));
+    expect(late.priority).toBeUndefined();
+    expect(priorityOf(late)).toBe(300);
+    // The trusted requestor is served as it asked, ahead of the clamped one even when younger.
+    const bot = trustedPriority(
+      config,
+      req('bot', { requestor: 'release-bot', priority: -10, createdAt: 9_000 }),
+    );
+    expect(servedBefore(bot, sneaky)).toBe(true);
+    expect(keyOf(bot) < keyOf(sneaky)).toBe(true); // the store's order agrees
+    const spare = req('min-ready:small:0:0', { priority: 2_000_000 });
+    expect(trustedPriority(config, spare)).toEqual(spare);
   });
 });
