@@ -13,15 +13,29 @@ import { releaseNode } from '../usecases/release.ts';
 import { keepMinReady, labelsTaken } from '../usecases/replenish.ts';
 import { requestNodes } from '../usecases/requestNodes.ts';
 import { endRequestOf, recordFailure } from '../usecases/requests.ts';
+import { afterCapacityWait, type WaitingBudget } from '../usecases/waitingBudget.ts';
 import { makeBatchHandler, type SqsBatchHandler } from './batchHandler.ts';
 
 export interface RequestHandlerOptions {
   /**
-   * The request queue's maxReceiveCount. A request still waiting (for capacity, or after any other
-   * transient failure) on its last receive is recorded as failed rather than left to the dead-letter
-   * queue, so every request ends with a reason.
+   * The request queue's maxReceiveCount: a backstop, sized above the waiting budget (core/timing.ts
+   * backstopReceiveCount). A request still waiting (for capacity, or after any other transient failure)
+   * on its last receive is recorded as failed rather than left to the dead-letter queue, so every
+   * request ends with a reason.
    */
   readonly maxReceiveCount?: number;
+  /**
+   * How long a request may wait for capacity, since it was first recorded (usecases/waitingBudget.ts),
+   * and the queue's visibility timeout. Unset: only the receive count and the reaper's request-timeout
+   * end a waiting request.
+   */
+  readonly waitingBudget?: WaitingBudget;
+  /**
+   * Keeps a waiting request's message away for `seconds` from now (SQS ChangeMessageVisibility on its
+   * receipt handle), so a backlog of waiting requests does not cost a placement attempt each per
+   * visibility timeout. Best effort: if it fails, the message comes back after the queue's timeout.
+   */
+  readonly backOff?: (record: SQSRecord, seconds: number) => Promise<void>;
 }
 
 export type { SqsBatchHandler } from './batchHandler.ts';
@@ -203,7 +217,17 @@ export function makeRequestHandler(context: Context, options: RequestHandlerOpti
         ctx.log.warn('rejected message', { reason: err.message });
         return;
       }
-      if (err instanceof CapacityError) reportCapacityWait(ctx, record);
+      if (err instanceof CapacityError) {
+        reportCapacityWait(ctx, record);
+        if (m.kind === 'request' && err.waiting && options.waitingBudget) {
+          const after = await afterCapacityWait(ctx, m, err.waiting, options.waitingBudget, err.message);
+          if (after.kind === 'ended') {
+            ctx.log.warn('request ended: its waiting budget passed', { reason: after.reason });
+            return;
+          }
+          await backOff(ctx, record, after.visibilitySeconds);
+        }
+      }
       const last = options.maxReceiveCount !== undefined && receives >= options.maxReceiveCount;
       if (last && m.kind === 'request') {
         // Its last receive: the request ends here, with the reason, rather than in the dead-letter queue.
@@ -213,6 +237,18 @@ export function makeRequestHandler(context: Context, options: RequestHandlerOpti
       }
       ctx.log.info('message will be retried', { receives, reason: (err as Error).message });
       throw err;
+    }
+  };
+  /** Keeps the message away as long as its wait says (the queue's own timeout needs no call). */
+  const backOff = async (ctx: Context, record: SQSRecord, seconds: number): Promise<void> => {
+    if (!options.backOff || seconds === options.waitingBudget?.visibilitySeconds) return;
+    try {
+      await options.backOff(record, seconds);
+    } catch (err) {
+      ctx.log.warn('could not back off a waiting request; it comes back after the visibility timeout', {
+        seconds,
+        error: (err as Error).message,
+      });
     }
   };
   return makeBatchHandler(context, recordHandler, { inOrder: true });
