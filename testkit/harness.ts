@@ -66,6 +66,11 @@ export async function startHarness(
      * request comes back at the next drain, whatever the test's clock says).
      */
     backOff?: boolean;
+    /**
+     * Skip a waiting request's attempt when nothing was freed since its last (default off: tests write
+     * the table directly, behind the counting store's back).
+     */
+    skipUnchanged?: boolean;
   } = {},
 ): Promise<Harness> {
   const stateDir = await mkdtemp(join(tmpdir(), 'metastatic-test-'));
@@ -82,6 +87,7 @@ export async function startHarness(
     maxReceiveCount: options.maxReceiveCount ?? 3,
     waitingBudgetSeconds: options.waitingBudgetSeconds ?? 7 * 86400,
     backOff: options.backOff ?? false,
+    skipUnchanged: options.skipUnchanged ?? false,
   });
   const requestPoller = new SqsPoller(
     pool.sqs,

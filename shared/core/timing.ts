@@ -141,8 +141,8 @@ export const EMBEDDED_VISIBILITY_SECONDS = 2;
 export const WAITING_BACKOFF_CAP_SECONDS = 30;
 
 /**
- * How long a waiting request's message stays away after a receive that could not place it, seconds: as
- * long as the request has waited so far (each wait doubles it), at least the queue's visibility timeout
+ * How long a waiting request's message stays away after a receive that could not place it, seconds:
+ * twice as long as the request has waited so far, at least the queue's visibility timeout
  * `baseSeconds`, at most WAITING_BACKOFF_CAP_SECONDS (or `baseSeconds` if longer), and never past the end
  * of its budget, so that the receive that ends it comes when the budget ends (+ up to a second).
  * SQS takes whole seconds, up to 12 hours.
@@ -153,7 +153,7 @@ export function waitingVisibilitySeconds(o: {
   readonly baseSeconds: number;
 }): number {
   const cap = Math.max(o.baseSeconds, WAITING_BACKOFF_CAP_SECONDS);
-  const grown = Math.min(cap, Math.max(o.baseSeconds, Math.ceil(Math.max(0, o.waitedMs) / 1000)));
+  const grown = Math.min(cap, Math.max(o.baseSeconds, Math.ceil((2 * Math.max(0, o.waitedMs)) / 1000)));
   const left = Math.ceil(Math.max(0, o.budgetMs - o.waitedMs) / 1000);
   return Math.min(grown, Math.max(left, 1), 43_200);
 }

@@ -13,7 +13,12 @@ import { releaseNode } from '../usecases/release.ts';
 import { keepMinReady, labelsTaken } from '../usecases/replenish.ts';
 import { requestNodes } from '../usecases/requestNodes.ts';
 import { endRequestOf, recordFailure } from '../usecases/requests.ts';
-import { afterCapacityWait, type WaitingBudget } from '../usecases/waitingBudget.ts';
+import {
+  afterCapacityWait,
+  budgetPassed,
+  type LastAttempts,
+  type WaitingBudget,
+} from '../usecases/waitingBudget.ts';
 import { makeBatchHandler, type SqsBatchHandler } from './batchHandler.ts';
 
 export interface RequestHandlerOptions {
@@ -36,6 +41,11 @@ export interface RequestHandlerOptions {
    * visibility timeout. Best effort: if it fails, the message comes back after the queue's timeout.
    */
   readonly backOff?: (record: SQSRecord, seconds: number) => Promise<void>;
+  /**
+   * Where every writer of the table counts its room-freeing writes (the embedded pool): a waiting
+   * request's receive skips the placement attempt when nothing was freed since its last one.
+   */
+  readonly lastAttempts?: LastAttempts;
 }
 
 export type { SqsBatchHandler } from './batchHandler.ts';
@@ -189,8 +199,17 @@ export function makeRequestHandler(context: Context, options: RequestHandlerOpti
     const receives = Number(record.attributes?.ApproximateReceiveCount ?? '1');
     try {
       if (m.kind === 'request') {
+        // Nothing freed since this process last tried it (the attempt could only fail the same way), or
+        // its budget passed since (it ends without one): the last attempt's outcome stands.
+        const budget = options.waitingBudget;
+        const due = budget
+          ? (w: { createdAt: number; labels: readonly string[] }) => budgetPassed(ctx, w, budget)
+          : undefined;
+        const unchanged = options.lastAttempts?.unchanged(ctx, m, due);
+        if (unchanged) throw unchanged;
         // Which receive of which message: a redelivery takes over what an earlier receive left at once.
-        const out = await requestNodes(ctx, m, { messageId: record.messageId, receiveCount: receives });
+        const place = () => requestNodes(ctx, m, { messageId: record.messageId, receiveCount: receives });
+        const out = options.lastAttempts ? await options.lastAttempts.attempt(ctx, m, place) : await place();
         if (out.kind === 'placed') await replenishTaken(ctx, out.request);
       } else if (m.kind === 'cancel') {
         await cancelRequest(ctx, m.id, m.reason);
@@ -222,7 +241,7 @@ export function makeRequestHandler(context: Context, options: RequestHandlerOpti
         if (m.kind === 'request' && err.waiting && options.waitingBudget) {
           const after = await afterCapacityWait(ctx, m, err.waiting, options.waitingBudget, err.message);
           if (after.kind === 'ended') {
-            ctx.log.warn('request ended: its waiting budget passed', { reason: after.reason });
+            ctx.log.info('request ended: its waiting budget passed', { reason: after.reason });
             return;
           }
           await backOff(ctx, record, after.visibilitySeconds);

@@ -7,7 +7,12 @@ import type { ResolvedConfig } from '../config/model.ts';
 import { type Clock, systemClock } from '../core/clock.ts';
 import type { Log } from '../core/log.ts';
 import type { RequestRecord } from '../core/records.ts';
-import { backstopReceiveCount, EMBEDDED_VISIBILITY_SECONDS, WAITING_BUDGET_SECONDS } from '../core/timing.ts';
+import {
+  backstopReceiveCount,
+  EMBEDDED_VISIBILITY_SECONDS,
+  WAITING_BACKOFF_CAP_SECONDS,
+  WAITING_BUDGET_SECONDS,
+} from '../core/timing.ts';
 import { makeFulfilHandler } from '../handlers/fulfilHandler.ts';
 import { makeReaperHandler } from '../handlers/reaperHandler.ts';
 import { makeDeadLetterHandler, makeRequestHandler } from '../handlers/requestHandler.ts';
@@ -18,6 +23,7 @@ import { failBackingNode } from '../usecases/failure.ts';
 import { drainBacking, holdNode } from '../usecases/operator.ts';
 import type { ReapReport } from '../usecases/reapReport.ts';
 import { requestMessageOf, waitingRequests } from '../usecases/waiting.ts';
+import { LastAttempts } from '../usecases/waitingBudget.ts';
 import { type ClientKey, ensureClientKey } from './clientKey.ts';
 import { embeddedContext } from './embeddedContext.ts';
 import { type EmbeddedInfo, embeddedInfoPath } from './embeddedInfo.ts';
@@ -32,6 +38,7 @@ import {
 import { LiveSlotSync } from './liveSlotSync.ts';
 import { type OperatorCall, type OperatorEndpoint, startOperatorEndpoint } from './operatorEndpoint.ts';
 import { holdPrivateUmask, makePrivateDir } from './privateState.ts';
+import { withRoomSignal } from './roomSignal.ts';
 import { SqsPoller } from './sqsPoller.ts';
 
 export interface EmbeddedPoolOptions {
@@ -57,6 +64,11 @@ export interface EmbeddedPoolOptions {
   readonly waitingBudgetSeconds?: number;
   /** Whether waiting requests' messages back off (default true; tests that drain by hand turn it off). */
   readonly backOff?: boolean;
+  /**
+   * Whether a waiting request's receive skips the placement attempt when nothing was freed since its
+   * last one (default true; tests that write the table behind the store's back turn it off).
+   */
+  readonly skipUnchanged?: boolean;
   /** The request queue's maxReceiveCount (default: backstopReceiveCount of the budget, above it). */
   readonly maxReceiveCount?: number;
 }
@@ -159,10 +171,13 @@ export class EmbeddedPool {
         );
       }
       const clientKey = await ensureClientKey(stateDir);
+      // Every writer of this table runs in this process, through this store: it counts the writes that
+      // may let a waiting request in, so a waiting request's receive can skip a futile attempt.
+      const signalled = withRoomSignal(store);
       const { context: embedded, localProvider } = embeddedContext({
         config: options.config,
         stateDir,
-        store,
+        store: signalled.store,
         sqs,
         fulfilQueueUrl: fulfilQueue.url,
         clock,
@@ -194,6 +209,14 @@ export class EmbeddedPool {
           makeRequestHandler(context, {
             maxReceiveCount,
             waitingBudget,
+            ...(options.skipUnchanged === false
+              ? {}
+              : {
+                  lastAttempts: new LastAttempts(
+                    signalled.signal.generation,
+                    WAITING_BACKOFF_CAP_SECONDS * 1000,
+                  ),
+                }),
             ...(options.backOff === false
               ? {}
               : { backOff: (record, seconds) => keepAway(sqs, requestQueue.url, record, seconds) }),

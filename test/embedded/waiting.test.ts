@@ -294,7 +294,12 @@ describe('the waiting budget', () => {
   });
 
   it('backs a waiting message off as it waits, and still serves it as soon as a release frees room', async () => {
-    h = await startHarness(CONFIG, { waitingBudgetSeconds: 600, maxReceiveCount: 50, backOff: true });
+    h = await startHarness(CONFIG, {
+      waitingBudgetSeconds: 600,
+      maxReceiveCount: 50,
+      backOff: true,
+      skipUnchanged: true,
+    });
     await readyNode(h, 'blocker');
     expect(await deliver(h, 'small', ['small-node'], 1)).toBe(true); // recorded waiting
     h.clock.advance(20_000);
@@ -307,5 +312,26 @@ describe('the waiting budget', () => {
     await h.send({ kind: 'release', nodeId: 'blocker/0' });
     expect(await h.drainRequests()).toBe(1); // the release, which hands the room to the waiting request
     expect((await h.pool.context.store.getRequest('small'))?.state).toMatch(/^(pending|fulfilled)$/);
+  });
+
+  it('skips the placement attempt of a waiting request when nothing was freed since its last one', async () => {
+    h = await startHarness(CONFIG, { waitingBudgetSeconds: 600, maxReceiveCount: 50, skipUnchanged: true });
+    await readyNode(h, 'blocker');
+    const harness = h;
+    // An attempt reads the registry of waiting queues (priority: a pool with max-servers); what else
+    // runs after a batch (the backing processes' live slots: the ACTIVE backing nodes) is not the attempt.
+    const attempts = async (n: number) =>
+      (await commandsDuring(harness, () => deliver(harness, 'mid', ['mid-node'], n))).some((c) =>
+        c.startsWith('QueryCommand  '),
+      );
+    expect(await attempts(1)).toBe(true); // recorded waiting: a full attempt
+    expect(await attempts(2)).toBe(false); // nothing freed since: skipped
+    expect((await h.pool.context.store.getRequest('mid'))?.state).toBe('requested');
+    h.clock.advance(30_000); // at least one full attempt every 30 s, whatever the count says
+    expect(await attempts(3)).toBe(true);
+    expect(await attempts(4)).toBe(false);
+    await h.send({ kind: 'release', nodeId: 'blocker/0' }); // frees room (its node's write is counted)
+    await h.drainRequests();
+    expect(await attempts(5)).toBe(true);
   });
 });
