@@ -17,7 +17,9 @@
  *   4. the Lambda bundles' size and module-initialisation time vs a bare SDK handler (bench/bundles.ts);
  *   5. the CLI's start-up from the installed package (`--help`, `list nodes --json`) vs `node -e 0` (bench/cli.ts);
  *   6. backing nodes held only by min-ready nodes before and after the reaper keeps them on the fullest
- *      backing nodes (bench/spares.ts).
+ *      backing nodes (bench/spares.ts);
+ *   7. the pool under a backlog of 400 waiting requests: placeable requests per second against none
+ *      waiting, and a waiting request's wall time against its waiting budget (bench/backlog.ts).
  * Prints the tables and a summary, and writes everything to bench/results.json.
  */
 import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
@@ -39,6 +41,7 @@ import type { BackingRecord, RequestRecord } from '../shared/core/records.ts';
 import { EmbeddedPool, REGION, TABLE_NAME } from '../shared/runtime/embeddedPool.ts';
 import { backingItem, FREE_INDEX, keys, requestItem } from '../shared/store/table.ts';
 import { largeNode, poolConfig, smallNode } from '../testkit/configs.ts';
+import { type BacklogFigures, backlogReport, backlogSummary, measureBacklog } from './backlog.ts';
 import { type BundlesFigures, bundlesReport, measureBundles } from './bundles.ts';
 import { type CapacityFigures, capacityReport, capacitySummary, measureCapacity } from './capacity.ts';
 import { type CliFigures, cliReport, cliSummary, measureCli } from './cli.ts';
@@ -688,6 +691,7 @@ interface Parts {
   readonly bundles: BundlesFigures;
   readonly cli: CliFigures;
   readonly spares: SparesFigures;
+  readonly backlog: BacklogFigures;
 }
 
 /**
@@ -788,6 +792,7 @@ function summaryRows(p: Parts): SummaryRow[] {
     ...bundlesRows(p.bundles),
     ...cliSummary(p.cli),
     ...sparesSummary(p.spares),
+    ...backlogSummary(p.backlog),
   ];
 }
 
@@ -808,6 +813,7 @@ const ALONE: Record<string, AlonePart<unknown>> = {
   capacity: alone({ measure: measureCapacity, report: capacityReport, rows: capacitySummary }),
   bundles: alone({ measure: measureBundles, report: bundlesReport, rows: bundlesRows }),
   cli: alone({ measure: measureCli, report: cliReport, rows: cliSummary }),
+  backlog: alone({ measure: measureBacklog, report: backlogReport, rows: backlogSummary }),
 };
 
 /** The parts named by `--only a,b` (or `--only=a,b`), or undefined for a full run. */
@@ -926,6 +932,7 @@ async function main(): Promise<void> {
   const bundles = await timed('bundles', () => measureBundles(progress));
   const cli = await timed('cli', () => measureCli(progress));
   const spares = await timed('spares', () => measureSpares(progress));
+  const backlog = await timed('backlog', () => measureBacklog(progress));
 
   console.log('');
   console.log(report(variants));
@@ -948,7 +955,9 @@ async function main(): Promise<void> {
   console.log(cliReport(cli));
   console.log('');
   console.log(sparesReport(spares));
-  const summary = summaryRows({ variants, contention, scale, capacity, bundles, cli, spares });
+  console.log('');
+  console.log(backlogReport(backlog));
+  const summary = summaryRows({ variants, contention, scale, capacity, bundles, cli, spares, backlog });
   console.log('');
   console.log('Summary (ratios measured in this one run; aims are targets, nothing is asserted)');
   console.log(
@@ -1012,6 +1021,7 @@ async function main(): Promise<void> {
       bundles,
       cli,
       spares,
+      backlog,
       secondsByPart: seconds,
       partsMeasuredAt: Object.fromEntries(Object.keys(ALONE).map((part) => [part, new Date().toISOString()])),
       totalSeconds: round(total, 1),

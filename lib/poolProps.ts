@@ -5,6 +5,12 @@ import type { IKey } from 'aws-cdk-lib/aws-kms';
 import type { RetentionDays } from 'aws-cdk-lib/aws-logs';
 import type { ITopic } from 'aws-cdk-lib/aws-sns';
 import type { InstanceState } from '../shared/core/stateChanges.ts';
+import {
+  backstopReceiveCount,
+  FUNCTION_TIMEOUT_SECONDS,
+  visibilityTimeoutSeconds,
+  WAITING_BUDGET_SECONDS,
+} from '../shared/core/timing.ts';
 
 /** The construct's settings and the constants it is built with (MetastaticPool, metastaticPool.ts). */
 
@@ -13,10 +19,15 @@ export const POWERTOOLS_SERVICE_NAME = 'metastatic';
 /** The CloudWatch namespace of the functions' EMF metrics. */
 export const METRICS_NAMESPACE = 'Metastatic';
 /**
- * Receives of a request message before it is dead-lettered. A request that waits for capacity is
- * retried by letting its message come back after the visibility timeout, so this bounds the wait.
+ * Receives of a request message before it is dead-lettered: a backstop above the waiting budget
+ * (WAITING_BUDGET_SECONDS.aws, 2.5 hours, which ends a waiting request whatever its receive count). A
+ * message comes back no sooner than the visibility timeout, so 9000 / 180 + 2 = 52 receives come only
+ * after the budget ended.
  */
-export const REQUEST_MAX_RECEIVE_COUNT = 50;
+export const REQUEST_MAX_RECEIVE_COUNT = backstopReceiveCount(
+  WAITING_BUDGET_SECONDS.aws,
+  visibilityTimeoutSeconds(FUNCTION_TIMEOUT_SECONDS.request),
+);
 export const FULFIL_MAX_RECEIVE_COUNT = 5;
 /** The EventBridge detail types the fulfil function consumes (state changes, spot interruption warnings). */
 export const EC2_DETAIL_TYPES = [

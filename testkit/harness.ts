@@ -57,7 +57,21 @@ export interface Harness {
  */
 export async function startHarness(
   config: string | ResolvedConfig,
-  options: { maxReceiveCount?: number } = {},
+  options: {
+    maxReceiveCount?: number;
+    /** The pool's waiting budget, seconds; default a week, so no test's clock reaches it unawares. */
+    waitingBudgetSeconds?: number;
+    /**
+     * Back off waiting requests' messages (default off: with a visibility timeout of 0, a waiting
+     * request comes back at the next drain, whatever the test's clock says).
+     */
+    backOff?: boolean;
+    /**
+     * Skip a waiting request's attempt when nothing was freed since its last (default off: tests write
+     * the table directly, behind the counting store's back).
+     */
+    skipUnchanged?: boolean;
+  } = {},
 ): Promise<Harness> {
   const stateDir = await mkdtemp(join(tmpdir(), 'metastatic-test-'));
   const clock = new ManualClock(Date.now());
@@ -71,6 +85,9 @@ export async function startHarness(
     noPollers: true,
     visibilityTimeout: 0,
     maxReceiveCount: options.maxReceiveCount ?? 3,
+    waitingBudgetSeconds: options.waitingBudgetSeconds ?? 7 * 86400,
+    backOff: options.backOff ?? false,
+    skipUnchanged: options.skipUnchanged ?? false,
   });
   const requestPoller = new SqsPoller(
     pool.sqs,

@@ -1,4 +1,9 @@
 import type { Context as LambdaContext, SQSBatchResponse, SQSEvent } from 'aws-lambda';
+import {
+  FUNCTION_TIMEOUT_SECONDS,
+  visibilityTimeoutSeconds,
+  WAITING_BUDGET_SECONDS,
+} from '../../shared/core/timing.ts';
 import { makeDeadLetterHandler, makeRequestHandler } from '../../shared/handlers/requestHandler.ts';
 import { type LambdaRuntime, lambdaRuntimeFromEnv } from '../../shared/runtime/lambdaContext.ts';
 
@@ -16,7 +21,15 @@ export const handler = async (event: SQSEvent, context?: LambdaContext): Promise
     const rt = lambdaRuntimeFromEnv();
     runtime = {
       rt,
-      handle: makeRequestHandler(rt.context, { maxReceiveCount: rt.env.MAX_RECEIVE_COUNT }),
+      handle: makeRequestHandler(rt.context, {
+        maxReceiveCount: rt.env.MAX_RECEIVE_COUNT,
+        // The stack's request queue: its visibility timeout (180 s) is above the back-off's cap, so a
+        // waiting message just comes back each time, and the budget ends it within one timeout (2%).
+        waitingBudget: {
+          seconds: WAITING_BUDGET_SECONDS.aws,
+          visibilitySeconds: visibilityTimeoutSeconds(FUNCTION_TIMEOUT_SECONDS.request),
+        },
+      }),
       deadLetters: makeDeadLetterHandler(rt.context),
     };
   }

@@ -16,8 +16,19 @@ export class PermanentError extends MetastaticError {}
 /** A transient condition (capacity, a race lost too often): retry later. */
 export class RetryableError extends MetastaticError {}
 
-/** No pool has room right now; the request waits. */
-export class CapacityError extends RetryableError {}
+/**
+ * No pool has room right now; the request waits. `waiting` is its stored record, when the request was
+ * recorded waiting: since when (`createdAt`, its waiting budget's start) and for which labels.
+ */
+export class CapacityError extends RetryableError {
+  constructor(
+    message: string,
+    readonly waiting?: { readonly createdAt: number; readonly labels: readonly string[] },
+    options?: { cause?: unknown },
+  ) {
+    super(message, options);
+  }
+}
 
 /**
  * Another live delivery of the same message (or another re-homing of the same node) holds a claim or

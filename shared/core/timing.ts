@@ -117,3 +117,53 @@ export function invocationFor(clock: Clock, budgetMs: number): InvocationTime {
   const end = clock.now() + budgetMs;
   return { getRemainingTimeInMillis: () => end - clock.now() };
 }
+
+/**
+ * The waiting budget (issue 25, defect 2): a request that cannot be placed waits, its message coming
+ * back, until this long after it was first recorded (its record's `createdAt`, which a redelivery, a
+ * re-send after a restart or a hand-off never changes), then ends `failed` at the next receive. A time,
+ * not a number of receives: how often a message comes back depends on the load, and a re-sent message
+ * starts counting again. Seconds: `metastatic dev` (100 s, what its 50 receives of 2 s used to mean when
+ * idle) and the AWS stack (2.5 hours: 50 receives of 180 s).
+ */
+export const WAITING_BUDGET_SECONDS = { embedded: 100, aws: 9000 } as const;
+
+/** The embedded pool's request queue visibility timeout, seconds: a new waiting request's first retry. */
+export const EMBEDDED_VISIBILITY_SECONDS = 2;
+
+/**
+ * The longest a waiting request's message is kept away by its back-off (seconds), unless the queue's
+ * own visibility timeout is longer (the AWS stack's 180 s: no back-off there). A release hands its room
+ * to the first waiting request at once (usecases/handOff.ts); room freed any other way (the reaper
+ * retiring a backing node, a request ahead cancelled) is seen at the waiting request's next receive, at
+ * most this long later.
+ */
+export const WAITING_BACKOFF_CAP_SECONDS = 30;
+
+/**
+ * How long a waiting request's message stays away after a receive that could not place it, seconds:
+ * twice as long as the request has waited so far, at least the queue's visibility timeout
+ * `baseSeconds`, at most WAITING_BACKOFF_CAP_SECONDS (or `baseSeconds` if longer), and never past the end
+ * of its budget, so that the receive that ends it comes when the budget ends (+ up to a second).
+ * SQS takes whole seconds, up to 12 hours.
+ */
+export function waitingVisibilitySeconds(o: {
+  readonly waitedMs: number;
+  readonly budgetMs: number;
+  readonly baseSeconds: number;
+}): number {
+  const cap = Math.max(o.baseSeconds, WAITING_BACKOFF_CAP_SECONDS);
+  const grown = Math.min(cap, Math.max(o.baseSeconds, Math.ceil((2 * Math.max(0, o.waitedMs)) / 1000)));
+  const left = Math.ceil(Math.max(0, o.budgetMs - o.waitedMs) / 1000);
+  return Math.min(grown, Math.max(left, 1), 43_200);
+}
+
+/**
+ * The request queue's maxReceiveCount for a waiting budget: a backstop (the dead-letter queue, and the
+ * handler's "no capacity after <n> attempts"), never the budget. A message comes back no sooner than the
+ * queue's visibility timeout, so a receive count this high is reached only after the budget ended, even
+ * with no back-off at all (a restart's re-send starts its count again, which only makes it later).
+ */
+export function backstopReceiveCount(budgetSeconds: number, visibilitySeconds: number): number {
+  return Math.ceil(budgetSeconds / Math.max(1, visibilitySeconds)) + 2;
+}

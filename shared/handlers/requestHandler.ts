@@ -13,15 +13,39 @@ import { releaseNode } from '../usecases/release.ts';
 import { keepMinReady, labelsTaken } from '../usecases/replenish.ts';
 import { requestNodes } from '../usecases/requestNodes.ts';
 import { endRequestOf, recordFailure } from '../usecases/requests.ts';
+import {
+  afterCapacityWait,
+  budgetPassed,
+  type LastAttempts,
+  type WaitingBudget,
+} from '../usecases/waitingBudget.ts';
 import { makeBatchHandler, type SqsBatchHandler } from './batchHandler.ts';
 
 export interface RequestHandlerOptions {
   /**
-   * The request queue's maxReceiveCount. A request still waiting (for capacity, or after any other
-   * transient failure) on its last receive is recorded as failed rather than left to the dead-letter
-   * queue, so every request ends with a reason.
+   * The request queue's maxReceiveCount: a backstop, sized above the waiting budget (core/timing.ts
+   * backstopReceiveCount). A request still waiting (for capacity, or after any other transient failure)
+   * on its last receive is recorded as failed rather than left to the dead-letter queue, so every
+   * request ends with a reason.
    */
   readonly maxReceiveCount?: number;
+  /**
+   * How long a request may wait for capacity, since it was first recorded (usecases/waitingBudget.ts),
+   * and the queue's visibility timeout. Unset: only the receive count and the reaper's request-timeout
+   * end a waiting request.
+   */
+  readonly waitingBudget?: WaitingBudget;
+  /**
+   * Keeps a waiting request's message away for `seconds` from now (SQS ChangeMessageVisibility on its
+   * receipt handle), so a backlog of waiting requests does not cost a placement attempt each per
+   * visibility timeout. Best effort: if it fails, the message comes back after the queue's timeout.
+   */
+  readonly backOff?: (record: SQSRecord, seconds: number) => Promise<void>;
+  /**
+   * Where every writer of the table counts its room-freeing writes (the embedded pool): a waiting
+   * request's receive skips the placement attempt when nothing was freed since its last one.
+   */
+  readonly lastAttempts?: LastAttempts;
 }
 
 export type { SqsBatchHandler } from './batchHandler.ts';
@@ -175,8 +199,17 @@ export function makeRequestHandler(context: Context, options: RequestHandlerOpti
     const receives = Number(record.attributes?.ApproximateReceiveCount ?? '1');
     try {
       if (m.kind === 'request') {
+        // Nothing freed since this process last tried it (the attempt could only fail the same way), or
+        // its budget passed since (it ends without one): the last attempt's outcome stands.
+        const budget = options.waitingBudget;
+        const due = budget
+          ? (w: { createdAt: number; labels: readonly string[] }) => budgetPassed(ctx, w, budget)
+          : undefined;
+        const unchanged = options.lastAttempts?.unchanged(ctx, m, due);
+        if (unchanged) throw unchanged;
         // Which receive of which message: a redelivery takes over what an earlier receive left at once.
-        const out = await requestNodes(ctx, m, { messageId: record.messageId, receiveCount: receives });
+        const place = () => requestNodes(ctx, m, { messageId: record.messageId, receiveCount: receives });
+        const out = options.lastAttempts ? await options.lastAttempts.attempt(ctx, m, place) : await place();
         if (out.kind === 'placed') await replenishTaken(ctx, out.request);
       } else if (m.kind === 'cancel') {
         await cancelRequest(ctx, m.id, m.reason);
@@ -203,7 +236,17 @@ export function makeRequestHandler(context: Context, options: RequestHandlerOpti
         ctx.log.warn('rejected message', { reason: err.message });
         return;
       }
-      if (err instanceof CapacityError) reportCapacityWait(ctx, record);
+      if (err instanceof CapacityError) {
+        reportCapacityWait(ctx, record);
+        if (m.kind === 'request' && err.waiting && options.waitingBudget) {
+          const after = await afterCapacityWait(ctx, m, err.waiting, options.waitingBudget, err.message);
+          if (after.kind === 'ended') {
+            ctx.log.info('request ended: its waiting budget passed', { reason: after.reason });
+            return;
+          }
+          await backOff(ctx, record, after.visibilitySeconds);
+        }
+      }
       const last = options.maxReceiveCount !== undefined && receives >= options.maxReceiveCount;
       if (last && m.kind === 'request') {
         // Its last receive: the request ends here, with the reason, rather than in the dead-letter queue.
@@ -213,6 +256,18 @@ export function makeRequestHandler(context: Context, options: RequestHandlerOpti
       }
       ctx.log.info('message will be retried', { receives, reason: (err as Error).message });
       throw err;
+    }
+  };
+  /** Keeps the message away as long as its wait says (the queue's own timeout needs no call). */
+  const backOff = async (ctx: Context, record: SQSRecord, seconds: number): Promise<void> => {
+    if (!options.backOff || seconds === options.waitingBudget?.visibilitySeconds) return;
+    try {
+      await options.backOff(record, seconds);
+    } catch (err) {
+      ctx.log.warn('could not back off a waiting request; it comes back after the visibility timeout', {
+        seconds,
+        error: (err as Error).message,
+      });
     }
   };
   return makeBatchHandler(context, recordHandler, { inOrder: true });

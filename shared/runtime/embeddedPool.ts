@@ -1,11 +1,18 @@
 import { rename, rm, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { DynamoDBClient } from '@aws-sdk/client-dynamodb';
-import { SendMessageCommand, SQSClient } from '@aws-sdk/client-sqs';
+import { ChangeMessageVisibilityCommand, SendMessageCommand, SQSClient } from '@aws-sdk/client-sqs';
+import type { SQSRecord } from 'aws-lambda';
 import type { ResolvedConfig } from '../config/model.ts';
 import { type Clock, systemClock } from '../core/clock.ts';
 import type { Log } from '../core/log.ts';
 import type { RequestRecord } from '../core/records.ts';
+import {
+  backstopReceiveCount,
+  EMBEDDED_VISIBILITY_SECONDS,
+  WAITING_BACKOFF_CAP_SECONDS,
+  WAITING_BUDGET_SECONDS,
+} from '../core/timing.ts';
 import { makeFulfilHandler } from '../handlers/fulfilHandler.ts';
 import { makeReaperHandler } from '../handlers/reaperHandler.ts';
 import { makeDeadLetterHandler, makeRequestHandler } from '../handlers/requestHandler.ts';
@@ -16,6 +23,7 @@ import { failBackingNode } from '../usecases/failure.ts';
 import { drainBacking, holdNode } from '../usecases/operator.ts';
 import type { ReapReport } from '../usecases/reapReport.ts';
 import { requestMessageOf, waitingRequests } from '../usecases/waiting.ts';
+import { LastAttempts } from '../usecases/waitingBudget.ts';
 import { type ClientKey, ensureClientKey } from './clientKey.ts';
 import { embeddedContext } from './embeddedContext.ts';
 import { type EmbeddedInfo, embeddedInfoPath } from './embeddedInfo.ts';
@@ -30,6 +38,7 @@ import {
 import { LiveSlotSync } from './liveSlotSync.ts';
 import { type OperatorCall, type OperatorEndpoint, startOperatorEndpoint } from './operatorEndpoint.ts';
 import { holdPrivateUmask, makePrivateDir } from './privateState.ts';
+import { withRoomSignal } from './roomSignal.ts';
 import { SqsPoller } from './sqsPoller.ts';
 
 export interface EmbeddedPoolOptions {
@@ -46,12 +55,36 @@ export interface EmbeddedPoolOptions {
   readonly inMemory?: boolean;
   /** Do not start the queue pollers (tests drive the handlers themselves). */
   readonly noPollers?: boolean;
-  /** Visibility timeout of the request queue in seconds: how soon a waiting request is retried. */
+  /**
+   * Visibility timeout of the request queue in seconds: how soon a new waiting request is retried
+   * (default EMBEDDED_VISIBILITY_SECONDS); later retries back off (core/timing.ts waitingVisibilitySeconds).
+   */
   readonly visibilityTimeout?: number;
+  /** How long a request may wait for capacity, seconds (default WAITING_BUDGET_SECONDS.embedded). */
+  readonly waitingBudgetSeconds?: number;
+  /** Whether waiting requests' messages back off (default true; tests that drain by hand turn it off). */
+  readonly backOff?: boolean;
+  /**
+   * Whether a waiting request's receive skips the placement attempt when nothing was freed since its
+   * last one (default true; tests that write the table behind the store's back turn it off).
+   */
+  readonly skipUnchanged?: boolean;
+  /** The request queue's maxReceiveCount (default: backstopReceiveCount of the budget, above it). */
   readonly maxReceiveCount?: number;
 }
 
 export const REGION = 'us-east-1';
+
+/** A waiting request's back-off: its message stays away `seconds` from now (fauxqs, as SQS, resets the timer). */
+async function keepAway(sqs: SQSClient, queueUrl: string, record: SQSRecord, seconds: number): Promise<void> {
+  await sqs.send(
+    new ChangeMessageVisibilityCommand({
+      QueueUrl: queueUrl,
+      ReceiptHandle: record.receiptHandle,
+      VisibilityTimeout: seconds,
+    }),
+  );
+}
 export const TABLE_NAME = 'metastatic';
 
 /**
@@ -106,9 +139,15 @@ export class EmbeddedPool {
       const dynamodb = new DynamoDBClient(localEngineClientConfig(ddbEngine.endpoint, REGION));
       const sqs = new SQSClient(localEngineClientConfig(sqsEngine.endpoint, REGION));
       await ensureTable(dynamodb, TABLE_NAME);
-      const maxReceiveCount = options.maxReceiveCount ?? 50;
+      const visibilityTimeout = options.visibilityTimeout ?? EMBEDDED_VISIBILITY_SECONDS;
+      const waitingBudget = {
+        seconds: options.waitingBudgetSeconds ?? WAITING_BUDGET_SECONDS.embedded,
+        visibilitySeconds: visibilityTimeout,
+      };
+      const maxReceiveCount =
+        options.maxReceiveCount ?? backstopReceiveCount(waitingBudget.seconds, visibilityTimeout);
       const requestQueue = await ensureQueue(sqs, 'metastatic-requests', {
-        visibilityTimeout: options.visibilityTimeout ?? 2,
+        visibilityTimeout,
         maxReceiveCount,
       });
       const fulfilQueue = await ensureQueue(sqs, 'metastatic-fulfil', {
@@ -132,10 +171,13 @@ export class EmbeddedPool {
         );
       }
       const clientKey = await ensureClientKey(stateDir);
+      // Every writer of this table runs in this process, through this store: it counts the writes that
+      // may let a waiting request in, so a waiting request's receive can skip a futile attempt.
+      const signalled = withRoomSignal(store);
       const { context: embedded, localProvider } = embeddedContext({
         config: options.config,
         stateDir,
-        store,
+        store: signalled.store,
         sqs,
         fulfilQueueUrl: fulfilQueue.url,
         clock,
@@ -163,7 +205,23 @@ export class EmbeddedPool {
           }
         };
       const handlers = {
-        request: thenSync(makeRequestHandler(context, { maxReceiveCount })),
+        request: thenSync(
+          makeRequestHandler(context, {
+            maxReceiveCount,
+            waitingBudget,
+            ...(options.skipUnchanged === false
+              ? {}
+              : {
+                  lastAttempts: new LastAttempts(
+                    signalled.signal.generation,
+                    WAITING_BACKOFF_CAP_SECONDS * 1000,
+                  ),
+                }),
+            ...(options.backOff === false
+              ? {}
+              : { backOff: (record, seconds) => keepAway(sqs, requestQueue.url, record, seconds) }),
+          }),
+        ),
         deadLetters: thenSync(makeDeadLetterHandler(context)),
         fulfil: thenSync(makeFulfilHandler(context)),
         reaper: thenSync(makeReaperHandler(context)),

@@ -99,7 +99,12 @@ export async function requestNodes(
     }
     throw err;
   }
-  throw new CapacityError(`request ${m.id} waits for capacity: ${waits.join('; ')}`);
+  // The stored record says since when it waits (a redelivery or a re-sent message adopts it).
+  const { createdAt, labels: asks } = recording.base;
+  throw new CapacityError(`request ${m.id} waits for capacity: ${waits.join('; ')}`, {
+    createdAt,
+    labels: asks,
+  });
 }
 
 type PoolResult = { kind: 'placed'; request: RequestRecord } | { kind: 'full'; reason: string };

@@ -237,3 +237,101 @@ describe('request-timeout', () => {
     });
   });
 });
+
+/**
+ * The waiting budget is a time since the request was first recorded (issue 25, defect 2): not a number
+ * of receives, which a backlog stretches and a restart's re-send starts again. Each delivery here is a
+ * hand-built event whose receive count says which receive it is; the clock is the test's.
+ */
+describe('the waiting budget', () => {
+  /** Delivers the request's message as receive `receives`; true when it came back (still waiting). */
+  async function deliver(harness: Harness, id: string, labels: string[], receives: number): Promise<boolean> {
+    const out = await harness.pool.handlers.request(sqsEvent([body(id, labels)], receives));
+    return out.batchItemFailures.length === 1;
+  }
+
+  it('ends a waiting request once its budget passed since it was recorded, at a low receive count', async () => {
+    h = await startHarness(CONFIG, { waitingBudgetSeconds: 60, maxReceiveCount: 50 });
+    await readyNode(h, 'blocker');
+    expect(await deliver(h, 'mid', ['mid-node'], 1)).toBe(true);
+    h.clock.advance(59_999);
+    expect(await deliver(h, 'mid', ['mid-node'], 2)).toBe(true);
+    expect((await h.pool.context.store.getRequest('mid'))?.state).toBe('requested');
+    h.clock.advance(1);
+    expect(await deliver(h, 'mid', ['mid-node'], 3)).toBe(false); // consumed: it ended
+    const ended = await h.pool.context.store.getRequest('mid');
+    expect(ended?.state).toBe('failed');
+    expect(ended?.reason).toMatch(
+      /^waiting budget of 60s passed: still no capacity 60s after it was recorded: request mid waits for capacity: /,
+    );
+  });
+
+  it('is not reset by a re-sent message (a restart): its start is the stored record', async () => {
+    h = await startHarness(CONFIG, { waitingBudgetSeconds: 60, maxReceiveCount: 50 });
+    await readyNode(h, 'blocker');
+    expect(await deliver(h, 'mid', ['mid-node'], 1)).toBe(true);
+    h.clock.advance(45_000);
+    // `metastatic dev` restarted: the waiting request's message is sent again, its first receive.
+    expect(await deliver(h, 'mid', ['mid-node'], 1)).toBe(true);
+    h.clock.advance(15_000);
+    expect(await deliver(h, 'mid', ['mid-node'], 1)).toBe(false);
+    expect(await h.pool.context.store.getRequest('mid')).toMatchObject({
+      state: 'failed',
+      reason: expect.stringMatching(/^waiting budget of 60s passed: still no capacity 60s after/),
+    });
+  });
+
+  it('ends it at its request-timeout, when that is shorter, with the reaper`s reason', async () => {
+    h = await startHarness(CONFIG, { waitingBudgetSeconds: 60, maxReceiveCount: 50 });
+    await readyNode(h, 'blocker');
+    expect(await deliver(h, 'small', ['small-node'], 1)).toBe(true);
+    h.clock.advance(30_000); // small-node's request-timeout
+    expect(await deliver(h, 'small', ['small-node'], 2)).toBe(false);
+    expect(await h.pool.context.store.getRequest('small')).toMatchObject({
+      state: 'failed',
+      reason: requestTimeoutReason(30, 30_000),
+    });
+  });
+
+  it('backs a waiting message off as it waits, and still serves it as soon as a release frees room', async () => {
+    h = await startHarness(CONFIG, {
+      waitingBudgetSeconds: 600,
+      maxReceiveCount: 50,
+      backOff: true,
+      skipUnchanged: true,
+    });
+    await readyNode(h, 'blocker');
+    expect(await deliver(h, 'small', ['small-node'], 1)).toBe(true); // recorded waiting
+    h.clock.advance(20_000);
+    // Waited 20 s: its message now stays away 20 s on fauxqs, as ChangeMessageVisibility says (the
+    // queue's own visibility timeout here is 0: without the back-off it would come back at once).
+    await h.send({ kind: 'request', id: 'small', labels: ['small-node'] });
+    expect(await h.drainRequests()).toBe(1);
+    expect((await h.pool.context.store.getRequest('small'))?.state).toBe('requested');
+    expect(await h.drainRequests()).toBe(0);
+    await h.send({ kind: 'release', nodeId: 'blocker/0' });
+    expect(await h.drainRequests()).toBe(1); // the release, which hands the room to the waiting request
+    expect((await h.pool.context.store.getRequest('small'))?.state).toMatch(/^(pending|fulfilled)$/);
+  });
+
+  it('skips the placement attempt of a waiting request when nothing was freed since its last one', async () => {
+    h = await startHarness(CONFIG, { waitingBudgetSeconds: 600, maxReceiveCount: 50, skipUnchanged: true });
+    await readyNode(h, 'blocker');
+    const harness = h;
+    // An attempt reads the registry of waiting queues (priority: a pool with max-servers); what else
+    // runs after a batch (the backing processes' live slots: the ACTIVE backing nodes) is not the attempt.
+    const attempts = async (n: number) =>
+      (await commandsDuring(harness, () => deliver(harness, 'mid', ['mid-node'], n))).some((c) =>
+        c.startsWith('QueryCommand  '),
+      );
+    expect(await attempts(1)).toBe(true); // recorded waiting: a full attempt
+    expect(await attempts(2)).toBe(false); // nothing freed since: skipped
+    expect((await h.pool.context.store.getRequest('mid'))?.state).toBe('requested');
+    h.clock.advance(30_000); // at least one full attempt every 30 s, whatever the count says
+    expect(await attempts(3)).toBe(true);
+    expect(await attempts(4)).toBe(false);
+    await h.send({ kind: 'release', nodeId: 'blocker/0' }); // frees room (its node's write is counted)
+    await h.drainRequests();
+    expect(await attempts(5)).toBe(true);
+  });
+});

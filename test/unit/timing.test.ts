@@ -1,9 +1,11 @@
 import { describe, expect, it } from 'vitest';
 import { ManualClock } from '../../shared/core/clock.ts';
 import {
+  backstopReceiveCount,
   CLAIM_TAKEOVER_MS,
   DELIVERY_DEADLINE_MS,
   deadlineOf,
+  EMBEDDED_VISIBILITY_SECONDS,
   FUNCTION_TIMEOUT_SECONDS,
   INVOCATION_SAFETY_MARGIN_MS,
   invocationFor,
@@ -13,6 +15,9 @@ import {
   RESOURCE_NOT_FOUND_GRACE_MS,
   SLOT_LEASE_MS,
   visibilityTimeoutSeconds,
+  WAITING_BACKOFF_CAP_SECONDS,
+  WAITING_BUDGET_SECONDS,
+  waitingVisibilitySeconds,
 } from '../../shared/core/timing.ts';
 
 /** The ordering the claim protocol's safety rests on (shared/core/timing.ts says why each holds). */
@@ -74,5 +79,41 @@ describe('invocation deadlines', () => {
     expect(deadline.remainingMs()).toBe(DELIVERY_DEADLINE_MS - INVOCATION_SAFETY_MARGIN_MS);
     clock.advance(DELIVERY_DEADLINE_MS - INVOCATION_SAFETY_MARGIN_MS);
     expect(deadline.remainingMs()).toBe(0);
+  });
+});
+
+/** A waiting request's back-off and budget (issue 25, defect 2). */
+describe('waiting', () => {
+  const base = EMBEDDED_VISIBILITY_SECONDS;
+  const budgetMs = WAITING_BUDGET_SECONDS.embedded * 1000;
+
+  it('keeps a waiting message away twice its wait, from the visibility timeout up to the cap', () => {
+    const awayFor = (waitedMs: number) => waitingVisibilitySeconds({ waitedMs, budgetMs, baseSeconds: base });
+    expect(awayFor(0)).toBe(base);
+    expect(awayFor(500)).toBe(base);
+    expect(awayFor(3_000)).toBe(6);
+    expect(awayFor(14_200)).toBe(29);
+    expect(awayFor(40_000)).toBe(WAITING_BACKOFF_CAP_SECONDS);
+    // A queue whose own timeout is above the cap (the AWS stack's 180 s) keeps it.
+    expect(waitingVisibilitySeconds({ waitedMs: 600_000, budgetMs: 9e6, baseSeconds: 180 })).toBe(180);
+  });
+
+  it('never keeps it past the end of its budget, so the receive that ends it comes on time', () => {
+    expect(waitingVisibilitySeconds({ waitedMs: budgetMs - 7_500, budgetMs, baseSeconds: base })).toBe(8);
+    expect(waitingVisibilitySeconds({ waitedMs: budgetMs - 100, budgetMs, baseSeconds: base })).toBe(1);
+    expect(waitingVisibilitySeconds({ waitedMs: 8_990_000, budgetMs: 9e6, baseSeconds: 180 })).toBe(10);
+  });
+
+  it('sizes maxReceiveCount so that it cannot end a request before its budget, even without back-off', () => {
+    for (const [budget, visibility] of [
+      [WAITING_BUDGET_SECONDS.embedded, EMBEDDED_VISIBILITY_SECONDS],
+      [WAITING_BUDGET_SECONDS.aws, visibilityTimeoutSeconds(FUNCTION_TIMEOUT_SECONDS.request)],
+      [20, 2],
+    ] as const) {
+      const n = backstopReceiveCount(budget, visibility);
+      // Receive n comes at least (n - 1) visibility timeouts after the first one.
+      expect((n - 1) * visibility).toBeGreaterThan(budget);
+    }
+    expect(backstopReceiveCount(WAITING_BUDGET_SECONDS.aws, 180)).toBe(52);
   });
 });
