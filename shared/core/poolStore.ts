@@ -32,8 +32,12 @@ export interface PoolStore {
     reason?: string,
   ): Promise<RequestRecord | undefined>;
   // ---- waiting requests, in one queue per node-set shape (core/waitingQueue.ts)
-  /** The queues that may hold waiting requests (a queue is registered before any request is written to it). */
-  waitingQueues(): Promise<RegisteredQueue[]>;
+  /**
+   * The queues that may hold waiting requests (a queue is registered before any request is written to it).
+   * `reuse`: the store's last read may answer when younger than REGISTRY_REUSE_MS and nothing was
+   * announced or forgotten through this store since (a delivery's checks; the reaper reads afresh).
+   */
+  waitingQueues(options?: { readonly reuse?: boolean }): Promise<RegisteredQueue[]>;
   /** The first request of a queue in service order, or the first served before `before`; one item read. */
   firstWaiting(
     queue: WaitingQueue,

@@ -355,8 +355,8 @@ export class DynamoStore implements PoolStore {
     return this.indexes.backingInPhase(phase, before);
   }
 
-  waitingQueues(): Promise<RegisteredQueue[]> {
-    return this.queues.list();
+  waitingQueues(options?: { readonly reuse?: boolean }): Promise<RegisteredQueue[]> {
+    return this.queues.list(options);
   }
 
   firstWaiting(

@@ -149,7 +149,7 @@ export async function firstWaitingAhead(
   me: RequestRecord,
   pool: MetastaticPool,
 ): Promise<RequestRecord | undefined> {
-  const queues = (await ctx.store.waitingQueues()).filter((q) => queueFits(q, me, pool));
+  const queues = (await ctx.store.waitingQueues({ reuse: true })).filter((q) => queueFits(q, me, pool));
   const firsts = (await Promise.all(queues.map((q) => ctx.store.firstWaiting(q, me)))).filter(
     (r): r is RequestRecord => r !== undefined,
   );
@@ -166,7 +166,7 @@ export async function firstWaitingFor(
   label: string,
   pool: MetastaticPool,
 ): Promise<RequestRecord | undefined> {
-  const queues = (await ctx.store.waitingQueues()).filter((q) => queueAsksFor(q, label, pool));
+  const queues = (await ctx.store.waitingQueues({ reuse: true })).filter((q) => queueAsksFor(q, label, pool));
   const firsts = await Promise.all(queues.map((q) => ctx.store.firstWaiting(q)));
   let best: RequestRecord | undefined;
   for (const r of firsts) if (r && (!best || servedBefore(r, best))) best = r;
