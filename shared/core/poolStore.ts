@@ -20,6 +20,16 @@ export interface PoolStore {
   /** Replaces a request whose stored version is still `expectedVersion` (ConflictError otherwise). */
   putRequest(next: RequestRecord, expectedVersion: number): Promise<void>;
   /**
+   * Takes a free min-ready node (the one node of spare request `requestId`, placed in `poolKey`) for a
+   * taker in one conditional update: sets its `takenBy` if it is ready, untaken and not held; returns
+   * the request as written, or undefined when it is not free (or not there).
+   */
+  takeSpareNode(
+    requestId: string,
+    poolKey: string,
+    takenBy: { readonly node: string; readonly by: string; readonly at: number },
+  ): Promise<RequestRecord | undefined>;
+  /**
    * Marks one node of a placed request released in one conditional update (it must be pending or
    * ready, and not held unless `force`); undefined when the condition failed (the caller reads and decides).
    */

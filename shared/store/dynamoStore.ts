@@ -45,6 +45,7 @@ import {
   pointsTo,
   releaseNodeUpdate,
   renewLeaseUpdate,
+  takeSpareUpdate,
 } from './writes.ts';
 
 /**
@@ -171,6 +172,27 @@ export class DynamoStore implements PoolStore {
    * pending or ready, in a placed request. Returns the updated request, or undefined when the
    * condition failed (unknown, not placed yet, already released or failed: the caller reads and decides).
    */
+  async takeSpareNode(
+    requestId: string,
+    poolKey: string,
+    takenBy: { readonly node: string; readonly by: string; readonly at: number },
+  ): Promise<RequestRecord | undefined> {
+    try {
+      const out = await this.doc.send(
+        new UpdateCommand({
+          TableName: this.tableName,
+          Key: keys.request(requestId),
+          ...takeSpareUpdate(poolKey, takenBy),
+          ReturnValues: 'ALL_NEW',
+        }),
+      );
+      return RequestRecord.parse(out.Attributes);
+    } catch (err) {
+      if (err instanceof ConditionalCheckFailedException) return undefined;
+      throw err;
+    }
+  }
+
   async releaseNodeEntry(
     requestId: string,
     index: number,

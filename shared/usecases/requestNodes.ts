@@ -12,7 +12,7 @@ import { giveBackSlot } from './backingNodes.ts';
 import { type Context, deliveryDead, learnsDurations } from './context.ts';
 import { learnedDuration } from './estimates.ts';
 import { failBadBacking } from './failure.ts';
-import { returnSpare, takeSpare } from './minReady.ts';
+import { noSparesSeen, returnSpare, type SparesSeen, takeSpare } from './minReady.ts';
 import { markNodesReady, unrecordableReason } from './nodesReady.ts';
 import { type Placement, type PlaceOptions, placeNode } from './placement.ts';
 import { AlreadyPlaced, isStoredVerdict, Recording } from './recording.ts';
@@ -22,7 +22,12 @@ import { firstWaitingAhead } from './waiting.ts';
 
 export type RequestOutcome =
   | { readonly kind: 'duplicate'; readonly request: RequestRecord }
-  | { readonly kind: 'placed'; readonly request: RequestRecord }
+  | {
+      readonly kind: 'placed';
+      readonly request: RequestRecord;
+      /** What its min-ready takes read and wrote (SparesSeen): the refill that follows starts from it. */
+      readonly spares?: SparesSeen;
+    }
   | { readonly kind: 'failed'; readonly request: RequestRecord };
 
 /**
@@ -101,7 +106,9 @@ export async function requestNodes(
   throw new CapacityError(`request ${m.id} waits for capacity: ${waits.join('; ')}`);
 }
 
-type PoolResult = { kind: 'placed'; request: RequestRecord } | { kind: 'full'; reason: string };
+type PoolResult =
+  | { kind: 'placed'; request: RequestRecord; spares?: SparesSeen }
+  | { kind: 'full'; reason: string };
 
 async function tryPool(ctx: Context, pool: MetastaticPool, recording: Recording): Promise<PoolResult> {
   const requestId = recording.base.id;
@@ -109,7 +116,8 @@ async function tryPool(ctx: Context, pool: MetastaticPool, recording: Recording)
   const ahead = await requestAhead(ctx, pool, recording.base);
   if (ahead) return { kind: 'full', reason: ahead };
   // min-ready nodes first: a node that takes one is ready at once, on the spare's slot and place.
-  const spares = await takeSpares(ctx, pool, recording);
+  const seen = noSparesSeen();
+  const spares = await takeSpares(ctx, pool, recording, seen);
   const placing = recording.base.nodes.filter((_, i) => !spares.has(i));
   const nodeIds = placing.map((n) => n.id);
   if (pool.maxServers !== undefined && nodeIds.length > 0) {
@@ -188,11 +196,12 @@ async function tryPool(ctx: Context, pool: MetastaticPool, recording: Recording)
     ...(spares.size > 0 ? { minReadyNodes: [...spares.values()].map((s) => s.id) } : {}),
   });
   await requestSettled(ctx, placed);
+  const taken = spares.size > 0 ? { spares: seen } : {};
   if (placed.state === 'pending') {
     await recheckPending(ctx, placed);
-    return { kind: 'placed', request: (await ctx.store.getRequest(requestId)) ?? placed };
+    return { kind: 'placed', request: (await ctx.store.getRequest(requestId)) ?? placed, ...taken };
   }
-  return { kind: 'placed', request: placed };
+  return { kind: 'placed', request: placed, ...taken };
 }
 
 /**
@@ -204,6 +213,7 @@ async function takeSpares(
   ctx: Context,
   pool: MetastaticPool,
   recording: Recording,
+  seen: SparesSeen,
 ): Promise<Map<number, NodeRecord>> {
   const taken = new Map<number, NodeRecord>();
   if (ctx.config.minReady.size === 0 || isSpareRequestId(recording.base.id)) return taken;
@@ -211,7 +221,7 @@ async function takeSpares(
   for (const [i, node] of recording.base.nodes.entries()) {
     if (!ctx.config.minReady.has(node.label) || !pool.labels.has(node.label) || none.has(node.label))
       continue;
-    const spare = await takeSpare(ctx, pool, node.label, node.id, recording.owner);
+    const spare = await takeSpare(ctx, pool, node.label, node.id, recording.owner, seen);
     if (spare) taken.set(i, spare);
     else none.add(node.label);
   }
