@@ -124,6 +124,7 @@ export interface PoolStore {
     nodeIds: readonly string[],
     max: number,
     owner: string,
+    options?: { readonly overlap?: boolean },
   ): Promise<Reservation>;
   /** Hands a node's place over from `from` (known dead or superseded) to `to`; false when not theirs. */
   takeOverNodePlace(poolKey: string, nodeId: string, from: string, to: string): Promise<boolean>;
@@ -226,7 +227,17 @@ export type SlotClaim =
   | { readonly claimed: false; readonly current?: BackingRecord };
 
 export type Reservation =
-  | { readonly kind: 'reserved' }
+  | {
+      readonly kind: 'reserved';
+      /**
+       * With `overlap` (reserveNodePlaces): the places are counted (max-servers' gate passed) and their
+       * bookkeeping (places marked counted, pending entries removed) is still under way, so the caller
+       * can place its nodes meanwhile. It resolves (never rejects) once done, to the error that stopped
+       * it if any: such a place is left part-way, which any later reserve or give-back of it, or the
+       * reaper's recovery, finishes. The caller awaits it before it gives the places back or ends.
+       */
+      readonly finishing?: Promise<Error | undefined>;
+    }
   | { readonly kind: 'full' }
   /** Some members are held by other owners: a concurrent (or dead) delivery of the same message. */
   | { readonly kind: 'held'; readonly holders: ReadonlyMap<string, string> };

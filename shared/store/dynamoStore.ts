@@ -507,8 +507,9 @@ export class DynamoStore implements PoolStore {
     nodeIds: readonly string[],
     max: number,
     owner: string,
+    options: { readonly overlap?: boolean } = {},
   ): Promise<Reservation> {
-    return this.capacity.reserve(keys.poolNodes(poolKey), nodeIds, max, owner);
+    return this.capacity.reserve(keys.poolNodes(poolKey), nodeIds, max, owner, false, options);
   }
 
   takeOverNodePlace(poolKey: string, nodeId: string, from: string, to: string): Promise<boolean> {

@@ -120,18 +120,26 @@ async function tryPool(ctx: Context, pool: MetastaticPool, recording: Recording)
   const spares = await takeSpares(ctx, pool, recording, seen);
   const placing = recording.base.nodes.filter((_, i) => !spares.has(i));
   const nodeIds = placing.map((n) => n.id);
+  // The places' bookkeeping once they are counted, overlapped with the placement (Reservation.finishing).
+  let finishing: Promise<Error | undefined> | undefined;
+  const reserveSettled = async () => {
+    const err = await finishing;
+    finishing = undefined;
+    if (err) ctx.log.warn('max-servers places left part-way; finished later', { error: err.message });
+  };
   if (pool.maxServers !== undefined && nodeIds.length > 0) {
-    let full: string | undefined;
+    let reserved: Reserved;
     try {
-      full = await reserveNodes(ctx, pool, pool.maxServers, nodeIds, recording);
+      reserved = await reserveNodes(ctx, pool, pool.maxServers, nodeIds, recording);
     } catch (err) {
       await giveBack(ctx, new Map(), spares, owner);
       throw err;
     }
-    if (full) {
+    if (reserved.kind === 'full') {
       await giveBack(ctx, new Map(), spares, owner);
-      return { kind: 'full', reason: full };
+      return { kind: 'full', reason: reserved.reason };
     }
+    finishing = reserved.finishing;
   }
   const placements = new Map<number, Placement>();
   let winner: RequestRecord | undefined;
@@ -171,12 +179,14 @@ async function tryPool(ctx: Context, pool: MetastaticPool, recording: Recording)
       }
     }
     await giveBack(ctx, placements, spares, owner, other);
+    await reserveSettled();
     if (pool.maxServers !== undefined) await unreserveOwn(ctx, pool, nodeIds, owner, other);
     // Another delivery placed it meanwhile: that is the outcome, whatever stopped this one.
     if (found) throw found;
     if (err instanceof CapacityError) return { kind: 'full', reason: err.message };
     throw err;
   }
+  await reserveSettled();
   if (winner) {
     await giveBack(ctx, placements, spares, owner, winner);
     if (pool.maxServers !== undefined) await unreserveOwn(ctx, pool, nodeIds, owner, winner);
@@ -256,20 +266,28 @@ export function canRunShort(ctx: Context, pool: MetastaticPool): boolean {
 }
 
 /**
- * Takes the nodes' places in a pool's max-servers. Returns why not when the pool is full. Places held
+ * Takes the nodes' places in a pool's max-servers (counted; their bookkeeping may still be under way:
+ * Reservation.finishing). Returns why not when the pool is full. Places held
  * by another delivery of the same request are theirs while it lives (BusyError: retry later), unless
  * the request is already placed (AlreadyPlaced) or that delivery is known dead (taken over).
  */
+type Reserved =
+  | { readonly kind: 'full'; readonly reason: string }
+  | { readonly kind: 'reserved'; readonly finishing?: Promise<Error | undefined> };
+
 async function reserveNodes(
   ctx: Context,
   pool: MetastaticPool,
   maxServers: number,
   nodeIds: readonly string[],
   recording: Recording,
-): Promise<string | undefined> {
-  const reserved = await ctx.store.reserveNodePlaces(pool.key, nodeIds, maxServers, recording.owner);
-  if (reserved.kind === 'full') return `${pool.key} is at max-servers (${maxServers})`;
-  if (reserved.kind === 'reserved') return undefined;
+): Promise<Reserved> {
+  const reserved = await ctx.store.reserveNodePlaces(pool.key, nodeIds, maxServers, recording.owner, {
+    overlap: true,
+  });
+  if (reserved.kind === 'full')
+    return { kind: 'full', reason: `${pool.key} is at max-servers (${maxServers})` };
+  if (reserved.kind === 'reserved') return reserved;
   await recording.checkStored(); // placed by the holder already: a duplicate
   let fenced = false;
   for (const [member, holder] of reserved.holders) {
