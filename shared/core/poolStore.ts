@@ -48,10 +48,15 @@ export interface PoolStore {
    * announced or forgotten through this store since (a delivery's checks; the reaper reads afresh).
    */
   waitingQueues(options?: { readonly reuse?: boolean }): Promise<RegisteredQueue[]>;
-  /** The first request of a queue in service order, or the first served before `before`; one item read. */
+  /**
+   * The first request of a queue in service order, or the first served before `before`; one item read.
+   * `reuse` (without `before`): a queue this store read empty less than REGISTRY_REUSE_MS ago, and wrote
+   * no waiting request into since, is answered empty without a read.
+   */
   firstWaiting(
     queue: WaitingQueue,
     before?: Pick<RequestRecord, 'id' | 'priority' | 'createdAt'>,
+    options?: { readonly reuse?: boolean },
   ): Promise<RequestRecord | undefined>;
   /** One page of a queue's requests, in service order. */
   waitingInQueue(queue: WaitingQueue, cursor?: PageCursor): Promise<Page<RequestRecord>>;

@@ -381,11 +381,17 @@ export class DynamoStore implements PoolStore {
     return this.queues.list(options);
   }
 
-  firstWaiting(
+  async firstWaiting(
     queue: WaitingQueue,
     before?: Pick<RequestRecord, 'id' | 'priority' | 'createdAt'>,
+    options: { readonly reuse?: boolean } = {},
   ): Promise<RequestRecord | undefined> {
-    return this.indexes.firstWaiting(queue, before);
+    const whole = before === undefined;
+    if (options.reuse && whole && this.queues.seenEmpty(queue)) return undefined;
+    const at = this.queues.clockNow();
+    const first = await this.indexes.firstWaiting(queue, before);
+    if (whole && !first) this.queues.noteEmpty(queue, at);
+    return first;
   }
 
   waitingInQueue(queue: WaitingQueue, cursor?: PageCursor): Promise<Page<RequestRecord>> {

@@ -8,7 +8,13 @@ import {
   UpdateCommand,
 } from '@aws-sdk/lib-dynamodb';
 import type { RequestRecord } from '../core/records.ts';
-import { QUEUE_REANNOUNCE_MS, queueOf, REGISTRY_REUSE_MS, RegisteredQueue } from '../core/waitingQueue.ts';
+import {
+  QUEUE_REANNOUNCE_MS,
+  queueOf,
+  REGISTRY_REUSE_MS,
+  RegisteredQueue,
+  type WaitingQueue,
+} from '../core/waitingQueue.ts';
 import { keys, QUEUES_PK, queuePartition, reapPartition, serviceKey } from './table.ts';
 
 /**
@@ -34,6 +40,8 @@ export class WaitingQueues {
   private readonly announced = new Map<string, number>();
   /** The last read of the registry, and when (this store's clock), for readers that may reuse it. */
   private lastRead: { readonly at: number; readonly queues: readonly RegisteredQueue[] } | undefined;
+  /** Queues this store found empty, and when (queue sk -> time), for readers that may reuse it. */
+  private readonly emptyAt = new Map<string, number>();
 
   constructor(
     private readonly doc: DynamoDBDocumentClient,
@@ -47,6 +55,7 @@ export class WaitingQueues {
     const queue = queueOf(r);
     const key = keys.waitingQueue(queue);
     const now = this.now();
+    this.emptyAt.delete(key.sk); // a request is about to wait in it
     const last = this.announced.get(key.sk);
     if (last !== undefined && last <= now && now - last < QUEUE_REANNOUNCE_MS) return;
     try {
@@ -88,6 +97,26 @@ export class WaitingQueues {
     } while (input.ExclusiveStartKey);
     this.lastRead = { at: now, queues: out };
     return [...out];
+  }
+
+  /**
+   * Whether this store found queue `q` empty less than REGISTRY_REUSE_MS ago and has written no waiting
+   * request into it since (`reuse` readers of a queue's first request, like those of the registry).
+   */
+  seenEmpty(q: WaitingQueue): boolean {
+    const at = this.emptyAt.get(keys.waitingQueue(q).sk);
+    const now = this.now();
+    return at !== undefined && at <= now && now - at < REGISTRY_REUSE_MS;
+  }
+
+  /** This store's clock. */
+  clockNow(): number {
+    return this.now();
+  }
+
+  /** Notes that queue `q` was read empty at `at` (this store's clock, taken before the read). */
+  noteEmpty(q: WaitingQueue, at: number): void {
+    this.emptyAt.set(keys.waitingQueue(q).sk, at);
   }
 
   /** Removes a queue from the registry if no writer announced it since `q` was read; false otherwise. */

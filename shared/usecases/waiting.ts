@@ -150,9 +150,12 @@ export async function firstWaitingAhead(
   pool: MetastaticPool,
 ): Promise<RequestRecord | undefined> {
   const queues = (await ctx.store.waitingQueues({ reuse: true })).filter((q) => queueFits(q, me, pool));
-  const firsts = (await Promise.all(queues.map((q) => ctx.store.firstWaiting(q, me)))).filter(
-    (r): r is RequestRecord => r !== undefined,
-  );
+  // Each queue's first whatever its place (not the first served before `me`): the same answer, since
+  // nothing of a queue is served before `me` unless its first is, and an empty queue can be known
+  // without a read for a moment (firstWaiting `reuse`).
+  const firsts = (
+    await Promise.all(queues.map((q) => ctx.store.firstWaiting(q, undefined, { reuse: true })))
+  ).filter((r): r is RequestRecord => r !== undefined);
   const self = firsts.find((r) => r.id === me.id && r.bodyHash === me.bodyHash) ?? me;
   return waitingAhead(self, firsts, pool);
 }
@@ -167,7 +170,7 @@ export async function firstWaitingFor(
   pool: MetastaticPool,
 ): Promise<RequestRecord | undefined> {
   const queues = (await ctx.store.waitingQueues({ reuse: true })).filter((q) => queueAsksFor(q, label, pool));
-  const firsts = await Promise.all(queues.map((q) => ctx.store.firstWaiting(q)));
+  const firsts = await Promise.all(queues.map((q) => ctx.store.firstWaiting(q, undefined, { reuse: true })));
   let best: RequestRecord | undefined;
   for (const r of firsts) if (r && (!best || servedBefore(r, best))) best = r;
   return best;

@@ -7,7 +7,7 @@ import { DynamoStore } from '../../shared/store/dynamoStore.ts';
 import { releaseNode } from '../../shared/usecases/release.ts';
 import { requestNodes } from '../../shared/usecases/requestNodes.ts';
 import { baseConfig } from '../../testkit/configs.ts';
-import { type Harness, sqsEvent, startHarness } from '../../testkit/harness.ts';
+import { type Harness, readyNode, sqsEvent, startHarness } from '../../testkit/harness.ts';
 
 /**
  * Request priority (issue 14): when capacity is short, waiting requests are served lowest priority
@@ -195,6 +195,32 @@ describe('priority', () => {
     harness.clock.advance(REGISTRY_REUSE_MS);
     expect(await counts()).toEqual([1, 2, 3]);
   }, 60_000);
+
+  it('knows an empty waiting queue without a read for REGISTRY_REUSE_MS, and sees at once a request its own store records waiting (issue 26)', async () => {
+    h = await startHarness(baseConfig({ slots: 4, maxServers: 4 }), { maxReceiveCount: 50 });
+    const harness = h;
+    // Recorded before its launch, so its queue (one small-node) is registered, and empty once placed.
+    await readyNode(harness, 'base');
+    harness.clock.advance(REGISTRY_REUSE_MS);
+    const queueReads = (work: () => Promise<unknown>) =>
+      countQueries(harness.pool.dynamodb, 'WAITING#', work, ':p');
+    const place = (id: string) => async () =>
+      expect((await requestNodes(harness.pool.context, request(id) as RequestMessage)).kind).toBe('placed');
+    expect(await queueReads(place('a'))).toBe(1);
+    expect(await queueReads(place('b'))).toBe(0); // read empty a moment ago
+    // A request this store records waiting in that queue is seen at once.
+    await harness.pool.context.store.createRequest(
+      requestedRecord(
+        { kind: 'request', id: 'urgent', labels: ['small-node'], priority: 1 },
+        harness.clock.now(),
+      ),
+    );
+    const waits = () =>
+      expect(requestNodes(harness.pool.context, request('c') as RequestMessage)).rejects.toThrow(
+        'request urgent (priority 1) waits ahead of this one',
+      );
+    expect(await queueReads(waits)).toBe(1);
+  }, 60_000);
 });
 
 /** Queries of the partition `pk` sent while `work` runs. */
@@ -202,6 +228,8 @@ async function countQueries(
   client: DynamoDBClient,
   pk: string,
   work: () => Promise<unknown>,
+  /** The key value's placeholder; the partition is matched by prefix. */
+  placeholder = ':pk',
 ): Promise<number> {
   let n = 0;
   const name = `queries-${Math.random()}`;
@@ -209,7 +237,8 @@ async function countQueries(
     (next, context) => async (args) => {
       const values = (args.input as { ExpressionAttributeValues?: Record<string, unknown> })
         .ExpressionAttributeValues;
-      if (context.commandName === 'QueryCommand' && values?.[':pk'] === pk) n++;
+      const value = values?.[placeholder];
+      if (context.commandName === 'QueryCommand' && typeof value === 'string' && value.startsWith(pk)) n++;
       return next(args);
     },
     { step: 'initialize', name },
