@@ -813,6 +813,7 @@ export class ChaosRun {
         this.mirrorRequest(args[0] as RequestRecord);
         break;
       case 'releaseNodeEntry':
+      case 'takeSpareNode':
         if (result) this.mirrorRequest(result as RequestRecord);
         break;
       case 'createBacking':
@@ -831,7 +832,7 @@ export class ChaosRun {
   }
 
   private traceWrite(method: string, args: unknown[], result: unknown): void {
-    if (!/^(create|put|claim|release|reserve|takeOver|free|renew|lapse|drop)/.test(method)) return;
+    if (!/^(create|put|claim|release|reserve|takeOver|takeSpare|free|renew|lapse|drop)/.test(method)) return;
     const text = JSON.stringify(args.map((a) => (a instanceof Set ? [...a] : a)));
     const ids = this.options.trace ?? [];
     if (!ids.some((id) => text.includes(id))) return;

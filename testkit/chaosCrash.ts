@@ -37,6 +37,7 @@ export const STORE_METHODS = [
   'getRequest',
   'putRequest',
   'releaseNodeEntry',
+  'takeSpareNode',
   'getBacking',
   'createBacking',
   'putBacking',

@@ -21,6 +21,16 @@ export interface PoolStore {
   /** Replaces a request whose stored version is still `expectedVersion` (ConflictError otherwise). */
   putRequest(next: RequestRecord, expectedVersion: number): Promise<void>;
   /**
+   * Takes a free min-ready node (the one node of spare request `requestId`, placed in `poolKey`) for a
+   * taker in one conditional update: sets its `takenBy` if it is ready, untaken and not held; returns
+   * the request as written, or undefined when it is not free (or not there).
+   */
+  takeSpareNode(
+    requestId: string,
+    poolKey: string,
+    takenBy: { readonly node: string; readonly by: string; readonly at: number },
+  ): Promise<RequestRecord | undefined>;
+  /**
    * Marks one node of a placed request released in one conditional update (it must be pending or
    * ready, and not held unless `force`); undefined when the condition failed (the caller reads and decides).
    */
@@ -33,10 +43,22 @@ export interface PoolStore {
     reason?: string,
   ): Promise<RequestRecord | undefined>;
   // ---- waiting requests, in one queue per node-set shape (core/waitingQueue.ts)
-  /** The queues that may hold waiting requests (a queue is registered before any request is written to it). */
-  waitingQueues(): Promise<RegisteredQueue[]>;
-  /** The first request of a queue in service order, or the first served before `before`; one item read. */
-  firstWaiting(queue: WaitingQueue, before?: ServiceOrder): Promise<RequestRecord | undefined>;
+  /**
+   * The queues that may hold waiting requests (a queue is registered before any request is written to it).
+   * `reuse`: the store's last read may answer when younger than REGISTRY_REUSE_MS and nothing was
+   * announced or forgotten through this store since (a delivery's checks; the reaper reads afresh).
+   */
+  waitingQueues(options?: { readonly reuse?: boolean }): Promise<RegisteredQueue[]>;
+  /**
+   * The first request of a queue in service order, or the first served before `before`; one item read.
+   * `reuse` (without `before`): a queue this store read empty less than REGISTRY_REUSE_MS ago, and wrote
+   * no waiting request into since, is answered empty without a read.
+   */
+  firstWaiting(
+    queue: WaitingQueue,
+    before?: ServiceOrder,
+    options?: { readonly reuse?: boolean },
+  ): Promise<RequestRecord | undefined>;
   /** One page of a queue's requests, in service order. */
   waitingInQueue(queue: WaitingQueue, cursor?: PageCursor): Promise<Page<RequestRecord>>;
   /** Removes a queue from the registry if nobody announced it since it was read; false otherwise. */
@@ -108,6 +130,7 @@ export interface PoolStore {
     nodeIds: readonly string[],
     max: number,
     owner: string,
+    options?: { readonly overlap?: boolean },
   ): Promise<Reservation>;
   /** Hands a node's place over from `from` (known dead or superseded) to `to`; false when not theirs. */
   takeOverNodePlace(poolKey: string, nodeId: string, from: string, to: string): Promise<boolean>;
@@ -210,7 +233,17 @@ export type SlotClaim =
   | { readonly claimed: false; readonly current?: BackingRecord };
 
 export type Reservation =
-  | { readonly kind: 'reserved' }
+  | {
+      readonly kind: 'reserved';
+      /**
+       * With `overlap` (reserveNodePlaces): the places are counted (max-servers' gate passed) and their
+       * bookkeeping (places marked counted, pending entries removed) is still under way, so the caller
+       * can place its nodes meanwhile. It resolves (never rejects) once done, to the error that stopped
+       * it if any: such a place is left part-way, which any later reserve or give-back of it, or the
+       * reaper's recovery, finishes. The caller awaits it before it gives the places back or ends.
+       */
+      readonly finishing?: Promise<Error | undefined>;
+    }
   | { readonly kind: 'full' }
   /** Some members are held by other owners: a concurrent (or dead) delivery of the same message. */
   | { readonly kind: 'held'; readonly holders: ReadonlyMap<string, string> };

@@ -64,3 +64,12 @@ export const QUEUE_REANNOUNCE_MS = 5 * 60_000;
  * (a delivery stops within 30 s, DELIVERY_DEADLINE_MS) and the index shows it.
  */
 export const QUEUE_FORGET_MS = 15 * 60_000;
+
+/**
+ * A delivery's priority check and a release's hand-off reuse their store's last read of the registry for
+ * this long (WaitingQueues.list): the registry changes only when a new shape starts waiting, and a waiting
+ * request comes back at its next receive (seconds in the embedded pool, the visibility timeout on AWS)
+ * anyway. A queue another function instance announced is thus seen up to this much later; what this
+ * store announced or forgot, at once.
+ */
+export const REGISTRY_REUSE_MS = 5_000;

@@ -9,6 +9,7 @@ import { cancelRequest } from '../usecases/cancel.ts';
 import type { Context } from '../usecases/context.ts';
 import { handOffFreedRoom } from '../usecases/handOff.ts';
 import { releaseWhole, renewLease } from '../usecases/leases.ts';
+import type { SparesSeen } from '../usecases/minReady.ts';
 import { releaseNode } from '../usecases/release.ts';
 import { keepMinReady, labelsTaken } from '../usecases/replenish.ts';
 import { requestNodes } from '../usecases/requestNodes.ts';
@@ -165,10 +166,11 @@ function reportCapacityWait(ctx: Context, record: SQSRecord): void {
  * the reaper's next run. Best effort: the request is placed whatever happens here, and the reaper
  * refills what this leaves.
  */
-async function replenishTaken(ctx: Context, r: RequestRecord): Promise<void> {
+async function replenishTaken(ctx: Context, r: RequestRecord, seen: SparesSeen | undefined): Promise<void> {
   for (const label of labelsTaken(r)) {
     try {
-      const report = await keepMinReady(ctx, label);
+      // Started from what the take read and wrote (SparesSeen), not read again.
+      const report = await keepMinReady(ctx, label, seen ? { taken: { seen, taker: r } } : {});
       if (report.errors.length > 0)
         ctx.log.warn('min-ready refill incomplete', { label, errors: report.errors });
     } catch (err) {
@@ -210,7 +212,7 @@ export function makeRequestHandler(context: Context, options: RequestHandlerOpti
         // Which receive of which message: a redelivery takes over what an earlier receive left at once.
         const place = () => requestNodes(ctx, m, { messageId: record.messageId, receiveCount: receives });
         const out = options.lastAttempts ? await options.lastAttempts.attempt(ctx, m, place) : await place();
-        if (out.kind === 'placed') await replenishTaken(ctx, out.request);
+        if (out.kind === 'placed') await replenishTaken(ctx, out.request, out.spares);
       } else if (m.kind === 'cancel') {
         await cancelRequest(ctx, m.id, m.reason);
       } else if (m.kind === 'renew') {

@@ -55,6 +55,7 @@ export class CapacitySets {
     limit: number,
     owner: string,
     migrated = false,
+    options: { readonly overlap?: boolean } = {},
   ): Promise<Reservation> {
     const holders = new Map<string, string>();
     const created: string[] = [];
@@ -101,7 +102,7 @@ export class CapacitySets {
         // passes: moved to places first, then asked again, so its members count before any more is admitted.
         await this.steps.dropUncounted(key, toCount, owner);
         await this.migrate(key);
-        return this.reserve(key, members, limit, owner, true);
+        return this.reserve(key, members, limit, owner, true, options);
       }
       const busy = toCount.filter((m) => now.pending[m]);
       await this.steps.dropUncounted(key, toCount, owner);
@@ -115,6 +116,14 @@ export class CapacitySets {
       const place = found.get(m);
       return toCount.includes(m) || place?.phase === 'counting' || counter.pending[m] !== undefined;
     });
+    if (options.overlap) {
+      // Counted: the rest is bookkeeping, which the caller overlaps with its placement (Reservation).
+      const finishing = this.steps.finishReserves(key, unfinished, owner).then(
+        () => undefined,
+        (err: unknown) => (err instanceof Error ? err : new Error(String(err))),
+      );
+      return { kind: 'reserved', finishing };
+    }
     await this.steps.finishReserves(key, unfinished, owner);
     return { kind: 'reserved' };
   }

@@ -46,6 +46,7 @@ import {
   pointsTo,
   releaseNodeUpdate,
   renewLeaseUpdate,
+  takeSpareUpdate,
 } from './writes.ts';
 
 /**
@@ -172,6 +173,27 @@ export class DynamoStore implements PoolStore {
    * pending or ready, in a placed request. Returns the updated request, or undefined when the
    * condition failed (unknown, not placed yet, already released or failed: the caller reads and decides).
    */
+  async takeSpareNode(
+    requestId: string,
+    poolKey: string,
+    takenBy: { readonly node: string; readonly by: string; readonly at: number },
+  ): Promise<RequestRecord | undefined> {
+    try {
+      const out = await this.doc.send(
+        new UpdateCommand({
+          TableName: this.tableName,
+          Key: keys.request(requestId),
+          ...takeSpareUpdate(poolKey, takenBy),
+          ReturnValues: 'ALL_NEW',
+        }),
+      );
+      return RequestRecord.parse(out.Attributes);
+    } catch (err) {
+      if (err instanceof ConditionalCheckFailedException) return undefined;
+      throw err;
+    }
+  }
+
   async releaseNodeEntry(
     requestId: string,
     index: number,
@@ -356,12 +378,21 @@ export class DynamoStore implements PoolStore {
     return this.indexes.backingInPhase(phase, before);
   }
 
-  waitingQueues(): Promise<RegisteredQueue[]> {
-    return this.queues.list();
+  waitingQueues(options?: { readonly reuse?: boolean }): Promise<RegisteredQueue[]> {
+    return this.queues.list(options);
   }
 
-  firstWaiting(queue: WaitingQueue, before?: ServiceOrder): Promise<RequestRecord | undefined> {
-    return this.indexes.firstWaiting(queue, before);
+  async firstWaiting(
+    queue: WaitingQueue,
+    before?: ServiceOrder,
+    options: { readonly reuse?: boolean } = {},
+  ): Promise<RequestRecord | undefined> {
+    const whole = before === undefined;
+    if (options.reuse && whole && this.queues.seenEmpty(queue)) return undefined;
+    const at = this.queues.clockNow();
+    const first = await this.indexes.firstWaiting(queue, before);
+    if (whole && !first) this.queues.noteEmpty(queue, at);
+    return first;
   }
 
   waitingInQueue(queue: WaitingQueue, cursor?: PageCursor): Promise<Page<RequestRecord>> {
@@ -483,8 +514,9 @@ export class DynamoStore implements PoolStore {
     nodeIds: readonly string[],
     max: number,
     owner: string,
+    options: { readonly overlap?: boolean } = {},
   ): Promise<Reservation> {
-    return this.capacity.reserve(keys.poolNodes(poolKey), nodeIds, max, owner);
+    return this.capacity.reserve(keys.poolNodes(poolKey), nodeIds, max, owner, false, options);
   }
 
   takeOverNodePlace(poolKey: string, nodeId: string, from: string, to: string): Promise<boolean> {

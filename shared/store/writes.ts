@@ -69,6 +69,37 @@ export function releaseNodeUpdate(
 }
 
 /**
+ * Takes the free node of a min-ready request (core/minReady.ts takenSpare, as one update): `takenBy` set
+ * on node 0 if it is ready, untaken and not held, in `poolKey`; a new version, so every version-checked
+ * put of the request (a move, an end) sees it. No index attribute follows `takenBy`.
+ */
+export function takeSpareUpdate(
+  poolKey: string,
+  takenBy: { readonly node: string; readonly by: string; readonly at: number },
+): Expression {
+  return {
+    UpdateExpression: 'SET #nodes[0].#takenBy = :takenBy, updatedAt = :at ADD #version :one',
+    ConditionExpression:
+      '#poolKey = :pool AND #nodes[0].#state = :ready AND attribute_exists(#nodes[0].backingNodeId) AND attribute_not_exists(#nodes[0].#takenBy) AND (attribute_not_exists(#nodes[0].held) OR #nodes[0].held = :no)',
+    ExpressionAttributeNames: {
+      '#nodes': 'nodes',
+      '#state': 'state',
+      '#takenBy': 'takenBy',
+      '#poolKey': 'poolKey',
+      '#version': 'version',
+    },
+    ExpressionAttributeValues: {
+      ':takenBy': takenBy,
+      ':at': takenBy.at,
+      ':one': 1,
+      ':pool': poolKey,
+      ':ready': 'ready',
+      ':no': false,
+    },
+  };
+}
+
+/**
  * Gives an ended request its purge time (DynamoDB's TTL attribute, table.ts TTL_ATTRIBUTE), keeping one
  * already set; only while the item exists (a deleted one is not written back).
  */

@@ -2,6 +2,7 @@ import type { MetastaticLabel, MetastaticPool } from '../config/model.ts';
 import { hashOf } from '../core/backing.ts';
 import { ownerToken, parseNodeId } from '../core/ids.ts';
 import { isFreeSpare, spareRequestId, takenSpare } from '../core/minReady.ts';
+import type { MinReadyState } from '../core/poolStore.ts';
 import type { BackingRecord, NodeRecord, RequestRecord } from '../core/records.ts';
 import { placedNode, withNodes } from '../core/request.ts';
 import { type FailBacking, giveBackRoom, giveBackSlot } from './backingNodes.ts';
@@ -15,9 +16,25 @@ import { claimSlotOn } from './placement.ts';
  */
 
 /**
+ * What a delivery's takes read and wrote (issue 26): each label's seats as the take read them, and each
+ * spare's request as the take wrote it. The refill that follows a take (the request function's, at once)
+ * starts from these instead of reading them again: the take read the seats a moment before, and a spare
+ * taken and recorded by its taker stays so (its seat can only move on: core/minReady.ts seatStep), so
+ * what the delivery wrote is what the refill would read, or its seat's advance (conditional on the
+ * generation) tells it otherwise.
+ */
+export interface SparesSeen {
+  readonly seats: Map<string, MinReadyState>;
+  readonly spares: Map<string, RequestRecord>;
+}
+
+export const noSparesSeen = (): SparesSeen => ({ seats: new Map(), spares: new Map() });
+
+/**
  * Takes a free spare of the label in `pool` for node `nodeId`, with one conditional write of the spare's
  * request; undefined when there is none. Concurrent takers start at different seats (by node id), and
- * one that loses a spare to another goes on to the next.
+ * one that loses a spare to another goes on to the next. What it read of the seats and wrote of the spare
+ * goes into `seen`.
  */
 export async function takeSpare(
   ctx: Context,
@@ -25,20 +42,36 @@ export async function takeSpare(
   label: string,
   nodeId: string,
   owner: string,
+  seen: SparesSeen = noSparesSeen(),
 ): Promise<NodeRecord | undefined> {
   const seats = ctx.config.minReady.get(label) ?? 0;
   if (seats === 0) return undefined;
-  const gens = await ctx.store.seatGenerations(label);
+  const state = seen.seats.get(label) ?? (await ctx.store.minReadyState(label));
+  seen.seats.set(label, state);
+  const gens = state.gens;
   const start = hashOf(nodeId) % seats;
   const ids = Array.from({ length: seats }, (_, i) => (start + i) % seats).map((k) =>
     spareRequestId(label, k, gens.get(k) ?? 0),
   );
-  // A few seats at a time: when spares are free (the usual case) the first read finds one.
-  for (let at = 0; at < ids.length; at += SEATS_PER_READ) {
-    const batch = ids.slice(at, at + SEATS_PER_READ);
+  // The first seat (by node id) is taken at once, with no read: when spares are free (the usual case)
+  // that one write takes one. Otherwise the others are read, a few at a time, and the first free one
+  // found is taken (a conditional write on its version).
+  const [first, ...rest] = ids;
+  if (first !== undefined) {
+    const taken = await takeAtOnce(ctx, pool, first, nodeId, owner);
+    if (taken) {
+      seen.spares.set(taken.id, taken);
+      return taken.nodes[0];
+    }
+  }
+  for (let at = 0; at < rest.length; at += SEATS_PER_READ) {
+    const batch = rest.slice(at, at + SEATS_PER_READ);
     for (const read of await Promise.all(batch.map((id) => ctx.store.getRequest(id)))) {
       const taken = await takeThis(ctx, pool, read, nodeId, owner);
-      if (taken) return taken;
+      if (taken) {
+        seen.spares.set(taken.id, taken);
+        return taken.nodes[0];
+      }
     }
   }
   return undefined;
@@ -47,13 +80,36 @@ export async function takeSpare(
 /** Seats whose spares are read at once while looking for a free one. */
 const SEATS_PER_READ = 4;
 
+/**
+ * Takes spare `id` with one conditional update (free, in this pool), then checks its backing node still
+ * takes new nodes; one that does not is returned at once (free again: the upkeep replaces it).
+ */
+async function takeAtOnce(
+  ctx: Context,
+  pool: MetastaticPool,
+  id: string,
+  nodeId: string,
+  owner: string,
+): Promise<RequestRecord | undefined> {
+  const taken = await ctx.store.takeSpareNode(id, pool.key, { node: nodeId, by: owner, at: ctx.clock.now() });
+  const node = taken?.nodes[0];
+  if (!taken || !node?.backingNodeId) return undefined;
+  const backing = await ctx.store.getBacking(node.backingNodeId);
+  if (!backing || !usableSpareHost(backing, ctx.clock.now())) {
+    await returnSpare(ctx, node.id, owner);
+    return undefined;
+  }
+  ctx.log.info('min-ready node taken', { nodeId, spare: node.id, backingNodeId: node.backingNodeId });
+  return taken;
+}
+
 async function takeThis(
   ctx: Context,
   pool: MetastaticPool,
   read: RequestRecord | undefined,
   nodeId: string,
   owner: string,
-): Promise<NodeRecord | undefined> {
+): Promise<RequestRecord | undefined> {
   let spare = read;
   for (let round = 0; spare && round < 3; round++) {
     const node = spare.nodes[0];
@@ -64,7 +120,7 @@ async function takeThis(
     const version = spare.version;
     if (await unlessConflict(() => ctx.store.putRequest(taken, version))) {
       ctx.log.info('min-ready node taken', { nodeId, spare: node.id, backingNodeId: node.backingNodeId });
-      return taken.nodes[0];
+      return taken;
     }
     spare = await ctx.store.getRequest(spare.id); // lost it: released, or taken by another; look again
   }

@@ -14,7 +14,7 @@ import {
 import type { BackingRecord, NodeRecord, RequestRecord } from '../core/records.ts';
 import { type Context, deliveryDead, timeLeft } from './context.ts';
 import { failBadBacking } from './failure.ts';
-import { endSpare, finishMove, moveSpare, usableSpareHost } from './minReady.ts';
+import { endSpare, finishMove, moveSpare, type SparesSeen, usableSpareHost } from './minReady.ts';
 import { requestNodes } from './requestNodes.ts';
 import { failRequest } from './requests.ts';
 
@@ -46,6 +46,13 @@ export interface UpkeepOptions {
    * takes no new nodes (past max-age, drained, failed, retiring) are replaced.
    */
   readonly hosts?: ReadonlyMap<string, BackingRecord>;
+  /**
+   * The refill right after a delivery took spares (the request function): what the take read of the
+   * seats and wrote of the spares, and the taker's request as placed. The upkeep starts from them instead
+   * of reading the seats, the taken spares and their taker again (issue 26: a take and its replacement
+   * made 15 DynamoDB calls).
+   */
+  readonly taken?: { readonly seen: SparesSeen; readonly taker: RequestRecord };
 }
 
 /**
@@ -72,8 +79,21 @@ export async function keepMinReady(
     errors: [],
   };
   const wanted = ctx.config.minReady.get(label) ?? 0;
-  const state = await ctx.store.minReadyState(label);
-  const upkeep: Upkeep = { ctx, label, gens: state.gens, options, report, backoff: state.backoff, free: [] };
+  const taken = options.taken;
+  const state = taken?.seen.seats.get(label) ?? (await ctx.store.minReadyState(label));
+  // Requests known as they are (undefined: known absent), instead of read.
+  const known = new Map<string, RequestRecord | undefined>(taken?.seen.spares);
+  if (taken) known.set(taken.taker.id, taken.taker);
+  const upkeep: Upkeep = {
+    ctx,
+    label,
+    gens: state.gens,
+    options,
+    report,
+    backoff: state.backoff,
+    free: [],
+    known,
+  };
   const seats = new Set([...Array.from({ length: wanted }, (_, k) => k), ...state.gens.keys()]);
   for (const seat of seats) {
     // Each seat may launch a backing node: none starts once the invocation's time is up.
@@ -114,20 +134,29 @@ interface Upkeep {
   backoff: LabelBackoff | undefined;
   /** Free spares on usable backing nodes, as read (reaper only): what consolidate may move. */
   readonly free: { readonly spare: RequestRecord; readonly host: BackingRecord }[];
+  /** Requests this upkeep knows without a read (UpkeepOptions.taken; undefined: known absent). */
+  readonly known: Map<string, RequestRecord | undefined>;
+}
+
+/** A request as the upkeep knows it, else as read now. */
+function requestOf(upkeep: Upkeep, id: string): Promise<RequestRecord | undefined> {
+  if (upkeep.known.has(id)) return Promise.resolve(upkeep.known.get(id));
+  return upkeep.ctx.store.getRequest(id);
 }
 
 async function keepSeat(upkeep: Upkeep, seat: number, wanted: boolean): Promise<void> {
   const { ctx, label, gens, options, report } = upkeep;
   let gen = gens.get(seat) ?? 0;
+  let opened = gens.has(seat);
   // Each round either settles the seat or advances it once; a seat advanced by another replenisher
   // meanwhile makes the advance fail, and the next upkeep picks it up.
   for (let round = 0; round < 3; round++) {
     const id = spareRequestId(label, seat, gen);
-    const spare = await ctx.store.getRequest(id);
+    const spare = await requestOf(upkeep, id);
     const node = spare?.nodes[0];
     const takenBy = node?.takenBy;
     const takerId = takenBy ? parseNodeId(takenBy.node)?.requestId : undefined;
-    const taker = takerId ? await ctx.store.getRequest(takerId) : undefined;
+    const taker = takerId ? await requestOf(upkeep, takerId) : undefined;
     const now = ctx.clock.now();
     const step = seatStep(spare, taker, (since) => deliveryDead(since, now, ctx.deliveriesDeadBefore));
     // A spare that became ready since the label's last failure: it launches again.
@@ -135,6 +164,7 @@ async function keepSeat(upkeep: Upkeep, seat: number, wanted: boolean): Promise<
     // A move cut short before it gave back the slot the spare left (moveSpare): finished first.
     if (spare && node?.movedFrom) {
       await finishMove(ctx, spare);
+      upkeep.known.delete(id); // read as it is now in the next round
       continue;
     }
     if (!wanted) {
@@ -157,7 +187,7 @@ async function keepSeat(upkeep: Upkeep, seat: number, wanted: boolean): Promise<
         return;
       }
       // A seat is recorded before its first spare, so that a lowered min-ready finds it (seatGenerations).
-      if (!gens.has(seat)) await ctx.store.openSeat(label, seat);
+      if (!opened) await ctx.store.openSeat(label, seat);
       if ((await makeSpare(ctx, label, seat, gen, report)) !== 'failed') return;
       continue; // every launch attempt failed: the seat moves on now, and the label backs off
     }
@@ -197,6 +227,10 @@ async function keepSeat(upkeep: Upkeep, seat: number, wanted: boolean): Promise<
     }
     if (!(await ctx.store.advanceSeat(label, seat, gen))) return;
     gen++;
+    opened = true;
+    // The new generation's spare: when the advance followed a take, it is not made yet (another
+    // replenisher that made it meanwhile is met by the spare's own request, which is idempotent).
+    if (upkeep.options.taken) upkeep.known.set(spareRequestId(label, seat, gen), undefined);
     // The advance is won once per spare: a spare that failed without ever being ready counts once
     // against its label (failed waiting for capacity or a launch, or its backing node failed under it).
     if (spare?.state === 'failed' && node?.readyAt === undefined) {

@@ -12,7 +12,7 @@ import { giveBackSlot } from './backingNodes.ts';
 import { type Context, deliveryDead, learnsDurations } from './context.ts';
 import { learnedDuration } from './estimates.ts';
 import { failBadBacking } from './failure.ts';
-import { returnSpare, takeSpare } from './minReady.ts';
+import { noSparesSeen, returnSpare, type SparesSeen, takeSpare } from './minReady.ts';
 import { markNodesReady, unrecordableReason } from './nodesReady.ts';
 import { type Placement, type PlaceOptions, placeNode } from './placement.ts';
 import { AlreadyPlaced, isStoredVerdict, Recording } from './recording.ts';
@@ -22,7 +22,12 @@ import { firstWaitingAhead } from './waiting.ts';
 
 export type RequestOutcome =
   | { readonly kind: 'duplicate'; readonly request: RequestRecord }
-  | { readonly kind: 'placed'; readonly request: RequestRecord }
+  | {
+      readonly kind: 'placed';
+      readonly request: RequestRecord;
+      /** What its min-ready takes read and wrote (SparesSeen): the refill that follows starts from it. */
+      readonly spares?: SparesSeen;
+    }
   | { readonly kind: 'failed'; readonly request: RequestRecord };
 
 /**
@@ -107,7 +112,9 @@ export async function requestNodes(
   });
 }
 
-type PoolResult = { kind: 'placed'; request: RequestRecord } | { kind: 'full'; reason: string };
+type PoolResult =
+  | { kind: 'placed'; request: RequestRecord; spares?: SparesSeen }
+  | { kind: 'full'; reason: string };
 
 async function tryPool(ctx: Context, pool: MetastaticPool, recording: Recording): Promise<PoolResult> {
   const requestId = recording.base.id;
@@ -115,21 +122,30 @@ async function tryPool(ctx: Context, pool: MetastaticPool, recording: Recording)
   const ahead = await requestAhead(ctx, pool, recording.base);
   if (ahead) return { kind: 'full', reason: ahead };
   // min-ready nodes first: a node that takes one is ready at once, on the spare's slot and place.
-  const spares = await takeSpares(ctx, pool, recording);
+  const seen = noSparesSeen();
+  const spares = await takeSpares(ctx, pool, recording, seen);
   const placing = recording.base.nodes.filter((_, i) => !spares.has(i));
   const nodeIds = placing.map((n) => n.id);
+  // The places' bookkeeping once they are counted, overlapped with the placement (Reservation.finishing).
+  let finishing: Promise<Error | undefined> | undefined;
+  const reserveSettled = async () => {
+    const err = await finishing;
+    finishing = undefined;
+    if (err) ctx.log.warn('max-servers places left part-way; finished later', { error: err.message });
+  };
   if (pool.maxServers !== undefined && nodeIds.length > 0) {
-    let full: string | undefined;
+    let reserved: Reserved;
     try {
-      full = await reserveNodes(ctx, pool, pool.maxServers, nodeIds, recording);
+      reserved = await reserveNodes(ctx, pool, pool.maxServers, nodeIds, recording);
     } catch (err) {
       await giveBack(ctx, new Map(), spares, owner);
       throw err;
     }
-    if (full) {
+    if (reserved.kind === 'full') {
       await giveBack(ctx, new Map(), spares, owner);
-      return { kind: 'full', reason: full };
+      return { kind: 'full', reason: reserved.reason };
     }
+    finishing = reserved.finishing;
   }
   const placements = new Map<number, Placement>();
   let winner: RequestRecord | undefined;
@@ -169,12 +185,14 @@ async function tryPool(ctx: Context, pool: MetastaticPool, recording: Recording)
       }
     }
     await giveBack(ctx, placements, spares, owner, other);
+    await reserveSettled();
     if (pool.maxServers !== undefined) await unreserveOwn(ctx, pool, nodeIds, owner, other);
     // Another delivery placed it meanwhile: that is the outcome, whatever stopped this one.
     if (found) throw found;
     if (err instanceof CapacityError) return { kind: 'full', reason: err.message };
     throw err;
   }
+  await reserveSettled();
   if (winner) {
     await giveBack(ctx, placements, spares, owner, winner);
     if (pool.maxServers !== undefined) await unreserveOwn(ctx, pool, nodeIds, owner, winner);
@@ -194,11 +212,12 @@ async function tryPool(ctx: Context, pool: MetastaticPool, recording: Recording)
     ...(spares.size > 0 ? { minReadyNodes: [...spares.values()].map((s) => s.id) } : {}),
   });
   await requestSettled(ctx, placed);
+  const taken = spares.size > 0 ? { spares: seen } : {};
   if (placed.state === 'pending') {
     await recheckPending(ctx, placed);
-    return { kind: 'placed', request: (await ctx.store.getRequest(requestId)) ?? placed };
+    return { kind: 'placed', request: (await ctx.store.getRequest(requestId)) ?? placed, ...taken };
   }
-  return { kind: 'placed', request: placed };
+  return { kind: 'placed', request: placed, ...taken };
 }
 
 /**
@@ -210,6 +229,7 @@ async function takeSpares(
   ctx: Context,
   pool: MetastaticPool,
   recording: Recording,
+  seen: SparesSeen,
 ): Promise<Map<number, NodeRecord>> {
   const taken = new Map<number, NodeRecord>();
   if (ctx.config.minReady.size === 0 || isSpareRequestId(recording.base.id)) return taken;
@@ -217,7 +237,7 @@ async function takeSpares(
   for (const [i, node] of recording.base.nodes.entries()) {
     if (!ctx.config.minReady.has(node.label) || !pool.labels.has(node.label) || none.has(node.label))
       continue;
-    const spare = await takeSpare(ctx, pool, node.label, node.id, recording.owner);
+    const spare = await takeSpare(ctx, pool, node.label, node.id, recording.owner, seen);
     if (spare) taken.set(i, spare);
     else none.add(node.label);
   }
@@ -252,20 +272,28 @@ export function canRunShort(ctx: Context, pool: MetastaticPool): boolean {
 }
 
 /**
- * Takes the nodes' places in a pool's max-servers. Returns why not when the pool is full. Places held
+ * Takes the nodes' places in a pool's max-servers (counted; their bookkeeping may still be under way:
+ * Reservation.finishing). Returns why not when the pool is full. Places held
  * by another delivery of the same request are theirs while it lives (BusyError: retry later), unless
  * the request is already placed (AlreadyPlaced) or that delivery is known dead (taken over).
  */
+type Reserved =
+  | { readonly kind: 'full'; readonly reason: string }
+  | { readonly kind: 'reserved'; readonly finishing?: Promise<Error | undefined> };
+
 async function reserveNodes(
   ctx: Context,
   pool: MetastaticPool,
   maxServers: number,
   nodeIds: readonly string[],
   recording: Recording,
-): Promise<string | undefined> {
-  const reserved = await ctx.store.reserveNodePlaces(pool.key, nodeIds, maxServers, recording.owner);
-  if (reserved.kind === 'full') return `${pool.key} is at max-servers (${maxServers})`;
-  if (reserved.kind === 'reserved') return undefined;
+): Promise<Reserved> {
+  const reserved = await ctx.store.reserveNodePlaces(pool.key, nodeIds, maxServers, recording.owner, {
+    overlap: true,
+  });
+  if (reserved.kind === 'full')
+    return { kind: 'full', reason: `${pool.key} is at max-servers (${maxServers})` };
+  if (reserved.kind === 'reserved') return reserved;
   await recording.checkStored(); // placed by the holder already: a duplicate
   let fenced = false;
   for (const [member, holder] of reserved.holders) {

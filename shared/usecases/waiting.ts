@@ -149,10 +149,13 @@ export async function firstWaitingAhead(
   me: RequestRecord,
   pool: MetastaticPool,
 ): Promise<RequestRecord | undefined> {
-  const queues = (await ctx.store.waitingQueues()).filter((q) => queueFits(q, me, pool));
-  const firsts = (await Promise.all(queues.map((q) => ctx.store.firstWaiting(q, me)))).filter(
-    (r): r is RequestRecord => r !== undefined,
-  );
+  const queues = (await ctx.store.waitingQueues({ reuse: true })).filter((q) => queueFits(q, me, pool));
+  // Each queue's first whatever its place (not the first served before `me`): the same answer, since
+  // nothing of a queue is served before `me` unless its first is, and an empty queue can be known
+  // without a read for a moment (firstWaiting `reuse`).
+  const firsts = (
+    await Promise.all(queues.map((q) => ctx.store.firstWaiting(q, undefined, { reuse: true })))
+  ).filter((r): r is RequestRecord => r !== undefined);
   const self = firsts.find((r) => r.id === me.id && r.bodyHash === me.bodyHash) ?? me;
   return waitingAhead(self, firsts, pool);
 }
@@ -166,8 +169,8 @@ export async function firstWaitingFor(
   label: string,
   pool: MetastaticPool,
 ): Promise<RequestRecord | undefined> {
-  const queues = (await ctx.store.waitingQueues()).filter((q) => queueAsksFor(q, label, pool));
-  const firsts = await Promise.all(queues.map((q) => ctx.store.firstWaiting(q)));
+  const queues = (await ctx.store.waitingQueues({ reuse: true })).filter((q) => queueAsksFor(q, label, pool));
+  const firsts = await Promise.all(queues.map((q) => ctx.store.firstWaiting(q, undefined, { reuse: true })));
   let best: RequestRecord | undefined;
   for (const r of firsts) if (r && (!best || servedBefore(r, best))) best = r;
   return best;

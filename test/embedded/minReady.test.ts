@@ -6,6 +6,8 @@ import { ownerToken, parseNodeId } from '../../shared/core/ids.ts';
 import { isFreeSpare, isSpareRequestId, takenSpare } from '../../shared/core/minReady.ts';
 import type { RequestRecord } from '../../shared/core/records.ts';
 import { CLAIM_TAKEOVER_MS } from '../../shared/core/timing.ts';
+import { QUEUE_FORGET_MS } from '../../shared/core/waitingQueue.ts';
+import { makeRequestHandler } from '../../shared/handlers/requestHandler.ts';
 import type { Context } from '../../shared/usecases/context.ts';
 import { failBackingNode } from '../../shared/usecases/failure.ts';
 import { takeSpare } from '../../shared/usecases/minReady.ts';
@@ -107,6 +109,66 @@ describe('min-ready', () => {
     expect((await ctx.store.getBacking(backing[0]?.id as string))?.used).toBe(1);
     expect((await ctx.store.getRequest('r1'))?.nodes[0]?.state).toBe('released');
     expect(await freeSpares(h)).toBe(2);
+  });
+
+  it('takes a min-ready node and replaces it in at most 8 DynamoDB calls (issue 26: 15)', async () => {
+    const harness = await withReadyNodes(baseConfig({ slots: 4, minReady: 1, backingMax: 4 }), 1);
+    // Nothing waited for QUEUE_FORGET_MS (the spare's own launch had): the reaper forgot the queue.
+    harness.clock.advance(QUEUE_FORGET_MS);
+    await harness.pool.reapNow();
+    expect(await harness.pool.context.store.waitingQueues()).toEqual([]);
+    // The request function itself (not the embedded pool's sync of its local backing processes).
+    const handler = makeRequestHandler(harness.pool.context);
+    const deliver = (id: string) => handler(sqsEvent([JSON.stringify(request(id))]));
+    // A first take: the registry of waiting queues is read (then reused, REGISTRY_REUSE_MS).
+    expect((await deliver('first')).batchItemFailures).toEqual([]);
+    const calls: string[] = [];
+    const name = 'count-take';
+    harness.pool.dynamodb.middlewareStack.add(
+      (next, context) => async (args) => {
+        const input = args.input as { Key?: { pk?: unknown }; Item?: { pk?: unknown }; IndexName?: string };
+        calls.push(
+          `${context.commandName} ${String(input.Key?.pk ?? input.Item?.pk ?? input.IndexName ?? '')}`,
+        );
+        return next(args);
+      },
+      { step: 'initialize', name },
+    );
+    try {
+      expect((await deliver('second')).batchItemFailures).toEqual([]);
+    } finally {
+      harness.pool.dynamodb.middlewareStack.remove(name);
+    }
+    const second = await harness.pool.context.store.getRequest('second');
+    expect(second?.state).toBe('fulfilled');
+    expect(second?.nodes[0]?.spare).toMatch(/^min-ready:small-node:0:\d+\/0$/);
+    expect(await untaken(harness)).toBe(1); // its seat refilled
+    expect(await freeSpares(harness)).toBe(1); // ready at once: the backing node had a free slot
+    expect(calls.length, calls.join('\n')).toBeLessThanOrEqual(8);
+  });
+
+  it('takes a min-ready node with one conditional update only while it is free in that pool', async () => {
+    const harness = await withReadyNodes(baseConfig({ slots: 2, minReady: 1 }), 1);
+    const store = harness.pool.context.store;
+    const [spare] = await spares(harness);
+    if (!spare) throw new Error('no min-ready node');
+    const by = { node: 'taker/0', by: ownerToken(harness.clock.now()), at: harness.clock.now() };
+    expect(await store.takeSpareNode(spare.id, 'meta/other', by)).toBeUndefined();
+    expect(await store.takeSpareNode('min-ready:small-node:9:0', 'meta/main', by)).toBeUndefined();
+    // Held by an operator: not free.
+    const node = spare.nodes[0];
+    if (!node) throw new Error('no node');
+    await store.putRequest(
+      { ...spare, nodes: [{ ...node, held: true }], version: spare.version + 1 },
+      spare.version,
+    );
+    expect(await store.takeSpareNode(spare.id, 'meta/main', by)).toBeUndefined();
+    await store.putRequest({ ...spare, version: spare.version + 2 }, spare.version + 1);
+    const taken = await store.takeSpareNode(spare.id, 'meta/main', by);
+    expect(taken?.nodes[0]?.takenBy).toEqual(by);
+    expect(taken?.version).toBe(spare.version + 3); // every version-checked put of it now loses
+    expect(await store.getRequest(spare.id)).toEqual(taken);
+    expect(await store.takeSpareNode(spare.id, 'meta/main', { ...by, node: 'other/0' })).toBeUndefined();
   });
 
   it('refuses to release a min-ready node that a request took', async () => {

@@ -8,6 +8,7 @@ import { makeRequestHandler } from '../../shared/handlers/requestHandler.ts';
 import { giveBackSlot } from '../../shared/usecases/backingNodes.ts';
 import type { Context } from '../../shared/usecases/context.ts';
 import { reap } from '../../shared/usecases/reap.ts';
+import { releaseNode } from '../../shared/usecases/release.ts';
 import { requestNodes } from '../../shared/usecases/requestNodes.ts';
 import { baseConfig } from '../../testkit/configs.ts';
 import { crashingStore } from '../../testkit/crashingStore.ts';
@@ -243,6 +244,67 @@ describe('deliveries never undo each other', () => {
     expect(report).toMatchObject({ reclaimedSlots: 1, reclaimedPlaces: 1 });
     expect((await ctx.store.getBacking(b.id))?.slotMap).toEqual({ '0': 'base/0' });
     expect([...(await ctx.store.nodePlaces('meta/main')).keys()]).toEqual(['base/0']);
+  });
+});
+
+describe('a warm allocation in a pool with max-servers (issue 26)', () => {
+  it('places its node while its counted place is still being marked, and a place left part-way is finished later', async () => {
+    h = await startHarness(baseConfig({ slots: 4, maxServers: 4 }));
+    const harness = h;
+    await readyNode(harness, 'base');
+    const ctx = harness.pool.context;
+    const started: string[] = [];
+    let refuseMark = false;
+    const name = 'overlap-spy';
+    harness.pool.dynamodb.middlewareStack.add(
+      (next, context) => async (args) => {
+        const input = args.input as { IndexName?: string; UpdateExpression?: string };
+        const marks = input.UpdateExpression?.includes(':counted') === true;
+        started.push(marks ? 'mark counted' : `${context.commandName} ${input.IndexName ?? ''}`.trim());
+        if (marks && refuseMark) {
+          throw Object.assign(new Error('throttled'), { name: 'ProvisionedThroughputExceededException' });
+        }
+        const out = await next(args);
+        if (marks) started.push('marked counted');
+        return out;
+      },
+      { step: 'initialize', name },
+    );
+    try {
+      expect((await requestNodes(ctx, { kind: 'request', id: 'warm', labels: ['small-node'] })).kind).toBe(
+        'placed',
+      );
+      // The free-index Query goes out before the counted place is marked: they overlap.
+      expect(started.indexOf('QueryCommand free')).toBeGreaterThan(-1);
+      expect(started.indexOf('QueryCommand free')).toBeLessThan(started.indexOf('marked counted'));
+
+      // The bookkeeping fails (after the count-up, the gate): the request is placed all the same.
+      refuseMark = true;
+      expect((await requestNodes(ctx, { kind: 'request', id: 'part', labels: ['small-node'] })).kind).toBe(
+        'placed',
+      );
+      refuseMark = false;
+    } finally {
+      harness.pool.dynamodb.middlewareStack.remove(name);
+    }
+    expect((await ctx.store.getRequest('part'))?.state).toBe('fulfilled');
+    expect([...(await ctx.store.nodePlaces('meta/main')).keys()].sort()).toEqual([
+      'base/0',
+      'part/0',
+      'warm/0',
+    ]);
+    // Counted exactly: 3 places, so one more fits and the next does not.
+    expect((await ctx.store.reserveNodePlaces('meta/main', ['x/0'], 4, 'X')).kind).toBe('reserved');
+    expect((await ctx.store.reserveNodePlaces('meta/main', ['y/0'], 4, 'Y')).kind).toBe('full');
+    await ctx.store.freeNodePlaces('meta/main', ['x/0'], 'X');
+    // The reaper's recovery finishes the part-way place once it is old; its release then counts down once.
+    harness.clock.advance(SLOT_LEASE_MS + 1_000);
+    expect((await harness.pool.reapNow()).recoveredPlaces).toBe(1);
+    expect(await ctx.store.recoverNodePlaces('meta/main', harness.clock.now())).toBe(0); // nothing left
+    expect((await releaseNode(ctx, 'part/0')).kind).toBe('released');
+    expect([...(await ctx.store.nodePlaces('meta/main')).keys()].sort()).toEqual(['base/0', 'warm/0']);
+    expect((await ctx.store.reserveNodePlaces('meta/main', ['x/0', 'z/0'], 4, 'X')).kind).toBe('reserved');
+    expect((await ctx.store.reserveNodePlaces('meta/main', ['y/0'], 4, 'Y')).kind).toBe('full');
   });
 });
 

@@ -2,11 +2,13 @@ import type { DynamoDBClient } from '@aws-sdk/client-dynamodb';
 import { afterEach, describe, expect, it } from 'vitest';
 import type { RequestMessage } from '../../shared/core/messages.ts';
 import { requestedRecord } from '../../shared/core/request.ts';
+import { REGISTRY_REUSE_MS } from '../../shared/core/waitingQueue.ts';
 import { makeRequestHandler } from '../../shared/handlers/requestHandler.ts';
+import { DynamoStore } from '../../shared/store/dynamoStore.ts';
 import { releaseNode } from '../../shared/usecases/release.ts';
 import { requestNodes } from '../../shared/usecases/requestNodes.ts';
 import { baseConfig } from '../../testkit/configs.ts';
-import { type Harness, sqsEvent, startHarness } from '../../testkit/harness.ts';
+import { type Harness, readyNode, sqsEvent, startHarness } from '../../testkit/harness.ts';
 
 /**
  * Request priority (issue 14): when capacity is short, waiting requests are served lowest priority
@@ -194,7 +196,105 @@ describe('priority', () => {
       }),
     ).rejects.toThrow('meta/main is at max-servers (2)');
   }, 60_000);
+
+  it('reads the registry of waiting queues once per REGISTRY_REUSE_MS, and at once after its own store announced one (issue 26)', async () => {
+    h = await startHarness(baseConfig({ slots: 4, maxServers: 1 }), { maxReceiveCount: 50 });
+    const harness = h;
+    const store = harness.pool.context.store;
+    await harness.send(request('fill'));
+    await harness.drainRequests();
+    const registryReads = (work: () => Promise<unknown>) =>
+      countQueries(harness.pool.dynamodb, 'QUEUES', work);
+
+    // The fill's delivery read it (and announced the queue of one small-node: the fill was recorded
+    // before its launch); once that read is REGISTRY_REUSE_MS old, the next delivery reads it again.
+    harness.clock.advance(REGISTRY_REUSE_MS);
+    expect(await registryReads(() => deliver(harness, request('first')))).toBe(1);
+    // Within REGISTRY_REUSE_MS the read is reused: still exact, the one ahead is found in its queue.
+    harness.clock.advance(REGISTRY_REUSE_MS - 1);
+    const second = () =>
+      expect(
+        requestNodes(harness.pool.context, { kind: 'request', id: 'second', labels: ['small-node'] }),
+      ).rejects.toThrow('request first (priority 100) waits ahead of this one');
+    expect(await registryReads(second)).toBe(0);
+    // A queue this store announces (a pair waits) is seen at once: the reused read is dropped.
+    await store.createRequest(
+      requestedRecord(
+        { kind: 'request', id: 'pair', labels: ['small-node', 'small-node'] },
+        harness.clock.now(),
+      ),
+    );
+    const counts = async () => (await store.waitingQueues({ reuse: true })).map((q) => q.count).sort();
+    expect(await registryReads(async () => expect(await counts()).toEqual([1, 2]))).toBe(1);
+    // Another writer's new queue (three nodes) is seen once this store's read is REGISTRY_REUSE_MS old.
+    const other = new DynamoStore(harness.pool.dynamodb, harness.pool.info.tableName, harness.clock);
+    await other.createRequest(
+      requestedRecord(
+        { kind: 'request', id: 'trio', labels: ['small-node', 'small-node', 'small-node'] },
+        harness.clock.now(),
+      ),
+    );
+    expect(await counts()).toEqual([1, 2]);
+    // The reaper's read (no reuse) is always fresh, and so is the next after REGISTRY_REUSE_MS.
+    expect((await store.waitingQueues()).map((q) => q.count).sort()).toEqual([1, 2, 3]);
+    harness.clock.advance(REGISTRY_REUSE_MS);
+    expect(await counts()).toEqual([1, 2, 3]);
+  }, 60_000);
+
+  it('knows an empty waiting queue without a read for REGISTRY_REUSE_MS, and sees at once a request its own store records waiting (issue 26)', async () => {
+    h = await startHarness(baseConfig({ slots: 4, maxServers: 4 }), { maxReceiveCount: 50 });
+    const harness = h;
+    // Recorded before its launch, so its queue (one small-node) is registered, and empty once placed.
+    await readyNode(harness, 'base');
+    harness.clock.advance(REGISTRY_REUSE_MS);
+    const queueReads = (work: () => Promise<unknown>) =>
+      countQueries(harness.pool.dynamodb, 'WAITING#', work, ':p');
+    const place = (id: string) => async () =>
+      expect((await requestNodes(harness.pool.context, request(id) as RequestMessage)).kind).toBe('placed');
+    expect(await queueReads(place('a'))).toBe(1);
+    expect(await queueReads(place('b'))).toBe(0); // read empty a moment ago
+    // A request this store records waiting in that queue is seen at once.
+    await harness.pool.context.store.createRequest(
+      requestedRecord(
+        { kind: 'request', id: 'urgent', labels: ['small-node'], priority: 1 },
+        harness.clock.now(),
+      ),
+    );
+    const waits = () =>
+      expect(requestNodes(harness.pool.context, request('c') as RequestMessage)).rejects.toThrow(
+        'request urgent (priority 1) waits ahead of this one',
+      );
+    expect(await queueReads(waits)).toBe(1);
+  }, 60_000);
 });
+
+/** Queries of the partition `pk` sent while `work` runs. */
+async function countQueries(
+  client: DynamoDBClient,
+  pk: string,
+  work: () => Promise<unknown>,
+  /** The key value's placeholder; the partition is matched by prefix. */
+  placeholder = ':pk',
+): Promise<number> {
+  let n = 0;
+  const name = `queries-${Math.random()}`;
+  client.middlewareStack.add(
+    (next, context) => async (args) => {
+      const values = (args.input as { ExpressionAttributeValues?: Record<string, unknown> })
+        .ExpressionAttributeValues;
+      const value = values?.[placeholder];
+      if (context.commandName === 'QueryCommand' && typeof value === 'string' && value.startsWith(pk)) n++;
+      return next(args);
+    },
+    { step: 'initialize', name },
+  );
+  try {
+    await work();
+  } finally {
+    client.middlewareStack.remove(name);
+  }
+  return n;
+}
 
 /** Read capacity units (GetItem, Query, Scan) consumed while `work` runs, as DynamoDB bills them. */
 async function consumedReadUnits(client: DynamoDBClient, work: () => Promise<unknown>): Promise<number> {
