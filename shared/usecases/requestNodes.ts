@@ -12,6 +12,7 @@ import { giveBackSlot } from './backingNodes.ts';
 import { type Context, deliveryDead, learnsDurations } from './context.ts';
 import { learnedDuration } from './estimates.ts';
 import { failBadBacking } from './failure.ts';
+import { countArrival } from './forecasts.ts';
 import { returnSpare, takeSpare } from './minReady.ts';
 import { markNodesReady, unrecordableReason } from './nodesReady.ts';
 import { type Placement, type PlaceOptions, placeNode } from './placement.ts';
@@ -87,7 +88,11 @@ export async function requestNodes(
         const failed = await failRequest(ctx, m.id, bodyHash, why);
         return { kind: 'failed', request: failed ?? fresh };
       }
-      if (result.kind === 'placed') return result;
+      if (result.kind === 'placed') {
+        // Placed by this delivery (a redelivery finds it placed): its nodes are arrivals to forecast.
+        if (!isSpareRequestId(m.id)) for (const n of result.request.nodes) await countArrival(ctx, n.label);
+        return result;
+      }
       waits.push(result.reason);
     }
     // Record it as waiting, so it is visible and can be failed if the wait never ends.
