@@ -1,4 +1,6 @@
 import { z } from 'zod';
+import { SPARE_ID_PREFIX } from './ids.ts';
+import type { BackingRecord } from './records.ts';
 
 /**
  * Arrival forecasts per label (predictive readiness, issue 27): how many requests a label will get in
@@ -130,6 +132,9 @@ export function withArrivals(
   return { ...base, pending, updatedAt: now, version: prev ? base.version + 1 : 1 };
 }
 
+/** Below this forecast (one arrival an hour) a label holds no ready room. */
+export const MIN_FORECAST_PER_MINUTE = 1 / 60;
+
 /** What the forecast says a label needs now: for `metastatic status` and the min-ready step. */
 export interface ReadyNeed {
   /** Forecast arrivals per minute at the busiest point of the horizon (forecastRate). */
@@ -153,6 +158,9 @@ export function readyNeed(
   const horizonMinutes = (model?.launchToReadyS ?? DEFAULT_LAUNCH_TO_READY_S) / 60;
   if (!model) return { perMinute: 0, horizonMinutes, target: 0 };
   const perMinute = forecastRate(model, minuteOf(now), horizonMinutes);
+  // Any rate above 0 wants a slot (one serves nearly every arrival of a tiny rate): below the floor a
+  // label holds nothing, or one that saw a request long ago would pin an instance for ever.
+  if (perMinute < MIN_FORECAST_PER_MINUTE) return { perMinute, horizonMinutes, target: 0 };
   return { perMinute, horizonMinutes, target: readyTarget(perMinute * horizonMinutes, share, maxReady) };
 }
 
@@ -297,3 +305,67 @@ function normalCdf(z: number): number {
   const erf = 1 - poly * Math.exp(-x * x);
   return z >= 0 ? (1 + erf) / 2 : (1 - erf) / 2;
 }
+
+/** A backing node as the ready-room count needs it. */
+type Host = Pick<
+  BackingRecord,
+  | 'label'
+  | 'poolKey'
+  | 'state'
+  | 'slots'
+  | 'used'
+  | 'slotMap'
+  | 'drained'
+  | 'noNewNodesAfter'
+  | 'launchedAt'
+  | 'readyAt'
+>;
+
+/** Whether a backing node takes new nodes now: ready, not drained, within max-age. */
+const takesNodes = (b: Host, now: number) =>
+  b.state === 'ready' && !b.drained && (b.noNewNodesAfter === undefined || now < b.noNewNodesAfter);
+
+/**
+ * Free slots of `label` on backing nodes that run anyway (ready, taking nodes, and holding some node
+ * that is not the pool's own ready node): ready room that costs nothing extra. A node on a taken ready
+ * node keeps the ready node's id in the slot map, so a backing node held only by such nodes is not
+ * counted (it runs anyway, but the count errs towards holding more, never fewer).
+ */
+export function freeSlotsRunningAnyway(hosts: Iterable<Host>, label: string, now: number): number {
+  let free = 0;
+  for (const b of hosts) {
+    if (b.label !== label || !takesNodes(b, now)) continue;
+    if (!Object.values(b.slotMap).some((id) => !id.startsWith(SPARE_ID_PREFIX))) continue;
+    free += Math.max(0, b.slots - b.used);
+  }
+  return free;
+}
+
+/** The mean seconds from launch to ready of the label's backing nodes read (undefined: none seen). */
+export function launchToReadyOf(hosts: Iterable<Host>, label: string): number | undefined {
+  let sum = 0;
+  let n = 0;
+  for (const b of hosts) {
+    if (b.label !== label || b.readyAt === undefined || b.readyAt <= b.launchedAt) continue;
+    sum += (b.readyAt - b.launchedAt) / 1000;
+    n++;
+  }
+  return n > 0 ? Math.round(sum / n) || undefined : undefined;
+}
+
+/**
+ * Whether a new hold is worth writing over the stored one: what it holds or why changed, or the stored
+ * one is older than HOLD_REFRESH_MS (`metastatic status` shows when it was decided).
+ */
+export function holdChanged(prev: ReadyHold | undefined, next: Omit<ReadyHold, 'version'>): boolean {
+  if (!prev) return true;
+  return (
+    prev.seats !== next.seats ||
+    prev.target !== next.target ||
+    prev.freeSlots !== next.freeSlots ||
+    Math.abs(prev.perMinute - next.perMinute) > 0.05 * Math.max(prev.perMinute, next.perMinute, 0.1) ||
+    next.at - prev.at >= HOLD_REFRESH_MS
+  );
+}
+
+export const HOLD_REFRESH_MS = 10 * 60_000;

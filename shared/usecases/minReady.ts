@@ -1,5 +1,6 @@
 import type { MetastaticLabel, MetastaticPool } from '../config/model.ts';
 import { hashOf } from '../core/backing.ts';
+import type { ReadyHold } from '../core/forecast.ts';
 import { ownerToken, parseNodeId } from '../core/ids.ts';
 import { isFreeSpare, spareRequestId, takenSpare } from '../core/minReady.ts';
 import type { BackingRecord, NodeRecord, RequestRecord } from '../core/records.ts';
@@ -26,9 +27,11 @@ export async function takeSpare(
   nodeId: string,
   owner: string,
 ): Promise<NodeRecord | undefined> {
-  const seats = ctx.config.minReady.get(label) ?? 0;
+  const auto = ctx.config.readyAuto?.has(label) === true;
+  if (!auto && !ctx.config.minReady.has(label)) return undefined;
+  const { gens, hold } = await ctx.store.minReadyState(label);
+  const seats = seatsOf(ctx, label, hold);
   if (seats === 0) return undefined;
-  const gens = await ctx.store.seatGenerations(label);
   const start = hashOf(nodeId) % seats;
   const ids = Array.from({ length: seats }, (_, i) => (start + i) % seats).map((k) =>
     spareRequestId(label, k, gens.get(k) ?? 0),
@@ -42,6 +45,15 @@ export async function takeSpare(
     }
   }
   return undefined;
+}
+
+/**
+ * The seats of a label's min-ready: its number, or with `min-ready: auto` the seats the reaper's last
+ * decision holds (none before the first).
+ */
+export function seatsOf(ctx: Context, label: string, hold: ReadyHold | undefined): number {
+  if (ctx.config.readyAuto?.has(label)) return hold?.seats ?? 0;
+  return ctx.config.minReady.get(label) ?? 0;
 }
 
 /** Seats whose spares are read at once while looking for a free one. */

@@ -14,7 +14,7 @@ import {
 import type { BackingRecord, NodeRecord, RequestRecord } from '../core/records.ts';
 import { type Context, deliveryDead, timeLeft } from './context.ts';
 import { failBadBacking } from './failure.ts';
-import { endSpare, finishMove, moveSpare, usableSpareHost } from './minReady.ts';
+import { endSpare, finishMove, moveSpare, seatsOf, usableSpareHost } from './minReady.ts';
 import { requestNodes } from './requestNodes.ts';
 import { failRequest } from './requests.ts';
 
@@ -46,6 +46,11 @@ export interface UpkeepOptions {
    * takes no new nodes (past max-age, drained, failed, retiring) are replaced.
    */
   readonly hosts?: ReadonlyMap<string, BackingRecord>;
+  /**
+   * Seats to fill (min-ready auto: the reaper's decision, readyAuto.ts). Unset: the label's min-ready,
+   * or for an auto label the seats its last decision holds.
+   */
+  readonly wanted?: number;
 }
 
 /**
@@ -71,8 +76,8 @@ export async function keepMinReady(
     backedOff: 0,
     errors: [],
   };
-  const wanted = ctx.config.minReady.get(label) ?? 0;
   const state = await ctx.store.minReadyState(label);
+  const wanted = options.wanted ?? seatsOf(ctx, label, state.hold);
   const upkeep: Upkeep = { ctx, label, gens: state.gens, options, report, backoff: state.backoff, free: [] };
   const seats = new Set([...Array.from({ length: wanted }, (_, k) => k), ...state.gens.keys()]);
   for (const seat of seats) {
@@ -141,11 +146,11 @@ async function keepSeat(upkeep: Upkeep, seat: number, wanted: boolean): Promise<
       // Above min-ready now: a waiting spare fails, a free one ends, and so does one taken by a delivery
       // that died without recording it; one in use (or that may still be recorded) is its taker's.
       if (spare?.state === 'requested') {
-        await failRequest(ctx, id, spare.bodyHash, 'min-ready was lowered');
+        await failRequest(ctx, id, spare.bodyHash, lowered(ctx, label));
       } else if (node && (isFreeSpare(node) || step === 'orphan')) {
         const by = takenBy?.by;
         const mayEnd = step === 'orphan' ? (s: NodeRecord) => s.takenBy?.by === by : isFreeSpare;
-        if (await endSpare(ctx, node.id, mayEnd, 'min-ready was lowered')) report.ended++;
+        if (await endSpare(ctx, node.id, mayEnd, lowered(ctx, label))) report.ended++;
       }
       return;
     }
@@ -204,6 +209,10 @@ async function keepSeat(upkeep: Upkeep, seat: number, wanted: boolean): Promise<
     }
   }
 }
+
+/** Why a spare above the seats ends: min-ready lowered, or the forecast fell (auto). */
+const lowered = (ctx: Context, label: string) =>
+  ctx.config.readyAuto?.has(label) ? 'min-ready auto: the forecast fell' : 'min-ready was lowered';
 
 /** Candidates read when moving spares: the fullest backing nodes of the label with a free slot. */
 const MOVE_CANDIDATES = 25;

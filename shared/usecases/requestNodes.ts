@@ -217,11 +217,13 @@ async function takeSpares(
   recording: Recording,
 ): Promise<Map<number, NodeRecord>> {
   const taken = new Map<number, NodeRecord>();
-  if (ctx.config.minReady.size === 0 || isSpareRequestId(recording.base.id)) return taken;
+  const keeps = (label: string) =>
+    ctx.config.minReady.has(label) || ctx.config.readyAuto?.has(label) === true;
+  if ((ctx.config.minReady.size === 0 && !ctx.config.readyAuto?.size) || isSpareRequestId(recording.base.id))
+    return taken;
   const none = new Set<string>(); // labels with no free spare left: not read again for the next node
   for (const [i, node] of recording.base.nodes.entries()) {
-    if (!ctx.config.minReady.has(node.label) || !pool.labels.has(node.label) || none.has(node.label))
-      continue;
+    if (!keeps(node.label) || !pool.labels.has(node.label) || none.has(node.label)) continue;
     const spare = await takeSpare(ctx, pool, node.label, node.id, recording.owner);
     if (spare) taken.set(i, spare);
     else none.add(node.label);
