@@ -70,6 +70,8 @@ Without --trace: the synthetic traces steady, bursty and diurnal (written to ben
                         (its run is deterministic); the traces' figures replace theirs in its 'readiness',
                         and 'summary' is made again from every trace there; the rest of the file is kept
   --only NAMES          only these synthetic traces (comma-separated)
+  --ready-policies KEYS only these policies of the ready-room comparison (comma-separated keys, e.g.
+                        "predictive 0.9,min-ready 2,ready grace 300")
   --workers N           simulations in parallel, one process each (default: min(2, cores))
   --http                reach dynalite over loopback HTTP instead of in-process
   --out DIR             where the SVGs and results.json go (default bench/cost/out)
@@ -105,6 +107,7 @@ async function main(): Promise<void> {
       'no-readiness': { type: 'boolean', default: false },
       'readiness-only': { type: 'boolean', default: false },
       only: { type: 'string' },
+      'ready-policies': { type: 'string' },
       workers: { type: 'string', default: String(Math.min(2, cpus().length)) },
       http: { type: 'boolean', default: false },
       out: { type: 'string', default: join(HERE, 'out') },
@@ -192,8 +195,9 @@ async function main(): Promise<void> {
       (a, b) => (b.jobs.at(-1)?.arrivalMs ?? 0) - (a.jobs.at(-1)?.arrivalMs ?? 0),
     );
     for (const trace of longestFirst) {
+      const wanted = args['ready-policies']?.split(',');
       for (const p of readyPolicies()) {
-        if (p.kind === 'today') continue;
+        if (p.kind === 'today' || (wanted && !wanted.includes(p.key))) continue;
         readyRuns.push({
           task: { id: nextId++, trace, options: p.options({ ...base, policy: 'fullest' }), series: false },
           trace: trace.name,
@@ -323,8 +327,27 @@ async function main(): Promise<void> {
           traces: readyJsons,
         };
   if (readinessOnly) {
-    const kept = JSON.parse(await readFile(resultsFile, 'utf8')) as Record<string, unknown>;
-    await writeFile(resultsFile, formatJson({ ...kept, readiness: readinessJson, summary }));
+    // This run's traces on their own too, and merged with what the file holds now (another run may have
+    // written it meanwhile).
+    await writeFile(
+      join(outDir, `readiness-${readyTraces.map((t) => t.name).join('-')}.json`),
+      formatJson(readyTraces.map(readyJson)),
+    );
+    const kept = JSON.parse(await readFile(resultsFile, 'utf8')) as Record<string, unknown> & {
+      readiness?: { traces: ReadyTraceJson[] };
+    };
+    const merged = [
+      ...(kept.readiness?.traces ?? []).filter((t) => !readyTraces.some((n) => n.name === t.name)),
+      ...readyTraces.map(readyJson),
+    ].sort((a, b) => order(a.name) - order(b.name));
+    const all = merged.every((t) => t.policies.some((p) => p.policy === 'predictive (0.9)'));
+    const mergedSummary = merged.length > 0 && all ? readySummary(merged) : undefined;
+    for (const row of mergedSummary ?? [])
+      console.log(`${row.figure}: ${row.measured} (aim ${row.aim}: ${row.met})`);
+    await writeFile(
+      resultsFile,
+      formatJson({ ...kept, readiness: { ...readinessJson, traces: merged }, summary: mergedSummary }),
+    );
     console.log(`results: ${relative(process.cwd(), resultsFile)} (readiness and summary replaced)`);
     return;
   }
