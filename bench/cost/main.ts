@@ -314,7 +314,7 @@ async function main(): Promise<void> {
   ].sort((a, b) => order(a.name) - order(b.name));
   const complete =
     readyJsons.length > 0 && readyJsons.every((t) => t.policies.some((p) => p.policy === 'predictive (0.9)'));
-  const summary = complete ? readySummary(readyJsons) : undefined;
+  const summary = complete ? readySummary(readyJsons, SYNTHETIC_KINDS) : undefined;
   for (const row of summary ?? []) console.log(`${row.figure}: ${row.measured} (aim ${row.aim}: ${row.met})`);
   const readinessJson =
     readyJsons.length === 0
@@ -341,7 +341,7 @@ async function main(): Promise<void> {
       ...readyTraces.map(readyJson),
     ].sort((a, b) => order(a.name) - order(b.name));
     const all = merged.every((t) => t.policies.some((p) => p.policy === 'predictive (0.9)'));
-    const mergedSummary = merged.length > 0 && all ? readySummary(merged) : undefined;
+    const mergedSummary = merged.length > 0 && all ? readySummary(merged, SYNTHETIC_KINDS) : undefined;
     for (const row of mergedSummary ?? [])
       console.log(`${row.figure}: ${row.measured} (aim ${row.aim}: ${row.met})`);
     await writeFile(

@@ -154,37 +154,54 @@ function cheapestStatic(t: ReadyTraceJson, atLeast: number): ReadyRow | undefine
 }
 
 /** The three summary rows of issue 27, named as the issue names them, from the traces' figures. */
-export function readySummary(traces: readonly ReadyTraceJson[]) {
+export function readySummary(measured: readonly ReadyTraceJson[], expected: readonly string[] = []) {
+  // Every expected trace is named (the issue's row names), a trace not measured is said to be so.
+  const missing = expected.filter((n) => !measured.some((t) => t.name === n));
+  const traces = [
+    ...measured,
+    ...missing.map((name) => ({ name, policies: [] }) as unknown as ReadyTraceJson),
+  ];
+  const gone = (t: ReadyTraceJson) => missing.includes(t.name);
   const names = traces.map((t) => t.name).join(' / ');
   const row = (t: ReadyTraceJson, policy: string) => t.policies.find((r) => r.policy === policy) as ReadyRow;
   const p9 = (t: ReadyTraceJson) => row(t, 'predictive (0.9)');
-  const served = traces.map((t) => p9(t).servedWithoutWaitPercent);
+  const served = traces.map((t) => (gone(t) ? Number.NaN : p9(t).servedWithoutWaitPercent));
   const servedAim = traces.map((t) => (t.name === 'bursty' ? 75 : 90));
-  const cost = traces.map((t) => p9(t).instanceHours / row(t, "today's policy (grace-time 0)").instanceHours);
+  const cost = traces.map((t) =>
+    gone(t) ? Number.NaN : p9(t).instanceHours / row(t, "today's policy (grace-time 0)").instanceHours,
+  );
   const versus = traces.map((t) => {
+    if (gone(t)) return null;
     const best = cheapestStatic(t, p9(t).servedWithoutWaitPercent);
     return best ? { ratio: p9(t).instanceHours / best.instanceHours, label: best.policy } : undefined;
   });
   const yesNo = (ok: boolean) => (ok ? 'yes' : 'NO');
+  const notRun = 'not measured';
   return [
     {
       figure: `predictive (0.9): requests served without waiting for a boot, ${names}`,
-      measured: served.map((x) => `${x.toFixed(1)}%`).join(' / '),
+      measured: served.map((x) => (Number.isNaN(x) ? notRun : `${x.toFixed(1)}%`)).join(' / '),
       aim: servedAim.map((a) => `>= ${a}`).join(' / '),
-      met: served.map((x, i) => yesNo(x >= (servedAim[i] as number))).join(' / '),
+      met: served
+        .map((x, i) => (Number.isNaN(x) ? notRun : yesNo(x >= (servedAim[i] as number))))
+        .join(' / '),
     },
     {
       figure: `predictive (0.9): instance-hours / today's policy at grace 0, ${names}`,
-      measured: cost.map(ratio).join(' / '),
+      measured: cost.map((x) => (Number.isNaN(x) ? notRun : ratio(x))).join(' / '),
       aim: '<= 1.10',
-      met: cost.map((x) => yesNo(x <= 1.1)).join(' / '),
+      met: cost.map((x) => (Number.isNaN(x) ? notRun : yesNo(x <= 1.1))).join(' / '),
     },
     {
       figure: `predictive vs the cheapest static setting (min-ready or grace-time) reaching the same share: instance-hours, ${names}`,
-      measured: versus.map((v) => (v ? `${ratio(v.ratio)} (${v.label})` : 'none reaches it')).join(' / '),
+      measured: versus
+        .map((v) => (v === null ? notRun : v ? `${ratio(v.ratio)} (${v.label})` : 'none reaches it'))
+        .join(' / '),
       aim: '< 1.00',
       met: versus
-        .map((v) => (v ? yesNo(v.ratio < 1) : 'yes (no static setting measured reaches its share)'))
+        .map((v) =>
+          v === null ? notRun : v ? yesNo(v.ratio < 1) : 'yes (no static setting measured reaches its share)',
+        )
         .join(' / '),
     },
   ];
