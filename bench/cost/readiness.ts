@@ -231,6 +231,7 @@ export function frontierSvg(t: ReadyTrace, subtitle: string): string {
   const esc = (s: string) => s.replace(/&/g, '&amp;').replace(/</g, '&lt;');
   const out: string[] = [
     `<svg xmlns="http://www.w3.org/2000/svg" width="${W}" height="${H}" font-family="sans-serif" font-size="12">`,
+    `<title>${esc(`${t.name}: instance-hours against requests served without waiting for a boot. ${subtitle}`)}</title>`,
     `<rect width="${W}" height="${H}" fill="#fff"/>`,
     `<text x="${L}" y="24" font-size="15" font-weight="bold">${esc(t.name)}: instance-hours against requests served without waiting for a boot</text>`,
     `<text x="${L}" y="42" fill="#555">${esc(subtitle)}</text>`,
