@@ -96,12 +96,23 @@ export const baseConfig = (
     backingMax?: number;
     /** min-ready of small-node (top-level labels). */
     minReady?: number;
+    /** min-ready: auto on small-node, with these ready-target and max-ready. */
+    readyAuto?: { readonly target?: number; readonly max?: number };
     maxAge?: number;
   } = {},
 ): string =>
   poolConfig({
-    labels:
-      o.minReady === undefined
+    labels: o.readyAuto
+      ? [
+          { name: 'large-node' },
+          {
+            name: 'small-node',
+            'min-ready': 'auto',
+            'ready-target': o.readyAuto.target,
+            'max-ready': o.readyAuto.max,
+          },
+        ]
+      : o.minReady === undefined
         ? undefined
         : [{ name: 'large-node' }, { name: 'small-node', 'min-ready': o.minReady }],
     backing: {

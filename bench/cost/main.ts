@@ -13,6 +13,17 @@ import { parseArgs } from 'node:util';
 import { startInProcessDynalite } from '../../testkit/inProcessDynalite.ts';
 import { renderChart } from './chart.ts';
 import { model } from './model.ts';
+import {
+  BENCH_MAX_READY,
+  firstBootArrivals,
+  frontierSvg,
+  type ReadyTrace,
+  type ReadyTraceJson,
+  readyJson,
+  readyPolicies,
+  readySummary,
+  readyTable,
+} from './readiness.ts';
 import { formatJson, hours, pct, ratio, secs, table } from './report.ts';
 import {
   type BoundResult,
@@ -54,6 +65,13 @@ Without --trace: the synthetic traces steady, bursty and diurnal (written to ben
   --tick S              reaper interval in seconds (default 10)
   --grace-trace NAME    the trace of the grace-time / min-retention table (default: bursty, else the first)
   --no-grace-table      skip that table
+  --no-readiness        skip the ready-room comparison (static min-ready, grace-time, predictive)
+  --readiness-only      only the ready-room comparison, today's policy taken from the existing results.json
+                        (its run is deterministic); the traces' figures replace theirs in its 'readiness',
+                        and 'summary' is made again from every trace there; the rest of the file is kept
+  --only NAMES          only these synthetic traces (comma-separated)
+  --ready-policies KEYS only these policies of the ready-room comparison (comma-separated keys, e.g.
+                        "predictive 0.9,min-ready 2,ready grace 300")
   --workers N           simulations in parallel, one process each (default: min(2, cores))
   --http                reach dynalite over loopback HTTP instead of in-process
   --out DIR             where the SVGs and results.json go (default bench/cost/out)
@@ -86,6 +104,10 @@ async function main(): Promise<void> {
       tick: { type: 'string', default: String(DEFAULT_OPTIONS.reaperTickS) },
       'grace-trace': { type: 'string' },
       'no-grace-table': { type: 'boolean', default: false },
+      'no-readiness': { type: 'boolean', default: false },
+      'readiness-only': { type: 'boolean', default: false },
+      only: { type: 'string' },
+      'ready-policies': { type: 'string' },
       workers: { type: 'string', default: String(Math.min(2, cpus().length)) },
       http: { type: 'boolean', default: false },
       out: { type: 'string', default: join(HERE, 'out') },
@@ -117,7 +139,8 @@ async function main(): Promise<void> {
   } else {
     const dir = join(HERE, '..', 'traces');
     await mkdir(dir, { recursive: true });
-    for (const kind of SYNTHETIC_KINDS) {
+    const only = args.only?.split(',');
+    for (const kind of SYNTHETIC_KINDS.filter((k) => !only || only.includes(k))) {
       const jobs = args.jobs === undefined ? DEFAULT_JOBS[kind] : intArg('--jobs', args.jobs, 1);
       const trace = syntheticTrace(kind, seed, jobs);
       await writeFile(join(dir, `${kind}.csv`), formatTraceCsv(trace));
@@ -129,9 +152,12 @@ async function main(): Promise<void> {
     if (names.has(t.name)) throw new Error(`two traces are named ${t.name}`);
     names.add(t.name);
   }
-  const graceTrace = args['no-grace-table']
-    ? undefined
-    : (args['grace-trace'] ?? (names.has('bursty') ? 'bursty' : traces[0]?.name));
+  const readinessOnly = args['readiness-only'];
+  const withReadiness = !args['no-readiness'] || readinessOnly;
+  const graceTrace =
+    args['no-grace-table'] || readinessOnly
+      ? undefined
+      : (args['grace-trace'] ?? (names.has('bursty') ? 'bursty' : traces[0]?.name));
   if (graceTrace !== undefined && !names.has(graceTrace)) throw new Error(`no trace named ${graceTrace}`);
 
   console.log(
@@ -155,11 +181,31 @@ async function main(): Promise<void> {
       perJob: perJob(trace, base.bootS),
       runs: new Map(),
     });
+    if (readinessOnly) continue;
     add(trace, 'fullest', { ...base, policy: 'fullest' }, true);
     add(trace, 'oldest', { ...base, policy: 'oldest' }, true);
     add(trace, 'duration-exact', { ...base, policy: 'fullest', hints: 'exact' }, true);
     add(trace, 'duration-noisy', { ...base, policy: 'fullest', hints: 'noisy' }, true);
     add(trace, 'duration-learned', { ...base, policy: 'fullest', learned: true }, true);
+  }
+  if (withReadiness) {
+    // The ready-room runs are the longest (the reaper every minute): first, the longest trace first.
+    const readyRuns: SimRun[] = [];
+    const longestFirst = [...traces].sort(
+      (a, b) => (b.jobs.at(-1)?.arrivalMs ?? 0) - (a.jobs.at(-1)?.arrivalMs ?? 0),
+    );
+    for (const trace of longestFirst) {
+      const wanted = args['ready-policies']?.split(',');
+      for (const p of readyPolicies()) {
+        if (p.kind === 'today' || (wanted && !wanted.includes(p.key))) continue;
+        readyRuns.push({
+          task: { id: nextId++, trace, options: p.options({ ...base, policy: 'fullest' }), series: false },
+          trace: trace.name,
+          what: p.key,
+        });
+      }
+    }
+    runs.unshift(...readyRuns);
   }
   const graceKey = (g: number, m: number) => `fullest grace ${g} min-ret ${m}`;
   if (graceTrace !== undefined) {
@@ -172,6 +218,22 @@ async function main(): Promise<void> {
     }
   }
 
+  const resultsFile = join(outDir, 'results.json');
+  // Today's policy from the last full run (deterministic: the same trace and settings give the same run).
+  const earlier = readinessOnly
+    ? (JSON.parse(await readFile(resultsFile, 'utf8')) as {
+        traces: { name: string; policies: { fullest: Record<string, number> } }[];
+        readiness?: { traces: ReadyTraceJson[] };
+      })
+    : undefined;
+  for (const f of figures.values()) {
+    const stored = earlier?.traces.find((t) => t.name === f.trace.name)?.policies.fullest;
+    if (!earlier) continue;
+    if (!stored)
+      throw new Error(`--readiness-only: no figures of today's policy on ${f.trace.name} in ${resultsFile}`);
+    f.runs.set('fullest', storedResult(stored));
+  }
+
   // ---- run, reporting each trace as soon as its policies are in ----
   const modelChecks: { trace: string; what: string; agrees: boolean; detail: string }[] = [];
   let done = 0;
@@ -181,8 +243,12 @@ async function main(): Promise<void> {
     done++;
     const f = figures.get(run.trace) as TraceFigures;
     f.runs.set(run.what, result);
-    // The reference model knows fullest first and oldest first only: duration-aware runs are not checked.
-    const checked = run.task.options.hints === undefined && run.task.options.learned !== true;
+    // The reference model knows fullest first and oldest first only: duration-aware and ready-room runs
+    // (min-ready) are not checked.
+    const checked =
+      run.task.options.hints === undefined &&
+      run.task.options.learned !== true &&
+      run.task.options.readiness === undefined;
     const m = model(run.task.trace, run.task.options);
     const agrees =
       !checked ||
@@ -205,7 +271,7 @@ async function main(): Promise<void> {
     const complete = ['fullest', 'oldest', 'duration-exact', 'duration-noisy', 'duration-learned'].every(
       (k) => f.runs.has(k),
     );
-    if (!reported.has(run.trace) && complete) {
+    if (!reported.has(run.trace) && complete && !readinessOnly) {
       reported.add(run.trace);
       console.log(`\n${traceTable(f, base)}\n`);
       const file = join(outDir, `${run.trace}.svg`);
@@ -215,6 +281,76 @@ async function main(): Promise<void> {
     }
   });
   await Promise.all(charts);
+
+  // ---- ready room, side by side (issue 27) ----
+  const readyTraces: ReadyTrace[] = withReadiness
+    ? [...figures.values()].map((f) => ({
+        name: f.trace.name,
+        jobs: f.trace.jobs.length,
+        bound: f.bound.instanceSeconds,
+        runs: f.runs,
+        firstBoot: firstBootArrivals(
+          f.trace.jobs.map((j) => j.arrivalMs),
+          base.bootS,
+        ),
+      }))
+    : [];
+  for (const t of readyTraces) {
+    console.log(`${readyTable(t)}\n`);
+    const file = join(outDir, `${t.name}-frontier.svg`);
+    await writeFile(
+      file,
+      frontierSvg(
+        t,
+        `${base.slots} slots per backing node, boot ${base.bootS} s; min-ready and predictive: reaper every 60 s, max-ready ${BENCH_MAX_READY}`,
+      ),
+    );
+    console.log(`chart: ${relative(process.cwd(), file)}\n`);
+  }
+  // Merged with the traces an earlier --readiness-only run measured, in the synthetic traces' order.
+  const readyJsons = [
+    ...(earlier?.readiness?.traces ?? []).filter((t) => !readyTraces.some((n) => n.name === t.name)),
+    ...readyTraces.map(readyJson),
+  ].sort((a, b) => order(a.name) - order(b.name));
+  const complete =
+    readyJsons.length > 0 && readyJsons.every((t) => t.policies.some((p) => p.policy === 'predictive (0.9)'));
+  const summary = complete ? readySummary(readyJsons, SYNTHETIC_KINDS) : undefined;
+  for (const row of summary ?? []) console.log(`${row.figure}: ${row.measured} (aim ${row.aim}: ${row.met})`);
+  const readinessJson =
+    readyJsons.length === 0
+      ? undefined
+      : {
+          date: new Date().toISOString(),
+          maxReady: BENCH_MAX_READY,
+          reaperEveryS: 60,
+          note: 'min-ready and predictive runs end billing when the last job ends (ready room held then is not billed beyond the trace)',
+          traces: readyJsons,
+        };
+  if (readinessOnly) {
+    // This run's traces on their own too, and merged with what the file holds now (another run may have
+    // written it meanwhile).
+    await writeFile(
+      join(outDir, `readiness-${readyTraces.map((t) => t.name).join('-')}.json`),
+      formatJson(readyTraces.map(readyJson)),
+    );
+    const kept = JSON.parse(await readFile(resultsFile, 'utf8')) as Record<string, unknown> & {
+      readiness?: { traces: ReadyTraceJson[] };
+    };
+    const merged = [
+      ...(kept.readiness?.traces ?? []).filter((t) => !readyTraces.some((n) => n.name === t.name)),
+      ...readyTraces.map(readyJson),
+    ].sort((a, b) => order(a.name) - order(b.name));
+    const all = merged.every((t) => t.policies.some((p) => p.policy === 'predictive (0.9)'));
+    const mergedSummary = merged.length > 0 && all ? readySummary(merged, SYNTHETIC_KINDS) : undefined;
+    for (const row of mergedSummary ?? [])
+      console.log(`${row.figure}: ${row.measured} (aim ${row.aim}: ${row.met})`);
+    await writeFile(
+      resultsFile,
+      formatJson({ ...kept, readiness: { ...readinessJson, traces: merged }, summary: mergedSummary }),
+    );
+    console.log(`results: ${relative(process.cwd(), resultsFile)} (readiness and summary replaced)`);
+    return;
+  }
 
   // ---- grace-time / min-retention ----
   let graceRows: GraceRow[] = [];
@@ -280,7 +416,6 @@ async function main(): Promise<void> {
       ? `Reference model: agrees with all ${modelChecks.length} simulations.`
       : `Reference model: DISAGREES with ${disagreements.length} of ${modelChecks.length} simulations.`,
   );
-  const resultsFile = join(outDir, 'results.json');
   await writeFile(
     resultsFile,
     formatJson({
@@ -325,6 +460,8 @@ async function main(): Promise<void> {
             })),
       aim: { withinOfLowerBound: AIM, traces: aimRows.map((a) => ({ ...a, ratio: round(a.ratio, 4) })) },
       referenceModel: { simulations: modelChecks.length, disagreements },
+      readiness: readinessJson,
+      summary,
     }),
   );
   console.log(`results: ${relative(process.cwd(), resultsFile)}; total ${wallS.toFixed(1)} s`);
@@ -553,6 +690,28 @@ function policyJson(r: PolicyResult, bound: number) {
 }
 
 // ---- helpers --------------------------------------------------------------------------------------
+
+/** A synthetic trace's place in the report (others after them). */
+function order(name: string): number {
+  const i = (SYNTHETIC_KINDS as readonly string[]).indexOf(name);
+  return i < 0 ? SYNTHETIC_KINDS.length : i;
+}
+
+/** Today's policy as the last full run stored it (what the ready-room comparison reads of it). */
+function storedResult(p: Record<string, number>): PolicyResult {
+  const n = (k: string) => Number(p[k] ?? 0);
+  return {
+    instanceSeconds: n('instanceHours') * 3600,
+    backingLaunched: n('backingLaunched'),
+    waitS: { mean: n('waitMeanS'), p95: n('waitP95S'), max: n('waitMaxS') },
+    warmHits: n('noWait'),
+    capacityRetries: n('capacityRetries'),
+    dynamodbCalls: n('dynamodbCalls'),
+    fullCandidatePages: n('fullCandidatePages'),
+    wallMs: n('wallSeconds') * 1000,
+    gap: { idleSeconds: 0, heldBoundSeconds: 0 },
+  };
+}
 
 function round(x: number, digits: number): number {
   const f = 10 ** digits;

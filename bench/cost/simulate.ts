@@ -20,6 +20,7 @@ import type { Context } from '../../shared/usecases/context.ts';
 import { resourceRunning } from '../../shared/usecases/fulfil.ts';
 import { reap } from '../../shared/usecases/reap.ts';
 import { releaseNode } from '../../shared/usecases/release.ts';
+import { keepMinReady, labelsTaken } from '../../shared/usecases/replenish.ts';
 import { requestNodes } from '../../shared/usecases/requestNodes.ts';
 import { poolConfig } from '../../testkit/configs.ts';
 import type { InProcessDynalite } from '../../testkit/inProcessDynalite.ts';
@@ -61,7 +62,22 @@ export interface SimOptions {
    * (Context.learnedDurations). Off in every other run, so fullest first is today's order without it.
    */
   readonly learned?: boolean;
+  /**
+   * Ready room held ahead of requests (issue 27): a static `min-ready`, or `min-ready: auto` at a
+   * ready-target share with a max-ready cap. Unset: none (today's policy). With either, the reaper also
+   * runs every `readinessTickS` (the deployed reaper's default rate, a minute) to refill and decide, a
+   * request that took a ready node refills its label's seats at once (as the request function does),
+   * and the run ends when the last job ends: the backing nodes still billed then (held by ready nodes,
+   * which would be kept for the next requests) stop being billed there.
+   */
+  readonly readiness?:
+    | { readonly kind: 'static'; readonly minReady: number }
+    | { readonly kind: 'auto'; readonly share: number; readonly maxReady: number };
+  readonly readinessTickS?: number;
 }
+
+/** The deployed reaper's default rate (lib/metastaticPool.ts reaperRate): the readiness runs' tick. */
+export const READINESS_TICK_S = 60;
 
 /**
  * The `expected-duration` a job's request carries (seconds): the same for every try of that job. Noisy
@@ -112,6 +128,8 @@ export interface PolicyResult {
    * slot): with `oldest`, the order then holds only among those 10 (see Context.placementPolicy).
    */
   readonly fullCandidatePages: number;
+  /** Requests whose node was a ready node the pool held for them (min-ready), of warmHits. */
+  readonly spareHits?: number;
   readonly wallMs: number;
   /**
    * Where the cost above the lower bound goes. idleSeconds: backing nodes billed while empty (grace,
@@ -151,7 +169,19 @@ function countingFullPages(store: PoolStore): { store: PoolStore; fullPages: () 
 
 /** The pool's configuration: one metastatic label per trace label, all on one backing label. */
 export function configYaml(labels: readonly string[], o: SimOptions): string {
+  const ready = o.readiness;
   return poolConfig({
+    labels:
+      ready === undefined
+        ? undefined
+        : [
+            { name: 'large' },
+            ...labels.map((name) =>
+              ready.kind === 'static'
+                ? { name, 'min-ready': ready.minReady }
+                : { name, 'min-ready': 'auto', 'ready-target': ready.share, 'max-ready': ready.maxReady },
+            ),
+          ],
     backing: { name: 'sim', labels: [{ name: 'large' }] },
     meta: {
       pool: { 'max-servers': o.maxServers },
@@ -254,6 +284,7 @@ async function run(
   const inUseDeltas: [number, number][] = [];
   const heldDeltas: LabelDelta[] = [];
   let warmHits = 0;
+  let spareHits = 0;
   let capacityRetries = 0;
   let ended = 0;
 
@@ -265,6 +296,16 @@ async function run(
 
   for (const job of trace.jobs) queue.push(job.arrivalMs, { kind: 'arrival', job });
   if (o.reaperMode === 'periodic') scheduleReap(0);
+  // Ready room: the reaper also runs on the deployed rate, from the first arrival, to refill and decide.
+  const readinessMs = (o.readinessTickS ?? READINESS_TICK_S) * 1000;
+  const readinessTicks = new Set<number>();
+  const readinessTick = (t: number) => {
+    const at = Math.ceil(t / readinessMs) * readinessMs;
+    if (readinessTicks.has(at)) return;
+    readinessTicks.add(at);
+    scheduleReap(at);
+  };
+  if (o.readiness) readinessTick(trace.jobs[0]?.arrivalMs ?? 0);
 
   for (let q = queue.pop(); q; q = queue.pop()) {
     const now = q.at;
@@ -307,7 +348,13 @@ async function run(
       }
       if (placed.state === 'fulfilled') {
         warmHits++;
+        if (node.spare !== undefined) spareHits++;
         start(job, now);
+        // The request function refills the seats of the labels whose ready nodes it took, at once.
+        for (const label of labelsTaken(placed)) {
+          const kept = await keepMinReady(ctx, label);
+          if (kept.errors.length > 0) throw new Error(`min-ready refill: ${kept.errors.join('; ')}`);
+        }
       } else if (node.state === 'pending') {
         waiting.set(backingId, [...(waiting.get(backingId) ?? []), job]);
       } else {
@@ -321,7 +368,8 @@ async function run(
       if (out.kind !== 'ready') throw new Error(`boot of ${e.resourceId}: ${JSON.stringify(out)}`);
       const jobs = waiting.get(out.backingNodeId) ?? [];
       waiting.delete(out.backingNodeId);
-      if (out.nodesReady !== jobs.length) {
+      // Ready nodes the pool made for itself (min-ready) are made ready with the jobs' nodes.
+      if (o.readiness ? out.nodesReady < jobs.length : out.nodesReady !== jobs.length) {
         throw new Error(
           `backing node ${out.backingNodeId} made ${out.nodesReady} node(s) ready; ${jobs.length} waited on it`,
         );
@@ -333,6 +381,11 @@ async function run(
       inUseDeltas.push([now, -1]);
       heldDeltas.push({ t: now, label: e.job.label, d: -1 });
       ended++;
+      if (o.readiness && ended === trace.jobs.length) {
+        // The last job ended: what ready room still holds is not billed beyond the trace.
+        for (const r of await provider.list()) await provider.terminate(r.resourceId);
+        break;
+      }
       const backingId = placedOn.get(e.job.index) as string;
       const left = (held.get(backingId) ?? 0) - 1;
       held.set(backingId, left);
@@ -350,6 +403,7 @@ async function run(
       } else if (ended < trace.jobs.length || (await provider.list()).length > 0) {
         scheduleReap(now + Math.max(tickMs, 1000));
       }
+      if (o.readiness && readinessTicks.delete(now)) readinessTick(now + readinessMs);
     }
   }
 
@@ -376,6 +430,7 @@ async function run(
     warmHits,
     capacityRetries,
     fullCandidatePages: observed.fullPages(),
+    ...(o.readiness ? { spareHits } : {}),
     gap: { idleSeconds: idleMs / 1000, heldBoundSeconds: packedBound(heldDeltas, o.slots).instanceSeconds },
     ...(withSeries ? { backing: stepSeries(backingDeltas), inUse: stepSeries(inUseDeltas) } : {}),
   };

@@ -23,6 +23,18 @@ export interface LabelStatus {
   readonly backingNodes: number;
   readonly slotsUsed: number;
   readonly slots: number;
+  /**
+   * min-ready auto (issue 27): the reaper's last decision: the forecast (arrivals a minute), the ready
+   * slots wanted, the ready nodes held for them, and the free slots on backing nodes that run anyway
+   * counted first. Absent for a label without one.
+   */
+  readonly readyAuto?: {
+    readonly perMinute: number;
+    readonly target: number;
+    readonly held: number;
+    readonly freeSlots: number;
+    readonly decidedAt: string;
+  };
 }
 
 /** What `status --json` prints (one object; with --watch, one per line). */
@@ -120,9 +132,23 @@ export async function poolStatus(client: PoolClient, now: number): Promise<PoolS
   const waiting = requests
     .filter((r) => r.state === 'requested' && !isSpareRequestId(r.id))
     .sort((a, b) => a.createdAt - b.createdAt);
+  const labels = await Promise.all(
+    labelStatus(live, requests).map(async (l) => {
+      const { hold } = await client.store.minReadyState(l.label);
+      if (!hold) return l;
+      const readyAuto = {
+        perMinute: hold.perMinute,
+        target: hold.target,
+        held: hold.seats,
+        freeSlots: hold.freeSlots,
+        decidedAt: new Date(hold.at).toISOString(),
+      };
+      return { ...l, readyAuto };
+    }),
+  );
   return {
     at: new Date(now).toISOString(),
-    labels: labelStatus(live, requests),
+    labels,
     backing: live.map((b) => ({
       id: b.id,
       label: b.label,
@@ -261,7 +287,7 @@ export function render(s: PoolStatus, now: number, everySeconds?: number): strin
     s.labels.length === 0
       ? 'no nodes, backing nodes or waiting requests'
       : table(
-          ['LABEL', 'READY', 'PENDING', 'MIN-READY', 'WAITING', 'BACKING', 'SLOTS'],
+          ['LABEL', 'READY', 'PENDING', 'MIN-READY', 'WAITING', 'BACKING', 'SLOTS', 'FORECAST (auto)'],
           s.labels.map((l) => [
             l.label,
             l.nodesReady,
@@ -270,6 +296,9 @@ export function render(s: PoolStatus, now: number, everySeconds?: number): strin
             l.requestsWaiting,
             l.backingNodes,
             `${l.slotsUsed}/${l.slots}`,
+            l.readyAuto
+              ? `${l.readyAuto.perMinute.toFixed(2)}/min: target ${l.readyAuto.target}, held ${l.readyAuto.held} + ${l.readyAuto.freeSlots} free`
+              : '-',
           ]),
         ),
   );

@@ -33,6 +33,10 @@ export const MAX_PARALLEL_JOBS = 1000;
  * keeps both small; Nodepool installations keep a handful per label.
  */
 export const MAX_MIN_READY = 100;
+/** min-ready auto: the share of requests that should find a ready node (ready-target), its bounds and default. */
+export const READY_TARGET_BOUNDS = { min: 0.5, max: 0.999, default: 0.9 } as const;
+/** min-ready auto: the most ready nodes held when max-ready is not given. */
+export const DEFAULT_MAX_READY = 10;
 /**
  * Servers of a pool. A place in a pool's capacity set is its own small item, so no item
  * grows with the pool; the bound is what is tested (test/embedded/capacityScale.test.ts) and what one

@@ -113,6 +113,11 @@ export interface ResolvedConfig {
   readonly priorityCeiling?: PriorityCeiling;
   /** Labels with a `priority-ceiling` of their own (top-level `labels`), instead of the top-level one. */
   readonly labelPriorityCeilings: ReadonlyMap<string, PriorityCeiling>;
+  /**
+   * Labels with `min-ready: auto`: the ready nodes they hold follow their arrival forecast (core/forecast.ts),
+   * so that `share` of their requests find one, at most `maxReady`.
+   */
+  readonly readyAuto: ReadonlyMap<string, ReadyAuto>;
   /** Requests by shape: percent above the cheapest fitting label worth paying for a free slot now. */
   readonly shapeCostMargin: number;
   /** `learned-durations`: learn node durations and place nodes without a hint by them. */
@@ -121,6 +126,13 @@ export interface ResolvedConfig {
   readonly recordRetention: number;
   /** Keys that are valid but have no effect yet, by YAML path: shown as warnings, never errors. */
   readonly notices: readonly ConfigNotice[];
+}
+
+export interface ReadyAuto {
+  /** `ready-target`: the share of requests that should find a ready node. */
+  readonly share: number;
+  /** `max-ready`: the most ready nodes held. */
+  readonly maxReady: number;
 }
 
 export interface ConfigNotice {

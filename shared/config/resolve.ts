@@ -5,6 +5,7 @@
 
 import { formatSize, parseSize, type Shape } from '../core/shapes.ts';
 import { contractOf } from './contractFields.ts';
+import { DEFAULT_MAX_READY, READY_TARGET_BOUNDS } from './fields.ts';
 import { type InstanceTypeFacts, instanceTypeFacts } from './instanceTypes.ts';
 import type {
   BackingLabel,
@@ -13,6 +14,7 @@ import type {
   MetastaticLabel,
   MetastaticPool,
   PriorityCeiling,
+  ReadyAuto,
   ResolvedConfig,
 } from './model.ts';
 import { formatPath } from './paths.ts';
@@ -111,6 +113,7 @@ export function resolveConfig(file: ConfigFile): ResolvedConfig {
         l['priority-ceiling'] === undefined ? [] : [[l.name, ceilingOf(l['priority-ceiling'])] as const],
       ),
     ),
+    readyAuto: readyAutoOf(file),
     shapeCostMargin: file['shape-cost-margin'],
     learnedDurations: file['learned-durations'],
     recordRetention: file['record-retention'],
@@ -202,7 +205,7 @@ function minReadyOf(file: ConfigFile): Map<string, number> {
   const minReady = new Map<string, number>();
   for (const label of file.labels ?? []) {
     const n = label['min-ready'] ?? 0;
-    if (n > 0) minReady.set(label.name, n);
+    if (typeof n === 'number' && n > 0) minReady.set(label.name, n);
   }
   return minReady;
 }
@@ -215,11 +218,25 @@ function ceilingOf(c: NonNullable<ConfigFile['priority-ceiling']>): PriorityCeil
   };
 }
 
+/** The labels with `min-ready: auto`, with their ready-target and max-ready (or the defaults). */
+function readyAutoOf(file: ConfigFile): Map<string, ReadyAuto> {
+  const auto = new Map<string, ReadyAuto>();
+  for (const label of file.labels ?? []) {
+    if (label['min-ready'] !== 'auto') continue;
+    auto.set(label.name, {
+      share: label['ready-target'] ?? READY_TARGET_BOUNDS.default,
+      maxReady: label['max-ready'] ?? DEFAULT_MAX_READY,
+    });
+  }
+  return auto;
+}
+
 /** Valid keys that do nothing here: the user is told rather than left to wonder. */
 function noticesOf(file: ConfigFile, offered: ReadonlySet<string>): ConfigNotice[] {
   const notices: ConfigNotice[] = [];
   file.labels?.forEach((label, index) => {
-    if ((label['min-ready'] ?? 0) > 0 && !offered.has(label.name)) {
+    const minReady = label['min-ready'] ?? 0;
+    if ((minReady === 'auto' || minReady > 0) && !offered.has(label.name)) {
       notices.push({
         path: formatPath(['labels', index, 'min-ready']),
         message: `no metastatic pool offers label "${label.name}": no node of it is kept ready`,

@@ -18,6 +18,7 @@ import {
   bool,
   cores,
   DEFAULT_LEASE_HELP,
+  DEFAULT_MAX_READY,
   DEFAULT_REQUEST_TIMEOUT,
   host,
   hourlyCost,
@@ -40,6 +41,7 @@ import {
   positiveSeconds,
   priority,
   priorityCeiling,
+  READY_TARGET_BOUNDS,
   REQUEST_TIMEOUT_HELP,
   requestTimeout,
   seconds,
@@ -209,22 +211,56 @@ export const providerSchema = z.discriminatedUnion(
   { error: MAPPING },
 );
 
-export const topLevelLabelSchema = z.strictObject(
-  {
-    name: name(),
-    'min-ready': intBetween(0, MAX_MIN_READY)
-      .optional()
-      .describe(
-        `Nodes of this label kept ready and unassigned ahead of requests (they count against max-servers); at most ${MAX_MIN_READY}.`,
-      ),
-    'priority-ceiling': priorityCeiling()
-      .optional()
-      .describe(
-        `${PRIORITY_CEILING_HELP} For requests of this label, instead of the top-level one; a request of several labels takes the worst of theirs.`,
-      ),
-  },
-  { error: MAPPING },
-);
+const MIN_READY = `an integer >= 0 and <= ${MAX_MIN_READY}, or auto`;
+const READY_TARGET = `a share >= ${READY_TARGET_BOUNDS.min} and <= ${READY_TARGET_BOUNDS.max}`;
+
+export const topLevelLabelSchema = z
+  .strictObject(
+    {
+      name: name(),
+      'min-ready': z
+        .union(
+          [
+            z.int({ error: MIN_READY }).min(0, { error: MIN_READY }).max(MAX_MIN_READY, { error: MIN_READY }),
+            z.literal('auto', { error: MIN_READY }),
+          ],
+          { error: MIN_READY },
+        )
+        .optional()
+        .describe(
+          `Nodes of this label kept ready and unassigned ahead of requests (they count against max-servers); at most ${MAX_MIN_READY}. auto: as many as the label's arrival forecast says the next launch-to-ready time needs for ready-target of its requests to find one, at most max-ready.`,
+        ),
+      'ready-target': z
+        .number({ error: READY_TARGET })
+        .min(READY_TARGET_BOUNDS.min, { error: READY_TARGET })
+        .max(READY_TARGET_BOUNDS.max, { error: READY_TARGET })
+        .optional()
+        .describe(
+          `With min-ready: auto, the share of requests that should find a ready node (default ${READY_TARGET_BOUNDS.default}).`,
+        ),
+      'max-ready': intBetween(1, MAX_MIN_READY)
+        .optional()
+        .describe(`With min-ready: auto, the most ready nodes held (default ${DEFAULT_MAX_READY}).`),
+      'priority-ceiling': priorityCeiling()
+        .optional()
+        .describe(
+          `${PRIORITY_CEILING_HELP} For requests of this label, instead of the top-level one; a request of several labels takes the worst of theirs.`,
+        ),
+    },
+    { error: MAPPING },
+  )
+  .superRefine((label, ctx) => {
+    if (label['min-ready'] === 'auto') return;
+    for (const key of ['ready-target', 'max-ready'] as const) {
+      if (label[key] === undefined) continue;
+      ctx.addIssue({
+        code: 'custom',
+        path: [key],
+        message: `a key of min-ready: auto only (min-ready is ${label['min-ready'] ?? 0})`,
+        input: label[key],
+      });
+    }
+  });
 
 /** Percent above the cheapest label a request by shape may pay to get a free slot now (no launch). */
 export const MAX_SHAPE_COST_MARGIN = 1000;

@@ -1,4 +1,6 @@
 import { z } from 'zod';
+import { SPARE_ID_PREFIX } from './ids.ts';
+import type { BackingRecord } from './records.ts';
 
 /**
  * Arrival forecasts per label (predictive readiness, issue 27): how many requests a label will get in
@@ -44,6 +46,15 @@ export const ArrivalModel = z.object({
   nextMinute: z.number().int().nonnegative(),
   /** Arrivals counted in the hour being observed (folded into its bucket when the hour ends). */
   hourCount: z.number().nonnegative(),
+  /** Arrivals recorded within the minute `nextMinute` (not folded yet: that minute has not ended). */
+  pending: z.number().nonnegative().default(0),
+  /**
+   * Seconds from launch to ready of the label's backing nodes, as the reaper last saw them (mean of those
+   * it read): the horizon of the ready target. Absent until one was seen (DEFAULT_LAUNCH_TO_READY_S).
+   */
+  launchToReadyS: z.number().positive().optional(),
+  /** When it was last written (epoch ms). */
+  updatedAt: z.number().default(0),
   version: z.number().int().positive(),
 });
 export type ArrivalModel = z.infer<typeof ArrivalModel>;
@@ -64,8 +75,104 @@ export function emptyModel(label: string, epochMinute: number): ArrivalModel {
     shortRate: 0,
     nextMinute: epochMinute,
     hourCount: 0,
+    pending: 0,
+    updatedAt: 0,
     version: 1,
   };
+}
+
+/**
+ * What the reaper's min-ready step decided for a label with `min-ready: auto` (kept beside its seats, so
+ * the one Query a request makes to find a spare also says how many seats are in use): how many spares
+ * it holds, from which target and forecast. Written conditionally on its version when it changes.
+ */
+export const ReadyHold = z.object({
+  /** Spares held now: seats 0 .. seats - 1 are filled, the ones above emptied. */
+  seats: z.number().int().nonnegative(),
+  /** Ready slots wanted (readyNeed), free slots on backing nodes that run anyway counted first. */
+  target: z.number().int().nonnegative(),
+  /** The forecast it was decided from, arrivals per minute. */
+  perMinute: z.number().nonnegative(),
+  /** Free slots on backing nodes that run anyway, as the reaper read them. */
+  freeSlots: z.number().int().nonnegative(),
+  /** When it was decided (epoch ms). */
+  at: z.number(),
+  version: z.number().int().positive(),
+});
+export type ReadyHold = z.infer<typeof ReadyHold>;
+
+/** The horizon of the ready target while no backing node of the label has been seen booting. */
+export const DEFAULT_LAUNCH_TO_READY_S = 120;
+
+/** The epoch minute of an instant (epoch ms). */
+export const minuteOf = (ms: number): number => Math.floor(ms / 60_000);
+
+/**
+ * The model (undefined: none stored yet) after `arrivals` more requests recorded at `now` (epoch ms),
+ * as one conditional write makes it: its version one more than prev's. The minutes that ended since the
+ * last write are folded (`observe`) with the arrivals of the minute it left pending and these ones
+ * (recorded together: spread over them); within the same minute they are only added to `pending`. With
+ * no arrivals it only folds (the reaper's call: a quiet label's rate decays without any request).
+ * Undefined when there is nothing to write (no arrivals, and no minute ended).
+ */
+export function withArrivals(
+  prev: ArrivalModel | undefined,
+  label: string,
+  arrivals: number,
+  now: number,
+): ArrivalModel | undefined {
+  const minute = minuteOf(now);
+  const base = prev ?? emptyModel(label, minute);
+  const pending = base.pending + Math.max(0, arrivals);
+  if (minute > base.nextMinute) {
+    const folded = observe(base, minute, pending);
+    return { ...folded, pending: 0, updatedAt: now, version: prev ? prev.version + 1 : 1 };
+  }
+  if (arrivals <= 0 && prev) return undefined;
+  return { ...base, pending, updatedAt: now, version: prev ? base.version + 1 : 1 };
+}
+
+/** Below this forecast (one arrival an hour) a label holds no ready room. */
+export const MIN_FORECAST_PER_MINUTE = 1 / 60;
+
+/** What the forecast says a label needs now: for `metastatic status` and the min-ready step. */
+export interface ReadyNeed {
+  /** Forecast arrivals per minute at the busiest point of the horizon (forecastRate). */
+  readonly perMinute: number;
+  /** The horizon: one launch-to-ready time, in minutes. */
+  readonly horizonMinutes: number;
+  /** Ready slots wanted (readyTarget), capped by max-ready. */
+  readonly target: number;
+}
+
+/**
+ * The ready room a label needs at `now` (epoch ms) to let `share` of its arrivals within one
+ * launch-to-ready time find a ready slot, at most `maxReady`. No model yet: none.
+ */
+export function readyNeed(
+  model: ArrivalModel | undefined,
+  now: number,
+  share: number,
+  maxReady: number,
+): ReadyNeed {
+  const horizonMinutes = (model?.launchToReadyS ?? DEFAULT_LAUNCH_TO_READY_S) / 60;
+  if (!model) return { perMinute: 0, horizonMinutes, target: 0 };
+  const perMinute = forecastRate(model, minuteOf(now), horizonMinutes);
+  // Any rate above 0 wants a slot (one serves nearly every arrival of a tiny rate): below the floor a
+  // label holds nothing, or one that saw a request long ago would pin an instance for ever.
+  if (perMinute < MIN_FORECAST_PER_MINUTE) return { perMinute, horizonMinutes, target: 0 };
+  return { perMinute, horizonMinutes, target: readyTarget(perMinute * horizonMinutes, share, maxReady) };
+}
+
+/**
+ * How many ready, unassigned nodes (spares) the pool holds for a label to reach `target` ready slots:
+ * free slots on backing nodes that run anyway count first (they cost nothing extra), the rest are
+ * spares, at most `maxReady`. "Run anyway": the backing node holds some node that is not a spare
+ * (a free slot beside only spares would go with them, so counting it would let the spares go, then the
+ * backing node, then want them back).
+ */
+export function sparesWanted(target: number, freeSlotsRunningAnyway: number, maxReady: number): number {
+  return Math.max(0, Math.min(maxReady, target - Math.max(0, freeSlotsRunningAnyway)));
 }
 
 const SHORT_DECAY = 2 ** (-1 / SHORT_HALF_LIFE_MIN);
@@ -198,3 +305,67 @@ function normalCdf(z: number): number {
   const erf = 1 - poly * Math.exp(-x * x);
   return z >= 0 ? (1 + erf) / 2 : (1 - erf) / 2;
 }
+
+/** A backing node as the ready-room count needs it. */
+type Host = Pick<
+  BackingRecord,
+  | 'label'
+  | 'poolKey'
+  | 'state'
+  | 'slots'
+  | 'used'
+  | 'slotMap'
+  | 'drained'
+  | 'noNewNodesAfter'
+  | 'launchedAt'
+  | 'readyAt'
+>;
+
+/** Whether a backing node takes new nodes now: ready, not drained, within max-age. */
+const takesNodes = (b: Host, now: number) =>
+  b.state === 'ready' && !b.drained && (b.noNewNodesAfter === undefined || now < b.noNewNodesAfter);
+
+/**
+ * Free slots of `label` on backing nodes that run anyway (ready, taking nodes, and holding some node
+ * that is not the pool's own ready node): ready room that costs nothing extra. A node on a taken ready
+ * node keeps the ready node's id in the slot map, so a backing node held only by such nodes is not
+ * counted (it runs anyway, but the count errs towards holding more, never fewer).
+ */
+export function freeSlotsRunningAnyway(hosts: Iterable<Host>, label: string, now: number): number {
+  let free = 0;
+  for (const b of hosts) {
+    if (b.label !== label || !takesNodes(b, now)) continue;
+    if (!Object.values(b.slotMap).some((id) => !id.startsWith(SPARE_ID_PREFIX))) continue;
+    free += Math.max(0, b.slots - b.used);
+  }
+  return free;
+}
+
+/** The mean seconds from launch to ready of the label's backing nodes read (undefined: none seen). */
+export function launchToReadyOf(hosts: Iterable<Host>, label: string): number | undefined {
+  let sum = 0;
+  let n = 0;
+  for (const b of hosts) {
+    if (b.label !== label || b.readyAt === undefined || b.readyAt <= b.launchedAt) continue;
+    sum += (b.readyAt - b.launchedAt) / 1000;
+    n++;
+  }
+  return n > 0 ? Math.round(sum / n) || undefined : undefined;
+}
+
+/**
+ * Whether a new hold is worth writing over the stored one: what it holds or why changed, or the stored
+ * one is older than HOLD_REFRESH_MS (`metastatic status` shows when it was decided).
+ */
+export function holdChanged(prev: ReadyHold | undefined, next: Omit<ReadyHold, 'version'>): boolean {
+  if (!prev) return true;
+  return (
+    prev.seats !== next.seats ||
+    prev.target !== next.target ||
+    prev.freeSlots !== next.freeSlots ||
+    Math.abs(prev.perMinute - next.perMinute) > 0.05 * Math.max(prev.perMinute, next.perMinute, 0.1) ||
+    next.at - prev.at >= HOLD_REFRESH_MS
+  );
+}
+
+export const HOLD_REFRESH_MS = 10 * 60_000;

@@ -1,4 +1,5 @@
 import type { DurationEstimate } from './estimates.ts';
+import type { ArrivalModel, ReadyHold } from './forecast.ts';
 import type { LabelBackoff } from './minReady.ts';
 import type { ServiceOrder } from './priority.ts';
 import type { BackingRecord, Claim, RequestRecord } from './records.ts';
@@ -166,6 +167,17 @@ export interface PoolStore {
    */
   putEstimate(estimate: DurationEstimate): Promise<boolean>;
 
+  // ---- arrival forecasts (core/forecast.ts)
+  /** A label's arrival model; undefined when none is recorded yet. */
+  getForecast(label: string): Promise<ArrivalModel | undefined>;
+  /**
+   * Writes a label's arrival model if the stored one is still the one it was made from (version - 1; none
+   * for version 1); false when another writer got there first.
+   */
+  putForecast(model: ArrivalModel): Promise<boolean>;
+  /** Writes a label's ready hold (min-ready auto) under the same rule; false when another wrote first. */
+  putReadyHold(label: string, next: ReadyHold): Promise<boolean>;
+
   // ---- min-ready seats (core/minReady.ts)
   /** The generation of each seat of a label's min-ready that has moved on (seat -> generation; absent = 0). */
   seatGenerations(label: string): Promise<Map<number, number>>;
@@ -173,7 +185,7 @@ export interface PoolStore {
   openSeat(label: string, seat: number): Promise<void>;
   /** Moves a seat from generation `from` to `from + 1`; false when it is not at `from` any more. */
   advanceSeat(label: string, seat: number, from: number): Promise<boolean>;
-  /** A label's seats (as seatGenerations) and its launch backoff, in one read. */
+  /** A label's seats (as seatGenerations), its launch backoff and its ready hold, in one read. */
   minReadyState(label: string): Promise<MinReadyState>;
   /**
    * Writes a label's backoff if the stored one is still the one it was made from (version - 1; none for
@@ -208,6 +220,8 @@ export type PageCursor = Record<string, unknown>;
 export interface MinReadyState {
   readonly gens: Map<number, number>;
   readonly backoff?: LabelBackoff;
+  /** min-ready auto: the spares the reaper decided to hold (absent: never decided). */
+  readonly hold?: ReadyHold;
 }
 
 /** The step the next reaper run starts with (absent: the usual order), and the item's version. */

@@ -284,7 +284,11 @@ export class EmbeddedPool {
         );
         for (const p of stack.pollers) p.start();
         // min-ready nodes are made by the reaper: its first run comes at once, not an interval later.
-        stack.scheduleReaper(options.config.minReady.size > 0 ? stack.context.clock.now() : undefined);
+        stack.scheduleReaper(
+          options.config.minReady.size > 0 || options.config.readyAuto?.size
+            ? stack.context.clock.now()
+            : undefined,
+        );
       }
       // The CLI's operator verbs are run here, so that no backing process is ever the CLI's child.
       endpoint = await startOperatorEndpoint((call) => stack.operate(call), options.log);

@@ -16,6 +16,7 @@ import { unmarshall } from '@aws-sdk/util-dynamodb';
 import { type Clock, systemClock } from '../core/clock.ts';
 import { ConflictError, ItemTooLargeError, LostWriteError, StoreRefusedError } from '../core/errors.ts';
 import { DurationEstimate } from '../core/estimates.ts';
+import { ArrivalModel, ReadyHold } from '../core/forecast.ts';
 import { LabelBackoff } from '../core/minReady.ts';
 import type {
   BackingExpectation,
@@ -625,6 +626,7 @@ export class DynamoStore implements PoolStore {
   async minReadyState(label: string): Promise<MinReadyState> {
     const gens = new Map<number, number>();
     let backoff: LabelBackoff | undefined;
+    let hold: ReadyHold | undefined;
     let cursor: Record<string, unknown> | undefined;
     do {
       const out = await this.doc.send(
@@ -638,11 +640,55 @@ export class DynamoStore implements PoolStore {
       );
       for (const item of out.Items ?? []) {
         if (item.type === 'backoff') backoff = LabelBackoff.parse(item);
+        else if (item.type === 'hold') hold = ReadyHold.parse(item);
         else gens.set(Number(item.seat), Number(item.gen));
       }
       cursor = out.LastEvaluatedKey;
     } while (cursor);
-    return backoff ? { gens, backoff } : { gens };
+    return { gens, ...(backoff ? { backoff } : {}), ...(hold ? { hold } : {}) };
+  }
+
+  async putReadyHold(label: string, next: ReadyHold): Promise<boolean> {
+    return this.putVersioned({ ...keys.seatsHold(label), type: 'hold', label, ...next }, next.version);
+  }
+
+  // ---- arrival forecasts ---------------------------------------------------------------------------
+
+  async getForecast(label: string): Promise<ArrivalModel | undefined> {
+    const out = await this.doc.send(
+      new GetCommand({ TableName: this.tableName, Key: keys.forecast(label), ConsistentRead: true }),
+    );
+    return out.Item ? ArrivalModel.parse(out.Item) : undefined;
+  }
+
+  async putForecast(model: ArrivalModel): Promise<boolean> {
+    return this.putVersioned({ ...keys.forecast(model.label), type: 'forecast', ...model }, model.version);
+  }
+
+  /**
+   * Puts an item made from the one at `version - 1` (none for version 1), if that is still the one
+   * stored; false when another writer got there first.
+   */
+  private async putVersioned(item: Record<string, unknown>, version: number): Promise<boolean> {
+    try {
+      await this.doc.send(
+        new PutCommand({
+          TableName: this.tableName,
+          Item: item,
+          ...(version === 1
+            ? { ConditionExpression: conditions.itemDoesNotExist }
+            : {
+                ConditionExpression: conditions.versionUnchanged,
+                ExpressionAttributeNames: { '#version': 'version' },
+                ExpressionAttributeValues: { ':expectedVersion': version - 1 },
+              }),
+        }),
+      );
+      return true;
+    } catch (err) {
+      if (err instanceof ConditionalCheckFailedException) return false;
+      throw err;
+    }
   }
 
   async putLabelBackoff(label: string, next: LabelBackoff): Promise<boolean> {

@@ -21,6 +21,8 @@ import { queueOf, type WaitingQueue } from '../core/waitingQueue.ts';
  *                                             function's look-up of an EC2 event's instance, before any EC2 call)
  *   SEATS#<label>                   SEAT#<n>  a min-ready seat: the generation of its spare (core/minReady.ts)
  *   SEATS#<label>                   BACKOFF   the label's min-ready launch backoff (core/minReady.ts)
+ *   SEATS#<label>                   HOLD      min-ready auto: how many spares the reaper holds, and why (core/forecast.ts)
+ *   FORECAST#<label>                MODEL     the label's arrival model (core/forecast.ts), for min-ready auto
  *   ESTIMATE#<label>                ALL       the label's learned duration estimate (core/estimates.ts)
  *   ESTIMATE#<label>                REQUESTOR#<requestor>  the same, for one requestor's nodes of the label
  *   QUEUES                          <queue id>  a waiting queue that may hold requests (core/waitingQueue.ts)
@@ -77,6 +79,10 @@ export const keys = {
   waitingQueue: (q: WaitingQueue) => ({ pk: QUEUES_PK, sk: queueId(q) }),
   /** A label's min-ready launch backoff, beside its seats (one Query reads both). */
   seatsBackoff: (label: string) => ({ pk: `SEATS#${label}`, sk: 'BACKOFF' }),
+  /** min-ready auto: the spares held for a label, beside its seats (the same Query reads it). */
+  seatsHold: (label: string) => ({ pk: `SEATS#${label}`, sk: 'HOLD' }),
+  /** A label's arrival model (core/forecast.ts). */
+  forecast: (label: string) => ({ pk: `FORECAST#${label}`, sk: 'MODEL' }),
   /** The step the next reaper run starts with (usecases/reap.ts). */
   reaperCursor: { pk: 'REAPER', sk: 'CURSOR' },
   /** A learned duration estimate: the label's, or one requestor's for the label (core/estimates.ts). */

@@ -1,5 +1,6 @@
 import type { MetastaticLabel, MetastaticPool } from '../config/model.ts';
 import { hashOf } from '../core/backing.ts';
+import type { ReadyHold } from '../core/forecast.ts';
 import { ownerToken, parseNodeId } from '../core/ids.ts';
 import { isFreeSpare, spareRequestId, takenSpare } from '../core/minReady.ts';
 import type { MinReadyState } from '../core/poolStore.ts';
@@ -44,11 +45,13 @@ export async function takeSpare(
   owner: string,
   seen: SparesSeen = noSparesSeen(),
 ): Promise<NodeRecord | undefined> {
-  const seats = ctx.config.minReady.get(label) ?? 0;
-  if (seats === 0) return undefined;
+  const auto = ctx.config.readyAuto?.has(label) === true;
+  if (!auto && !ctx.config.minReady.has(label)) return undefined;
   const state = seen.seats.get(label) ?? (await ctx.store.minReadyState(label));
   seen.seats.set(label, state);
-  const gens = state.gens;
+  const { gens } = state;
+  const seats = seatsOf(ctx, label, state.hold);
+  if (seats === 0) return undefined;
   const start = hashOf(nodeId) % seats;
   const ids = Array.from({ length: seats }, (_, i) => (start + i) % seats).map((k) =>
     spareRequestId(label, k, gens.get(k) ?? 0),
@@ -75,6 +78,15 @@ export async function takeSpare(
     }
   }
   return undefined;
+}
+
+/**
+ * The seats of a label's min-ready: its number, or with `min-ready: auto` the seats the reaper's last
+ * decision holds (none before the first).
+ */
+export function seatsOf(ctx: Context, label: string, hold: ReadyHold | undefined): number {
+  if (ctx.config.readyAuto?.has(label)) return hold?.seats ?? 0;
+  return ctx.config.minReady.get(label) ?? 0;
 }
 
 /** Seats whose spares are read at once while looking for a free one. */

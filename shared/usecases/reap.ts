@@ -13,9 +13,11 @@ import { ensureLaunched, giveBackSlot } from './backingNodes.ts';
 import { retryOnConflict, unlessConflict } from './conflicts.ts';
 import { type Context, leaseExpired, timeLeft } from './context.ts';
 import { failBackingNode, failBadBacking, settleFailedNodes } from './failure.ts';
+import { flushArrivals } from './forecasts.ts';
 import { endLapsedLeases } from './leases.ts';
 import { markNodesReady } from './nodesReady.ts';
 import { endOverduePending } from './pending.ts';
+import { decideHold } from './readyAuto.ts';
 import type { MutableReport, ReapReport } from './reapReport.ts';
 import { reconcile, reconcileCapacity, stopMany } from './reconcile.ts';
 import { keepMinReady } from './replenish.ts';
@@ -231,9 +233,17 @@ export async function reap(ctx: Context): Promise<ReapReport> {
       const hosts = new Map(
         [...idle, ...launching, ...active].filter((b) => !gone.has(b.id)).map((b) => [b.id, b] as const),
       );
+      // Arrivals this instance counted and has not written yet (the embedded pool's request handler).
+      await guard('min-ready', 'forecasts', () => flushArrivals(ctx));
       for (const label of ctx.config.metastaticLabelNames) {
         await guard('min-ready', label, async () => {
-          const kept = await keepMinReady(ctx, label, { hosts });
+          // min-ready auto: how many to hold now, from the label's forecast (readyAuto.ts).
+          const auto = ctx.config.readyAuto?.get(label);
+          const hold = auto ? await decideHold(ctx, label, auto, hosts) : undefined;
+          const kept = await keepMinReady(ctx, label, {
+            hosts,
+            ...(auto ? { wanted: hold?.seats ?? 0 } : {}),
+          });
           report.minReadyMade += kept.made;
           report.minReadyEnded += kept.ended;
           report.minReadyMoved += kept.moved;

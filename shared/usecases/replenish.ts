@@ -14,7 +14,7 @@ import {
 import type { BackingRecord, NodeRecord, RequestRecord } from '../core/records.ts';
 import { type Context, deliveryDead, timeLeft } from './context.ts';
 import { failBadBacking } from './failure.ts';
-import { endSpare, finishMove, moveSpare, type SparesSeen, usableSpareHost } from './minReady.ts';
+import { endSpare, finishMove, moveSpare, type SparesSeen, seatsOf, usableSpareHost } from './minReady.ts';
 import { requestNodes } from './requestNodes.ts';
 import { failRequest } from './requests.ts';
 
@@ -53,6 +53,11 @@ export interface UpkeepOptions {
    * made 15 DynamoDB calls).
    */
   readonly taken?: { readonly seen: SparesSeen; readonly taker: RequestRecord };
+  /**
+   * Seats to fill (min-ready auto: the reaper's decision, readyAuto.ts). Unset: the label's min-ready,
+   * or for an auto label the seats its last decision holds.
+   */
+  readonly wanted?: number;
 }
 
 /**
@@ -78,9 +83,9 @@ export async function keepMinReady(
     backedOff: 0,
     errors: [],
   };
-  const wanted = ctx.config.minReady.get(label) ?? 0;
   const taken = options.taken;
   const state = taken?.seen.seats.get(label) ?? (await ctx.store.minReadyState(label));
+  const wanted = options.wanted ?? seatsOf(ctx, label, state.hold);
   // Requests known as they are (undefined: known absent), instead of read.
   const known = new Map<string, RequestRecord | undefined>(taken?.seen.spares);
   if (taken) known.set(taken.taker.id, taken.taker);
@@ -171,11 +176,11 @@ async function keepSeat(upkeep: Upkeep, seat: number, wanted: boolean): Promise<
       // Above min-ready now: a waiting spare fails, a free one ends, and so does one taken by a delivery
       // that died without recording it; one in use (or that may still be recorded) is its taker's.
       if (spare?.state === 'requested') {
-        await failRequest(ctx, id, spare.bodyHash, 'min-ready was lowered');
+        await failRequest(ctx, id, spare.bodyHash, lowered(ctx, label));
       } else if (node && (isFreeSpare(node) || step === 'orphan')) {
         const by = takenBy?.by;
         const mayEnd = step === 'orphan' ? (s: NodeRecord) => s.takenBy?.by === by : isFreeSpare;
-        if (await endSpare(ctx, node.id, mayEnd, 'min-ready was lowered')) report.ended++;
+        if (await endSpare(ctx, node.id, mayEnd, lowered(ctx, label))) report.ended++;
       }
       return;
     }
@@ -238,6 +243,10 @@ async function keepSeat(upkeep: Upkeep, seat: number, wanted: boolean): Promise<
     }
   }
 }
+
+/** Why a spare above the seats ends: min-ready lowered, or the forecast fell (auto). */
+const lowered = (ctx: Context, label: string) =>
+  ctx.config.readyAuto?.has(label) ? 'min-ready auto: the forecast fell' : 'min-ready was lowered';
 
 /** Candidates read when moving spares: the fullest backing nodes of the label with a free slot. */
 const MOVE_CANDIDATES = 25;

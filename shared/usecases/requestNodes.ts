@@ -12,6 +12,7 @@ import { giveBackSlot } from './backingNodes.ts';
 import { type Context, deliveryDead, learnsDurations } from './context.ts';
 import { learnedDuration } from './estimates.ts';
 import { failBadBacking } from './failure.ts';
+import { countArrival } from './forecasts.ts';
 import { noSparesSeen, returnSpare, type SparesSeen, takeSpare } from './minReady.ts';
 import { markNodesReady, unrecordableReason } from './nodesReady.ts';
 import { type Placement, type PlaceOptions, placeNode } from './placement.ts';
@@ -92,7 +93,11 @@ export async function requestNodes(
         const failed = await failRequest(ctx, m.id, bodyHash, why);
         return { kind: 'failed', request: failed ?? fresh };
       }
-      if (result.kind === 'placed') return result;
+      if (result.kind === 'placed') {
+        // Placed by this delivery (a redelivery finds it placed): its nodes are arrivals to forecast.
+        if (!isSpareRequestId(m.id)) for (const n of result.request.nodes) await countArrival(ctx, n.label);
+        return result;
+      }
       waits.push(result.reason);
     }
     // Record it as waiting, so it is visible and can be failed if the wait never ends.
@@ -232,11 +237,13 @@ async function takeSpares(
   seen: SparesSeen,
 ): Promise<Map<number, NodeRecord>> {
   const taken = new Map<number, NodeRecord>();
-  if (ctx.config.minReady.size === 0 || isSpareRequestId(recording.base.id)) return taken;
+  const keeps = (label: string) =>
+    ctx.config.minReady.has(label) || ctx.config.readyAuto?.has(label) === true;
+  if ((ctx.config.minReady.size === 0 && !ctx.config.readyAuto?.size) || isSpareRequestId(recording.base.id))
+    return taken;
   const none = new Set<string>(); // labels with no free spare left: not read again for the next node
   for (const [i, node] of recording.base.nodes.entries()) {
-    if (!ctx.config.minReady.has(node.label) || !pool.labels.has(node.label) || none.has(node.label))
-      continue;
+    if (!keeps(node.label) || !pool.labels.has(node.label) || none.has(node.label)) continue;
     const spare = await takeSpare(ctx, pool, node.label, node.id, recording.owner, seen);
     if (spare) taken.set(i, spare);
     else none.add(node.label);

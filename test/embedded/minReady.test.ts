@@ -10,6 +10,7 @@ import { QUEUE_FORGET_MS } from '../../shared/core/waitingQueue.ts';
 import { makeRequestHandler } from '../../shared/handlers/requestHandler.ts';
 import type { Context } from '../../shared/usecases/context.ts';
 import { failBackingNode } from '../../shared/usecases/failure.ts';
+import { countArrival, flushArrivals } from '../../shared/usecases/forecasts.ts';
 import { takeSpare } from '../../shared/usecases/minReady.ts';
 import { reap } from '../../shared/usecases/reap.ts';
 import { releaseNode } from '../../shared/usecases/release.ts';
@@ -452,6 +453,46 @@ describe('min-ready', () => {
     }
     expect(report.moved).toBeLessThanOrEqual(1);
   });
+
+  it('min-ready auto: holds the ready room its arrival forecast asks for, within max-ready, and lets it go as the forecast falls (issue 27)', async () => {
+    h = await startHarness(baseConfig({ slots: 4, grace: 0, readyAuto: { target: 0.9, max: 3 } }));
+    const ctx = h.pool.context;
+    // No arrival seen yet: nothing held.
+    expect((await h.pool.reapNow()).minReadyMade).toBe(0);
+    expect(await untaken(h)).toBe(0);
+
+    // A burst: 30 arrivals in a minute (8.8 a minute forecast once the minute is folded), far more than
+    // max-ready serves: 3 held, on one backing node of 4 slots.
+    for (let i = 0; i < 30; i++) await countArrival(ctx, 'small-node');
+    await flushArrivals(ctx);
+    h.clock.advance(60_000);
+    const rising = await h.pool.reapNow();
+    expect(rising.minReadyMade).toBe(3);
+    const held = (await ctx.store.minReadyState('small-node')).hold;
+    expect(held).toMatchObject({ seats: 3, target: 3, freeSlots: 0 });
+    expect(held?.perMinute).toBeGreaterThan(8);
+    await h.fulfilUntil(allFree(h, 3));
+    // Held, not made again: the next run keeps the same three.
+    expect((await h.pool.reapNow()).minReadyMade).toBe(0);
+    expect(await untaken(h)).toBe(3);
+    // `metastatic status` shows the forecast, the target and the ready room held.
+    const status = await poolStatus({ store: ctx.store } as unknown as PoolClient, Date.now());
+    expect(status.labels.find((l) => l.label === 'small-node')?.readyAuto).toEqual({
+      perMinute: held?.perMinute,
+      target: 3,
+      held: 3,
+      freeSlots: 0,
+      decidedAt: new Date(held?.at ?? 0).toISOString(),
+    });
+
+    // Quiet: the short-horizon rate halves every 2 minutes; after half an hour the room goes.
+    h.clock.advance(30 * 60_000);
+    await h.pool.reapNow();
+    expect((await ctx.store.minReadyState('small-node')).hold).toMatchObject({ seats: 0, target: 0 });
+    expect(await freeSpares(h)).toBe(0);
+    await h.pool.reapNow(); // grace-time 0: the backing node they held goes
+    expect((await ctx.store.listBacking()).filter((b) => b.state !== 'stopped')).toHaveLength(0);
+  }, 150_000);
 
   it('fails the node that took a min-ready node when its backing node vanishes', async () => {
     h = await withReadyNodes(baseConfig({ slots: 2, minReady: 1 }), 1);

@@ -368,6 +368,48 @@ describe('validation rules', () => {
     expect(none.minReady.size).toBe(0);
   });
 
+  it('resolves min-ready auto with its ready-target and max-ready (defaults 0.9 and 10)', () => {
+    const config = ok(
+      parseObject({
+        labels: [
+          { name: 'large-node' },
+          { name: 'small-node', 'min-ready': 'auto', 'ready-target': 0.95, 'max-ready': 12 },
+          { name: 'tiny-node', 'min-ready': 'auto' },
+        ],
+        ...withMeta([pool([label('small-node'), label('tiny-node')])]),
+      }),
+    );
+    expect([...config.readyAuto]).toEqual([
+      ['small-node', { share: 0.95, maxReady: 12 }],
+      ['tiny-node', { share: 0.9, maxReady: 10 }],
+    ]);
+    // Not a static min-ready: no fixed number of seats.
+    expect(config.minReady.size).toBe(0);
+  });
+
+  it('rejects ready-target and max-ready out of bounds, or without min-ready auto, by YAML path', () => {
+    const result = parseObject({
+      labels: [
+        { name: 'large-node' },
+        { name: 'a', 'min-ready': 'auto', 'ready-target': 0.3, 'max-ready': 0 },
+        { name: 'b', 'min-ready': 2, 'ready-target': 0.9 },
+        { name: 'c', 'min-ready': 'always' },
+        { name: 'd', 'min-ready': 'auto', 'ready-target': 1, 'max-ready': 101 },
+        { name: 'e', 'max-ready': 3 },
+      ],
+      ...withMeta([pool([label('a'), label('b'), label('c'), label('d'), label('e')])]),
+    });
+    expect(problems(result)).toEqual([
+      'labels[1].ready-target: ready-target: expected a share >= 0.5 and <= 0.999, got 0.3',
+      'labels[1].max-ready: max-ready: expected an integer >= 1 and <= 100, got 0',
+      'labels[2].ready-target: ready-target: expected a key of min-ready: auto only (min-ready is 2), got 0.9',
+      'labels[3].min-ready: min-ready: expected an integer >= 0 and <= 100, or auto, got "always"',
+      'labels[4].ready-target: ready-target: expected a share >= 0.5 and <= 0.999, got 1',
+      'labels[4].max-ready: max-ready: expected an integer >= 1 and <= 100, got 101',
+      'labels[5].max-ready: max-ready: expected a key of min-ready: auto only (min-ready is 0), got 3',
+    ]);
+  });
+
   it('rejects labels missing from the top-level labels list', () => {
     const result = parseObject({
       labels: [{ name: 'small-node' }],
@@ -385,7 +427,7 @@ describe('validation rules', () => {
     });
     expect(problems(result)).toEqual([
       'labels[2].name: duplicate label name "a" (first used at labels[1])',
-      'labels[2].min-ready: min-ready: expected an integer >= 0 and <= 100, got -1',
+      'labels[2].min-ready: min-ready: expected an integer >= 0 and <= 100, or auto, got -1',
     ]);
   });
 });
@@ -1405,7 +1447,7 @@ describe('limits (issue 10): every number has a maximum, names and hosts a shape
   const ML = 'providers[2].pools[0].labels[0]';
   // [path, a value just too large (or the one that broke the pool), what the error says it expected]
   const tooLarge: [string, number, string][] = [
-    ['labels[0].min-ready', 101, 'an integer >= 0 and <= 100'],
+    ['labels[0].min-ready', 101, 'an integer >= 0 and <= 100, or auto'],
     ['providers[0].pools[0].max-servers', 10_001, 'an integer >= 1 and <= 10000'],
     [`${L}.boot-delay`, 1e12, 'a number of seconds >= 0 and <= 86400'],
     [`${L}.boot-delay`, 86400.5, 'a number of seconds >= 0 and <= 86400'],

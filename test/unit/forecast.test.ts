@@ -3,10 +3,14 @@ import {
   ArrivalModel,
   emptyModel,
   forecastRate,
+  freeSlotsRunningAnyway,
   hourOfWeek,
   observe,
   PROFILE_HOURS,
+  readyNeed,
   readyTarget,
+  sparesWanted,
+  withArrivals,
 } from '../../shared/core/forecast.ts';
 
 /** Epoch minute of Monday 2026-11-23 00:00 UTC. */
@@ -122,5 +126,51 @@ describe('arrival forecasts (predictive readiness)', () => {
     expect(later.shortRate).toBeLessThan(1e-6);
     expect(forecastRate(later, later.nextMinute, 60)).toBe(0);
     expect(JSON.stringify(later).length).toBeLessThan(8_000);
+  });
+
+  it('records arrivals within a minute as pending, folds them when it ends, one version a write', () => {
+    const at = MONDAY * 60_000;
+    const first = withArrivals(undefined, 'small', 4, at + 10_000);
+    expect(first).toMatchObject({ pending: 4, version: 1, nextMinute: MONDAY });
+    const second = withArrivals(first, 'small', 2, at + 50_000);
+    expect(second).toMatchObject({ pending: 6, version: 2 });
+    expect(withArrivals(second, 'small', 0, at + 59_000)).toBeUndefined(); // nothing to write
+    const folded = withArrivals(second, 'small', 0, at + 61_000);
+    expect(folded).toMatchObject({ pending: 0, version: 3, nextMinute: MONDAY + 1 });
+    expect(folded?.shortRate).toBeCloseTo(6 * (1 - 2 ** -0.5), 9);
+  });
+
+  it('holds nothing for a label that sees less than one arrival an hour, and the target beyond it', () => {
+    const model = (perMinute: number) => ({ ...emptyModel('small', MONDAY), shortRate: perMinute });
+    const now = MONDAY * 60_000;
+    // A label that saw one request long ago: its decayed rate must not hold a ready node for ever.
+    expect(readyNeed(model(0.001), now, 0.9, 10).target).toBe(0);
+    expect(readyNeed(undefined, now, 0.9, 10).target).toBe(0);
+    // 0.25 a minute over the default two-minute horizon: 0.5 expected, two slots serve 90% of them.
+    expect(readyNeed(model(0.25), now, 0.9, 10)).toEqual({ perMinute: 0.25, horizonMinutes: 2, target: 2 });
+    expect(readyNeed({ ...model(6), launchToReadyS: 60 }, now, 0.95, 4).target).toBe(4);
+  });
+
+  it('counts free slots of backing nodes that run anyway first, and caps the spares at max-ready', () => {
+    const host = (slotMap: Record<string, string>, o: object = {}) => ({
+      label: 'small',
+      poolKey: 'meta/main',
+      state: 'ready' as const,
+      slots: 4,
+      used: Object.keys(slotMap).length,
+      slotMap,
+      launchedAt: 0,
+      ...o,
+    });
+    const hosts = [
+      host({ 0: 'job-1/0' }), // 3 free beside a job
+      host({ 0: 'min-ready:small:0:0/0', 1: 'min-ready:small:1:0/0' }), // held by spares only: not counted
+      host({ 0: 'job-2/0' }, { drained: true }), // takes no new node
+      host({ 0: 'job-3/0' }, { label: 'large' }),
+    ];
+    expect(freeSlotsRunningAnyway(hosts, 'small', 0)).toBe(3);
+    expect(sparesWanted(5, 3, 10)).toBe(2);
+    expect(sparesWanted(2, 3, 10)).toBe(0);
+    expect(sparesWanted(40, 0, 12)).toBe(12);
   });
 });

@@ -1,0 +1,58 @@
+import type { ReadyAuto } from '../config/model.ts';
+import {
+  freeSlotsRunningAnyway,
+  holdChanged,
+  launchToReadyOf,
+  type ReadyHold,
+  readyNeed,
+  sparesWanted,
+} from '../core/forecast.ts';
+import type { BackingRecord } from '../core/records.ts';
+import type { Context } from './context.ts';
+import { foldForecast } from './forecasts.ts';
+
+/**
+ * min-ready auto (issue 27), the reaper's decision for one label: how many ready, unassigned nodes
+ * (spares) to hold now. The label's forecast is folded up to now (with the launch-to-ready time of its
+ * backing nodes as this run read them), the ready target for one launch-to-ready time at its
+ * ready-target is computed (core/forecast.ts readyNeed), free slots on backing nodes that run anyway
+ * count first, and the rest, at most max-ready, are spares. The decision is recorded beside the seats
+ * (a conditional write, only when it changed: a request reads it with the seats, to know how many
+ * there are). Returns the seats to fill; the seats above are emptied by the upkeep (replenish.ts), so
+ * ready room goes when the forecast falls.
+ */
+export async function decideHold(
+  ctx: Context,
+  label: string,
+  auto: ReadyAuto,
+  hosts: ReadonlyMap<string, BackingRecord>,
+): Promise<ReadyHold | undefined> {
+  const model = await foldForecast(ctx, label, launchToReadyOf(hosts.values(), label));
+  const now = ctx.clock.now();
+  const need = readyNeed(model, now, auto.share, auto.maxReady);
+  const freeSlots = freeSlotsRunningAnyway(hosts.values(), label, now);
+  const decided = {
+    seats: sparesWanted(need.target, freeSlots, auto.maxReady),
+    target: need.target,
+    perMinute: need.perMinute,
+    freeSlots,
+    at: now,
+  };
+  const { hold: prev } = await ctx.store.minReadyState(label);
+  if (!holdChanged(prev, decided)) return prev;
+  const next: ReadyHold = { ...decided, version: (prev?.version ?? 0) + 1 };
+  if (await ctx.store.putReadyHold(label, next)) {
+    if (prev?.seats !== next.seats) {
+      ctx.log.info('min-ready auto: ready room held', {
+        label,
+        seats: next.seats,
+        target: next.target,
+        perMinute: Number(next.perMinute.toFixed(3)),
+        freeSlots,
+      });
+    }
+    return next;
+  }
+  // Another reaper decided meanwhile, from the same reads: its word stands.
+  return (await ctx.store.minReadyState(label)).hold;
+}

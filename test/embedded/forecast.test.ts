@@ -1,0 +1,116 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { parseConfigOrThrow } from '../../shared/config/load.ts';
+import { ManualClock } from '../../shared/core/clock.ts';
+import { SHORT_HALF_LIFE_MIN } from '../../shared/core/forecast.ts';
+import { silentLog } from '../../shared/core/log.ts';
+import type { PoolStore } from '../../shared/core/poolStore.ts';
+import { ensureTable } from '../../shared/runtime/engines.ts';
+import { DynamoStore } from '../../shared/store/dynamoStore.ts';
+import type { Context } from '../../shared/usecases/context.ts';
+import {
+  countArrival,
+  FORECAST_WRITE_INTERVAL_MS,
+  flushArrivals,
+  foldForecast,
+} from '../../shared/usecases/forecasts.ts';
+import { poolConfig } from '../../testkit/configs.ts';
+import { type InProcessDynalite, startInProcessDynalite } from '../../testkit/inProcessDynalite.ts';
+
+/**
+ * Arrival forecasts in the table (issue 27): the request function's instances count arrivals of labels
+ * with `min-ready: auto` and write them, conditionally, into one item per label; the reaper folds the
+ * minutes that ended. On dynalite, with several instances writing at once.
+ */
+describe('arrival forecasts in the table, written by several function instances (issue 27)', () => {
+  let engine: InProcessDynalite;
+  let tables = 0;
+  beforeAll(async () => {
+    engine = await startInProcessDynalite();
+  });
+  afterAll(async () => {
+    await engine.close();
+  });
+
+  const config = parseConfigOrThrow(
+    poolConfig({ labels: [{ name: 'large-node' }, { name: 'small-node', 'min-ready': 'auto' }] }),
+    'forecast.yaml',
+  );
+
+  async function newTable(): Promise<{ tableName: string; clock: ManualClock }> {
+    const tableName = `forecast-${++tables}`;
+    await ensureTable(engine.client, tableName);
+    // The start of a minute: every write below until the clock moves a minute is within it.
+    return { tableName, clock: new ManualClock(Date.parse('2026-06-01T00:00:00Z')) };
+  }
+
+  /** A function instance: its own store (so its own buffer) on the shared table, its writes counted. */
+  function instance(table: { tableName: string; clock: ManualClock }) {
+    const store = new DynamoStore(engine.client, table.tableName, table.clock);
+    const writes = { done: 0, refused: 0 };
+    const counted = new Proxy(store, {
+      get(target, name) {
+        if (name === 'putForecast') {
+          return async (...args: Parameters<PoolStore['putForecast']>) => {
+            const ok = await target.putForecast(...args);
+            writes[ok ? 'done' : 'refused']++;
+            return ok;
+          };
+        }
+        const value = Reflect.get(target, name, target);
+        return typeof value === 'function' ? value.bind(target) : value;
+      },
+    });
+    const ctx = { store: counted, config, clock: table.clock, log: silentLog } as unknown as Context;
+    return { ctx, store, writes };
+  }
+
+  it('counts every arrival of instances writing at once, each write from the version it read, one per instance and interval', async () => {
+    const table = await newTable();
+    const instances = [instance(table), instance(table), instance(table)];
+    // 50 arrivals on each instance, the three interleaved: each writes its first at once, then buffers.
+    await Promise.all(
+      instances.map(async ({ ctx }) => {
+        for (let i = 0; i < 50; i++) await countArrival(ctx, 'small-node');
+      }),
+    );
+    for (const { writes } of instances) expect(writes.done).toBe(1);
+    // A label without min-ready auto is not counted: no item, no write.
+    await countArrival(instances[0]?.ctx as Context, 'large-node');
+    expect(await instances[0]?.store.getForecast('large-node')).toBeUndefined();
+
+    table.clock.advance(FORECAST_WRITE_INTERVAL_MS);
+    await Promise.all(instances.map(({ ctx }) => flushArrivals(ctx)));
+    const model = await instances[0]?.store.getForecast('small-node');
+    // Still the first minute: all 150 wait in `pending`, none lost to a conflict, none counted twice.
+    expect(model?.pending).toBe(150);
+    const done = instances.reduce((n, { writes }) => n + writes.done, 0);
+    expect(done).toBe(6); // one at once and one flush per instance; conflicts were re-read and retried
+    expect(model?.version).toBe(6);
+  });
+
+  it('folds a minute once whichever reaper folds it, and lets the rate of a quiet label decay', async () => {
+    const table = await newTable();
+    const a = instance(table);
+    const b = instance(table);
+    for (let i = 0; i < 30; i++) await countArrival(a.ctx, 'small-node');
+    await flushArrivals(a.ctx);
+    table.clock.advance(60_000);
+    const [fa, fb] = await Promise.all([
+      foldForecast(a.ctx, 'small-node'),
+      foldForecast(b.ctx, 'small-node'),
+    ]);
+    const folded = await a.store.getForecast('small-node');
+    // One of the two folded the minute; the other found it folded (no second write, the same model).
+    expect(a.writes.done + b.writes.done).toBe(3);
+    expect(fa?.version).toBe(folded?.version);
+    expect(fb?.version).toBe(folded?.version);
+    expect(folded?.pending).toBe(0);
+    const rate = 30 * (1 - 2 ** (-1 / SHORT_HALF_LIFE_MIN));
+    expect(folded?.shortRate).toBeCloseTo(rate, 9);
+
+    table.clock.advance(10 * 60_000);
+    const quiet = await foldForecast(b.ctx, 'small-node');
+    expect(quiet?.shortRate).toBeCloseTo(rate * 2 ** (-10 / SHORT_HALF_LIFE_MIN), 9);
+    expect(await a.store.getForecast('small-node')).toEqual(quiet);
+  });
+});
