@@ -74,6 +74,17 @@ export async function reap(ctx: Context): Promise<ReapReport> {
     conflicts: 0,
     errors: [],
     deferred: 0,
+    stepMs: {},
+  };
+  const stepMs = report.stepMs as Record<string, number>;
+  /** Wall time of each part of the run, for the run's log line and the bench (bench/reaper.ts). */
+  const timed = async (name: string, work: () => Promise<void>) => {
+    const t0 = performance.now();
+    try {
+      await work();
+    } finally {
+      stepMs[name] = Math.round(performance.now() - t0);
+    }
   };
   const guard = async (what: string, id: string, work: () => Promise<void>) => {
     if (timeLeft(ctx) <= 0) {
@@ -92,14 +103,18 @@ export async function reap(ctx: Context): Promise<ReapReport> {
     }
   };
 
+  const read0 = performance.now();
   const idle = await ctx.store.backingInPhase('idle');
   const launching = await ctx.store.backingInPhase('launching');
   const active = await ctx.store.backingInPhase('active');
   const retiring = await ctx.store.backingInPhase('retiring');
+  stepMs.read = Math.round(performance.now() - read0);
 
   // 1. Reconciliation first: a vanished resource must not be retired as if it were idle.
   const gone = new Set<string>();
-  await guard('reconcile', '-', () => reconcile(ctx, [...idle, ...launching, ...active], report, gone));
+  await timed('reconcile', () =>
+    guard('reconcile', '-', () => reconcile(ctx, [...idle, ...launching, ...active], report, gone)),
+  );
 
   let failedNow: BackingRecord[] | undefined;
   // Backing nodes an earlier step of this run changed the slots of (a claim given back, failed): the
@@ -258,7 +273,7 @@ export async function reap(ctx: Context): Promise<ReapReport> {
       break;
     }
     lastStarted = i;
-    await steps[step]();
+    await timed(step, steps[step]);
   }
   const next = nextFirstStep(order, lastStarted, report.deferred > 0);
   if (next !== cursor?.first) {
