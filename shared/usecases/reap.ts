@@ -10,6 +10,7 @@ import type { BackingRecord } from '../core/records.ts';
 import { holdsSlot } from '../core/request.ts';
 import { CLAIM_TAKEOVER_MS } from '../core/timing.ts';
 import { ensureLaunched, giveBackSlot } from './backingNodes.ts';
+import { forEachBounded, WRITES_IN_FLIGHT } from './bounded.ts';
 import { retryOnConflict, unlessConflict } from './conflicts.ts';
 import { type Context, leaseExpired, timeLeft } from './context.ts';
 import { failBackingNode, failBadBacking, settleFailedNodes } from './failure.ts';
@@ -122,14 +123,18 @@ export async function reap(ctx: Context): Promise<ReapReport> {
   const changed = new Set<string>();
   const steps: Record<ReaperStep, () => Promise<void>> = {
     retire: async () => {
+      // Each mark is a conditional write of its own item: several in flight (bounded.ts), not one after
+      // the other (hundreds of idle backing nodes took most of a run: bench/reaper.ts).
       const marked: BackingRecord[] = [];
-      for (const b of idle) {
-        if (gone.has(b.id)) continue;
-        await guard('retire', b.id, async () => {
-          const next = await markRetiringIfDue(ctx, b, report);
-          if (next) marked.push(next);
-        });
-      }
+      await forEachBounded(
+        idle.filter((b) => !gone.has(b.id)),
+        WRITES_IN_FLIGHT,
+        (b) =>
+          guard('retire', b.id, async () => {
+            const next = await markRetiringIfDue(ctx, b, report);
+            if (next) marked.push(next);
+          }),
+      );
       // Those just marked and those earlier runs left retiring: terminated in batches.
       const ids = new Set(marked.map((b) => b.id));
       await guard('stop', '-', () =>
