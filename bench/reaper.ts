@@ -1,5 +1,5 @@
 /**
- * Part 7: what one reaper run (`reap`, the whole use case) costs at fleet scale (issue 26, item 4): its
+ * Part 8: what one reaper run (`reap`, the whole use case) costs at fleet scale (issue 26, item 4): its
  * wall time with a simulated 10 ms per DynamoDB call and 100 ms per EC2 call, its DynamoDB and EC2 calls,
  * and the time of each of its steps, in a fleet of 2,000 backing nodes over 50 capacity sets and in one
  * of 20. Against the reaper function's timeout (core/timing.ts): the aim is half of it.
@@ -475,7 +475,7 @@ export function reaperReport(f: ReaperFigures): string {
   const apis = [...new Set(cases.flatMap((c) => Object.keys(c.calls.ec2ByApi)))].sort();
   const row = (label: string, pick: (c: ReaperCase) => string) => [label, ...cases.map(pick)];
   return [
-    `7. One reaper run, ${f.dynamodbMs} ms per DynamoDB call and ${f.ec2Ms} ms per EC2 call simulated (bench/reaper.ts)`,
+    `8. One reaper run, ${f.dynamodbMs} ms per DynamoDB call and ${f.ec2Ms} ms per EC2 call simulated (bench/reaper.ts)`,
     table(
       [
         row('capacity sets (max-servers)', (c) => String(c.capacitySets)),
