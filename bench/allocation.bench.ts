@@ -19,7 +19,10 @@
  *   6. backing nodes held only by min-ready nodes before and after the reaper keeps them on the fullest
  *      backing nodes (bench/spares.ts);
  *   7. the pool under a backlog of 400 waiting requests: placeable requests per second against none
- *      waiting, and a waiting request's wall time against its waiting budget (bench/backlog.ts).
+ *      waiting, and a waiting request's wall time against its waiting budget (bench/backlog.ts);
+ *   8. one reaper run's wall time and calls at 2,000 backing nodes over 50 capacity sets vs 20, with
+ *      DynamoDB and EC2 latency simulated (bench/reaper.ts).
+ * Each part's wall time is printed when it ends and kept in results.json (secondsByPart).
  * Prints the tables and a summary, and writes everything to bench/results.json.
  */
 import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
@@ -47,13 +50,17 @@ import { type CapacityFigures, capacityReport, capacitySummary, measureCapacity 
 import { type CliFigures, cliReport, cliSummary, measureCli } from './cli.ts';
 import { fmtMs, log, quantile, round, type Summary, sleep, summarize, table, yesNo } from './common.ts';
 import { type ContentionFigures, contentionReport, measureContention } from './contention.ts';
+import { measureReaper, type ReaperFigures, reaperReport, reaperSummary } from './reaper.ts';
 import { measureScale, type ScaleFigures, scaleReport } from './scale.ts';
 import { measureSpares, type SparesFigures, sparesReport, sparesSummary } from './spares.ts';
 
 // ---- parameters -----------------------------------------------------------------------------------
 
-/** Sequential warm-path allocations (+ releases) whose DynamoDB calls are counted. */
-const COUNT_SAMPLES = 200;
+/**
+ * Sequential warm-path allocations (+ releases) whose DynamoDB calls are counted. The count does not vary
+ * on the warm path (min = max in every variant over 200 samples, every run so far): 50 show it as well.
+ */
+const COUNT_SAMPLES = 50;
 /** Latency: warm-up pairs (real + floor) discarded, then measured pairs, interleaved. */
 const LATENCY_WARMUP = 20;
 const LATENCY_SAMPLES = 100;
@@ -736,6 +743,7 @@ interface Parts {
   readonly cli: CliFigures;
   readonly spares: SparesFigures;
   readonly backlog: BacklogFigures;
+  readonly reaper: ReaperFigures;
 }
 
 /**
@@ -837,6 +845,7 @@ function summaryRows(p: Parts): SummaryRow[] {
     ...cliSummary(p.cli),
     ...sparesSummary(p.spares),
     ...backlogSummary(p.backlog),
+    ...reaperSummary(p.reaper),
   ];
 }
 
@@ -915,6 +924,8 @@ const ALONE: Record<string, AlonePart<unknown>> = {
     rows: warmPathRows,
     figures: (v) => ({ variants: variantsFigures(v) }),
   }),
+  spares: alone({ measure: measureSpares, report: sparesReport, rows: sparesSummary }),
+  reaper: alone({ measure: measureReaper, report: reaperReport, rows: reaperSummary }),
 };
 
 /** The parts named by `--only a,b` (or `--only=a,b`), or undefined for a full run. */
@@ -951,6 +962,7 @@ async function runAlone(parts: readonly string[], started: number): Promise<void
     const t0 = performance.now();
     const measured = await part.measure(progress);
     seconds[name] = round((performance.now() - t0) / 1000, 1);
+    progress(`${name}: ${seconds[name]} s`);
     console.log(`\n${part.report(measured)}`);
     // This part's rows replace its earlier ones (and any row of the same figure) where they stood.
     const fresh = part.rows(measured);
@@ -1005,6 +1017,7 @@ async function main(): Promise<void> {
       return await f();
     } finally {
       seconds[part] = round((performance.now() - t0) / 1000, 1);
+      progress(`${part}: ${seconds[part]} s`);
     }
   };
 
@@ -1018,6 +1031,7 @@ async function main(): Promise<void> {
   const cli = await timed('cli', () => measureCli(progress));
   const spares = await timed('spares', () => measureSpares(progress));
   const backlog = await timed('backlog', () => measureBacklog(progress));
+  const reaper = await timed('reaper', () => measureReaper(progress));
 
   console.log('');
   console.log(report(variants));
@@ -1042,7 +1056,19 @@ async function main(): Promise<void> {
   console.log(sparesReport(spares));
   console.log('');
   console.log(backlogReport(backlog));
-  const summary = summaryRows({ variants, contention, scale, capacity, bundles, cli, spares, backlog });
+  console.log('');
+  console.log(reaperReport(reaper));
+  const summary = summaryRows({
+    variants,
+    contention,
+    scale,
+    capacity,
+    bundles,
+    cli,
+    spares,
+    backlog,
+    reaper,
+  });
   console.log('');
   console.log('Summary (ratios measured in this one run; aims are targets, nothing is asserted)');
   console.log(
@@ -1086,6 +1112,7 @@ async function main(): Promise<void> {
       cli,
       spares,
       backlog,
+      reaper,
       secondsByPart: seconds,
       partsMeasuredAt: Object.fromEntries(Object.keys(ALONE).map((part) => [part, new Date().toISOString()])),
       totalSeconds: round(total, 1),

@@ -13,7 +13,7 @@ export function makeReaperHandler(context: Context): (invocation?: InvocationTim
     const budget = invocation ?? invocationFor(context.clock, FUNCTION_TIMEOUT_SECONDS.reaper * 1000);
     const ctx: Context = { ...context, deadline: deadlineOf(budget) };
     const report = await reap(ctx);
-    const { nextCheckAt: _next, conflicts: _c, ...counts } = report;
+    const { nextCheckAt: _next, conflicts: _c, stepMs: _ms, ...counts } = report;
     if (Object.values(counts).some((v) => (Array.isArray(v) ? v.length > 0 : v > 0))) {
       ctx.log.info('reaper run', { ...report });
     }

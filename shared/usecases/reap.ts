@@ -10,6 +10,7 @@ import type { BackingRecord } from '../core/records.ts';
 import { holdsSlot } from '../core/request.ts';
 import { CLAIM_TAKEOVER_MS } from '../core/timing.ts';
 import { ensureLaunched, giveBackSlot } from './backingNodes.ts';
+import { forEachBounded, WRITES_IN_FLIGHT } from './bounded.ts';
 import { retryOnConflict, unlessConflict } from './conflicts.ts';
 import { type Context, leaseExpired, timeLeft } from './context.ts';
 import { failBackingNode, failBadBacking, settleFailedNodes } from './failure.ts';
@@ -76,6 +77,17 @@ export async function reap(ctx: Context): Promise<ReapReport> {
     conflicts: 0,
     errors: [],
     deferred: 0,
+    stepMs: {},
+  };
+  const stepMs = report.stepMs as Record<string, number>;
+  /** Wall time of each part of the run, for the run's log line and the bench (bench/reaper.ts). */
+  const timed = async (name: string, work: () => Promise<void>) => {
+    const t0 = performance.now();
+    try {
+      await work();
+    } finally {
+      stepMs[name] = Math.round(performance.now() - t0);
+    }
   };
   const guard = async (what: string, id: string, work: () => Promise<void>) => {
     if (timeLeft(ctx) <= 0) {
@@ -94,14 +106,18 @@ export async function reap(ctx: Context): Promise<ReapReport> {
     }
   };
 
+  const read0 = performance.now();
   const idle = await ctx.store.backingInPhase('idle');
   const launching = await ctx.store.backingInPhase('launching');
   const active = await ctx.store.backingInPhase('active');
   const retiring = await ctx.store.backingInPhase('retiring');
+  stepMs.read = Math.round(performance.now() - read0);
 
   // 1. Reconciliation first: a vanished resource must not be retired as if it were idle.
   const gone = new Set<string>();
-  await guard('reconcile', '-', () => reconcile(ctx, [...idle, ...launching, ...active], report, gone));
+  await timed('reconcile', () =>
+    guard('reconcile', '-', () => reconcile(ctx, [...idle, ...launching, ...active], report, gone)),
+  );
 
   let failedNow: BackingRecord[] | undefined;
   // Backing nodes an earlier step of this run changed the slots of (a claim given back, failed): the
@@ -109,14 +125,18 @@ export async function reap(ctx: Context): Promise<ReapReport> {
   const changed = new Set<string>();
   const steps: Record<ReaperStep, () => Promise<void>> = {
     retire: async () => {
+      // Each mark is a conditional write of its own item: several in flight (bounded.ts), not one after
+      // the other (hundreds of idle backing nodes took most of a run: bench/reaper.ts).
       const marked: BackingRecord[] = [];
-      for (const b of idle) {
-        if (gone.has(b.id)) continue;
-        await guard('retire', b.id, async () => {
-          const next = await markRetiringIfDue(ctx, b, report);
-          if (next) marked.push(next);
-        });
-      }
+      await forEachBounded(
+        idle.filter((b) => !gone.has(b.id)),
+        WRITES_IN_FLIGHT,
+        (b) =>
+          guard('retire', b.id, async () => {
+            const next = await markRetiringIfDue(ctx, b, report);
+            if (next) marked.push(next);
+          }),
+      );
       // Those just marked and those earlier runs left retiring: terminated in batches.
       const ids = new Set(marked.map((b) => b.id));
       await guard('stop', '-', () =>
@@ -268,7 +288,7 @@ export async function reap(ctx: Context): Promise<ReapReport> {
       break;
     }
     lastStarted = i;
-    await steps[step]();
+    await timed(step, steps[step]);
   }
   const next = nextFirstStep(order, lastStarted, report.deferred > 0);
   if (next !== cursor?.first) {

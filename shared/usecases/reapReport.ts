@@ -40,6 +40,11 @@ export interface ReapReport {
    * or a check cut short. Not errors: the next run does them.
    */
   readonly deferred: number;
+  /**
+   * Wall time of each part of the run that ran, ms: `read` (the reap partitions), `reconcile`, then each
+   * step (core/reaperSteps.ts) under its name. For the log and the bench; no decision depends on it.
+   */
+  readonly stepMs?: Readonly<Record<string, number>>;
   /** The earliest instant an idle backing node seen this run becomes due (schedule the next run by it). */
   readonly nextCheckAt?: number;
 }

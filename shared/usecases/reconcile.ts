@@ -1,3 +1,4 @@
+import type { BackingPool, MetastaticPool } from '../config/model.ts';
 import { markStopped } from '../core/backing.ts';
 import { DeadlineError } from '../core/errors.ts';
 import { ownerSince, parseNodeId } from '../core/ids.ts';
@@ -5,6 +6,7 @@ import { MetricName, PoolEventType } from '../core/observability.ts';
 import type { BackingProvider, BackingResource } from '../core/provider.ts';
 import type { BackingRecord } from '../core/records.ts';
 import { ORPHAN_GRACE_MS, SLOT_LEASE_MS } from '../core/timing.ts';
+import { forEachBounded, WRITES_IN_FLIGHT } from './bounded.ts';
 import { unlessConflict } from './conflicts.ts';
 import { type Context, emit, leaseExpired, timeLeft } from './context.ts';
 import { failBackingNode } from './failure.ts';
@@ -38,9 +40,11 @@ export async function reconcileCapacity(
   // Operations on places begun before this by a delivery that died are finished first (the count stays
   // exact whatever; this only clears what they left part-way).
   const stale = Math.max(now - SLOT_LEASE_MS, deadBefore ?? Number.NEGATIVE_INFINITY);
-  for (const pool of ctx.config.backingPools) {
-    if (pool.maxServers === undefined) continue;
-    report.recoveredPlaces += await ctx.store.recoverBackingPlaces(pool.key, stale);
+  // Each set is read and put right on its own (a few calls each, whatever it holds): several sets at once
+  // (bounded.ts), not 50 sets one after the other (bench/reaper.ts).
+  const backingSets = async (pool: BackingPool) => {
+    const recovered = await ctx.store.recoverBackingPlaces(pool.key, stale);
+    report.recoveredPlaces += recovered;
     for (const [id, owner] of await ctx.store.backingPlaces(pool.key)) {
       if (liveBacking.has(id) || !abandoned(owner)) continue;
       const record = await ctx.store.getBacking(id);
@@ -52,11 +56,11 @@ export async function reconcileCapacity(
         backingNodeId: id,
       });
     }
-  }
+  };
   const onSlots = new Set(live.flatMap((b) => Object.values(b.slotMap)));
-  for (const pool of ctx.config.metastaticPools) {
-    if (pool.maxServers === undefined) continue;
-    report.recoveredPlaces += await ctx.store.recoverNodePlaces(pool.key, stale);
+  const nodeSets = async (pool: MetastaticPool) => {
+    const recovered = await ctx.store.recoverNodePlaces(pool.key, stale);
+    report.recoveredPlaces += recovered;
     for (const [nodeId, owner] of await ctx.store.nodePlaces(pool.key)) {
       if (onSlots.has(nodeId) || !abandoned(owner)) continue;
       const parsed = parseNodeId(nodeId);
@@ -67,7 +71,17 @@ export async function reconcileCapacity(
       report.reclaimedPlaces++;
       ctx.log.warn('place in a pool given back: no live node holds it', { pool: pool.key, nodeId });
     }
-  }
+  };
+  const sets: Array<() => Promise<void>> = [
+    ...ctx.config.backingPools.filter((p) => p.maxServers !== undefined).map((p) => () => backingSets(p)),
+    ...ctx.config.metastaticPools.filter((p) => p.maxServers !== undefined).map((p) => () => nodeSets(p)),
+  ];
+  // A failure of one set is the step's (the others still run): the first is thrown once all are done.
+  const failures: unknown[] = [];
+  await forEachBounded(sets, WRITES_IN_FLIGHT, async (set) => {
+    await set().catch((err: unknown) => void failures.push(err));
+  });
+  if (failures.length > 0) throw failures[0];
 }
 
 /** Compares the table with every provider's list of tagged resources, both ways. */
@@ -207,7 +221,17 @@ export async function stopMany(
     }
     return true;
   };
-  for (const b of withoutResource) if (!(await finish(b))) return;
+  // Each record's end is a few conditional writes of its own items (and of its backing pool's set,
+  // which concurrent releases of other members do not fail): several records in flight (bounded.ts).
+  let outOfTime = false;
+  const finishAll = (records: readonly BackingRecord[]) =>
+    forEachBounded(records, WRITES_IN_FLIGHT, async (b) => {
+      if (await finish(b)) return true;
+      outOfTime = true;
+      return false;
+    });
+  await finishAll(withoutResource);
+  if (outOfTime) return;
   for (const [provider, batch] of byProvider) {
     if (timeLeft(ctx) <= 0) {
       report.deferred++;
@@ -233,6 +257,7 @@ export async function stopMany(
       });
       continue;
     }
+    const confirmed: BackingRecord[] = [];
     for (const b of batch) {
       const after = looks.get(b.id);
       if (!after || (!after.gone && after.unseen)) {
@@ -248,8 +273,10 @@ export async function stopMany(
         report.errors.push(`stop ${b.id}: resource ${b.resourceId} ${after.why} after terminate`);
         continue;
       }
-      if (!(await finish(b))) return;
+      confirmed.push(b);
     }
+    await finishAll(confirmed);
+    if (outOfTime) return;
   }
 }
 

@@ -1,16 +1,29 @@
 import { GetItemCommand } from '@aws-sdk/client-dynamodb';
+import { DynamoDBDocumentClient } from '@aws-sdk/lib-dynamodb';
 import { marshall, unmarshall } from '@aws-sdk/util-dynamodb';
 import { afterEach, describe, expect, it, vi } from 'vitest';
+import { parseConfigOrThrow } from '../../shared/config/load.ts';
 import { spreadSlot, withClaimedSlot } from '../../shared/core/backing.ts';
+import { ManualClock } from '../../shared/core/clock.ts';
 import { ConflictError } from '../../shared/core/errors.ts';
+import { ownerToken } from '../../shared/core/ids.ts';
+import { silentLog } from '../../shared/core/log.ts';
+import type { BackingProvider } from '../../shared/core/provider.ts';
+import type { BackingRecord } from '../../shared/core/records.ts';
 import { CLAIM_TAKEOVER_MS, SLOT_LEASE_MS } from '../../shared/core/timing.ts';
 import { makeRequestHandler } from '../../shared/handlers/requestHandler.ts';
+import { ensureTable } from '../../shared/runtime/engines.ts';
+import { DynamoStore } from '../../shared/store/dynamoStore.ts';
 import { keys } from '../../shared/store/table.ts';
+import { forEachBounded, WRITES_IN_FLIGHT } from '../../shared/usecases/bounded.ts';
+import type { Context } from '../../shared/usecases/context.ts';
 import { reap } from '../../shared/usecases/reap.ts';
 import { releaseNode } from '../../shared/usecases/release.ts';
 import { baseConfig, largeNode, poolConfig, smallNode } from '../../testkit/configs.ts';
 import { crashingStore } from '../../testkit/crashingStore.ts';
 import { type Harness, readyNode, sqsEvent, startHarness } from '../../testkit/harness.ts';
+import { holdPlaces } from '../../testkit/heldPlaces.ts';
+import { startInProcessDynalite } from '../../testkit/inProcessDynalite.ts';
 import { alive } from '../../testkit/processes.ts';
 
 let h: Harness | undefined;
@@ -293,5 +306,129 @@ describe('ended records and DynamoDB TTL (issue 24)', () => {
     expect((await h.pool.reapNow()).stopped).toEqual([b?.id]);
     const stopped = await store.getBacking(b?.id ?? '');
     expect((await item(h, keys.backing(b?.id ?? ''))).expiresAt).toBe(expiresAt(stopped?.stoppedAt ?? 0));
+  });
+});
+
+describe('a fleet of idle backing nodes (issue 26, item 4)', () => {
+  /** Ready, empty, long past grace-time, its resource running in `running`. */
+  const idleBacking = (i: number, now: number): BackingRecord => ({
+    id: `bn-${String(i).padStart(3, '0')}`,
+    poolKey: 'meta/main',
+    label: 'small-node',
+    backingPoolKey: 'local/main',
+    backingLabel: 'large-node',
+    state: 'ready',
+    slots: 2,
+    used: 0,
+    slotMap: {},
+    version: 1,
+    attempt: 1,
+    resourceId: `res-${i}`,
+    host: '127.0.0.1',
+    port: 22,
+    attributes: {},
+    launchedAt: now - 3_600_000,
+    runningAt: now - 3_590_000,
+    readyAt: now - 3_580_000,
+    lastUsedAt: now - 600_000,
+  });
+
+  it('retires them with several conditional writes in flight, stops every one and frees every place', async () => {
+    const IDLE = 3 * WRITES_IN_FLIGHT;
+    const engine = await startInProcessDynalite();
+    try {
+      await ensureTable(engine.client, 'fleet');
+      const clock = new ManualClock();
+      const store = new DynamoStore(engine.client, 'fleet', clock);
+      const running = new Set<string>();
+      const resource = (resourceId: string) => ({
+        resourceId,
+        backingNodeId: `bn-${resourceId.slice(4).padStart(3, '0')}`,
+        poolKey: 'local/main',
+        state: running.has(resourceId) ? ('running' as const) : ('terminated' as const),
+        attributes: {},
+      });
+      const terminated: string[][] = [];
+      const provider: BackingProvider = {
+        launch: async () => {
+          throw new Error('no launch expected');
+        },
+        describe: async (id) => resource(id),
+        describeMany: async (ids) => new Map(ids.map((id) => [id, resource(id)])),
+        terminate: async (id) => void running.delete(id),
+        terminateMany: async (ids) => {
+          terminated.push([...ids]);
+          for (const id of ids) running.delete(id);
+        },
+        list: async () => [...running].map(resource),
+      };
+      const ctx: Context = {
+        store,
+        config: parseConfigOrThrow(baseConfig({ slots: 2, grace: 60, backingMax: 1000 }), 'fleet.yaml'),
+        providers: { forPool: () => provider, forResource: () => provider },
+        clock,
+        log: silentLog,
+      };
+      const fleet = Array.from({ length: IDLE }, (_, i) => idleBacking(i, clock.now()));
+      await Promise.all(fleet.map((b) => store.createBacking(b)));
+      for (const b of fleet) running.add(b.resourceId as string);
+      // Their places, as reserves long finished leave them (one reserved through the store, copies of it).
+      const owner = ownerToken(clock.now() - 3_600_000);
+      const doc = DynamoDBDocumentClient.from(engine.client);
+      const set = keys.backingPool('local/main');
+      await holdPlaces(
+        doc,
+        'fleet',
+        store.capacity,
+        set,
+        fleet.map((b) => b.id),
+        () => owner,
+      );
+      // Backing items written (retiring, then stopped) at once, as the SDK sees them.
+      let inFlight = 0;
+      let most = 0;
+      engine.client.middlewareStack.add(
+        (next) => async (args) => {
+          const item = (args.input as { Item?: { pk?: string } }).Item;
+          if (!item?.pk?.startsWith('BACKING#')) return next(args);
+          most = Math.max(most, ++inFlight);
+          try {
+            return await next(args);
+          } finally {
+            inFlight--;
+          }
+        },
+        { step: 'initialize', name: 'fleetInFlight' },
+      );
+      const report = await reap(ctx);
+      expect(report.errors).toEqual([]);
+      expect(report.retired).toHaveLength(IDLE);
+      expect(new Set(report.stopped)).toEqual(new Set(report.retired));
+      expect(terminated).toHaveLength(1); // one batch
+      expect(terminated[0]).toHaveLength(IDLE);
+      expect(
+        (await store.backingInPhase('idle')).length + (await store.backingInPhase('retiring')).length,
+      ).toBe(0);
+      expect(await store.backingPlaces('local/main')).toEqual(new Map());
+      expect(await store.capacity.used(set)).toBe(0);
+      expect(most).toBeGreaterThan(1);
+      expect(most).toBeLessThanOrEqual(WRITES_IN_FLIGHT);
+    } finally {
+      await engine.close();
+    }
+  });
+
+  it('stops starting them once the invocation runs short, and leaves the rest for the next run', async () => {
+    let left = 3;
+    const items = Array.from({ length: 40 }, (_, i) => i);
+    const started: number[] = [];
+    await forEachBounded(items, 4, async (i) => {
+      started.push(i);
+      await new Promise((r) => setTimeout(r, 1));
+      return --left > 0;
+    });
+    // 4 start; the first two to finish have time left and their workers start 4 and 5; the third finds
+    // it gone: those running finish, nothing more starts.
+    expect(started).toEqual([0, 1, 2, 3, 4, 5]);
   });
 });
