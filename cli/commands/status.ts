@@ -283,11 +283,22 @@ export function render(s: PoolStatus, now: number, everySeconds?: number): strin
   const lines: string[] = [];
   const refresh = everySeconds === undefined ? '' : ` — every ${everySeconds}s, Ctrl-C to stop`;
   lines.push(`metastatic status at ${s.at.replace('T', ' ').replace(/\.\d+Z$/, 'Z')}${refresh}`, '');
+  // The forecast column only when a label has min-ready: auto (a pool without one reads as before).
+  const auto = s.labels.some((l) => l.readyAuto);
   lines.push(
     s.labels.length === 0
       ? 'no nodes, backing nodes or waiting requests'
       : table(
-          ['LABEL', 'READY', 'PENDING', 'MIN-READY', 'WAITING', 'BACKING', 'SLOTS', 'FORECAST (auto)'],
+          [
+            'LABEL',
+            'READY',
+            'PENDING',
+            'MIN-READY',
+            'WAITING',
+            'BACKING',
+            'SLOTS',
+            ...(auto ? ['FORECAST (auto)'] : []),
+          ],
           s.labels.map((l) => [
             l.label,
             l.nodesReady,
@@ -296,9 +307,13 @@ export function render(s: PoolStatus, now: number, everySeconds?: number): strin
             l.requestsWaiting,
             l.backingNodes,
             `${l.slotsUsed}/${l.slots}`,
-            l.readyAuto
-              ? `${l.readyAuto.perMinute.toFixed(2)}/min: target ${l.readyAuto.target}, held ${l.readyAuto.held} + ${l.readyAuto.freeSlots} free`
-              : '-',
+            ...(!auto
+              ? []
+              : l.readyAuto
+                ? [
+                    `${l.readyAuto.perMinute.toFixed(2)}/min: target ${l.readyAuto.target}, held ${l.readyAuto.held} + ${l.readyAuto.freeSlots} free`,
+                  ]
+                : ['-']),
           ]),
         ),
   );

@@ -318,11 +318,12 @@ describe('the waiting budget', () => {
     h = await startHarness(CONFIG, { waitingBudgetSeconds: 600, maxReceiveCount: 50, skipUnchanged: true });
     await readyNode(h, 'blocker');
     const harness = h;
-    // An attempt reads the registry of waiting queues (priority: a pool with max-servers); what else
-    // runs after a batch (the backing processes' live slots: the ACTIVE backing nodes) is not the attempt.
+    // An attempt looks for a backing node with a free slot of the label (a Query of the free index); the
+    // registry of waiting queues it may take from its last read (issue 26), and what else runs after a
+    // batch (the backing processes' live slots: the ACTIVE backing nodes) is not the attempt.
     const attempts = async (n: number) =>
       (await commandsDuring(harness, () => deliver(harness, 'mid', ['mid-node'], n))).some((c) =>
-        c.startsWith('QueryCommand  '),
+        c.startsWith('QueryCommand free '),
       );
     expect(await attempts(1)).toBe(true); // recorded waiting: a full attempt
     expect(await attempts(2)).toBe(false); // nothing freed since: skipped
