@@ -11,15 +11,32 @@ export const CLOSED_PIPE_EXIT = 141;
 /**
  * A reader that stops early (`metastatic list | head -1`, `metastatic validate … | true`) closes the pipe,
  * and the next write fails with EPIPE. Unix tools die of SIGPIPE there, quietly; Node ignores SIGPIPE and
- * would print a stack trace instead. Exit as they do, with nothing on stderr (which may be the same pipe).
+ * would print a stack trace instead. Exit as they do, with nothing on stderr (which may be the same pipe)
+ * — unless a command that owns something has said what to do instead (whenOutputCloses).
  */
 export function exitQuietlyWhenOutputCloses(): void {
   for (const stream of [process.stdout, process.stderr]) {
     stream.on('error', (err: NodeJS.ErrnoException) => {
+      if (outputClosed) return; // its writes after the first EPIPE fail too: nobody reads them
       if (err.code !== 'EPIPE') throw err;
-      process.exit(CLOSED_PIPE_EXIT);
+      if (!onOutputClosed) process.exit(CLOSED_PIPE_EXIT);
+      outputClosed = true;
+      onOutputClosed();
     });
   }
+}
+
+let outputClosed = false;
+let onOutputClosed: (() => void) | undefined;
+
+/**
+ * What a command that owns processes or resources does when its output closes, instead of exiting at
+ * once: `metastatic dev` stops the pool as on SIGTERM (`npm start | tee log` and Ctrl-C end tee with it;
+ * exiting at the first line of its shutdown left backing processes running and dev.json behind). Its
+ * later writes are dropped.
+ */
+export function whenOutputCloses(handler: () => void): void {
+  onOutputClosed = handler;
 }
 
 export const print = (text: string): void => {

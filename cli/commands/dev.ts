@@ -6,6 +6,7 @@ import { configHash } from '../../shared/runtime/embeddedInfo.ts';
 import { EmbeddedPool } from '../../shared/runtime/embeddedPool.ts';
 import { consoleLog, type Level } from '../consoleLog.ts';
 import { CliError } from '../errors.ts';
+import { whenOutputCloses } from '../output.ts';
 import { packageRoot } from '../packageInfo.ts';
 import { terminalText } from '../terminal.ts';
 
@@ -73,6 +74,7 @@ export async function dev(stateDir: string, opts: DevOptions): Promise<void> {
     };
     process.once('SIGINT', () => stop('SIGINT'));
     process.once('SIGTERM', () => stop('SIGTERM'));
+    whenOutputCloses(() => stop('output closed'));
   });
   process.stderr.write('stopped.\n');
 }

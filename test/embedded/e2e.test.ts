@@ -216,7 +216,7 @@ describe('metastatic CLI end to end (a new user’s session)', { timeout: 180_00
     });
   });
 
-  it('stops on SIGINT, leaving no backing process and no dev.json', async () => {
+  it('stops on SIGINT, leaving no backing process and no dev.json, also when its output closed first', async () => {
     const r = JSON.parse((await cli(withState(['request', 'small-node', '--wait', '--json']))).stdout);
     const pid = r.nodes[0].attributes.pid as number;
     expect(alive(pid)).toBe(true);
@@ -226,6 +226,10 @@ describe('metastatic CLI end to end (a new user’s session)', { timeout: 180_00
     expect({ sid, pgid }).toEqual({ sid: pid, pgid: pid });
     expect(sessionOf(dev.pid as number).sid).not.toBe(pid);
     const exited = new Promise<number | null>((ok) => dev.once('exit', (code) => ok(code)));
+    // `npm start | tee dev.log`, then Ctrl-C: the signal ends tee as well, so the pool stops with its
+    // output pipe closed (every line it writes then fails with EPIPE). It must still stop everything.
+    dev.stdout?.destroy();
+    dev.stderr?.destroy();
     dev.kill('SIGINT');
     expect(await exited).toBe(0);
     expect(alive(pid)).toBe(false);
