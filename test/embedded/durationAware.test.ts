@@ -2,7 +2,6 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { ManualClock } from '../../shared/core/clock.ts';
 import { REQUESTOR_ESTIMATE_TTL_MS } from '../../shared/core/estimates.ts';
 import { silentLog } from '../../shared/core/log.ts';
-import type { PoolStore } from '../../shared/core/poolStore.ts';
 import type { NodeRecord, RequestRecord } from '../../shared/core/records.ts';
 import { ensureTable } from '../../shared/runtime/engines.ts';
 import { DynamoStore } from '../../shared/store/dynamoStore.ts';
@@ -15,6 +14,7 @@ import {
 } from '../../shared/usecases/estimates.ts';
 import { releaseNode } from '../../shared/usecases/release.ts';
 import { baseConfig } from '../../testkit/configs.ts';
+import { countedWrites } from '../../testkit/countedWrites.ts';
 import { type Harness, startHarness } from '../../testkit/harness.ts';
 import { type InProcessDynalite, startInProcessDynalite } from '../../testkit/inProcessDynalite.ts';
 
@@ -149,20 +149,7 @@ describe('learned estimates in the table, written by several function instances 
   /** A function instance: its own store (so its own estimate cache) on the shared table, its writes counted. */
   function instance(table: { tableName: string; clock: ManualClock }) {
     const store = new DynamoStore(engine.client, table.tableName, table.clock);
-    const writes = { done: 0, refused: 0 };
-    const counted = new Proxy(store, {
-      get(target, name) {
-        if (name === 'putEstimate') {
-          return async (...args: Parameters<PoolStore['putEstimate']>) => {
-            const ok = await target.putEstimate(...args);
-            writes[ok ? 'done' : 'refused']++;
-            return ok;
-          };
-        }
-        const value = Reflect.get(target, name, target);
-        return typeof value === 'function' ? value.bind(target) : value;
-      },
-    });
+    const { store: counted, writes } = countedWrites(store, 'putEstimate');
     const ctx = {
       store: counted,
       clock: table.clock,

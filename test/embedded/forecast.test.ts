@@ -3,7 +3,6 @@ import { parseConfigOrThrow } from '../../shared/config/load.ts';
 import { ManualClock } from '../../shared/core/clock.ts';
 import { SHORT_HALF_LIFE_MIN } from '../../shared/core/forecast.ts';
 import { silentLog } from '../../shared/core/log.ts';
-import type { PoolStore } from '../../shared/core/poolStore.ts';
 import { ensureTable } from '../../shared/runtime/engines.ts';
 import { DynamoStore } from '../../shared/store/dynamoStore.ts';
 import type { Context } from '../../shared/usecases/context.ts';
@@ -14,6 +13,7 @@ import {
   foldForecast,
 } from '../../shared/usecases/forecasts.ts';
 import { poolConfig } from '../../testkit/configs.ts';
+import { countedWrites } from '../../testkit/countedWrites.ts';
 import { type InProcessDynalite, startInProcessDynalite } from '../../testkit/inProcessDynalite.ts';
 
 /**
@@ -46,20 +46,7 @@ describe('arrival forecasts in the table, written by several function instances 
   /** A function instance: its own store (so its own buffer) on the shared table, its writes counted. */
   function instance(table: { tableName: string; clock: ManualClock }) {
     const store = new DynamoStore(engine.client, table.tableName, table.clock);
-    const writes = { done: 0, refused: 0 };
-    const counted = new Proxy(store, {
-      get(target, name) {
-        if (name === 'putForecast') {
-          return async (...args: Parameters<PoolStore['putForecast']>) => {
-            const ok = await target.putForecast(...args);
-            writes[ok ? 'done' : 'refused']++;
-            return ok;
-          };
-        }
-        const value = Reflect.get(target, name, target);
-        return typeof value === 'function' ? value.bind(target) : value;
-      },
-    });
+    const { store: counted, writes } = countedWrites(store, 'putForecast');
     const ctx = { store: counted, config, clock: table.clock, log: silentLog } as unknown as Context;
     return { ctx, store, writes };
   }
