@@ -9,6 +9,7 @@ import { CapacitySteps } from '../../shared/store/capacitySteps.ts';
 import { DynamoStore } from '../../shared/store/dynamoStore.ts';
 import { keys } from '../../shared/store/table.ts';
 import { holdPlaces } from '../../testkit/heldPlaces.ts';
+import { consumedUnits, whileWatching } from '../../testkit/sdkWatch.ts';
 
 /**
  * Capacity sets whose cost does not grow with the fleet (issue 12), on dynalite: a counter item and one
@@ -173,28 +174,8 @@ describe('concurrent reservations', () => {
   });
 });
 
-/** Write units a call consumed, as DynamoDB bills them (dynalite reports ConsumedCapacity). */
-async function writeUnits(work: () => Promise<unknown>): Promise<number> {
-  let units = 0;
-  const name = `count-${Math.random()}`;
-  client.middlewareStack.add(
-    (next, context) => async (args) => {
-      const input = args.input as Record<string, unknown>;
-      input.ReturnConsumedCapacity = 'TOTAL';
-      const out = await next(args);
-      const consumed = (out.output as { ConsumedCapacity?: { CapacityUnits?: number } }).ConsumedCapacity;
-      if (/Put|Update|Delete/.test(context.commandName ?? '')) units += consumed?.CapacityUnits ?? 0;
-      return out;
-    },
-    { step: 'initialize', name },
-  );
-  try {
-    await work();
-  } finally {
-    client.middlewareStack.remove(name);
-  }
-  return units;
-}
+/** Write units a call consumed, as DynamoDB bills them. */
+const writeUnits = (work: () => Promise<unknown>) => consumedUnits(client, /Put|Update|Delete/, work);
 
 describe('the cost of a place', () => {
   it('is the same with 20 or 5,000 places held (it grew with the set when a set was one item)', async () => {
@@ -220,26 +201,15 @@ describe('the cost of a place', () => {
 /** Writes (PutItem, UpdateItem, DeleteItem) sent to one item while `work` runs, failed conditions included. */
 async function writesTo(key: { pk: string; sk: string }, work: () => Promise<unknown>): Promise<number> {
   let writes = 0;
-  const name = `writes-${Math.random()}`;
-  client.middlewareStack.add(
-    (next, context) => async (args) => {
-      const input = args.input as { Key?: Record<string, unknown>; Item?: Record<string, unknown> };
-      const target = input.Key ?? input.Item;
-      if (
-        /Put|Update|Delete/.test(context.commandName ?? '') &&
-        target?.pk === key.pk &&
-        target?.sk === key.sk
-      )
-        writes++;
-      return next(args);
+  await whileWatching(
+    client,
+    (command, input, send) => {
+      const target = (input.Key ?? input.Item) as Record<string, unknown> | undefined;
+      if (/Put|Update|Delete/.test(command) && target?.pk === key.pk && target?.sk === key.sk) writes++;
+      return send();
     },
-    { step: 'initialize', name },
+    work,
   );
-  try {
-    await work();
-  } finally {
-    client.middlewareStack.remove(name);
-  }
   return writes;
 }
 

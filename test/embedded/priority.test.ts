@@ -9,6 +9,7 @@ import { releaseNode } from '../../shared/usecases/release.ts';
 import { requestNodes } from '../../shared/usecases/requestNodes.ts';
 import { baseConfig } from '../../testkit/configs.ts';
 import { type Harness, readyNode, sqsEvent, startHarness } from '../../testkit/harness.ts';
+import { consumedUnits, whileWatching } from '../../testkit/sdkWatch.ts';
 
 /**
  * Request priority (issue 14): when capacity is short, waiting requests are served lowest priority
@@ -277,43 +278,18 @@ async function countQueries(
   placeholder = ':pk',
 ): Promise<number> {
   let n = 0;
-  const name = `queries-${Math.random()}`;
-  client.middlewareStack.add(
-    (next, context) => async (args) => {
-      const values = (args.input as { ExpressionAttributeValues?: Record<string, unknown> })
-        .ExpressionAttributeValues;
-      const value = values?.[placeholder];
-      if (context.commandName === 'QueryCommand' && typeof value === 'string' && value.startsWith(pk)) n++;
-      return next(args);
+  await whileWatching(
+    client,
+    (command, input, send) => {
+      const value = (input.ExpressionAttributeValues as Record<string, unknown> | undefined)?.[placeholder];
+      if (command === 'QueryCommand' && typeof value === 'string' && value.startsWith(pk)) n++;
+      return send();
     },
-    { step: 'initialize', name },
+    work,
   );
-  try {
-    await work();
-  } finally {
-    client.middlewareStack.remove(name);
-  }
   return n;
 }
 
 /** Read capacity units (GetItem, Query, Scan) consumed while `work` runs, as DynamoDB bills them. */
-async function consumedReadUnits(client: DynamoDBClient, work: () => Promise<unknown>): Promise<number> {
-  let units = 0;
-  const name = `read-units-${Math.random()}`;
-  client.middlewareStack.add(
-    (next, context) => async (args) => {
-      (args.input as Record<string, unknown>).ReturnConsumedCapacity = 'TOTAL';
-      const out = await next(args);
-      const consumed = (out.output as { ConsumedCapacity?: { CapacityUnits?: number } }).ConsumedCapacity;
-      if (/Get|Query|Scan/.test(context.commandName ?? '')) units += consumed?.CapacityUnits ?? 0;
-      return out;
-    },
-    { step: 'initialize', name },
-  );
-  try {
-    await work();
-  } finally {
-    client.middlewareStack.remove(name);
-  }
-  return units;
-}
+const consumedReadUnits = (client: DynamoDBClient, work: () => Promise<unknown>) =>
+  consumedUnits(client, /Get|Query|Scan/, work);
