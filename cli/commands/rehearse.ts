@@ -1,6 +1,7 @@
 import { CliError } from '../errors.ts';
 import { motoClientEnv } from '../rehearse/motoEnv.ts';
-import type { LogLevel, Rehearsal, RehearsalEvent } from '../rehearse/rehearsal.ts';
+import type { Rehearsal } from '../rehearse/rehearsal.ts';
+import type { LogLevel, RehearsalEvent } from '../rehearse/rehearsalOptions.ts';
 import { terminalJson, terminalText } from '../terminal.ts';
 
 export interface RehearseOptions {

@@ -122,3 +122,19 @@ export function mapConfigText(text: string, ids: ReadonlyMap<string, string>): s
   }
   return out;
 }
+
+/**
+ * What can never work on moto: the functions connect to the instances (their port, an SSH host key scan)
+ * when they run in the instances' VPC or the instances have public addresses, and moto's instances are
+ * records, not machines: readiness would wait for a port that never answers.
+ */
+export function reachabilityWarnings(config: ResolvedConfig, inVpc: boolean): string[] {
+  const reaching = awsLabelSettings(config).filter((l) => inVpc || l.publicIpv4 || l.hostKeys === 'scan');
+  if (reaching.length === 0) return [];
+  const why = inVpc ? 'the functions run in the instances’ VPC' : 'public-ipv4 or host-keys: scan';
+  return [
+    `the functions connect to the instances of ${[...new Set(reaching.map((l) => `${l.poolKey}/${l.label}`))].join(', ')} ` +
+      `(${why}), and moto's instances are not machines: their backing nodes will wait for a port that never answers and fail. ` +
+      'Rehearse with the functions outside the VPC, no public-ipv4 and host-keys: console or none.',
+  ];
+}

@@ -1,49 +1,22 @@
-import { cpSync, existsSync, mkdtempSync, rmSync, statSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join, resolve } from 'node:path';
-import {
-  CloudFormationClient,
-  DeleteStackCommand,
-  DescribeStacksCommand,
-  waitUntilStackDeleteComplete,
-} from '@aws-sdk/client-cloudformation';
-import {
-  DescribeInstancesCommand,
-  EC2Client,
-  type Instance,
-  TerminateInstancesCommand,
-} from '@aws-sdk/client-ec2';
-import {
-  EventBridgeClient,
-  ListTargetsByRuleCommand,
-  PutEventsCommand,
-  RemoveTargetsCommand,
-} from '@aws-sdk/client-eventbridge';
-import { SQSClient } from '@aws-sdk/client-sqs';
-import { parseConfigOrThrow } from '../../shared/config/load.ts';
+import { rmSync } from 'node:fs';
+import { resolve } from 'node:path';
+import { DescribeInstancesCommand, type Instance, TerminateInstancesCommand } from '@aws-sdk/client-ec2';
+import { PutEventsCommand } from '@aws-sdk/client-eventbridge';
 import type { ResolvedConfig } from '../../shared/config/model.ts';
 import { StateChangeDetailType } from '../../shared/core/stateChanges.ts';
 import { TAG_POOL } from '../../shared/providers/aws/runInstancesRequest.ts';
 import type { ReapReport } from '../../shared/usecases/reapReport.ts';
-import { packageRoot } from '../packageInfo.ts';
-import {
-  type AssemblyStack,
-  choosePoolStack,
-  patchTemplateForMoto,
-  readAssembly,
-  replaceShippedConfig,
-  shippedConfig,
-  writeTemplate,
-} from './assembly.ts';
-import { findCdkCli, runCdk } from './cdkCli.ts';
-import { type DeployedPool, describePool, type PoolFunctionRole } from './deployed.ts';
+import type { AssemblyStack } from './assembly.ts';
+import { runCdk } from './cdkCli.ts';
+import { deployApp, type RehearsalClients } from './deployApp.ts';
+import type { DeployedPool, PoolFunctionRole } from './deployed.ts';
 import { Ec2ConsoleProxy } from './ec2Console.ts';
-import { RehearsalError } from './errors.ts';
 import { type Delivery, QueueMapping, scheduledEvent, stateChanges } from './eventSources.ts';
 import { FunctionProcess, lambdaWorkerScript } from './lambdaRuntime.ts';
-import { motoClientConfig, motoEnv } from './motoEnv.ts';
-import { connectMotoServer, type MotoServer, motoAccount, startMotoServer } from './motoServer.ts';
-import { awsLabelSettings, createNetwork, mapConfigText, type RehearsalNetwork } from './network.ts';
+import { motoEnv } from './motoEnv.ts';
+import type { MotoServer } from './motoServer.ts';
+import type { RehearsalNetwork } from './network.ts';
+import type { RehearsalEvent, RehearsalOptions } from './rehearsalOptions.ts';
 
 /**
  * `metastatic rehearse`: the AWS deployment of a CDK app that embeds MetastaticPool, rehearsed offline
@@ -52,14 +25,16 @@ import { awsLabelSettings, createNetwork, mapConfigText, type RehearsalNetwork }
  * SQS event source mappings, the reaper's schedule, and the EC2 state-change events EventBridge would
  * deliver when moto's instances change state.
  *
- * moto is not AWS, and everything done here to bridge the two is in this module and the ones beside it:
+ * moto is not AWS, and everything done here to bridge the two is in this module and the ones beside it
+ * (the deploy itself in deployApp.ts):
  * - moto cannot make a resource with a given id: the subnets, security groups, images and launch
  *   templates the configuration names are made in moto with its ids, and the configuration shipped in
  *   the rehearsal's copy of the functions' code names those (network.ts);
  * - its CloudFormation creates no CloudWatch alarm, and refuses the dashboard's references to them: they
  *   become the ARNs the alarms would have, in the rehearsal's copy of the template (assembly.ts);
  * - a deploy through a change set leaves the stack without outputs: `--method=direct`; a stack a failed
- *   attempt left behind (REVIEW_IN_PROGRESS, ROLLBACK_COMPLETE, ...) is deleted before deploying;
+ *   attempt left behind (REVIEW_IN_PROGRESS, ROLLBACK_COMPLETE, ...) is deleted before deploying
+ *   (leftoverStacks.ts);
  * - its Lambda creates the functions and mappings but runs nothing (no containers): this process runs
  *   them (lambdaRuntime.ts, eventSources.ts); it matches a schedule rule against every event put on the
  *   bus, then fails on its Lambda target: the schedule's target is removed and the schedule played here;
@@ -68,66 +43,6 @@ import { awsLabelSettings, createNetwork, mapConfigText, type RehearsalNetwork }
  * - services are told apart by host name: endpoints use `localhost`, not 127.0.0.1.
  */
 
-export type LogLevel = 'debug' | 'info' | 'warn' | 'error';
-
-export interface RehearsalOptions {
-  /** Where the app is (its cdk.json), and where the CDK CLI runs. */
-  readonly cwd: string;
-  /** The app: a command (as `cdk --app`), or a cloud assembly directory; default: cdk.json's. */
-  readonly app?: string;
-  /** Context for `cdk synth` (`-c key=value`). */
-  readonly context?: Readonly<Record<string, string>>;
-  /** The stack to rehearse (by name or artifact id); default: the app's only pool stack. */
-  readonly stack?: string;
-  /** A running moto_server; default: one started here. */
-  readonly endpoint?: string;
-  /** The port of the moto_server started here (default: a free one). */
-  readonly port?: number;
-  /** Seconds between reaper runs (default: the deployed schedule's rate). */
-  readonly reaperInterval?: number;
-  /** The functions' log level (POWERTOOLS_LOG_LEVEL; default warn). */
-  readonly logLevel?: LogLevel;
-  /** More environment for the CDK CLI and the functions' processes. */
-  readonly childEnv?: Readonly<Record<string, string>>;
-  readonly onEvent?: (event: RehearsalEvent) => void;
-  /** Each line a function prints (its Powertools logs). */
-  readonly onFunctionOutput?: (role: PoolFunctionRole, line: string) => void;
-}
-
-/** What the rehearsal reports as it goes (the CLI prints it; `--json`: one object per line). */
-export type RehearsalEvent =
-  | { readonly type: 'step'; readonly step: string; readonly message: string; readonly ms?: number }
-  | { readonly type: 'warning'; readonly message: string }
-  | {
-      readonly type: 'delivery';
-      readonly function: PoolFunctionRole;
-      readonly queue: string;
-      readonly records: number;
-      readonly failed: number;
-      readonly error?: string;
-      readonly ms: number;
-    }
-  | { readonly type: 'ec2'; readonly instanceId: string; readonly state: string }
-  | {
-      readonly type: 'reaper';
-      readonly retired: readonly string[];
-      readonly stopped: readonly string[];
-      readonly failed: readonly string[];
-      readonly errors: readonly string[];
-      readonly error?: string;
-      readonly ms: number;
-    }
-  | { readonly type: 'error'; readonly message: string };
-
-const TOOLKIT_STACK = 'CDKToolkit';
-/** Stack states a failed earlier attempt leaves, from which CloudFormation cannot deploy: deleted first. */
-const LEFTOVER_STATES = new Set([
-  'REVIEW_IN_PROGRESS',
-  'ROLLBACK_COMPLETE',
-  'ROLLBACK_FAILED',
-  'CREATE_FAILED',
-  'DELETE_FAILED',
-]);
 const POLL_WAIT_SECONDS = 2;
 const EC2_LOOK_MS = 1_000;
 
@@ -155,172 +70,15 @@ export class Rehearsal {
     private readonly proxy: Ec2ConsoleProxy,
     readonly functions: Readonly<Record<PoolFunctionRole, FunctionProcess>>,
     readonly mappings: readonly QueueMapping[],
-    private readonly clients: {
-      ec2: EC2Client;
-      events: EventBridgeClient;
-      sqs: SQSClient;
-      cfn: CloudFormationClient;
-    },
+    private readonly clients: RehearsalClients,
   ) {}
 
-  /** Starts moto (or checks the one given), synthesizes, deploys and describes the pool: ready to run. */
+  /** Deploys the app to moto (deployApp.ts) and starts its functions' processes: ready to run. */
   static async start(options: RehearsalOptions): Promise<Rehearsal> {
-    const emit = (e: RehearsalEvent) => options.onEvent?.(e);
-    const cwd = resolve(options.cwd);
-    // The app's own CDK CLI, else this package's (a clone of the repository has it in its dev dependencies).
-    const cdkCli = findCdkCli([cwd, packageRoot()]);
-    const appDir =
-      options.app && existsSync(resolve(cwd, options.app)) ? resolve(cwd, options.app) : undefined;
-    if (appDir && !statSync(appDir).isDirectory()) {
-      throw new RehearsalError(
-        `--app ${options.app} is a file: give the command that runs it (e.g. "node ${options.app}")`,
-      );
-    }
-    if (!options.app && !existsSync(join(cwd, 'cdk.json'))) {
-      throw new RehearsalError(
-        `no CDK app in ${cwd}: run this in your CDK app's directory (where its cdk.json is), or give --app "<command>" (e.g. --app "npx tsx bin/app.ts") or --app <cdk.out directory>`,
-      );
-    }
-
-    let started = Date.now();
-    let moto = options.endpoint
-      ? await connectMotoServer(options.endpoint)
-      : await startMotoServer({
-          ownGroup: true,
-          ...(options.port !== undefined ? { port: options.port } : {}),
-        });
-    emit({
-      type: 'step',
-      step: 'moto',
-      message: moto.owned
-        ? `moto_server started on ${moto.endpoint}`
-        : `using the moto_server at ${moto.endpoint}`,
-      ms: Date.now() - started,
-    });
-    const workDir = mkdtempSync(join(tmpdir(), 'metastatic-rehearse-'));
-    const assemblyDir = join(workDir, 'cdk.out');
-    const failEarly = async (err: unknown): Promise<never> => {
-      await moto.stop();
-      rmSync(workDir, { recursive: true, force: true });
-      throw err;
-    };
+    const app = await deployApp(options);
+    const { moto, account, region, workDir, assemblyDir, stack, config, network, pool, cdkCli, clients } =
+      app;
     try {
-      // The app, synthesized as `cdk synth` would (with moto's account as the default one) or copied.
-      started = Date.now();
-      const baseRegion = options.context?.region ?? 'us-east-1';
-      const cdkEnv = (region: string) => motoEnv(moto.endpoint, region, options.childEnv ?? {});
-      if (appDir) {
-        cpSync(appDir, assemblyDir, { recursive: true });
-        emit({
-          type: 'step',
-          step: 'synth',
-          message: `using the assembly in ${appDir}`,
-          ms: Date.now() - started,
-        });
-      } else {
-        const context = Object.entries(options.context ?? {}).flatMap(([k, v]) => ['-c', `${k}=${v}`]);
-        await runCdk(
-          cdkCli,
-          ['synth', '-q', '-o', assemblyDir, ...(options.app ? ['--app', options.app] : []), ...context],
-          { cwd, env: cdkEnv(baseRegion) },
-        ).catch((err: Error) => {
-          throw new RehearsalError(`the app does not synthesize: ${err.message}`, { cause: err });
-        });
-        emit({
-          type: 'step',
-          step: 'synth',
-          message: `synthesized the app into ${assemblyDir}`,
-          ms: Date.now() - started,
-        });
-      }
-      const stacks = readAssembly(assemblyDir);
-      const stack = choosePoolStack(stacks, options.stack);
-      const shipped = shippedConfig(assemblyDir, stack.template);
-      const inVpc = Object.values(stack.template.Resources ?? {}).some(
-        (r) => r.Type === 'AWS::Lambda::Function' && r.Properties?.VpcConfig !== undefined,
-      );
-      const config = parseConfigOrThrow(shipped.text, 'metastatic.yaml', { functionsInVpc: inVpc });
-      const region = stack.region ?? awsLabelSettings(config)[0]?.region ?? baseRegion;
-
-      // The account moto answers for must be the stack's (CDK refuses to deploy a stack of another).
-      let account = await motoAccount(moto.endpoint, region);
-      if (stack.account && stack.account !== account) {
-        if (!moto.owned) {
-          throw new RehearsalError(
-            `stack ${stack.stackName} is for account ${stack.account}, and the moto_server at ${moto.endpoint} ` +
-              `answers for ${account}: start it with MOTO_ACCOUNT_ID=${stack.account}, or leave out --endpoint`,
-          );
-        }
-        await moto.stop();
-        moto = await startMotoServer({ ownGroup: true, port: moto.port, account: stack.account });
-        account = stack.account;
-      }
-      const clientConfig = { ...motoClientConfig(moto.endpoint, region) };
-      const clients = {
-        ec2: new EC2Client(clientConfig),
-        events: new EventBridgeClient(clientConfig),
-        sqs: new SQSClient({ ...clientConfig, useQueueUrlAsEndpoint: false }),
-        cfn: new CloudFormationClient(clientConfig),
-      };
-
-      // What the configuration names in the account, made in moto.
-      started = Date.now();
-      const network = await createNetwork(clients.ec2, config);
-      if (network.ids.size > 0) replaceShippedConfig(shipped.files, mapConfigText(shipped.text, network.ids));
-      emit({
-        type: 'step',
-        step: 'network',
-        message: `made in moto what the configuration names: ${network.made.join('; ') || 'nothing'}`,
-        ms: Date.now() - started,
-      });
-      for (const warning of reachabilityWarnings(config, inVpc)) emit({ type: 'warning', message: warning });
-
-      for (const s of stacks) {
-        if (patchTemplateForMoto(s.template) > 0) writeTemplate(s);
-      }
-
-      // Bootstrap (unless moto has it already) and deploy, leftovers of a failed attempt deleted first.
-      started = Date.now();
-      const env = cdkEnv(region);
-      const toolkit = await stackStatus(clients.cfn, TOOLKIT_STACK);
-      if (toolkit === undefined || !toolkit.endsWith('_COMPLETE') || LEFTOVER_STATES.has(toolkit)) {
-        await deleteLeftover(clients.cfn, TOOLKIT_STACK);
-        await runCdk(cdkCli, ['bootstrap', `aws://${account}/${region}`, '--app', assemblyDir], { cwd, env });
-        emit({
-          type: 'step',
-          step: 'bootstrap',
-          message: `bootstrapped aws://${account}/${region}`,
-          ms: Date.now() - started,
-        });
-      }
-      started = Date.now();
-      await deleteLeftover(clients.cfn, stack.stackName);
-      await runCdk(
-        cdkCli,
-        ['deploy', stack.id, '--app', assemblyDir, '--method=direct', '--require-approval', 'never'],
-        { cwd, env },
-      );
-      emit({
-        type: 'step',
-        step: 'deploy',
-        message: `deployed stack ${stack.stackName}`,
-        ms: Date.now() - started,
-      });
-
-      const pool = await describePool(
-        { ...clients, endpoint: moto.endpoint, region },
-        stack.stackName,
-        assemblyDir,
-        stack.template,
-      );
-      // The schedule is played here; moto would fail every PutEvents on its Lambda target.
-      const targets = await clients.events.send(
-        new ListTargetsByRuleCommand({ Rule: pool.schedule.ruleName }),
-      );
-      const ids = (targets.Targets ?? []).map((t) => t.Id as string);
-      if (ids.length > 0)
-        await clients.events.send(new RemoveTargetsCommand({ Rule: pool.schedule.ruleName, Ids: ids }));
-
       const proxy = await Ec2ConsoleProxy.start(moto.endpoint);
       const script = await lambdaWorkerScript();
       const functions = Object.fromEntries(
@@ -377,7 +135,9 @@ export class Rehearsal {
         rehearsal.seen.set(instance.InstanceId as string, instance.State?.Name ?? '');
       return rehearsal;
     } catch (err) {
-      return failEarly(err);
+      await moto.stop();
+      rmSync(workDir, { recursive: true, force: true });
+      throw err;
     }
   }
 
@@ -610,42 +370,4 @@ export class Rehearsal {
   private emit(event: RehearsalEvent): void {
     this.options.onEvent?.(event);
   }
-}
-
-/**
- * What can never work on moto: the functions connect to the instances (their port, an SSH host key scan)
- * when they run in the instances' VPC or the instances have public addresses, and moto's instances are
- * records, not machines: readiness would wait for a port that never answers.
- */
-export function reachabilityWarnings(config: ResolvedConfig, inVpc: boolean): string[] {
-  const reaching = awsLabelSettings(config).filter((l) => inVpc || l.publicIpv4 || l.hostKeys === 'scan');
-  if (reaching.length === 0) return [];
-  const why = inVpc ? 'the functions run in the instances’ VPC' : 'public-ipv4 or host-keys: scan';
-  return [
-    `the functions connect to the instances of ${[...new Set(reaching.map((l) => `${l.poolKey}/${l.label}`))].join(', ')} ` +
-      `(${why}), and moto's instances are not machines: their backing nodes will wait for a port that never answers and fail. ` +
-      'Rehearse with the functions outside the VPC, no public-ipv4 and host-keys: console or none.',
-  ];
-}
-
-async function stackStatus(cfn: CloudFormationClient, stackName: string): Promise<string | undefined> {
-  try {
-    const out = await cfn.send(new DescribeStacksCommand({ StackName: stackName }));
-    return out.Stacks?.[0]?.StackStatus;
-  } catch (err) {
-    if (/does not exist/.test((err as Error).message)) return undefined;
-    throw err;
-  }
-}
-
-/** Deletes a stack a failed attempt left in a state CloudFormation cannot deploy from; true if it did. */
-export async function deleteLeftover(cfn: CloudFormationClient, stackName: string): Promise<boolean> {
-  const status = await stackStatus(cfn, stackName);
-  if (status === undefined || !LEFTOVER_STATES.has(status)) return false;
-  await cfn.send(new DeleteStackCommand({ StackName: stackName }));
-  await waitUntilStackDeleteComplete(
-    { client: cfn, maxWaitTime: 120, minDelay: 1, maxDelay: 2 },
-    { StackName: stackName },
-  );
-  return true;
 }
