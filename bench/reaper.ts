@@ -44,11 +44,8 @@ import { nodeId, ownerToken } from '../shared/core/ids.ts';
 import type { BackingProvider, BackingResource, LaunchSpec } from '../shared/core/provider.ts';
 import type { BackingRecord } from '../shared/core/records.ts';
 import { type Deadline, deadlineOf, FUNCTION_TIMEOUT_SECONDS, invocationFor } from '../shared/core/timing.ts';
-import {
-  DESCRIBE_BATCH_SIZE,
-  LIST_PAGE_SIZE,
-  TERMINATE_BATCH_SIZE,
-} from '../shared/providers/aws/ec2Provider.ts';
+import { DESCRIBE_BATCH_SIZE, LIST_PAGE_SIZE } from '../shared/providers/aws/ec2Provider.ts';
+import { TERMINATE_BATCH_SIZE } from '../shared/providers/aws/terminateInstances.ts';
 import { ensureTable } from '../shared/runtime/engines.ts';
 import { DynamoStore } from '../shared/store/dynamoStore.ts';
 import { backingItem, keys, resourceItem } from '../shared/store/table.ts';

@@ -1,7 +1,8 @@
 /**
  * The `aws` driver: backing nodes are EC2 instances. The request it sends is built in
  * runInstancesRequest.ts, the offerings it tries and what it remembers of their failures are in
- * offerings.ts, its retry policy in ec2Calls.ts, what it reads before a launch in ec2Lookups.ts.
+ * offerings.ts, its retry policy in ec2Calls.ts, what it reads before a launch in ec2Lookups.ts, how it
+ * terminates in terminateInstances.ts and reads host keys from the console in consoleOutput.ts.
  *
  * - Launches are idempotent (the ClientToken, runInstancesRequest.ts). When a label has several
  *   offerings, launch() first looks for a live instance already tagged with the backing node id (a
@@ -28,11 +29,9 @@ import {
   EC2Client,
   type EC2ClientConfig,
   type Filter,
-  GetConsoleOutputCommand,
   type Instance,
   paginateDescribeInstances,
   RunInstancesCommand,
-  TerminateInstancesCommand,
 } from '@aws-sdk/client-ec2';
 import type { HostKeySource } from '../../config/awsSchema.ts';
 import type { BackingPool } from '../../config/model.ts';
@@ -40,23 +39,16 @@ import type { Clock } from '../../core/clock.ts';
 import { CapacityError, RetryableError } from '../../core/errors.ts';
 import type { BackingProvider, BackingResource, LaunchSpec, ReportedHostKeys } from '../../core/provider.ts';
 import type { Deadline } from '../../core/timing.ts';
-import { MAX_CONSOLE_CHARS, parseConsoleHostKeys } from './consoleHostKeys.ts';
+import { readConsoleHostKeys } from './consoleOutput.ts';
 import { type CallPolicy, type Ec2ProviderLog, ec2Call, type RetryBudget } from './ec2Calls.ts';
-import {
-  type BackoffPolicy,
-  classifyEc2Error,
-  DEFAULT_BACKOFF,
-  describeEc2Error,
-  ec2ErrorMessage,
-} from './ec2Errors.ts';
+import { type BackoffPolicy, classifyEc2Error, DEFAULT_BACKOFF, describeEc2Error } from './ec2Errors.ts';
 import { Ec2Lookups } from './ec2Lookups.ts';
 import { LISTED_STATES, resourceOf } from './instances.ts';
 import { describeMemo, describeOffering, OfferingMemory, offeringsOf } from './offerings.ts';
 import { baseRequest, offeringRequest, TAG_POOL } from './runInstancesRequest.ts';
 import { type AwsLabelSettings, awsPoolSettings } from './settings.ts';
+import { terminateInstances } from './terminateInstances.ts';
 
-/** TerminateInstances takes at most this many ids. */
-export const TERMINATE_BATCH_SIZE = 1000;
 /**
  * Instance ids per DescribeInstances `instance-id` filter in describeMany: a conservative size (the
  * DescribeInstances reference states no maximum for a filter's values; other EC2 APIs cap them at 200).
@@ -70,9 +62,6 @@ function budgetWithin(within: Deadline | undefined): RetryBudget {
 /** DescribeInstances pages: EC2 accepts MaxResults from 5 to 1000. */
 export const LIST_PAGE_SIZE = 1000;
 export const MIN_LIST_PAGE_SIZE = 5;
-
-/** MAX_CONSOLE_CHARS as base64: a multiple of 4, so the end of a longer answer decodes whole. */
-const MAX_CONSOLE_BASE64 = Math.ceil(MAX_CONSOLE_CHARS / 3) * 4;
 
 /** Whether `id` has the shape of an EC2 instance id (for routing events to this provider). */
 export function isEc2InstanceId(id: string): boolean {
@@ -344,30 +333,7 @@ export class Ec2Provider implements BackingProvider {
   async reportedHostKeys(resourceId: string, within?: Deadline): Promise<ReportedHostKeys> {
     if (!isEc2InstanceId(resourceId))
       return { kind: 'invalid', reason: `${resourceId} is not an instance id` };
-    const budget = budgetWithin(within);
-    const read = (latest: boolean) =>
-      ec2Call(this.policy, 'GetConsoleOutput', budget, () =>
-        this.client.send(
-          new GetConsoleOutputCommand({ InstanceId: resourceId, ...(latest ? { Latest: true } : {}) }),
-        ),
-      );
-    let output: string | undefined;
-    try {
-      output = (
-        await read(true).catch((err: unknown) => {
-          if (err instanceof RetryableError || classifyEc2Error(err) !== 'other') throw err;
-          return read(false); // not a Nitro instance: no `Latest`
-        })
-      ).Output;
-    } catch (err) {
-      if (err instanceof RetryableError) throw err;
-      if (classifyEc2Error(err) === 'not-found') return { kind: 'none' };
-      throw new Error(`GetConsoleOutput ${resourceId} failed: ${describeEc2Error(err)}`, { cause: err });
-    }
-    if (!output) return { kind: 'none' }; // nothing posted yet
-    // EC2 sends at most 64 KB; a longer answer is cut to its end (whole 4-character groups) first.
-    const tail = output.length > MAX_CONSOLE_BASE64 ? output.slice(-MAX_CONSOLE_BASE64) : output;
-    return parseConsoleHostKeys(Buffer.from(tail, 'base64').toString('utf8'));
+    return readConsoleHostKeys(this.client, this.policy, resourceId, budgetWithin(within));
   }
 
   async terminate(resourceId: string, within?: Deadline): Promise<void> {
@@ -375,15 +341,12 @@ export class Ec2Provider implements BackingProvider {
   }
 
   /**
-   * Terminates the instances, in batches of TERMINATE_BATCH_SIZE. Idempotent: an instance that is gone
+   * Terminates the instances, in batches of TERMINATE_BATCH_SIZE (terminateInstances.ts). Idempotent: an instance that is gone
    * (or an id that is not an instance id) counts as terminated.
    */
   async terminateMany(resourceIds: readonly string[], within?: Deadline): Promise<void> {
     const ids = [...new Set(resourceIds)].filter(isEc2InstanceId);
-    const budget = budgetWithin(within);
-    for (let start = 0; start < ids.length; start += TERMINATE_BATCH_SIZE) {
-      await this.terminateBatch(ids.slice(start, start + TERMINATE_BATCH_SIZE), budget);
-    }
+    await terminateInstances(this.client, this.policy, ids, budgetWithin(within));
   }
 
   // ---- internals ------------------------------------------------------------------------------------
@@ -414,32 +377,5 @@ export class Ec2Provider implements BackingProvider {
     const settings = pool.get(label);
     if (!settings) throw new Error(`backing pool ${poolKey} has no label ${label}`);
     return settings;
-  }
-
-  private async terminateBatch(ids: readonly string[], budget: RetryBudget): Promise<void> {
-    let remaining = [...ids];
-    while (remaining.length > 0) {
-      try {
-        await ec2Call(this.policy, 'TerminateInstances', budget, () =>
-          this.client.send(new TerminateInstancesCommand({ InstanceIds: remaining })),
-        );
-        this.log.info('ec2 instances terminating', { instanceIds: remaining });
-        return;
-      } catch (err) {
-        if (err instanceof RetryableError) throw err;
-        if (classifyEc2Error(err) !== 'not-found') {
-          throw new Error(`TerminateInstances failed: ${describeEc2Error(err)}`, { cause: err });
-        }
-        // The whole call fails when one id is gone; its message names the missing ones.
-        if (remaining.length === 1) return;
-        const missing = new Set(ec2ErrorMessage(err).match(/i-[0-9a-f]+/g) ?? []);
-        const rest = remaining.filter((id) => !missing.has(id));
-        if (rest.length === remaining.length) {
-          for (const id of remaining) await this.terminateBatch([id], budget);
-          return;
-        }
-        remaining = rest;
-      }
-    }
   }
 }
