@@ -1,5 +1,5 @@
 import { holdsAnything, renewDecision } from '../shared/core/leases.ts';
-import type { PoolMessage, RequestMessage } from '../shared/core/messages.ts';
+import type { RequestMessage } from '../shared/core/messages.ts';
 import { UNKNOWN_LABEL_REASON } from '../shared/core/pools.ts';
 import type { RequestRecord } from '../shared/core/records.ts';
 import { openConnection, type PoolConnection, type PoolTarget } from './connection.ts';
@@ -31,13 +31,12 @@ import {
   type WaitForOptions,
   type WaitOptions,
 } from './options.ts';
+import { POLL_MS, PoolAccess } from './poolAccess.ts';
 import { type PoolNode, type PoolRequest, toPoolNode, toPoolRequest } from './records.ts';
 
-/** How often a wait reads the table. */
-const POLL_MS = 100;
 /**
  * A client of a metastatic pool, embedded or deployed: sends request, release, cancel and renew messages
- * to its request queue and reads their outcome from its table (docs/client.md).
+ * to its request queue and reads their outcome from its table (poolAccess.ts; docs/client.md).
  *
  * ```ts
  * const pool = await PoolClient.connect({ stateDir: '.metastatic' });
@@ -49,10 +48,14 @@ const POLL_MS = 100;
  * ```
  */
 export class PoolClient {
+  private readonly access: PoolAccess;
+
   private constructor(
     /** The store and the queue; for reads this class does not offer (the CLI's list and status). */
     readonly connection: PoolConnection,
-  ) {}
+  ) {
+    this.access = new PoolAccess(connection);
+  }
 
   /** Connects to the pool of `target` (default: the embedded pool of $METASTATIC_STATE_DIR or .metastatic). */
   static async connect(target: PoolTarget = {}): Promise<PoolClient> {
@@ -66,14 +69,14 @@ export class PoolClient {
 
   /** The request as recorded now, or undefined when the pool has not recorded it (yet). */
   async get(requestId: string): Promise<PoolRequest | undefined> {
-    const r = await this.read(requestId);
+    const r = await this.access.read(requestId);
     return r && toPoolRequest(r);
   }
 
   /** The node as recorded now. */
   async getNode(nodeId: string): Promise<PoolNode> {
     const parsed = checkNodeId(nodeId);
-    const node = (await this.read(parsed.requestId))?.nodes[parsed.index];
+    const node = (await this.access.read(parsed.requestId))?.nodes[parsed.index];
     if (!node) throw new NodeNotFoundError(nodeId);
     return toPoolNode(node);
   }
@@ -84,7 +87,7 @@ export class PoolClient {
    */
   async request(spec: RequestSpec): Promise<PoolRequest> {
     const message = requestMessage(spec);
-    await this.send(message);
+    await this.access.send(message);
     return (await this.get(message.id)) ?? provisional(message);
   }
 
@@ -100,7 +103,7 @@ export class PoolClient {
     let checked = started;
     for (;;) {
       throwIfAborted(opts.signal);
-      const r = await this.read(requestId);
+      const r = await this.access.read(requestId);
       if (r?.state === 'fulfilled') return toPoolRequest(r);
       if (r?.state === 'failed') throw failure(toPoolRequest(r));
       const now = Date.now();
@@ -133,17 +136,17 @@ export class PoolClient {
     opts: WaitOptions & { readonly lease?: number; readonly wait?: boolean } = {},
   ): Promise<PoolRequest> {
     const message = renewMessage(requestId, opts.lease);
-    const before = await this.read(requestId);
+    const before = await this.access.read(requestId);
     if (!before) throw new RequestNotFoundError(requestId, `unknown request "${requestId}"`);
     // The pool checks max-lease itself; here only what the record says (no configuration needed).
     const decision = renewDecision(requestId, before, Date.now(), opts.lease, {});
     if (decision.kind === 'refuse') throw new RenewRefusedError(requestId, decision.reason);
-    await this.send(message);
+    await this.access.send(message);
     if (opts.wait === false) return toPoolRequest(before);
     const timeout = opts.timeout ?? 30;
     const moved = (r: RequestRecord | undefined) =>
       !r || r.leaseExpiresAt !== before.leaseExpiresAt || r.leaseLapsedAt !== undefined || !holdsAnything(r);
-    const current = await this.poll(requestId, moved, timeout, opts.signal);
+    const current = await this.access.poll(requestId, moved, timeout, opts.signal);
     if (!current || current.leaseLapsedAt !== undefined || !holdsAnything(current)) {
       throw new RenewRefusedError(
         requestId,
@@ -170,15 +173,20 @@ export class PoolClient {
   ): Promise<{ node: PoolNode; alreadyEnded: boolean }> {
     const parsed = checkNodeId(nodeId);
     const ended = (n: { state: string } | undefined) => n?.state === 'released' || n?.state === 'failed';
-    const node = (await this.read(parsed.requestId))?.nodes[parsed.index];
+    const node = (await this.access.read(parsed.requestId))?.nodes[parsed.index];
     if (!node) throw new NodeNotFoundError(nodeId);
     if (node.held && !opts.force && (node.state === 'ready' || node.state === 'pending')) {
       throw new NodeHeldError(nodeId);
     }
     if (ended(node)) return { node: toPoolNode(node), alreadyEnded: true };
-    await this.send({ kind: 'release', nodeId, ...(opts.force ? { force: true } : {}) });
+    await this.access.send({ kind: 'release', nodeId, ...(opts.force ? { force: true } : {}) });
     const timeout = opts.timeout ?? 30;
-    const r = await this.poll(parsed.requestId, (r) => ended(r?.nodes[parsed.index]), timeout, opts.signal);
+    const r = await this.access.poll(
+      parsed.requestId,
+      (r) => ended(r?.nodes[parsed.index]),
+      timeout,
+      opts.signal,
+    );
     const current = r?.nodes[parsed.index];
     if (!current || !ended(current)) {
       throw new TimeoutError(`release of ${nodeId} was sent but not applied within ${timeout}s`, timeout);
@@ -201,12 +209,12 @@ export class PoolClient {
       (r.state === 'requested' ||
         (r.state !== 'failed' &&
           r.nodes.some((n) => (n.state === 'pending' || n.state === 'ready') && (opts.force || !n.held))));
-    const before = await this.read(requestId);
+    const before = await this.access.read(requestId);
     if (!before) throw new RequestNotFoundError(requestId);
     if (!left(before)) return toPoolRequest(before);
-    await this.send({ kind: 'release', id: requestId, ...(opts.force ? { force: true } : {}) });
+    await this.access.send({ kind: 'release', id: requestId, ...(opts.force ? { force: true } : {}) });
     const timeout = opts.timeout ?? 30;
-    const current = await this.poll(requestId, (r) => !left(r), timeout, opts.signal);
+    const current = await this.access.poll(requestId, (r) => !left(r), timeout, opts.signal);
     if (left(current) || !current) {
       throw new TimeoutError(
         `release of request ${requestId} was sent but not applied within ${timeout}s`,
@@ -227,11 +235,15 @@ export class PoolClient {
   ): Promise<PoolRequest> {
     checkClientRequestId(requestId);
     const ended = (r: RequestRecord | undefined) => r?.state === 'fulfilled' || r?.state === 'failed';
-    let current = await this.read(requestId);
+    let current = await this.access.read(requestId);
     if (!ended(current)) {
-      await this.send({ kind: 'cancel', id: requestId, ...(opts.reason ? { reason: opts.reason } : {}) });
+      await this.access.send({
+        kind: 'cancel',
+        id: requestId,
+        ...(opts.reason ? { reason: opts.reason } : {}),
+      });
       const timeout = opts.timeout ?? 30;
-      current = await this.poll(requestId, ended, timeout, opts.signal);
+      current = await this.access.poll(requestId, ended, timeout, opts.signal);
       if (!current || !ended(current)) {
         throw new TimeoutError(`cancel of ${requestId} was sent but not applied within ${timeout}s`, timeout);
       }
@@ -259,13 +271,13 @@ export class PoolClient {
     const onAbort = () => stop.abort(new AbortedError(opts.signal?.reason));
     if (opts.signal?.aborted) throw new AbortedError(opts.signal.reason);
     opts.signal?.addEventListener('abort', onAbort, { once: true });
-    await this.send(message);
+    await this.access.send(message);
     const keeper = keepLease(
       {
         pool: this.connection.pool.kind,
         checkRunning: () => this.connection.checkRunning(),
-        read: (id) => this.read(id),
-        renew: (id) => this.send({ kind: 'renew', id }),
+        read: (id) => this.access.read(id),
+        renew: (id) => this.access.send({ kind: 'renew', id }),
       },
       message.id,
       opts.renewEvery ?? (lease * 1000) / 3,
@@ -305,7 +317,7 @@ export class PoolClient {
    * not recorded it yet (its message, when it comes, is then refused; one placed meanwhile is released).
    */
   private async end(requestId: string, timeout: number): Promise<void> {
-    if ((await this.read(requestId)) === undefined) {
+    if ((await this.access.read(requestId)) === undefined) {
       const ended = await this.cancel(requestId, {
         timeout,
         reason: 'its client ended before it was recorded',
@@ -326,7 +338,7 @@ export class PoolClient {
     for (;;) {
       try {
         await this.connection.checkRunning();
-        const r = await this.read(requestId);
+        const r = await this.access.read(requestId);
         if (r) checkNodesHeld(r);
       } catch (err) {
         if (err instanceof PoolStoppedError || err instanceof NodeLostError) throw err;
@@ -335,55 +347,6 @@ export class PoolClient {
       if (Date.now() >= deadline) return;
       await sleep(200);
     }
-  }
-
-  /** Reads a request; a table that no longer exists is a stopped pool. */
-  private async read(requestId: string): Promise<RequestRecord | undefined> {
-    try {
-      return await this.connection.store.getRequest(requestId);
-    } catch (err) {
-      throw (await this.stopped(err)) ?? err;
-    }
-  }
-
-  private async send(message: PoolMessage): Promise<void> {
-    try {
-      await this.connection.send(message);
-    } catch (err) {
-      throw (await this.stopped(err)) ?? err;
-    }
-  }
-
-  /** The PoolStoppedError an error means, if it means one. */
-  private async stopped(err: unknown): Promise<PoolStoppedError | undefined> {
-    const name = (err as { name?: string })?.name ?? '';
-    if (/QueueDoesNotExist|NonExistentQueue|ResourceNotFoundException/.test(name)) {
-      return new PoolStoppedError(`the pool's queue or table no longer exists: ${(err as Error).message}`, {
-        cause: err,
-      });
-    }
-    try {
-      await this.connection.checkRunning();
-    } catch (stoppedErr) {
-      if (stoppedErr instanceof PoolStoppedError) return stoppedErr;
-    }
-    return undefined;
-  }
-
-  /** Reads the request every POLL_MS until `done` holds or `timeout` seconds pass; returns the last read. */
-  private async poll(
-    requestId: string,
-    done: (r: RequestRecord | undefined) => boolean,
-    timeout: number,
-    signal: AbortSignal | undefined,
-  ): Promise<RequestRecord | undefined> {
-    const deadline = Date.now() + timeout * 1000;
-    let r = await this.read(requestId);
-    while (!done(r) && Date.now() < deadline) {
-      await sleep(POLL_MS, signal);
-      r = await this.read(requestId);
-    }
-    return r;
   }
 }
 

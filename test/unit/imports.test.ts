@@ -121,7 +121,6 @@ describe('production modules', () => {
       'shared/store/dynamoStore.ts': 795,
       'shared/store/capacitySteps.ts': 532,
       'shared/providers/local/localProvider.ts': 447,
-      'client/poolClient.ts': 403,
       'shared/runtime/embeddedPool.ts': 454,
       'shared/usecases/requestNodes.ts': 413,
     };
