@@ -20,7 +20,7 @@ import {
   stateChangeEvent,
 } from '../../shared/core/stateChanges.ts';
 import { makeDeadLetterHandler } from '../../shared/handlers/requestHandler.ts';
-import { LOCAL_EVENT_SOURCE } from '../../shared/providers/local/localProvider.ts';
+import { LOCAL_EVENT_SOURCE } from '../../shared/providers/local/localEvents.ts';
 import { DynamoStore } from '../../shared/store/dynamoStore.ts';
 import { holdNode } from '../../shared/usecases/operator.ts';
 import { endRequestOf } from '../../shared/usecases/requests.ts';

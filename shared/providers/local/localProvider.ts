@@ -4,36 +4,30 @@
  * in localRecords.ts (a restarted provider adopts the live processes they name), starting and stopping
  * processes in supervisor.ts. The public host keys are reported in `attributes.hostKeys`
  * (`["<type> <base64>"]`). State changes are reported as EC2-shaped events through `onEvent`, delivered
- * one at a time in the order they happened.
+ * one at a time in the order they happened (localEvents.ts). Processes of an earlier run are watched and
+ * stopped by adoptedResources.ts.
  */
 import { mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { BackingPool } from '../../config/model.ts';
 import type { Clock } from '../../core/clock.ts';
 import type { BackingProvider, BackingResource, LaunchSpec } from '../../core/provider.ts';
-import { type InstanceState, type StateChangeEvent, stateChangeEvent } from '../../core/stateChanges.ts';
+import type { StateChangeEvent } from '../../core/stateChanges.ts';
 import { clip } from '../../core/text.ts';
+import { AdoptedResources } from './adoptedResources.ts';
 import { formatLiveSlots } from './liveSlots.ts';
+import { LocalEventQueue } from './localEvents.ts';
 import { isAlive, type LocalRecord, localResourceId, RecordFiles, resourceOf } from './localRecords.ts';
 import {
-  AdoptedWatch,
   type LabelSettings,
   labelSettings,
   type Supervised,
   type SupervisorLogger,
   spawnBackingNode,
-  stopAdoptedProcess,
   stopChildProcess,
   supervise,
 } from './supervisor.ts';
 
-export const LOCAL_EVENT_SOURCE = 'metastatic.local';
-
-/**
- * How often the processes adopted from an earlier run are checked: they are not our children, so no
- * exit event tells us they died; a dead one is reported `terminated` within this long, as a child is at once.
- */
-export const ADOPTED_WATCH_MS = 500;
 /** Characters of a child's last stderr line carried into a failure reason. */
 const MAX_END_REASON_LINE = 300;
 
@@ -78,9 +72,8 @@ const defaultLogger: LocalProviderLogger = {
 export class LocalProvider implements BackingProvider {
   private readonly files: RecordFiles;
   private readonly host: string;
-  private readonly region: string;
   private readonly clock: Clock;
-  private readonly onEvent: LocalProviderOptions['onEvent'];
+  private readonly events: LocalEventQueue;
   private readonly logger: LocalProviderLogger;
   private readonly authorizedKeys: readonly string[];
   /** The live-slots file's text last written per resource, so an unchanged set is neither written nor signalled. */
@@ -90,34 +83,26 @@ export class LocalProvider implements BackingProvider {
   private readonly children = new Map<string, Child>();
   /** Launches in progress, so concurrent launches of one spec share one process. */
   private readonly launches = new Map<string, Promise<{ resourceId: string }>>();
-  /** Terminations of resources this instance adopted from a state file (not its children). */
-  private readonly adoptedStops = new Map<string, Promise<void>>();
   /**
    * Resources this instance launched that have ended, with their last record. Like an EC2 idempotency token, launching the same
    * (backingNodeId, attempt) again returns the ended resource instead of starting a second one.
    */
   private readonly ended = new Map<string, LocalRecord>();
-  /**
-   * Processes adopted from an earlier run (alive when last seen): not our children, so no exit event tells
-   * us they died; they are polled, so no node is placed on a dead one's port until the next reaper run.
-   */
-  private readonly adopted = new AdoptedWatch(
-    ADOPTED_WATCH_MS,
-    (record) => this.adoptedDied(record),
-    (id) => this.adoptedStops.has(id),
-  );
+  /** Resources started by an earlier run of the provider (adopted from their state files). */
+  private readonly adopted: AdoptedResources;
   /** Why a child exited before it was ready (see endReason). */
   private readonly endReasons = new Map<string, string>();
-  private events: Promise<void> = Promise.resolve();
   private closed = false;
 
   constructor(options: LocalProviderOptions) {
     this.files = new RecordFiles(join(options.stateDir, 'local'));
     this.host = options.host ?? '127.0.0.1';
-    this.region = options.region ?? 'local';
     this.clock = options.clock;
-    this.onEvent = options.onEvent;
     this.logger = options.logger ?? defaultLogger;
+    this.events = new LocalEventQueue(options.onEvent, options.region ?? 'local', this.clock, this.logger);
+    this.adopted = new AdoptedResources(this.files, this.events, this.logger, (record) =>
+      this.ended.set(record.resourceId, record),
+    );
     this.authorizedKeys = options.authorizedKeys ?? [];
     for (const pool of options.pools) {
       if (pool.driver === 'local') this.pools.set(pool.key, pool);
@@ -159,12 +144,7 @@ export class LocalProvider implements BackingProvider {
       return child.terminating;
     }
     if (this.ended.has(resourceId)) return;
-    let stopping = this.adoptedStops.get(resourceId);
-    if (!stopping) {
-      stopping = this.stopAdopted(resourceId).finally(() => this.adoptedStops.delete(resourceId));
-      this.adoptedStops.set(resourceId, stopping);
-    }
-    return stopping;
+    return this.adopted.terminate(resourceId);
   }
 
   async list(): Promise<BackingResource[]> {
@@ -179,7 +159,7 @@ export class LocalProvider implements BackingProvider {
    */
   async shutdown(): Promise<void> {
     this.closed = true;
-    this.adopted.stop();
+    this.adopted.close();
     await Promise.allSettled([...this.launches.values()]);
     await Promise.allSettled(
       [...this.children.values()]
@@ -237,12 +217,8 @@ export class LocalProvider implements BackingProvider {
   }
 
   /** Resolves once every event emitted so far has been handed to `onEvent`. */
-  async flush(): Promise<void> {
-    let current: Promise<void>;
-    do {
-      current = this.events;
-      await current;
-    } while (current !== this.events);
+  flush(): Promise<void> {
+    return this.events.flush();
   }
 
   // --- internals --------------------------------------------------------------------------------------
@@ -280,24 +256,6 @@ export class LocalProvider implements BackingProvider {
       });
     });
     return child.io;
-  }
-
-  /** Queues an event; events reach `onEvent` one at a time, in order. A failing handler is logged. */
-  private emit(resourceId: string, state: InstanceState): void {
-    const event = stateChangeEvent({
-      resourceId,
-      state,
-      source: LOCAL_EVENT_SOURCE,
-      region: this.region,
-      at: this.clock.now(),
-    });
-    this.events = this.events.then(async () => {
-      try {
-        await this.onEvent(event);
-      } catch (err) {
-        this.logger.error('local provider: event handler failed', { resourceId, state, error: String(err) });
-      }
-    });
   }
 
   private toResource(record: LocalRecord, state: BackingResource['state']): BackingResource {
@@ -355,7 +313,7 @@ export class LocalProvider implements BackingProvider {
     };
     this.children.set(resourceId, child);
 
-    this.emit(resourceId, 'pending');
+    this.events.emit(resourceId, 'pending');
     await this.io(child, () => this.files.write(child.record));
     this.logger.info('local provider: backing node starting', { resourceId, pid, bootDelaySeconds });
     return { resourceId };
@@ -379,7 +337,7 @@ export class LocalProvider implements BackingProvider {
     // A terminating node is no longer reported as becoming ready.
     if (child.terminating) return;
     void this.io(child, () => this.files.write(child.record));
-    this.emit(resourceId, 'running');
+    this.events.emit(resourceId, 'running');
     this.logger.info('local provider: backing node running', { resourceId, port });
   }
 
@@ -405,43 +363,18 @@ export class LocalProvider implements BackingProvider {
       },
     );
     void this.io(child, () => this.files.remove(resourceId));
-    this.emit(resourceId, 'terminated');
+    this.events.emit(resourceId, 'terminated');
   }
 
   private async stopChild(child: Child): Promise<void> {
     const { resourceId } = child.record;
-    this.emit(resourceId, 'shutting-down');
+    this.events.emit(resourceId, 'shutting-down');
     await stopChildProcess(child.run, resourceId, this.logger);
     await this.io(child, () => this.files.remove(resourceId));
-    this.emit(resourceId, 'terminated');
+    this.events.emit(resourceId, 'terminated');
     // Only now, so that a concurrent terminate() still finds `terminating` and waits for all of the above.
     this.children.delete(resourceId);
     this.ended.set(resourceId, child.record);
     this.logger.info('local provider: backing node terminated', { resourceId });
-  }
-
-  /** A watched adopted process died: reported `terminated`, as a child's exit is. */
-  private async adoptedDied(record: LocalRecord): Promise<void> {
-    const { resourceId } = record;
-    this.ended.set(resourceId, record);
-    this.logger.warn('local provider: adopted backing node exited', { resourceId, pid: record.pid });
-    await this.files.remove(resourceId).catch(() => {});
-    this.emit(resourceId, 'terminated');
-  }
-
-  /** Stops a resource known only from its state file (started by an earlier run of the provider). */
-  private async stopAdopted(resourceId: string): Promise<void> {
-    this.adopted.remove(resourceId);
-    const record = await this.files.read(resourceId);
-    if (!record) return;
-    const alive = () => isAlive(record.pid, resourceId);
-    if (!(await alive())) {
-      await this.files.remove(resourceId);
-      return;
-    }
-    this.emit(resourceId, 'shutting-down');
-    await stopAdoptedProcess(record.pid, alive, resourceId, this.logger);
-    await this.files.remove(resourceId);
-    this.emit(resourceId, 'terminated');
   }
 }
