@@ -1,12 +1,10 @@
 import { rename, rm, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { DynamoDBClient } from '@aws-sdk/client-dynamodb';
-import { ChangeMessageVisibilityCommand, SendMessageCommand, SQSClient } from '@aws-sdk/client-sqs';
-import type { SQSRecord } from 'aws-lambda';
+import { SQSClient } from '@aws-sdk/client-sqs';
 import type { ResolvedConfig } from '../config/model.ts';
 import { type Clock, systemClock } from '../core/clock.ts';
 import type { Log } from '../core/log.ts';
-import type { RequestRecord } from '../core/records.ts';
 import {
   backstopReceiveCount,
   EMBEDDED_VISIBILITY_SECONDS,
@@ -22,7 +20,6 @@ import type { Context } from '../usecases/context.ts';
 import { failBackingNode } from '../usecases/failure.ts';
 import { drainBacking, holdNode } from '../usecases/operator.ts';
 import type { ReapReport } from '../usecases/reapReport.ts';
-import { requestMessageOf, waitingRequests } from '../usecases/waiting.ts';
 import { LastAttempts } from '../usecases/waitingBudget.ts';
 import { type ClientKey, ensureClientKey } from './clientKey.ts';
 import { embeddedContext } from './embeddedContext.ts';
@@ -38,8 +35,10 @@ import {
 import { LiveSlotSync } from './liveSlotSync.ts';
 import { type OperatorCall, type OperatorEndpoint, startOperatorEndpoint } from './operatorEndpoint.ts';
 import { holdPrivateUmask, makePrivateDir } from './privateState.ts';
+import { ReaperSchedule } from './reaperSchedule.ts';
 import { withRoomSignal } from './roomSignal.ts';
 import { SqsPoller } from './sqsPoller.ts';
+import { keepAway, resendWaiting } from './waitingMessages.ts';
 
 export interface EmbeddedPoolOptions {
   readonly config: ResolvedConfig;
@@ -75,28 +74,17 @@ export interface EmbeddedPoolOptions {
 
 export const REGION = 'us-east-1';
 
-/** A waiting request's back-off: its message stays away `seconds` from now (fauxqs, as SQS, resets the timer). */
-async function keepAway(sqs: SQSClient, queueUrl: string, record: SQSRecord, seconds: number): Promise<void> {
-  await sqs.send(
-    new ChangeMessageVisibilityCommand({
-      QueueUrl: queueUrl,
-      ReceiptHandle: record.receiptHandle,
-      VisibilityTimeout: seconds,
-    }),
-  );
-}
 export const TABLE_NAME = 'metastatic';
 
 /**
  * The embedded default: the same handlers as in Lambda, against dynalite and fauxqs on loopback, with
  * backing nodes as local processes. Queue pollers play Lambda's SQS event source mappings; a timer plays
- * the EventBridge schedule of the reaper.
+ * the EventBridge schedule of the reaper (reaperSchedule.ts).
  */
 export class EmbeddedPool {
   private readonly pollers: SqsPoller[] = [];
-  private reaperTimer: NodeJS.Timeout | undefined;
-  private reaperDueAt: number | undefined;
-  private reaping: Promise<unknown> | undefined;
+  /** Plays the reaper's EventBridge schedule. */
+  private readonly reaper: ReaperSchedule;
   private stopped = false;
   private operatorEndpoint: OperatorEndpoint | undefined;
 
@@ -120,7 +108,9 @@ export class EmbeddedPool {
     /** The SSH client key every local backing node lets in (clientKey.ts). */
     readonly clientKey: ClientKey,
     private readonly liveSlots: LiveSlotSync,
-  ) {}
+  ) {
+    this.reaper = new ReaperSchedule(handlers.reaper, options.reaperInterval, context.clock, context.log);
+  }
 
   static async start(options: EmbeddedPoolOptions): Promise<EmbeddedPool> {
     const stateDir = resolve(options.stateDir);
@@ -284,7 +274,7 @@ export class EmbeddedPool {
         );
         for (const p of stack.pollers) p.start();
         // min-ready nodes are made by the reaper: its first run comes at once, not an interval later.
-        stack.scheduleReaper(
+        stack.reaper.schedule(
           options.config.minReady.size > 0 || options.config.readyAuto?.size
             ? stack.context.clock.now()
             : undefined,
@@ -326,40 +316,8 @@ export class EmbeddedPool {
   }
 
   /** Runs the reaper now (waits for a run already in progress first). */
-  async reapNow(): Promise<ReapReport> {
-    await this.reaping;
-    const run = this.handlers.reaper();
-    this.reaping = run.catch(() => undefined);
-    return run;
-  }
-
-  /**
-   * Runs the reaper every --reaper-interval seconds and, sooner, when an idle backing node becomes due
-   * (the report's nextCheckAt) or after a release (its grace-time starts then): an empty backing node
-   * goes when its grace-time ends, not up to an interval later.
-   */
-  private scheduleReaper(at?: number): void {
-    if (this.stopped) return;
-    const intervalMs = Math.max(10, this.options.reaperInterval * 1000);
-    const now = this.context.clock.now();
-    const due = Math.min(now + intervalMs, at ?? Number.POSITIVE_INFINITY);
-    if (this.reaperTimer && this.reaperDueAt !== undefined && this.reaperDueAt <= due) return;
-    clearTimeout(this.reaperTimer);
-    this.reaperDueAt = due;
-    this.reaperTimer = setTimeout(
-      async () => {
-        this.reaperTimer = undefined;
-        this.reaperDueAt = undefined;
-        let next: number | undefined;
-        try {
-          next = (await this.reapNow()).nextCheckAt;
-        } catch (err) {
-          this.context.log.error('reaper run failed', { error: err });
-        }
-        this.scheduleReaper(next === undefined ? undefined : next + 10);
-      },
-      Math.max(0, due - now),
-    );
+  reapNow(): Promise<ReapReport> {
+    return this.reaper.runNow();
   }
 
   /** A node was released: the earliest grace-time of the pool's labels starts now. */
@@ -368,7 +326,7 @@ export class EmbeddedPool {
       [...p.labels.values()].map((l) => l.graceTime),
     );
     if (graces.length === 0) return;
-    this.scheduleReaper(this.context.clock.now() + Math.min(...graces) * 1000 + 10);
+    this.reaper.schedule(this.context.clock.now() + Math.min(...graces) * 1000 + 10);
   }
 
   /**
@@ -413,42 +371,15 @@ export class EmbeddedPool {
   async stop(): Promise<void> {
     if (this.stopped) return;
     this.stopped = true;
-    clearTimeout(this.reaperTimer);
+    this.reaper.stop();
     await this.operatorEndpoint?.close();
     await Promise.allSettled(this.pollers.map((p) => p.stop()));
-    await this.reaping;
+    await this.reaper.settled();
     await this.recordShutdown();
     this.dynamodb.destroy();
     this.sqs.destroy();
     await Promise.allSettled(this.engines.map((e) => e.close()));
     await rm(embeddedInfoPath(this.info.stateDir), { force: true });
     this.releaseUmask();
-  }
-}
-
-/**
- * The queues live in memory: a request still waiting when the previous run stopped (Ctrl-C, a crash)
- * lost its message with them, and nothing would ever serve or end it but its request-timeout. Its
- * message is sent again (the same body: the stored request is continued under its id).
- */
-async function resendWaiting(ctx: Context, sqs: SQSClient, queueUrl: string, log: Log): Promise<void> {
-  let waiting: RequestRecord[];
-  try {
-    waiting = await waitingRequests(ctx);
-  } catch (err) {
-    log.error('could not list the requests still waiting; they end at their request-timeout', {
-      error: err as Error,
-    });
-    return;
-  }
-  for (const r of waiting) {
-    await sqs.send(
-      new SendMessageCommand({ QueueUrl: queueUrl, MessageBody: JSON.stringify(requestMessageOf(r)) }),
-    );
-  }
-  if (waiting.length > 0) {
-    log.info('requests still waiting from the previous run sent again', {
-      requests: waiting.map((r) => r.id),
-    });
   }
 }
