@@ -10,7 +10,7 @@
  * the configuration's aws pools name (CDK_DEFAULT_REGION is the CLI profile's, us-east-1 without one,
  * and a pool elsewhere would never see its instances' EC2 events); `-c region=...` must agree with it.
  */
-import { App, Validations } from 'aws-cdk-lib';
+import { App, Validations } from 'aws-cdk-lib/core';
 import { AwsSolutionsChecks, ServerlessChecks } from 'cdk-nag';
 import { MetastaticStack } from '../lib/metastaticStack.ts';
 

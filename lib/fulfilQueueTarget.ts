@@ -1,4 +1,4 @@
-import { Resource, Stack } from 'aws-cdk-lib';
+import { Resource, Stack } from 'aws-cdk-lib/core';
 import type { IRuleTarget, RuleTargetConfig } from 'aws-cdk-lib/aws-events';
 import { PolicyStatement, ServicePrincipal } from 'aws-cdk-lib/aws-iam';
 import type { IKey } from 'aws-cdk-lib/aws-kms';

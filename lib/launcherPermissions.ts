@@ -1,4 +1,4 @@
-import { Aws, Validations } from 'aws-cdk-lib';
+import { Aws, Validations } from 'aws-cdk-lib/core';
 import { type IRole, Policy, PolicyStatement } from 'aws-cdk-lib/aws-iam';
 import { Construct } from 'constructs';
 import type { ResolvedConfig } from '../shared/config/model.ts';

@@ -1,4 +1,4 @@
-import { Annotations, Aws, CfnOutput, CfnRule, Duration, Fn, Names, Stack, Token } from 'aws-cdk-lib';
+import { Annotations, Aws, CfnOutput, CfnRule, Duration, Fn, Names, Stack, Token } from 'aws-cdk-lib/core';
 import type { Alarm, Dashboard, IAlarmAction } from 'aws-cdk-lib/aws-cloudwatch';
 import { SnsAction } from 'aws-cdk-lib/aws-cloudwatch-actions';
 import { type ISecurityGroup, SecurityGroup } from 'aws-cdk-lib/aws-ec2';

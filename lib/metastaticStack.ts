@@ -1,5 +1,5 @@
 import { readFileSync } from 'node:fs';
-import { CfnOutput, type Duration, Fn, Stack, type StackProps, Validations } from 'aws-cdk-lib';
+import { CfnOutput, type Duration, Fn, Stack, type StackProps, Validations } from 'aws-cdk-lib/core';
 import { SecurityGroup, Subnet, Vpc } from 'aws-cdk-lib/aws-ec2';
 import type { IEventBus } from 'aws-cdk-lib/aws-events';
 import type { IKey } from 'aws-cdk-lib/aws-kms';

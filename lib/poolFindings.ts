@@ -1,4 +1,4 @@
-import { Validations } from 'aws-cdk-lib';
+import { Validations } from 'aws-cdk-lib/core';
 import type { Rule } from 'aws-cdk-lib/aws-events';
 import type { IConstruct } from 'constructs';
 import { cfnResource } from './cfnResource.ts';

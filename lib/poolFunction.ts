@@ -1,7 +1,7 @@
 import { createHash } from 'node:crypto';
 import { writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
-import { AssetHashType, DockerImage, Duration, type ILocalBundling, Stack, Validations } from 'aws-cdk-lib';
+import { AssetHashType, DockerImage, Duration, type ILocalBundling, Stack, Validations } from 'aws-cdk-lib/core';
 import type { ISecurityGroup, IVpc, SubnetSelection } from 'aws-cdk-lib/aws-ec2';
 import { type IRole, ManagedPolicy, Role, ServicePrincipal } from 'aws-cdk-lib/aws-iam';
 import {

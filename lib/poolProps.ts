@@ -1,4 +1,4 @@
-import { type Duration, Token } from 'aws-cdk-lib';
+import { type Duration, Token } from 'aws-cdk-lib/core';
 import type { ISecurityGroup, IVpc, SubnetSelection } from 'aws-cdk-lib/aws-ec2';
 import type { IEventBus } from 'aws-cdk-lib/aws-events';
 import type { IKey } from 'aws-cdk-lib/aws-kms';

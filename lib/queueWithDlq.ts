@@ -1,4 +1,4 @@
-import { Duration, Token, Validations } from 'aws-cdk-lib';
+import { Duration, Token, Validations } from 'aws-cdk-lib/core';
 import {
   Alarm,
   ComparisonOperator,
