@@ -1,8 +1,8 @@
-import { Resource, Stack } from 'aws-cdk-lib/core';
 import type { IRuleTarget, RuleTargetConfig } from 'aws-cdk-lib/aws-events';
 import { PolicyStatement, ServicePrincipal } from 'aws-cdk-lib/aws-iam';
 import type { IKey } from 'aws-cdk-lib/aws-kms';
 import type { IQueue } from 'aws-cdk-lib/aws-sqs';
+import { Resource, Stack } from 'aws-cdk-lib/core';
 import type { aws_events } from 'aws-cdk-lib/interfaces';
 import type { Construct } from 'constructs';
 

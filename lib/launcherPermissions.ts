@@ -1,5 +1,5 @@
-import { Aws, Validations } from 'aws-cdk-lib/core';
 import { type IRole, Policy, PolicyStatement } from 'aws-cdk-lib/aws-iam';
+import { Aws, Validations } from 'aws-cdk-lib/core';
 import { Construct } from 'constructs';
 import type { ResolvedConfig } from '../shared/config/model.ts';
 import { type AwsLabelSettings, awsPoolSettings } from '../shared/providers/aws/settings.ts';

@@ -1,4 +1,3 @@
-import { Annotations, Aws, CfnOutput, CfnRule, Duration, Fn, Names, Stack, Token } from 'aws-cdk-lib/core';
 import type { Alarm, Dashboard, IAlarmAction } from 'aws-cdk-lib/aws-cloudwatch';
 import { SnsAction } from 'aws-cdk-lib/aws-cloudwatch-actions';
 import { type ISecurityGroup, SecurityGroup } from 'aws-cdk-lib/aws-ec2';
@@ -6,6 +5,7 @@ import { EventBus, type EventPattern, type IEventBus, Rule, Schedule } from 'aws
 import { LambdaFunction } from 'aws-cdk-lib/aws-events-targets';
 import type { IKey } from 'aws-cdk-lib/aws-kms';
 import { SqsEventSource } from 'aws-cdk-lib/aws-lambda-event-sources';
+import { Annotations, Aws, CfnOutput, CfnRule, Duration, Fn, Names, Stack, Token } from 'aws-cdk-lib/core';
 import { Construct } from 'constructs';
 import { parseConfigOrThrow } from '../shared/config/load.ts';
 import type { ResolvedConfig } from '../shared/config/model.ts';

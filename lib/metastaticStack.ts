@@ -1,10 +1,10 @@
 import { readFileSync } from 'node:fs';
-import { CfnOutput, type Duration, Fn, Stack, type StackProps, Validations } from 'aws-cdk-lib/core';
 import { SecurityGroup, Subnet, Vpc } from 'aws-cdk-lib/aws-ec2';
 import type { IEventBus } from 'aws-cdk-lib/aws-events';
 import type { IKey } from 'aws-cdk-lib/aws-kms';
 import type { RetentionDays } from 'aws-cdk-lib/aws-logs';
 import type { ITopic } from 'aws-cdk-lib/aws-sns';
+import { CfnOutput, type Duration, Fn, Stack, type StackProps, Validations } from 'aws-cdk-lib/core';
 import type { Construct } from 'constructs';
 import { parseConfigOrThrow } from '../shared/config/load.ts';
 import { poolRegion } from './launcherPermissions.ts';

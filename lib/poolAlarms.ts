@@ -1,4 +1,3 @@
-import { Duration } from 'aws-cdk-lib/core';
 import {
   Alarm,
   ComparisonOperator,
@@ -10,6 +9,7 @@ import {
   TreatMissingData,
 } from 'aws-cdk-lib/aws-cloudwatch';
 import type { Rule } from 'aws-cdk-lib/aws-events';
+import { Duration } from 'aws-cdk-lib/core';
 import type { Construct } from 'constructs';
 import type { PoolFunction } from './poolFunction.ts';
 import { clampDuration, METRICS_NAMESPACE, POWERTOOLS_SERVICE_NAME } from './poolProps.ts';

@@ -1,4 +1,3 @@
-import { Duration } from 'aws-cdk-lib/core';
 import {
   type Alarm,
   AlarmStatusWidget,
@@ -8,6 +7,7 @@ import {
   Metric,
   Stats,
 } from 'aws-cdk-lib/aws-cloudwatch';
+import { Duration } from 'aws-cdk-lib/core';
 import type { Construct } from 'constructs';
 import { MetricName } from '../shared/core/observability.ts';
 import type { PoolFunction } from './poolFunction.ts';

@@ -1,5 +1,5 @@
-import { Validations } from 'aws-cdk-lib/core';
 import type { Rule } from 'aws-cdk-lib/aws-events';
+import { Validations } from 'aws-cdk-lib/core';
 import type { IConstruct } from 'constructs';
 import { cfnResource } from './cfnResource.ts';
 import type { PoolFunction } from './poolFunction.ts';

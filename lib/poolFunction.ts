@@ -1,7 +1,6 @@
 import { createHash } from 'node:crypto';
 import { writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
-import { AssetHashType, DockerImage, Duration, type ILocalBundling, Stack, Validations } from 'aws-cdk-lib/core';
 import type { ISecurityGroup, IVpc, SubnetSelection } from 'aws-cdk-lib/aws-ec2';
 import { type IRole, ManagedPolicy, Role, ServicePrincipal } from 'aws-cdk-lib/aws-iam';
 import {
@@ -14,6 +13,14 @@ import {
   Tracing,
 } from 'aws-cdk-lib/aws-lambda';
 import { LogGroup, RetentionDays } from 'aws-cdk-lib/aws-logs';
+import {
+  AssetHashType,
+  DockerImage,
+  Duration,
+  type ILocalBundling,
+  Stack,
+  Validations,
+} from 'aws-cdk-lib/core';
 import { Construct } from 'constructs';
 import { FUNCTION_TIMEOUT_SECONDS } from '../shared/core/timing.ts';
 import { cfnResource } from './cfnResource.ts';

@@ -1,9 +1,9 @@
-import { type Duration, Token } from 'aws-cdk-lib/core';
 import type { ISecurityGroup, IVpc, SubnetSelection } from 'aws-cdk-lib/aws-ec2';
 import type { IEventBus } from 'aws-cdk-lib/aws-events';
 import type { IKey } from 'aws-cdk-lib/aws-kms';
 import type { RetentionDays } from 'aws-cdk-lib/aws-logs';
 import type { ITopic } from 'aws-cdk-lib/aws-sns';
+import { type Duration, Token } from 'aws-cdk-lib/core';
 import type { InstanceState } from '../shared/core/stateChanges.ts';
 import {
   backstopReceiveCount,

@@ -1,4 +1,3 @@
-import { RemovalPolicy } from 'aws-cdk-lib/core';
 import {
   type Attribute,
   AttributeType,
@@ -9,6 +8,7 @@ import {
 } from 'aws-cdk-lib/aws-dynamodb';
 import { Grant, type IGrantable } from 'aws-cdk-lib/aws-iam';
 import type { IKey } from 'aws-cdk-lib/aws-kms';
+import { RemovalPolicy } from 'aws-cdk-lib/core';
 import { Construct } from 'constructs';
 import { TTL_ATTRIBUTE, tableDefinition } from '../shared/store/table.ts';
 

@@ -1,4 +1,3 @@
-import { Duration, Token, Validations } from 'aws-cdk-lib/core';
 import {
   Alarm,
   ComparisonOperator,
@@ -10,6 +9,7 @@ import {
 } from 'aws-cdk-lib/aws-cloudwatch';
 import type { IKey } from 'aws-cdk-lib/aws-kms';
 import { Queue, QueueEncryption } from 'aws-cdk-lib/aws-sqs';
+import { Duration, Token, Validations } from 'aws-cdk-lib/core';
 import { Construct } from 'constructs';
 import { VISIBILITY_TIMEOUT_FACTOR, visibilityTimeoutSeconds } from '../shared/core/timing.ts';
 import { cfnResource } from './cfnResource.ts';

@@ -1,7 +1,7 @@
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { App, Stack } from 'aws-cdk-lib/core';
 import { Template } from 'aws-cdk-lib/assertions';
+import { App, Stack } from 'aws-cdk-lib/core';
 import { describe, expect, it, vi } from 'vitest';
 import { MetastaticPool } from '../../lib/metastaticPool.ts';
 

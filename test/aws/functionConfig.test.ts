@@ -3,8 +3,8 @@ import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, wr
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
-import { App, AssetStaging, type CfnResource, Stack } from 'aws-cdk-lib/core';
 import { Template } from 'aws-cdk-lib/assertions';
+import { App, AssetStaging, type CfnResource, Stack } from 'aws-cdk-lib/core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { MetastaticPool } from '../../lib/metastaticPool.ts';
 import { environmentSize } from '../../lib/poolFunction.ts';
