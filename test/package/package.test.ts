@@ -121,7 +121,7 @@ async function buildCdkApp(): Promise<CdkApp> {
   writeFileSync(
     join(app, 'members.ts'),
     [
-      "import { App, Stack } from 'aws-cdk-lib/core';",
+      "import { App, Stack } from 'aws-cdk-lib';",
       "import { MetastaticPool } from 'metastatic/cdk';",
       '',
       "const pool: MetastaticPool = new MetastaticPool(new Stack(new App(), 'S'), 'Pool', { config: '' });",
