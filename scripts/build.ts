@@ -14,7 +14,7 @@
 import { execFileSync } from 'node:child_process';
 import { existsSync, mkdirSync, readdirSync, rmSync } from 'node:fs';
 import { createRequire } from 'node:module';
-import { join, relative } from 'node:path';
+import { dirname, join, relative } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { POOL_FUNCTION_NAMES, writeBundle } from '../lib/lambdaBundle.ts';
 
@@ -44,7 +44,9 @@ const sources = COMPILED.flatMap((d) => files(join(root, d))).filter(
 const complete = sources.every((f) =>
   ['.js', '.d.ts'].every((ext) => existsSync(join(dist, relative(root, f).replace(/\.ts$/, ext)))),
 );
-const tsc = createRequire(import.meta.url).resolve('typescript/bin/tsc');
+// TypeScript's launcher (bin/tsc, which runs the native compiler), found from its package.json: the
+// package exports no path to it.
+const tsc = join(dirname(createRequire(import.meta.url).resolve('typescript/package.json')), 'bin', 'tsc');
 execFileSync(
   process.execPath,
   [tsc, '-b', join(root, 'tsconfig.build.json'), ...(complete ? [] : ['--force'])],
