@@ -260,10 +260,11 @@ export async function reap(ctx: Context): Promise<ReapReport> {
         await guard('min-ready', label, async () => {
           // min-ready auto: how many to hold now, from the label's forecast (readyAuto.ts).
           const auto = ctx.config.readyAuto?.get(label);
-          const hold = auto ? await decideHold(ctx, label, auto, hosts) : undefined;
+          const decided = auto ? await decideHold(ctx, label, auto, hosts) : undefined;
+          // The seats the decision read are the upkeep's (not read again).
           const kept = await keepMinReady(ctx, label, {
             hosts,
-            ...(auto ? { wanted: hold?.seats ?? 0 } : {}),
+            ...(decided ? { wanted: decided.hold?.seats ?? 0, state: decided.state } : {}),
           });
           report.minReadyMade += kept.made;
           report.minReadyEnded += kept.ended;

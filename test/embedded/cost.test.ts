@@ -10,6 +10,7 @@ import {
 } from '../../bench/cost/simulate.ts';
 import { batchTrace, formatTraceCsv, parseTraceCsv, syntheticTrace } from '../../bench/cost/traces.ts';
 import { type InProcessDynalite, startInProcessDynalite } from '../../testkit/inProcessDynalite.ts';
+import { whileWatching } from '../../testkit/sdkWatch.ts';
 
 /**
  * The cost simulator (bench/cost, `npm run cost`) on a 20-job trace: the real use cases on dynalite,
@@ -94,6 +95,33 @@ describe('the cost simulator', () => {
     expect(periodic.backingLaunched).toBe(due.backingLaunched);
     expect(periodic.dynamodbCalls).toBeGreaterThan(due.dynamodbCalls);
   });
+
+  it("reads a label's seats once per request and once per reaper run, with min-ready or auto: a refill after a take and the upkeep after a decision reuse them", async () => {
+    const busy = syntheticTrace('steady', 7, 40);
+    for (const readiness of [
+      { kind: 'static', minReady: 2 },
+      { kind: 'auto', share: 0.9, maxReady: 8 },
+    ] as const) {
+      let seatQueries = 0;
+      let reaperRuns = 0;
+      let spareHits: number | undefined;
+      await whileWatching(
+        engine.client,
+        async (command, input, send) => {
+          const pk = String((input.ExpressionAttributeValues as Record<string, unknown>)?.[':pk'] ?? '');
+          if (command === 'QueryCommand' && pk.startsWith('SEATS#')) seatQueries++;
+          if (command === 'GetItemCommand' && String((input.Key as { pk?: unknown })?.pk) === 'REAPER')
+            reaperRuns++;
+          return send();
+        },
+        async () => {
+          spareHits = (await simulate(engine, busy, options({ readiness }), { series: false })).spareHits;
+        },
+      );
+      expect(spareHits).toBeGreaterThan(0); // refills after takes happened
+      expect(seatQueries).toBe(busy.jobs.length + reaperRuns);
+    }
+  }, 120_000);
 
   it('generates the same trace for the same seed, and reads back what it writes', () => {
     for (const kind of ['steady', 'bursty', 'diurnal', 'batch'] as const) {
