@@ -1,5 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { model } from '../../bench/cost/model.ts';
+import { firstBootArrivals } from '../../bench/cost/readiness.ts';
 import {
   DEFAULT_OPTIONS,
   hintOf,
@@ -122,6 +123,28 @@ describe('the cost simulator', () => {
       expect(seatQueries).toBe(busy.jobs.length + reaperRuns);
     }
   }, 120_000);
+
+  it('counts the arrivals within the first boot time of a burst, also of one background jobs lead up to', () => {
+    const s = (x: number) => x * 1000;
+    // Background every 4 minutes; a burst of 8 within 90 s at 10:00 (5 of them within its first minute,
+    // the quiet minute before it broken by nothing); 4 within a minute is no burst.
+    const background = [0, 240, 480].map(s);
+    const burst = [600, 610, 620, 630, 650, 665, 680, 690].map(s);
+    const small = [1200, 1210, 1220, 1230].map(s);
+    expect(firstBootArrivals([...background, ...burst, ...small], 60)).toEqual({ arrivals: 5, bursts: 1 });
+    // bursty's bursts are found (about 40% of its arrivals come in their first minute), few of steady's.
+    const share = (kind: 'steady' | 'bursty') => {
+      const t = syntheticTrace(kind, 42, 800);
+      return (
+        firstBootArrivals(
+          t.jobs.map((j) => j.arrivalMs),
+          60,
+        ).arrivals / t.jobs.length
+      );
+    };
+    expect(share('bursty')).toBeGreaterThan(0.3);
+    expect(share('steady')).toBeLessThan(0.15);
+  });
 
   it('generates the same trace for the same seed, and reads back what it writes', () => {
     for (const kind of ['steady', 'bursty', 'diurnal', 'batch'] as const) {
