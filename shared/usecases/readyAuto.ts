@@ -7,9 +7,10 @@ import {
   readyNeed,
   sparesWanted,
 } from '../core/forecast.ts';
+import { PoolEventType } from '../core/observability.ts';
 import type { MinReadyState } from '../core/poolStore.ts';
 import type { BackingRecord } from '../core/records.ts';
-import type { Context } from './context.ts';
+import { type Context, emit } from './context.ts';
 import { foldForecast } from './forecasts.ts';
 
 /**
@@ -44,14 +45,17 @@ export async function decideHold(
   if (!holdChanged(prev, decided)) return { hold: prev, state };
   const next: ReadyHold = { ...decided, version: (prev?.version ?? 0) + 1 };
   if (await ctx.store.putReadyHold(label, next)) {
-    if (prev?.seats !== next.seats) {
-      ctx.log.info('min-ready auto: ready room held', {
+    if ((prev?.seats ?? 0) !== next.seats) {
+      const detail = {
         label,
         seats: next.seats,
         target: next.target,
         perMinute: Number(next.perMinute.toFixed(3)),
         freeSlots,
-      });
+      };
+      ctx.log.info('min-ready auto: ready room held', detail);
+      // Only the run whose write won publishes it: one event per change.
+      await emit(ctx, PoolEventType.readyRoomChanged, { ...detail, previousSeats: prev?.seats ?? 0 });
     }
     return { hold: next, state: { ...state, hold: next } };
   }

@@ -1,3 +1,5 @@
+import { readFile } from 'node:fs/promises';
+import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import type { PoolClient } from '../../cli/client.ts';
 import { poolStatus } from '../../cli/commands/status.ts';
@@ -505,6 +507,11 @@ describe('min-ready', () => {
   it('min-ready auto: holds the ready room its arrival forecast asks for, within max-ready, and lets it go as the forecast falls (issue 27)', async () => {
     h = await startHarness(baseConfig({ slots: 4, grace: 0, readyAuto: { target: 0.9, max: 3 } }));
     const ctx = h.pool.context;
+    const gauges: Array<[string, number]> = [];
+    Object.assign(ctx, {
+      metrics: { count: (name: string, value = 1) => gauges.push([name, value]), milliseconds: () => {} },
+    });
+    const last = (name: string) => gauges.filter(([n]) => n === name).at(-1)?.[1];
     // No arrival seen yet: nothing held.
     expect((await h.pool.reapNow()).minReadyMade).toBe(0);
     expect(await untaken(h)).toBe(0);
@@ -519,6 +526,18 @@ describe('min-ready', () => {
     const held = (await ctx.store.minReadyState('small-node')).hold;
     expect(held).toMatchObject({ seats: 3, target: 3, freeSlots: 0 });
     expect(held?.perMinute).toBeGreaterThan(8);
+    // The forecast and the room held, as metrics each run and as an event when the room changes.
+    expect([last('ForecastArrivalsPerMinute'), last('ReadyRoomHeld')]).toEqual([held?.perMinute, 3]);
+    const roomEvents = async () =>
+      (await readFile(join(h?.pool.info.stateDir ?? '', 'events.jsonl'), 'utf8'))
+        .split('\n')
+        .filter(Boolean)
+        .map((l) => JSON.parse(l))
+        .filter((e) => e['detail-type'] === 'Ready Room Changed')
+        .map((e) => e.detail);
+    expect(await roomEvents()).toMatchObject([
+      { label: 'small-node', seats: 3, previousSeats: 0, target: 3 },
+    ]);
     await h.fulfilUntil(allFree(h, 3));
     // Held, not made again: the next run keeps the same three.
     expect((await h.pool.reapNow()).minReadyMade).toBe(0);
@@ -538,6 +557,11 @@ describe('min-ready', () => {
     await h.pool.reapNow();
     expect((await ctx.store.minReadyState('small-node')).hold).toMatchObject({ seats: 0, target: 0 });
     expect(await freeSpares(h)).toBe(0);
+    expect(last('ReadyRoomHeld')).toBe(0);
+    expect((await roomEvents()).map((e) => [e.previousSeats, e.seats])).toEqual([
+      [0, 3],
+      [3, 0],
+    ]);
     await h.pool.reapNow(); // grace-time 0: the backing node they held goes
     expect((await ctx.store.listBacking()).filter((b) => b.state !== 'stopped')).toHaveLength(0);
   }, 150_000);

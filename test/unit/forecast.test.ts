@@ -128,7 +128,7 @@ describe('arrival forecasts (predictive readiness)', () => {
     expect(JSON.stringify(later).length).toBeLessThan(8_000);
   });
 
-  it('lets a quiet label\'s rate reach 0, never a number too small for DynamoDB (1e-130), folded minute by minute or over a gap', () => {
+  it("lets a quiet label's rate reach 0, never a number too small for DynamoDB (1e-130), folded minute by minute or over a gap", () => {
     const start = MONDAY + 10 * 60;
     const busy = fed(emptyModel('small', start), start, start + 60, () => 2);
     // Two quiet days, folded a minute at a time as the reaper folds them (the short rate halves every 2).
