@@ -30,7 +30,8 @@ const HEIGHT = 6;
 /**
  * One CloudWatch dashboard per pool (created in `scope`, the pool): requests in, fulfilled and failed;
  * time to fulfilled (p50, p95); nodes waiting; slots used and free; backing nodes by state; launches and
- * launch failures; reaper runs and errors; what reached the dead-letter queues; the pool's alarms. The pool's
+ * launch failures; requests that waited for a boot and how long; the forecast and the ready room held
+ * (min-ready auto); reaper runs and errors; what reached the dead-letter queues; the pool's alarms. The pool's
  * metrics come from its functions (Powertools EMF, namespace METRICS_NAMESPACE, dimensions service and
  * pool); the gauges (slots, backing nodes by state, nodes waiting) are recorded by each reaper run. Its
  * name is CloudFormation's (a dashboard name is unique in the account): the stack outputs it.
@@ -100,6 +101,23 @@ export function poolDashboard(scope: Construct, o: PoolDashboardProps): Dashboar
       pool(MetricName.launchSucceeded, Stats.SUM, 'launched'),
       pool(MetricName.launchFailed, Stats.SUM, 'launch failed'),
       pool(MetricName.reaped, Stats.SUM, 'stopped'),
+    ]),
+  );
+  dashboard.addWidgets(
+    // What users feel (issue 27): how many requests had to wait for a backing node to boot, and how long.
+    graph('Waits for a boot', [
+      pool(MetricName.requestsFulfilled, Stats.SUM, 'fulfilled'),
+      pool(MetricName.requestsWaitedForBoot, Stats.SUM, 'waited for a boot'),
+    ]),
+    graph(
+      'Wait for a boot',
+      [pool(MetricName.waitForBoot, Stats.p(50), 'p50'), pool(MetricName.waitForBoot, Stats.p(95), 'p95')],
+      { leftLabel: 'ms' },
+    ),
+    // min-ready auto: the forecast and the ready room held from it (empty without such a label).
+    graph('Forecast and ready room', [
+      pool(MetricName.forecastArrivals, Stats.MAXIMUM, 'forecast arrivals / min'),
+      pool(MetricName.readyRoomHeld, Stats.MAXIMUM, 'ready nodes held'),
     ]),
   );
   const fn = o.reaperFunction.function;

@@ -59,7 +59,8 @@ const HELP = `Usage: npx tsx bench/cost/main.ts [options]
 Without --trace: the synthetic traces steady, bursty and diurnal (written to bench/traces/<name>.csv).
   --trace FILE          a CSV trace (arrival_s,duration_s,label); repeatable; replaces the synthetic ones
   --seed N              seed of the synthetic traces (default 42)
-  --jobs N              jobs per synthetic trace (default: steady 1000, bursty 800, diurnal 1200)
+  --jobs N              jobs per synthetic trace (default: steady 1000, bursty 800, diurnal 1200, batch 1200);
+                        or per trace: --jobs batch=400 (the others keep their default)
   --slots N             max-parallel-jobs, slots per backing node (default 4)
   --boot S              seconds from launch to running (default 60)
   --tick S              reaper interval in seconds (default 10)
@@ -141,7 +142,7 @@ async function main(): Promise<void> {
     await mkdir(dir, { recursive: true });
     const only = args.only?.split(',');
     for (const kind of SYNTHETIC_KINDS.filter((k) => !only || only.includes(k))) {
-      const jobs = args.jobs === undefined ? DEFAULT_JOBS[kind] : intArg('--jobs', args.jobs, 1);
+      const jobs = jobsOf(kind, args.jobs);
       const trace = syntheticTrace(kind, seed, jobs);
       await writeFile(join(dir, `${kind}.csv`), formatTraceCsv(trace));
       traces.push(trace);
@@ -724,6 +725,21 @@ function numArg(name: string, text: string | undefined): number {
     throw new Error(`${name} must be a number >= 0, got "${text}"`);
   }
   return n;
+}
+
+/**
+ * Jobs of a synthetic trace: `--jobs N` for every trace, or `--jobs batch=400,steady=500` for the ones
+ * named (the others keep their default: a run that must fit in a time cuts its longest trace only).
+ */
+function jobsOf(kind: SyntheticKind, text: string | undefined): number {
+  if (text === undefined) return DEFAULT_JOBS[kind];
+  if (!text.includes('=')) return intArg('--jobs', text, 1);
+  for (const part of text.split(',')) {
+    const [name, n] = part.split('=');
+    if (!SYNTHETIC_KINDS.includes(name as SyntheticKind)) throw new Error(`--jobs: no trace named ${name}`);
+    if (name === kind) return intArg(`--jobs ${name}`, n, 1);
+  }
+  return DEFAULT_JOBS[kind];
 }
 
 function intArg(name: string, text: string | undefined, min = 0): number {

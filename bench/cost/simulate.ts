@@ -18,6 +18,7 @@ import { ensureTable } from '../../shared/runtime/engines.ts';
 import { DynamoStore } from '../../shared/store/dynamoStore.ts';
 import type { Context } from '../../shared/usecases/context.ts';
 import { resourceRunning } from '../../shared/usecases/fulfil.ts';
+import type { SparesSeen } from '../../shared/usecases/minReady.ts';
 import { reap } from '../../shared/usecases/reap.ts';
 import { releaseNode } from '../../shared/usecases/release.ts';
 import { keepMinReady, labelsTaken } from '../../shared/usecases/replenish.ts';
@@ -314,6 +315,7 @@ async function run(
     if (e.kind === 'arrival') {
       const job = e.job;
       let placed: RequestRecord;
+      let seen: SparesSeen | undefined;
       try {
         const hint = hintOf(job, o.hints);
         const out = await requestNodes(ctx, {
@@ -329,6 +331,7 @@ async function run(
           );
         }
         placed = out.request;
+        seen = out.spares;
       } catch (err) {
         if (!(err instanceof CapacityError)) throw err;
         capacityRetries++;
@@ -350,9 +353,10 @@ async function run(
         warmHits++;
         if (node.spare !== undefined) spareHits++;
         start(job, now);
-        // The request function refills the seats of the labels whose ready nodes it took, at once.
+        // The request function refills the seats of the labels whose ready nodes it took, at once,
+        // starting from what the take read and wrote (requestHandler.ts replenishTaken).
         for (const label of labelsTaken(placed)) {
-          const kept = await keepMinReady(ctx, label);
+          const kept = await keepMinReady(ctx, label, seen ? { taken: { seen, taker: placed } } : {});
           if (kept.errors.length > 0) throw new Error(`min-ready refill: ${kept.errors.join('; ')}`);
         }
       } else if (node.state === 'pending') {

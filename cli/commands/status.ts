@@ -241,7 +241,7 @@ async function lastEvents(path: string): Promise<PoolStatus['events']> {
       out.push({
         time: String(e.time ?? ''),
         type: String(e['detail-type'] ?? ''),
-        subject: String(d.requestId ?? d.nodeId ?? d.backingNodeId ?? ''),
+        subject: String(d.requestId ?? d.nodeId ?? d.backingNodeId ?? d.label ?? ''), // label: Ready Room Changed
       });
     } catch {
       // a line being written as we read: skipped

@@ -177,10 +177,18 @@ export function sparesWanted(target: number, freeSlotsRunningAnyway: number, max
 
 const SHORT_DECAY = 2 ** (-1 / SHORT_HALF_LIFE_MIN);
 
+/**
+ * A rate below this (arrivals per minute: one in 2,000 years) is 0. A decaying rate never reaches 0 by
+ * itself, and DynamoDB refuses a number below 1e-130: the short rate gets there after about 14 hours
+ * without an arrival (a quiet weekend), and every fold of the label would then fail.
+ */
+export const NEGLIGIBLE_RATE = 1e-9;
+const settled = (rate: number): number => (rate < NEGLIGIBLE_RATE ? 0 : rate);
+
 /** One hour's count folded into its bucket: the first observation of an hour is taken whole. */
 function foldHour(profile: number[], seen: number[], hour: number, perMinute: number): void {
   const weight = (seen[hour] ?? 0) === 0 ? 1 : PROFILE_WEIGHT;
-  profile[hour] = (profile[hour] ?? 0) * (1 - weight) + perMinute * weight;
+  profile[hour] = settled((profile[hour] ?? 0) * (1 - weight) + perMinute * weight);
   seen[hour] = Math.min(1_000, (seen[hour] ?? 0) + 1);
 }
 
@@ -204,7 +212,7 @@ export function observe(model: ArrivalModel, untilMinute: number, arrivals: numb
     const hours = Math.min(PROFILE_HOURS, Math.floor(minutes / 60));
     for (let h = 0; h < hours; h++)
       foldHour(profile, seen, hourOfWeek(untilMinute - 60 * (hours - h)), perMinute);
-    shortRate = perMinute + (shortRate - perMinute) * SHORT_DECAY ** minutes;
+    shortRate = settled(perMinute + (shortRate - perMinute) * SHORT_DECAY ** minutes);
     return {
       ...model,
       profile,
@@ -216,7 +224,7 @@ export function observe(model: ArrivalModel, untilMinute: number, arrivals: numb
     };
   }
   for (; minute < untilMinute; minute++) {
-    shortRate = shortRate * SHORT_DECAY + perMinute * (1 - SHORT_DECAY);
+    shortRate = settled(shortRate * SHORT_DECAY + perMinute * (1 - SHORT_DECAY));
     hourCount += perMinute;
     if ((minute + 1) % 60 === 0) {
       // The hour ends with this minute: its count (arrivals per minute over the hour) goes into its bucket.

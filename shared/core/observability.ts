@@ -9,6 +9,15 @@ export const PoolEventType = {
   nodeReleased: 'Node Released',
   backingLaunched: 'Backing Node Launched',
   backingStopped: 'Backing Node Stopped',
+  /**
+   * A request fulfilled only after waiting for a backing node to boot (placed on one launching, or
+   * moved onto another after its first failed): the figure predictive readiness exists to shrink.
+   * Published with its Request Fulfilled; a request served at once (a free slot on a ready backing
+   * node, or a min-ready node) publishes none.
+   */
+  requestWaitedForBoot: 'Request Waited For Boot',
+  /** min-ready auto: the reaper changed the ready room it holds for a label (its forecast moved). */
+  readyRoomChanged: 'Ready Room Changed',
 } as const;
 export type PoolEventType = (typeof PoolEventType)[keyof typeof PoolEventType];
 
@@ -34,6 +43,15 @@ export const MetricName = {
   requestsFulfilled: 'RequestsFulfilled',
   /** From when a request was recorded to when it was fulfilled. */
   timeToFulfilled: 'TimeToFulfilled',
+  /** Requests fulfilled only after waiting for a boot (Request Waited For Boot); of RequestsFulfilled. */
+  requestsWaitedForBoot: 'RequestsWaitedForBoot',
+  /** How long such a request waited: from its placement to fulfilled. */
+  waitForBoot: 'WaitForBoot',
+  // min-ready auto (issue 27), each reaper run, summed over the labels with `min-ready: auto`.
+  /** Forecast arrivals per minute (the rate each label's ready room was decided from). */
+  forecastArrivals: 'ForecastArrivalsPerMinute',
+  /** Ready, unassigned nodes the forecast asks to hold (the decisions' seats). */
+  readyRoomHeld: 'ReadyRoomHeld',
   // Gauges the reaper records each run, from what it read (with SlotsInUse and IdleBackingNodes).
   /** Nodes of waiting requests that are not ready yet. */
   nodesWaiting: 'NodesWaiting',

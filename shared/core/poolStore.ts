@@ -183,7 +183,13 @@ export interface PoolStore {
   seatGenerations(label: string): Promise<Map<number, number>>;
   /** Records a seat (generation 0) if it has no item yet, so a lowered min-ready still finds it. */
   openSeat(label: string, seat: number): Promise<void>;
-  /** Moves a seat from generation `from` to `from + 1`; false when it is not at `from` any more. */
+  /**
+   * Marks a seat vacant at generation `gen` (its node there has ended: released or failed, both final),
+   * if the seat is still at `gen`; false when it is not (an advance, which clears the mark, came first).
+   * An upkeep skips a vacant seat above the seats it fills without reading its node.
+   */
+  markSeatVacant(label: string, seat: number, gen: number): Promise<boolean>;
+  /** Moves a seat from generation `from` to `from + 1` (no longer vacant); false when it is not at `from` any more. */
   advanceSeat(label: string, seat: number, from: number): Promise<boolean>;
   /** A label's seats (as seatGenerations), its launch backoff and its ready hold, in one read. */
   minReadyState(label: string): Promise<MinReadyState>;
@@ -219,6 +225,11 @@ export type PageCursor = Record<string, unknown>;
 /** A label's min-ready seats (seat -> generation; absent = 0) and its launch backoff (core/minReady.ts). */
 export interface MinReadyState {
   readonly gens: Map<number, number>;
+  /**
+   * Seats marked vacant at their generation (markSeatVacant): their node has ended, and no new one is
+   * made until an advance. Absent: none known.
+   */
+  readonly vacant?: ReadonlySet<number>;
   readonly backoff?: LabelBackoff;
   /** min-ready auto: the spares the reaper decided to hold (absent: never decided). */
   readonly hold?: ReadyHold;

@@ -625,6 +625,7 @@ export class DynamoStore implements PoolStore {
 
   async minReadyState(label: string): Promise<MinReadyState> {
     const gens = new Map<number, number>();
+    const vacant = new Set<number>();
     let backoff: LabelBackoff | undefined;
     let hold: ReadyHold | undefined;
     let cursor: Record<string, unknown> | undefined;
@@ -641,11 +642,14 @@ export class DynamoStore implements PoolStore {
       for (const item of out.Items ?? []) {
         if (item.type === 'backoff') backoff = LabelBackoff.parse(item);
         else if (item.type === 'hold') hold = ReadyHold.parse(item);
-        else gens.set(Number(item.seat), Number(item.gen));
+        else {
+          gens.set(Number(item.seat), Number(item.gen));
+          if (item.vacant === true) vacant.add(Number(item.seat));
+        }
       }
       cursor = out.LastEvaluatedKey;
     } while (cursor);
-    return { gens, ...(backoff ? { backoff } : {}), ...(hold ? { hold } : {}) };
+    return { gens, vacant, ...(backoff ? { backoff } : {}), ...(hold ? { hold } : {}) };
   }
 
   async putReadyHold(label: string, next: ReadyHold): Promise<boolean> {
@@ -724,6 +728,25 @@ export class DynamoStore implements PoolStore {
       );
     } catch (err) {
       if (!(err instanceof ConditionalCheckFailedException)) throw err; // recorded already
+    }
+  }
+
+  async markSeatVacant(label: string, seat: number, gen: number): Promise<boolean> {
+    try {
+      await this.doc.send(
+        new UpdateCommand({
+          TableName: this.tableName,
+          Key: keys.seat(label, seat),
+          UpdateExpression: 'SET vacant = :true',
+          // Only the generation whose ended node was read: an advance since (a PutItem without it) wins.
+          ConditionExpression: 'attribute_exists(pk) AND gen = :gen',
+          ExpressionAttributeValues: { ':true': true, ':gen': gen },
+        }),
+      );
+      return true;
+    } catch (err) {
+      if (err instanceof ConditionalCheckFailedException) return false;
+      throw err;
     }
   }
 

@@ -164,7 +164,8 @@ export async function rehomeNode(
     return moved;
   }
   await giveBackSlot(ctx, fromBackingId, n.id);
-  if (moved.state === 'fulfilled') await requestSettled(ctx, moved);
+  // Its node waited for another backing node after its first failed.
+  if (moved.state === 'fulfilled') await requestSettled(ctx, moved, 'after-boot');
   ctx.log.info('node moved to another backing node', {
     nodeId: n.id,
     from: fromBackingId,

@@ -7,8 +7,10 @@ import {
   readyNeed,
   sparesWanted,
 } from '../core/forecast.ts';
+import { PoolEventType } from '../core/observability.ts';
+import type { MinReadyState } from '../core/poolStore.ts';
 import type { BackingRecord } from '../core/records.ts';
-import type { Context } from './context.ts';
+import { type Context, emit } from './context.ts';
 import { foldForecast } from './forecasts.ts';
 
 /**
@@ -18,15 +20,15 @@ import { foldForecast } from './forecasts.ts';
  * ready-target is computed (core/forecast.ts readyNeed), free slots on backing nodes that run anyway
  * count first, and the rest, at most max-ready, are spares. The decision is recorded beside the seats
  * (a conditional write, only when it changed: a request reads it with the seats, to know how many
- * there are). Returns the seats to fill; the seats above are emptied by the upkeep (replenish.ts), so
- * ready room goes when the forecast falls.
+ * there are). Returns the hold (its seats are the ones to fill) and the seats as read; the seats above
+ * are emptied by the upkeep (replenish.ts), so ready room goes when the forecast falls.
  */
 export async function decideHold(
   ctx: Context,
   label: string,
   auto: ReadyAuto,
   hosts: ReadonlyMap<string, BackingRecord>,
-): Promise<ReadyHold | undefined> {
+): Promise<Decided> {
   const model = await foldForecast(ctx, label, launchToReadyOf(hosts.values(), label));
   const now = ctx.clock.now();
   const need = readyNeed(model, now, auto.share, auto.maxReady);
@@ -38,21 +40,35 @@ export async function decideHold(
     freeSlots,
     at: now,
   };
-  const { hold: prev } = await ctx.store.minReadyState(label);
-  if (!holdChanged(prev, decided)) return prev;
+  const state = await ctx.store.minReadyState(label);
+  const prev = state.hold;
+  if (!holdChanged(prev, decided)) return { hold: prev, state };
   const next: ReadyHold = { ...decided, version: (prev?.version ?? 0) + 1 };
   if (await ctx.store.putReadyHold(label, next)) {
-    if (prev?.seats !== next.seats) {
-      ctx.log.info('min-ready auto: ready room held', {
+    if ((prev?.seats ?? 0) !== next.seats) {
+      const detail = {
         label,
         seats: next.seats,
         target: next.target,
         perMinute: Number(next.perMinute.toFixed(3)),
         freeSlots,
-      });
+      };
+      ctx.log.info('min-ready auto: ready room held', detail);
+      // Only the run whose write won publishes it: one event per change.
+      await emit(ctx, PoolEventType.readyRoomChanged, { ...detail, previousSeats: prev?.seats ?? 0 });
     }
-    return next;
+    return { hold: next, state: { ...state, hold: next } };
   }
   // Another reaper decided meanwhile, from the same reads: its word stands.
-  return (await ctx.store.minReadyState(label)).hold;
+  const current = await ctx.store.minReadyState(label);
+  return { hold: current.hold, state: current };
+}
+
+/**
+ * The hold decided, and the label's seats as the decision read them (with the hold as it stands): the
+ * upkeep that follows starts from them (replenish.ts UpkeepOptions.state) instead of reading them again.
+ */
+export interface Decided {
+  readonly hold: ReadyHold | undefined;
+  readonly state: MinReadyState;
 }

@@ -251,6 +251,7 @@ export async function reap(ctx: Context): Promise<ReapReport> {
     // (before max-age lets them go), seats above a lowered min-ready emptied, free spares moved onto the
     // fullest backing nodes.
     'min-ready': async () => {
+      const forecast = { perMinute: 0, held: 0 };
       const hosts = new Map(
         [...idle, ...launching, ...active].filter((b) => !gone.has(b.id)).map((b) => [b.id, b] as const),
       );
@@ -260,10 +261,15 @@ export async function reap(ctx: Context): Promise<ReapReport> {
         await guard('min-ready', label, async () => {
           // min-ready auto: how many to hold now, from the label's forecast (readyAuto.ts).
           const auto = ctx.config.readyAuto?.get(label);
-          const hold = auto ? await decideHold(ctx, label, auto, hosts) : undefined;
+          const decided = auto ? await decideHold(ctx, label, auto, hosts) : undefined;
+          if (decided?.hold) {
+            forecast.perMinute += decided.hold.perMinute;
+            forecast.held += decided.hold.seats;
+          }
+          // The seats the decision read are the upkeep's (not read again).
           const kept = await keepMinReady(ctx, label, {
             hosts,
-            ...(auto ? { wanted: hold?.seats ?? 0 } : {}),
+            ...(decided ? { wanted: decided.hold?.seats ?? 0, state: decided.state } : {}),
           });
           report.minReadyMade += kept.made;
           report.minReadyEnded += kept.ended;
@@ -271,6 +277,11 @@ export async function reap(ctx: Context): Promise<ReapReport> {
           report.deferred += kept.deferred;
           report.errors.push(...kept.errors);
         });
+      }
+      // The forecast and the ready room it holds (gauges: each run's reading), when a label forecasts.
+      if (ctx.config.readyAuto?.size) {
+        ctx.metrics?.count(MetricName.forecastArrivals, forecast.perMinute);
+        ctx.metrics?.count(MetricName.readyRoomHeld, forecast.held);
       }
     },
   };

@@ -107,5 +107,5 @@ async function settleIfAllReady(ctx: Context, requestId: string): Promise<void> 
     },
     () => undefined,
   );
-  if (settled) await requestSettled(ctx, settled);
+  if (settled) await requestSettled(ctx, settled, 'after-boot'); // it was pending: it waited
 }

@@ -11,6 +11,7 @@ import {
   spareMessage,
   spareRequestId,
 } from '../core/minReady.ts';
+import type { MinReadyState } from '../core/poolStore.ts';
 import type { BackingRecord, NodeRecord, RequestRecord } from '../core/records.ts';
 import { type Context, deliveryDead, timeLeft } from './context.ts';
 import { failBadBacking } from './failure.ts';
@@ -58,6 +59,13 @@ export interface UpkeepOptions {
    * or for an auto label the seats its last decision holds.
    */
   readonly wanted?: number;
+  /**
+   * The label's seats as the caller read them a moment ago (the reaper's decision, readyAuto.ts, reads
+   * them to write the hold): the upkeep starts from them instead of reading them again. As with `taken`,
+   * a seat that moved on since makes its advance fail (conditional on the generation): the next upkeep
+   * picks it up.
+   */
+  readonly state?: MinReadyState;
 }
 
 /**
@@ -84,7 +92,7 @@ export async function keepMinReady(
     errors: [],
   };
   const taken = options.taken;
-  const state = taken?.seen.seats.get(label) ?? (await ctx.store.minReadyState(label));
+  const state = taken?.seen.seats.get(label) ?? options.state ?? (await ctx.store.minReadyState(label));
   const wanted = options.wanted ?? seatsOf(ctx, label, state.hold);
   // Requests known as they are (undefined: known absent), instead of read.
   const known = new Map<string, RequestRecord | undefined>(taken?.seen.spares);
@@ -99,7 +107,14 @@ export async function keepMinReady(
     free: [],
     known,
   };
-  const seats = new Set([...Array.from({ length: wanted }, (_, k) => k), ...state.gens.keys()]);
+  // The seats to fill, and the ones above them that may still hold a node to end. A seat marked vacant
+  // (its node ended: markSeatVacant) has nothing left to end, so an upkeep reads nodes in proportion to
+  // the seats in use, not to every seat ever opened (a forecast that once rose to max-ready).
+  const vacant = state.vacant ?? new Set<number>();
+  const seats = new Set([
+    ...Array.from({ length: wanted }, (_, k) => k),
+    ...[...state.gens.keys()].filter((k) => k < wanted || !vacant.has(k)),
+  ]);
   for (const seat of seats) {
     // Each seat may launch a backing node: none starts once the invocation's time is up.
     if (timeLeft(ctx) <= 0) {
@@ -180,7 +195,14 @@ async function keepSeat(upkeep: Upkeep, seat: number, wanted: boolean): Promise<
       } else if (node && (isFreeSpare(node) || step === 'orphan')) {
         const by = takenBy?.by;
         const mayEnd = step === 'orphan' ? (s: NodeRecord) => s.takenBy?.by === by : isFreeSpare;
-        if (await endSpare(ctx, node.id, mayEnd, lowered(ctx, label))) report.ended++;
+        if (await endSpare(ctx, node.id, mayEnd, lowered(ctx, label))) {
+          report.ended++;
+          await ctx.store.markSeatVacant(label, seat, gen);
+        }
+      } else if (opened && ended(node)) {
+        // Ended already (by its taker's release, or an earlier upkeep): nothing to do until the seat is
+        // wanted again, so later upkeeps need not read it (released and failed are final).
+        await ctx.store.markSeatVacant(label, seat, gen);
       }
       return;
     }
@@ -243,6 +265,9 @@ async function keepSeat(upkeep: Upkeep, seat: number, wanted: boolean): Promise<
     }
   }
 }
+
+/** A spare's node that has ended (both states are final: nodeTransitions). */
+const ended = (n: NodeRecord | undefined): boolean => n?.state === 'released' || n?.state === 'failed';
 
 /** Why a spare above the seats ends: min-ready lowered, or the forecast fell (auto). */
 const lowered = (ctx: Context, label: string) =>

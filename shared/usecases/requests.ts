@@ -25,13 +25,28 @@ import { endSpareOf } from './minReady.ts';
  * only the writer that wins a change of the request's state publishes its end (requestSettled).
  */
 
-/** Publishes the end of a request (fulfilled or failed) and counts failures. */
-export async function requestSettled(ctx: Context, r: RequestRecord): Promise<void> {
+/**
+ * How a request reached its end: `at-once` when the delivery that placed it fulfilled it (a free slot on
+ * a ready backing node, a min-ready node), `after-boot` when it was placed waiting (pending) for a
+ * backing node to boot and a later step fulfilled it.
+ */
+export type Settled = 'at-once' | 'after-boot';
+
+/**
+ * Publishes the end of a request (fulfilled or failed) and counts failures; a request fulfilled after
+ * waiting for a boot is counted and published as such too (the figure users feel).
+ */
+export async function requestSettled(
+  ctx: Context,
+  r: RequestRecord,
+  how: Settled = 'at-once',
+): Promise<void> {
   // The pool's own min-ready requests are not anyone's: no events, no request metrics.
   if (isSpareRequestId(r.id)) return;
   if (r.state === 'fulfilled') {
+    const now = ctx.clock.now();
     ctx.metrics?.count(MetricName.requestsFulfilled);
-    ctx.metrics?.milliseconds(MetricName.timeToFulfilled, Math.max(0, ctx.clock.now() - r.createdAt));
+    ctx.metrics?.milliseconds(MetricName.timeToFulfilled, Math.max(0, now - r.createdAt));
     await emit(ctx, PoolEventType.requestFulfilled, {
       requestId: r.id,
       requestor: r.requestor,
@@ -55,6 +70,18 @@ export async function requestSettled(ctx: Context, r: RequestRecord): Promise<vo
         hostKeys: n.hostKeys,
       })),
     });
+    if (how === 'after-boot') {
+      const waitedMs = Math.max(0, now - (r.placedAt ?? r.createdAt));
+      ctx.metrics?.count(MetricName.requestsWaitedForBoot);
+      ctx.metrics?.milliseconds(MetricName.waitForBoot, waitedMs);
+      await emit(ctx, PoolEventType.requestWaitedForBoot, {
+        requestId: r.id,
+        requestor: r.requestor,
+        labels: r.labels,
+        waitedMs,
+        backingNodeIds: [...new Set(r.nodes.flatMap((n) => (n.backingNodeId ? [n.backingNodeId] : [])))],
+      });
+    }
   } else if (r.state === 'failed') {
     ctx.metrics?.count(MetricName.requestsFailed);
     await emit(ctx, PoolEventType.requestFailed, {
@@ -160,7 +187,8 @@ export async function updateRequestNodes(
   });
   if (done.settled) {
     ctx.log.info(`request ${done.settled.state}`, { requestId, reason: done.settled.reason });
-    await requestSettled(ctx, done.settled);
+    // A placed request is fulfilled here only from pending: its nodes waited for their backing nodes.
+    await requestSettled(ctx, done.settled, 'after-boot');
   }
   return done.changed;
 }

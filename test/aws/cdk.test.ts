@@ -772,6 +772,9 @@ describe('MetastaticStack (the example configuration, as bin/cdk.ts builds it)',
       'Slots',
       'Backing nodes by state',
       'Launches',
+      'Waits for a boot',
+      'Wait for a boot',
+      'Forecast and ready room',
       'Reaper runs',
       'Dead-letter queues',
       'Alarms',
@@ -809,6 +812,16 @@ describe('MetastaticStack (the example configuration, as bin/cdk.ts builds it)',
     expect(metrics('Launches').slice(0, 2)).toEqual([
       'Metastatic LaunchSucceeded Sum',
       'Metastatic LaunchFailed Sum',
+    ]);
+    // What users feel (issue 27): requests that waited for a boot, against all fulfilled, and how long.
+    expect(metrics('Waits for a boot')).toEqual([
+      'Metastatic RequestsFulfilled Sum',
+      'Metastatic RequestsWaitedForBoot Sum',
+    ]);
+    expect(metrics('Wait for a boot')).toEqual(['Metastatic WaitForBoot p50', 'Metastatic WaitForBoot p95']);
+    expect(metrics('Forecast and ready room')).toEqual([
+      'Metastatic ForecastArrivalsPerMinute Maximum',
+      'Metastatic ReadyRoomHeld Maximum',
     ]);
     expect(metrics('Reaper runs')).toEqual(['AWS/Lambda Invocations Sum', 'AWS/Lambda Errors Sum']);
     // The dead-letter queues as their alarms count them: the request function empties its DLQ within

@@ -1,5 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { model } from '../../bench/cost/model.ts';
+import { firstBootArrivals } from '../../bench/cost/readiness.ts';
 import {
   DEFAULT_OPTIONS,
   hintOf,
@@ -10,6 +11,7 @@ import {
 } from '../../bench/cost/simulate.ts';
 import { batchTrace, formatTraceCsv, parseTraceCsv, syntheticTrace } from '../../bench/cost/traces.ts';
 import { type InProcessDynalite, startInProcessDynalite } from '../../testkit/inProcessDynalite.ts';
+import { whileWatching } from '../../testkit/sdkWatch.ts';
 
 /**
  * The cost simulator (bench/cost, `npm run cost`) on a 20-job trace: the real use cases on dynalite,
@@ -93,6 +95,55 @@ describe('the cost simulator', () => {
     expect(periodic.instanceSeconds).toBe(due.instanceSeconds);
     expect(periodic.backingLaunched).toBe(due.backingLaunched);
     expect(periodic.dynamodbCalls).toBeGreaterThan(due.dynamodbCalls);
+  });
+
+  it("reads a label's seats once per request and once per reaper run, with min-ready or auto: a refill after a take and the upkeep after a decision reuse them", async () => {
+    const busy = syntheticTrace('steady', 7, 40);
+    for (const readiness of [
+      { kind: 'static', minReady: 2 },
+      { kind: 'auto', share: 0.9, maxReady: 8 },
+    ] as const) {
+      let seatQueries = 0;
+      let reaperRuns = 0;
+      let spareHits: number | undefined;
+      await whileWatching(
+        engine.client,
+        async (command, input, send) => {
+          const pk = String((input.ExpressionAttributeValues as Record<string, unknown>)?.[':pk'] ?? '');
+          if (command === 'QueryCommand' && pk.startsWith('SEATS#')) seatQueries++;
+          if (command === 'GetItemCommand' && String((input.Key as { pk?: unknown })?.pk) === 'REAPER')
+            reaperRuns++;
+          return send();
+        },
+        async () => {
+          spareHits = (await simulate(engine, busy, options({ readiness }), { series: false })).spareHits;
+        },
+      );
+      expect(spareHits).toBeGreaterThan(0); // refills after takes happened
+      expect(seatQueries).toBe(busy.jobs.length + reaperRuns);
+    }
+  }, 120_000);
+
+  it('counts the arrivals within the first boot time of a burst, also of one background jobs lead up to', () => {
+    const s = (x: number) => x * 1000;
+    // Background every 4 minutes; a burst of 8 within 90 s at 10:00 (5 of them within its first minute,
+    // the quiet minute before it broken by nothing); 4 within a minute is no burst.
+    const background = [0, 240, 480].map(s);
+    const burst = [600, 610, 620, 630, 650, 665, 680, 690].map(s);
+    const small = [1200, 1210, 1220, 1230].map(s);
+    expect(firstBootArrivals([...background, ...burst, ...small], 60)).toEqual({ arrivals: 5, bursts: 1 });
+    // bursty's bursts are found (about 40% of its arrivals come in their first minute), few of steady's.
+    const share = (kind: 'steady' | 'bursty') => {
+      const t = syntheticTrace(kind, 42, 800);
+      return (
+        firstBootArrivals(
+          t.jobs.map((j) => j.arrivalMs),
+          60,
+        ).arrivals / t.jobs.length
+      );
+    };
+    expect(share('bursty')).toBeGreaterThan(0.3);
+    expect(share('steady')).toBeLessThan(0.15);
   });
 
   it('generates the same trace for the same seed, and reads back what it writes', () => {

@@ -39,11 +39,51 @@ describe('events out', () => {
     expect(events.map((e) => e['detail-type'])).toEqual([
       'Backing Node Launched',
       'Request Fulfilled',
+      'Request Waited For Boot', // placed on the backing node it launched: it waited for the boot
       'Node Released',
       'Backing Node Stopped',
     ]);
     expect(events[1]?.detail).toMatchObject({ requestId: 'ev', nodes: [{ id: 'ev/0', state: 'ready' }] });
   });
+
+  it('publishes and counts a request that waited for a launch, and not one served from a free slot (issue 27)', async () => {
+    h = await startHarness(baseConfig({ slots: 2 }));
+    const counts: Array<[string, number]> = [];
+    const times: Array<[string, number]> = [];
+    Object.assign(h.pool.context, {
+      metrics: {
+        count: (name: string, value = 1) => counts.push([name, value]),
+        milliseconds: (name: string, ms: number) => times.push([name, ms]),
+      },
+    });
+    const fulfilled = (id: string) => async () =>
+      (await h?.pool.context.store.getRequest(id))?.state === 'fulfilled';
+    // The first request launches a backing node and waits for it to boot.
+    await h.send({ kind: 'request', id: 'cold', labels: ['small-node'] });
+    await h.drainRequests();
+    expect((await h.pool.context.store.getRequest('cold'))?.state).toBe('pending');
+    h.clock.advance(5_000);
+    await h.fulfilUntil(fulfilled('cold'));
+    // The second finds a free slot on it, ready: served at once.
+    await h.send({ kind: 'request', id: 'warm', labels: ['small-node'] });
+    await h.drainRequests();
+    expect(await fulfilled('warm')()).toBe(true);
+
+    const events = await published(h);
+    const waited = events.filter((e) => e['detail-type'] === 'Request Waited For Boot');
+    expect(waited).toHaveLength(1);
+    const backingNodeId = (await h.pool.context.store.getRequest('cold'))?.nodes[0]?.backingNodeId;
+    expect(waited[0]?.detail).toMatchObject({
+      requestId: 'cold',
+      labels: ['small-node'],
+      backingNodeIds: [backingNodeId],
+    });
+    expect(waited[0]?.detail.waitedMs).toBeGreaterThanOrEqual(5_000);
+    expect(events.filter((e) => e['detail-type'] === 'Request Fulfilled')).toHaveLength(2);
+    const total = (name: string) => counts.filter(([n]) => n === name).reduce((t, [, v]) => t + v, 0);
+    expect([total('RequestsFulfilled'), total('RequestsWaitedForBoot')]).toEqual([2, 1]);
+    expect(times.filter(([n]) => n === 'WaitForBoot').map(([, ms]) => ms >= 5_000)).toEqual([true]);
+  }, 60_000);
 
   it('publishes a failed request with its reason', async () => {
     h = await startHarness(baseConfig());

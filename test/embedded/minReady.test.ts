@@ -1,3 +1,5 @@
+import { readFile } from 'node:fs/promises';
+import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import type { PoolClient } from '../../cli/client.ts';
 import { poolStatus } from '../../cli/commands/status.ts';
@@ -288,6 +290,54 @@ describe('min-ready', () => {
     expect((await ctx.store.listBacking()).every((b) => b.used === 0)).toBe(true);
   });
 
+  it('reads no node of a seat above min-ready once its node ended: an upkeep costs the same however many seats were ever opened', async () => {
+    h = await withReadyNodes(baseConfig({ slots: 8, minReady: 6 }), 6);
+    const ctx = h.pool.context;
+    const lowered = {
+      ...ctx,
+      config: parseConfigOrThrow(baseConfig({ slots: 8, minReady: 1 }), 'lowered.yaml'),
+    };
+    // The first upkeep at min-ready 1 ends the five spares above it (and marks their seats vacant).
+    expect((await keepMinReady(lowered, 'small-node')).ended).toBe(5);
+    // The next upkeeps read the seats (one Query) and seat 0's node, not the five ended ones.
+    const reads: string[] = [];
+    const name = 'count-seat-reads';
+    h.pool.dynamodb.middlewareStack.add(
+      (next, context) => async (args) => {
+        const key = (args.input as { Key?: { pk?: unknown } }).Key?.pk;
+        if (context.commandName === 'GetItemCommand') reads.push(String(key));
+        return next(args);
+      },
+      { step: 'initialize', name },
+    );
+    try {
+      for (let i = 0; i < 3; i++)
+        expect(await keepMinReady(lowered, 'small-node')).toMatchObject({ ended: 0 });
+    } finally {
+      h.pool.dynamodb.middlewareStack.remove(name);
+    }
+    expect(reads).toEqual(Array(3).fill('REQUEST#min-ready:small-node:0:0'));
+    expect((await ctx.store.minReadyState('small-node')).vacant).toEqual(new Set([1, 2, 3, 4, 5]));
+    expect(await untaken(h)).toBe(1);
+    // Raised again: a vacant seat is filled as any other, and its advance clears the mark.
+    expect((await keepMinReady(ctx, 'small-node')).made).toBe(5);
+    expect((await ctx.store.minReadyState('small-node')).vacant).toEqual(new Set());
+    await h.fulfilUntil(allFree(h, 6));
+  }, 120_000);
+
+  it('marks a seat vacant only at the generation it read: an advance since wins, and clears the mark', async () => {
+    h = await startHarness(baseConfig({ slots: 4 }));
+    const store = h.pool.context.store;
+    expect(await store.markSeatVacant('small-node', 0, 0)).toBe(false); // no seat recorded
+    await store.openSeat('small-node', 0);
+    expect(await store.advanceSeat('small-node', 0, 0)).toBe(true);
+    expect(await store.markSeatVacant('small-node', 0, 0)).toBe(false); // moved on meanwhile
+    expect(await store.markSeatVacant('small-node', 0, 1)).toBe(true);
+    expect((await store.minReadyState('small-node')).vacant).toEqual(new Set([0]));
+    expect(await store.advanceSeat('small-node', 0, 1)).toBe(true);
+    expect((await store.minReadyState('small-node')).vacant).toEqual(new Set());
+  }, 60_000);
+
   it('returns the min-ready node a losing duplicate delivery took, free, instead of ending it', async () => {
     h = await withReadyNodes(baseConfig({ slots: 4, minReady: 2 }), 2);
     const ctx = h.pool.context;
@@ -457,6 +507,11 @@ describe('min-ready', () => {
   it('min-ready auto: holds the ready room its arrival forecast asks for, within max-ready, and lets it go as the forecast falls (issue 27)', async () => {
     h = await startHarness(baseConfig({ slots: 4, grace: 0, readyAuto: { target: 0.9, max: 3 } }));
     const ctx = h.pool.context;
+    const gauges: Array<[string, number]> = [];
+    Object.assign(ctx, {
+      metrics: { count: (name: string, value = 1) => gauges.push([name, value]), milliseconds: () => {} },
+    });
+    const last = (name: string) => gauges.filter(([n]) => n === name).at(-1)?.[1];
     // No arrival seen yet: nothing held.
     expect((await h.pool.reapNow()).minReadyMade).toBe(0);
     expect(await untaken(h)).toBe(0);
@@ -471,6 +526,18 @@ describe('min-ready', () => {
     const held = (await ctx.store.minReadyState('small-node')).hold;
     expect(held).toMatchObject({ seats: 3, target: 3, freeSlots: 0 });
     expect(held?.perMinute).toBeGreaterThan(8);
+    // The forecast and the room held, as metrics each run and as an event when the room changes.
+    expect([last('ForecastArrivalsPerMinute'), last('ReadyRoomHeld')]).toEqual([held?.perMinute, 3]);
+    const roomEvents = async () =>
+      (await readFile(join(h?.pool.info.stateDir ?? '', 'events.jsonl'), 'utf8'))
+        .split('\n')
+        .filter(Boolean)
+        .map((l) => JSON.parse(l))
+        .filter((e) => e['detail-type'] === 'Ready Room Changed')
+        .map((e) => e.detail);
+    expect(await roomEvents()).toMatchObject([
+      { label: 'small-node', seats: 3, previousSeats: 0, target: 3 },
+    ]);
     await h.fulfilUntil(allFree(h, 3));
     // Held, not made again: the next run keeps the same three.
     expect((await h.pool.reapNow()).minReadyMade).toBe(0);
@@ -490,6 +557,11 @@ describe('min-ready', () => {
     await h.pool.reapNow();
     expect((await ctx.store.minReadyState('small-node')).hold).toMatchObject({ seats: 0, target: 0 });
     expect(await freeSpares(h)).toBe(0);
+    expect(last('ReadyRoomHeld')).toBe(0);
+    expect((await roomEvents()).map((e) => [e.previousSeats, e.seats])).toEqual([
+      [0, 3],
+      [3, 0],
+    ]);
     await h.pool.reapNow(); // grace-time 0: the backing node they held goes
     expect((await ctx.store.listBacking()).filter((b) => b.state !== 'stopped')).toHaveLength(0);
   }, 150_000);

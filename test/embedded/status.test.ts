@@ -125,7 +125,11 @@ describe('metastatic status', { timeout: 120_000 }, () => {
     expect(s.events.map((e: { type: string }) => e.type)).toEqual(
       expect.arrayContaining(['Backing Node Launched', 'Request Fulfilled']),
     );
-    expect(s.events.at(-1)).toMatchObject({ type: 'Request Fulfilled', subject: 'st-1' });
+    // st-1 launched its backing node: fulfilled after waiting for the boot.
+    expect(s.events.slice(-2)).toMatchObject([
+      { type: 'Request Fulfilled', subject: 'st-1' },
+      { type: 'Request Waited For Boot', subject: 'st-1' },
+    ]);
   });
 
   it('cuts a screen to the terminal: at most its rows, the last saying how many more, no line wider', () => {

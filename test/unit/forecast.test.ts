@@ -128,6 +128,20 @@ describe('arrival forecasts (predictive readiness)', () => {
     expect(JSON.stringify(later).length).toBeLessThan(8_000);
   });
 
+  it("lets a quiet label's rate reach 0, never a number too small for DynamoDB (1e-130), folded minute by minute or over a gap", () => {
+    const start = MONDAY + 10 * 60;
+    const busy = fed(emptyModel('small', start), start, start + 60, () => 2);
+    // Two quiet days, folded a minute at a time as the reaper folds them (the short rate halves every 2).
+    const quiet = fed(busy, start + 60, start + 60 + 2 * 24 * 60, () => 0);
+    expect(quiet.shortRate).toBe(0);
+    // And over one gap longer than a day.
+    expect(observe(busy, start + 60 + 3 * 24 * 60, 0).shortRate).toBe(0);
+    const tooSmall = (x: number) => x !== 0 && Math.abs(x) < 1e-9;
+    for (const m of [quiet, observe(busy, start + 60 + 3 * 24 * 60, 0)]) {
+      expect([m.shortRate, m.hourCount, ...m.profile].filter(tooSmall)).toEqual([]);
+    }
+  });
+
   it('records arrivals within a minute as pending, folds them when it ends, one version a write', () => {
     const at = MONDAY * 60_000;
     const first = withArrivals(undefined, 'small', 4, at + 10_000);
