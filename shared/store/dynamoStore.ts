@@ -8,16 +8,15 @@ import {
   DynamoDBDocumentClient,
   GetCommand,
   PutCommand,
-  QueryCommand,
   UpdateCommand,
   type UpdateCommandOutput,
 } from '@aws-sdk/lib-dynamodb';
 import { unmarshall } from '@aws-sdk/util-dynamodb';
 import { type Clock, systemClock } from '../core/clock.ts';
 import { ConflictError, ItemTooLargeError, LostWriteError, StoreRefusedError } from '../core/errors.ts';
-import { DurationEstimate } from '../core/estimates.ts';
-import { ArrivalModel, ReadyHold } from '../core/forecast.ts';
-import { LabelBackoff } from '../core/minReady.ts';
+import type { DurationEstimate } from '../core/estimates.ts';
+import type { ArrivalModel, ReadyHold } from '../core/forecast.ts';
+import type { LabelBackoff } from '../core/minReady.ts';
 import type {
   BackingExpectation,
   BackingPhase,
@@ -35,6 +34,7 @@ import { RECORD_RETENTION_SECONDS } from '../core/timing.ts';
 import type { RegisteredQueue, WaitingQueue } from '../core/waitingQueue.ts';
 import { CapacitySets } from './capacitySets.ts';
 import { IndexQueries } from './indexQueries.ts';
+import { LabelItems } from './labelItems.ts';
 import { backingItem, expiresAtOf, keys, requestEnded, requestItem, resourceItem } from './table.ts';
 import { WaitingQueues } from './waitingQueues.ts';
 import {
@@ -81,6 +81,7 @@ export class DynamoStore implements PoolStore {
   readonly capacity: CapacitySets;
   private readonly indexes: IndexQueries;
   private readonly queues: WaitingQueues;
+  private readonly labels: LabelItems;
 
   /** Seconds an ended record stays before DynamoDB's TTL deletes it (`record-retention`, table.ts expiresAtOf). */
   private readonly retention: number;
@@ -115,6 +116,7 @@ export class DynamoStore implements PoolStore {
     this.capacity = new CapacitySets(this.doc, tableName, () => clock.now());
     this.indexes = new IndexQueries(this.doc, tableName);
     this.queues = new WaitingQueues(this.doc, tableName, () => clock.now());
+    this.labels = new LabelItems(this.doc, tableName);
   }
 
   // ---- requests -------------------------------------------------------------------------------
@@ -582,190 +584,50 @@ export class DynamoStore implements PoolStore {
     return moved;
   }
 
-  // ---- learned duration estimates -----------------------------------------------------------------
+  // ---- per-label items: learned durations, min-ready seats, forecasts (labelItems.ts) -------------
 
-  async getEstimate(label: string, requestor?: string): Promise<DurationEstimate | undefined> {
-    const out = await this.doc.send(
-      new GetCommand({
-        TableName: this.tableName,
-        Key: keys.estimate(label, requestor),
-        ConsistentRead: true,
-      }),
-    );
-    return out.Item ? DurationEstimate.parse(out.Item) : undefined;
+  getEstimate(label: string, requestor?: string): Promise<DurationEstimate | undefined> {
+    return this.labels.getEstimate(label, requestor);
   }
 
-  async putEstimate(e: DurationEstimate): Promise<boolean> {
-    try {
-      await this.doc.send(
-        new PutCommand({
-          TableName: this.tableName,
-          Item: { ...keys.estimate(e.label, e.requestor), type: 'estimate', ...e },
-          ConditionExpression: e.version === 1 ? conditions.itemDoesNotExist : '#version = :read',
-          ...(e.version === 1
-            ? {}
-            : {
-                ExpressionAttributeNames: { '#version': 'version' },
-                ExpressionAttributeValues: { ':read': e.version - 1 },
-              }),
-        }),
-      );
-      return true;
-    } catch (err) {
-      if (err instanceof ConditionalCheckFailedException) return false;
-      throw err;
-    }
+  putEstimate(e: DurationEstimate): Promise<boolean> {
+    return this.labels.putEstimate(e);
   }
-
-  // ---- min-ready seats ----------------------------------------------------------------------------
 
   async seatGenerations(label: string): Promise<Map<number, number>> {
-    return (await this.minReadyState(label)).gens;
+    return (await this.labels.minReadyState(label)).gens;
   }
 
-  async minReadyState(label: string): Promise<MinReadyState> {
-    const gens = new Map<number, number>();
-    const vacant = new Set<number>();
-    let backoff: LabelBackoff | undefined;
-    let hold: ReadyHold | undefined;
-    let cursor: Record<string, unknown> | undefined;
-    do {
-      const out = await this.doc.send(
-        new QueryCommand({
-          TableName: this.tableName,
-          KeyConditionExpression: 'pk = :pk',
-          ExpressionAttributeValues: { ':pk': keys.seats(label) },
-          ConsistentRead: true,
-          ExclusiveStartKey: cursor,
-        }),
-      );
-      for (const item of out.Items ?? []) {
-        if (item.type === 'backoff') backoff = LabelBackoff.parse(item);
-        else if (item.type === 'hold') hold = ReadyHold.parse(item);
-        else {
-          gens.set(Number(item.seat), Number(item.gen));
-          if (item.vacant === true) vacant.add(Number(item.seat));
-        }
-      }
-      cursor = out.LastEvaluatedKey;
-    } while (cursor);
-    return { gens, vacant, ...(backoff ? { backoff } : {}), ...(hold ? { hold } : {}) };
+  minReadyState(label: string): Promise<MinReadyState> {
+    return this.labels.minReadyState(label);
   }
 
-  async putReadyHold(label: string, next: ReadyHold): Promise<boolean> {
-    return this.putVersioned({ ...keys.seatsHold(label), type: 'hold', label, ...next }, next.version);
+  putReadyHold(label: string, next: ReadyHold): Promise<boolean> {
+    return this.labels.putReadyHold(label, next);
   }
 
-  // ---- arrival forecasts ---------------------------------------------------------------------------
-
-  async getForecast(label: string): Promise<ArrivalModel | undefined> {
-    const out = await this.doc.send(
-      new GetCommand({ TableName: this.tableName, Key: keys.forecast(label), ConsistentRead: true }),
-    );
-    return out.Item ? ArrivalModel.parse(out.Item) : undefined;
+  getForecast(label: string): Promise<ArrivalModel | undefined> {
+    return this.labels.getForecast(label);
   }
 
-  async putForecast(model: ArrivalModel): Promise<boolean> {
-    return this.putVersioned({ ...keys.forecast(model.label), type: 'forecast', ...model }, model.version);
+  putForecast(model: ArrivalModel): Promise<boolean> {
+    return this.labels.putForecast(model);
   }
 
-  /**
-   * Puts an item made from the one at `version - 1` (none for version 1), if that is still the one
-   * stored; false when another writer got there first.
-   */
-  private async putVersioned(item: Record<string, unknown>, version: number): Promise<boolean> {
-    try {
-      await this.doc.send(
-        new PutCommand({
-          TableName: this.tableName,
-          Item: item,
-          ...(version === 1
-            ? { ConditionExpression: conditions.itemDoesNotExist }
-            : {
-                ConditionExpression: conditions.versionUnchanged,
-                ExpressionAttributeNames: { '#version': 'version' },
-                ExpressionAttributeValues: { ':expectedVersion': version - 1 },
-              }),
-        }),
-      );
-      return true;
-    } catch (err) {
-      if (err instanceof ConditionalCheckFailedException) return false;
-      throw err;
-    }
+  putLabelBackoff(label: string, next: LabelBackoff): Promise<boolean> {
+    return this.labels.putLabelBackoff(label, next);
   }
 
-  async putLabelBackoff(label: string, next: LabelBackoff): Promise<boolean> {
-    try {
-      await this.doc.send(
-        new PutCommand({
-          TableName: this.tableName,
-          Item: { ...keys.seatsBackoff(label), type: 'backoff', label, ...next },
-          ...(next.version === 1
-            ? { ConditionExpression: conditions.itemDoesNotExist }
-            : {
-                ConditionExpression: conditions.versionUnchanged,
-                ExpressionAttributeNames: { '#version': 'version' },
-                ExpressionAttributeValues: { ':expectedVersion': next.version - 1 },
-              }),
-        }),
-      );
-      return true;
-    } catch (err) {
-      if (err instanceof ConditionalCheckFailedException) return false;
-      throw err;
-    }
+  openSeat(label: string, seat: number): Promise<void> {
+    return this.labels.openSeat(label, seat);
   }
 
-  async openSeat(label: string, seat: number): Promise<void> {
-    try {
-      await this.doc.send(
-        new PutCommand({
-          TableName: this.tableName,
-          Item: { ...keys.seat(label, seat), type: 'seat', label, seat, gen: 0 },
-          ConditionExpression: conditions.itemDoesNotExist,
-        }),
-      );
-    } catch (err) {
-      if (!(err instanceof ConditionalCheckFailedException)) throw err; // recorded already
-    }
+  markSeatVacant(label: string, seat: number, gen: number): Promise<boolean> {
+    return this.labels.markSeatVacant(label, seat, gen);
   }
 
-  async markSeatVacant(label: string, seat: number, gen: number): Promise<boolean> {
-    try {
-      await this.doc.send(
-        new UpdateCommand({
-          TableName: this.tableName,
-          Key: keys.seat(label, seat),
-          UpdateExpression: 'SET vacant = :true',
-          // Only the generation whose ended node was read: an advance since (a PutItem without it) wins.
-          ConditionExpression: 'attribute_exists(pk) AND gen = :gen',
-          ExpressionAttributeValues: { ':true': true, ':gen': gen },
-        }),
-      );
-      return true;
-    } catch (err) {
-      if (err instanceof ConditionalCheckFailedException) return false;
-      throw err;
-    }
-  }
-
-  async advanceSeat(label: string, seat: number, from: number): Promise<boolean> {
-    try {
-      await this.doc.send(
-        new PutCommand({
-          TableName: this.tableName,
-          Item: { ...keys.seat(label, seat), type: 'seat', label, seat, gen: from + 1 },
-          // Generation 0 is the seat with no item yet.
-          ConditionExpression: from === 0 ? `${conditions.itemDoesNotExist} OR gen = :from` : 'gen = :from',
-          ExpressionAttributeValues: { ':from': from },
-        }),
-      );
-      return true;
-    } catch (err) {
-      if (err instanceof ConditionalCheckFailedException) return false;
-      throw err;
-    }
+  advanceSeat(label: string, seat: number, from: number): Promise<boolean> {
+    return this.labels.advanceSeat(label, seat, from);
   }
 
   // ---- the reaper's rotation -------------------------------------------------------------------

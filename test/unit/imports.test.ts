@@ -118,7 +118,7 @@ describe('production modules', () => {
   it('stay under 400 lines, but for the files listed, which may not grow', () => {
     const LIMIT = 400;
     const allowed: Record<string, number> = {
-      'shared/store/dynamoStore.ts': 795,
+      'shared/store/dynamoStore.ts': 681,
       'shared/store/capacitySteps.ts': 532,
       'shared/usecases/requestNodes.ts': 413,
     };
