@@ -200,9 +200,9 @@ async function buildCdkApp(): Promise<CdkApp> {
  * declaration they reach, each error as "<path in the package>: <message>" (errors in other packages'
  * declarations as their path). skipLibCheck, which most apps set, would turn an import of a package the
  * install does not bring into `any` without a word; without it, the app would not compile. The check is
- * TypeScript's own (its resolver and checker, in a tsconfig of its own in the app).
+ * TypeScript's own (its resolver and checker), in a tsconfig of its own in the app: tsconfig.<name>.json.
  */
-async function declarationErrors(entries?: readonly string[]): Promise<string[]> {
+async function declarationErrors(name: string, entries?: readonly string[]): Promise<string[]> {
   const pkg = join(app, 'node_modules', 'metastatic');
   const exported = (
     JSON.parse(readFileSync(join(pkg, 'package.json'), 'utf8')) as {
@@ -213,7 +213,7 @@ async function declarationErrors(entries?: readonly string[]): Promise<string[]>
     ? [...entries]
     : Object.values(exported).flatMap((e) => (typeof e === 'object' && e.types ? [join(pkg, e.types)] : []));
   if (files.length < 2) return [`only ${files.length} declaration entry points in package.json's exports`];
-  const config = join(app, `tsconfig.declarations-${files.length}.json`);
+  const config = join(app, `tsconfig.${name}.json`);
   writeFileSync(
     config,
     JSON.stringify({
@@ -509,7 +509,10 @@ describe('a CDK app of the user’s', { timeout: 300_000 }, () => {
     writeFileSync(probe, "import type { tsImport } from 'tsx/esm/api';\nexport type P = typeof tsImport;\n");
     try {
       const client = join(app, 'node_modules', 'metastatic', 'dist', 'client', 'index.d.ts');
-      const [exported, probed] = await Promise.all([declarationErrors(), declarationErrors([client, probe])]);
+      const [exported, probed] = await Promise.all([
+        declarationErrors('exported'),
+        declarationErrors('probe', [client, probe]),
+      ]);
       expect(exported).toEqual([]);
       expect(probed).toEqual([
         expect.stringMatching(/^dist\/probe\.d\.ts: TS2307: Cannot find module 'tsx\/esm\/api'/),
