@@ -23,6 +23,7 @@ import {
 } from '../core/errors.ts';
 import { backingNodeId, parseNodeId, supersedes } from '../core/ids.ts';
 import { needsMaxAgeDrain } from '../core/lifecycle.ts';
+import type { Page } from '../core/poolStore.ts';
 import type { BackingRecord } from '../core/records.ts';
 import { holdsSlot } from '../core/request.ts';
 import {
@@ -76,6 +77,11 @@ export interface PlaceOptions {
    * are tried in the usual order. Default true.
    */
   readonly orderByExpectedEnd?: boolean;
+  /**
+   * The first page of candidates, asked for ahead (prefetchCandidates) while the caller did something
+   * else; undefined in it (the Query failed) means asking again.
+   */
+  readonly firstPage?: Promise<Page<BackingRecord> | undefined>;
 }
 
 /** How many candidates one Query brings back; the first claimable one almost always wins. */
@@ -85,6 +91,20 @@ const CANDIDATES_PER_QUERY = 10;
  * way, lost to concurrent claims) are rare, so a few pages bound the cost without ever scanning.
  */
 const MAX_CANDIDATE_PAGES = 5;
+
+/**
+ * Asks for the first page of a label's candidates now, for a placeNode that comes after something else
+ * (a capped pool's reservation): the Query goes out with that work, not after it, one round trip less
+ * in sequence. Read-only, so a reservation that finds the pool full wastes one Query, nothing else. A
+ * failure is left to placeNode's own Query (undefined), which reports it if it persists.
+ */
+export function prefetchCandidates(
+  ctx: Context,
+  pool: MetastaticPool,
+  label: string,
+): Promise<Page<BackingRecord> | undefined> {
+  return ctx.store.findCandidates(pool.key, label, CANDIDATES_PER_QUERY).catch(() => undefined);
+}
 
 /**
  * Places one node of a pool's label: onto the fullest existing backing node with a free slot (a
@@ -105,7 +125,9 @@ export async function placeNode(
   let cursor: Record<string, unknown> | undefined;
   let losses = 0;
   for (let page = 0; page < MAX_CANDIDATE_PAGES; page++) {
-    const found = await ctx.store.findCandidates(pool.key, label.name, CANDIDATES_PER_QUERY, cursor);
+    const found =
+      (page === 0 ? await options.firstPage : undefined) ??
+      (await ctx.store.findCandidates(pool.key, label.name, CANDIDATES_PER_QUERY, cursor));
     const order =
       ctx.placementPolicy === 'oldest'
         ? compareOldestFirst

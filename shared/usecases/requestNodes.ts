@@ -15,7 +15,7 @@ import { failBadBacking } from './failure.ts';
 import { countArrival } from './forecasts.ts';
 import { noSparesSeen, returnSpare, type SparesSeen, takeSpare } from './minReady.ts';
 import { markNodesReady, unrecordableReason } from './nodesReady.ts';
-import { type Placement, type PlaceOptions, placeNode } from './placement.ts';
+import { type Placement, type PlaceOptions, placeNode, prefetchCandidates } from './placement.ts';
 import { AlreadyPlaced, isStoredVerdict, Recording } from './recording.ts';
 import { failRequest, recordFailure, requestSettled } from './requests.ts';
 import { labelsFor } from './shapes.ts';
@@ -131,6 +131,11 @@ async function tryPool(ctx: Context, pool: MetastaticPool, recording: Recording)
   const spares = await takeSpares(ctx, pool, recording, seen);
   const placing = recording.base.nodes.filter((_, i) => !spares.has(i));
   const nodeIds = placing.map((n) => n.id);
+  // With max-servers, the first node's candidates are asked for while its place is taken (a read: a
+  // full pool wastes one Query), so the reservation adds one round trip in sequence, the count-up.
+  const [first] = placing;
+  const firstPage =
+    pool.maxServers !== undefined && first ? prefetchCandidates(ctx, pool, first.label) : undefined;
   // The places' bookkeeping once they are counted, overlapped with the placement (Reservation.finishing).
   let finishing: Promise<Error | undefined> | undefined;
   const reserveSettled = async () => {
@@ -167,6 +172,7 @@ async function tryPool(ctx: Context, pool: MetastaticPool, recording: Recording)
           beforeLaunch: () => recording.ensure(),
           beforeTakeover: () => recording.fence(),
           failBacking: failBadBacking,
+          ...(node === first ? { firstPage } : {}),
           ...expected,
         }),
       );
