@@ -12,6 +12,7 @@ import {
   spreadSlot,
   takeOverClaim,
 } from '../core/backing.ts';
+import { Claimants, ticketTarget } from '../core/claimants.ts';
 import {
   BusyError,
   CapacityError,
@@ -122,6 +123,49 @@ export async function placeNode(
   if (attempt > pool.launchRetries) {
     throw new LaunchFailedError(`node ${nodeId} used all ${pool.launchRetries} attempt(s)`);
   }
+  const placed = await claimSomewhere(ctx, pool, label, nodeId, attempt, options);
+  if (placed) return placed;
+  // No launch once the invocation's time is up: its outcome could not be recorded (Recording.write
+  // refuses), and the next delivery or reaper run takes the node up with a fresh deadline.
+  checkTimeToLaunch(ctx, nodeId);
+  // A launch is the one side effect a duplicate must never repeat: the caller checks first.
+  await options.beforeLaunch?.();
+  return launchFor(ctx, pool, label, nodeId, attempt, options);
+}
+
+/** The claimants placing nodes in this process at the moment, per pool and label (core/claimants.ts). */
+const inThisProcess = new Claimants();
+
+/**
+ * Claims a free slot for the node on an existing backing node, fullest first (or as `options` orders);
+ * undefined when none of the candidates read took it.
+ */
+async function claimSomewhere(
+  ctx: Context,
+  pool: MetastaticPool,
+  label: MetastaticLabel,
+  nodeId: string,
+  attempt: number,
+  options: PlaceOptions,
+): Promise<Placement | undefined> {
+  const key = `${pool.key}#${label.name}`;
+  const ticket = inThisProcess.take(key);
+  try {
+    return await claimFromCandidates(ctx, pool, label, nodeId, attempt, options, ticket);
+  } finally {
+    inThisProcess.give(key, ticket);
+  }
+}
+
+async function claimFromCandidates(
+  ctx: Context,
+  pool: MetastaticPool,
+  label: MetastaticLabel,
+  nodeId: string,
+  attempt: number,
+  options: PlaceOptions,
+  ticket: number,
+): Promise<Placement | undefined> {
   let cursor: Record<string, unknown> | undefined;
   let losses = 0;
   for (let page = 0; page < MAX_CANDIDATE_PAGES; page++) {
@@ -135,8 +179,15 @@ export async function placeNode(
           ? compareByExpectedEnd(options.expectedEnd, ctx.clock.now())
           : compareCandidates;
     const queue = found.items.sort(order);
+    // Another claimant of this label is placing in this process too: each aims at a free slot of its
+    // own among the fullest few, the one a lone claimant after the others would take.
+    const now = ctx.clock.now();
+    const target = page === 0 ? ticketTarget(queue, ticket, (b) => isClaimable(b, now)) : undefined;
+    if (target) queue.unshift(...queue.splice(target.index, 1));
+    let aim = target?.slot;
     for (let next = queue.shift(); next; next = queue.shift()) {
-      const contention: Contention = { losses };
+      const contention: Contention = { losses, ...(aim === undefined ? {} : { slot: aim }) };
+      aim = undefined;
       const placed = await claimOn(ctx, pool, label, next, nodeId, attempt, options, contention);
       if (placed) return placed;
       const lost = contention.lost;
@@ -152,12 +203,7 @@ export async function placeNode(
     cursor = found.cursor;
     if (!cursor) break;
   }
-  // No launch once the invocation's time is up: its outcome could not be recorded (Recording.write
-  // refuses), and the next delivery or reaper run takes the node up with a fresh deadline.
-  checkTimeToLaunch(ctx, nodeId);
-  // A launch is the one side effect a duplicate must never repeat: the caller checks first.
-  await options.beforeLaunch?.();
-  return launchFor(ctx, pool, label, nodeId, attempt, options);
+  return undefined;
 }
 
 /**
@@ -180,6 +226,8 @@ export function claimSlotOn(
 interface Contention {
   /** Claims this placement lost so far (varies the slot it aims at next). */
   readonly losses: number;
+  /** The free slot to aim at first (its ticket's, ticketTarget), instead of one chosen by node id. */
+  readonly slot?: number;
   /** The candidate as it was when the claim lost its slot to a concurrent write. */
   lost?: BackingRecord;
 }
@@ -222,7 +270,9 @@ async function claimOn(
       if (!isClaimable(b, now)) return undefined;
       // Concurrent claimants of one backing node aim at different free slots (by node id), and a claim
       // is conditioned on its slot only, so they rarely conflict; a loser gets the item as it is now.
-      const slot = spreadSlot(b, `${nodeId}#${contention.losses + round}`) as number;
+      const slot =
+        (round === 0 ? contention.slot : undefined) ??
+        (spreadSlot(b, `${nodeId}#${contention.losses + round}`) as number);
       const out = await ctx.store.claimSlot(b, slot, nodeId, { at: now, by: owner }, options.expectedEnd);
       if (!out.claimed) {
         // Lost the slot (or the item changed): leave this candidate for now, as it is now.
