@@ -55,7 +55,7 @@ export class CapacitySets {
     limit: number,
     owner: string,
     migrated = false,
-    options: { readonly overlap?: boolean } = {},
+    options: { readonly overlap?: boolean; readonly clearedEnded?: boolean } = {},
   ): Promise<Reservation> {
     const holders = new Map<string, string>();
     const created: string[] = [];
@@ -104,6 +104,14 @@ export class CapacitySets {
         await this.migrate(key);
         return this.reserve(key, members, limit, owner, true, options);
       }
+      // A release that ended but for its entry (its place was gone: this reserve created one), whose
+      // releaser left the entry's removal for later (CapacitySteps.defer), or died: none/release counts
+      // 0 as none/none does. Removed, and the reserve asked again once.
+      const ended = toCount.filter((m) => created.includes(m) && now.pending[m]?.op === 'release');
+      if (!options.clearedEnded && ended.length > 0) {
+        for (const m of ended) await this.steps.removePending(key, m, 'release', 0);
+        return this.reserve(key, members, limit, owner, migrated, { ...options, clearedEnded: true });
+      }
       const busy = toCount.filter((m) => now.pending[m]);
       await this.steps.dropUncounted(key, toCount, owner);
       if (busy.length > 0) {
@@ -118,13 +126,13 @@ export class CapacitySets {
     });
     if (options.overlap) {
       // Counted: the rest is bookkeeping, which the caller overlaps with its placement (Reservation).
-      const finishing = this.steps.finishReserves(key, unfinished, owner).then(
+      const finishing = this.steps.finishReserves(key, unfinished, owner, { defer: toCount }).then(
         () => undefined,
         (err: unknown) => (err instanceof Error ? err : new Error(String(err))),
       );
       return { kind: 'reserved', finishing };
     }
-    await this.steps.finishReserves(key, unfinished, owner);
+    await this.steps.finishReserves(key, unfinished, owner, { defer: toCount });
     return { kind: 'reserved' };
   }
 

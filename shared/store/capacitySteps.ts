@@ -77,6 +77,17 @@ export class CapacitySteps {
   /** Called after each step that took effect; a test throws here to crash an operation part-way. */
   afterStep: ((step: CapacityStep, member: string) => void) | undefined;
 
+  /**
+   * Pending entries whose operation ended (a reserve's place counted, a release's place deleted), per
+   * set: their removal goes with this instance's next count-up or count-down of the set instead of a
+   * write of its own (issue 26: one counter write per allocation and per release, not two). Until then
+   * the member is in a state a crash after that step leaves (counted/reserve: 1; none/release: 0), which
+   * every step handles: a count-down takes a reserve entry over, a reserve clears a finished release's
+   * entry, and recover ends what is left after the slot lease. Bounded by this instance's operations in
+   * flight, not by the set.
+   */
+  private readonly deferred = new Map<string, Map<string, Omit<Pending, 'at'>>>();
+
   constructor(
     private readonly doc: DynamoDBDocumentClient,
     private readonly tableName: string,
@@ -163,16 +174,18 @@ export class CapacitySteps {
     const set = ['#used = if_not_exists(#used, :zero) + :k'];
     const free = this.addPendingEntries(members, { op: 'reserve', owner }, names, values, set);
     try {
-      await this.sendCreatingPending(
-        key,
-        new UpdateCommand({
-          TableName: this.tableName,
-          Key: key,
-          UpdateExpression: `SET ${set.join(', ')}`,
-          ConditionExpression: `(attribute_not_exists(#used) OR #used <= :room) AND ${notEarlier} AND ${settled} AND ${free.join(' AND ')}`,
-          ExpressionAttributeNames: names,
-          ExpressionAttributeValues: values,
-        }),
+      await this.sendWithDeferred(key, members, (extra) =>
+        this.sendCreatingPending(
+          key,
+          new UpdateCommand({
+            TableName: this.tableName,
+            Key: key,
+            UpdateExpression: `SET ${set.join(', ')}${extra.remove}`,
+            ConditionExpression: `(attribute_not_exists(#used) OR #used <= :room) AND ${notEarlier} AND ${settled} AND ${[...free, ...extra.conditions].join(' AND ')}`,
+            ExpressionAttributeNames: { ...names, ...extra.names },
+            ExpressionAttributeValues: { ...values, ...extra.values },
+          }),
+        ),
       );
     } catch (err) {
       if (isConditionFailure(err)) return false;
@@ -190,7 +203,13 @@ export class CapacitySteps {
    * (dropped or released while the count-up was in flight), the count-up is undone with the entry
    * (none/reserve: 1 -> 0).
    */
-  async finishReserves(key: Key, members: readonly string[], owner: string): Promise<void> {
+  async finishReserves(
+    key: Key,
+    members: readonly string[],
+    owner: string,
+    /** Members counted up by this owner just now: their entries' removal waits for the next counter write. */
+    options: { readonly defer?: readonly string[] } = {},
+  ): Promise<void> {
     const marked: string[] = [];
     for (const member of members) {
       if (await this.markCounted(key, member, owner)) {
@@ -202,7 +221,14 @@ export class CapacitySteps {
       if (await this.removePending(key, member, 'reserve', place ? 0 : -1))
         this.afterStep?.('reserve finished', member);
     }
-    await this.removePendings(key, marked, 'reserve');
+    // Counted/reserve counts 1 as counted/none does: the entry's removal can wait for the next counter write.
+    const later = marked.filter((m) => options.defer?.includes(m));
+    this.defer(key, later, { op: 'reserve', owner });
+    await this.removePendings(
+      key,
+      marked.filter((m) => !later.includes(m)),
+      'reserve',
+    );
   }
 
   /** One member's reserve finished (finishReserves). */
@@ -281,8 +307,8 @@ export class CapacitySteps {
     const [only] = members;
     if (only === undefined) return;
     if (members.length === 1) return this.countDown(key, only, owner);
-    const names: Record<string, string> = { '#used': 'used', '#pending': 'pending' };
-    const values: Record<string, unknown> = { ':k': members.length };
+    const names: Record<string, string> = { '#used': 'used', '#pending': 'pending', '#op': 'op' };
+    const values: Record<string, unknown> = { ':k': members.length, ':reserve': 'reserve' };
     const set = ['#used = #used - :k'];
     const free = this.addPendingEntries(
       members,
@@ -290,18 +316,20 @@ export class CapacitySteps {
       names,
       values,
       set,
-    );
+    ).map((none, i) => `(${none} OR #pending.#m${i}.#op = :reserve)`);
     try {
-      await this.sendCreatingPending(
-        key,
-        new UpdateCommand({
-          TableName: this.tableName,
-          Key: key,
-          UpdateExpression: `SET ${set.join(', ')}`,
-          ConditionExpression: free.join(' AND '),
-          ExpressionAttributeNames: names,
-          ExpressionAttributeValues: values,
-        }),
+      await this.sendWithDeferred(key, members, (extra) =>
+        this.sendCreatingPending(
+          key,
+          new UpdateCommand({
+            TableName: this.tableName,
+            Key: key,
+            UpdateExpression: `SET ${set.join(', ')}${extra.remove}`,
+            ConditionExpression: [...free, ...extra.conditions].join(' AND '),
+            ExpressionAttributeNames: { ...names, ...extra.names },
+            ExpressionAttributeValues: { ...values, ...extra.values },
+          }),
+        ),
       );
     } catch (err) {
       if (!isConditionFailure(err)) throw err;
@@ -309,10 +337,20 @@ export class CapacitySteps {
       return;
     }
     for (const m of members) this.afterStep?.('counted down', m);
+    const deleted: string[] = [];
     for (const m of members) {
-      if (await this.deletePlace(key, m, { phase: 'releasing' })) this.afterStep?.('place deleted', m);
+      if (await this.deletePlace(key, m, { phase: 'releasing' })) {
+        this.afterStep?.('place deleted', m);
+        deleted.push(m);
+      }
     }
-    await this.removePendings(key, members, 'release');
+    // None/release counts 0 as none/none does: the entries' removal waits for the next counter write.
+    this.defer(key, deleted, { op: 'release', owner: owner ?? 'any' });
+    await this.removePendings(
+      key,
+      members.filter((m) => !deleted.includes(m)),
+      'release',
+    );
   }
 
   /** releasing/none -> releasing/release (1 -> 0), then the place and the pending entry go. */
@@ -320,19 +358,34 @@ export class CapacitySteps {
     let down = false;
     for (let attempt = 0; attempt < 3 && !down; attempt++) {
       try {
-        await this.sendCreatingPending(
-          key,
-          new UpdateCommand({
-            TableName: this.tableName,
-            Key: key,
-            UpdateExpression: 'SET #used = #used - :one, #pending.#m = :e',
-            ConditionExpression: 'attribute_not_exists(#pending.#m)',
-            ExpressionAttributeNames: { '#used': 'used', '#pending': 'pending', '#m': member },
-            ExpressionAttributeValues: {
-              ':one': 1,
-              ':e': { op: 'release', owner: owner ?? 'any', at: this.now() } satisfies Pending,
-            },
-          }),
+        // Releasing/reserve counts 1 as releasing/none does (a reserve's entry not removed yet, its
+        // place counted since): counted down the same way, the entry taken over.
+        await this.sendWithDeferred(key, [member], (extra) =>
+          this.sendCreatingPending(
+            key,
+            new UpdateCommand({
+              TableName: this.tableName,
+              Key: key,
+              UpdateExpression: `SET #used = #used - :one, #pending.#m = :e${extra.remove}`,
+              ConditionExpression: [
+                '(attribute_not_exists(#pending.#m) OR #pending.#m.#op = :reserve)',
+                ...extra.conditions,
+              ].join(' AND '),
+              ExpressionAttributeNames: {
+                '#used': 'used',
+                '#pending': 'pending',
+                '#m': member,
+                '#op': 'op',
+                ...extra.names,
+              },
+              ExpressionAttributeValues: {
+                ':one': 1,
+                ':reserve': 'reserve',
+                ':e': { op: 'release', owner: owner ?? 'any', at: this.now() } satisfies Pending,
+                ...extra.values,
+              },
+            }),
+          ),
         );
         this.afterStep?.('counted down', member);
         down = true;
@@ -345,8 +398,12 @@ export class CapacitySteps {
       }
     }
     if (!down) return; // still contended: the place stays releasing, and recover carries it on
-    if (await this.deletePlace(key, member, { phase: 'releasing' }))
+    if (await this.deletePlace(key, member, { phase: 'releasing' })) {
       this.afterStep?.('place deleted', member);
+      // None/release counts 0 as none/none does: the entry's removal waits for the next counter write.
+      this.defer(key, [member], { op: 'release', owner: owner ?? 'any' });
+      return;
+    }
     if (await this.removePending(key, member, 'release', 0)) this.afterStep?.('release finished', member);
   }
 
@@ -433,6 +490,59 @@ export class CapacitySteps {
       return;
     }
     for (const m of members) this.afterStep?.(done[op], m);
+  }
+
+  /** Leaves the removal of these members' ended entries (`entry`) to this instance's next counter write. */
+  private defer(key: Key, members: readonly string[], entry: Omit<Pending, 'at'>): void {
+    if (members.length === 0) return;
+    const id = `${key.pk}\n${key.sk}`;
+    const set = this.deferred.get(id) ?? new Map<string, Omit<Pending, 'at'>>();
+    for (const m of members) set.set(m, entry);
+    this.deferred.set(id, set);
+  }
+
+  /**
+   * Sends a counter write (built by `write` from the extra parts) with the removal of the set's deferred
+   * entries, each conditioned on still being the entry that ended (its op and owner), or gone already.
+   * Members the write itself sets are left out (and forgotten: the write decides their entry). When the
+   * write is refused, it is sent again without them (forgotten too: another writer changed an entry, or
+   * the write's own condition failed; recover ends what is left), so its answer is its own.
+   */
+  private async sendWithDeferred(
+    key: Key,
+    members: readonly string[],
+    write: (extra: {
+      remove: string;
+      conditions: string[];
+      names: Record<string, string>;
+      values: Record<string, unknown>;
+    }) => Promise<void>,
+  ): Promise<void> {
+    const id = `${key.pk}\n${key.sk}`;
+    const ended = this.deferred.get(id);
+    for (const m of members) ended?.delete(m);
+    this.deferred.delete(id);
+    const none = { remove: '', conditions: [], names: {}, values: {} };
+    if (!ended || ended.size === 0) return write(none);
+    const names: Record<string, string> = { '#dpending': 'pending', '#dop': 'op', '#downer': 'owner' };
+    const values: Record<string, unknown> = {};
+    const paths: string[] = [];
+    const conditions: string[] = [];
+    [...ended].forEach(([m, e], i) => {
+      names[`#d${i}`] = m;
+      values[`:dop${i}`] = e.op;
+      values[`:downer${i}`] = e.owner;
+      paths.push(`#dpending.#d${i}`);
+      conditions.push(
+        `(attribute_not_exists(#dpending.#d${i}) OR (#dpending.#d${i}.#dop = :dop${i} AND #dpending.#d${i}.#downer = :downer${i}))`,
+      );
+    });
+    try {
+      await write({ remove: ` REMOVE ${paths.join(', ')}`, conditions, names, values });
+    } catch (err) {
+      if (!isConditionFailure(err)) throw err;
+      await write(none);
+    }
   }
 
   /** Deletes the places this owner created and never counted (a reservation that did not go through). */
