@@ -24,6 +24,16 @@ export class Claimants {
     return t;
   }
 
+  /** Runs `work` holding a ticket for `key`, given back when it ends. */
+  async during<T>(key: string, work: (ticket: number) => Promise<T>): Promise<T> {
+    const ticket = this.take(key);
+    try {
+      return await work(ticket);
+    } finally {
+      this.give(key, ticket);
+    }
+  }
+
   give(key: string, ticket: number): void {
     const tickets = this.held.get(key);
     tickets?.delete(ticket);

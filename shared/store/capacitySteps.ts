@@ -1,13 +1,17 @@
 import { ConditionalCheckFailedException } from '@aws-sdk/client-dynamodb';
+import { DeleteCommand, type DynamoDBDocumentClient, PutCommand, UpdateCommand } from '@aws-sdk/lib-dynamodb';
 import {
-  DeleteCommand,
-  type DynamoDBDocumentClient,
-  GetCommand,
-  PutCommand,
-  QueryCommand,
-  type QueryCommandInput,
-  UpdateCommand,
-} from '@aws-sdk/lib-dynamodb';
+  type Counter,
+  type Key,
+  type Pending,
+  type Phase,
+  type Place,
+  placeKey,
+  readCounter,
+  readPlace,
+  readPlaces,
+} from './capacityReads.ts';
+import { DeferredEntries } from './deferredEntries.ts';
 
 /**
  * The steps of the capacity sets' protocol (capacitySets.ts sequences them into operations): each step is
@@ -36,31 +40,7 @@ import {
  * no count-up passes while `legacy` has members.
  */
 
-export type Key = { readonly pk: string; readonly sk: string };
-
-type Phase = 'counting' | 'counted' | 'releasing';
-
-export interface Place {
-  readonly member: string;
-  readonly owner: string;
-  readonly phase: Phase;
-  readonly at: number;
-}
-
-interface Pending {
-  readonly op: 'reserve' | 'release';
-  readonly owner: string;
-  readonly at: number;
-}
-
-export interface Counter {
-  readonly used: number;
-  readonly pending: Readonly<Record<string, Pending>>;
-  /** The item is still in the one-item form of an earlier version (`owners` or `members`): not counted. */
-  readonly earlier: boolean;
-  /** Members of that form counted in `used` and not given their place yet (member -> owner). */
-  readonly legacy: Readonly<Record<string, string>>;
-}
+export type { Counter, Key, Place } from './capacityReads.ts';
 
 /** A step of a member operation, for tests that stop an operation part-way (`CapacitySets.afterStep`). */
 export type CapacityStep =
@@ -78,15 +58,10 @@ export class CapacitySteps {
   afterStep: ((step: CapacityStep, member: string) => void) | undefined;
 
   /**
-   * Pending entries whose operation ended (a reserve's place counted, a release's place deleted), per
-   * set: their removal goes with this instance's next count-up or count-down of the set instead of a
-   * write of its own (issue 26: one counter write per allocation and per release, not two). Until then
-   * the member is in a state a crash after that step leaves (counted/reserve: 1; none/release: 0), which
-   * every step handles: a count-down takes a reserve entry over, a reserve clears a finished release's
-   * entry, and recover ends what is left after the slot lease. Bounded by this instance's operations in
-   * flight, not by the set.
+   * Entries whose operation ended (a reserve's place counted, a release's place deleted): removed with
+   * this instance's next count-up or count-down of the set, not by a write of their own (deferredEntries.ts).
    */
-  private readonly deferred = new Map<string, Map<string, Omit<Pending, 'at'>>>();
+  private readonly deferred = new DeferredEntries();
 
   constructor(
     private readonly doc: DynamoDBDocumentClient,
@@ -174,7 +149,7 @@ export class CapacitySteps {
     const set = ['#used = if_not_exists(#used, :zero) + :k'];
     const free = this.addPendingEntries(members, { op: 'reserve', owner }, names, values, set);
     try {
-      await this.sendWithDeferred(key, members, (extra) =>
+      await this.deferred.sendWith(key, members, (extra) =>
         this.sendCreatingPending(
           key,
           new UpdateCommand({
@@ -223,7 +198,7 @@ export class CapacitySteps {
     }
     // Counted/reserve counts 1 as counted/none does: the entry's removal can wait for the next counter write.
     const later = marked.filter((m) => options.defer?.includes(m));
-    this.defer(key, later, { op: 'reserve', owner });
+    this.deferred.add(key, later, { op: 'reserve', owner });
     await this.removePendings(
       key,
       marked.filter((m) => !later.includes(m)),
@@ -298,27 +273,48 @@ export class CapacitySteps {
   }
 
   /**
-   * releasing/none -> releasing/release (1 -> 0) for every member at once, in one write of the counter;
-   * then their places go, then their pending entries in one more write. When the one write cannot be made
-   * as sent (a member's entry is there already: a release before a crash, or a reserve still finishing),
-   * each member is counted down on its own (countDown), which sorts such an entry out.
+   * releasing/none or releasing/reserve -> releasing/release (1 -> 0; a reserve's entry not removed yet,
+   * its place counted since, is taken over) for every member at once, in one write of the counter; then
+   * their places go, and their entries' removal is left to the next counter write (none/release counts 0
+   * as none/none does). When the one write cannot be made as sent (a member's release entry is there
+   * already: a release before a crash), each member is counted down on its own (countDown).
    */
   async countDownAll(key: Key, members: readonly string[], owner: string | undefined): Promise<void> {
-    const [only] = members;
-    if (only === undefined) return;
-    if (members.length === 1) return this.countDown(key, only, owner);
+    if (members.length === 0) return;
+    if (!(await this.countDownTogether(key, members, owner))) {
+      for (const m of members) await this.countDown(key, m, owner);
+      return;
+    }
+    for (const m of members) this.afterStep?.('counted down', m);
+    await this.deleteReleased(key, members, owner);
+  }
+
+  /** releasing/none (or /reserve) -> releasing/release (1 -> 0), then the place goes, as countDownAll. */
+  async countDown(key: Key, member: string, owner: string | undefined): Promise<void> {
+    let down = false;
+    for (let attempt = 0; attempt < 3 && !down; attempt++) {
+      if (await this.countDownTogether(key, [member], owner)) {
+        this.afterStep?.('counted down', member);
+        down = true;
+      } else if ((await this.counter(key)).pending[member]?.op === 'release') {
+        down = true; // counted down already, by this release before a crash
+      }
+    }
+    if (!down) return; // still contended: the place stays releasing, and recover carries it on
+    await this.deleteReleased(key, [member], owner);
+  }
+
+  /** The one counter write of countDownAll; false when its condition failed. */
+  private async countDownTogether(key: Key, members: readonly string[], owner: string | undefined) {
     const names: Record<string, string> = { '#used': 'used', '#pending': 'pending', '#op': 'op' };
     const values: Record<string, unknown> = { ':k': members.length, ':reserve': 'reserve' };
     const set = ['#used = #used - :k'];
-    const free = this.addPendingEntries(
-      members,
-      { op: 'release', owner: owner ?? 'any' },
-      names,
-      values,
-      set,
-    ).map((none, i) => `(${none} OR #pending.#m${i}.#op = :reserve)`);
+    const entry = { op: 'release', owner: owner ?? 'any' } as const;
+    const free = this.addPendingEntries(members, entry, names, values, set).map(
+      (none, i) => `(${none} OR #pending.#m${i}.#op = :reserve)`,
+    );
     try {
-      await this.sendWithDeferred(key, members, (extra) =>
+      await this.deferred.sendWith(key, members, (extra) =>
         this.sendCreatingPending(
           key,
           new UpdateCommand({
@@ -331,12 +327,15 @@ export class CapacitySteps {
           }),
         ),
       );
+      return true;
     } catch (err) {
-      if (!isConditionFailure(err)) throw err;
-      for (const m of members) await this.countDown(key, m, owner);
-      return;
+      if (isConditionFailure(err)) return false;
+      throw err;
     }
-    for (const m of members) this.afterStep?.('counted down', m);
+  }
+
+  /** The places of members counted down go; their release entries' removal waits for the next counter write. */
+  private async deleteReleased(key: Key, members: readonly string[], owner: string | undefined) {
     const deleted: string[] = [];
     for (const m of members) {
       if (await this.deletePlace(key, m, { phase: 'releasing' })) {
@@ -344,67 +343,9 @@ export class CapacitySteps {
         deleted.push(m);
       }
     }
-    // None/release counts 0 as none/none does: the entries' removal waits for the next counter write.
-    this.defer(key, deleted, { op: 'release', owner: owner ?? 'any' });
-    await this.removePendings(
-      key,
-      members.filter((m) => !deleted.includes(m)),
-      'release',
-    );
-  }
-
-  /** releasing/none -> releasing/release (1 -> 0), then the place and the pending entry go. */
-  async countDown(key: Key, member: string, owner: string | undefined): Promise<void> {
-    let down = false;
-    for (let attempt = 0; attempt < 3 && !down; attempt++) {
-      try {
-        // Releasing/reserve counts 1 as releasing/none does (a reserve's entry not removed yet, its
-        // place counted since): counted down the same way, the entry taken over.
-        await this.sendWithDeferred(key, [member], (extra) =>
-          this.sendCreatingPending(
-            key,
-            new UpdateCommand({
-              TableName: this.tableName,
-              Key: key,
-              UpdateExpression: `SET #used = #used - :one, #pending.#m = :e${extra.remove}`,
-              ConditionExpression: [
-                '(attribute_not_exists(#pending.#m) OR #pending.#m.#op = :reserve)',
-                ...extra.conditions,
-              ].join(' AND '),
-              ExpressionAttributeNames: {
-                '#used': 'used',
-                '#pending': 'pending',
-                '#m': member,
-                '#op': 'op',
-                ...extra.names,
-              },
-              ExpressionAttributeValues: {
-                ':one': 1,
-                ':reserve': 'reserve',
-                ':e': { op: 'release', owner: owner ?? 'any', at: this.now() } satisfies Pending,
-                ...extra.values,
-              },
-            }),
-          ),
-        );
-        this.afterStep?.('counted down', member);
-        down = true;
-      } catch (err) {
-        if (!isConditionFailure(err)) throw err;
-        const pending = (await this.counter(key)).pending[member];
-        if (pending?.op === 'release')
-          down = true; // counted down already, by this release before a crash
-        else if (pending?.op === 'reserve') await this.removePending(key, member, 'reserve', 0); // its reserve's end
-      }
-    }
-    if (!down) return; // still contended: the place stays releasing, and recover carries it on
-    if (await this.deletePlace(key, member, { phase: 'releasing' })) {
-      this.afterStep?.('place deleted', member);
-      // None/release counts 0 as none/none does: the entry's removal waits for the next counter write.
-      this.defer(key, [member], { op: 'release', owner: owner ?? 'any' });
-      return;
-    }
-    if (await this.removePending(key, member, 'release', 0)) this.afterStep?.('release finished', member);
+    this.deferred.add(key, deleted, { op: 'release', owner: owner ?? 'any' });
+    const rest = members.filter((m) => !deleted.includes(m));
+    await this.removePendings(key, rest, 'release');
   }
 
   async deletePlace(key: Key, member: string, expect: { phase: Phase; owner?: string }): Promise<boolean> {
@@ -492,105 +433,30 @@ export class CapacitySteps {
     for (const m of members) this.afterStep?.(done[op], m);
   }
 
-  /** Leaves the removal of these members' ended entries (`entry`) to this instance's next counter write. */
-  private defer(key: Key, members: readonly string[], entry: Omit<Pending, 'at'>): void {
-    if (members.length === 0) return;
-    const id = `${key.pk}\n${key.sk}`;
-    const set = this.deferred.get(id) ?? new Map<string, Omit<Pending, 'at'>>();
-    for (const m of members) set.set(m, entry);
-    this.deferred.set(id, set);
-  }
-
-  /**
-   * Sends a counter write (built by `write` from the extra parts) with the removal of the set's deferred
-   * entries, each conditioned on still being the entry that ended (its op and owner), or gone already.
-   * Members the write itself sets are left out (and forgotten: the write decides their entry). When the
-   * write is refused, it is sent again without them (forgotten too: another writer changed an entry, or
-   * the write's own condition failed; recover ends what is left), so its answer is its own.
-   */
-  private async sendWithDeferred(
-    key: Key,
-    members: readonly string[],
-    write: (extra: {
-      remove: string;
-      conditions: string[];
-      names: Record<string, string>;
-      values: Record<string, unknown>;
-    }) => Promise<void>,
-  ): Promise<void> {
-    const id = `${key.pk}\n${key.sk}`;
-    const ended = this.deferred.get(id);
-    for (const m of members) ended?.delete(m);
-    this.deferred.delete(id);
-    const none = { remove: '', conditions: [], names: {}, values: {} };
-    if (!ended || ended.size === 0) return write(none);
-    const names: Record<string, string> = { '#dpending': 'pending', '#dop': 'op', '#downer': 'owner' };
-    const values: Record<string, unknown> = {};
-    const paths: string[] = [];
-    const conditions: string[] = [];
-    [...ended].forEach(([m, e], i) => {
-      names[`#d${i}`] = m;
-      values[`:dop${i}`] = e.op;
-      values[`:downer${i}`] = e.owner;
-      paths.push(`#dpending.#d${i}`);
-      conditions.push(
-        `(attribute_not_exists(#dpending.#d${i}) OR (#dpending.#d${i}.#dop = :dop${i} AND #dpending.#d${i}.#downer = :downer${i}))`,
-      );
-    });
-    try {
-      await write({ remove: ` REMOVE ${paths.join(', ')}`, conditions, names, values });
-    } catch (err) {
-      if (!isConditionFailure(err)) throw err;
-      await write(none);
-    }
-  }
-
   /** Deletes the places this owner created and never counted (a reservation that did not go through). */
   async dropUncounted(key: Key, members: readonly string[], owner: string): Promise<void> {
     if (members.length === 0) return;
     const counter = await this.counter(key);
     for (const m of members) {
-      if (counter.pending[m]) continue; // counted up meanwhile: a reservation, finished by its owner or recover
+      // Counted up meanwhile: a reservation, finished by its owner or recover. (A release entry is an
+      // earlier place's ended release: this one is uncounted all the same.)
+      if (counter.pending[m]?.op === 'reserve') continue;
       await this.deletePlace(key, m, { phase: 'counting', owner });
     }
   }
 
-  // ---- reads ---------------------------------------------------------------------------------------
+  // ---- reads (capacityReads.ts) ---------------------------------------------------------------------
 
-  async place(key: Key, member: string): Promise<Place | undefined> {
-    const out = await this.doc.send(
-      new GetCommand({ TableName: this.tableName, Key: placeKey(key, member), ConsistentRead: true }),
-    );
-    return out.Item ? toPlace(out.Item) : undefined;
+  place(key: Key, member: string): Promise<Place | undefined> {
+    return readPlace(this.doc, this.tableName, key, member);
   }
 
-  async counter(key: Key): Promise<Counter> {
-    const out = await this.doc.send(
-      new GetCommand({ TableName: this.tableName, Key: key, ConsistentRead: true }),
-    );
-    const item = out.Item ?? {};
-    return {
-      used: typeof item.used === 'number' ? item.used : 0,
-      pending: (item.pending as Record<string, Pending> | undefined) ?? {},
-      earlier: item.owners !== undefined || item.members !== undefined,
-      legacy: (item.legacy as Record<string, string> | undefined) ?? {},
-    };
+  counter(key: Key): Promise<Counter> {
+    return readCounter(this.doc, this.tableName, key);
   }
 
-  async places(key: Key): Promise<Place[]> {
-    const input: QueryCommandInput = {
-      TableName: this.tableName,
-      KeyConditionExpression: 'pk = :pk AND begins_with(sk, :prefix)',
-      ExpressionAttributeValues: { ':pk': key.pk, ':prefix': placePrefix(key) },
-      ConsistentRead: true,
-    };
-    const out: Place[] = [];
-    do {
-      const page = await this.doc.send(new QueryCommand(input));
-      for (const item of page.Items ?? []) out.push(toPlace(item));
-      input.ExclusiveStartKey = page.LastEvaluatedKey;
-    } while (input.ExclusiveStartKey);
-    return out;
+  places(key: Key): Promise<Place[]> {
+    return readPlaces(this.doc, this.tableName, key);
   }
 
   /** Sends an update that sets `pending` entries, creating the map (and `used`) first when the item has none. */
@@ -627,16 +493,3 @@ const earlierNames = { '#owners': 'owners', '#members': 'members' } as const;
 const settled = '(attribute_not_exists(#legacy) OR size(#legacy) = :zero)';
 
 export const isConditionFailure = (err: unknown) => err instanceof ConditionalCheckFailedException;
-
-const placePrefix = (key: Key) => `PLACE#${key.sk}#`;
-export const placeKey = (key: Key, member: string) => ({ pk: key.pk, sk: `${placePrefix(key)}${member}` });
-
-function toPlace(item: Record<string, unknown>): Place {
-  const phase = item.phase === 'counted' || item.phase === 'releasing' ? item.phase : 'counting';
-  return {
-    member: String(item.member),
-    owner: String(item.owner),
-    phase,
-    at: typeof item.at === 'number' ? item.at : 0,
-  };
-}

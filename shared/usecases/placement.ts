@@ -24,88 +24,21 @@ import {
 } from '../core/errors.ts';
 import { backingNodeId, parseNodeId, supersedes } from '../core/ids.ts';
 import { needsMaxAgeDrain } from '../core/lifecycle.ts';
-import type { Page } from '../core/poolStore.ts';
 import type { BackingRecord } from '../core/records.ts';
 import { holdsSlot } from '../core/request.ts';
-import {
-  ensureLaunched,
-  type FailBacking,
-  giveBackSlot,
-  providerOf,
-  reserveBacking,
-  scanKeys,
-} from './backingNodes.ts';
+import { ensureLaunched, giveBackSlot, providerOf, reserveBacking, scanKeys } from './backingNodes.ts';
+import { CANDIDATES_PER_QUERY } from './candidates.ts';
 import { AGAIN, MAX_CONFLICT_RETRIES, retryOnConflict, unlessConflict } from './conflicts.ts';
 import { type Context, deliveryDead, timeLeft } from './context.ts';
+import type { Placement, PlaceOptions } from './placeOptions.ts';
 
-/** Where a node went: its backing node as it was right after the claim. */
-export interface Placement {
-  readonly nodeId: string;
-  readonly backing: BackingRecord;
-  readonly slot: number;
-  /** Host keys scanned at claim time (host-key-checking on a ready backing node). */
-  readonly hostKeys?: string[];
-  /** Which attempt (backing nodes tried for this node, launch-retries bounds it) this placement is. */
-  readonly attempt: number;
-}
+export type { Placement, PlaceOptions } from './placeOptions.ts';
 
-export interface PlaceOptions {
-  /**
-   * The owner token of the delivery placing the node: its claims carry it, and only claims it holds
-   * are built on or given back by it. A claim another delivery holds makes the placement fail with a
-   * BusyError, unless that delivery is known dead (CLAIM_TAKEOVER_MS), when the claim is taken over.
-   */
-  readonly owner: string;
-  /** Called before launching a backing node, the one side effect a duplicate must never repeat. */
-  readonly beforeLaunch?: () => Promise<void>;
-  /**
-   * Called before taking over a claim or place of a delivery this one supersedes (an earlier receive of
-   * the same message, core/ids.ts): it must make sure that delivery can record nothing more (the request
-   * delivery makes itself the placer). Without it, such claims are taken over only once abandoned.
-   */
-  readonly beforeTakeover?: () => Promise<void>;
-  /** Attempts this node already used (re-homing after a failed backing node). */
-  readonly previousAttempts?: number;
-  /** Fails a backing node whose host-key scan fails, and settles its nodes (see FailBacking). */
-  readonly failBacking: FailBacking;
-  /**
-   * When the node is expected to be released (its request's expected duration): candidates are tried
-   * by how much longer the node would keep each billed (compareByExpectedEnd), and the claim records it.
-   */
-  readonly expectedEnd?: number;
-  /**
-   * False: the expected end is only recorded (a learned guess too rough to place by), and candidates
-   * are tried in the usual order. Default true.
-   */
-  readonly orderByExpectedEnd?: boolean;
-  /**
-   * The first page of candidates, asked for ahead (prefetchCandidates) while the caller did something
-   * else; undefined in it (the Query failed) means asking again.
-   */
-  readonly firstPage?: Promise<Page<BackingRecord> | undefined>;
-}
-
-/** How many candidates one Query brings back; the first claimable one almost always wins. */
-const CANDIDATES_PER_QUERY = 10;
 /**
  * Pages read before launching instead: candidates that cannot take the node (max-age drained on the
  * way, lost to concurrent claims) are rare, so a few pages bound the cost without ever scanning.
  */
 const MAX_CANDIDATE_PAGES = 5;
-
-/**
- * Asks for the first page of a label's candidates now, for a placeNode that comes after something else
- * (a capped pool's reservation): the Query goes out with that work, not after it, one round trip less
- * in sequence. Read-only, so a reservation that finds the pool full wastes one Query, nothing else. A
- * failure is left to placeNode's own Query (undefined), which reports it if it persists.
- */
-export function prefetchCandidates(
-  ctx: Context,
-  pool: MetastaticPool,
-  label: string,
-): Promise<Page<BackingRecord> | undefined> {
-  return ctx.store.findCandidates(pool.key, label, CANDIDATES_PER_QUERY).catch(() => undefined);
-}
 
 /**
  * Places one node of a pool's label: onto the fullest existing backing node with a free slot (a
@@ -123,7 +56,9 @@ export async function placeNode(
   if (attempt > pool.launchRetries) {
     throw new LaunchFailedError(`node ${nodeId} used all ${pool.launchRetries} attempt(s)`);
   }
-  const placed = await claimSomewhere(ctx, pool, label, nodeId, attempt, options);
+  const placed = await inThisProcess.during(`${pool.key}#${label.name}`, (ticket) =>
+    claimFromCandidates(ctx, pool, label, nodeId, attempt, options, ticket),
+  );
   if (placed) return placed;
   // No launch once the invocation's time is up: its outcome could not be recorded (Recording.write
   // refuses), and the next delivery or reaper run takes the node up with a fresh deadline.
@@ -137,26 +72,10 @@ export async function placeNode(
 const inThisProcess = new Claimants();
 
 /**
- * Claims a free slot for the node on an existing backing node, fullest first (or as `options` orders);
- * undefined when none of the candidates read took it.
+ * Claims a free slot for the node on an existing backing node, fullest first (or as `options` orders),
+ * a claimant among others of this process aiming first at its ticket's slot; undefined when none of the
+ * candidates read took it.
  */
-async function claimSomewhere(
-  ctx: Context,
-  pool: MetastaticPool,
-  label: MetastaticLabel,
-  nodeId: string,
-  attempt: number,
-  options: PlaceOptions,
-): Promise<Placement | undefined> {
-  const key = `${pool.key}#${label.name}`;
-  const ticket = inThisProcess.take(key);
-  try {
-    return await claimFromCandidates(ctx, pool, label, nodeId, attempt, options, ticket);
-  } finally {
-    inThisProcess.give(key, ticket);
-  }
-}
-
 async function claimFromCandidates(
   ctx: Context,
   pool: MetastaticPool,
