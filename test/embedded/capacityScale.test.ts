@@ -187,6 +187,34 @@ describe('entries left for the next counter write (issue 26)', () => {
   });
 });
 
+describe('an ended release whose entry is still there', () => {
+  it('does not keep a later reserve of the member from dropping its uncounted place', async () => {
+    const set = keys.poolNodes('deferred/dropped');
+    const a = new DynamoStore(client, 'scale').capacity;
+    const b = new DynamoStore(client, 'scale').capacity;
+    const steps = new CapacitySteps(doc, 'scale', Date.now);
+    expect(await a.reserve(set, ['m/0', 'x/0'], 2, 'A')).toEqual({ kind: 'reserved' });
+    await a.unreserve(set, ['m/0']); // its release entry stays with A's next counter write
+    expect((await steps.counter(set)).pending['m/0']?.op).toBe('release');
+    // B asks for m/0 with x/0, which A holds: held, and the place B created for m/0 goes again.
+    expect((await b.reserve(set, ['m/0', 'x/0'], 2, 'B')).kind).toBe('held');
+    expect([...(await b.members(set))]).toEqual(['x/0']);
+    // A place left uncounted beside such an entry (a crash after its creation) is dropped by recover,
+    // never counted as if it were.
+    b.afterStep = (step) => {
+      if (step === 'place created') throw new Error('crashed after place created');
+    };
+    await expect(b.reserve(set, ['m/0'], 2, 'B')).rejects.toThrow('crashed after place created');
+    b.afterStep = undefined;
+    expect((await steps.place(set, 'm/0'))?.phase).toBe('counting');
+    await b.recover(set, Number.POSITIVE_INFINITY);
+    expect([...(await b.members(set))]).toEqual(['x/0']);
+    expect(await b.used(set)).toBe(1);
+    expect(await b.reserve(set, ['y/0'], 2, 'C')).toEqual({ kind: 'reserved' });
+    expect(await b.reserve(set, ['z/0'], 2, 'C')).toEqual({ kind: 'full' });
+  });
+});
+
 describe('concurrent reservations', () => {
   it('never take more places than the cap, and the count matches the places', async () => {
     const set = keys.poolNodes('race');
