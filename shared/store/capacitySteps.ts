@@ -23,6 +23,7 @@ import { DeferredEntries } from './deferredEntries.ts';
  * | none       | none     | 0      |
  * | counting   | none     | 0      |
  * | counting   | reserve  | 1      |
+ * | counting   | release  | 0      | (an earlier place's ended release: removed before a count-up)
  * | counted    | any      | 1      |
  * | releasing  | none     | 1      |
  * | releasing  | reserve  | 1      |
