@@ -31,6 +31,11 @@ export interface TracedCall {
   readonly target: string;
   readonly detail: string;
   readonly failed: boolean;
+  /**
+   * Round trips in sequence up to and including this one: 1 + the deepest call that had answered when it
+   * was sent (calls sent together share a depth). The allocation's deepest call is its latency in round trips.
+   */
+  readonly depth: number;
 }
 
 export interface WarmTrace {
@@ -86,12 +91,14 @@ export async function traceWarmCalls(): Promise<WarmTrace[]> {
     (next, context) => async (args) => {
       const command = (context.commandName ?? '?').replace(/Command$/, '');
       const described = describe(command, args.input as Record<string, unknown>);
+      const into = trace;
+      const depth = 1 + Math.max(0, ...(into ?? []).map((c) => c.depth));
       try {
         const out = await next(args);
-        trace?.push({ command, ...described, failed: false });
+        into?.push({ command, ...described, failed: false, depth });
         return out;
       } catch (err) {
-        trace?.push({ command, ...described, failed: true });
+        into?.push({ command, ...described, failed: true, depth });
         throw err;
       }
     },
@@ -159,6 +166,9 @@ export async function traceWarmCalls(): Promise<WarmTrace[]> {
   return out;
 }
 
+/** Round trips in sequence of a traced operation: the latency a network round trip per call gives it. */
+export const roundTrips = (calls: readonly TracedCall[]) => Math.max(0, ...calls.map((c) => c.depth));
+
 export function warmCallsReport(traces: readonly WarmTrace[]): string {
   const lines: string[] = [];
   for (const t of traces) {
@@ -166,10 +176,12 @@ export function warmCallsReport(traces: readonly WarmTrace[]): string {
       ['allocation', t.allocation],
       ['release', t.release],
     ] as const) {
-      lines.push(`${t.variant}: ${what}, ${calls.length} DynamoDB calls`);
+      lines.push(
+        `${t.variant}: ${what}, ${calls.length} DynamoDB calls, ${roundTrips(calls)} round trips in sequence`,
+      );
       calls.forEach((c, i) => {
         lines.push(
-          `  ${i + 1}. ${c.command}${c.failed ? ' (condition failed)' : ''} ${c.target}  ${c.detail}`,
+          `  ${i + 1}. [${c.depth}] ${c.command}${c.failed ? ' (condition failed)' : ''} ${c.target}  ${c.detail}`,
         );
       });
     }

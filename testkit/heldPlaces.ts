@@ -4,8 +4,8 @@ import {
   GetCommand,
   UpdateCommand,
 } from '@aws-sdk/lib-dynamodb';
+import { type Key, placeKey } from '../shared/store/capacityReads.ts';
 import type { CapacitySets } from '../shared/store/capacitySets.ts';
-import { type Key, placeKey } from '../shared/store/capacitySteps.ts';
 
 /**
  * A capacity set holding `members`, each counted and held by `ownerOf(member)`, as reserves that finished

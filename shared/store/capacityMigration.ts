@@ -122,7 +122,7 @@ async function settle(
       break;
     }
     const pending = (await steps.counter(key)).pending[member];
-    if (place.phase === 'counting' && pending === undefined) {
+    if (place.phase === 'counting' && pending?.op !== 'reserve') {
       // Another owner's reservation of the member, not counted: no count-up passes while `legacy` has
       // members, so its owner drops it (or recover does, once it is stale); the next migration settles
       // the member then. Deleting it here would let that owner count it up after all, a second time.

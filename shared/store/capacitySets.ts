@@ -55,7 +55,7 @@ export class CapacitySets {
     limit: number,
     owner: string,
     migrated = false,
-    options: { readonly overlap?: boolean } = {},
+    options: { readonly overlap?: boolean; readonly clearedEnded?: boolean } = {},
   ): Promise<Reservation> {
     const holders = new Map<string, string>();
     const created: string[] = [];
@@ -78,21 +78,28 @@ export class CapacitySets {
     // The common case, every place new, needs no read of the counter: its condition says the rest.
     const counter: Counter =
       found.size > 0 ? await this.steps.counter(key) : { used: 0, pending: {}, earlier: false, legacy: {} };
-    const inFlight = [...found.keys()].filter((m) => counter.pending[m]?.op === 'release');
+    // An uncounted place of this owner's beside an earlier place's ended release (its entry's removal
+    // deferred, or its releaser dead after deleting that place): the entry goes (none/release and
+    // counting/release count 0), and the place is counted up as any uncounted one.
+    const ended = [...found.values()].filter(
+      (p) => p.phase === 'counting' && counter.pending[p.member]?.op === 'release',
+    );
+    for (const p of ended) await this.steps.removePending(key, p.member, 'release', 0);
+    const pending = { ...counter.pending };
+    for (const p of ended) delete pending[p.member];
+    const inFlight = [...found.keys()].filter((m) => pending[m]?.op === 'release');
     if (inFlight.length > 0) {
       await this.steps.dropUncounted(key, created, owner);
       return {
         kind: 'held',
-        holders: new Map(inFlight.map((m) => [m, counter.pending[m]?.owner as string])),
+        holders: new Map(inFlight.map((m) => [m, pending[m]?.owner as string])),
       };
     }
     // A reserve counted up for a place this owner now holds (its own, or taken over) is finished, not
     // counted again.
     const toCount = [
       ...created,
-      ...[...found.values()]
-        .filter((p) => p.phase === 'counting' && !counter.pending[p.member])
-        .map((p) => p.member),
+      ...[...found.values()].filter((p) => p.phase === 'counting' && !pending[p.member]).map((p) => p.member),
     ];
     if (toCount.length > 0 && !(await this.steps.countUp(key, toCount, limit, owner))) {
       // No room, or an operation on one of these members is in flight (a release finishing, a crash's leftover).
@@ -104,6 +111,14 @@ export class CapacitySets {
         await this.migrate(key);
         return this.reserve(key, members, limit, owner, true, options);
       }
+      // A release that ended but for its entry (its place was gone: this reserve created one), whose
+      // releaser left the entry's removal for later (CapacitySteps.defer), or died: none/release counts
+      // 0 as none/none does. Removed, and the reserve asked again once.
+      const ended = toCount.filter((m) => created.includes(m) && now.pending[m]?.op === 'release');
+      if (!options.clearedEnded && ended.length > 0) {
+        for (const m of ended) await this.steps.removePending(key, m, 'release', 0);
+        return this.reserve(key, members, limit, owner, migrated, { ...options, clearedEnded: true });
+      }
       const busy = toCount.filter((m) => now.pending[m]);
       await this.steps.dropUncounted(key, toCount, owner);
       if (busy.length > 0) {
@@ -114,17 +129,17 @@ export class CapacitySets {
     // Only what is still part-way: a failed conditional write costs as much as one that goes through.
     const unfinished = members.filter((m) => {
       const place = found.get(m);
-      return toCount.includes(m) || place?.phase === 'counting' || counter.pending[m] !== undefined;
+      return toCount.includes(m) || place?.phase === 'counting' || pending[m] !== undefined;
     });
     if (options.overlap) {
       // Counted: the rest is bookkeeping, which the caller overlaps with its placement (Reservation).
-      const finishing = this.steps.finishReserves(key, unfinished, owner).then(
+      const finishing = this.steps.finishReserves(key, unfinished, owner, { defer: toCount }).then(
         () => undefined,
         (err: unknown) => (err instanceof Error ? err : new Error(String(err))),
       );
       return { kind: 'reserved', finishing };
     }
-    await this.steps.finishReserves(key, unfinished, owner);
+    await this.steps.finishReserves(key, unfinished, owner, { defer: toCount });
     return { kind: 'reserved' };
   }
 
@@ -157,8 +172,9 @@ export class CapacitySets {
       if (!place || (owner !== undefined && place.owner !== owner)) continue;
       if (place.phase === 'counting') {
         const counter = await this.steps.counter(key);
-        if (!counter.pending[m]) {
-          await this.steps.deletePlace(key, m, { phase: 'counting', owner: place.owner }); // never counted
+        if (counter.pending[m]?.op !== 'reserve') {
+          // Never counted (beside a release entry: an earlier place's ended release).
+          await this.steps.deletePlace(key, m, { phase: 'counting', owner: place.owner });
           continue;
         }
         await this.steps.finishReserve(key, m, place.owner);
@@ -203,16 +219,28 @@ export class CapacitySets {
     for (const m of stale) {
       const place = places.get(m);
       const pending = counter.pending[m];
-      if (place?.phase === 'counting' && !pending) {
+      if (place?.phase === 'counting' && pending?.op !== 'reserve') {
+        // Never counted; a release entry beside it is an earlier place's ended release, and goes. The
+        // place goes only once stale itself: a young one is a live reserve's (which clears such an entry
+        // and counts its place up: deleting that place then would undo the count it relies on).
+        if (pending) await this.steps.removePending(key, m, 'release', 0);
+        if (place.at >= before) continue;
         await this.steps.deletePlace(key, m, { phase: 'counting', owner: place.owner });
-      } else if (place?.phase === 'counting' || (place?.phase === 'counted' && pending?.op === 'reserve')) {
+      } else if (place?.phase === 'counted' && pending?.op === 'reserve') {
+        // An ended reserve whose entry's removal was left to a counter write that has not come (its
+        // instance idle or gone, CapacitySteps.defer), or a crash just before it: only the entry goes,
+        // not reported as a recovered place.
+        await this.steps.finishReserve(key, m, place.owner);
+        continue;
+      } else if (place?.phase === 'counting') {
         await this.steps.finishReserve(key, m, place.owner);
       } else if (place?.phase === 'releasing') {
         await this.steps.countDown(key, m, undefined); // its releaser died: recover carries the release on
       } else if (!place && pending?.op === 'reserve') {
         await this.steps.removePending(key, m, 'reserve', -1); // counted up, its place never written
       } else if (!place && pending?.op === 'release') {
-        await this.steps.removePending(key, m, 'release', 0);
+        await this.steps.removePending(key, m, 'release', 0); // an ended release's entry, as above
+        continue;
       } else {
         continue;
       }

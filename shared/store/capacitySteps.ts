@@ -1,13 +1,17 @@
 import { ConditionalCheckFailedException } from '@aws-sdk/client-dynamodb';
+import { DeleteCommand, type DynamoDBDocumentClient, PutCommand, UpdateCommand } from '@aws-sdk/lib-dynamodb';
 import {
-  DeleteCommand,
-  type DynamoDBDocumentClient,
-  GetCommand,
-  PutCommand,
-  QueryCommand,
-  type QueryCommandInput,
-  UpdateCommand,
-} from '@aws-sdk/lib-dynamodb';
+  type Counter,
+  type Key,
+  type Pending,
+  type Phase,
+  type Place,
+  placeKey,
+  readCounter,
+  readPlace,
+  readPlaces,
+} from './capacityReads.ts';
+import { DeferredEntries } from './deferredEntries.ts';
 
 /**
  * The steps of the capacity sets' protocol (capacitySets.ts sequences them into operations): each step is
@@ -19,6 +23,7 @@ import {
  * | none       | none     | 0      |
  * | counting   | none     | 0      |
  * | counting   | reserve  | 1      |
+ * | counting   | release  | 0      | (an earlier place's ended release: removed before a count-up)
  * | counted    | any      | 1      |
  * | releasing  | none     | 1      |
  * | releasing  | reserve  | 1      |
@@ -36,31 +41,7 @@ import {
  * no count-up passes while `legacy` has members.
  */
 
-export type Key = { readonly pk: string; readonly sk: string };
-
-type Phase = 'counting' | 'counted' | 'releasing';
-
-export interface Place {
-  readonly member: string;
-  readonly owner: string;
-  readonly phase: Phase;
-  readonly at: number;
-}
-
-interface Pending {
-  readonly op: 'reserve' | 'release';
-  readonly owner: string;
-  readonly at: number;
-}
-
-export interface Counter {
-  readonly used: number;
-  readonly pending: Readonly<Record<string, Pending>>;
-  /** The item is still in the one-item form of an earlier version (`owners` or `members`): not counted. */
-  readonly earlier: boolean;
-  /** Members of that form counted in `used` and not given their place yet (member -> owner). */
-  readonly legacy: Readonly<Record<string, string>>;
-}
+export type { Counter, Key, Place } from './capacityReads.ts';
 
 /** A step of a member operation, for tests that stop an operation part-way (`CapacitySets.afterStep`). */
 export type CapacityStep =
@@ -76,6 +57,12 @@ export type CapacityStep =
 export class CapacitySteps {
   /** Called after each step that took effect; a test throws here to crash an operation part-way. */
   afterStep: ((step: CapacityStep, member: string) => void) | undefined;
+
+  /**
+   * Entries whose operation ended (a reserve's place counted, a release's place deleted): removed with
+   * this instance's next count-up or count-down of the set, not by a write of their own (deferredEntries.ts).
+   */
+  private readonly deferred = new DeferredEntries();
 
   constructor(
     private readonly doc: DynamoDBDocumentClient,
@@ -163,16 +150,18 @@ export class CapacitySteps {
     const set = ['#used = if_not_exists(#used, :zero) + :k'];
     const free = this.addPendingEntries(members, { op: 'reserve', owner }, names, values, set);
     try {
-      await this.sendCreatingPending(
-        key,
-        new UpdateCommand({
-          TableName: this.tableName,
-          Key: key,
-          UpdateExpression: `SET ${set.join(', ')}`,
-          ConditionExpression: `(attribute_not_exists(#used) OR #used <= :room) AND ${notEarlier} AND ${settled} AND ${free.join(' AND ')}`,
-          ExpressionAttributeNames: names,
-          ExpressionAttributeValues: values,
-        }),
+      await this.deferred.sendWith(key, members, (extra) =>
+        this.sendCreatingPending(
+          key,
+          new UpdateCommand({
+            TableName: this.tableName,
+            Key: key,
+            UpdateExpression: `SET ${set.join(', ')}${extra.remove}`,
+            ConditionExpression: `(attribute_not_exists(#used) OR #used <= :room) AND ${notEarlier} AND ${settled} AND ${[...free, ...extra.conditions].join(' AND ')}`,
+            ExpressionAttributeNames: { ...names, ...extra.names },
+            ExpressionAttributeValues: { ...values, ...extra.values },
+          }),
+        ),
       );
     } catch (err) {
       if (isConditionFailure(err)) return false;
@@ -190,7 +179,13 @@ export class CapacitySteps {
    * (dropped or released while the count-up was in flight), the count-up is undone with the entry
    * (none/reserve: 1 -> 0).
    */
-  async finishReserves(key: Key, members: readonly string[], owner: string): Promise<void> {
+  async finishReserves(
+    key: Key,
+    members: readonly string[],
+    owner: string,
+    /** Members counted up by this owner just now: their entries' removal waits for the next counter write. */
+    options: { readonly defer?: readonly string[] } = {},
+  ): Promise<void> {
     const marked: string[] = [];
     for (const member of members) {
       if (await this.markCounted(key, member, owner)) {
@@ -202,7 +197,14 @@ export class CapacitySteps {
       if (await this.removePending(key, member, 'reserve', place ? 0 : -1))
         this.afterStep?.('reserve finished', member);
     }
-    await this.removePendings(key, marked, 'reserve');
+    // Counted/reserve counts 1 as counted/none does: the entry's removal can wait for the next counter write.
+    const later = marked.filter((m) => options.defer?.includes(m));
+    this.deferred.add(key, later, { op: 'reserve', owner });
+    await this.removePendings(
+      key,
+      marked.filter((m) => !later.includes(m)),
+      'reserve',
+    );
   }
 
   /** One member's reserve finished (finishReserves). */
@@ -272,82 +274,79 @@ export class CapacitySteps {
   }
 
   /**
-   * releasing/none -> releasing/release (1 -> 0) for every member at once, in one write of the counter;
-   * then their places go, then their pending entries in one more write. When the one write cannot be made
-   * as sent (a member's entry is there already: a release before a crash, or a reserve still finishing),
-   * each member is counted down on its own (countDown), which sorts such an entry out.
+   * releasing/none or releasing/reserve -> releasing/release (1 -> 0; a reserve's entry not removed yet,
+   * its place counted since, is taken over) for every member at once, in one write of the counter; then
+   * their places go, and their entries' removal is left to the next counter write (none/release counts 0
+   * as none/none does). When the one write cannot be made as sent (a member's release entry is there
+   * already: a release before a crash), each member is counted down on its own (countDown).
    */
   async countDownAll(key: Key, members: readonly string[], owner: string | undefined): Promise<void> {
-    const [only] = members;
-    if (only === undefined) return;
-    if (members.length === 1) return this.countDown(key, only, owner);
-    const names: Record<string, string> = { '#used': 'used', '#pending': 'pending' };
-    const values: Record<string, unknown> = { ':k': members.length };
-    const set = ['#used = #used - :k'];
-    const free = this.addPendingEntries(
-      members,
-      { op: 'release', owner: owner ?? 'any' },
-      names,
-      values,
-      set,
-    );
-    try {
-      await this.sendCreatingPending(
-        key,
-        new UpdateCommand({
-          TableName: this.tableName,
-          Key: key,
-          UpdateExpression: `SET ${set.join(', ')}`,
-          ConditionExpression: free.join(' AND '),
-          ExpressionAttributeNames: names,
-          ExpressionAttributeValues: values,
-        }),
-      );
-    } catch (err) {
-      if (!isConditionFailure(err)) throw err;
+    if (members.length === 0) return;
+    if (!(await this.countDownTogether(key, members, owner))) {
       for (const m of members) await this.countDown(key, m, owner);
       return;
     }
     for (const m of members) this.afterStep?.('counted down', m);
-    for (const m of members) {
-      if (await this.deletePlace(key, m, { phase: 'releasing' })) this.afterStep?.('place deleted', m);
-    }
-    await this.removePendings(key, members, 'release');
+    await this.deleteReleased(key, members, owner);
   }
 
-  /** releasing/none -> releasing/release (1 -> 0), then the place and the pending entry go. */
+  /** releasing/none (or /reserve) -> releasing/release (1 -> 0), then the place goes, as countDownAll. */
   async countDown(key: Key, member: string, owner: string | undefined): Promise<void> {
     let down = false;
     for (let attempt = 0; attempt < 3 && !down; attempt++) {
-      try {
-        await this.sendCreatingPending(
+      if (await this.countDownTogether(key, [member], owner)) {
+        this.afterStep?.('counted down', member);
+        down = true;
+      } else if ((await this.counter(key)).pending[member]?.op === 'release') {
+        down = true; // counted down already, by this release before a crash
+      }
+    }
+    if (!down) return; // still contended: the place stays releasing, and recover carries it on
+    await this.deleteReleased(key, [member], owner);
+  }
+
+  /** The one counter write of countDownAll; false when its condition failed. */
+  private async countDownTogether(key: Key, members: readonly string[], owner: string | undefined) {
+    const names: Record<string, string> = { '#used': 'used', '#pending': 'pending', '#op': 'op' };
+    const values: Record<string, unknown> = { ':k': members.length, ':reserve': 'reserve' };
+    const set = ['#used = #used - :k'];
+    const entry = { op: 'release', owner: owner ?? 'any' } as const;
+    const free = this.addPendingEntries(members, entry, names, values, set).map(
+      (none, i) => `(${none} OR #pending.#m${i}.#op = :reserve)`,
+    );
+    try {
+      await this.deferred.sendWith(key, members, (extra) =>
+        this.sendCreatingPending(
           key,
           new UpdateCommand({
             TableName: this.tableName,
             Key: key,
-            UpdateExpression: 'SET #used = #used - :one, #pending.#m = :e',
-            ConditionExpression: 'attribute_not_exists(#pending.#m)',
-            ExpressionAttributeNames: { '#used': 'used', '#pending': 'pending', '#m': member },
-            ExpressionAttributeValues: {
-              ':one': 1,
-              ':e': { op: 'release', owner: owner ?? 'any', at: this.now() } satisfies Pending,
-            },
+            UpdateExpression: `SET ${set.join(', ')}${extra.remove}`,
+            ConditionExpression: [...free, ...extra.conditions].join(' AND '),
+            ExpressionAttributeNames: { ...names, ...extra.names },
+            ExpressionAttributeValues: { ...values, ...extra.values },
           }),
-        );
-        this.afterStep?.('counted down', member);
-        down = true;
-      } catch (err) {
-        if (!isConditionFailure(err)) throw err;
-        const pending = (await this.counter(key)).pending[member];
-        if (pending?.op === 'release')
-          down = true; // counted down already, by this release before a crash
-        else if (pending?.op === 'reserve') await this.removePending(key, member, 'reserve', 0); // its reserve's end
+        ),
+      );
+      return true;
+    } catch (err) {
+      if (isConditionFailure(err)) return false;
+      throw err;
+    }
+  }
+
+  /** The places of members counted down go; their release entries' removal waits for the next counter write. */
+  private async deleteReleased(key: Key, members: readonly string[], owner: string | undefined) {
+    const deleted: string[] = [];
+    for (const m of members) {
+      if (await this.deletePlace(key, m, { phase: 'releasing' })) {
+        this.afterStep?.('place deleted', m);
+        deleted.push(m);
       }
     }
-    if (!down) return; // still contended: the place stays releasing, and recover carries it on
-    if (await this.deletePlace(key, member, { phase: 'releasing' }))
-      this.afterStep?.('place deleted', member);
-    if (await this.removePending(key, member, 'release', 0)) this.afterStep?.('release finished', member);
+    this.deferred.add(key, deleted, { op: 'release', owner: owner ?? 'any' });
+    const rest = members.filter((m) => !deleted.includes(m));
+    await this.removePendings(key, rest, 'release');
   }
 
   async deletePlace(key: Key, member: string, expect: { phase: Phase; owner?: string }): Promise<boolean> {
@@ -440,47 +439,25 @@ export class CapacitySteps {
     if (members.length === 0) return;
     const counter = await this.counter(key);
     for (const m of members) {
-      if (counter.pending[m]) continue; // counted up meanwhile: a reservation, finished by its owner or recover
+      // Counted up meanwhile: a reservation, finished by its owner or recover. (A release entry is an
+      // earlier place's ended release: this one is uncounted all the same.)
+      if (counter.pending[m]?.op === 'reserve') continue;
       await this.deletePlace(key, m, { phase: 'counting', owner });
     }
   }
 
-  // ---- reads ---------------------------------------------------------------------------------------
+  // ---- reads (capacityReads.ts) ---------------------------------------------------------------------
 
-  async place(key: Key, member: string): Promise<Place | undefined> {
-    const out = await this.doc.send(
-      new GetCommand({ TableName: this.tableName, Key: placeKey(key, member), ConsistentRead: true }),
-    );
-    return out.Item ? toPlace(out.Item) : undefined;
+  place(key: Key, member: string): Promise<Place | undefined> {
+    return readPlace(this.doc, this.tableName, key, member);
   }
 
-  async counter(key: Key): Promise<Counter> {
-    const out = await this.doc.send(
-      new GetCommand({ TableName: this.tableName, Key: key, ConsistentRead: true }),
-    );
-    const item = out.Item ?? {};
-    return {
-      used: typeof item.used === 'number' ? item.used : 0,
-      pending: (item.pending as Record<string, Pending> | undefined) ?? {},
-      earlier: item.owners !== undefined || item.members !== undefined,
-      legacy: (item.legacy as Record<string, string> | undefined) ?? {},
-    };
+  counter(key: Key): Promise<Counter> {
+    return readCounter(this.doc, this.tableName, key);
   }
 
-  async places(key: Key): Promise<Place[]> {
-    const input: QueryCommandInput = {
-      TableName: this.tableName,
-      KeyConditionExpression: 'pk = :pk AND begins_with(sk, :prefix)',
-      ExpressionAttributeValues: { ':pk': key.pk, ':prefix': placePrefix(key) },
-      ConsistentRead: true,
-    };
-    const out: Place[] = [];
-    do {
-      const page = await this.doc.send(new QueryCommand(input));
-      for (const item of page.Items ?? []) out.push(toPlace(item));
-      input.ExclusiveStartKey = page.LastEvaluatedKey;
-    } while (input.ExclusiveStartKey);
-    return out;
+  places(key: Key): Promise<Place[]> {
+    return readPlaces(this.doc, this.tableName, key);
   }
 
   /** Sends an update that sets `pending` entries, creating the map (and `used`) first when the item has none. */
@@ -517,16 +494,3 @@ const earlierNames = { '#owners': 'owners', '#members': 'members' } as const;
 const settled = '(attribute_not_exists(#legacy) OR size(#legacy) = :zero)';
 
 export const isConditionFailure = (err: unknown) => err instanceof ConditionalCheckFailedException;
-
-const placePrefix = (key: Key) => `PLACE#${key.sk}#`;
-export const placeKey = (key: Key, member: string) => ({ pk: key.pk, sk: `${placePrefix(key)}${member}` });
-
-function toPlace(item: Record<string, unknown>): Place {
-  const phase = item.phase === 'counted' || item.phase === 'releasing' ? item.phase : 'counting';
-  return {
-    member: String(item.member),
-    owner: String(item.owner),
-    phase,
-    at: typeof item.at === 'number' ? item.at : 0,
-  };
-}

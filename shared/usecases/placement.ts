@@ -12,6 +12,7 @@ import {
   spreadSlot,
   takeOverClaim,
 } from '../core/backing.ts';
+import { Claimants, ticketTarget } from '../core/claimants.ts';
 import {
   BusyError,
   CapacityError,
@@ -25,61 +26,14 @@ import { backingNodeId, parseNodeId, supersedes } from '../core/ids.ts';
 import { needsMaxAgeDrain } from '../core/lifecycle.ts';
 import type { BackingRecord } from '../core/records.ts';
 import { holdsSlot } from '../core/request.ts';
-import {
-  ensureLaunched,
-  type FailBacking,
-  giveBackSlot,
-  providerOf,
-  reserveBacking,
-  scanKeys,
-} from './backingNodes.ts';
+import { ensureLaunched, giveBackSlot, providerOf, reserveBacking, scanKeys } from './backingNodes.ts';
+import { CANDIDATES_PER_QUERY } from './candidates.ts';
 import { AGAIN, MAX_CONFLICT_RETRIES, retryOnConflict, unlessConflict } from './conflicts.ts';
 import { type Context, deliveryDead, timeLeft } from './context.ts';
+import type { Placement, PlaceOptions } from './placeOptions.ts';
 
-/** Where a node went: its backing node as it was right after the claim. */
-export interface Placement {
-  readonly nodeId: string;
-  readonly backing: BackingRecord;
-  readonly slot: number;
-  /** Host keys scanned at claim time (host-key-checking on a ready backing node). */
-  readonly hostKeys?: string[];
-  /** Which attempt (backing nodes tried for this node, launch-retries bounds it) this placement is. */
-  readonly attempt: number;
-}
+export type { Placement, PlaceOptions } from './placeOptions.ts';
 
-export interface PlaceOptions {
-  /**
-   * The owner token of the delivery placing the node: its claims carry it, and only claims it holds
-   * are built on or given back by it. A claim another delivery holds makes the placement fail with a
-   * BusyError, unless that delivery is known dead (CLAIM_TAKEOVER_MS), when the claim is taken over.
-   */
-  readonly owner: string;
-  /** Called before launching a backing node, the one side effect a duplicate must never repeat. */
-  readonly beforeLaunch?: () => Promise<void>;
-  /**
-   * Called before taking over a claim or place of a delivery this one supersedes (an earlier receive of
-   * the same message, core/ids.ts): it must make sure that delivery can record nothing more (the request
-   * delivery makes itself the placer). Without it, such claims are taken over only once abandoned.
-   */
-  readonly beforeTakeover?: () => Promise<void>;
-  /** Attempts this node already used (re-homing after a failed backing node). */
-  readonly previousAttempts?: number;
-  /** Fails a backing node whose host-key scan fails, and settles its nodes (see FailBacking). */
-  readonly failBacking: FailBacking;
-  /**
-   * When the node is expected to be released (its request's expected duration): candidates are tried
-   * by how much longer the node would keep each billed (compareByExpectedEnd), and the claim records it.
-   */
-  readonly expectedEnd?: number;
-  /**
-   * False: the expected end is only recorded (a learned guess too rough to place by), and candidates
-   * are tried in the usual order. Default true.
-   */
-  readonly orderByExpectedEnd?: boolean;
-}
-
-/** How many candidates one Query brings back; the first claimable one almost always wins. */
-const CANDIDATES_PER_QUERY = 10;
 /**
  * Pages read before launching instead: candidates that cannot take the node (max-age drained on the
  * way, lost to concurrent claims) are rare, so a few pages bound the cost without ever scanning.
@@ -102,10 +56,41 @@ export async function placeNode(
   if (attempt > pool.launchRetries) {
     throw new LaunchFailedError(`node ${nodeId} used all ${pool.launchRetries} attempt(s)`);
   }
+  const placed = await inThisProcess.during(`${pool.key}#${label.name}`, (ticket) =>
+    claimFromCandidates(ctx, pool, label, nodeId, attempt, options, ticket),
+  );
+  if (placed) return placed;
+  // No launch once the invocation's time is up: its outcome could not be recorded (Recording.write
+  // refuses), and the next delivery or reaper run takes the node up with a fresh deadline.
+  checkTimeToLaunch(ctx, nodeId);
+  // A launch is the one side effect a duplicate must never repeat: the caller checks first.
+  await options.beforeLaunch?.();
+  return launchFor(ctx, pool, label, nodeId, attempt, options);
+}
+
+/** The claimants placing nodes in this process at the moment, per pool and label (core/claimants.ts). */
+const inThisProcess = new Claimants();
+
+/**
+ * Claims a free slot for the node on an existing backing node, fullest first (or as `options` orders),
+ * a claimant among others of this process aiming first at its ticket's slot; undefined when none of the
+ * candidates read took it.
+ */
+async function claimFromCandidates(
+  ctx: Context,
+  pool: MetastaticPool,
+  label: MetastaticLabel,
+  nodeId: string,
+  attempt: number,
+  options: PlaceOptions,
+  ticket: number,
+): Promise<Placement | undefined> {
   let cursor: Record<string, unknown> | undefined;
   let losses = 0;
   for (let page = 0; page < MAX_CANDIDATE_PAGES; page++) {
-    const found = await ctx.store.findCandidates(pool.key, label.name, CANDIDATES_PER_QUERY, cursor);
+    const found =
+      (page === 0 ? await options.firstPage : undefined) ??
+      (await ctx.store.findCandidates(pool.key, label.name, CANDIDATES_PER_QUERY, cursor));
     const order =
       ctx.placementPolicy === 'oldest'
         ? compareOldestFirst
@@ -113,8 +98,15 @@ export async function placeNode(
           ? compareByExpectedEnd(options.expectedEnd, ctx.clock.now())
           : compareCandidates;
     const queue = found.items.sort(order);
+    // Another claimant of this label is placing in this process too: each aims at a free slot of its
+    // own among the fullest few, the one a lone claimant after the others would take.
+    const now = ctx.clock.now();
+    const target = page === 0 ? ticketTarget(queue, ticket, (b) => isClaimable(b, now)) : undefined;
+    if (target) queue.unshift(...queue.splice(target.index, 1));
+    let aim = target?.slot;
     for (let next = queue.shift(); next; next = queue.shift()) {
-      const contention: Contention = { losses };
+      const contention: Contention = { losses, ...(aim === undefined ? {} : { slot: aim }) };
+      aim = undefined;
       const placed = await claimOn(ctx, pool, label, next, nodeId, attempt, options, contention);
       if (placed) return placed;
       const lost = contention.lost;
@@ -130,12 +122,7 @@ export async function placeNode(
     cursor = found.cursor;
     if (!cursor) break;
   }
-  // No launch once the invocation's time is up: its outcome could not be recorded (Recording.write
-  // refuses), and the next delivery or reaper run takes the node up with a fresh deadline.
-  checkTimeToLaunch(ctx, nodeId);
-  // A launch is the one side effect a duplicate must never repeat: the caller checks first.
-  await options.beforeLaunch?.();
-  return launchFor(ctx, pool, label, nodeId, attempt, options);
+  return undefined;
 }
 
 /**
@@ -158,6 +145,8 @@ export function claimSlotOn(
 interface Contention {
   /** Claims this placement lost so far (varies the slot it aims at next). */
   readonly losses: number;
+  /** The free slot to aim at first (its ticket's, ticketTarget), instead of one chosen by node id. */
+  readonly slot?: number;
   /** The candidate as it was when the claim lost its slot to a concurrent write. */
   lost?: BackingRecord;
 }
@@ -200,7 +189,9 @@ async function claimOn(
       if (!isClaimable(b, now)) return undefined;
       // Concurrent claimants of one backing node aim at different free slots (by node id), and a claim
       // is conditioned on its slot only, so they rarely conflict; a loser gets the item as it is now.
-      const slot = spreadSlot(b, `${nodeId}#${contention.losses + round}`) as number;
+      const slot =
+        (round === 0 ? contention.slot : undefined) ??
+        (spreadSlot(b, `${nodeId}#${contention.losses + round}`) as number);
       const out = await ctx.store.claimSlot(b, slot, nodeId, { at: now, by: owner }, options.expectedEnd);
       if (!out.claimed) {
         // Lost the slot (or the item changed): leave this candidate for now, as it is now.

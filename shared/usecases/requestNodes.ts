@@ -1,6 +1,6 @@
 import type { MetastaticPool } from '../config/model.ts';
-import { BusyError, CapacityError, LaunchFailedError, PermanentError } from '../core/errors.ts';
-import { type DeliveryOf, ownerSince, ownerToken, supersedes } from '../core/ids.ts';
+import { CapacityError, LaunchFailedError, PermanentError } from '../core/errors.ts';
+import { type DeliveryOf, ownerToken } from '../core/ids.ts';
 import { withLeaseOf } from '../core/leases.ts';
 import type { RequestMessage } from '../core/messages.ts';
 import { isSpareRequestId, nodeOnSpare } from '../core/minReady.ts';
@@ -9,11 +9,13 @@ import { priorityOf, trustedPriority } from '../core/priority.ts';
 import type { NodeRecord, RequestRecord } from '../core/records.ts';
 import { placedNode, placedRequest, requestedRecord } from '../core/request.ts';
 import { giveBackSlot } from './backingNodes.ts';
-import { type Context, deliveryDead, learnsDurations } from './context.ts';
+import { prefetchCandidates } from './candidates.ts';
+import { type Context, learnsDurations } from './context.ts';
 import { learnedDuration } from './estimates.ts';
 import { failBadBacking } from './failure.ts';
 import { countArrival } from './forecasts.ts';
 import { noSparesSeen, returnSpare, type SparesSeen, takeSpare } from './minReady.ts';
+import { type Reserved, reserveNodes, unreserveOwn } from './nodePlaces.ts';
 import { markNodesReady, unrecordableReason } from './nodesReady.ts';
 import { type Placement, type PlaceOptions, placeNode } from './placement.ts';
 import { AlreadyPlaced, isStoredVerdict, Recording } from './recording.ts';
@@ -131,6 +133,9 @@ async function tryPool(ctx: Context, pool: MetastaticPool, recording: Recording)
   const spares = await takeSpares(ctx, pool, recording, seen);
   const placing = recording.base.nodes.filter((_, i) => !spares.has(i));
   const nodeIds = placing.map((n) => n.id);
+  // With max-servers, the first node's candidates are asked for while its place is taken.
+  const [first] = placing;
+  const firstPage = pool.maxServers !== undefined && first && prefetchCandidates(ctx, pool, first.label);
   // The places' bookkeeping once they are counted, overlapped with the placement (Reservation.finishing).
   let finishing: Promise<Error | undefined> | undefined;
   const reserveSettled = async () => {
@@ -167,6 +172,7 @@ async function tryPool(ctx: Context, pool: MetastaticPool, recording: Recording)
           beforeLaunch: () => recording.ensure(),
           beforeTakeover: () => recording.fence(),
           failBacking: failBadBacking,
+          ...(node === first && firstPage ? { firstPage } : {}),
           ...expected,
         }),
       );
@@ -275,66 +281,6 @@ export function canRunShort(ctx: Context, pool: MetastaticPool): boolean {
   if (pool.maxServers !== undefined) return true;
   return [...pool.labels.values()].some(
     (l) => ctx.config.backingPoolByLabel.get(l.backingLabel)?.maxServers !== undefined,
-  );
-}
-
-/**
- * Takes the nodes' places in a pool's max-servers (counted; their bookkeeping may still be under way:
- * Reservation.finishing). Returns why not when the pool is full. Places held
- * by another delivery of the same request are theirs while it lives (BusyError: retry later), unless
- * the request is already placed (AlreadyPlaced) or that delivery is known dead (taken over).
- */
-type Reserved =
-  | { readonly kind: 'full'; readonly reason: string }
-  | { readonly kind: 'reserved'; readonly finishing?: Promise<Error | undefined> };
-
-async function reserveNodes(
-  ctx: Context,
-  pool: MetastaticPool,
-  maxServers: number,
-  nodeIds: readonly string[],
-  recording: Recording,
-): Promise<Reserved> {
-  const reserved = await ctx.store.reserveNodePlaces(pool.key, nodeIds, maxServers, recording.owner, {
-    overlap: true,
-  });
-  if (reserved.kind === 'full')
-    return { kind: 'full', reason: `${pool.key} is at max-servers (${maxServers})` };
-  if (reserved.kind === 'reserved') return reserved;
-  await recording.checkStored(); // placed by the holder already: a duplicate
-  let fenced = false;
-  for (const [member, holder] of reserved.holders) {
-    if (supersedes(recording.owner, holder)) {
-      // An earlier receive of this message: taken over at once, once it can record nothing more.
-      if (!fenced) await recording.fence();
-      fenced = true;
-    } else if (!deliveryDead(ownerSince(holder), ctx.clock.now(), ctx.deliveriesDeadBefore)) {
-      throw new BusyError(`request ${recording.base.id} is being placed by another delivery; retrying later`);
-    }
-    if (!(await ctx.store.takeOverNodePlace(pool.key, member, holder, recording.owner))) {
-      throw new BusyError(`the place of node ${member} changed hands; retrying later`);
-    }
-  }
-  return reserveNodes(ctx, pool, maxServers, nodeIds, recording);
-}
-
-/** Takes this delivery's reservations back, except for nodes the stored request holds live in this pool. */
-async function unreserveOwn(
-  ctx: Context,
-  pool: MetastaticPool,
-  nodeIds: readonly string[],
-  owner: string,
-  other: RequestRecord | undefined,
-): Promise<void> {
-  const live = new Set(
-    other?.poolKey === pool.key
-      ? other.nodes.filter((n) => n.state === 'pending' || n.state === 'ready').map((n) => n.id)
-      : [],
-  );
-  await ctx.store.freeNodePlaces(
-    pool.key,
-    nodeIds.filter((id) => !live.has(id)),
-    owner,
   );
 }
 
