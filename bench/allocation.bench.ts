@@ -21,7 +21,9 @@
  *   7. the pool under a backlog of 400 waiting requests: placeable requests per second against none
  *      waiting, and a waiting request's wall time against its waiting budget (bench/backlog.ts);
  *   8. one reaper run's wall time and calls at 2,000 backing nodes over 50 capacity sets vs 20, with
- *      DynamoDB and EC2 latency simulated (bench/reaper.ts).
+ *      DynamoDB and EC2 latency simulated (bench/reaper.ts);
+ *   9. the warm path's DynamoDB calls on the AWS path: the request function's handler on moto_server,
+ *      counted per allocation and compared call by call with the embedded pool's (bench/motoCalls.ts).
  * Each part's wall time is printed when it ends and kept in results.json (secondsByPart).
  * Prints the tables and a summary, and writes everything to bench/results.json.
  */
@@ -50,6 +52,7 @@ import { type CapacityFigures, capacityReport, capacitySummary, measureCapacity 
 import { type CliFigures, cliReport, cliSummary, measureCli } from './cli.ts';
 import { fmtMs, log, quantile, round, type Summary, sleep, summarize, table, yesNo } from './common.ts';
 import { type ContentionFigures, contentionReport, measureContention } from './contention.ts';
+import { type MotoCallsFigures, measureMotoCalls, motoCallsReport, motoCallsSummary } from './motoCalls.ts';
 import { measureReaper, type ReaperFigures, reaperReport, reaperSummary } from './reaper.ts';
 import { measureScale, type ScaleFigures, scaleReport } from './scale.ts';
 import { measureSpares, type SparesFigures, sparesReport, sparesSummary } from './spares.ts';
@@ -744,6 +747,7 @@ interface Parts {
   readonly spares: SparesFigures;
   readonly backlog: BacklogFigures;
   readonly reaper: ReaperFigures;
+  readonly motoCalls: MotoCallsFigures;
 }
 
 /**
@@ -838,6 +842,7 @@ function bundlesRows(b: BundlesFigures): SummaryRow[] {
 function summaryRows(p: Parts): SummaryRow[] {
   return [
     ...warmPathRows(p.variants),
+    ...motoCallsSummary(p.motoCalls),
     ...contentionRows(p.contention),
     ...scaleRows(p.scale),
     ...capacitySummary(p.capacity),
@@ -926,6 +931,7 @@ const ALONE: Record<string, AlonePart<unknown>> = {
   }),
   spares: alone({ measure: measureSpares, report: sparesReport, rows: sparesSummary }),
   reaper: alone({ measure: measureReaper, report: reaperReport, rows: reaperSummary }),
+  motoCalls: alone({ measure: measureMotoCalls, report: motoCallsReport, rows: motoCallsSummary }),
 };
 
 /** The parts named by `--only a,b` (or `--only=a,b`), or undefined for a full run. */
@@ -1032,6 +1038,7 @@ async function main(): Promise<void> {
   const spares = await timed('spares', () => measureSpares(progress));
   const backlog = await timed('backlog', () => measureBacklog(progress));
   const reaper = await timed('reaper', () => measureReaper(progress));
+  const motoCalls = await timed('motoCalls', () => measureMotoCalls(progress));
 
   console.log('');
   console.log(report(variants));
@@ -1058,6 +1065,8 @@ async function main(): Promise<void> {
   console.log(backlogReport(backlog));
   console.log('');
   console.log(reaperReport(reaper));
+  console.log('');
+  console.log(motoCallsReport(motoCalls));
   const summary = summaryRows({
     variants,
     contention,
@@ -1068,6 +1077,7 @@ async function main(): Promise<void> {
     spares,
     backlog,
     reaper,
+    motoCalls,
   });
   console.log('');
   console.log('Summary (ratios measured in this one run; aims are targets, nothing is asserted)');
@@ -1113,6 +1123,7 @@ async function main(): Promise<void> {
       spares,
       backlog,
       reaper,
+      motoCalls,
       secondsByPart: seconds,
       partsMeasuredAt: Object.fromEntries(Object.keys(ALONE).map((part) => [part, new Date().toISOString()])),
       totalSeconds: round(total, 1),
