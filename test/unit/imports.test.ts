@@ -118,7 +118,6 @@ describe('production modules', () => {
   it('stay under 400 lines, but for the files listed, which may not grow', () => {
     const LIMIT = 400;
     const allowed: Record<string, number> = {
-      'shared/store/dynamoStore.ts': 681,
       'shared/store/capacitySteps.ts': 496,
     };
     const over = productionDirs
