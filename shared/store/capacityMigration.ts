@@ -1,6 +1,7 @@
 import { type DynamoDBDocumentClient, GetCommand, UpdateCommand } from '@aws-sdk/lib-dynamodb';
 import { RetryableError } from '../core/errors.ts';
-import { type CapacitySteps, isConditionFailure, type Key } from './capacitySteps.ts';
+import { isConditionFailure } from './capacityReads.ts';
+import type { CapacitySteps, Key } from './capacitySteps.ts';
 
 /** Attempts at the conversion when other writers change the item between its read and its write. */
 const CONVERT_ATTEMPTS = 5;

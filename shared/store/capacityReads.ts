@@ -1,3 +1,4 @@
+import { ConditionalCheckFailedException } from '@aws-sdk/client-dynamodb';
 import {
   type DynamoDBDocumentClient,
   GetCommand,
@@ -5,7 +6,10 @@ import {
   type QueryCommandInput,
 } from '@aws-sdk/lib-dynamodb';
 
-/** The items of a capacity set and their reads (capacitySteps.ts has the steps that write them). */
+/**
+ * The items of a capacity set and their reads (the steps that write them: capacitySteps.ts, the places';
+ * capacityCounter.ts, the counter's).
+ */
 
 export type Key = { readonly pk: string; readonly sk: string };
 
@@ -89,3 +93,6 @@ function toPlace(item: Record<string, unknown>): Place {
     at: typeof item.at === 'number' ? item.at : 0,
   };
 }
+
+/** A conditional write's refusal: its condition failed (every step answers it as a domain answer). */
+export const isConditionFailure = (err: unknown) => err instanceof ConditionalCheckFailedException;

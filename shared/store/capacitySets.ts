@@ -112,7 +112,7 @@ export class CapacitySets {
         return this.reserve(key, members, limit, owner, true, options);
       }
       // A release that ended but for its entry (its place was gone: this reserve created one), whose
-      // releaser left the entry's removal for later (CapacitySteps.defer), or died: none/release counts
+      // releaser left the entry's removal for later (CapacityCounter.defer), or died: none/release counts
       // 0 as none/none does. Removed, and the reserve asked again once.
       const ended = toCount.filter((m) => created.includes(m) && now.pending[m]?.op === 'release');
       if (!options.clearedEnded && ended.length > 0) {
@@ -228,7 +228,7 @@ export class CapacitySets {
         await this.steps.deletePlace(key, m, { phase: 'counting', owner: place.owner });
       } else if (place?.phase === 'counted' && pending?.op === 'reserve') {
         // An ended reserve whose entry's removal was left to a counter write that has not come (its
-        // instance idle or gone, CapacitySteps.defer), or a crash just before it: only the entry goes,
+        // instance idle or gone, CapacityCounter.defer), or a crash just before it: only the entry goes,
         // not reported as a recovered place.
         await this.steps.finishReserve(key, m, place.owner);
         continue;

@@ -1,7 +1,8 @@
-import { ConditionalCheckFailedException } from '@aws-sdk/client-dynamodb';
 import { DeleteCommand, type DynamoDBDocumentClient, PutCommand, UpdateCommand } from '@aws-sdk/lib-dynamodb';
+import { CapacityCounter } from './capacityCounter.ts';
 import {
   type Counter,
+  isConditionFailure,
   type Key,
   type Pending,
   type Phase,
@@ -11,12 +12,12 @@ import {
   readPlace,
   readPlaces,
 } from './capacityReads.ts';
-import { DeferredEntries } from './deferredEntries.ts';
 
 /**
  * The steps of the capacity sets' protocol (capacitySets.ts sequences them into operations): each step is
- * one conditional write on one item, and changes the counter's `used` by exactly the change of the
- * member's contribution, which follows from its place's phase and its pending entry:
+ * one conditional write on one item, a member's place (here) or the set's counter (capacityCounter.ts), and
+ * changes the counter's `used` by exactly the change of the member's contribution, which follows from its
+ * place's phase and its pending entry:
  *
  * | place      | pending  | counts |
  * | ---------- | -------- | ------ |
@@ -58,17 +59,18 @@ export class CapacitySteps {
   /** Called after each step that took effect; a test throws here to crash an operation part-way. */
   afterStep: ((step: CapacityStep, member: string) => void) | undefined;
 
-  /**
-   * Entries whose operation ended (a reserve's place counted, a release's place deleted): removed with
-   * this instance's next count-up or count-down of the set, not by a write of their own (deferredEntries.ts).
-   */
-  private readonly deferred = new DeferredEntries();
+  /** The writes of the set's counter item, with the entries whose removal waits for the next one. */
+  private readonly counterItem: CapacityCounter;
 
   constructor(
     private readonly doc: DynamoDBDocumentClient,
     private readonly tableName: string,
     private readonly now: () => number,
-  ) {}
+  ) {
+    this.counterItem = new CapacityCounter(doc, tableName, now, (step, member) =>
+      this.afterStep?.(step, member),
+    );
+  }
 
   /** Hands a place over from an owner known to be dead (or superseded); false when it is no longer theirs. */
   async takeOver(key: Key, member: string, from: string, to: string): Promise<boolean> {
@@ -111,64 +113,11 @@ export class CapacitySteps {
   }
 
   /**
-   * Adds a pending entry for each member to an update of the counter (`#m<i>` = the member, `:e<i>` = its
-   * entry, each set in `set`), and returns the conditions that none of them has one already.
-   */
-  private addPendingEntries(
-    members: readonly string[],
-    entry: Omit<Pending, 'at'>,
-    names: Record<string, string>,
-    values: Record<string, unknown>,
-    set: string[],
-  ): string[] {
-    return members.map((m, i) => {
-      names[`#m${i}`] = m;
-      values[`:e${i}`] = { ...entry, at: this.now() } satisfies Pending;
-      set.push(`#pending.#m${i} = :e${i}`);
-      return `attribute_not_exists(#pending.#m${i})`;
-    });
-  }
-
-  /**
    * counting/none -> counting/reserve for every member at once (0 -> 1 each), within `limit`; false: full,
-   * or the set is still of the earlier form or has legacy members without their places yet (a member
-   * there has a holder no place shows; a condition on the whole map keeps the expression's length
-   * independent of the members, far below DynamoDB's 4 KB for the largest node set).
+   * or the set is not ready to admit (CapacityCounter.countUp).
    */
-  async countUp(key: Key, members: readonly string[], limit: number, owner: string): Promise<boolean> {
-    const names: Record<string, string> = {
-      '#used': 'used',
-      '#pending': 'pending',
-      '#legacy': 'legacy',
-      ...earlierNames,
-    };
-    const values: Record<string, unknown> = {
-      ':k': members.length,
-      ':room': limit - members.length,
-      ':zero': 0,
-    };
-    const set = ['#used = if_not_exists(#used, :zero) + :k'];
-    const free = this.addPendingEntries(members, { op: 'reserve', owner }, names, values, set);
-    try {
-      await this.deferred.sendWith(key, members, (extra) =>
-        this.sendCreatingPending(
-          key,
-          new UpdateCommand({
-            TableName: this.tableName,
-            Key: key,
-            UpdateExpression: `SET ${set.join(', ')}${extra.remove}`,
-            ConditionExpression: `(attribute_not_exists(#used) OR #used <= :room) AND ${notEarlier} AND ${settled} AND ${[...free, ...extra.conditions].join(' AND ')}`,
-            ExpressionAttributeNames: { ...names, ...extra.names },
-            ExpressionAttributeValues: { ...values, ...extra.values },
-          }),
-        ),
-      );
-    } catch (err) {
-      if (isConditionFailure(err)) return false;
-      throw err;
-    }
-    for (const m of members) this.afterStep?.('counted up', m);
-    return true;
+  countUp(key: Key, members: readonly string[], limit: number, owner: string): Promise<boolean> {
+    return this.counterItem.countUp(key, members, limit, owner);
   }
 
   /**
@@ -199,8 +148,8 @@ export class CapacitySteps {
     }
     // Counted/reserve counts 1 as counted/none does: the entry's removal can wait for the next counter write.
     const later = marked.filter((m) => options.defer?.includes(m));
-    this.deferred.add(key, later, { op: 'reserve', owner });
-    await this.removePendings(
+    this.counterItem.defer(key, later, { op: 'reserve', owner });
+    await this.counterItem.removePendings(
       key,
       marked.filter((m) => !later.includes(m)),
       'reserve',
@@ -282,7 +231,7 @@ export class CapacitySteps {
    */
   async countDownAll(key: Key, members: readonly string[], owner: string | undefined): Promise<void> {
     if (members.length === 0) return;
-    if (!(await this.countDownTogether(key, members, owner))) {
+    if (!(await this.counterItem.countDownTogether(key, members, owner))) {
       for (const m of members) await this.countDown(key, m, owner);
       return;
     }
@@ -294,7 +243,7 @@ export class CapacitySteps {
   async countDown(key: Key, member: string, owner: string | undefined): Promise<void> {
     let down = false;
     for (let attempt = 0; attempt < 3 && !down; attempt++) {
-      if (await this.countDownTogether(key, [member], owner)) {
+      if (await this.counterItem.countDownTogether(key, [member], owner)) {
         this.afterStep?.('counted down', member);
         down = true;
       } else if ((await this.counter(key)).pending[member]?.op === 'release') {
@@ -303,36 +252,6 @@ export class CapacitySteps {
     }
     if (!down) return; // still contended: the place stays releasing, and recover carries it on
     await this.deleteReleased(key, [member], owner);
-  }
-
-  /** The one counter write of countDownAll; false when its condition failed. */
-  private async countDownTogether(key: Key, members: readonly string[], owner: string | undefined) {
-    const names: Record<string, string> = { '#used': 'used', '#pending': 'pending', '#op': 'op' };
-    const values: Record<string, unknown> = { ':k': members.length, ':reserve': 'reserve' };
-    const set = ['#used = #used - :k'];
-    const entry = { op: 'release', owner: owner ?? 'any' } as const;
-    const free = this.addPendingEntries(members, entry, names, values, set).map(
-      (none, i) => `(${none} OR #pending.#m${i}.#op = :reserve)`,
-    );
-    try {
-      await this.deferred.sendWith(key, members, (extra) =>
-        this.sendCreatingPending(
-          key,
-          new UpdateCommand({
-            TableName: this.tableName,
-            Key: key,
-            UpdateExpression: `SET ${set.join(', ')}${extra.remove}`,
-            ConditionExpression: [...free, ...extra.conditions].join(' AND '),
-            ExpressionAttributeNames: { ...names, ...extra.names },
-            ExpressionAttributeValues: { ...values, ...extra.values },
-          }),
-        ),
-      );
-      return true;
-    } catch (err) {
-      if (isConditionFailure(err)) return false;
-      throw err;
-    }
   }
 
   /** The places of members counted down go; their release entries' removal waits for the next counter write. */
@@ -344,9 +263,9 @@ export class CapacitySteps {
         deleted.push(m);
       }
     }
-    this.deferred.add(key, deleted, { op: 'release', owner: owner ?? 'any' });
+    this.counterItem.defer(key, deleted, { op: 'release', owner: owner ?? 'any' });
     const rest = members.filter((m) => !deleted.includes(m));
-    await this.removePendings(key, rest, 'release');
+    await this.counterItem.removePendings(key, rest, 'release');
   }
 
   async deletePlace(key: Key, member: string, expect: { phase: Phase; owner?: string }): Promise<boolean> {
@@ -376,62 +295,8 @@ export class CapacitySteps {
   }
 
   /** Removes a member's pending entry of `op`, changing `used` by `delta`; false when there is none. */
-  async removePending(key: Key, member: string, op: Pending['op'], delta: number): Promise<boolean> {
-    try {
-      await this.doc.send(
-        new UpdateCommand({
-          TableName: this.tableName,
-          Key: key,
-          UpdateExpression: `${delta === 0 ? '' : 'SET #used = #used + :delta '}REMOVE #pending.#m`,
-          ConditionExpression: '#pending.#m.#op = :op',
-          ExpressionAttributeNames: {
-            '#pending': 'pending',
-            '#m': member,
-            '#op': 'op',
-            ...(delta === 0 ? {} : { '#used': 'used' }),
-          },
-          ExpressionAttributeValues: { ':op': op, ...(delta === 0 ? {} : { ':delta': delta }) },
-        }),
-      );
-      return true;
-    } catch (err) {
-      if (isConditionFailure(err)) return false;
-      throw err;
-    }
-  }
-
-  /**
-   * Removes the pending entries of `op` of all `members` in one write (used unchanged); when one of them is
-   * gone already (finished by someone else: a recovery, a new owner), each is removed on its own.
-   */
-  async removePendings(key: Key, members: readonly string[], op: Pending['op']): Promise<void> {
-    const done: Record<Pending['op'], CapacityStep> = {
-      reserve: 'reserve finished',
-      release: 'release finished',
-    };
-    if (members.length === 0) return;
-    const names: Record<string, string> = { '#pending': 'pending', '#op': 'op' };
-    members.forEach((m, i) => {
-      names[`#m${i}`] = m;
-    });
-    try {
-      await this.doc.send(
-        new UpdateCommand({
-          TableName: this.tableName,
-          Key: key,
-          UpdateExpression: `REMOVE ${members.map((_, i) => `#pending.#m${i}`).join(', ')}`,
-          ConditionExpression: members.map((_, i) => `#pending.#m${i}.#op = :op`).join(' AND '),
-          ExpressionAttributeNames: names,
-          ExpressionAttributeValues: { ':op': op },
-        }),
-      );
-    } catch (err) {
-      if (!isConditionFailure(err)) throw err;
-      if (members.length === 1) return;
-      for (const m of members) if (await this.removePending(key, m, op, 0)) this.afterStep?.(done[op], m);
-      return;
-    }
-    for (const m of members) this.afterStep?.(done[op], m);
+  removePending(key: Key, member: string, op: Pending['op'], delta: number): Promise<boolean> {
+    return this.counterItem.removePending(key, member, op, delta);
   }
 
   /** Deletes the places this owner created and never counted (a reservation that did not go through). */
@@ -459,38 +324,4 @@ export class CapacitySteps {
   places(key: Key): Promise<Place[]> {
     return readPlaces(this.doc, this.tableName, key);
   }
-
-  /** Sends an update that sets `pending` entries, creating the map (and `used`) first when the item has none. */
-  async sendCreatingPending(key: Key, update: UpdateCommand): Promise<void> {
-    try {
-      await this.doc.send(update);
-      return;
-    } catch (err) {
-      // DynamoDB cannot SET a path inside a map that does not exist yet.
-      if (!(err instanceof Error && err.name === 'ValidationException' && /document path/i.test(err.message)))
-        throw err;
-    }
-    // Never onto an item of the earlier form: `used` would start at 0 beside members it does not count.
-    // The condition failure goes to the caller, as its own update's would.
-    await this.doc.send(
-      new UpdateCommand({
-        TableName: this.tableName,
-        Key: key,
-        UpdateExpression:
-          'SET #pending = if_not_exists(#pending, :empty), #used = if_not_exists(#used, :zero)',
-        ConditionExpression: notEarlier,
-        ExpressionAttributeNames: { '#pending': 'pending', '#used': 'used', ...earlierNames },
-        ExpressionAttributeValues: { ':empty': {}, ':zero': 0 },
-      }),
-    );
-    await this.doc.send(update);
-  }
 }
-
-/** The condition that a counter item is not of the one-item form of an earlier version. */
-const notEarlier = 'attribute_not_exists(#owners) AND attribute_not_exists(#members)';
-const earlierNames = { '#owners': 'owners', '#members': 'members' } as const;
-/** ... and that every member of such a form has its place (`legacy` empty or gone; needs `#legacy`, `:zero`). */
-const settled = '(attribute_not_exists(#legacy) OR size(#legacy) = :zero)';
-
-export const isConditionFailure = (err: unknown) => err instanceof ConditionalCheckFailedException;

@@ -1,7 +1,7 @@
 import { ConditionalCheckFailedException } from '@aws-sdk/client-dynamodb';
 
 type Key = { readonly pk: string; readonly sk: string };
-/** An ended operation's entry, as the counter holds it (capacitySteps.ts `Pending`, less its time). */
+/** An ended operation's entry, as the counter holds it (capacityReads.ts `Pending`, less its time). */
 type Ended = { readonly op: 'reserve' | 'release'; readonly owner: string };
 
 /** What a counter write adds to remove deferred entries: a REMOVE clause and its conditions. */

@@ -4,8 +4,9 @@ import { backingIndexAttributes, LEASE_PARTITION, leaseSortKey, TTL_ATTRIBUTE } 
 
 /**
  * The conditions and update expressions of the store's conditional writes, named and built here as
- * plain data (no client), so each rule is read in one place: dynamoStore.ts sends them and turns a
- * failed condition into a ConflictError or a domain answer.
+ * plain data (no client), so each rule is read in one place: the item modules (requestItems.ts,
+ * backingItems.ts, resourcePointers.ts, reaperCursor.ts, labelItems.ts) send them and turn a failed
+ * condition into a ConflictError or a domain answer.
  */
 
 /** A resource pointer may be written (or removed) only while it is absent or names this backing node. */

@@ -1,0 +1,217 @@
+import { type DynamoDBDocumentClient, UpdateCommand } from '@aws-sdk/lib-dynamodb';
+import { isConditionFailure, type Key, type Pending } from './capacityReads.ts';
+import { DeferredEntries } from './deferredEntries.ts';
+
+/** The steps CapacityCounter takes itself, reported to CapacitySteps.afterStep (a CapacityStep each). */
+export type CounterStep = 'counted up' | 'reserve finished' | 'release finished';
+
+/**
+ * The writes of a capacity set's counter item (`used` and the `pending` entries of the member operations
+ * in flight), the steps of capacitySteps.ts that change `used` (its table gives each member's
+ * contribution): the count-up, the one gate of max-servers; the count-down of members being released; the
+ * removal of pending entries once their operation ended. The counter is the hottest item of a set, written
+ * by every reservation and release: a count-up or count-down writes all its members at once, and carries
+ * the removal of this instance's deferred entries (deferredEntries.ts) rather than a write of its own.
+ */
+export class CapacityCounter {
+  /**
+   * Entries whose operation ended (a reserve's place counted, a release's place deleted): removed with
+   * this instance's next count-up or count-down of the set, not by a write of their own (deferredEntries.ts).
+   */
+  private readonly deferred = new DeferredEntries();
+
+  constructor(
+    private readonly doc: DynamoDBDocumentClient,
+    private readonly tableName: string,
+    private readonly now: () => number,
+    /** Called after each step that took effect (CapacitySteps.afterStep). */
+    private readonly stepped: (step: CounterStep, member: string) => void,
+  ) {}
+
+  /** Leaves the removal of ended operations' entries to the next count-up or count-down of the set. */
+  defer(key: Key, members: readonly string[], entry: Omit<Pending, 'at'>): void {
+    this.deferred.add(key, members, entry);
+  }
+
+  /**
+   * counting/none -> counting/reserve for every member at once (0 -> 1 each), within `limit`; false: full,
+   * or the set is still of the earlier form or has legacy members without their places yet (a member
+   * there has a holder no place shows; a condition on the whole map keeps the expression's length
+   * independent of the members, far below DynamoDB's 4 KB for the largest node set).
+   */
+  async countUp(key: Key, members: readonly string[], limit: number, owner: string): Promise<boolean> {
+    const names: Record<string, string> = {
+      '#used': 'used',
+      '#pending': 'pending',
+      '#legacy': 'legacy',
+      ...earlierNames,
+    };
+    const values: Record<string, unknown> = {
+      ':k': members.length,
+      ':room': limit - members.length,
+      ':zero': 0,
+    };
+    const set = ['#used = if_not_exists(#used, :zero) + :k'];
+    const free = this.addPendingEntries(members, { op: 'reserve', owner }, names, values, set);
+    try {
+      await this.deferred.sendWith(key, members, (extra) =>
+        this.sendCreatingPending(
+          key,
+          new UpdateCommand({
+            TableName: this.tableName,
+            Key: key,
+            UpdateExpression: `SET ${set.join(', ')}${extra.remove}`,
+            ConditionExpression: `(attribute_not_exists(#used) OR #used <= :room) AND ${notEarlier} AND ${settled} AND ${[...free, ...extra.conditions].join(' AND ')}`,
+            ExpressionAttributeNames: { ...names, ...extra.names },
+            ExpressionAttributeValues: { ...values, ...extra.values },
+          }),
+        ),
+      );
+    } catch (err) {
+      if (isConditionFailure(err)) return false;
+      throw err;
+    }
+    for (const m of members) this.stepped('counted up', m);
+    return true;
+  }
+
+  /** The one counter write of CapacitySteps.countDownAll; false when its condition failed. */
+  async countDownTogether(key: Key, members: readonly string[], owner: string | undefined) {
+    const names: Record<string, string> = { '#used': 'used', '#pending': 'pending', '#op': 'op' };
+    const values: Record<string, unknown> = { ':k': members.length, ':reserve': 'reserve' };
+    const set = ['#used = #used - :k'];
+    const entry = { op: 'release', owner: owner ?? 'any' } as const;
+    const free = this.addPendingEntries(members, entry, names, values, set).map(
+      (none, i) => `(${none} OR #pending.#m${i}.#op = :reserve)`,
+    );
+    try {
+      await this.deferred.sendWith(key, members, (extra) =>
+        this.sendCreatingPending(
+          key,
+          new UpdateCommand({
+            TableName: this.tableName,
+            Key: key,
+            UpdateExpression: `SET ${set.join(', ')}${extra.remove}`,
+            ConditionExpression: [...free, ...extra.conditions].join(' AND '),
+            ExpressionAttributeNames: { ...names, ...extra.names },
+            ExpressionAttributeValues: { ...values, ...extra.values },
+          }),
+        ),
+      );
+      return true;
+    } catch (err) {
+      if (isConditionFailure(err)) return false;
+      throw err;
+    }
+  }
+
+  /** Removes a member's pending entry of `op`, changing `used` by `delta`; false when there is none. */
+  async removePending(key: Key, member: string, op: Pending['op'], delta: number): Promise<boolean> {
+    try {
+      await this.doc.send(
+        new UpdateCommand({
+          TableName: this.tableName,
+          Key: key,
+          UpdateExpression: `${delta === 0 ? '' : 'SET #used = #used + :delta '}REMOVE #pending.#m`,
+          ConditionExpression: '#pending.#m.#op = :op',
+          ExpressionAttributeNames: {
+            '#pending': 'pending',
+            '#m': member,
+            '#op': 'op',
+            ...(delta === 0 ? {} : { '#used': 'used' }),
+          },
+          ExpressionAttributeValues: { ':op': op, ...(delta === 0 ? {} : { ':delta': delta }) },
+        }),
+      );
+      return true;
+    } catch (err) {
+      if (isConditionFailure(err)) return false;
+      throw err;
+    }
+  }
+
+  /**
+   * Removes the pending entries of `op` of all `members` in one write (used unchanged); when one of them is
+   * gone already (finished by someone else: a recovery, a new owner), each is removed on its own.
+   */
+  async removePendings(key: Key, members: readonly string[], op: Pending['op']): Promise<void> {
+    const done: Record<Pending['op'], CounterStep> = {
+      reserve: 'reserve finished',
+      release: 'release finished',
+    };
+    if (members.length === 0) return;
+    const names: Record<string, string> = { '#pending': 'pending', '#op': 'op' };
+    members.forEach((m, i) => {
+      names[`#m${i}`] = m;
+    });
+    try {
+      await this.doc.send(
+        new UpdateCommand({
+          TableName: this.tableName,
+          Key: key,
+          UpdateExpression: `REMOVE ${members.map((_, i) => `#pending.#m${i}`).join(', ')}`,
+          ConditionExpression: members.map((_, i) => `#pending.#m${i}.#op = :op`).join(' AND '),
+          ExpressionAttributeNames: names,
+          ExpressionAttributeValues: { ':op': op },
+        }),
+      );
+    } catch (err) {
+      if (!isConditionFailure(err)) throw err;
+      if (members.length === 1) return;
+      for (const m of members) if (await this.removePending(key, m, op, 0)) this.stepped(done[op], m);
+      return;
+    }
+    for (const m of members) this.stepped(done[op], m);
+  }
+
+  /**
+   * Adds a pending entry for each member to an update of the counter (`#m<i>` = the member, `:e<i>` = its
+   * entry, each set in `set`), and returns the conditions that none of them has one already.
+   */
+  private addPendingEntries(
+    members: readonly string[],
+    entry: Omit<Pending, 'at'>,
+    names: Record<string, string>,
+    values: Record<string, unknown>,
+    set: string[],
+  ): string[] {
+    return members.map((m, i) => {
+      names[`#m${i}`] = m;
+      values[`:e${i}`] = { ...entry, at: this.now() } satisfies Pending;
+      set.push(`#pending.#m${i} = :e${i}`);
+      return `attribute_not_exists(#pending.#m${i})`;
+    });
+  }
+
+  /** Sends an update that sets `pending` entries, creating the map (and `used`) first when the item has none. */
+  private async sendCreatingPending(key: Key, update: UpdateCommand): Promise<void> {
+    try {
+      await this.doc.send(update);
+      return;
+    } catch (err) {
+      // DynamoDB cannot SET a path inside a map that does not exist yet.
+      if (!(err instanceof Error && err.name === 'ValidationException' && /document path/i.test(err.message)))
+        throw err;
+    }
+    // Never onto an item of the earlier form: `used` would start at 0 beside members it does not count.
+    // The condition failure goes to the caller, as its own update's would.
+    await this.doc.send(
+      new UpdateCommand({
+        TableName: this.tableName,
+        Key: key,
+        UpdateExpression:
+          'SET #pending = if_not_exists(#pending, :empty), #used = if_not_exists(#used, :zero)',
+        ConditionExpression: notEarlier,
+        ExpressionAttributeNames: { '#pending': 'pending', '#used': 'used', ...earlierNames },
+        ExpressionAttributeValues: { ':empty': {}, ':zero': 0 },
+      }),
+    );
+    await this.doc.send(update);
+  }
+}
+
+/** The condition that a counter item is not of the one-item form of an earlier version. */
+const notEarlier = 'attribute_not_exists(#owners) AND attribute_not_exists(#members)';
+const earlierNames = { '#owners': 'owners', '#members': 'members' } as const;
+/** ... and that every member of such a form has its place (`legacy` empty or gone; needs `#legacy`, `:zero`). */
+const settled = '(attribute_not_exists(#legacy) OR size(#legacy) = :zero)';
