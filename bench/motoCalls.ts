@@ -35,7 +35,7 @@ import { keepMinReady } from '../shared/usecases/replenish.ts';
 import { poolConfig } from '../testkit/configs.ts';
 import { onPath } from '../testkit/onPath.ts';
 import { log, median, readyBacking, table, yesNo } from './common.ts';
-import { type TracedCall, traceWarmCalls } from './warmCalls.ts';
+import { type TracedCall, traceWarmCalls, VARIANTS } from './warmCalls.ts';
 
 const LABEL = 'small-node';
 const REGION = 'us-east-1';
@@ -48,12 +48,6 @@ export const MOTO_AIMS: Record<string, number> = {
   'max-servers-unset': 3,
   'min-ready-1': 8,
 };
-
-const VARIANTS = [
-  { name: 'max-servers-1000', maxServers: 1000, minReady: undefined },
-  { name: 'max-servers-unset', maxServers: undefined, minReady: undefined },
-  { name: 'min-ready-1', maxServers: undefined, minReady: 1 },
-] as const;
 
 /** The same pool as bench/warmCalls.ts, its backing label on EC2 (the AWS path) instead of local processes. */
 function configYaml(maxServers: number | undefined, minReady: number | undefined): string {

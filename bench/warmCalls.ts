@@ -44,7 +44,8 @@ export interface WarmTrace {
   readonly release: TracedCall[];
 }
 
-const VARIANTS = [
+/** The pools measured (bench/motoCalls.ts measures the same on the AWS path). */
+export const VARIANTS = [
   { name: 'max-servers-1000', maxServers: 1000, minReady: undefined },
   { name: 'max-servers-unset', maxServers: undefined, minReady: undefined },
   { name: 'min-ready-1', maxServers: undefined, minReady: 1 },

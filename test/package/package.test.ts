@@ -105,6 +105,15 @@ const POOL_YAML = readFileSync(join(root, 'examples', 'aws.yaml'), 'utf8').repla
   'grace-time: 1 ',
 );
 
+/** The user's app's compiler options (as `tsc --init` for a Node.js ES module project writes them). */
+const APP_COMPILER_OPTIONS = {
+  target: 'ES2022',
+  lib: ['ES2022', 'ESNext.Disposable'],
+  module: 'NodeNext',
+  moduleResolution: 'NodeNext',
+  strict: true,
+} as const;
+
 /**
  * A CDK app of the user's, written against the installed package: docs/install.md's example (app.ts,
  * reading pool.yaml, with a cdk.json as `cdk init` writes one), and a check of the construct's members'
@@ -152,11 +161,7 @@ async function buildCdkApp(): Promise<CdkApp> {
     join(app, 'tsconfig.json'),
     JSON.stringify({
       compilerOptions: {
-        target: 'ES2022',
-        lib: ['ES2022', 'ESNext.Disposable'],
-        module: 'NodeNext',
-        moduleResolution: 'NodeNext',
-        strict: true,
+        ...APP_COMPILER_OPTIONS,
         // As most apps set it. The package's declarations are checked without it (every declaration they
         // reach, aws-cdk-lib's included) by the test "declares only what an install brings".
         skipLibCheck: true,
@@ -217,16 +222,7 @@ async function declarationErrors(name: string, entries?: readonly string[]): Pro
   writeFileSync(
     config,
     JSON.stringify({
-      compilerOptions: {
-        target: 'ES2022',
-        lib: ['ES2022', 'ESNext.Disposable'],
-        module: 'NodeNext',
-        moduleResolution: 'NodeNext',
-        strict: true,
-        skipLibCheck: false,
-        types: ['node'],
-        noEmit: true,
-      },
+      compilerOptions: { ...APP_COMPILER_OPTIONS, skipLibCheck: false, types: ['node'], noEmit: true },
       files,
     }),
   );
