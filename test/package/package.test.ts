@@ -105,7 +105,7 @@ const POOL_YAML = readFileSync(join(root, 'examples', 'aws.yaml'), 'utf8').repla
   'grace-time: 1 ',
 );
 
-/** The user's app's compiler options (as `tsc --init` for a Node.js ES module project writes them). */
+/** The compiler options of the user's app, a Node.js ES module project (shared by its two checks). */
 const APP_COMPILER_OPTIONS = {
   target: 'ES2022',
   lib: ['ES2022', 'ESNext.Disposable'],
