@@ -23,6 +23,7 @@ import {
   readyPolicies,
   readySummary,
   readyTable,
+  storedToday,
 } from './readiness.ts';
 import { formatJson, hours, pct, ratio, secs, table } from './report.ts';
 import {
@@ -171,6 +172,15 @@ async function main(): Promise<void> {
   const figures = new Map<string, TraceFigures>();
   const runs: SimRun[] = [];
   let nextId = 0;
+  const resultsFile = join(outDir, 'results.json');
+  // Today's policy from the last full run (deterministic: the same trace and settings give the same
+  // run), when it ran the same jobs; else run again here (storedToday).
+  const earlier = readinessOnly
+    ? (JSON.parse(await readFile(resultsFile, 'utf8')) as {
+        traces: { name: string; jobs?: number; policies: { fullest?: Record<string, number> } }[];
+        readiness?: { traces: ReadyTraceJson[] };
+      })
+    : undefined;
   const add = (trace: Trace, what: string, options: SimOptions, series: boolean) =>
     runs.push({ task: { id: nextId++, trace, options, series }, trace: trace.name, what });
   for (const trace of traces) {
@@ -182,8 +192,9 @@ async function main(): Promise<void> {
       perJob: perJob(trace, base.bootS),
       runs: new Map(),
     });
-    if (readinessOnly) continue;
+    if (earlier && storedToday(earlier.traces, trace)) continue;
     add(trace, 'fullest', { ...base, policy: 'fullest' }, true);
+    if (readinessOnly) continue;
     add(trace, 'oldest', { ...base, policy: 'oldest' }, true);
     add(trace, 'duration-exact', { ...base, policy: 'fullest', hints: 'exact' }, true);
     add(trace, 'duration-noisy', { ...base, policy: 'fullest', hints: 'noisy' }, true);
@@ -219,20 +230,9 @@ async function main(): Promise<void> {
     }
   }
 
-  const resultsFile = join(outDir, 'results.json');
-  // Today's policy from the last full run (deterministic: the same trace and settings give the same run).
-  const earlier = readinessOnly
-    ? (JSON.parse(await readFile(resultsFile, 'utf8')) as {
-        traces: { name: string; policies: { fullest: Record<string, number> } }[];
-        readiness?: { traces: ReadyTraceJson[] };
-      })
-    : undefined;
   for (const f of figures.values()) {
-    const stored = earlier?.traces.find((t) => t.name === f.trace.name)?.policies.fullest;
-    if (!earlier) continue;
-    if (!stored)
-      throw new Error(`--readiness-only: no figures of today's policy on ${f.trace.name} in ${resultsFile}`);
-    f.runs.set('fullest', storedResult(stored));
+    const stored = earlier && storedToday(earlier.traces, f.trace);
+    if (stored) f.runs.set('fullest', storedResult(stored));
   }
 
   // ---- run, reporting each trace as soon as its policies are in ----

@@ -52,6 +52,24 @@ export function readyPolicies(): ReadyPolicy[] {
   ];
 }
 
+/**
+ * Today's policy on a trace as an earlier full run stored it (results.json's `traces`), for
+ * `--readiness-only`: only when that run had the same number of jobs; otherwise (another `--jobs`, or
+ * none stored) undefined, and today's policy is run again, so every policy of a trace is compared on the
+ * same jobs.
+ */
+export function storedToday<T>(
+  stored: readonly {
+    readonly name: string;
+    readonly jobs?: number;
+    readonly policies: { readonly fullest?: T };
+  }[],
+  trace: { readonly name: string; readonly jobs: readonly unknown[] },
+): T | undefined {
+  const earlier = stored.find((t) => t.name === trace.name);
+  return earlier?.jobs === trace.jobs.length ? earlier.policies.fullest : undefined;
+}
+
 export interface ReadyTrace {
   readonly name: string;
   readonly jobs: number;

@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { model } from '../../bench/cost/model.ts';
-import { firstBootArrivals } from '../../bench/cost/readiness.ts';
+import { firstBootArrivals, storedToday } from '../../bench/cost/readiness.ts';
 import {
   DEFAULT_OPTIONS,
   hintOf,
@@ -123,6 +123,18 @@ describe('the cost simulator', () => {
       expect(seatQueries).toBe(busy.jobs.length + reaperRuns);
     }
   }, 120_000);
+
+  it("compares a trace's policies on the same jobs: --readiness-only takes today's policy from a run of as many jobs only", () => {
+    const stored = [
+      { name: 'batch', jobs: 1200, policies: { fullest: { instanceHours: 875.68 } } },
+      { name: 'steady', jobs: 1000, policies: { fullest: { instanceHours: 58.18 } } },
+    ];
+    // `--jobs batch=400` against a file of a 1,200-job run: run again (it was taken, and batch's
+    // "today's policy" served 286% of the 400 jobs without a wait for 2.7x the hours).
+    expect(storedToday(stored, { name: 'batch', jobs: new Array(400) })).toBeUndefined();
+    expect(storedToday(stored, { name: 'steady', jobs: new Array(1000) })).toEqual({ instanceHours: 58.18 });
+    expect(storedToday(stored, { name: 'diurnal', jobs: new Array(1174) })).toBeUndefined();
+  });
 
   it('counts the arrivals within the first boot time of a burst, also of one background jobs lead up to', () => {
     const s = (x: number) => x * 1000;
