@@ -1,7 +1,8 @@
 /**
  * Merges the per-run readiness files (`out/readiness-<traces>.json`, written by `--readiness-only`
  * runs made separately) into `out/results.json`'s `readiness`, and makes its `summary` again from them:
- * `npx tsx bench/cost/mergeReadiness.ts out/readiness-steady-bursty.json out/readiness-diurnal.json`.
+ * `npx tsx bench/cost/mergeReadiness.ts out/readiness-<traces>.json out/readiness-<others>.json`, each
+ * trace in one of the files only.
  */
 import { readFile, writeFile } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
