@@ -45,7 +45,6 @@ import { isFreeSpare, isSpareRequestId } from '../shared/core/minReady.ts';
 import type { BackingRecord, RequestRecord } from '../shared/core/records.ts';
 import { EmbeddedPool, REGION, TABLE_NAME } from '../shared/runtime/embeddedPool.ts';
 import { backingItem, FREE_INDEX, keys, requestItem } from '../shared/store/table.ts';
-import { largeNode, poolConfig, smallNode } from '../testkit/configs.ts';
 import { type BacklogFigures, backlogReport, backlogSummary, measureBacklog } from './backlog.ts';
 import { type BundlesFigures, bundlesReport, measureBundles } from './bundles.ts';
 import { type CapacityFigures, capacityReport, capacitySummary, measureCapacity } from './capacity.ts';
@@ -56,6 +55,7 @@ import { type MotoCallsFigures, measureMotoCalls, motoCallsReport, motoCallsSumm
 import { measureReaper, type ReaperFigures, reaperReport, reaperSummary } from './reaper.ts';
 import { measureScale, type ScaleFigures, scaleReport } from './scale.ts';
 import { measureSpares, type SparesFigures, sparesReport, sparesSummary } from './spares.ts';
+import { configYaml } from './warmCalls.ts';
 
 // ---- parameters -----------------------------------------------------------------------------------
 
@@ -95,18 +95,6 @@ const callsAimMet = (v: { readonly name: string; readonly allocation: CallFigure
   v.allocation.median <= aimCalls(v);
 const AIM_LATENCY_RATIO = 1.5;
 const LABEL = 'small-node';
-
-function configYaml(maxServers: number | undefined, minReady: number | undefined): string {
-  return poolConfig({
-    labels:
-      minReady === undefined ? undefined : [{ name: 'large-node' }, { name: LABEL, 'min-ready': minReady }],
-    backing: { pool: { 'max-servers': 4 }, labels: [largeNode({ 'boot-delay': 0 })] },
-    meta: {
-      pool: { 'max-servers': maxServers },
-      labels: [smallNode({ name: LABEL, 'max-parallel-jobs': SLOTS, 'grace-time': 86400 })],
-    },
-  });
-}
 
 // ---- small helpers --------------------------------------------------------------------------------
 

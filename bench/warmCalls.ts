@@ -51,7 +51,8 @@ export const VARIANTS = [
   { name: 'min-ready-1', maxServers: undefined, minReady: 1 },
 ] as const;
 
-function configYaml(maxServers: number | undefined, minReady: number | undefined): string {
+/** The warm-path pool of a variant (bench/allocation.bench.ts times the same pool). */
+export function configYaml(maxServers: number | undefined, minReady: number | undefined): string {
   return poolConfig({
     labels:
       minReady === undefined ? undefined : [{ name: 'large-node' }, { name: LABEL, 'min-ready': minReady }],
