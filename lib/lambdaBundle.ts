@@ -2,6 +2,7 @@ import { chmodSync, cpSync, existsSync, readdirSync, writeFileSync } from 'node:
 import { createRequire } from 'node:module';
 import { basename, dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { BundleCache, type BundleFile } from './bundleCache.ts';
 
 /** The Lambda functions of the pool: each has its entry point at `functions/<name>/index.ts`. */
 export const POOL_FUNCTION_NAMES = ['request', 'fulfil', 'reaper'] as const;
@@ -50,9 +51,10 @@ export function functionEntry(name: PoolFunctionName): string | undefined {
 /**
  * Writes the function's bundle (`index.js`, `index.js.map`) into `outDir`: a copy of the prebuilt one
  * when the package has it, else built from the sources with esbuild (loaded only then, so an installed
- * package needs no esbuild). A bundle built from the sources is built once per process and function and
- * kept in memory: the sources do not change during a synth, and an app with several pools (or pools
- * with different configurations, which are different assets) would otherwise run esbuild for each.
+ * package needs no esbuild). A bundle built from the sources is kept in memory for the process (an app
+ * with several pools, or pools with different configurations, which are different assets, would
+ * otherwise run esbuild for each) and on disk for the next process while no source changed
+ * (bundleCache.ts).
  */
 export function writeBundle(name: PoolFunctionName, outDir: string): void {
   const prebuilt = prebuiltBundleDir(name);
@@ -70,26 +72,44 @@ export function writeBundle(name: PoolFunctionName, outDir: string): void {
   makeReadableByAll(outDir);
 }
 
-const builtBundles = new Map<PoolFunctionName, ReadonlyArray<{ name: string; contents: Uint8Array }>>();
+const builtBundles = new Map<PoolFunctionName, readonly BundleFile[]>();
 
-function buildBundle(name: PoolFunctionName): ReadonlyArray<{ name: string; contents: Uint8Array }> {
+/** The repository's bundles on disk: what decides a build besides its inputs is this file's options. */
+function repositoryCache(): BundleCache {
+  const root = fileURLToPath(new URL('..', import.meta.url));
+  return new BundleCache(root, join(root, 'node_modules', '.cache', 'metastatic', 'lambda'), [
+    'node_modules/.package-lock.json',
+    'lib/lambdaBundle.ts',
+  ]);
+}
+
+function buildBundle(name: PoolFunctionName): readonly BundleFile[] {
   const entry = functionEntry(name);
   if (!entry) {
     throw new Error(
       `no bundle of the ${name} function: the package has no dist/lambda/${name} (run npm run build)`,
     );
   }
+  const cache = repositoryCache();
+  const cached = cache.get(name);
+  if (cached) return cached;
+  const started = Date.now();
   const esbuild = createRequire(import.meta.url)('esbuild') as typeof import('esbuild');
+  const root = fileURLToPath(new URL('..', import.meta.url));
   const out = esbuild.buildSync({
     ...LAMBDA_BUNDLE_OPTIONS,
     external: [...LAMBDA_BUNDLE_OPTIONS.external],
     entryPoints: [entry],
+    absWorkingDir: root,
+    metafile: true,
     // Not written: the files are kept to be written into every asset that needs them. The source map's
     // reference in index.js is its base name, so it holds wherever they are written.
     write: false,
     outfile: join(dirname(entry), BUNDLE_FILE),
   });
-  return out.outputFiles.map((f) => ({ name: basename(f.path), contents: f.contents }));
+  const files = out.outputFiles.map((f) => ({ name: basename(f.path), contents: f.contents }));
+  cache.put(name, Object.keys(out.metafile.inputs), files, started);
+  return files;
 }
 
 /**
