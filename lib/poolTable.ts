@@ -84,11 +84,12 @@ export class PoolTable extends Construct {
   }
 
   /**
-   * What the pool's code does with the table (shared/store): single-item reads and writes and queries on
-   * the table (a capacity set's places are one item collection), queries on its indexes, named one by
-   * one rather than as `index/*`. Unlike `Table.grantReadWriteData`: no Scan (only the CLI's listings
-   * scan, with the caller's own credentials), no batch or transaction actions, no DescribeTable (the
-   * embedded pool's, to create its table), no stream actions (the table has no stream).
+   * What the pool's code does with the table (shared/store): single-item reads and writes, batched reads
+   * (a label's min-ready seats, read together by the reaper) and queries on the table (a capacity set's
+   * places are one item collection), queries on its indexes, named one by one rather than as `index/*`.
+   * Unlike `Table.grantReadWriteData`: no Scan (only the CLI's listings scan, with the caller's own
+   * credentials), no batch writes or transactions, no DescribeTable (the embedded pool's, to create its
+   * table), no stream actions (the table has no stream).
    */
   grantReadWriteData(grantee: IGrantable): Grant {
     const tableArn = this.table.tableArn;
@@ -96,6 +97,7 @@ export class PoolTable extends Construct {
       grantee,
       actions: [
         'dynamodb:GetItem',
+        'dynamodb:BatchGetItem',
         'dynamodb:Query',
         'dynamodb:PutItem',
         'dynamodb:UpdateItem',

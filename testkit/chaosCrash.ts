@@ -35,6 +35,7 @@ export interface Boundary {
 export const STORE_METHODS = [
   'createRequest',
   'getRequest',
+  'getRequests',
   'putRequest',
   'releaseNodeEntry',
   'takeSpareNode',

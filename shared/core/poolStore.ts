@@ -19,6 +19,11 @@ export interface PoolStore {
   /** Records a new request; returns the existing one instead when the id is taken. */
   createRequest(r: RequestRecord): Promise<RequestRecord | undefined>;
   getRequest(id: string): Promise<RequestRecord | undefined>;
+  /**
+   * Several requests in one read (strongly consistent, as `getRequest` of each at that moment), by id;
+   * an id with no request is absent from the map.
+   */
+  getRequests(ids: readonly string[]): Promise<Map<string, RequestRecord>>;
   /** Replaces a request whose stored version is still `expectedVersion` (ConflictError otherwise). */
   putRequest(next: RequestRecord, expectedVersion: number): Promise<void>;
   /**

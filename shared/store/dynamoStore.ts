@@ -87,6 +87,10 @@ export class DynamoStore implements PoolStore {
     return this.requests.getRequest(id);
   }
 
+  getRequests(ids: readonly string[]): Promise<Map<string, RequestRecord>> {
+    return this.requests.getRequests(ids);
+  }
+
   /** Replaces a request if its stored version is still `expectedVersion`. */
   putRequest(next: RequestRecord, expectedVersion: number): Promise<void> {
     return this.requests.putRequest(next, expectedVersion);

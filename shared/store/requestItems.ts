@@ -1,5 +1,7 @@
+import { setTimeout as sleep } from 'node:timers/promises';
 import { type AttributeValue, ConditionalCheckFailedException } from '@aws-sdk/client-dynamodb';
 import {
+  BatchGetCommand,
   type DynamoDBDocumentClient,
   GetCommand,
   PutCommand,
@@ -20,6 +22,12 @@ import {
   renewLeaseUpdate,
   takeSpareUpdate,
 } from './writes.ts';
+
+/** BatchGetItem's limit of keys per call. */
+const BATCH_GET_KEYS = 100;
+/** Calls for one batch's keys, unprocessed ones asked again after 50, 100, 200 ms; then one by one. */
+const BATCH_GET_ATTEMPTS = 4;
+const BATCH_GET_BACKOFF_MS = 50;
 
 /**
  * The request items (docs/table.md, Request; Request items): their reads by id and conditional writes, a
@@ -62,6 +70,39 @@ export class RequestItems {
       new GetCommand({ TableName: this.tableName, Key: keys.request(id), ConsistentRead: true }),
     );
     return out.Item ? RequestRecord.parse(out.Item) : undefined;
+  }
+
+  /**
+   * BatchGetItem, 100 keys a call (its limit), strongly consistent. Keys DynamoDB leaves unprocessed
+   * (throttling, the 16 MB response limit) are asked again with a growing wait, a few times; any still
+   * left are read one by one, so the answer is always complete.
+   */
+  async getRequests(ids: readonly string[]): Promise<Map<string, RequestRecord>> {
+    const found = new Map<string, RequestRecord>();
+    const unique = [...new Set(ids)];
+    for (let at = 0; at < unique.length; at += BATCH_GET_KEYS) {
+      const idOf = new Map(unique.slice(at, at + BATCH_GET_KEYS).map((id) => [keys.request(id).pk, id]));
+      let keysLeft: Array<Record<string, unknown>> = [...idOf.values()].map((id) => keys.request(id));
+      for (let attempt = 0; keysLeft.length > 0 && attempt < BATCH_GET_ATTEMPTS; attempt++) {
+        if (attempt > 0) await sleep(BATCH_GET_BACKOFF_MS * 2 ** (attempt - 1));
+        const out = await this.doc.send(
+          new BatchGetCommand({
+            RequestItems: { [this.tableName]: { Keys: keysLeft, ConsistentRead: true } },
+          }),
+        );
+        for (const item of out.Responses?.[this.tableName] ?? []) {
+          const r = RequestRecord.parse(item);
+          found.set(r.id, r);
+        }
+        keysLeft = out.UnprocessedKeys?.[this.tableName]?.Keys ?? [];
+      }
+      for (const key of keysLeft) {
+        const id = idOf.get(String(key.pk));
+        const r = id === undefined ? undefined : await this.getRequest(id);
+        if (r) found.set(r.id, r);
+      }
+    }
+    return found;
   }
 
   /** Replaces a request if its stored version is still `expectedVersion`. */

@@ -106,6 +106,7 @@ export async function keepMinReady(
     backoff: state.backoff,
     free: [],
     known,
+    read: new Map(),
   };
   // The seats to fill, and the ones above them that may still hold a node to end. A seat marked vacant
   // (its node ended: markSeatVacant) has nothing left to end, so an upkeep reads nodes in proportion to
@@ -115,6 +116,7 @@ export async function keepMinReady(
     ...Array.from({ length: wanted }, (_, k) => k),
     ...[...state.gens.keys()].filter((k) => k < wanted || !vacant.has(k)),
   ]);
+  if (!taken) await readSeats(upkeep, seats);
   for (const seat of seats) {
     // Each seat may launch a backing node: none starts once the invocation's time is up.
     if (timeLeft(ctx) <= 0) {
@@ -156,12 +158,41 @@ interface Upkeep {
   readonly free: FreeSpare[];
   /** Requests this upkeep knows without a read (UpkeepOptions.taken; undefined: known absent). */
   readonly known: Map<string, RequestRecord | undefined>;
+  /** Requests read together at the start (readSeats; undefined: absent), each used once. */
+  readonly read: Map<string, RequestRecord | undefined>;
 }
 
-/** A request as the upkeep knows it, else as read now. */
+/** A request as the upkeep knows it, else as read at its start (once), else as read now. */
 function requestOf(upkeep: Upkeep, id: string): Promise<RequestRecord | undefined> {
   if (upkeep.known.has(id)) return Promise.resolve(upkeep.known.get(id));
+  if (upkeep.read.has(id)) {
+    const r = upkeep.read.get(id);
+    upkeep.read.delete(id); // a later round (after a write) reads it as it is then
+    return Promise.resolve(r);
+  }
   return upkeep.ctx.store.getRequest(id);
+}
+
+/**
+ * Every seat's spare in one read, then the requests that took them in another: what each seat's step
+ * reads first, which it read one seat at a time (a round trip a seat; with hundreds of seats in a
+ * fleet, hundreds a reaper run). Each is used once, by the seat's first round, as a read of its own
+ * would be: what changes meanwhile makes that round's conditional write fail, as it would then.
+ */
+async function readSeats(upkeep: Upkeep, seats: ReadonlySet<number>): Promise<void> {
+  const { ctx, label, gens } = upkeep;
+  const spares = [...seats].map((seat) => spareRequestId(label, seat, gens.get(seat) ?? 0));
+  if (spares.length < 2) return; // one read either way
+  const found = await ctx.store.getRequests(spares);
+  for (const id of spares) upkeep.read.set(id, found.get(id));
+  const takers = [...found.values()].flatMap((spare) => {
+    const takenBy = spare.nodes[0]?.takenBy;
+    const taker = takenBy ? parseNodeId(takenBy.node)?.requestId : undefined;
+    return taker !== undefined && !upkeep.read.has(taker) && !upkeep.known.has(taker) ? [taker] : [];
+  });
+  if (takers.length === 0) return;
+  const takersFound = await ctx.store.getRequests(takers);
+  for (const id of takers) upkeep.read.set(id, takersFound.get(id));
 }
 
 async function keepSeat(upkeep: Upkeep, seat: number, wanted: boolean): Promise<void> {

@@ -610,6 +610,7 @@ describe('MetastaticStack (the example configuration, as bin/cdk.ts builds it)',
     const table = `<${TABLE_LOGICAL_ID}.Arn>`;
     expect(perFunction).toEqual(
       Array(3).fill([
+        `dynamodb:BatchGetItem ${table}`,
         `dynamodb:DeleteItem ${table}`,
         `dynamodb:GetItem ${table}`,
         `dynamodb:PutItem ${table}`,

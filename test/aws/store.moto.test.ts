@@ -81,6 +81,29 @@ function conformance(start: () => Promise<Engine>): () => void {
         expect(await store.getRequest('unknown')).toBeUndefined();
       });
 
+      it('reads several requests at once, 100 keys a call: the ones there, none of the absent, duplicates once', async () => {
+        let batches = 0;
+        const counting =
+          (next: (a: unknown) => Promise<unknown>, context: { commandName?: string }) =>
+          async (args: unknown) => {
+            if (context.commandName === 'BatchGetItemCommand') batches++;
+            return next(args);
+          };
+        engine.client.middlewareStack.add(counting as never, { step: 'initialize', name: 'countBatches' });
+        try {
+          const ids = Array.from({ length: 130 }, (_, i) => `many-${i}`);
+          for (const id of ids.filter((_, i) => i % 2 === 0)) await store.createRequest(request(id));
+          const found = await store.getRequests([...ids, 'many-0', 'unknown']);
+          expect([...found.keys()].sort()).toEqual(ids.filter((_, i) => i % 2 === 0).sort());
+          expect(found.get('many-4')).toEqual(request('many-4'));
+          expect(batches).toBe(2); // 131 distinct ids
+          expect(reads).toBe(0);
+          expect(await store.getRequests([])).toEqual(new Map());
+        } finally {
+          engine.client.middlewareStack.remove('countBatches');
+        }
+      });
+
       it('replaces a request at the version it read and refuses a stale version', async () => {
         await store.createRequest(request('r1'));
         const next = { ...request('r1'), state: 'failed' as const, reason: 'no', version: 1 };

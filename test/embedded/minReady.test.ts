@@ -325,6 +325,57 @@ describe('min-ready', () => {
     await h.fulfilUntil(allFree(h, 6));
   }, 120_000);
 
+  it("reads a label's spares in one call and the requests that took them in another, however many seats (not one a seat)", async () => {
+    h = await withReadyNodes(baseConfig({ slots: 8, minReady: 6 }), 6);
+    const ctx = h.pool.context;
+    // Two spares taken by requests that recorded them (as a request delivery does, without its refill).
+    const pool = ctx.config.metastaticPools[0];
+    if (!pool) throw new Error('no pool');
+    for (const id of ['t1', 't2']) {
+      const spare = await takeSpare(ctx, pool, 'small-node', `${id}/0`, ownerToken(ctx.clock.now()));
+      const record = await ctx.store.getRequest(requestOf(spare?.id));
+      if (!spare || !record) throw new Error('no spare taken');
+      expect(spare.takenBy?.node).toBe(`${id}/0`);
+      const { takenBy: _, ...node } = spare;
+      await ctx.store.createRequest({
+        ...record,
+        id,
+        nodes: [{ ...node, id: `${id}/0`, spare: spare.id }],
+        version: 0,
+      });
+    }
+    const calls: string[] = [];
+    const name = 'count-upkeep-reads';
+    h.pool.dynamodb.middlewareStack.add(
+      (next, context) => async (args) => {
+        const input = args.input as {
+          Key?: { pk?: unknown };
+          RequestItems?: Record<string, { Keys: unknown[] }>;
+        };
+        if (context.commandName === 'GetItemCommand') calls.push(`GetItem ${String(input.Key?.pk)}`);
+        if (context.commandName === 'BatchGetItemCommand')
+          calls.push(`BatchGetItem ${Object.values(input.RequestItems ?? {})[0]?.Keys.length}`);
+        return next(args);
+      },
+      { step: 'initialize', name },
+    );
+    let report: Awaited<ReturnType<typeof keepMinReady>>;
+    try {
+      report = await keepMinReady(ctx, 'small-node');
+    } finally {
+      h.pool.dynamodb.middlewareStack.remove(name);
+    }
+    expect(report.made).toBe(2); // the two taken seats moved on and were refilled
+    // Six spares in one read, their two takers in another; then only the two new generations' spares
+    // (made now, absent until then) are read one by one.
+    expect(calls.filter((c) => c.startsWith('BatchGetItem'))).toEqual(['BatchGetItem 6', 'BatchGetItem 2']);
+    expect(calls.filter((c) => c.startsWith('GetItem REQUEST#'))).toEqual([
+      expect.stringMatching(/^GetItem REQUEST#min-ready:small-node:\d:1$/),
+      expect.stringMatching(/^GetItem REQUEST#min-ready:small-node:\d:1$/),
+    ]);
+    await h.fulfilUntil(allFree(h, 6));
+  }, 120_000);
+
   it('marks a seat vacant only at the generation it read: an advance since wins, and clears the mark', async () => {
     h = await startHarness(baseConfig({ slots: 4 }));
     const store = h.pool.context.store;
