@@ -1,7 +1,7 @@
-import { generateKeyPairSync } from 'node:crypto';
 import { createServer, request as httpRequest, type IncomingMessage, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { BEGIN_KEYS, END_KEYS } from '../../shared/providers/aws/consoleHostKeys.ts';
+import { ed25519PublicBlob, newEd25519KeyPair } from '../../shared/providers/local/hostKey.ts';
 
 /**
  * What cloud-init prints on an EC2 instance's serial console at first boot, for moto's instances: moto
@@ -110,13 +110,5 @@ function consoleOutputInstance(req: IncomingMessage, body: Buffer): string | und
 
 /** `ssh-ed25519 <base64 of the SSH wire form>`: a new key's public half, as known_hosts has it. */
 function ed25519HostKey(): string {
-  const { publicKey } = generateKeyPairSync('ed25519');
-  const raw = Buffer.from(publicKey.export({ format: 'jwk' }).x as string, 'base64url');
-  const sshString = (b: Buffer) => {
-    const length = Buffer.alloc(4);
-    length.writeUInt32BE(b.length);
-    return Buffer.concat([length, b]);
-  };
-  const blob = Buffer.concat([sshString(Buffer.from('ssh-ed25519')), sshString(raw)]);
-  return `ssh-ed25519 ${blob.toString('base64')}`;
+  return `ssh-ed25519 ${ed25519PublicBlob(newEd25519KeyPair().publicKey).toString('base64')}`;
 }

@@ -226,6 +226,36 @@ describe('host key generation', () => {
     expectUsableKey(encodeEd25519PrivateKey(pair.seed, pair.publicKey), pair.publicKey);
   });
 
+  it('never hangs generating keys under memory pressure (Node 20 deadlocked exporting a new key as JWK)', async () => {
+    // A process with a small heap draws keys for 3 s, keeping some memory live: garbage collections
+    // run during the key's encoding. Exported through a KeyObject's JWK, Node 20 deadlocked here within
+    // seconds (a backing node, or a test worker, hanging for good).
+    const script = [
+      `import { newEd25519KeyPair } from ${JSON.stringify(join(import.meta.dirname, '..', '..', 'shared', 'providers', 'local', 'hostKey.ts'))};`,
+      'const keep = []; const end = Date.now() + 3000; let n = 0;',
+      'while (Date.now() < end) {',
+      "  keep.push(newEd25519KeyPair().seed.toString('base64url').repeat(50));",
+      '  if (keep.length > 20000) keep.splice(0, 10000);',
+      '  n++;',
+      '}',
+      "console.log('generated ' + n);",
+    ].join('\n');
+    const { stdout } = await promisify(execFile)(
+      process.execPath,
+      [
+        '--max-old-space-size=40',
+        '--max-semi-space-size=1',
+        '--import',
+        'tsx',
+        '--input-type=module',
+        '-e',
+        script,
+      ],
+      { timeout: 30_000, killSignal: 'SIGKILL' },
+    );
+    expect(stdout).toMatch(/^generated [1-9]\d*\n$/);
+  });
+
   it('pads the private section to whole blocks for any comment length', () => {
     const { seed, publicKey } = newEd25519KeyPair();
     for (const comment of ['', 'a', 'ab', 'abc', 'abcd', 'abcde', 'abcdef', 'abcdefg', 'ünïcode']) {

@@ -72,14 +72,33 @@ export function encodeEd25519PrivateKey(
   return `-----BEGIN OPENSSH PRIVATE KEY-----\n${lines.join('\n')}\n-----END OPENSSH PRIVATE KEY-----\n`;
 }
 
-/** The raw 32-byte seed and public key of a new ed25519 key pair. */
+/** An ed25519 private key in PKCS#8 DER: this fixed prefix, then the 32-byte seed (RFC 8410). */
+const PKCS8_ED25519_PREFIX = Buffer.from('302e020100300506032b657004220420', 'hex');
+/** An ed25519 public key in SPKI DER: this fixed prefix, then the 32-byte key (RFC 8410). */
+const SPKI_ED25519_PREFIX = Buffer.from('302a300506032b6570032100', 'hex');
+
+/**
+ * The raw 32-byte seed and public key of a new ed25519 key pair, taken from the DER encodings the key
+ * generation returns. Not from a KeyObject's JWK export: on Node 20, exporting a key its generation job
+ * still references deadlocks when that export's allocation runs a full garbage collection, which
+ * finalizes the job and takes the key's lock the export holds (the process hangs for good; reproduced
+ * within seconds in a 40 MB heap, and seen in a test worker with a large one; Node 24 is not affected).
+ */
 export function newEd25519KeyPair(): { seed: Buffer; publicKey: Buffer } {
-  const { privateKey } = generateKeyPairSync('ed25519');
-  const jwk = privateKey.export({ format: 'jwk' });
-  if (typeof jwk.d !== 'string' || typeof jwk.x !== 'string') {
-    throw new Error('node:crypto exported an ed25519 key without its seed or public key');
-  }
-  return { seed: Buffer.from(jwk.d, 'base64url'), publicKey: Buffer.from(jwk.x, 'base64url') };
+  const { privateKey, publicKey } = generateKeyPairSync('ed25519', {
+    privateKeyEncoding: { format: 'der', type: 'pkcs8' },
+    publicKeyEncoding: { format: 'der', type: 'spki' },
+  });
+  const seed = withPrefix(privateKey, PKCS8_ED25519_PREFIX);
+  const raw = withPrefix(publicKey, SPKI_ED25519_PREFIX);
+  if (!seed || !raw) throw new Error('node:crypto encoded an ed25519 key in an unexpected form');
+  return { seed, publicKey: raw };
+}
+
+/** The 32 bytes after `prefix`, when `der` is exactly that prefix and 32 bytes. */
+function withPrefix(der: Buffer, prefix: Buffer): Buffer | undefined {
+  if (der.length !== prefix.length + 32 || !der.subarray(0, prefix.length).equals(prefix)) return undefined;
+  return Buffer.from(der.subarray(prefix.length));
 }
 
 /** A new ed25519 host key in OpenSSH's private-key format. */
