@@ -6,6 +6,7 @@
  *   npm run test:chaos -- --requests 300 --seed 42      a size, a seed (replay)
  *   npm run test:chaos -- --runs 5                      five runs with consecutive seeds
  *   npm run test:chaos -- --no-node-cap                 the metastatic pool without max-servers
+ *   npm run test:chaos -- --ready-auto                  the label with min-ready: auto (max-ready 4)
  *   npm run test:chaos -- --reaper-every 10             the reaper every 10 ticks (1 s virtual), as in
  *                                                       `npm test`; default: every tick (most interleavings)
  *   npm run test:chaos -- --seed 42 --trace req-18/,bn-0123456789abcdef
@@ -47,6 +48,7 @@ async function main(): Promise<number> {
         seed,
         trace,
         nodeCap: !process.argv.includes('--no-node-cap'),
+        readyAuto: process.argv.includes('--ready-auto'),
         reaperEveryTicks,
         // A Scan of a large table is not free: check less often on long runs.
         checkEveryTicks: requests > 300 ? 50 : 20,

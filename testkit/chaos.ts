@@ -102,6 +102,12 @@ export const CHAOS_POOL = {
   /** min-ready of the label (lowered to 0 before the final drain, as an operator would to empty the pool). */
   minReady: 3,
   /**
+   * With `readyAuto`: the label's `min-ready: auto` instead, at this ready-target and max-ready (the
+   * most untaken ready nodes it may have at any time: the no-overshoot invariant's bound).
+   */
+  readyTarget: 0.9,
+  maxReady: 4,
+  /**
    * How late a waiting request may end after its request-timeout, beyond the reaper's period: reaper runs
    * crash, and the waiting requests' messages come back on their own schedule.
    */
@@ -111,12 +117,26 @@ export const CHAOS_POOL = {
   otherType: 'm6g.2xlarge',
 } as const;
 
-/** The pool under test; without `nodeCap` the metastatic pool has no max-servers (the default in a user's config). */
-const chaosYaml = (nodeCap: boolean, minReady: number) =>
+/**
+ * The pool under test; without `nodeCap` the metastatic pool has no max-servers (the default in a user's
+ * config); with `auto`, the label's ready nodes follow its arrival forecast (`min-ready: auto`) rather
+ * than a number. `minReady` 0 (the drain) is the static 0 either way.
+ */
+const chaosYaml = (nodeCap: boolean, minReady: number, auto = false) =>
   poolConfig({
     // Durations are learned, and nodes without a hint placed by them, under the same faults.
     top: { 'learned-durations': true },
-    labels: [{ name: 'large' }, { name: 'small', 'min-ready': minReady }],
+    labels: [
+      { name: 'large' },
+      auto && minReady > 0
+        ? {
+            name: 'small',
+            'min-ready': 'auto',
+            'ready-target': CHAOS_POOL.readyTarget,
+            'max-ready': CHAOS_POOL.maxReady,
+          }
+        : { name: 'small', 'min-ready': minReady },
+    ],
     backing: {
       driver: 'aws',
       provider: { region: 'eu-west-1' },
@@ -166,6 +186,11 @@ export interface ChaosOptions {
    * request never meet at a capacity place and meet only at claims and backing records.
    */
   readonly nodeCap?: boolean;
+  /**
+   * Whether the label has `min-ready: auto` (issue 27) instead of min-ready 3: its ready nodes follow
+   * the forecast the handlers learn under the same faults, and never exceed max-ready (an invariant).
+   */
+  readonly readyAuto?: boolean;
   /** Concurrent request-handler invocations per tick. Default 16. */
   readonly concurrency?: number;
   /** Concurrent fulfil-handler invocations per tick. Default 4. */
@@ -260,6 +285,8 @@ export interface ChaosReport {
   leases: { clients: number; dead: number; renewals: number; lapsed: number };
   /** min-ready: the pool's own ready nodes made, and the users' nodes that took one. */
   minReady: { made: number; taken: number };
+  /** Whether the label had `min-ready: auto` (ChaosOptions.readyAuto). */
+  readyAuto: boolean;
   crashes: number;
   crashesByKind: Record<HandlerKind, number>;
   /** Crash boundaries: how many there are, how many crashed at least once, which never did. */
@@ -445,7 +472,10 @@ export class ChaosRun {
     this.shapes = this.random.fork('shapes');
     this.leases = this.random.fork('leases');
     this.tickMs = options.tickMs ?? 100;
-    this.config = parseConfigOrThrow(chaosYaml(options.nodeCap ?? true, CHAOS_POOL.minReady), 'chaos.yaml');
+    this.config = parseConfigOrThrow(
+      chaosYaml(options.nodeCap ?? true, CHAOS_POOL.minReady, options.readyAuto),
+      'chaos.yaml',
+    );
     const pool = this.config.metastaticPools[0];
     const backingPool = this.config.backingPools[0];
     if (!pool || !backingPool) throw new Error('chaos config has no pools');
@@ -453,7 +483,11 @@ export class ChaosRun {
     this.backingPoolKey = backingPool.key;
     this.limits = {
       nodesMax: (options.nodeCap ?? true) ? CHAOS_POOL.nodesMax : undefined,
-      minReady: new Map(this.config.minReady),
+      // The most untaken ready nodes: min-ready, or with auto its max-ready.
+      minReady: new Map([
+        ...this.config.minReady,
+        ...[...(this.config.readyAuto ?? new Map())].map(([label, a]) => [label, a.maxReady] as const),
+      ]),
       backingMax: CHAOS_POOL.backingMax,
       // A claim's lease, then a reaper run or two; a crashed release comes back much sooner.
       staleEntryMs: SLOT_LEASE_MS + 60_000,
@@ -496,6 +530,7 @@ export class ChaosRun {
       byShapeNoFit: 0,
       leases: { clients: 0, dead: 0, renewals: 0, lapsed: 0 },
       minReady: { made: 0, taken: 0 },
+      readyAuto: options.readyAuto ?? false,
       crashes: 0,
       crashesByKind: { request: 0, fulfil: 0, reaper: 0 },
       boundaries: { total: this.crash.boundaries.length, hit: 0, neverHit: [] },
@@ -1431,7 +1466,7 @@ export function formatSummary(r: ChaosReport): string {
     ],
     [
       'min-ready',
-      `${r.minReady.made} ready nodes made (min-ready ${CHAOS_POOL.minReady}), ${r.minReady.taken} nodes took one`,
+      `${r.minReady.made} ready nodes made (${r.readyAuto ? `min-ready auto, max-ready ${CHAOS_POOL.maxReady}` : `min-ready ${CHAOS_POOL.minReady}`}), ${r.minReady.taken} nodes took one`,
     ],
     [
       'launches',

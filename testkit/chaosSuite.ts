@@ -7,12 +7,14 @@ import { parseSeed } from './chaosRandom.ts';
  * fake EC2, with launch failures, capacity errors, throttling, instance deaths, every message delivered
  * twice and a handler crash injected at each step boundary in turn; invariants checked throughout and at
  * the end. It runs at CHAOS_REQUESTS (default 100) with seed 1, once with and once without a max-servers
- * on the metastatic pool, each in a file of its own so the two run side by side on CI's two cores;
+ * on the metastatic pool (the second with the label's `min-ready: auto` instead of min-ready 3: its
+ * ready nodes follow the forecast, never above max-ready), each in a file of its own so the two run side
+ * by side;
  * `npm run test:chaos` runs the full size with a fresh seed (bench/chaos.ts). The seed is printed:
  * CHAOS_SEED=<seed> replays the same choices, and CHAOS_TRACE=<id>,<id> adds every write touching those
  * ids to a failure's report.
  */
-export function chaosTest(options: { nodeCap: boolean; pool: string }): void {
+export function chaosTest(options: { nodeCap: boolean; readyAuto?: boolean; pool: string }): void {
   const requests = Number(process.env.CHAOS_REQUESTS ?? 100);
   // A fixed seed by default, so the gate is the same run every time (handlers still interleave on real
   // I/O); `npm run test:chaos` draws a fresh seed per run to keep finding new schedules.
@@ -27,7 +29,14 @@ export function chaosTest(options: { nodeCap: boolean; pool: string }): void {
     console.log(`chaos: seed ${seed}, ${requests} requests (replay with CHAOS_SEED=${seed})`);
     // The reaper at the cadence it has on AWS relative to the jobs (chaos.ts, reaperEveryTicks).
     // A violation throws a ChaosFailure naming the ids, the seed and the figures.
-    const report = await runChaos({ requests, seed, trace, nodeCap: options.nodeCap, reaperEveryTicks: 10 });
+    const report = await runChaos({
+      requests,
+      seed,
+      trace,
+      nodeCap: options.nodeCap,
+      readyAuto: options.readyAuto ?? false,
+      reaperEveryTicks: 10,
+    });
     console.log(formatSummary(report));
     expect(report.violations).toEqual([]);
     expect(report.fulfilled + report.failed).toBe(requests);
