@@ -3,7 +3,7 @@ import { BaseSequencer, type TestSpecification } from 'vitest/node';
 
 /**
  * The suite's longest files, longest first, as the duration report at the end of `npm test` prints them
- * (a fresh clone of a 2-core machine of this kind). They start first: on the few workers, a two-minute file
+ * (a fresh clone of a 2-core machine of this kind). They start first: on two workers, a two-minute file
  * that starts last is a two-minute tail. Vitest orders by the durations it cached on an earlier run, but
  * a fresh clone (CI) has no cache and would start them in the order it found the files. A file missing
  * from this list, or one that moved, costs only that ordering.

@@ -98,7 +98,7 @@ describe('the cost simulator', () => {
   });
 
   it("reads a label's seats once per request and once per reaper run, with min-ready or auto: a refill after a take and the upkeep after a decision reuse them", async () => {
-    const busy = syntheticTrace('steady', 7, 40);
+    const busy = syntheticTrace('steady', 7, 20);
     for (const readiness of [
       { kind: 'static', minReady: 2 },
       { kind: 'auto', share: 0.9, maxReady: 8 },
