@@ -74,12 +74,17 @@ export function writeBundle(name: PoolFunctionName, outDir: string): void {
 
 const builtBundles = new Map<PoolFunctionName, readonly BundleFile[]>();
 
-/** The repository's bundles on disk: what decides a build besides its inputs is this file's options. */
+/**
+ * The repository's bundles on disk. What decides a build besides its inputs: the installed packages,
+ * this file's options, and the settings esbuild reads (tsconfig.json, package.json).
+ */
 function repositoryCache(): BundleCache {
   const root = fileURLToPath(new URL('..', import.meta.url));
   return new BundleCache(root, join(root, 'node_modules', '.cache', 'metastatic', 'lambda'), [
     'node_modules/.package-lock.json',
     'lib/lambdaBundle.ts',
+    'tsconfig.json',
+    'package.json',
   ]);
 }
 
