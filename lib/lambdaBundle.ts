@@ -78,8 +78,7 @@ const builtBundles = new Map<PoolFunctionName, readonly BundleFile[]>();
  * The repository's bundles on disk. What decides a build besides its inputs: the installed packages,
  * this file's options, and the settings esbuild reads (tsconfig.json, package.json).
  */
-function repositoryCache(): BundleCache {
-  const root = fileURLToPath(new URL('..', import.meta.url));
+function repositoryCache(root: string): BundleCache {
   return new BundleCache(root, join(root, 'node_modules', '.cache', 'metastatic', 'lambda'), [
     'node_modules/.package-lock.json',
     'lib/lambdaBundle.ts',
@@ -95,12 +94,12 @@ function buildBundle(name: PoolFunctionName): readonly BundleFile[] {
       `no bundle of the ${name} function: the package has no dist/lambda/${name} (run npm run build)`,
     );
   }
-  const cache = repositoryCache();
+  const root = fileURLToPath(new URL('..', import.meta.url));
+  const cache = repositoryCache(root);
   const cached = cache.get(name);
   if (cached) return cached;
   const started = Date.now();
   const esbuild = createRequire(import.meta.url)('esbuild') as typeof import('esbuild');
-  const root = fileURLToPath(new URL('..', import.meta.url));
   const out = esbuild.buildSync({
     ...LAMBDA_BUNDLE_OPTIONS,
     external: [...LAMBDA_BUNDLE_OPTIONS.external],

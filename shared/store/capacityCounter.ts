@@ -53,24 +53,13 @@ export class CapacityCounter {
     };
     const set = ['#used = if_not_exists(#used, :zero) + :k'];
     const free = this.addPendingEntries(members, { op: 'reserve', owner }, names, values, set);
-    try {
-      await this.deferred.sendWith(key, members, (extra) =>
-        this.sendCreatingPending(
-          key,
-          new UpdateCommand({
-            TableName: this.tableName,
-            Key: key,
-            UpdateExpression: `SET ${set.join(', ')}${extra.remove}`,
-            ConditionExpression: `(attribute_not_exists(#used) OR #used <= :room) AND ${notEarlier} AND ${settled} AND ${[...free, ...extra.conditions].join(' AND ')}`,
-            ExpressionAttributeNames: { ...names, ...extra.names },
-            ExpressionAttributeValues: { ...values, ...extra.values },
-          }),
-        ),
-      );
-    } catch (err) {
-      if (isConditionFailure(err)) return false;
-      throw err;
-    }
+    const written = await this.writeTogether(key, members, {
+      set,
+      condition: `(attribute_not_exists(#used) OR #used <= :room) AND ${notEarlier} AND ${settled} AND ${free.join(' AND ')}`,
+      names,
+      values,
+    });
+    if (!written) return false;
     for (const m of members) this.stepped('counted up', m);
     return true;
   }
@@ -84,6 +73,24 @@ export class CapacityCounter {
     const free = this.addPendingEntries(members, entry, names, values, set).map(
       (none, i) => `(${none} OR #pending.#m${i}.#op = :reserve)`,
     );
+    return this.writeTogether(key, members, { set, condition: free.join(' AND '), names, values });
+  }
+
+  /**
+   * One conditional update of a set's counter for several members at once: `set` and `condition` with
+   * the removals of deferred entries (and their conditions) the write carries along; false when the
+   * condition failed.
+   */
+  private async writeTogether(
+    key: Key,
+    members: readonly string[],
+    w: {
+      set: readonly string[];
+      condition: string;
+      names: Record<string, string>;
+      values: Record<string, unknown>;
+    },
+  ): Promise<boolean> {
     try {
       await this.deferred.sendWith(key, members, (extra) =>
         this.sendCreatingPending(
@@ -91,10 +98,10 @@ export class CapacityCounter {
           new UpdateCommand({
             TableName: this.tableName,
             Key: key,
-            UpdateExpression: `SET ${set.join(', ')}${extra.remove}`,
-            ConditionExpression: [...free, ...extra.conditions].join(' AND '),
-            ExpressionAttributeNames: { ...names, ...extra.names },
-            ExpressionAttributeValues: { ...values, ...extra.values },
+            UpdateExpression: `SET ${w.set.join(', ')}${extra.remove}`,
+            ConditionExpression: [w.condition, ...extra.conditions].filter((c) => c !== '').join(' AND '),
+            ExpressionAttributeNames: { ...w.names, ...extra.names },
+            ExpressionAttributeValues: { ...w.values, ...extra.values },
           }),
         ),
       );
