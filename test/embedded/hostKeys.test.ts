@@ -1,5 +1,5 @@
 import { execFile } from 'node:child_process';
-import { createPublicKey, verify } from 'node:crypto';
+import { createPublicKey, generateKeyPairSync, verify } from 'node:crypto';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { connect, createServer, type Server, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
@@ -13,6 +13,7 @@ import type { BackingResource } from '../../shared/core/provider.ts';
 import { scanHostKeys } from '../../shared/providers/hostKeys.ts';
 import {
   ed25519PublicBlob,
+  ed25519PublicKeyOf,
   encodeEd25519PrivateKey,
   newEd25519KeyPair,
   newEd25519PrivateKey,
@@ -293,6 +294,93 @@ describe('host key generation', () => {
     } finally {
       await rm(dir, { recursive: true, force: true });
     }
+  });
+});
+
+describe("a backing node's host key file", () => {
+  /** `<type> <base64>` of a private key, as ssh2 reads it. */
+  function publicOf(privateKey: string): string {
+    const parsed = ssh2.utils.parseKey(privateKey);
+    if (parsed instanceof Error) throw parsed;
+    return `${parsed.type} ${parsed.getPublicSSH().toString('base64')}`;
+  }
+
+  it('is read without ssh2 when it holds an ed25519 key: the same public key ssh2 reads', () => {
+    for (const comment of ['', 'metastatic', 'ünïcode']) {
+      const key = newEd25519PrivateKey(comment);
+      expect(ed25519PublicKeyOf(key)).toBe(publicOf(key));
+    }
+  });
+
+  it('is left to ssh2 when it holds another kind of key', () => {
+    const ecdsa = ssh2.utils.generateKeyPairSync('ecdsa', { bits: 256 }).private;
+    const rsaPem = generateKeyPairSync('rsa', { modulusLength: 2048 })
+      .privateKey.export({ format: 'pem', type: 'pkcs1' })
+      .toString();
+    expect(ed25519PublicKeyOf(ecdsa)).toBeUndefined();
+    expect(ed25519PublicKeyOf(rsaPem)).toBeUndefined();
+    expect(ed25519PublicKeyOf('not a key')).toBeUndefined();
+  });
+
+  it('is refused, saying why, when the ed25519 key in it is damaged', () => {
+    const a = newEd25519KeyPair();
+    const b = newEd25519KeyPair();
+    // The public key of one pair with the seed of another: consistent in form, not a key pair.
+    expect(() => ed25519PublicKeyOf(encodeEd25519PrivateKey(b.seed, a.publicKey))).toThrow(
+      'malformed OpenSSH ed25519 private key: its seed does not make its public key',
+    );
+    const good = encodeEd25519PrivateKey(a.seed, a.publicKey).split('\n');
+    const cut = [...good.slice(0, 3), ...good.slice(-2)].join('\n');
+    expect(() => ed25519PublicKeyOf(cut)).toThrow('malformed OpenSSH ed25519 private key: truncated');
+  });
+
+  /** Runs the backing node program on a host key file holding `key`; its stdout and exit code. */
+  async function bootWith(key: string): Promise<{ stdout: string; stderr: string; code: number | null }> {
+    // The backing node program as the local provider runs it in a clone (bundled by bin/fromSources.mjs).
+    const fromSources = '../../bin/fromSources.mjs';
+    const { sourceBuild } = (await import(fromSources)) as { sourceBuild(): Promise<string> };
+    const dir = await sourceBuild();
+    await writeFile(join(stateDir, 'bn.key'), key, { mode: 0o600 });
+    return new Promise((resolve, reject) => {
+      const child = execFile(
+        process.execPath,
+        [
+          join(dir, 'backingNode.js'),
+          '--id',
+          'bn-key',
+          '--resource',
+          'r-key',
+          '--state-file',
+          join(stateDir, 'bn.json'),
+        ],
+        { timeout: 30_000 },
+        (err, stdout, stderr) => {
+          const code = err ? (typeof err.code === 'number' ? err.code : null) : 0;
+          if (err && code === null && !err.killed) reject(err);
+          else resolve({ stdout, stderr, code });
+        },
+      );
+      child.stdout?.on('data', (chunk: Buffer) => {
+        if (chunk.toString().includes('READY')) child.kill('SIGTERM');
+      });
+    });
+  }
+
+  it('serves a key of another kind an operator put there (ssh2 reads it)', async () => {
+    const ecdsa = ssh2.utils.generateKeyPairSync('ecdsa', { bits: 256 }).private;
+    const { stdout, code } = await bootWith(ecdsa);
+    expect(stdout).toContain(`HOSTKEY ${publicOf(ecdsa)}\nREADY `);
+    expect(code).toBe(0);
+  });
+
+  it('stops the backing node with the reason when its ed25519 key is damaged', async () => {
+    const a = newEd25519KeyPair();
+    const b = newEd25519KeyPair();
+    const { stdout, stderr, code } = await bootWith(encodeEd25519PrivateKey(b.seed, a.publicKey));
+    expect(stdout).toBe('');
+    expect(stderr).toContain('cannot parse host key');
+    expect(stderr).toContain('its seed does not make its public key');
+    expect(code).toBe(2);
   });
 });
 

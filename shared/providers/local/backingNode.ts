@@ -34,7 +34,6 @@ import { parseArgs } from 'node:util';
 import { LIVE_POLL_MS } from './liveSlots.ts';
 import { type AllowedKey, type HostKey, loadAuthorizedKeys, loadOrCreateHostKey } from './nodeKeys.ts';
 import { Slots } from './nodeSlots.ts';
-import { sshServer } from './nodeSshServer.ts';
 import { endGroup, KILL_GRACE_MS, signalGroup } from './slotProcess.ts';
 
 interface Args {
@@ -167,13 +166,18 @@ async function main(): Promise<void> {
   }
   if (stopping) return;
   await reload();
-  const ssh = sshServer(
-    args.id,
-    hostKey,
-    slots,
-    () => keys,
-    () => stopping,
-  );
+  // The SSH server (and ssh2, a third of this process's start) is loaded when a connection first comes.
+  let ssh: Promise<{ injectSocket(socket: Socket): void }> | undefined;
+  const sshFor = () =>
+    (ssh ??= import('./nodeSshServer.ts').then(({ sshServer }) =>
+      sshServer(
+        args.id,
+        hostKey,
+        slots,
+        () => keys,
+        () => stopping,
+      ),
+    ));
 
   const listen = (): void => {
     bootTimer = undefined;
@@ -182,7 +186,13 @@ async function main(): Promise<void> {
       sockets.add(socket);
       socket.on('error', () => {});
       socket.on('close', () => sockets.delete(socket));
-      ssh.injectSocket(socket);
+      // Until the server takes it, the socket holds what the client sends (nothing reads it).
+      sshFor().then(
+        (server) => {
+          if (!socket.destroyed) server.injectSocket(socket);
+        },
+        (err: unknown) => fail(`cannot load the SSH server: ${String(err)}`),
+      );
     });
     server = srv;
     srv.on('error', (err) => fail(`server error: ${err.message}`));

@@ -9,7 +9,7 @@
  * one public key, then the private section (two equal check integers, the key type, the 32-byte public
  * key, the 64-byte seed || public key, a comment) padded with 1, 2, 3, ... to a multiple of 8 bytes.
  */
-import { generateKeyPairSync, randomBytes } from 'node:crypto';
+import { createPrivateKey, createPublicKey, generateKeyPairSync, randomBytes } from 'node:crypto';
 
 const KEY_TYPE = 'ssh-ed25519';
 const MAGIC = Buffer.from('openssh-key-v1\0', 'latin1');
@@ -105,4 +105,77 @@ function withPrefix(der: Buffer, prefix: Buffer): Buffer | undefined {
 export function newEd25519PrivateKey(comment = ''): string {
   const { seed, publicKey } = newEd25519KeyPair();
   return encodeEd25519PrivateKey(seed, publicKey, comment);
+}
+
+/** Reads SSH wire types from a buffer, failing on a short read. */
+class SshReader {
+  private at = 0;
+  constructor(private readonly bytes: Buffer) {}
+  uint32(): number {
+    if (this.at + 4 > this.bytes.length) throw new Error('truncated');
+    const value = this.bytes.readUInt32BE(this.at);
+    this.at += 4;
+    return value;
+  }
+  string(): Buffer {
+    const length = this.uint32();
+    if (this.at + length > this.bytes.length) throw new Error('truncated');
+    const value = this.bytes.subarray(this.at, this.at + length);
+    this.at += length;
+    return value;
+  }
+}
+
+/**
+ * The public key (`ssh-ed25519 <base64>`, as in known_hosts) of an unencrypted ed25519 key in OpenSSH's
+ * private-key format, checked as `ssh2` would check it (the check integers agree, the private section
+ * repeats the public key) and more (the seed derives that public key, by node:crypto), so that a local
+ * backing node knows its host key without loading `ssh2` before its first connection. Undefined for any
+ * other kind of key (another type, a passphrase, PEM), which the caller parses with `ssh2`; throws for an
+ * ed25519 key file that is damaged.
+ */
+export function ed25519PublicKeyOf(privateKey: string): string | undefined {
+  const armour =
+    /^-----BEGIN OPENSSH PRIVATE KEY-----\s+([A-Za-z0-9+/=\s]+?)\s*-----END OPENSSH PRIVATE KEY-----\s*$/.exec(
+      privateKey.trim(),
+    );
+  if (!armour?.[1]) return undefined;
+  const body = Buffer.from(armour[1].replace(/\s+/g, ''), 'base64');
+  if (!body.subarray(0, MAGIC.length).equals(MAGIC)) return undefined;
+  try {
+    const file = new SshReader(body.subarray(MAGIC.length));
+    if (file.string().toString('latin1') !== 'none') return undefined; // a passphrase
+    file.string(); // KDF
+    file.string(); // KDF options
+    if (file.uint32() !== 1) return undefined;
+    const blob = file.string();
+    const section = file.string();
+    const pub = new SshReader(blob);
+    if (pub.string().toString('latin1') !== KEY_TYPE) return undefined;
+    const publicKey = pub.string();
+    const priv = new SshReader(section);
+    const check = priv.uint32();
+    if (priv.uint32() !== check) throw new Error('its check integers differ');
+    if (priv.string().toString('latin1') !== KEY_TYPE) throw new Error('its private key is of another type');
+    if (!priv.string().equals(publicKey)) throw new Error('its private section holds another public key');
+    const pair = priv.string();
+    if (publicKey.length !== 32 || pair.length !== 64 || !pair.subarray(32).equals(publicKey)) {
+      throw new Error('its key sizes are not those of ed25519');
+    }
+    const derived = createPublicKey(
+      createPrivateKey({
+        key: Buffer.concat([PKCS8_ED25519_PREFIX, pair.subarray(0, 32)]),
+        format: 'der',
+        type: 'pkcs8',
+      }),
+    ).export({ format: 'der', type: 'spki' });
+    if (!withPrefix(derived, SPKI_ED25519_PREFIX)?.equals(publicKey)) {
+      throw new Error('its seed does not make its public key');
+    }
+    return `${KEY_TYPE} ${blob.toString('base64')}`;
+  } catch (err) {
+    throw new Error(
+      `malformed OpenSSH ed25519 private key: ${err instanceof Error ? err.message : String(err)}`,
+    );
+  }
 }

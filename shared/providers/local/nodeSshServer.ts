@@ -14,9 +14,29 @@ function identFor(backingNodeId: string): string {
   return `metastatic_${backingNodeId.replace(/[^\x21-\x7e]/g, '_')}`;
 }
 
+/** Each authorized key line parsed once, when a client first offers it. */
+const parsedKeys = new Map<string, ssh2.ParsedKey | undefined>();
+
+function parsedKey(allowed: AllowedKey): ssh2.ParsedKey | undefined {
+  if (!parsedKeys.has(allowed.line)) {
+    const parsed = ssh2.utils.parseKey(allowed.line);
+    const key = Array.isArray(parsed) ? parsed[0] : parsed;
+    const usable =
+      key && !(key instanceof Error) && key.getPublicSSH().equals(allowed.blob) ? key : undefined;
+    if (!usable) {
+      process.stderr.write(
+        `backing node: refusing an authorized key it cannot parse: ${allowed.line.slice(0, 40)}\n`,
+      );
+    }
+    parsedKeys.set(allowed.line, usable);
+  }
+  return parsedKeys.get(allowed.line);
+}
+
 /**
  * The SSH side of a local backing node. Public-key authentication only, as `slot<N>` for a live slot N,
  * with a key of the authorized-keys file; every client and channel error is swallowed (it is the client's).
+ * backingNode.ts imports this module (and so `ssh2`) when its first connection arrives.
  */
 export function sshServer(
   backingNodeId: string,
@@ -35,7 +55,8 @@ export function sshServer(
       if (slot === undefined || !allowed) return ctx.reject(['publickey']);
       // Without a signature the client only asks whether this key would do.
       if (!ctx.signature || !ctx.blob) return ctx.accept();
-      if (allowed.key.verify(ctx.blob, ctx.signature, ctx.hashAlgo) !== true)
+      const key = parsedKey(allowed);
+      if (key?.verify(ctx.blob, ctx.signature, ctx.hashAlgo) !== true)
         return ctx.reject(['publickey']);
       void (async () => {
         const nodeId = await slots.waitFor(slot);
