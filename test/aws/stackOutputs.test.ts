@@ -4,12 +4,13 @@ import { createServer, type IncomingHttpHeaders } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { CloudFormationClient, DescribeStacksCommand } from '@aws-sdk/client-cloudformation';
 import { mockClient } from 'aws-sdk-client-mock';
-import { afterEach, describe, expect, it } from 'vitest';
+import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { connect } from '../../cli/client.ts';
 import { readStack } from '../../cli/stack.ts';
 
 const cfn = mockClient(CloudFormationClient);
 afterEach(() => cfn.reset());
+afterAll(() => cfn.restore());
 
 const outputs = (keys: string[]) => keys.map((k) => ({ OutputKey: k, OutputValue: `value-of-${k}` }));
 

@@ -2,7 +2,7 @@ import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { EventBridgeClient, PutEventsCommand } from '@aws-sdk/client-eventbridge';
 import { mockClient } from 'aws-sdk-client-mock';
-import { afterEach, describe, expect, it } from 'vitest';
+import { afterEach, describe, expect, it, onTestFinished } from 'vitest';
 import { SpotInterruptionDetailType } from '../../shared/core/stateChanges.ts';
 import { EventBridgeSink } from '../../shared/providers/events/eventBridgeSink.ts';
 import { baseConfig } from '../../testkit/configs.ts';
@@ -100,6 +100,7 @@ describe('events out', () => {
 
   it('sends each event to the configured EventBridge bus and reports rejected entries', async () => {
     const eb = mockClient(EventBridgeClient);
+    onTestFinished(() => eb.restore()); // this file shares its worker: the real client after it, even if it fails
     eb.on(PutEventsCommand)
       .resolvesOnce({ FailedEntryCount: 0, Entries: [{ EventId: 'e1' }] })
       .resolvesOnce({ FailedEntryCount: 1, Entries: [{ ErrorCode: 'AccessDenied', ErrorMessage: 'no' }] });
@@ -118,17 +119,16 @@ describe('events out', () => {
     await expect(sink.publish('Node Released', { nodeId: 'b/0' })).rejects.toThrow(
       'PutEvents rejected Node Released: AccessDenied no',
     );
-    eb.restore();
   });
 
   it('puts the pool id in every detail when it has one, so pools sharing a bus can be told apart', async () => {
     const eb = mockClient(EventBridgeClient);
+    onTestFinished(() => eb.restore()); // this file shares its worker: the real client after it, even if it fails
     eb.on(PutEventsCommand).resolves({ FailedEntryCount: 0, Entries: [{ EventId: 'e1' }] });
     const sink = new EventBridgeSink(new EventBridgeClient({ region: 'us-east-1' }), 'default', 'ci-pool');
     await sink.publish('Request Failed', { requestId: 'r', reason: 'no capacity' });
     const detail = eb.commandCalls(PutEventsCommand)[0]?.args[0].input.Entries?.[0]?.Detail ?? '';
     expect(JSON.parse(detail)).toEqual({ requestId: 'r', reason: 'no capacity', poolId: 'ci-pool' });
-    eb.restore();
   });
 });
 
