@@ -56,8 +56,7 @@ export function sshServer(
       // Without a signature the client only asks whether this key would do.
       if (!ctx.signature || !ctx.blob) return ctx.accept();
       const key = parsedKey(allowed);
-      if (key?.verify(ctx.blob, ctx.signature, ctx.hashAlgo) !== true)
-        return ctx.reject(['publickey']);
+      if (key?.verify(ctx.blob, ctx.signature, ctx.hashAlgo) !== true) return ctx.reject(['publickey']);
       void (async () => {
         const nodeId = await slots.waitFor(slot);
         if (nodeId === undefined || stopping()) return ctx.reject(['publickey']);
