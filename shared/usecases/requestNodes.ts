@@ -133,9 +133,23 @@ async function tryPool(ctx: Context, pool: MetastaticPool, recording: Recording)
   const spares = await takeSpares(ctx, pool, recording, seen);
   const placing = recording.base.nodes.filter((_, i) => !spares.has(i));
   const nodeIds = placing.map((n) => n.id);
-  // With max-servers, the first node's candidates are asked for while its place is taken.
+  // With max-servers, the first node's candidates are asked for while its place is created, and its slot
+  // is claimed while the place is counted: a claim on a free slot is made before the count-up answers and
+  // given back if the pool turns out full (a crash in between leaves an unrecorded claim, which recovery
+  // frees as it frees one left between a claim and the request's write). A launch and a takeover of
+  // another delivery's claim wait for the places: neither is made for a node the pool has no room for.
   const [first] = placing;
   const firstPage = pool.maxServers !== undefined && first && prefetchCandidates(ctx, pool, first.label);
+  const reservation =
+    pool.maxServers !== undefined && nodeIds.length > 0
+      ? reserveNodes(ctx, pool, pool.maxServers, nodeIds, recording)
+      : undefined;
+  // Settled below in every case; a rejection meanwhile is not unhandled.
+  reservation?.catch(() => undefined);
+  const placesTaken = async (): Promise<void> => {
+    const reserved = await reservation;
+    if (reserved?.kind === 'full') throw new CapacityError(reserved.reason);
+  };
   // The places' bookkeeping once they are counted, overlapped with the placement (Reservation.finishing).
   let finishing: Promise<Error | undefined> | undefined;
   const reserveSettled = async () => {
@@ -143,23 +157,9 @@ async function tryPool(ctx: Context, pool: MetastaticPool, recording: Recording)
     finishing = undefined;
     if (err) ctx.log.warn('max-servers places left part-way; finished later', { error: err.message });
   };
-  if (pool.maxServers !== undefined && nodeIds.length > 0) {
-    let reserved: Reserved;
-    try {
-      reserved = await reserveNodes(ctx, pool, pool.maxServers, nodeIds, recording);
-    } catch (err) {
-      await giveBack(ctx, new Map(), spares, owner);
-      throw err;
-    }
-    if (reserved.kind === 'full') {
-      await giveBack(ctx, new Map(), spares, owner);
-      return { kind: 'full', reason: reserved.reason };
-    }
-    finishing = reserved.finishing;
-  }
   const placements = new Map<number, Placement>();
-  let winner: RequestRecord | undefined;
-  try {
+  // Settles to what stopped the placement, or undefined once every node has its place.
+  const placingAll = (async () => {
     for (const [i, node] of recording.base.nodes.entries()) {
       if (spares.has(i)) continue;
       const label = pool.labels.get(node.label);
@@ -169,14 +169,44 @@ async function tryPool(ctx: Context, pool: MetastaticPool, recording: Recording)
         i,
         await placeNode(ctx, pool, label, node.id, {
           owner,
-          beforeLaunch: () => recording.ensure(),
-          beforeTakeover: () => recording.fence(),
+          beforeLaunch: async () => {
+            await placesTaken();
+            await recording.ensure();
+          },
+          beforeTakeover: async () => {
+            await placesTaken();
+            await recording.fence();
+          },
           failBacking: failBadBacking,
           ...(node === first && firstPage ? { firstPage } : {}),
           ...expected,
         }),
       );
     }
+  })().then(
+    () => undefined,
+    (err: unknown) => ({ err }),
+  );
+  if (reservation) {
+    let reserved: Reserved;
+    try {
+      reserved = await reservation;
+    } catch (err) {
+      await placingAll;
+      await giveBack(ctx, placements, spares, owner, isStoredVerdict(err) ? err.request : undefined);
+      throw err;
+    }
+    if (reserved.kind === 'full') {
+      await placingAll;
+      await giveBack(ctx, placements, spares, owner);
+      return { kind: 'full', reason: reserved.reason };
+    }
+    finishing = reserved.finishing;
+  }
+  let winner: RequestRecord | undefined;
+  try {
+    const stopped = await placingAll;
+    if (stopped) throw stopped.err;
     const now = ctx.clock.now();
     winner = await recording.write((base) =>
       placedRequest(base, pool.key, placedNodes(base, pool, placements, spares, now), now),

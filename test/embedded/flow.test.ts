@@ -203,6 +203,13 @@ describe('request, fulfil and release flow (dynalite + fauxqs + local processes)
     const store = h.pool.context.store;
     expect((await store.getRequest('m3'))?.reason).toMatch(/meta\/main is at max-servers \(2\)/);
     expect((await store.nodePlaces('meta/main')).size).toBe(2);
+    // m3 claimed a free slot of the same backing node while its place was counted, and gave it back
+    // when the count said the pool is full: only m1's and m2's nodes hold slots.
+    const backing = await store.listBacking();
+    expect(backing).toHaveLength(1);
+    expect(backing[0]?.used).toBe(2);
+    expect(Object.values(backing[0]?.slotMap ?? {}).sort()).toEqual(['m1/0', 'm2/0']);
+    expect(Object.keys(backing[0]?.claims ?? {})).toHaveLength(2);
   });
 
   it('reports how long a request has waited each time it finds no capacity (the CapacityWait metric)', async () => {
