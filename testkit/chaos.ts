@@ -347,6 +347,8 @@ interface ClientRequest {
   /** The client lease it took (seconds), and when its client dies (stops renewing, never releases). */
   readonly lease?: number;
   readonly diesAt?: number;
+  /** Its death was seen by the release step, which then had its request settled once more. */
+  deathSeen?: boolean;
   renewedAt?: number;
   /** When the user cancels it (if it is not done by then). */
   cancelAt?: number;
@@ -1152,7 +1154,16 @@ export class ChaosRun {
     const now = this.clock.now();
     for (const c of this.client) {
       if (c.releaseAt === undefined || c.releasesSent || c.releaseAt > now) continue;
-      if (c.diesAt !== undefined && c.diesAt <= now) continue; // dead: only its lease frees its nodes
+      if (c.diesAt !== undefined && c.diesAt <= now) {
+        // Dead: only its lease frees its nodes. Its request is settled once more when its death is seen:
+        // if every node had already ended (failed with its backing node) while it lived, no record change
+        // would ever bring it back to settleClient, and the run would wait for it for ever.
+        if (!c.deathSeen) {
+          c.deathSeen = true;
+          this.touched.add(c.id);
+        }
+        continue;
+      }
       c.releasesSent = true;
       for (let i = 0; i < c.nodes; i++) {
         this.requestQueue.send(JSON.stringify({ kind: 'release', nodeId: `${c.id}/${i}` }));
