@@ -40,6 +40,8 @@ export interface TracedCall {
 
 export interface WarmTrace {
   readonly variant: string;
+  /** The first allocation of the store instance: no placement of the label to start from (a Query). */
+  readonly first: TracedCall[];
   readonly allocation: TracedCall[];
   readonly release: TracedCall[];
 }
@@ -85,7 +87,10 @@ function describe(command: string, input: Record<string, unknown>): { target: st
   return { target, detail: parts.join('; ') };
 }
 
-/** Traces one warm allocation and its release in each variant (after one of each to warm up). */
+/**
+ * Traces one warm allocation and its release in each variant, after one of each to warm up (traced too:
+ * the first allocation of a store instance, which has no placement of the label to start from).
+ */
 export async function traceWarmCalls(): Promise<WarmTrace[]> {
   const engine = await startInProcessDynalite();
   let trace: TracedCall[] | undefined;
@@ -159,8 +164,8 @@ export async function traceWarmCalls(): Promise<WarmTrace[]> {
         if (placed.request.state !== 'fulfilled') throw new Error(`${id}: ${placed.request.state}`);
         return { allocation, release };
       };
-      await one(`warm-up-${v.name}`);
-      out.push({ variant: v.name, ...(await one(`traced-${v.name}`)) });
+      const first = await one(`warm-up-${v.name}`);
+      out.push({ variant: v.name, first: first.allocation, ...(await one(`traced-${v.name}`)) });
     }
   } finally {
     await engine.close();
@@ -175,6 +180,7 @@ export function warmCallsReport(traces: readonly WarmTrace[]): string {
   const lines: string[] = [];
   for (const t of traces) {
     for (const [what, calls] of [
+      ['first allocation of the instance', t.first],
       ['allocation', t.allocation],
       ['release', t.release],
     ] as const) {

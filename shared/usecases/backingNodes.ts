@@ -13,6 +13,7 @@ import type { BackingProvider } from '../core/provider.ts';
 import type { BackingRecord, NodeRecord } from '../core/records.ts';
 import { hostKeysOf } from '../core/request.ts';
 import { MIN_CHECK_MS } from '../core/timing.ts';
+import { noteFreedSlot } from './candidates.ts';
 import { retryOnConflict } from './conflicts.ts';
 import { type Context, deliveryDead, emit, timeLeft } from './context.ts';
 
@@ -61,7 +62,9 @@ export async function giveBackSlot(
       if (claim?.by !== only.owner || (only.claimedAt !== undefined && claim.at !== only.claimedAt))
         return false;
     }
-    await ctx.store.putBacking(freeSlot(b, slot, ctx.clock.now()), { version: b.version });
+    const next = freeSlot(b, slot, ctx.clock.now());
+    await ctx.store.putBacking(next, { version: b.version });
+    noteFreedSlot(ctx, next);
     ctx.log.debug('slot freed', { nodeId, backingNodeId: backingId, slot });
     return true;
   });

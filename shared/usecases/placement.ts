@@ -24,10 +24,17 @@ import {
 } from '../core/errors.ts';
 import { backingNodeId, parseNodeId, supersedes } from '../core/ids.ts';
 import { needsMaxAgeDrain } from '../core/lifecycle.ts';
+import type { Page } from '../core/poolStore.ts';
 import type { BackingRecord } from '../core/records.ts';
 import { holdsSlot } from '../core/request.ts';
 import { ensureLaunched, giveBackSlot, providerOf, reserveBacking, scanKeys } from './backingNodes.ts';
-import { CANDIDATES_PER_QUERY } from './candidates.ts';
+import {
+  CANDIDATES_PER_QUERY,
+  type Candidates,
+  forgetPlacement,
+  rememberedCandidates,
+  rememberPlacement,
+} from './candidates.ts';
 import { AGAIN, MAX_CONFLICT_RETRIES, retryOnConflict, unlessConflict } from './conflicts.ts';
 import { type Context, deliveryDead, timeLeft } from './context.ts';
 import type { Placement, PlaceOptions } from './placeOptions.ts';
@@ -59,13 +66,18 @@ export async function placeNode(
   const placed = await inThisProcess.during(`${pool.key}#${label.name}`, (ticket) =>
     claimFromCandidates(ctx, pool, label, nodeId, attempt, options, ticket),
   );
-  if (placed) return placed;
+  if (placed) {
+    rememberPlacement(ctx, pool, label.name, placed.backing);
+    return placed;
+  }
   // No launch once the invocation's time is up: its outcome could not be recorded (Recording.write
   // refuses), and the next delivery or reaper run takes the node up with a fresh deadline.
   checkTimeToLaunch(ctx, nodeId);
   // A launch is the one side effect a duplicate must never repeat: the caller checks first.
   await options.beforeLaunch?.();
-  return launchFor(ctx, pool, label, nodeId, attempt, options);
+  const launched = await launchFor(ctx, pool, label, nodeId, attempt, options);
+  rememberPlacement(ctx, pool, label.name, launched.backing);
+  return launched;
 }
 
 /** The claimants placing nodes in this process at the moment, per pool and label (core/claimants.ts). */
@@ -85,23 +97,20 @@ async function claimFromCandidates(
   options: PlaceOptions,
   ticket: number,
 ): Promise<Placement | undefined> {
-  let cursor: Record<string, unknown> | undefined;
+  const order =
+    ctx.placementPolicy === 'oldest'
+      ? compareOldestFirst
+      : options.expectedEnd !== undefined && options.orderByExpectedEnd !== false
+        ? compareByExpectedEnd(options.expectedEnd, ctx.clock.now())
+        : compareCandidates;
   let losses = 0;
-  for (let page = 0; page < MAX_CANDIDATE_PAGES; page++) {
-    const found =
-      (page === 0 ? await options.firstPage : undefined) ??
-      (await ctx.store.findCandidates(pool.key, label.name, CANDIDATES_PER_QUERY, cursor));
-    const order =
-      ctx.placementPolicy === 'oldest'
-        ? compareOldestFirst
-        : options.expectedEnd !== undefined && options.orderByExpectedEnd !== false
-          ? compareByExpectedEnd(options.expectedEnd, ctx.clock.now())
-          : compareCandidates;
+  /** Tries a page's candidates in order; the first page's claimants of this process spread out. */
+  const claimFrom = async (found: Page<BackingRecord>, first: boolean): Promise<Placement | undefined> => {
     const queue = found.items.sort(order);
     // Another claimant of this label is placing in this process too: each aims at a free slot of its
     // own among the fullest few, the one a lone claimant after the others would take.
     const now = ctx.clock.now();
-    const target = page === 0 ? ticketTarget(queue, ticket, (b) => isClaimable(b, now)) : undefined;
+    const target = first ? ticketTarget(queue, ticket, (b) => isClaimable(b, now)) : undefined;
     if (target) queue.unshift(...queue.splice(target.index, 1));
     let aim = target?.slot;
     for (let next = queue.shift(); next; next = queue.shift()) {
@@ -119,6 +128,30 @@ async function claimFromCandidates(
       if (queue.length > 1) queue.push(...queue.splice(0, hashOf(nodeId) % queue.length));
       if (isClaimable(lost, ctx.clock.now())) queue.push(lost);
     }
+    return undefined;
+  };
+  let prefetched: Candidates | undefined = await options.firstPage;
+  // Fullest first, the backing node this process placed the label's last node on (candidates.ts) is
+  // tried before any Query while it has a free slot: it was the fullest then, and is one fuller now.
+  // Placed by another order, the index is asked.
+  // Not for a node placed before (a move off a failed backing node, a retry holding a claim): where it
+  // is, and what happened to it, are read, not remembered.
+  if (order === compareCandidates && attempt === 1) {
+    const remembered = prefetched?.remembered ? prefetched : rememberedCandidates(ctx, pool, label.name);
+    if (remembered && remembered.items.every((b) => slotOf(b, nodeId) === undefined)) {
+      const placed = await claimFrom(remembered, true);
+      if (placed) return placed;
+      forgetPlacement(ctx, pool, label.name); // it changed elsewhere (filled, drained, ended)
+    }
+  }
+  if (prefetched?.remembered) prefetched = undefined;
+  let cursor: Record<string, unknown> | undefined;
+  for (let page = 0; page < MAX_CANDIDATE_PAGES; page++) {
+    const found =
+      (page === 0 ? prefetched : undefined) ??
+      (await ctx.store.findCandidates(pool.key, label.name, CANDIDATES_PER_QUERY, cursor));
+    const placed = await claimFrom(found, page === 0);
+    if (placed) return placed;
     cursor = found.cursor;
     if (!cursor) break;
   }

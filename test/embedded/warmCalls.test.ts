@@ -15,22 +15,36 @@ describe('one warm allocation', () => {
     return t.allocation;
   };
 
-  it('with max-servers asks for its candidates while it creates its place and claims its slot while the place is counted: 3 round trips, as without', async () => {
+  it('with max-servers claims its slot while it creates its place, on the backing node its last placement went to: 5 calls, 3 round trips', async () => {
     const calls = await of('max-servers-1000');
-    // The count-up's pending entry is removed by the next counter write, not by one of its own.
-    expect(calls.map((c) => c.command)).toHaveLength(6);
+    // The count-up's pending entry is removed by the next counter write, not by one of its own; the
+    // candidates are the backing node of this store's last placement of the label, not a Query.
+    expect(calls.map((c) => c.command)).toHaveLength(5);
+    expect(calls.filter((c) => c.command === 'Query')).toEqual([]);
     expect(calls.some((c) => c.failed)).toBe(false);
-    // The free-index Query goes with the place's creation, before the count-up answers.
-    const query = calls.find((c) => c.command === 'Query');
+    const place = calls.find((c) => c.target.includes('/ PLACE#') && c.command === 'PutItem');
     const countUp = calls.find((c) => c.target.endsWith('/ NODES') && c.command === 'UpdateItem');
-    expect(query?.depth).toBeLessThan(countUp?.depth ?? 0);
-    // The slot claim goes out with the count-up (given back if the pool turns out full), not after it.
+    // The slot claim goes out with the place's creation (given back if the pool turns out full).
     const claim = calls.find((c) => c.target.startsWith('BACKING#') && c.command === 'UpdateItem');
-    expect(claim?.depth).toBe(countUp?.depth);
+    expect(claim?.depth).toBe(1);
+    expect(place?.depth).toBe(1);
+    expect(countUp?.depth).toBe(2);
     // The request's write, the commit point, after both.
     const commit = calls.find((c) => c.target.startsWith('REQUEST#') && c.command === 'PutItem');
     expect(commit?.depth).toBeGreaterThan(countUp?.depth ?? Number.POSITIVE_INFINITY);
     expect(roundTrips(calls)).toBe(3);
+  }, 90_000);
+
+  it('with max-servers, the first allocation of an instance asks the free index while it creates its place', async () => {
+    await of('max-servers-1000');
+    // The first of the store instance also reads the registry of waiting queues (then reused for 5 s),
+    // and this one creates the counter.
+    const calls = traces.find((x) => x.variant === 'max-servers-1000')?.first ?? [];
+    const query = calls.find((c) => c.command === 'Query' && c.target.startsWith('free '));
+    const place = calls.find((c) => c.target.includes('/ PLACE#') && c.command === 'PutItem');
+    const claim = calls.find((c) => c.target.startsWith('BACKING#') && c.command === 'UpdateItem');
+    expect(query?.depth).toBe(place?.depth);
+    expect(claim?.depth).toBe((query?.depth ?? 0) + 1);
   }, 90_000);
 
   it('with max-servers is released in 6 calls: the count-down takes the reserve entry over', async () => {
@@ -40,9 +54,14 @@ describe('one warm allocation', () => {
     expect(release.filter((c) => c.target.endsWith('/ NODES'))).toHaveLength(1);
   }, 90_000);
 
-  it('without max-servers is its 3 calls one after another', async () => {
+  it('without max-servers is a claim on the backing node of its last placement and the commit; the first asks the index', async () => {
     const calls = await of('max-servers-unset');
-    expect(calls.map((c) => c.command)).toEqual(['Query', 'UpdateItem', 'PutItem']);
-    expect(roundTrips(calls)).toBe(3);
+    expect(calls.map((c) => c.command)).toEqual(['UpdateItem', 'PutItem']);
+    expect(roundTrips(calls)).toBe(2);
+    const first = (traces.find((x) => x.variant === 'max-servers-unset')?.first ?? []).filter(
+      (c) => !c.target.includes('QUEUES'), // the registry of waiting queues, read once per 5 s
+    );
+    expect(first.map((c) => c.command)).toEqual(['Query', 'UpdateItem', 'PutItem']);
+    expect(first.map((c) => c.target.split(' ')[0])).toEqual(['free', 'BACKING#bn-warm', expect.any(String)]);
   }, 90_000);
 });
