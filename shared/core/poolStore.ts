@@ -130,13 +130,17 @@ export interface PoolStore {
   forgetResource(resourceId: string, backingNodeId: string): Promise<void>;
 
   // ---- places in a metastatic pool's max-servers (one per live node)
-  /** Takes places for `nodeIds`, held by `owner`, if the pool stays within `max`. */
+  /**
+   * Takes places for `nodeIds`, held by `owner`, if the pool stays within `max`. `countFirst`: counted
+   * first, then the places created counted (two writes; CapacitySets.reserve), the place-first protocol
+   * only when that is refused.
+   */
   reserveNodePlaces(
     poolKey: string,
     nodeIds: readonly string[],
     max: number,
     owner: string,
-    options?: { readonly overlap?: boolean },
+    options?: { readonly overlap?: boolean; readonly countFirst?: boolean },
   ): Promise<Reservation>;
   /** Hands a node's place over from `from` (known dead or superseded) to `to`; false when not theirs. */
   takeOverNodePlace(poolKey: string, nodeId: string, from: string, to: string): Promise<boolean>;

@@ -1,5 +1,5 @@
 import { type DynamoDBDocumentClient, UpdateCommand } from '@aws-sdk/lib-dynamodb';
-import { isConditionFailure, type Key, type Pending } from './capacityReads.ts';
+import { isConditionFailure, type Key, type Pending, parseCountId } from './capacityReads.ts';
 import { DeferredEntries } from './deferredEntries.ts';
 
 /** The steps CapacityCounter takes itself, reported to CapacitySteps.afterStep (a CapacityStep each). */
@@ -40,6 +40,29 @@ export class CapacityCounter {
    * independent of the members, far below DynamoDB's 4 KB for the largest node set).
    */
   async countUp(key: Key, members: readonly string[], limit: number, owner: string): Promise<boolean> {
+    return (await this.countUpWith(key, members, limit, { op: 'reserve', owner })) !== undefined;
+  }
+
+  /**
+   * none/none -> none/reserve (0 -> 1 each), the entries marked `first` (made before the places): a
+   * count-first reserve's count-up, on the same conditions as countUp. Returns the entries' time (their
+   * count-up's id with the owner, which the places created after it carry), undefined when refused.
+   */
+  countUpFirst(
+    key: Key,
+    members: readonly string[],
+    limit: number,
+    owner: string,
+  ): Promise<number | undefined> {
+    return this.countUpWith(key, members, limit, { op: 'reserve', owner, first: true });
+  }
+
+  private async countUpWith(
+    key: Key,
+    members: readonly string[],
+    limit: number,
+    entry: Omit<Pending, 'at'>,
+  ): Promise<number | undefined> {
     const names: Record<string, string> = {
       '#used': 'used',
       '#pending': 'pending',
@@ -52,27 +75,53 @@ export class CapacityCounter {
       ':zero': 0,
     };
     const set = ['#used = if_not_exists(#used, :zero) + :k'];
-    const free = this.addPendingEntries(members, { op: 'reserve', owner }, names, values, set);
+    const at = this.now();
+    const free = this.addPendingEntries(members, entry, names, values, set, at);
     const written = await this.writeTogether(key, members, {
       set,
       condition: `(attribute_not_exists(#used) OR #used <= :room) AND ${notEarlier} AND ${settled} AND ${free.join(' AND ')}`,
       names,
       values,
     });
-    if (!written) return false;
+    if (!written) return undefined;
     for (const m of members) this.stepped('counted up', m);
-    return true;
+    return at;
   }
 
-  /** The one counter write of CapacitySteps.countDownAll; false when its condition failed. */
-  async countDownTogether(key: Key, members: readonly string[], owner: string | undefined) {
-    const names: Record<string, string> = { '#used': 'used', '#pending': 'pending', '#op': 'op' };
+  /**
+   * The one counter write of CapacitySteps.countDownAll; false when its condition failed. A member's
+   * reserve entry is taken over only when it is its place's own count: an entry of the earlier form
+   * (not `first`), or the count-up named by the place's `countedBy` (`countedBy[i]`), never a stray one
+   * (capacityReads.ts isStray), which counts beside the place.
+   */
+  async countDownTogether(
+    key: Key,
+    members: readonly string[],
+    owner: string | undefined,
+    countedBy: readonly (string | undefined)[] = [],
+  ) {
+    const names: Record<string, string> = {
+      '#used': 'used',
+      '#pending': 'pending',
+      '#op': 'op',
+      '#first': 'first',
+    };
     const values: Record<string, unknown> = { ':k': members.length, ':reserve': 'reserve' };
     const set = ['#used = #used - :k'];
     const entry = { op: 'release', owner: owner ?? 'any' } as const;
-    const free = this.addPendingEntries(members, entry, names, values, set).map(
-      (none, i) => `(${none} OR #pending.#m${i}.#op = :reserve)`,
-    );
+    const free = this.addPendingEntries(members, entry, names, values, set, this.now()).map((none, i) => {
+      const path = `#pending.#m${i}`;
+      const by = parseCountId(countedBy[i]);
+      let own = `attribute_not_exists(${path}.#first)`;
+      if (by) {
+        names['#owner'] = 'owner';
+        names['#at'] = 'at';
+        values[`:bo${i}`] = by.owner;
+        values[`:ba${i}`] = by.at;
+        own = `(${own} OR (${path}.#owner = :bo${i} AND ${path}.#at = :ba${i}))`;
+      }
+      return `(${none} OR (${path}.#op = :reserve AND ${own}))`;
+    });
     return this.writeTogether(key, members, { set, condition: free.join(' AND '), names, values });
   }
 
@@ -112,22 +161,36 @@ export class CapacityCounter {
     }
   }
 
-  /** Removes a member's pending entry of `op`, changing `used` by `delta`; false when there is none. */
-  async removePending(key: Key, member: string, op: Pending['op'], delta: number): Promise<boolean> {
+  /**
+   * Removes a member's pending entry of `op`, changing `used` by `delta`; false when there is none (or,
+   * with `expect`, when it is not that count-up's entry any more).
+   */
+  async removePending(
+    key: Key,
+    member: string,
+    op: Pending['op'],
+    delta: number,
+    expect?: Pick<Pending, 'owner' | 'at'>,
+  ): Promise<boolean> {
     try {
       await this.doc.send(
         new UpdateCommand({
           TableName: this.tableName,
           Key: key,
           UpdateExpression: `${delta === 0 ? '' : 'SET #used = #used + :delta '}REMOVE #pending.#m`,
-          ConditionExpression: '#pending.#m.#op = :op',
+          ConditionExpression: `#pending.#m.#op = :op${expect ? ' AND #pending.#m.#owner = :owner AND #pending.#m.#at = :at' : ''}`,
           ExpressionAttributeNames: {
             '#pending': 'pending',
             '#m': member,
             '#op': 'op',
             ...(delta === 0 ? {} : { '#used': 'used' }),
+            ...(expect ? { '#owner': 'owner', '#at': 'at' } : {}),
           },
-          ExpressionAttributeValues: { ':op': op, ...(delta === 0 ? {} : { ':delta': delta }) },
+          ExpressionAttributeValues: {
+            ':op': op,
+            ...(delta === 0 ? {} : { ':delta': delta }),
+            ...(expect ? { ':owner': expect.owner, ':at': expect.at } : {}),
+          },
         }),
       );
       return true;
@@ -181,10 +244,11 @@ export class CapacityCounter {
     names: Record<string, string>,
     values: Record<string, unknown>,
     set: string[],
+    at: number,
   ): string[] {
     return members.map((m, i) => {
       names[`#m${i}`] = m;
-      values[`:e${i}`] = { ...entry, at: this.now() } satisfies Pending;
+      values[`:e${i}`] = { ...entry, at } satisfies Pending;
       set.push(`#pending.#m${i} = :e${i}`);
       return `attribute_not_exists(#pending.#m${i})`;
     });

@@ -20,12 +20,45 @@ export interface Place {
   readonly owner: string;
   readonly phase: Phase;
   readonly at: number;
+  /** A place created counted by a count-first reserve: the count-up that counted it (countIdOf). */
+  readonly countedBy?: string;
 }
 
 export interface Pending {
   readonly op: 'reserve' | 'release';
   readonly owner: string;
   readonly at: number;
+  /** A count-up made before its member's place (a count-first reserve, CapacitySets.reserve). */
+  readonly first?: boolean;
+}
+
+/** Names a count-up (its owner and time): a place created counted after it carries it as `countedBy`. */
+export const countIdOf = (e: Pick<Pending, 'owner' | 'at'>) => `${e.owner}@${e.at}`;
+
+/** The owner and time a `countedBy` names (owner tokens may hold `@`: the time is after the last one). */
+export function parseCountId(id: string | undefined): Pick<Pending, 'owner' | 'at'> | undefined {
+  if (id === undefined) return undefined;
+  const cut = id.lastIndexOf('@');
+  const at = Number(id.slice(cut + 1));
+  return cut < 0 || !Number.isFinite(at) ? undefined : { owner: id.slice(0, cut), at };
+}
+
+/**
+ * A count-first reserve (the request path: CapacitySets.reserve `countFirst`) counts up before its places
+ * exist (none/reserve, its entries marked `first`), then creates each place counted, naming the count-up
+ * (`countedBy`): counted/reserve. Its entry is stray when the member's place does not name it (the place
+ * was there before: another holder's, or an earlier one of its owner's): it counts 1 of its own beside
+ * what the place counts. Only its owner (undoing it at once) or recover (once it is stale) removes it,
+ * with its count; no other step takes it for the place's own (a count-down leaves it, a reserve sees the
+ * member busy). Without a place it is none/reserve.
+ */
+export function isStray(entry: Pending | undefined, place: Place | undefined): boolean {
+  return (
+    entry?.op === 'reserve' &&
+    entry.first === true &&
+    place !== undefined &&
+    place.countedBy !== countIdOf(entry)
+  );
 }
 
 export interface Counter {
@@ -84,13 +117,14 @@ export async function readPlaces(doc: DynamoDBDocumentClient, tableName: string,
   return out;
 }
 
-function toPlace(item: Record<string, unknown>): Place {
+export function toPlace(item: Record<string, unknown>): Place {
   const phase = item.phase === 'counted' || item.phase === 'releasing' ? item.phase : 'counting';
   return {
     member: String(item.member),
     owner: String(item.owner),
     phase,
     at: typeof item.at === 'number' ? item.at : 0,
+    ...(typeof item.countedBy === 'string' ? { countedBy: item.countedBy } : {}),
   };
 }
 

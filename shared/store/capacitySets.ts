@@ -1,6 +1,7 @@
 import type { DynamoDBDocumentClient } from '@aws-sdk/lib-dynamodb';
 import type { Reservation } from '../core/poolStore.ts';
 import { migrateCapacitySet } from './capacityMigration.ts';
+import { countIdOf, isStray } from './capacityReads.ts';
 import { CapacitySteps, type Counter, type Key, type Place } from './capacitySteps.ts';
 
 export type { CapacityStep } from './capacitySteps.ts';
@@ -17,7 +18,10 @@ export type { CapacityStep } from './capacitySteps.ts';
  * (the table of contributions is in capacitySteps.ts, with the steps).
  *
  * Reserve: place `counting` (create) -> `used + k` with `pending reserve` (conditioned on room: the one
- * gate of max-servers) -> place `counted` -> pending removed. Release: place `releasing` -> `used - k`
+ * gate of max-servers) -> place `counted` -> pending removed. The request path counts first instead
+ * (`countFirst`: `used + k` with `pending reserve` marked `first` -> each place created `counted`, naming
+ * that count-up -> pending removed), two writes a place rather than three, and falls back to the
+ * place-first reserve when the count-up is refused or a member has a place already. Release: place `releasing` -> `used - k`
  * with `pending release` -> place deleted -> pending removed. The counter is written twice per operation
  * whatever the number of members (count, finish), each place a few times. A step that finds a member part-way
  * (a crash, a concurrent delivery) continues it from where it is; `recover` does that for operations
@@ -55,8 +59,26 @@ export class CapacitySets {
     limit: number,
     owner: string,
     migrated = false,
-    options: { readonly overlap?: boolean; readonly clearedEnded?: boolean } = {},
+    options: {
+      readonly overlap?: boolean;
+      readonly clearedEnded?: boolean;
+      /** Count first, then create the places counted (reserveCountFirst): one write per place fewer. */
+      readonly countFirst?: boolean;
+    } = {},
   ): Promise<Reservation> {
+    if (options.countFirst) {
+      const counted = await this.reserveCountFirst(key, members, limit, owner);
+      if (counted.length === members.length) return { kind: 'reserved' };
+      // Refused (full, a member busy, a set of an earlier form), or some members had places (a concurrent
+      // delivery's): the place-first reserve sorts it out as it always has (the places taken here are this
+      // owner's, counted), and what was taken here is given back unless it reserves all (all or none).
+      const rest = await this.reserve(key, members, limit, owner, migrated, {
+        ...options,
+        countFirst: false,
+      });
+      if (rest.kind !== 'reserved' && counted.length > 0) await this.unreserve(key, counted, owner);
+      return rest;
+    }
     const holders = new Map<string, string>();
     const created: string[] = [];
     /** Places that existed already (a retry of this owner, or another owner's): read to see where they are. */
@@ -87,7 +109,11 @@ export class CapacitySets {
     for (const p of ended) await this.steps.removePending(key, p.member, 'release', 0);
     const pending = { ...counter.pending };
     for (const p of ended) delete pending[p.member];
-    const inFlight = [...found.keys()].filter((m) => pending[m]?.op === 'release');
+    // A release in flight, or a count-first reserve's stray count (its owner undoes it, or recover): the
+    // member is another operation's for now.
+    const inFlight = [...found.keys()].filter(
+      (m) => pending[m]?.op === 'release' || isStray(pending[m], found.get(m)),
+    );
     if (inFlight.length > 0) {
       await this.steps.dropUncounted(key, created, owner);
       return {
@@ -117,7 +143,13 @@ export class CapacitySets {
       const ended = toCount.filter((m) => created.includes(m) && now.pending[m]?.op === 'release');
       if (!options.clearedEnded && ended.length > 0) {
         for (const m of ended) await this.steps.removePending(key, m, 'release', 0);
-        return this.reserve(key, members, limit, owner, migrated, { ...options, clearedEnded: true });
+        const again = await this.reserve(key, members, limit, owner, migrated, {
+          ...options,
+          clearedEnded: true,
+        });
+        // Not taken after all (full, or held meanwhile): the places this one created go, uncounted.
+        if (again.kind !== 'reserved') await this.steps.dropUncounted(key, toCount, owner);
+        return again;
       }
       const busy = toCount.filter((m) => now.pending[m]);
       await this.steps.dropUncounted(key, toCount, owner);
@@ -143,6 +175,39 @@ export class CapacitySets {
     return { kind: 'reserved' };
   }
 
+  /**
+   * The common reservation, every member new, in two writes whatever their number: the counter's count-up
+   * first (none/none -> none/reserve, its entries marked `first`; the one gate of max-servers), then each
+   * member's place created counted, naming that count-up (none/reserve -> counted/reserve: 1 -> 1), where
+   * the place-first reserve writes a place three times (created, counted up, marked counted). The entries
+   * go with this instance's next counter write, as a place-first reserve's do. Returns the members it
+   * took; none when the count-up was refused. A member whose place existed already (another holder's, or
+   * this owner's from an earlier try) has its count undone at once (the entry was stray: it counted 1
+   * beside the place, capacityReads.ts isStray), and is left to the place-first reserve.
+   *
+   * A crash between the count-up and a place's creation leaves none/reserve (1), which recover undoes
+   * once stale, as it undoes a place-first reserve's whose place went: nothing was recorded for a member
+   * without its place, since the caller records only after the reservation answered.
+   */
+  private async reserveCountFirst(
+    key: Key,
+    members: readonly string[],
+    limit: number,
+    owner: string,
+  ): Promise<string[]> {
+    const at = await this.steps.countUpFirst(key, members, limit, owner);
+    if (at === undefined) return [];
+    const countedBy = countIdOf({ owner, at });
+    const taken: string[] = [];
+    for (const m of members) {
+      if (await this.steps.createCountedPlace(key, m, owner, countedBy)) taken.push(m);
+      // Placed already: the entry is stray, counting 1 beside the place; it goes with its count.
+      else await this.steps.removePending(key, m, 'reserve', -1, { owner, at });
+    }
+    this.steps.deferReserved(key, taken, owner);
+    return taken;
+  }
+
   /** A place seen a moment ago vanished (a concurrent release or recovery): start over, once more at most. */
   private async reserveAgain(
     key: Key,
@@ -163,16 +228,20 @@ export class CapacitySets {
     // The common case, a counted place: marked releasing at once, and all of those counted down together
     // (one write of the counter for the set, not one per member); anything else is read and sorted out.
     const releasing: string[] = [];
+    const countedBy = new Map<string, string | undefined>();
     for (const m of members) {
-      if (await this.steps.markReleasing(key, m, owner)) {
+      const marked = await this.steps.markReleasing(key, m, owner);
+      if (marked) {
         releasing.push(m);
+        countedBy.set(m, marked.countedBy);
         continue;
       }
       const place = await this.steps.place(key, m);
       if (!place || (owner !== undefined && place.owner !== owner)) continue;
       if (place.phase === 'counting') {
         const counter = await this.steps.counter(key);
-        if (counter.pending[m]?.op !== 'reserve') {
+        const entry = counter.pending[m];
+        if (entry?.op !== 'reserve' || isStray(entry, place)) {
           // Never counted (beside a release entry: an earlier place's ended release).
           await this.steps.deletePlace(key, m, { phase: 'counting', owner: place.owner });
           continue;
@@ -181,7 +250,7 @@ export class CapacitySets {
       }
       await this.steps.release(key, m, owner);
     }
-    await this.steps.countDownAll(key, releasing, owner);
+    await this.steps.countDownAll(key, releasing, owner, countedBy);
   }
 
   /** Who holds each place (member -> owner token): one Query of the set's places, page by page. */
@@ -218,7 +287,15 @@ export class CapacitySets {
     for (const [m, e] of Object.entries(counter.pending)) if (e.at < before) stale.add(m);
     for (const m of stale) {
       const place = places.get(m);
-      const pending = counter.pending[m];
+      let pending = counter.pending[m];
+      if (pending && isStray(pending, place)) {
+        // A count-first reserve's count beside a place that was there before it, its owner dead before it
+        // undid it (a young one is left to its owner): it goes with its count, then the place is seen to.
+        if (pending.at >= before) continue;
+        if (await this.steps.removePending(key, m, 'reserve', -1, pending)) finished++;
+        pending = undefined;
+        if (place?.phase === 'counted' || (place?.at ?? 0) >= before) continue;
+      }
       if (place?.phase === 'counting' && pending?.op !== 'reserve') {
         // Never counted; a release entry beside it is an earlier place's ended release, and goes. The
         // place goes only once stale itself: a young one is a live reserve's (which clears such an entry
@@ -235,7 +312,8 @@ export class CapacitySets {
       } else if (place?.phase === 'counting') {
         await this.steps.finishReserve(key, m, place.owner);
       } else if (place?.phase === 'releasing') {
-        await this.steps.countDown(key, m, undefined); // its releaser died: recover carries the release on
+        // Its releaser died: recover carries the release on.
+        await this.steps.countDown(key, m, undefined, place.countedBy);
       } else if (!place && pending?.op === 'reserve') {
         await this.steps.removePending(key, m, 'reserve', -1); // counted up, its place never written
       } else if (!place && pending?.op === 'release') {

@@ -2,6 +2,7 @@ import { DeleteCommand, type DynamoDBDocumentClient, PutCommand, UpdateCommand }
 import { CapacityCounter } from './capacityCounter.ts';
 import {
   type Counter,
+  countIdOf,
   isConditionFailure,
   type Key,
   type Pending,
@@ -11,6 +12,7 @@ import {
   readCounter,
   readPlace,
   readPlaces,
+  toPlace,
 } from './capacityReads.ts';
 
 /**
@@ -32,6 +34,9 @@ import {
  * | none       | reserve  | 1      |
  * | none       | release  | 0      |
  * | legacy (a member of an earlier form, below) | 1 |
+ *
+ * A count-first reserve counts up before it creates its places counted; an entry of one that its place
+ * does not name is stray and counts 1 of its own (capacityReads.ts isStray).
  *
  * Each step's comment gives its transition as `place/pending (before -> after contribution)`.
  *
@@ -95,12 +100,29 @@ export class CapacitySteps {
   // ---- steps ---------------------------------------------------------------------------------------
 
   /** none -> counting (0 -> 0). False when a place exists already. */
-  async createPlace(key: Key, member: string, owner: string): Promise<boolean> {
+  createPlace(key: Key, member: string, owner: string): Promise<boolean> {
+    return this.putNewPlace(key, member, { owner, phase: 'counting' });
+  }
+
+  /**
+   * none/reserve (first) -> counted/reserve (1 -> 1): the place of a count-first reserve, created counted
+   * and naming its count-up (`countedBy`). False when a place exists already: the entry is then stray
+   * (counts 1 of its own, capacityReads.ts isStray) until its owner undoes it (CapacitySets.reserveCountFirst).
+   */
+  createCountedPlace(key: Key, member: string, owner: string, countedBy: string): Promise<boolean> {
+    return this.putNewPlace(key, member, { owner, phase: 'counted', countedBy });
+  }
+
+  private async putNewPlace(
+    key: Key,
+    member: string,
+    fields: { owner: string; phase: Phase; countedBy?: string },
+  ): Promise<boolean> {
     try {
       await this.doc.send(
         new PutCommand({
           TableName: this.tableName,
-          Item: { ...placeKey(key, member), type: 'place', member, owner, phase: 'counting', at: this.now() },
+          Item: { ...placeKey(key, member), type: 'place', member, ...fields, at: this.now() },
           ConditionExpression: 'attribute_not_exists(pk)',
         }),
       );
@@ -118,6 +140,24 @@ export class CapacitySteps {
    */
   countUp(key: Key, members: readonly string[], limit: number, owner: string): Promise<boolean> {
     return this.counterItem.countUp(key, members, limit, owner);
+  }
+
+  /**
+   * none/none -> none/reserve (first) for every member at once (0 -> 1 each), within `limit`: a
+   * count-first reserve's count-up (CapacityCounter.countUpFirst). Its time, or undefined when refused.
+   */
+  countUpFirst(
+    key: Key,
+    members: readonly string[],
+    limit: number,
+    owner: string,
+  ): Promise<number | undefined> {
+    return this.counterItem.countUpFirst(key, members, limit, owner);
+  }
+
+  /** Places counted by this owner's count-first reserve: their entries go with the next counter write. */
+  deferReserved(key: Key, members: readonly string[], owner: string): void {
+    this.counterItem.defer(key, members, { op: 'reserve', owner });
   }
 
   /**
@@ -188,13 +228,18 @@ export class CapacitySteps {
    * and leaves it to the first (or, if that one died, to recover), so it is never counted down twice.
    */
   async release(key: Key, member: string, owner: string | undefined): Promise<void> {
-    if (await this.markReleasing(key, member, owner)) await this.countDown(key, member, owner);
+    const place = await this.markReleasing(key, member, owner);
+    if (place) await this.countDown(key, member, owner, place.countedBy);
   }
 
-  /** counted -> releasing (1 -> 1); false when the place is not counted (or not this owner's). */
-  async markReleasing(key: Key, member: string, owner: string | undefined): Promise<boolean> {
+  /**
+   * counted -> releasing (1 -> 1): the place as it is now, undefined when the place is not counted (or
+   * not this owner's).
+   */
+  async markReleasing(key: Key, member: string, owner: string | undefined): Promise<Place | undefined> {
+    let out: { Attributes?: Record<string, unknown> };
     try {
-      await this.doc.send(
+      out = await this.doc.send(
         new UpdateCommand({
           TableName: this.tableName,
           Key: placeKey(key, member),
@@ -212,14 +257,15 @@ export class CapacitySteps {
             ':now': this.now(),
             ...(owner === undefined ? {} : { ':owner': owner }),
           },
+          ReturnValues: 'ALL_NEW',
         }),
       );
     } catch (err) {
-      if (isConditionFailure(err)) return false;
+      if (isConditionFailure(err)) return undefined;
       throw err;
     }
     this.afterStep?.('place releasing', member);
-    return true;
+    return toPlace(out.Attributes ?? {});
   }
 
   /**
@@ -229,25 +275,39 @@ export class CapacitySteps {
    * as none/none does). When the one write cannot be made as sent (a member's release entry is there
    * already: a release before a crash), each member is counted down on its own (countDown).
    */
-  async countDownAll(key: Key, members: readonly string[], owner: string | undefined): Promise<void> {
+  async countDownAll(
+    key: Key,
+    members: readonly string[],
+    owner: string | undefined,
+    /** Each member's place's `countedBy` (a place a count-first reserve created), by member. */
+    countedBy: ReadonlyMap<string, string | undefined> = new Map(),
+  ): Promise<void> {
     if (members.length === 0) return;
-    if (!(await this.counterItem.countDownTogether(key, members, owner))) {
-      for (const m of members) await this.countDown(key, m, owner);
+    const by = members.map((m) => countedBy.get(m));
+    if (!(await this.counterItem.countDownTogether(key, members, owner, by))) {
+      for (const m of members) await this.countDown(key, m, owner, countedBy.get(m));
       return;
     }
     for (const m of members) this.afterStep?.('counted down', m);
     await this.deleteReleased(key, members, owner);
   }
 
-  /** releasing/none (or /reserve) -> releasing/release (1 -> 0), then the place goes, as countDownAll. */
-  async countDown(key: Key, member: string, owner: string | undefined): Promise<void> {
+  /**
+   * releasing/none (or /reserve) -> releasing/release (1 -> 0), then the place goes, as countDownAll. A
+   * stray entry of another count-up (capacityReads.ts isStray) is not this place's to take: the place stays
+   * releasing until that entry is gone (undone by its owner, or by recover), and recover carries it on.
+   */
+  async countDown(key: Key, member: string, owner: string | undefined, countedBy?: string): Promise<void> {
     let down = false;
     for (let attempt = 0; attempt < 3 && !down; attempt++) {
-      if (await this.counterItem.countDownTogether(key, [member], owner)) {
+      if (await this.counterItem.countDownTogether(key, [member], owner, [countedBy])) {
         this.afterStep?.('counted down', member);
         down = true;
-      } else if ((await this.counter(key)).pending[member]?.op === 'release') {
-        down = true; // counted down already, by this release before a crash
+      } else {
+        const entry = (await this.counter(key)).pending[member];
+        if (entry?.op === 'release')
+          down = true; // counted down already, by this release before a crash
+        else if (entry?.first && countedBy !== countIdOf(entry)) return; // stray: see above
       }
     }
     if (!down) return; // still contended: the place stays releasing, and recover carries it on
@@ -294,9 +354,18 @@ export class CapacitySteps {
     }
   }
 
-  /** Removes a member's pending entry of `op`, changing `used` by `delta`; false when there is none. */
-  removePending(key: Key, member: string, op: Pending['op'], delta: number): Promise<boolean> {
-    return this.counterItem.removePending(key, member, op, delta);
+  /**
+   * Removes a member's pending entry of `op`, changing `used` by `delta`; false when there is none (or,
+   * with `expect`, when it is not that count-up's).
+   */
+  removePending(
+    key: Key,
+    member: string,
+    op: Pending['op'],
+    delta: number,
+    expect?: Pick<Pending, 'owner' | 'at'>,
+  ): Promise<boolean> {
+    return this.counterItem.removePending(key, member, op, delta, expect);
   }
 
   /** Deletes the places this owner created and never counted (a reservation that did not go through). */
@@ -305,8 +374,10 @@ export class CapacitySteps {
     const counter = await this.counter(key);
     for (const m of members) {
       // Counted up meanwhile: a reservation, finished by its owner or recover. (A release entry is an
-      // earlier place's ended release: this one is uncounted all the same.)
-      if (counter.pending[m]?.op === 'reserve') continue;
+      // earlier place's ended release, and a count-first reserve's entry never counts a `counting` place,
+      // which it did not create: this one is uncounted all the same.)
+      const entry = counter.pending[m];
+      if (entry?.op === 'reserve' && !entry.first) continue;
       await this.deletePlace(key, m, { phase: 'counting', owner });
     }
   }

@@ -237,7 +237,7 @@ export class DynamoStore implements PoolStore {
     nodeIds: readonly string[],
     max: number,
     owner: string,
-    options: { readonly overlap?: boolean } = {},
+    options: { readonly overlap?: boolean; readonly countFirst?: boolean } = {},
   ): Promise<Reservation> {
     return this.capacity.reserve(keys.poolNodes(poolKey), nodeIds, max, owner, false, options);
   }

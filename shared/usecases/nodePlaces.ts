@@ -26,6 +26,7 @@ export async function reserveNodes(
 ): Promise<Reserved> {
   const reserved = await ctx.store.reserveNodePlaces(pool.key, nodeIds, maxServers, recording.owner, {
     overlap: true,
+    countFirst: true,
   });
   if (reserved.kind === 'full')
     return { kind: 'full', reason: `${pool.key} is at max-servers (${maxServers})` };

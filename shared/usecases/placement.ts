@@ -138,7 +138,7 @@ async function claimFromCandidates(
   // is, and what happened to it, are read, not remembered.
   if (order === compareCandidates && attempt === 1) {
     const remembered = prefetched?.remembered ? prefetched : rememberedCandidates(ctx, pool, label.name);
-    if (remembered && remembered.items.every((b) => slotOf(b, nodeId) === undefined)) {
+    if (remembered?.items.every((b) => slotOf(b, nodeId) === undefined)) {
       const placed = await claimFrom(remembered, true);
       if (placed) return placed;
       forgetPlacement(ctx, pool, label.name); // it changed elsewhere (filled, drained, ended)

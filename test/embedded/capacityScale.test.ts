@@ -215,6 +215,91 @@ describe('an ended release whose entry is still there', () => {
   });
 });
 
+describe('a count-first reserve (issue 26: the request path, two writes a place)', () => {
+  const first = { countFirst: true } as const;
+  const steps = () => new CapacitySteps(doc, 'scale', Date.now);
+
+  it('counts, then creates the place counted, naming its count-up; never a counting place', async () => {
+    const set = keys.poolNodes('first/plain');
+    const before: string[] = [];
+    sets.afterStep = (step, m) => void before.push(`${step} ${m}`);
+    try {
+      expect(await sets.reserve(set, ['a/0', 'a/1'], 3, 'A', false, first)).toEqual({ kind: 'reserved' });
+    } finally {
+      sets.afterStep = undefined;
+    }
+    expect(before).toEqual(['counted up a/0', 'counted up a/1', 'place created a/0', 'place created a/1']);
+    const entry = (await steps().counter(set)).pending['a/0'];
+    expect(entry).toMatchObject({ op: 'reserve', owner: 'A', first: true });
+    expect(await steps().place(set, 'a/0')).toMatchObject({
+      phase: 'counted',
+      countedBy: `A@${entry?.at}`,
+    });
+    expect(await sets.used(set)).toBe(2);
+    // Full is full: refused by the count-up, and the place-first reserve answers (nothing left behind).
+    expect(await sets.reserve(set, ['b/0', 'b/1'], 3, 'B', false, first)).toEqual({ kind: 'full' });
+    expect([...(await sets.members(set))].sort()).toEqual(['a/0', 'a/1']);
+    // A release takes the place's own entry over: counted down once.
+    await sets.unreserve(set, ['a/0', 'a/1']);
+    expect(await sets.used(set)).toBe(0);
+    expect((await sets.members(set)).size).toBe(0);
+  });
+
+  it('crashed after its count-up: the count stays until recover undoes it (no place, nothing recorded)', async () => {
+    const set = keys.poolNodes('first/crash');
+    await crashAfter('counted up', () => sets.reserve(set, ['c/0'], 2, 'dead', false, first));
+    expect(await sets.used(set)).toBe(1);
+    expect((await sets.members(set)).size).toBe(0);
+    // A young entry is its owner's: recover leaves it; a stale one goes with its count.
+    expect(await sets.recover(set, 0)).toBe(0);
+    expect(await sets.used(set)).toBe(1);
+    expect(await sets.recover(set, Number.POSITIVE_INFINITY)).toBe(1);
+    expect(await sets.used(set)).toBe(0);
+    expect(await sets.reserve(set, ['c/0', 'd/0'], 2, 'B', false, first)).toEqual({ kind: 'reserved' });
+  });
+
+  it('finding the member placed already undoes its count at once and answers as the place-first reserve', async () => {
+    const set = keys.poolNodes('first/held');
+    expect(await sets.reserve(set, ['h/0'], 3, 'A')).toEqual({ kind: 'reserved' }); // place-first
+    await sets.recover(set, Number.POSITIVE_INFINITY); // A's entry gone: the count-up below passes
+    expect((await steps().counter(set)).pending).toEqual({});
+    const result = await sets.reserve(set, ['h/0'], 3, 'B', false, first);
+    expect(result.kind).toBe('held');
+    expect(await sets.used(set)).toBe(1);
+    expect((await steps().counter(set)).pending).toEqual({});
+  });
+
+  it("a stray count (its owner died before undoing it) is never taken for the place's own, and recover ends it", async () => {
+    const set = keys.poolNodes('first/stray');
+    expect(await sets.reserve(set, ['s/0'], 3, 'A')).toEqual({ kind: 'reserved' });
+    await sets.recover(set, Number.POSITIVE_INFINITY);
+    // B's count-first reserve counted s/0 up and died before it could undo it (its place was A's).
+    expect(await steps().countUpFirst(set, ['s/0'], 3, 'B')).toBeDefined();
+    expect(await sets.used(set)).toBe(2); // A's place, and B's stray count
+    // Another reserve of the member sees an operation in flight, not a count of its own.
+    expect((await sets.reserve(set, ['s/0'], 3, 'C')).kind).toBe('held');
+    // A release of A's place counts down its place only, leaving the stray to recover.
+    await sets.unreserve(set, ['s/0']);
+    expect(await sets.used(set)).toBe(2);
+    expect((await steps().place(set, 's/0'))?.phase).toBe('releasing');
+    expect(await sets.recover(set, Number.POSITIVE_INFINITY)).toBe(2);
+    expect(await sets.used(set)).toBe(0);
+    expect((await sets.members(set)).size).toBe(0);
+    expect((await steps().counter(set)).pending['s/0']?.op).not.toBe('reserve');
+  });
+
+  it('some members placed already: takes none of them (all or none), counted exactly', async () => {
+    const set = keys.poolNodes('first/partial');
+    expect(await sets.reserve(set, ['p/1'], 4, 'A')).toEqual({ kind: 'reserved' });
+    await sets.recover(set, Number.POSITIVE_INFINITY);
+    expect((await sets.reserve(set, ['p/0', 'p/1', 'p/2'], 4, 'B', false, first)).kind).toBe('held');
+    expect([...(await sets.members(set))]).toEqual(['p/1']);
+    expect(await sets.used(set)).toBe(1);
+    await sets.recover(set, Number.POSITIVE_INFINITY);
+    expect(await sets.used(set)).toBe(1);
+  });
+});
+
 describe('concurrent reservations', () => {
   it('never take more places than the cap, and the count matches the places', async () => {
     const set = keys.poolNodes('race');

@@ -8,7 +8,6 @@ import { makeRequestHandler } from '../../shared/handlers/requestHandler.ts';
 import { giveBackSlot } from '../../shared/usecases/backingNodes.ts';
 import type { Context } from '../../shared/usecases/context.ts';
 import { reap } from '../../shared/usecases/reap.ts';
-import { releaseNode } from '../../shared/usecases/release.ts';
 import { requestNodes } from '../../shared/usecases/requestNodes.ts';
 import { baseConfig } from '../../testkit/configs.ts';
 import { crashingStore } from '../../testkit/crashingStore.ts';
@@ -248,68 +247,71 @@ describe('deliveries never undo each other', () => {
 });
 
 describe('a warm allocation in a pool with max-servers (issue 26)', () => {
-  it('places its node while its counted place is still being marked, and a place left part-way is finished later', async () => {
+  it('counts its place first and creates it counted before it records the node; a count left without its place is undone later', async () => {
     h = await startHarness(baseConfig({ slots: 4, maxServers: 4 }));
     const harness = h;
     await readyNode(harness, 'base');
     const ctx = harness.pool.context;
-    const started: string[] = [];
-    let refuseMark = false;
-    const name = 'overlap-spy';
+    const sent: string[] = [];
+    let refusePlace = false;
+    const name = 'count-first-spy';
     harness.pool.dynamodb.middlewareStack.add(
       (next, context) => async (args) => {
-        const input = args.input as { IndexName?: string; UpdateExpression?: string; Key?: { pk?: string } };
-        const marks = input.UpdateExpression?.includes(':counted') === true;
-        const claims = input.Key?.pk?.startsWith('BACKING#') === true && input.UpdateExpression !== undefined;
-        started.push(
-          marks
+        const input = args.input as {
+          UpdateExpression?: string;
+          Key?: { sk?: string };
+          Item?: { sk?: string };
+        };
+        const sk = input.Key?.sk ?? input.Item?.sk ?? '';
+        const what = sk.startsWith('PLACE#')
+          ? input.UpdateExpression?.includes(':counted')
             ? 'mark counted'
-            : claims
-              ? 'claim'
-              : `${context.commandName} ${input.IndexName ?? ''}`.trim(),
-        );
-        if (marks && refuseMark) {
+            : `place ${context.commandName}`
+          : sk === 'NODES'
+            ? 'counter'
+            : sk === 'REQUEST'
+              ? `request ${context.commandName}`
+              : String(context.commandName);
+        sent.push(what);
+        if (refusePlace && what === 'place PutItemCommand') {
           throw Object.assign(new Error('throttled'), { name: 'ProvisionedThroughputExceededException' });
         }
-        const out = await next(args);
-        if (marks) started.push('marked counted');
-        return out;
+        return next(args);
       },
       { step: 'initialize', name },
     );
     try {
+      sent.length = 0;
       expect((await requestNodes(ctx, { kind: 'request', id: 'warm', labels: ['small-node'] })).kind).toBe(
         'placed',
       );
-      // The slot claim goes out before the counted place is marked: they overlap.
-      expect(started.indexOf('claim')).toBeGreaterThan(-1);
-      expect(started.indexOf('claim')).toBeLessThan(started.indexOf('marked counted'));
+      // The count-up, then the place created counted (no third write of it), then the request.
+      expect(sent.filter((c) => c === 'counter' || c.startsWith('place') || c === 'mark counted')).toEqual([
+        'counter',
+        'place PutItemCommand',
+      ]);
+      expect(sent.indexOf('place PutItemCommand')).toBeLessThan(sent.indexOf('request PutItemCommand'));
 
-      // The bookkeeping fails (after the count-up, the gate): the request is placed all the same.
-      refuseMark = true;
-      expect((await requestNodes(ctx, { kind: 'request', id: 'part', labels: ['small-node'] })).kind).toBe(
-        'placed',
-      );
-      refuseMark = false;
+      // The place's creation fails after the count-up (the gate): nothing is recorded for the node, and
+      // the request waits for its next delivery.
+      refusePlace = true;
+      await expect(
+        requestNodes(ctx, { kind: 'request', id: 'part', labels: ['small-node'] }),
+      ).rejects.toThrow('throttled');
+      refusePlace = false;
     } finally {
       harness.pool.dynamodb.middlewareStack.remove(name);
     }
-    expect((await ctx.store.getRequest('part'))?.state).toBe('fulfilled');
-    expect([...(await ctx.store.nodePlaces('meta/main')).keys()].sort()).toEqual([
-      'base/0',
-      'part/0',
-      'warm/0',
-    ]);
-    // Counted exactly: 3 places, so one more fits and the next does not.
+    expect((await ctx.store.getRequest('part'))?.state ?? 'none').not.toBe('fulfilled');
+    expect([...(await ctx.store.nodePlaces('meta/main')).keys()].sort()).toEqual(['base/0', 'warm/0']);
+    // Counted all the same (the count-up went through): 3 of 4, so one more fits and the next does not.
     expect((await ctx.store.reserveNodePlaces('meta/main', ['x/0'], 4, 'X')).kind).toBe('reserved');
     expect((await ctx.store.reserveNodePlaces('meta/main', ['y/0'], 4, 'Y')).kind).toBe('full');
     await ctx.store.freeNodePlaces('meta/main', ['x/0'], 'X');
-    // The reaper's recovery finishes the part-way place once it is old; its release then counts down once.
+    // The reaper's recovery undoes the count once it is old (no node can be recorded without its place).
     harness.clock.advance(SLOT_LEASE_MS + 1_000);
-    expect((await harness.pool.reapNow()).recoveredPlaces).toBe(1);
+    expect((await harness.pool.reapNow()).recoveredPlaces).toBeGreaterThanOrEqual(1);
     expect(await ctx.store.recoverNodePlaces('meta/main', harness.clock.now())).toBe(0); // nothing left
-    expect((await releaseNode(ctx, 'part/0')).kind).toBe('released');
-    expect([...(await ctx.store.nodePlaces('meta/main')).keys()].sort()).toEqual(['base/0', 'warm/0']);
     expect((await ctx.store.reserveNodePlaces('meta/main', ['x/0', 'z/0'], 4, 'X')).kind).toBe('reserved');
     expect((await ctx.store.reserveNodePlaces('meta/main', ['y/0'], 4, 'Y')).kind).toBe('full');
   });
