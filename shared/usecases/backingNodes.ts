@@ -75,9 +75,17 @@ export async function giveBackSlot(
  * (pools with max-servers, or a pool removed from the configuration: cleaned up anyway). Idempotent.
  */
 export async function giveBackRoom(ctx: Context, poolKey: string | undefined, n: NodeRecord): Promise<void> {
-  if (n.backingNodeId) await giveBackSlot(ctx, n.backingNodeId, n.id);
   const pool = ctx.config.metastaticPools.find((p) => p.key === poolKey);
-  if (poolKey && (!pool || pool.maxServers !== undefined)) await ctx.store.freeNodePlaces(poolKey, [n.id]);
+  // The slot and the place are independent items: given back side by side (a max-servers release in 4
+  // round trips, not 6). Both are idempotent; a failure of either is thrown once both have settled, and
+  // the release's retry (or the reaper) gives back what is left.
+  const settled = await Promise.allSettled([
+    n.backingNodeId ? giveBackSlot(ctx, n.backingNodeId, n.id) : undefined,
+    poolKey && (!pool || pool.maxServers !== undefined)
+      ? ctx.store.freeNodePlaces(poolKey, [n.id])
+      : undefined,
+  ]);
+  for (const s of settled) if (s.status === 'rejected') throw s.reason;
 }
 
 /**

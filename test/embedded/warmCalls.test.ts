@@ -49,11 +49,16 @@ describe('one warm allocation', () => {
     expect(claim?.depth).toBe((query?.depth ?? 0) + 1);
   }, 90_000);
 
-  it('with max-servers is released in 6 calls: the count-down takes the reserve entry over', async () => {
+  it('with max-servers is released in 6 calls, 4 round trips: the slot and the place given back side by side', async () => {
     await of('max-servers-1000');
     const release = traces.find((x) => x.variant === 'max-servers-1000')?.release ?? [];
     expect(release).toHaveLength(6);
+    // The count-down takes the reserve entry over: one counter write.
     expect(release.filter((c) => c.target.endsWith('/ NODES'))).toHaveLength(1);
+    const slotRead = release.find((c) => c.command === 'GetItem' && c.target.startsWith('BACKING#'));
+    const releasing = release.find((c) => c.target.includes('/ PLACE#') && c.command === 'UpdateItem');
+    expect(slotRead?.depth).toBe(releasing?.depth);
+    expect(roundTrips(release)).toBe(4);
   }, 90_000);
 
   it('without max-servers is a claim on the backing node of its last placement and the commit; the first asks the index', async () => {
