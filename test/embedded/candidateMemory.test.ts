@@ -120,6 +120,19 @@ describe('the backing node of the last placement', () => {
     expect(queries(after.calls)).toEqual([]);
   });
 
+  it('is where only a lone placement starts: concurrent ones of the same process ask the index', async () => {
+    const { one, place } = await setup();
+    await place(one);
+    calls.length = 0;
+    const ids = ['c1', 'c2'].map((c) => `${c}-${Date.now()}`);
+    const out = await Promise.all(
+      ids.map((id) => requestNodes(one, { kind: 'request', id, labels: ['small-node'] })),
+    );
+    expect(out.map((o) => o.kind)).toEqual(['placed', 'placed']);
+    // The second claimant (ticket 1) spreads over the index's candidates; the first claims on bn-a.
+    expect(queries(calls)).toHaveLength(1);
+  });
+
   it(`is forgotten after ${CLAIMED_REUSE_MS / 1000} s: the index is asked again`, async () => {
     const { one, clock, place } = await setup();
     await place(one);
