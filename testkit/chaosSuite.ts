@@ -47,8 +47,13 @@ export function chaosTest(options: { nodeCap: boolean; readyAuto?: boolean; pool
     expect(report.launches).toBeGreaterThan(0);
     expect(report.cancelsSent).toBeGreaterThan(0);
     expect(report.byShape).toBeGreaterThan(0);
-    // min-ready was exercised: ready nodes made and taken (the no-overshoot invariant is checked above).
+    // min-ready was exercised: ready nodes made (the no-overshoot invariant is checked above), and with
+    // min-ready 3 taken too. With `auto` a take needs a request to arrive after the forecast has risen,
+    // which depends on the schedule, not on the code: of seeds 1-10 at 100 requests, 6 had a take on
+    // c4f775e and 5 after the remembered candidates (a different 5; as many ready nodes made, 51 and 52,
+    // and takes, 11 and 13), so a take is not what this run is gated on; the embedded tests of
+    // `min-ready: auto` take one on purpose (test/embedded/minReady.test.ts, "a request takes a held ready node").
     expect(report.minReady.made).toBeGreaterThan(0);
-    expect(report.minReady.taken).toBeGreaterThan(0);
+    if (!options.readyAuto) expect(report.minReady.taken).toBeGreaterThan(0);
   });
 }

@@ -23,10 +23,13 @@ export async function reserveNodes(
   maxServers: number,
   nodeIds: readonly string[],
   recording: Recording,
+  tookOver = false,
 ): Promise<Reserved> {
+  // Count first (two writes a place) unless this delivery took places over: then the places are there,
+  // its own now, and the place-first reserve finishes what their earlier holder counted.
   const reserved = await ctx.store.reserveNodePlaces(pool.key, nodeIds, maxServers, recording.owner, {
     overlap: true,
-    countFirst: true,
+    countFirst: !tookOver,
   });
   if (reserved.kind === 'full')
     return { kind: 'full', reason: `${pool.key} is at max-servers (${maxServers})` };
@@ -45,7 +48,7 @@ export async function reserveNodes(
       throw new BusyError(`the place of node ${member} changed hands; retrying later`);
     }
   }
-  return reserveNodes(ctx, pool, maxServers, nodeIds, recording);
+  return reserveNodes(ctx, pool, maxServers, nodeIds, recording, true);
 }
 
 /** Takes this delivery's reservations back, except for nodes the stored request holds live in this pool. */

@@ -288,6 +288,27 @@ describe('a count-first reserve (issue 26: the request path, two writes a place)
     expect((await steps().counter(set)).pending['s/0']?.op).not.toBe('reserve');
   });
 
+  it('refused, answers from the counter without creating a place: full, or held by a delivery between its count-up and its place', async () => {
+    const set = keys.poolNodes('first/refused');
+    const created: string[] = [];
+    expect(await sets.reserve(set, ['r/0'], 2, 'A', false, first)).toEqual({ kind: 'reserved' });
+    // C counted d/0 up and has not created its place yet.
+    expect(await steps().countUpFirst(set, ['d/0'], 2, 'C')).toBeDefined();
+    sets.afterStep = (step, m) => {
+      if (step === 'place created') created.push(m);
+    };
+    try {
+      expect(await sets.reserve(set, ['f/0'], 2, 'B', false, first)).toEqual({ kind: 'full' });
+      const held = await sets.reserve(set, ['d/0'], 3, 'B', false, first);
+      expect(held).toEqual({ kind: 'held', holders: new Map([['d/0', 'C']]) });
+    } finally {
+      sets.afterStep = undefined;
+    }
+    // No place was created to be dropped again: C's own creation is not refused.
+    expect(created).toEqual([]);
+    expect(await steps().createCountedPlace(set, 'd/0', 'C', 'C@0')).toBe(true);
+  });
+
   it('some members placed already: takes none of them (all or none), counted exactly', async () => {
     const set = keys.poolNodes('first/partial');
     expect(await sets.reserve(set, ['p/1'], 4, 'A')).toEqual({ kind: 'reserved' });

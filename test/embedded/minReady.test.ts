@@ -617,6 +617,20 @@ describe('min-ready', () => {
     expect((await ctx.store.listBacking()).filter((b) => b.state !== 'stopped')).toHaveLength(0);
   }, 150_000);
 
+  it('min-ready auto: a request takes a held ready node at once, as a static one', async () => {
+    h = await startHarness(baseConfig({ slots: 4, grace: 0, readyAuto: { target: 0.9, max: 2 } }));
+    const ctx = h.pool.context;
+    for (let i = 0; i < 30; i++) await countArrival(ctx, 'small-node');
+    await flushArrivals(ctx);
+    h.clock.advance(60_000);
+    expect((await h.pool.reapNow()).minReadyMade).toBe(2);
+    await h.fulfilUntil(allFree(h, 2));
+    await h.send(request('taker'));
+    await h.drainRequests();
+    const taker = (await ctx.store.getRequest('taker'))?.nodes[0];
+    expect(taker).toMatchObject({ state: 'ready', spare: expect.stringMatching(/^min-ready:small-node:/) });
+  });
+
   it('fails the node that took a min-ready node when its backing node vanishes', async () => {
     h = await withReadyNodes(baseConfig({ slots: 2, minReady: 1 }), 1);
     const ctx = h.pool.context;
