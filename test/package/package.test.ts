@@ -399,67 +399,75 @@ describe('the installed CLI', { timeout: 180_000 }, () => {
       expect(bad.stderr).toContain('providers[0].pools[0].max-servers');
     });
 
-    it(`under ${name}: runs an embedded pool that serves a request, lists it and releases it`, async ({
-      skip,
-    }) => {
-      const node = bin();
-      if (!node) return skip('no Node 24 binary here');
-      const stateDir = mkdtempSync(join(work, 'state-'));
-      let log = '';
-      const dev: ChildProcess = spawn(
-        node,
-        [
-          join(app, 'node_modules', '.bin', 'metastatic'),
-          '--state-dir',
-          stateDir,
-          'dev',
-          '--reaper-interval',
-          '0.5',
-        ],
-        { cwd: app, stdio: ['ignore', 'pipe', 'pipe'] },
-      );
-      dev.stdout?.on('data', (d) => {
-        log += d;
-      });
-      dev.stderr?.on('data', (d) => {
-        log += d;
-      });
-      try {
-        await until(
-          'dev.json',
-          async () => (existsSync(join(stateDir, 'dev.json')) ? true : undefined),
-          60_000,
-        );
-        const req = await metastatic(
+    // The embedded pool runs once, under Node 24 where there is one (the runtime the package does not
+    // otherwise run under here), else under this Node: under Node 20 the same code runs in every embedded
+    // test of the suite, and the installed package loads and answers under it above (11 s of the suite's
+    // ~360 on this machine, measured, for a second run of the same path).
+    const pool = name.startsWith('Node 24') ? node24Bin !== undefined : node24Bin === undefined;
+    it.runIf(pool)(
+      `under ${name}: runs an embedded pool that serves a request, lists it and releases it`,
+      async ({ skip }) => {
+        const node = bin();
+        if (!node) return skip('no Node 24 binary here');
+        const stateDir = mkdtempSync(join(work, 'state-'));
+        let log = '';
+        const dev: ChildProcess = spawn(
+          node,
           [
+            join(app, 'node_modules', '.bin', 'metastatic'),
             '--state-dir',
             stateDir,
-            'request',
-            'small-node',
-            '--id',
-            'pkg-1',
-            '--wait',
-            '--json',
-            '--timeout',
-            '60',
+            'dev',
+            '--reaper-interval',
+            '0.5',
           ],
-          node,
+          { cwd: app, stdio: ['ignore', 'pipe', 'pipe'] },
         );
-        expect(req.code, req.stderr + log).toBe(0);
-        expect(JSON.parse(req.stdout)).toMatchObject({ id: 'pkg-1', state: 'fulfilled' });
-        const list = await metastatic(['--state-dir', stateDir, 'list', 'nodes', '--json'], node);
-        expect(list.code, list.stderr).toBe(0);
-        expect(JSON.parse(list.stdout)).toEqual([expect.objectContaining({ id: 'pkg-1/0', state: 'ready' })]);
-        const rel = await metastatic(['--state-dir', stateDir, 'release', 'pkg-1/0'], node);
-        expect(rel.code, rel.stderr).toBe(0);
-      } finally {
-        dev.kill('SIGINT');
-        await until('dev stopped', async () => (dev.exitCode !== null ? true : undefined), 30_000).catch(() =>
-          dev.kill('SIGKILL'),
-        );
-      }
-      expect(dev.exitCode, log).toBe(0);
-    });
+        dev.stdout?.on('data', (d) => {
+          log += d;
+        });
+        dev.stderr?.on('data', (d) => {
+          log += d;
+        });
+        try {
+          await until(
+            'dev.json',
+            async () => (existsSync(join(stateDir, 'dev.json')) ? true : undefined),
+            60_000,
+          );
+          const req = await metastatic(
+            [
+              '--state-dir',
+              stateDir,
+              'request',
+              'small-node',
+              '--id',
+              'pkg-1',
+              '--wait',
+              '--json',
+              '--timeout',
+              '60',
+            ],
+            node,
+          );
+          expect(req.code, req.stderr + log).toBe(0);
+          expect(JSON.parse(req.stdout)).toMatchObject({ id: 'pkg-1', state: 'fulfilled' });
+          const list = await metastatic(['--state-dir', stateDir, 'list', 'nodes', '--json'], node);
+          expect(list.code, list.stderr).toBe(0);
+          expect(JSON.parse(list.stdout)).toEqual([
+            expect.objectContaining({ id: 'pkg-1/0', state: 'ready' }),
+          ]);
+          const rel = await metastatic(['--state-dir', stateDir, 'release', 'pkg-1/0'], node);
+          expect(rel.code, rel.stderr).toBe(0);
+        } finally {
+          dev.kill('SIGINT');
+          await until('dev stopped', async () => (dev.exitCode !== null ? true : undefined), 30_000).catch(
+            () => dev.kill('SIGKILL'),
+          );
+        }
+        expect(dev.exitCode, log).toBe(0);
+      },
+    );
   }
 });
 
