@@ -136,6 +136,10 @@ describe('the backing node of the last placement', () => {
   it(`is forgotten after ${CLAIMED_REUSE_MS / 1000} s: the index is asked again`, async () => {
     const { one, clock, place } = await setup();
     await place(one);
+    // Used just before the limit (so the Query below is the limit's doing, not a memory never used)...
+    clock.advance(CLAIMED_REUSE_MS - 1);
+    expect(queries((await place(one)).calls)).toEqual([]);
+    // ...and remembered anew by that placement: forgotten once that one is as old.
     clock.advance(CLAIMED_REUSE_MS);
     expect(queries((await place(one)).calls)).toHaveLength(1);
   });
@@ -145,5 +149,7 @@ describe('the backing node of the last placement', () => {
     await place(one);
     const timed = await place(one, { 'expected-duration': 600 });
     expect(queries(timed.calls)).toHaveLength(1);
+    // The same placement without an expected end, right after, starts from the remembered node.
+    expect(queries((await place(one)).calls)).toEqual([]);
   });
 });
