@@ -23,6 +23,7 @@ import {
   readyPolicies,
   readySummary,
   readyTable,
+  storedReadyRuns,
   storedToday,
 } from './readiness.ts';
 import { formatJson, hours, pct, ratio, secs, table } from './report.ts';
@@ -73,7 +74,8 @@ Without --trace: the synthetic traces steady, bursty and diurnal (written to ben
                         and 'summary' is made again from every trace there; the rest of the file is kept
   --only NAMES          only these synthetic traces (comma-separated)
   --ready-policies KEYS only these policies of the ready-room comparison (comma-separated keys, e.g.
-                        "predictive 0.9,min-ready 2,ready grace 300")
+                        "predictive 0.9,min-ready 2,ready grace 300"); with --readiness-only, the
+                        others are kept as results.json has them
   --workers N           simulations in parallel, one process each (default: min(2, cores))
   --http                reach dynalite over loopback HTTP instead of in-process
   --out DIR             where the SVGs and results.json go (default bench/cost/out)
@@ -233,6 +235,12 @@ async function main(): Promise<void> {
   for (const f of figures.values()) {
     const stored = earlier && storedToday(earlier.traces, f.trace);
     if (stored) f.runs.set('fullest', storedResult(stored));
+    // With --ready-policies, the policies not run again are kept as the earlier run measured them.
+    const wanted = args['ready-policies']?.split(',');
+    if (earlier?.readiness && wanted) {
+      for (const [key, r] of storedReadyRuns(earlier.readiness.traces, f.trace, (k) => !wanted.includes(k)))
+        f.runs.set(key, r);
+    }
   }
 
   // ---- run, reporting each trace as soon as its policies are in ----

@@ -7,7 +7,11 @@
 import { hours, pct, ratio, secs, table } from './report.ts';
 import type { PolicyResult, SimOptions } from './simulate.ts';
 
-export const STATIC_MIN_READY = [2, 4, 8] as const;
+/**
+ * The static min-ready values compared: every value up to 4 (where the predictive policy's shares fall,
+ * so that "the cheapest static setting reaching the same share" is not a coarse grid's step), and 8.
+ */
+export const STATIC_MIN_READY = [1, 2, 3, 4, 8] as const;
 export const READY_GRACE = [60, 300, 600] as const;
 export const PREDICTIVE_SHARES = [0.8, 0.9, 0.95] as const;
 /** max-ready of the predictive runs. */
@@ -156,6 +160,7 @@ export function readyJson(t: ReadyTrace) {
           policy: p.label,
           kind: p.kind,
           servedWithoutWaitPercent: round(100 * share(r, t.jobs), 1),
+          noWait: r.warmHits,
           waitMeanS: round(r.waitS.mean, 2),
           waitP95S: round(r.waitS.p95, 2),
           instanceHours: round(r.instanceSeconds / 3600, 4),
@@ -170,6 +175,40 @@ export function readyJson(t: ReadyTrace) {
 }
 
 type ReadyRow = ReturnType<typeof readyJson>['policies'][number];
+
+/**
+ * The ready-room runs of a trace as an earlier run stored them (results.json's `readiness`), for
+ * `--readiness-only --ready-policies`: the policies not run again are taken from there, so the summary
+ * still compares every policy. Only when that run had the same number of jobs (as storedToday).
+ */
+export function storedReadyRuns(
+  stored: readonly ReadyTraceJson[],
+  trace: { readonly name: string; readonly jobs: readonly unknown[] },
+  keep: (key: string) => boolean,
+): Map<string, PolicyResult> {
+  const out = new Map<string, PolicyResult>();
+  const earlier = stored.find((t) => t.name === trace.name);
+  if (earlier?.jobs !== trace.jobs.length) return out;
+  for (const p of readyPolicies()) {
+    const r = earlier.policies.find((x) => x.policy === p.label);
+    if (!r || p.kind === 'today' || !keep(p.key)) continue;
+    out.set(p.key, {
+      instanceSeconds: r.instanceHours * 3600,
+      backingLaunched: r.backingLaunched,
+      waitS: { mean: r.waitMeanS, p95: r.waitP95S, max: Number.NaN },
+      // Rows stored before noWait was: from the percentage (exact to a job up to 1,000 jobs).
+      warmHits:
+        (r as { noWait?: number }).noWait ?? Math.round((r.servedWithoutWaitPercent * earlier.jobs) / 100),
+      capacityRetries: 0,
+      dynamodbCalls: r.dynamodbCalls,
+      fullCandidatePages: 0,
+      ...(r.servedByReadyNode === undefined ? {} : { spareHits: r.servedByReadyNode }),
+      wallMs: 0,
+      gap: { idleSeconds: 0, heldBoundSeconds: 0 },
+    });
+  }
+  return out;
+}
 export type ReadyTraceJson = ReturnType<typeof readyJson>;
 
 /** The cheapest static setting (min-ready, grace-time, or today's grace 0) serving at least `atLeast` percent. */
