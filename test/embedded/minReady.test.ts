@@ -567,8 +567,8 @@ describe('min-ready', () => {
     expect((await h.pool.reapNow()).minReadyMade).toBe(0);
     expect(await untaken(h)).toBe(0);
 
-    // A burst: 30 arrivals in a minute (8.8 a minute forecast once the minute is folded), far more than
-    // max-ready serves: 3 held, on one backing node of 4 slots.
+    // A burst: 30 arrivals in a minute (3.9 a minute forecast once the minute is folded, 7.8 arrivals
+    // within the 2-minute horizon), far more than max-ready serves: 3 held, on one backing node of 4 slots.
     for (let i = 0; i < 30; i++) await countArrival(ctx, 'small-node');
     await flushArrivals(ctx);
     h.clock.advance(60_000);
@@ -576,7 +576,7 @@ describe('min-ready', () => {
     expect(rising.minReadyMade).toBe(3);
     const held = (await ctx.store.minReadyState('small-node')).hold;
     expect(held).toMatchObject({ seats: 3, target: 3, freeSlots: 0 });
-    expect(held?.perMinute).toBeGreaterThan(8);
+    expect(held?.perMinute).toBeGreaterThan(3.8);
     // The forecast and the room held, as metrics each run and as an event when the room changes.
     expect([last('ForecastArrivalsPerMinute'), last('ReadyRoomHeld')]).toEqual([held?.perMinute, 3]);
     const roomEvents = async () =>
@@ -603,8 +603,9 @@ describe('min-ready', () => {
       decidedAt: new Date(held?.at ?? 0).toISOString(),
     });
 
-    // Quiet: the short-horizon rate halves every 2 minutes; after half an hour the room goes.
-    h.clock.advance(30 * 60_000);
+    // Quiet: the short-horizon rate halves every 5 minutes; after three quarters of an hour (below one
+    // arrival an hour: 3.9 x 2^-9) the room goes.
+    h.clock.advance(45 * 60_000);
     await h.pool.reapNow();
     expect((await ctx.store.minReadyState('small-node')).hold).toMatchObject({ seats: 0, target: 0 });
     expect(await freeSpares(h)).toBe(0);

@@ -9,6 +9,7 @@ import {
   PROFILE_HOURS,
   readyNeed,
   readyTarget,
+  SHORT_HALF_LIFE_MIN,
   sparesWanted,
   withArrivals,
 } from '../../shared/core/forecast.ts';
@@ -91,7 +92,8 @@ describe('arrival forecasts (predictive readiness)', () => {
     const quiet = fed(emptyModel('small', start), start, start + 120, () => 0.1);
     expect(forecastRate(quiet, start + 120, 2)).toBeLessThan(0.5);
     const burst = fed(quiet, start + 120, start + 124, () => 10, 2);
-    expect(forecastRate(burst, start + 124, 2)).toBeGreaterThan(5);
+    // Four minutes into a burst of 10 a minute, the forecast holds a third of it (half-life 5 minutes).
+    expect(forecastRate(burst, start + 124, 2)).toBeGreaterThan(3);
     // The burst ends mid-hour: 25 quiet minutes later the short rate is gone and the hour's bucket is
     // not written yet (the hour has not ended), so the forecast is back near quiet.
     const after = fed(burst, start + 124, start + 149, () => 0, 3);
@@ -151,7 +153,8 @@ describe('arrival forecasts (predictive readiness)', () => {
     expect(withArrivals(second, 'small', 0, at + 59_000)).toBeUndefined(); // nothing to write
     const folded = withArrivals(second, 'small', 0, at + 61_000);
     expect(folded).toMatchObject({ pending: 0, version: 3, nextMinute: MONDAY + 1 });
-    expect(folded?.shortRate).toBeCloseTo(6 * (1 - 2 ** -0.5), 9);
+    // One minute's weight at a half-life of SHORT_HALF_LIFE_MIN minutes.
+    expect(folded?.shortRate).toBeCloseTo(6 * (1 - 2 ** (-1 / SHORT_HALF_LIFE_MIN)), 9);
   });
 
   it('holds nothing for a label that sees less than one arrival an hour, and the target beyond it', () => {
