@@ -652,6 +652,8 @@ export class ChaosRun {
     const tableName = `chaos-${this.options.seed}-${Date.now()}`;
     await ensureTable(this.dynamodb, tableName);
     this.raw = new DynamoStore(this.dynamodb, tableName, this.clock);
+    // Crashes between the writes of one capacity operation too (chaosCrash.ts CAPACITY_STEPS).
+    this.raw.capacity.afterStep = (step) => this.crash.step(step);
     this.store = this.crash.wrap('store', this.raw, STORE_METHODS, (m, args, result) =>
       this.observe(m, args, result),
     );
@@ -1333,6 +1335,8 @@ export class ChaosRun {
       backingPool: await this.raw.capacity.members(keys.backingPool(this.backingPoolKey)),
       poolUsed: await this.raw.capacity.used(keys.poolNodes(this.poolKey)),
       backingUsed: await this.raw.capacity.used(keys.backingPool(this.backingPoolKey)),
+      poolCounting: await this.raw.capacity.countingPlaces(keys.poolNodes(this.poolKey)),
+      backingCounting: await this.raw.capacity.countingPlaces(keys.backingPool(this.backingPoolKey)),
       instances: this.ec2.instances,
     };
   }

@@ -1,5 +1,6 @@
 import { AsyncLocalStorage } from 'node:async_hooks';
 import type { Clock } from '../shared/core/clock.ts';
+import type { CapacityStep } from '../shared/store/capacitySteps.ts';
 import type { Random } from './chaosRandom.ts';
 
 /**
@@ -64,6 +65,22 @@ export const STORE_METHODS = [
   'leasesBefore',
 ] as const;
 
+/**
+ * The steps inside a capacity set's operations (CapacitySets.afterStep): a boundary after each, so a
+ * delivery also dies between two writes of one store call (a count-up and its place, say), as a process
+ * killed there would. Named `capacity <step>` among the store's boundaries.
+ */
+export const CAPACITY_STEPS = [
+  'place created',
+  'counted up',
+  'place counted',
+  'reserve finished',
+  'place releasing',
+  'counted down',
+  'place deleted',
+  'release finished',
+] as const satisfies readonly CapacityStep[];
+
 /** The BackingProvider methods (launchBlocked is synchronous and local: no boundary). */
 export const PROVIDER_METHODS = ['launch', 'describe', 'terminate', 'list'] as const;
 
@@ -108,7 +125,12 @@ export class CrashInjector {
     private readonly options: CrashOptions,
   ) {
     this.armedAt = clock.now();
-    const all: Boundary[] = [];
+    // The capacity steps first: a run of 100 requests crashes some 40 times, so each cycle's start is hit.
+    const all: Boundary[] = CAPACITY_STEPS.map((step) => ({
+      target: 'store',
+      method: `capacity ${step}`,
+      phase: 'after',
+    }));
     for (const [target, methods] of [
       ['store', STORE_METHODS],
       ['provider', PROVIDER_METHODS],
@@ -119,6 +141,12 @@ export class CrashInjector {
     }
     this.boundaries = all;
     this.countdown = this.random.int(1, options.maxK);
+  }
+
+  /** A step inside a store call took effect (CapacitySets.afterStep): a boundary, as CAPACITY_STEPS. */
+  step(name: CapacityStep): void {
+    const invocation = this.als.getStore();
+    if (invocation && !invocation.crashedAt) this.point(invocation, 'store', `capacity ${name}`, 'after');
   }
 
   /** The invocation the caller runs in, if any. */

@@ -128,5 +128,20 @@ export function toPlace(item: Record<string, unknown>): Place {
   };
 }
 
+/**
+ * How many of the set's places count against its cap, by the table of capacitySteps.ts: a place counted,
+ * releasing and not counted down yet, or counting with its own reserve entry (a count-up made for it).
+ * A place a dead operation left part-way holding no count (counting, never counted up; releasing,
+ * counted down) holds no capacity: an audit of the set (`used` is never below this).
+ */
+export function placesThatCount(places: readonly Place[], counter: Counter): number {
+  return places.filter((p) => {
+    const entry = counter.pending[p.member];
+    if (p.phase === 'counted') return true;
+    if (p.phase === 'releasing') return entry?.op !== 'release';
+    return entry?.op === 'reserve' && !isStray(entry, p);
+  }).length;
+}
+
 /** A conditional write's refusal: its condition failed (every step answers it as a domain answer). */
 export const isConditionFailure = (err: unknown) => err instanceof ConditionalCheckFailedException;

@@ -1,7 +1,7 @@
 import type { DynamoDBDocumentClient } from '@aws-sdk/lib-dynamodb';
 import type { Reservation } from '../core/poolStore.ts';
 import { migrateCapacitySet } from './capacityMigration.ts';
-import { countIdOf, isStray } from './capacityReads.ts';
+import { countIdOf, isStray, placesThatCount } from './capacityReads.ts';
 import { CapacitySteps, type Counter, type Key, type Place } from './capacitySteps.ts';
 
 export type { CapacityStep } from './capacitySteps.ts';
@@ -293,6 +293,12 @@ export class CapacitySets {
     return new Set((await this.reservations(key)).keys());
   }
 
+  /** The places that count against the cap, by the protocol's table (capacityReads.ts placesThatCount). */
+  async countingPlaces(key: Key): Promise<number> {
+    const [places, counter] = await Promise.all([this.steps.places(key), this.steps.counter(key)]);
+    return placesThatCount(places, counter);
+  }
+
   /** The places counted against the cap (the counter's `used`). */
   async used(key: Key): Promise<number> {
     return (await this.steps.counter(key)).used;
@@ -358,9 +364,29 @@ export class CapacitySets {
     return finished;
   }
 
-  /** Hands a place over from an owner known to be dead (or superseded); false when it is no longer theirs. */
-  takeOverReservation(key: Key, member: string, from: string, to: string): Promise<boolean> {
-    return this.steps.takeOver(key, member, from, to);
+  /**
+   * Hands a place over from an owner known to be dead (or superseded); false when it is no longer theirs.
+   * With `adoptSince`, for an owner known dead (not one merely superseded, which may still create its
+   * place): its count-first entry made at `adoptSince` or later with no place (cut between the two
+   * writes) becomes `to`'s in one conditional write, and the place is created counted, naming it; before,
+   * the request waited for recover (a slot lease). `adoptSince` keeps clear of recover (COUNT_ADOPTION_MS).
+   */
+  async takeOverReservation(
+    key: Key,
+    member: string,
+    from: string,
+    to: string,
+    adoptSince = Number.POSITIVE_INFINITY,
+  ): Promise<boolean> {
+    if (await this.steps.takeOver(key, member, from, to)) return true;
+    const entry = (await this.steps.counter(key)).pending[member];
+    if (entry?.op !== 'reserve' || !entry.first || entry.owner !== from || entry.at < adoptSince)
+      return false;
+    const at = await this.steps.handOverCount(key, member, entry, to);
+    if (at === undefined) return false;
+    if (await this.steps.createCountedPlace(key, member, to, countIdOf({ owner: to, at }))) return true;
+    await this.steps.removePending(key, member, 'reserve', -1, { owner: to, at }); // placed meanwhile: stray
+    return false;
   }
 
   /**

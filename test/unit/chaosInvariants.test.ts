@@ -53,6 +53,8 @@ const snapshot = (now: number, requests: RequestRecord[], slotMap: Record<string
   backingPool: new Set(['bn-1']),
   poolUsed: 0,
   backingUsed: 1,
+  poolCounting: 0,
+  backingCounting: 1,
   instances: [],
 });
 
