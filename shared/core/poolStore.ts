@@ -144,8 +144,8 @@ export interface PoolStore {
   ): Promise<Reservation>;
   /**
    * Hands a node's place over from `from` (known dead or superseded) to `to`; false when not theirs. A
-   * count-up of theirs made at `adoptSince` or later whose place was never created is adopted (the place
-   * created counted, naming it).
+   * count-up of theirs made at `adoptSince` or later whose place was never created is adopted (the count
+   * made `to`'s in one conditional write, then its place created counted).
    */
   takeOverNodePlace(
     poolKey: string,
