@@ -1327,16 +1327,19 @@ export class ChaosRun {
   // ---- checks ---------------------------------------------------------------------------------------------
 
   private async snapshot(): Promise<Snapshot> {
+    // Each capacity set read once (its places and counter): members, used, and the places that count.
+    const pool = await this.raw.capacity.audit(keys.poolNodes(this.poolKey));
+    const backing = await this.raw.capacity.audit(keys.backingPool(this.backingPoolKey));
     return {
       now: this.clock.now(),
       requests: await this.raw.listRequests(),
       backing: await this.raw.listBacking(),
-      poolNodes: await this.raw.capacity.members(keys.poolNodes(this.poolKey)),
-      backingPool: await this.raw.capacity.members(keys.backingPool(this.backingPoolKey)),
-      poolUsed: await this.raw.capacity.used(keys.poolNodes(this.poolKey)),
-      backingUsed: await this.raw.capacity.used(keys.backingPool(this.backingPoolKey)),
-      poolCounting: await this.raw.capacity.countingPlaces(keys.poolNodes(this.poolKey)),
-      backingCounting: await this.raw.capacity.countingPlaces(keys.backingPool(this.backingPoolKey)),
+      poolNodes: pool.members,
+      backingPool: backing.members,
+      poolUsed: pool.used,
+      backingUsed: backing.used,
+      poolCounting: pool.counting,
+      backingCounting: backing.counting,
       instances: this.ec2.instances,
     };
   }

@@ -41,7 +41,7 @@ export interface Snapshot {
   readonly poolUsed: number;
   readonly backingUsed: number;
   /**
-   * The places of each set that count against its cap (CapacitySets.countingPlaces): a place a crashed
+   * The places of each set that count against its cap (CapacitySets.audit): a place a crashed
    * operation left part-way without a count (created, never counted up) is in the set, not counted.
    */
   readonly poolCounting: number;

@@ -143,5 +143,25 @@ export function placesThatCount(places: readonly Place[], counter: Counter): num
   }).length;
 }
 
+export interface SetAudit {
+  readonly members: Set<string>;
+  readonly used: number;
+  /** The places that count against the cap (placesThatCount). */
+  readonly counting: number;
+}
+
+/** A set read once (its places and its counter): its members, `used`, and the places that count. */
+export async function auditSet(doc: DynamoDBDocumentClient, tableName: string, key: Key): Promise<SetAudit> {
+  const [places, counter] = await Promise.all([
+    readPlaces(doc, tableName, key),
+    readCounter(doc, tableName, key),
+  ]);
+  return {
+    members: new Set(places.map((p) => p.member)),
+    used: counter.used,
+    counting: placesThatCount(places, counter),
+  };
+}
+
 /** A conditional write's refusal: its condition failed (every step answers it as a domain answer). */
 export const isConditionFailure = (err: unknown) => err instanceof ConditionalCheckFailedException;

@@ -1,7 +1,7 @@
 import type { DynamoDBDocumentClient } from '@aws-sdk/lib-dynamodb';
 import type { Reservation } from '../core/poolStore.ts';
 import { migrateCapacitySet } from './capacityMigration.ts';
-import { countIdOf, isStray, placesThatCount } from './capacityReads.ts';
+import { auditSet, countIdOf, isStray, type SetAudit } from './capacityReads.ts';
 import { CapacitySteps, type Counter, type Key, type Place } from './capacitySteps.ts';
 
 export type { CapacityStep } from './capacitySteps.ts';
@@ -293,10 +293,9 @@ export class CapacitySets {
     return new Set((await this.reservations(key)).keys());
   }
 
-  /** The places that count against the cap, by the protocol's table (capacityReads.ts placesThatCount). */
-  async countingPlaces(key: Key): Promise<number> {
-    const [places, counter] = await Promise.all([this.steps.places(key), this.steps.counter(key)]);
-    return placesThatCount(places, counter);
+  /** The set read once: its members, `used`, and the places that count (capacityReads.ts auditSet). */
+  audit(key: Key): Promise<SetAudit> {
+    return auditSet(this.doc, this.tableName, key);
   }
 
   /** The places counted against the cap (the counter's `used`). */

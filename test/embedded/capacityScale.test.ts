@@ -71,7 +71,7 @@ describe('a crash after any step', () => {
       expect(await sets.used(set)).toBe(counted);
       // The places that count, by the protocol's table, are what the counter counts (a place created and
       // never counted up is in the set, holding nothing).
-      expect(await sets.countingPlaces(set)).toBe(counted);
+      expect((await sets.audit(set)).counting).toBe(counted);
       expect(await sets.reserve(set, ['late/0'], 3, 'b')).toEqual({
         kind: counted === 3 ? 'full' : 'reserved',
       });
@@ -99,7 +99,7 @@ describe('a crash after any step', () => {
       // Counted down from the second step on: room for one more exactly then.
       const down = step !== 'place releasing';
       expect(await sets.used(set)).toBe(down ? 1 : 2);
-      expect(await sets.countingPlaces(set)).toBe(down ? 1 : 2);
+      expect((await sets.audit(set)).counting).toBe(down ? 1 : 2);
       // A redelivered release leaves a release in flight to its releaser: never counted down twice.
       await sets.unreserve(set, ['n/0']);
       expect(await sets.used(set)).toBe(down ? 1 : 2);
