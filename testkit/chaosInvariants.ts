@@ -301,6 +301,14 @@ export function checkInvariants(s: Snapshot, limits: Limits, tracker: Tracker): 
       `the backing capacity set holds ${s.backingCounting} counted places > max-servers ${limits.backingMax}`,
     );
   }
+  // Exactness: a place that counts is in `used`; more such places than `used` would be a place whose
+  // count was given back (or never made) while it still says counted.
+  for (const [name, counting, used] of [
+    ['metastatic', s.poolCounting, s.poolUsed],
+    ['backing', s.backingCounting, s.backingUsed],
+  ] as const) {
+    if (counting > used) v.push(`the ${name} capacity set has ${counting} counted places but counts ${used}`);
+  }
   if (s.backingUsed > limits.backingMax) {
     v.push(`the backing capacity set counts ${s.backingUsed} > max-servers ${limits.backingMax}`);
   }

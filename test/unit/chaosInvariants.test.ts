@@ -93,3 +93,26 @@ describe('chaos invariants: min-ready', () => {
     ]);
   });
 });
+
+describe('chaos invariants: capacity sets', () => {
+  it('flags counted places beyond what the counter counts, and not a place that holds no count', () => {
+    const none: RequestRecord[] = [];
+    const at = (extra: Partial<Snapshot>) => ({ ...snapshot(0, none, {}), ...extra });
+    // A place created and never counted up (a crashed reserve): in the set, not counted, not flagged.
+    expect(
+      checkInvariants(
+        at({ backingPool: new Set(['bn-1', 'bn-2']), backingCounting: 1 }),
+        limits,
+        new Tracker(),
+      ),
+    ).toEqual([]);
+    // A place that says counted with no count of its own in `used` (its count given back meanwhile).
+    expect(
+      checkInvariants(
+        at({ backingPool: new Set(['bn-1', 'bn-2']), backingCounting: 2 }),
+        limits,
+        new Tracker(),
+      ),
+    ).toEqual([expect.stringMatching(/^the backing capacity set has 2 counted places but counts 1/)]);
+  });
+});
