@@ -188,7 +188,7 @@ const SHORT_DECAY = 2 ** (-1 / SHORT_HALF_LIFE_MIN);
 
 /**
  * A rate below this (arrivals per minute: one in 2,000 years) is 0. A decaying rate never reaches 0 by
- * itself, and DynamoDB refuses a number below 1e-130: the short rate gets there after about 14 hours
+ * itself, and DynamoDB refuses a number below 1e-130: the short rate gets there after about 36 hours
  * without an arrival (a quiet weekend), and every fold of the label would then fail.
  */
 export const NEGLIGIBLE_RATE = 1e-9;

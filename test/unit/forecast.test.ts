@@ -133,7 +133,7 @@ describe('arrival forecasts (predictive readiness)', () => {
   it("lets a quiet label's rate reach 0, never a number too small for DynamoDB (1e-130), folded minute by minute or over a gap", () => {
     const start = MONDAY + 10 * 60;
     const busy = fed(emptyModel('small', start), start, start + 60, () => 2);
-    // Two quiet days, folded a minute at a time as the reaper folds them (the short rate halves every 2).
+    // Two quiet days, folded a minute at a time as the reaper folds them (the short rate halves every SHORT_HALF_LIFE_MIN minutes).
     const quiet = fed(busy, start + 60, start + 60 + 2 * 24 * 60, () => 0);
     expect(quiet.shortRate).toBe(0);
     // And over one gap longer than a day.
