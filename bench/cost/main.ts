@@ -178,11 +178,27 @@ async function main(): Promise<void> {
   // Today's policy from the last full run (deterministic: the same trace and settings give the same
   // run), when it ran the same jobs; else run again here (storedToday).
   const earlier = readinessOnly
-    ? (JSON.parse(await readFile(resultsFile, 'utf8')) as {
+    ? (JSON.parse(
+        await readFile(resultsFile, 'utf8').catch(() => {
+          throw new Error(`--readiness-only merges into the results.json of a full run: none in ${outDir}`);
+        }),
+      ) as {
+        parameters?: Record<string, unknown>;
         traces: { name: string; jobs?: number; policies: { fullest?: Record<string, number> } }[];
         readiness?: { traces: ReadyTraceJson[] };
       })
     : undefined;
+  // What it stored is for this run only if measured with the same seed and settings (another seed's
+  // steady trace has as many jobs, and would pass for this one's).
+  const settings = { seed, slots: base.slots, bootS: base.bootS, reaperTickS: base.reaperTickS };
+  for (const [k, v] of Object.entries(settings)) {
+    const was = earlier?.parameters?.[k];
+    if (earlier && !(k === 'seed' && args.trace?.length) && was !== v) {
+      throw new Error(
+        `${resultsFile} was measured with ${k} ${String(was)}, this run has ${v}: use another --out`,
+      );
+    }
+  }
   const add = (trace: Trace, what: string, options: SimOptions, series: boolean) =>
     runs.push({ task: { id: nextId++, trace, options, series }, trace: trace.name, what });
   for (const trace of traces) {
