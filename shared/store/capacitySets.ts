@@ -363,29 +363,9 @@ export class CapacitySets {
     return finished;
   }
 
-  /**
-   * Hands a place over from an owner known to be dead (or superseded); false when it is no longer theirs.
-   * With `adoptSince`, for an owner known dead (not one merely superseded, which may still create its
-   * place): its count-first entry made at `adoptSince` or later with no place (cut between the two
-   * writes) becomes `to`'s in one conditional write, and the place is created counted, naming it; before,
-   * the request waited for recover (a slot lease). `adoptSince` keeps clear of recover (COUNT_ADOPTION_MS).
-   */
-  async takeOverReservation(
-    key: Key,
-    member: string,
-    from: string,
-    to: string,
-    adoptSince = Number.POSITIVE_INFINITY,
-  ): Promise<boolean> {
-    if (await this.steps.takeOver(key, member, from, to)) return true;
-    const entry = (await this.steps.counter(key)).pending[member];
-    if (entry?.op !== 'reserve' || !entry.first || entry.owner !== from || entry.at < adoptSince)
-      return false;
-    const at = await this.steps.handOverCount(key, member, entry, to);
-    if (at === undefined) return false;
-    if (await this.steps.createCountedPlace(key, member, to, countIdOf({ owner: to, at }))) return true;
-    await this.steps.removePending(key, member, 'reserve', -1, { owner: to, at }); // placed meanwhile: stray
-    return false;
+  /** Hands a place over from an owner known to be dead (or superseded); false when it is no longer theirs. */
+  takeOverReservation(key: Key, member: string, from: string, to: string): Promise<boolean> {
+    return this.steps.takeOver(key, member, from, to);
   }
 
   /**
