@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { model } from '../../bench/cost/model.ts';
-import { firstBootArrivals, storedToday } from '../../bench/cost/readiness.ts';
+import { firstBootArrivals, storedReadyRuns, storedToday } from '../../bench/cost/readiness.ts';
 import {
   DEFAULT_OPTIONS,
   hintOf,
@@ -134,6 +134,42 @@ describe('the cost simulator', () => {
     expect(storedToday(stored, { name: 'batch', jobs: new Array(400) })).toBeUndefined();
     expect(storedToday(stored, { name: 'steady', jobs: new Array(1000) })).toEqual({ instanceHours: 58.18 });
     expect(storedToday(stored, { name: 'diurnal', jobs: new Array(1174) })).toBeUndefined();
+  });
+
+  it('keeps the ready-room rows --ready-policies does not run, from a run of as many jobs only', () => {
+    const row = (policy: string, kind: string, extra: Record<string, number> = {}) => ({
+      policy,
+      kind,
+      servedWithoutWaitPercent: 97.9,
+      waitMeanS: 1,
+      waitP95S: 0,
+      instanceHours: 60.5,
+      ratioToLowerBound: 1.2,
+      backingLaunched: 50,
+      dynamodbCalls: 9000,
+      ...extra,
+    });
+    const stored = [
+      {
+        name: 'steady',
+        jobs: 1000,
+        firstBootArrivals: 100,
+        bursts: 18,
+        policies: [
+          row("today's policy (grace-time 0)", 'today'),
+          row('min-ready 2', 'min-ready', { noWait: 969 }),
+          row('min-ready 3', 'min-ready'), // stored before noWait: from the percentage
+          row('predictive (0.9)', 'predictive', { noWait: 980 }),
+        ],
+      },
+    ] as unknown as Parameters<typeof storedReadyRuns>[0];
+    const steady = { name: 'steady', jobs: new Array(1000) };
+    const kept = storedReadyRuns(stored, steady, (key) => key !== 'predictive 0.9');
+    // Today's policy comes from the main table (storedToday); the policy run again is not kept.
+    expect([...kept.keys()]).toEqual(['min-ready 2', 'min-ready 3']);
+    expect(kept.get('min-ready 2')).toMatchObject({ warmHits: 969, instanceSeconds: 60.5 * 3600 });
+    expect(kept.get('min-ready 3')?.warmHits).toBe(979);
+    expect(storedReadyRuns(stored, { name: 'steady', jobs: new Array(500) }, () => true).size).toBe(0);
   });
 
   it('counts the arrivals within the first boot time of a burst, also of one background jobs lead up to', () => {
