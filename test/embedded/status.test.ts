@@ -207,12 +207,19 @@ describe('metastatic status', { timeout: 120_000 }, () => {
       // The pool changes: the same screen shows the second node on the same backing node, not a second copy.
       const second = await cli(state(['request', 'small-node', '--id', 'st-2', '--wait', '--timeout', '60']));
       expect(second.code, second.stderr).toBe(0);
+      // A screen is read from several queries, not one snapshot: one drawn while st-2's slot was claimed
+      // and its node not yet recorded shows the slot taken and the node not yet counted (seen in CI). The
+      // next redraw shows both.
       const redrawn = await until(
         'the redrawn screen',
-        () => (screen().includes('[██] 2/2') ? screen() : undefined),
+        () => {
+          const now = screen();
+          return now.includes('[██] 2/2') && /^small-node\s+2\s+0\s+0\s+0\s+1\s+2\/2$/m.test(now)
+            ? now
+            : undefined;
+        },
         30_000,
       );
-      expect(redrawn).toMatch(/^small-node\s+2\s+0\s+0\s+0\s+1\s+2\/2$/m);
       expect(redrawn.match(/^metastatic status at /gm)).toHaveLength(1);
       expect(redrawn).not.toContain('[█·] 1/2');
       tmux('send-keys', '-t', session, 'C-c');
