@@ -151,9 +151,11 @@ export interface PoolStore {
   /**
    * Finishes the place operations of the pool begun before `before` and left part-way by a delivery that
    * died (a reservation counted is completed, one never counted dropped, a release carried to its end);
-   * returns how many. The count of places held stays exact through any crash; this clears the leftovers.
+   * returns how many, and who holds each place then (as nodePlaces: one read of the set, not two, when
+   * there was nothing to finish). The count of places held stays exact through any crash; this clears
+   * the leftovers.
    */
-  recoverNodePlaces(poolKey: string, before: number): Promise<number>;
+  recoverNodePlaces(poolKey: string, before: number): Promise<RecoveredPlaces>;
 
   // ---- places in a backing pool's max-servers (one per live backing node)
   reserveBackingPlace(
@@ -165,7 +167,7 @@ export interface PoolStore {
   takeOverBackingPlace(backingPoolKey: string, backingId: string, from: string, to: string): Promise<boolean>;
   freeBackingPlace(backingPoolKey: string, backingId: string, owner?: string): Promise<void>;
   backingPlaces(backingPoolKey: string): Promise<Map<string, string>>;
-  recoverBackingPlaces(backingPoolKey: string, before: number): Promise<number>;
+  recoverBackingPlaces(backingPoolKey: string, before: number): Promise<RecoveredPlaces>;
 
   // ---- learned duration estimates (core/estimates.ts)
   /** The label's estimate, or one requestor's for the label; undefined when none is learned yet. */
@@ -265,6 +267,12 @@ export type SlotClaim =
   | { readonly claimed: true; readonly record: BackingRecord }
   /** Lost: the item as it is now (when it still exists), to choose again from. */
   | { readonly claimed: false; readonly current?: BackingRecord };
+
+/** What a recovery of a capacity set finished, and who holds each of its places then (member -> owner). */
+export interface RecoveredPlaces {
+  readonly finished: number;
+  readonly places: ReadonlyMap<string, string>;
+}
 
 export type Reservation =
   | {

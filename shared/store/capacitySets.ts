@@ -310,6 +310,15 @@ export class CapacitySets {
    * operations (they are younger than `before`).
    */
   async recover(key: Key, before: number): Promise<number> {
+    return (await this.recoverAndRead(key, before)).finished;
+  }
+
+  /**
+   * recover, and who holds each place once it is done (member -> owner): the places it read, read again
+   * only when it had part-way operations to finish (the reaper's check of every place after its
+   * recovery was a second Query of the set each run).
+   */
+  async recoverAndRead(key: Key, before: number): Promise<{ finished: number; places: Map<string, string> }> {
     let finished = 0;
     let counter = await this.steps.counter(key);
     if (counter.earlier || Object.keys(counter.legacy).length > 0) {
@@ -321,6 +330,9 @@ export class CapacitySets {
     const stale = new Set<string>();
     for (const p of places.values()) if (p.phase !== 'counted' && p.at < before) stale.add(p.member);
     for (const [m, e] of Object.entries(counter.pending)) if (e.at < before) stale.add(m);
+    if (finished === 0 && stale.size === 0) {
+      return { finished, places: new Map([...places.values()].map((p) => [p.member, p.owner])) };
+    }
     for (const m of stale) {
       const place = places.get(m);
       let pending = counter.pending[m];
@@ -360,7 +372,7 @@ export class CapacitySets {
       }
       finished++;
     }
-    return finished;
+    return { finished, places: await this.reservations(key) };
   }
 
   /** Hands a place over from an owner known to be dead (or superseded); false when it is no longer theirs. */

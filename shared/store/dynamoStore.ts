@@ -12,6 +12,7 @@ import type {
   PageCursor,
   PoolStore,
   ReaperCursor,
+  RecoveredPlaces,
   Reservation,
   SlotClaim,
 } from '../core/poolStore.ts';
@@ -254,8 +255,8 @@ export class DynamoStore implements PoolStore {
     return this.capacity.reservations(keys.poolNodes(poolKey));
   }
 
-  recoverNodePlaces(poolKey: string, before: number): Promise<number> {
-    return this.capacity.recover(keys.poolNodes(poolKey), before);
+  recoverNodePlaces(poolKey: string, before: number): Promise<RecoveredPlaces> {
+    return this.capacity.recoverAndRead(keys.poolNodes(poolKey), before);
   }
 
   reserveBackingPlace(
@@ -284,8 +285,8 @@ export class DynamoStore implements PoolStore {
     return this.capacity.reservations(keys.backingPool(backingPoolKey));
   }
 
-  recoverBackingPlaces(backingPoolKey: string, before: number): Promise<number> {
-    return this.capacity.recover(keys.backingPool(backingPoolKey), before);
+  recoverBackingPlaces(backingPoolKey: string, before: number): Promise<RecoveredPlaces> {
+    return this.capacity.recoverAndRead(keys.backingPool(backingPoolKey), before);
   }
 
   /**

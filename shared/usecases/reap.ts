@@ -120,7 +120,14 @@ export async function reap(ctx: Context): Promise<ReapReport> {
     guard('reconcile', '-', () => reconcile(ctx, [...idle, ...launching, ...active], report, gone)),
   );
 
+  // The FAILED partition, read once a run (by the `failed` or the `capacity` step, whichever runs first):
+  // what the `failed` step then settled stays in the capacity step's view as it was read, which only
+  // keeps their places one run longer (a backing node's end gives its place back itself).
   let failedNow: BackingRecord[] | undefined;
+  const readFailed = async () => {
+    failedNow ??= await ctx.store.backingInPhase('failed');
+    return failedNow;
+  };
   // Backing nodes an earlier step of this run changed the slots of (a claim given back, failed): the
   // capacity step reads them again, so a place their slot no longer holds is given back this run.
   const changed = new Set<string>();
@@ -188,7 +195,7 @@ export async function reap(ctx: Context): Promise<ReapReport> {
       let failed: BackingRecord[] | undefined;
       let looks = new Map<string, { gone: boolean }>();
       await guard('settle', '-', async () => {
-        const read = await ctx.store.backingInPhase('failed');
+        const read = await readFailed();
         looks = await lookUpAll(ctx, read);
         failed = read;
       });
@@ -210,9 +217,10 @@ export async function reap(ctx: Context): Promise<ReapReport> {
     // Places in max-servers sets that nothing live holds (their delivery died) are given back.
     capacity: async () => {
       await guard('capacity', '-', async () => {
-        failedNow = await ctx.store.backingInPhase('failed');
         const live = new Map(
-          [...idle, ...launching, ...active, ...failedNow, ...retiring].map((b) => [b.id, b] as const),
+          [...idle, ...launching, ...active, ...(await readFailed()), ...retiring].map(
+            (b) => [b.id, b] as const,
+          ),
         );
         for (const id of changed) {
           const now = await ctx.store.getBacking(id);

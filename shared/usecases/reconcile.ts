@@ -44,8 +44,8 @@ export async function reconcileCapacity(
   // (bounded.ts), not 50 sets one after the other (bench/reaper.ts).
   const backingSets = async (pool: BackingPool) => {
     const recovered = await ctx.store.recoverBackingPlaces(pool.key, stale);
-    report.recoveredPlaces += recovered;
-    for (const [id, owner] of await ctx.store.backingPlaces(pool.key)) {
+    report.recoveredPlaces += recovered.finished;
+    for (const [id, owner] of recovered.places) {
       if (liveBacking.has(id) || !abandoned(owner)) continue;
       const record = await ctx.store.getBacking(id);
       if (record && record.state !== 'stopped') continue; // created since the reap index was read
@@ -60,8 +60,8 @@ export async function reconcileCapacity(
   const onSlots = new Set(live.flatMap((b) => Object.values(b.slotMap)));
   const nodeSets = async (pool: MetastaticPool) => {
     const recovered = await ctx.store.recoverNodePlaces(pool.key, stale);
-    report.recoveredPlaces += recovered;
-    for (const [nodeId, owner] of await ctx.store.nodePlaces(pool.key)) {
+    report.recoveredPlaces += recovered.finished;
+    for (const [nodeId, owner] of recovered.places) {
       if (onSlots.has(nodeId) || !abandoned(owner)) continue;
       const parsed = parseNodeId(nodeId);
       const r = parsed ? await ctx.store.getRequest(parsed.requestId) : undefined;

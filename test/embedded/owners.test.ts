@@ -311,7 +311,7 @@ describe('a warm allocation in a pool with max-servers (issue 26)', () => {
     // The reaper's recovery undoes the count once it is old (no node can be recorded without its place).
     harness.clock.advance(SLOT_LEASE_MS + 1_000);
     expect((await harness.pool.reapNow()).recoveredPlaces).toBeGreaterThanOrEqual(1);
-    expect(await ctx.store.recoverNodePlaces('meta/main', harness.clock.now())).toBe(0); // nothing left
+    expect((await ctx.store.recoverNodePlaces('meta/main', harness.clock.now())).finished).toBe(0); // nothing left
     expect((await ctx.store.reserveNodePlaces('meta/main', ['x/0', 'z/0'], 4, 'X')).kind).toBe('reserved');
     expect((await ctx.store.reserveNodePlaces('meta/main', ['y/0'], 4, 'Y')).kind).toBe('full');
   });

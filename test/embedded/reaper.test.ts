@@ -239,6 +239,38 @@ describe('nodes left pending on a backing node that became ready', () => {
   });
 });
 
+describe('what one run reads', () => {
+  it('reads the FAILED partition and each max-servers set once, its recovery and its check sharing the read', async () => {
+    h = await startHarness(baseConfig({ slots: 2, maxServers: 4, backingMax: 2 }));
+    await readyNode(h, 'held');
+    const store = h.pool.context.store;
+    const spies = {
+      phases: vi.spyOn(store, 'backingInPhase'),
+      nodePlaces: vi.spyOn(store, 'nodePlaces'),
+      backingPlaces: vi.spyOn(store, 'backingPlaces'),
+      recoverNodes: vi.spyOn(store, 'recoverNodePlaces'),
+      recoverBacking: vi.spyOn(store, 'recoverBackingPlaces'),
+    };
+    const report = await reap(h.pool.context);
+    expect(report.errors).toEqual([]);
+    expect(spies.phases.mock.calls.map(([phase]) => phase).sort()).toEqual([
+      'active',
+      'failed',
+      'idle',
+      'launching',
+      'retiring',
+    ]);
+    expect(spies.recoverNodes).toHaveBeenCalledTimes(1);
+    expect(spies.recoverBacking).toHaveBeenCalledTimes(1);
+    expect(spies.nodePlaces).not.toHaveBeenCalled();
+    expect(spies.backingPlaces).not.toHaveBeenCalled();
+    // The places the check saw are the set's: the live node's place is kept, none given back.
+    expect(report.reclaimedPlaces).toBe(0);
+    expect([...(await store.nodePlaces('meta/main')).keys()]).toEqual(['held/0']);
+    for (const spy of Object.values(spies)) spy.mockRestore();
+  });
+});
+
 describe('ended records and DynamoDB TTL (issue 24)', () => {
   const RETENTION = 5 * 86400;
   /** The raw item, as DynamoDB's TTL sees it. */
