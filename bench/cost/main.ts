@@ -12,6 +12,7 @@ import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import { startInProcessDynalite } from '../../testkit/inProcessDynalite.ts';
 import { renderChart } from './chart.ts';
+import { rateDispersion } from './dispersion.ts';
 import { model } from './model.ts';
 import {
   BENCH_MAX_READY,
@@ -318,6 +319,7 @@ async function main(): Promise<void> {
           f.trace.jobs.map((j) => j.arrivalMs),
           base.bootS,
         ),
+        dispersion: rateDispersion(f.trace.jobs.map((j) => j.arrivalMs)),
       }))
     : [];
   for (const t of readyTraces) {

@@ -4,6 +4,7 @@
  * results.json; a chart per trace of the frontier (instance-hours against the share of requests served
  * without waiting for a boot).
  */
+import { DISPERSION_WINDOW_S } from './dispersion.ts';
 import { hours, pct, ratio, secs, table } from './report.ts';
 import type { PolicyResult, SimOptions } from './simulate.ts';
 
@@ -81,6 +82,8 @@ export interface ReadyTrace {
   readonly runs: ReadonlyMap<string, PolicyResult>;
   /** Arrivals within the first boot time of a burst (firstBootArrivals). */
   readonly firstBoot: { readonly arrivals: number; readonly bursts: number };
+  /** How much the arrival rate moves (rateDispersion). */
+  readonly dispersion: number;
 }
 
 /** A burst: at least this many arrivals within one boot time, after a boot time with none. */
@@ -152,6 +155,7 @@ export function readyJson(t: ReadyTrace) {
     jobs: t.jobs,
     firstBootArrivals: t.firstBoot.arrivals,
     bursts: t.firstBoot.bursts,
+    rateDispersion: Math.round(t.dispersion * 100) / 100,
     policies: readyPolicies().flatMap((p) => {
       const r = t.runs.get(p.key);
       if (!r) return [];
@@ -248,8 +252,11 @@ export function readySummary(measured: readonly ReadyTraceJson[], expected: read
     const v = versus[i];
     if (!v || v.ratio < 1) return [];
     const p = p9(t);
+    // Whether the rate moved at all (rateDispersion), beside the traces' figures.
+    const dispersions = traces.map((x) => `${x.name} ${x.rateDispersion}`).join(', ');
+    const steadyRate = t.rateDispersion !== undefined && t.rateDispersion < 2;
     return [
-      `${t.name}: ${v.label} serves ${v.best.servedWithoutWaitPercent}% for ${v.best.instanceHours.toFixed(2)} instance-hours, predictive (0.9) ${p.servedWithoutWaitPercent}% for ${p.instanceHours.toFixed(2)}`,
+      `${t.name}: ${steadyRate ? `its arrivals keep one rate (variance / mean of arrivals per ${DISPERSION_WINDOW_S / 60} minutes: ${dispersions}; about 1 for a constant Poisson rate), so the cheapest hold for a share is one number, which a forecast can find but not beat: ` : ''}${v.label} serves ${v.best.servedWithoutWaitPercent}% for ${v.best.instanceHours.toFixed(2)} instance-hours, predictive (0.9) ${p.servedWithoutWaitPercent}% for ${p.instanceHours.toFixed(2)}`,
     ];
   });
   const yesNo = (ok: boolean) => (ok ? 'yes' : 'NO');

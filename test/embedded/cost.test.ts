@@ -1,6 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { DISPERSION_WINDOW_S, rateDispersion } from '../../bench/cost/dispersion.ts';
 import { model } from '../../bench/cost/model.ts';
-import { firstBootArrivals, storedReadyRuns, storedToday } from '../../bench/cost/readiness.ts';
+import { firstBootArrivals, readySummary, storedReadyRuns, storedToday } from '../../bench/cost/readiness.ts';
 import {
   DEFAULT_OPTIONS,
   hintOf,
@@ -192,6 +193,58 @@ describe('the cost simulator', () => {
     };
     expect(share('bursty')).toBeGreaterThan(0.3);
     expect(share('steady')).toBeLessThan(0.15);
+  });
+
+  it('measures how much the arrival rate moves: about 1 at one Poisson rate, more for a day or bursts', () => {
+    const dispersion = (kind: 'steady' | 'bursty' | 'diurnal') =>
+      rateDispersion(syntheticTrace(kind, 42, 1000).jobs.map((j) => j.arrivalMs));
+    expect(dispersion('steady')).toBeGreaterThan(0.3);
+    expect(dispersion('steady')).toBeLessThan(2);
+    expect(dispersion('bursty')).toBeGreaterThan(3);
+    expect(dispersion('diurnal')).toBeGreaterThan(3);
+    // Two rates, 10 and 40 per window: the index sees the move a mean alone would not.
+    const windowMs = DISPERSION_WINDOW_S * 1000;
+    const twoRates = [0, 1, 2, 3, 4, 5, 6, 7].flatMap((w) =>
+      Array.from({ length: w % 2 ? 40 : 10 }, (_, i) => w * windowMs + (i * windowMs) / 41),
+    );
+    expect(rateDispersion(twoRates)).toBeGreaterThan(10);
+    expect(Number.isNaN(rateDispersion([]))).toBe(true);
+  });
+
+  it('says from the figures why a static setting ties the forecast, naming a rate that does not move', () => {
+    const row = (policy: string, kind: string, served: number, hours: number) => ({
+      policy,
+      kind,
+      servedWithoutWaitPercent: served,
+      waitMeanS: 1,
+      waitP95S: 0,
+      instanceHours: hours,
+      ratioToLowerBound: 1.2,
+      backingLaunched: 50,
+      dynamodbCalls: 9000,
+    });
+    const trace = (name: string, rateDispersion: number) => ({
+      name,
+      jobs: 1000,
+      firstBootArrivals: 0,
+      bursts: 0,
+      rateDispersion,
+      policies: [
+        row("today's policy (grace-time 0)", 'today', 90, 58),
+        row('min-ready 3', 'min-ready', 98.5, 62.9),
+        row('predictive (0.9)', 'predictive', 98, 63),
+      ],
+    });
+    const versus = (dispersion: number) =>
+      readySummary([trace('steady', dispersion)] as unknown as Parameters<typeof readySummary>[0]).find((r) =>
+        r.figure.startsWith('predictive vs the cheapest static setting'),
+      );
+    expect(versus(1.12)).toMatchObject({ measured: '1.002 (min-ready 3)', met: 'NO' });
+    expect(versus(1.12)?.why).toMatch(
+      /^steady: its arrivals keep one rate \(.*steady 1\.12; .*min-ready 3 serves 98\.5%/,
+    );
+    // A rate that moves (a day's swing): the tie is said, not explained away.
+    expect(versus(12.6)?.why).toMatch(/^steady: min-ready 3 serves 98\.5% for 62\.90 instance-hours/);
   });
 
   it('generates the same trace for the same seed, and reads back what it writes', () => {
