@@ -142,8 +142,18 @@ export interface PoolStore {
     owner: string,
     options?: { readonly overlap?: boolean; readonly countFirst?: boolean },
   ): Promise<Reservation>;
-  /** Hands a node's place over from `from` (known dead or superseded) to `to`; false when not theirs. */
-  takeOverNodePlace(poolKey: string, nodeId: string, from: string, to: string): Promise<boolean>;
+  /**
+   * Hands a node's place over from `from` (known dead or superseded) to `to`; false when not theirs. A
+   * count-up of theirs made at `adoptSince` or later whose place was never created is adopted (the count
+   * made `to`'s in one conditional write, then its place created counted).
+   */
+  takeOverNodePlace(
+    poolKey: string,
+    nodeId: string,
+    from: string,
+    to: string,
+    adoptSince?: number,
+  ): Promise<boolean>;
   /** Gives places back (idempotent); with `owner`, only those that owner still holds. */
   freeNodePlaces(poolKey: string, nodeIds: readonly string[], owner?: string): Promise<void>;
   /** Who holds each place of the pool (node id -> owner token). */

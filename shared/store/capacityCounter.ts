@@ -89,6 +89,52 @@ export class CapacityCounter {
   }
 
   /**
+   * A count-first entry of `from`'s (a dead delivery's count-up whose place was never created) becomes
+   * `to`'s, made now (`used` unchanged): one write conditioned on the entry being still `from`'s, so of
+   * two adopters one wins, and an entry ended meanwhile (its place released, recovered) is not revived.
+   * Returns the new entry's time; undefined when refused.
+   */
+  async handOver(
+    key: Key,
+    member: string,
+    from: Pick<Pending, 'owner' | 'at'>,
+    to: string,
+  ): Promise<number | undefined> {
+    const at = this.now();
+    try {
+      await this.doc.send(
+        new UpdateCommand({
+          TableName: this.tableName,
+          Key: key,
+          UpdateExpression: 'SET #pending.#m = :entry',
+          ConditionExpression:
+            '#pending.#m.#op = :reserve AND #pending.#m.#first = :yes AND #pending.#m.#owner = :from AND #pending.#m.#at = :at',
+          ExpressionAttributeNames: {
+            '#pending': 'pending',
+            '#m': member,
+            '#op': 'op',
+            '#first': 'first',
+            '#owner': 'owner',
+            '#at': 'at',
+          },
+          ExpressionAttributeValues: {
+            ':entry': { op: 'reserve', owner: to, at, first: true } satisfies Pending,
+            ':reserve': 'reserve',
+            ':yes': true,
+            ':from': from.owner,
+            ':at': from.at,
+          },
+        }),
+      );
+    } catch (err) {
+      if (isConditionFailure(err)) return undefined;
+      throw err;
+    }
+    this.stepped('counted up', member);
+    return at;
+  }
+
+  /**
    * The one counter write of CapacitySteps.countDownAll; false when its condition failed. A member's
    * reserve entry is taken over only when it is its place's own count: an entry of the earlier form
    * (not `first`), or the count-up named by the place's `countedBy` (`countedBy[i]`), never a stray one

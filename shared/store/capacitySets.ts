@@ -3,6 +3,7 @@ import type { Reservation } from '../core/poolStore.ts';
 import { migrateCapacitySet } from './capacityMigration.ts';
 import { auditSet, countIdOf, isStray, type SetAudit } from './capacityReads.ts';
 import { CapacitySteps, type Counter, type Key, type Place } from './capacitySteps.ts';
+import { takeOverOrAdopt } from './countAdoption.ts';
 
 export type { CapacityStep } from './capacitySteps.ts';
 
@@ -375,9 +376,15 @@ export class CapacitySets {
     return { finished, places: await this.reservations(key) };
   }
 
-  /** Hands a place over from an owner known to be dead (or superseded); false when it is no longer theirs. */
-  takeOverReservation(key: Key, member: string, from: string, to: string): Promise<boolean> {
-    return this.steps.takeOver(key, member, from, to);
+  /** Hands a place over from a dead or superseded owner, or adopts a dead one's count-up (countAdoption.ts). */
+  takeOverReservation(
+    key: Key,
+    member: string,
+    from: string,
+    to: string,
+    adoptSince = Number.POSITIVE_INFINITY,
+  ): Promise<boolean> {
+    return takeOverOrAdopt(this.steps, key, member, from, to, adoptSince);
   }
 
   /**

@@ -36,9 +36,8 @@ import {
  * | legacy (a member of an earlier form, below) | 1 |
  *
  * A count-first reserve counts up before it creates its places counted; an entry of one that its place
- * does not name is stray and counts 1 of its own (capacityReads.ts isStray).
- *
- * Each step's comment gives its transition as `place/pending (before -> after contribution)`.
+ * does not name is stray and counts 1 of its own (capacityReads.ts isStray). Each step's comment gives
+ * its transition as `place/pending (before -> after contribution)`.
  *
  * A set of the one-item form of an earlier version (a map `owners` of member -> owner, or a string set
  * `members`, and no counter) admits nothing: every count-up is conditioned on that form being gone.
@@ -46,7 +45,6 @@ import {
  * map `legacy` of them, each counting 1 until it is given its place (`legacy` -> counting/reserve, 1 -> 1);
  * no count-up passes while `legacy` has members.
  */
-
 export type { Counter, Key, Place } from './capacityReads.ts';
 
 /** A step of a member operation, for tests that stop an operation part-way (`CapacitySets.afterStep`). */
@@ -72,9 +70,7 @@ export class CapacitySteps {
     private readonly tableName: string,
     private readonly now: () => number,
   ) {
-    this.counterItem = new CapacityCounter(doc, tableName, now, (step, member) =>
-      this.afterStep?.(step, member),
-    );
+    this.counterItem = new CapacityCounter(doc, tableName, now, (step, m) => this.afterStep?.(step, m));
   }
 
   /** Hands a place over from an owner known to be dead (or superseded); false when it is no longer theirs. */
@@ -98,6 +94,11 @@ export class CapacitySteps {
   }
 
   // ---- steps ---------------------------------------------------------------------------------------
+
+  /** none/reserve (1 -> 1): a dead owner's count-first entry made `to`'s (CapacityCounter.handOver). */
+  handOverCount(key: Key, member: string, from: Pick<Pending, 'owner' | 'at'>, to: string) {
+    return this.counterItem.handOver(key, member, from, to);
+  }
 
   /** none -> counting (0 -> 0). False when a place exists already. */
   createPlace(key: Key, member: string, owner: string): Promise<boolean> {

@@ -243,8 +243,14 @@ export class DynamoStore implements PoolStore {
     return this.capacity.reserve(keys.poolNodes(poolKey), nodeIds, max, owner, false, options);
   }
 
-  takeOverNodePlace(poolKey: string, nodeId: string, from: string, to: string): Promise<boolean> {
-    return this.capacity.takeOverReservation(keys.poolNodes(poolKey), nodeId, from, to);
+  takeOverNodePlace(
+    poolKey: string,
+    nodeId: string,
+    from: string,
+    to: string,
+    adoptSince?: number,
+  ): Promise<boolean> {
+    return this.capacity.takeOverReservation(keys.poolNodes(poolKey), nodeId, from, to, adoptSince);
   }
 
   freeNodePlaces(poolKey: string, nodeIds: readonly string[], owner?: string): Promise<void> {

@@ -2,6 +2,7 @@ import type { MetastaticPool } from '../config/model.ts';
 import { BusyError } from '../core/errors.ts';
 import { ownerSince, supersedes } from '../core/ids.ts';
 import type { RequestRecord } from '../core/records.ts';
+import { COUNT_ADOPTION_MS } from '../core/timing.ts';
 import { type Context, deliveryDead } from './context.ts';
 import type { Recording } from './recording.ts';
 
@@ -36,15 +37,23 @@ export async function reserveNodes(
   if (reserved.kind === 'reserved') return reserved;
   await recording.checkStored(); // placed by the holder already: a duplicate
   let fenced = false;
+  const now = ctx.clock.now();
   for (const [member, holder] of reserved.holders) {
+    const dead = deliveryDead(ownerSince(holder), now, ctx.deliveriesDeadBefore);
     if (supersedes(recording.owner, holder)) {
       // An earlier receive of this message: taken over at once, once it can record nothing more.
       if (!fenced) await recording.fence();
       fenced = true;
-    } else if (!deliveryDead(ownerSince(holder), ctx.clock.now(), ctx.deliveriesDeadBefore)) {
+    } else if (!dead) {
       throw new BusyError(`request ${recording.base.id} is being placed by another delivery; retrying later`);
     }
-    if (!(await ctx.store.takeOverNodePlace(pool.key, member, holder, recording.owner))) {
+    // A count-up a dead holder made, its place never written, is adopted while the reaper's recovery
+    // cannot take it for abandoned: younger than COUNT_ADOPTION_MS, and in the embedded pool made in this
+    // process's life (recovery ends those of the process before at once).
+    const adoptSince = dead
+      ? Math.max(now - COUNT_ADOPTION_MS, ctx.deliveriesDeadBefore ?? Number.NEGATIVE_INFINITY)
+      : undefined;
+    if (!(await ctx.store.takeOverNodePlace(pool.key, member, holder, recording.owner, adoptSince))) {
       throw new BusyError(`the place of node ${member} changed hands; retrying later`);
     }
   }

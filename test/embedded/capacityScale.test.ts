@@ -4,6 +4,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { MAX_SERVERS } from '../../shared/config/fields.ts';
 import { nodeId, ownerSince, ownerToken } from '../../shared/core/ids.ts';
 import { ensureTable, localEngineClientConfig, startDynalite } from '../../shared/runtime/engines.ts';
+import { countIdOf, type Pending } from '../../shared/store/capacityReads.ts';
 import type { CapacitySets, CapacityStep } from '../../shared/store/capacitySets.ts';
 import { CapacitySteps } from '../../shared/store/capacitySteps.ts';
 import { DynamoStore } from '../../shared/store/dynamoStore.ts';
@@ -290,6 +291,75 @@ describe('a count-first reserve (issue 26: the request path, two writes a place)
     expect(await sets.used(set)).toBe(0);
     expect((await sets.members(set)).size).toBe(0);
     expect((await steps().counter(set)).pending['s/0']?.op).not.toBe('reserve');
+  });
+
+  it("adopts a dead delivery's count-up cut before its place, once, and never one that ended meanwhile", async () => {
+    const set = keys.poolNodes('first/adopted');
+    // O counted a/0 up and died before it created the place.
+    expect(await steps().countUpFirst(set, ['a/0'], 3, 'O')).toBeDefined();
+    // Only O's entry is O's to give, and only within a bound (recover's, once stale).
+    expect(await sets.takeOverReservation(set, 'a/0', 'C', 'X', 0)).toBe(false);
+    expect(await sets.takeOverReservation(set, 'a/0', 'O', 'X')).toBe(false);
+    // Y, another delivery of the request in another instance, reads the entry; before Y writes, X adopts
+    // it, is placed, and gives the node back. Y must not bring that count-up back to life.
+    const other = new DynamoDBClient(localEngineClientConfig(engine.endpoint, 'eu-west-1'));
+    const y = new DynamoStore(other, 'scale').capacity;
+    let readCounter = false;
+    const seen: Array<[string, number, number]> = [];
+    other.middlewareStack.add(
+      (next) => async (args) => {
+        const input = args.input as { Key?: { pk?: string; sk?: string }; UpdateExpression?: string };
+        if (readCounter) {
+          readCounter = false;
+          expect(await sets.takeOverReservation(set, 'a/0', 'O', 'X', 0)).toBe(true);
+          const place = await steps().place(set, 'a/0');
+          seen.push([
+            place?.owner ?? '',
+            await sets.used(set),
+            Object.keys((await steps().counter(set)).pending).length,
+          ]);
+          expect(place?.countedBy).toBe(countIdOf((await steps().counter(set)).pending['a/0'] as Pending));
+          expect(await sets.reserve(set, ['a/0'], 3, 'X')).toEqual({ kind: 'reserved' }); // X finishes it
+          await sets.unreserve(set, ['a/0'], 'X');
+        } else if (input.Key?.pk === set.pk && input.Key.sk === set.sk && !input.UpdateExpression) {
+          readCounter = true;
+        }
+        return next(args);
+      },
+      { step: 'initialize', name: 'adoptWhileYReads' },
+    );
+    try {
+      expect(await y.takeOverReservation(set, 'a/0', 'O', 'Y', 0)).toBe(false);
+    } finally {
+      other.destroy();
+    }
+    // X held it, counted once (O's count-up, now X's); then it went, and Y created nothing.
+    expect(seen).toEqual([['X', 1, 1]]);
+    expect(await sets.used(set)).toBe(0);
+    expect((await sets.members(set)).size).toBe(0);
+    expect(await sets.recover(set, Number.POSITIVE_INFINITY)).toBe(0);
+  });
+
+  it("finishes, never adopts, a dead delivery's count-up whose place it made and another took over", async () => {
+    const set = keys.poolNodes('first/placed');
+    // O counted b/0 up and created its place counted, naming that count-up, then died before removing
+    // the entry; P, a later receive, took the place over. The entry is the place's own count.
+    const at = (await steps().countUpFirst(set, ['b/0'], 3, 'O')) as number;
+    expect(await steps().createCountedPlace(set, 'b/0', 'O', countIdOf({ owner: 'O', at }))).toBe(true);
+    expect(await steps().takeOver(set, 'b/0', 'O', 'P')).toBe(true);
+    expect(await sets.used(set)).toBe(1);
+    // Z, a delivery after P, finds O's entry: adopting it would undo the place's count (the seed-1 chaos
+    // schedule found two places counted without their count). It is finished instead: the count stays.
+    expect(await sets.takeOverReservation(set, 'b/0', 'O', 'Z', 0)).toBe(false);
+    expect(await sets.used(set)).toBe(1);
+    expect((await steps().counter(set)).pending['b/0']).toBeUndefined();
+    expect((await sets.audit(set)).counting).toBe(1);
+    // ...and the place is then Z's to take over from P at once.
+    expect(await sets.takeOverReservation(set, 'b/0', 'P', 'Z', 0)).toBe(true);
+    expect(await steps().place(set, 'b/0')).toMatchObject({ owner: 'Z', phase: 'counted' });
+    await sets.unreserve(set, ['b/0'], 'Z');
+    expect(await sets.used(set)).toBe(0);
+    expect(await sets.recover(set, Number.POSITIVE_INFINITY)).toBe(0);
   });
 
   it('refused, answers from the counter without creating a place: full, or held by a delivery between its count-up and its place', async () => {

@@ -5,6 +5,8 @@ import { ownerSince, ownerToken, supersedes } from '../../shared/core/ids.ts';
 import { Claim } from '../../shared/core/records.ts';
 import { CLAIM_TAKEOVER_MS, SLOT_LEASE_MS } from '../../shared/core/timing.ts';
 import { makeRequestHandler } from '../../shared/handlers/requestHandler.ts';
+import type { DynamoStore } from '../../shared/store/dynamoStore.ts';
+import { keys } from '../../shared/store/table.ts';
 import { giveBackSlot } from '../../shared/usecases/backingNodes.ts';
 import type { Context } from '../../shared/usecases/context.ts';
 import { reap } from '../../shared/usecases/reap.ts';
@@ -344,6 +346,53 @@ describe('a redelivery continues with the claims of the first try (issue 10, def
     expect(after?.claims?.[slot as string]?.by).toMatch(/-2$/);
     const places = await ctx.store.nodePlaces('meta/main');
     expect(places.get('cut/0')).toBe(after?.claims?.[slot as string]?.by);
+  });
+
+  it('adopts the count an earlier receive made before it died, before its place, once it is known dead: counted once', async () => {
+    h = await startHarness(baseConfig({ slots: 4, maxServers: 3 }), { maxReceiveCount: 50 });
+    await readyNode(h, 'base');
+    const ctx = h.pool.context;
+    const sets = (ctx.store as DynamoStore).capacity;
+    const body = JSON.stringify({ kind: 'request', id: 'cut', labels: ['small-node'] });
+    // Receive 1 counts its place up (count-first) and dies before it creates the place: every later call
+    // of that invocation fails, as after a kill.
+    let dead = false;
+    const dying = new Proxy(ctx.store, {
+      get(target, prop) {
+        const value = Reflect.get(target, prop, target) as unknown;
+        if (typeof value !== 'function') return value;
+        return async (...args: unknown[]) => {
+          if (dead) throw new Error('crashed: the invocation is dead');
+          return (value as (...a: unknown[]) => Promise<unknown>).apply(target, args);
+        };
+      },
+    });
+    sets.afterStep = (step) => {
+      if (step !== 'counted up') return;
+      dead = true;
+      throw new Error('crashed after its count-up');
+    };
+    try {
+      const out = await makeRequestHandler({ ...ctx, store: dying })(sqsEvent([body], 1));
+      expect(out.batchItemFailures).toHaveLength(1);
+    } finally {
+      sets.afterStep = undefined;
+    }
+    expect([...(await ctx.store.nodePlaces('meta/main')).keys()]).toEqual(['base/0']); // no place
+    expect(await sets.used(keys.poolNodes('meta/main'))).toBe(2); // but counted: base and cut
+    // Receive 2 of the same message, no time later: receive 1 may still run (and create its place), so
+    // it waits. Once receive 1 is known dead (CLAIM_TAKEOVER_MS after it began; before, the reaper's
+    // recovery after a slot lease), receive 3 adopts its count and places the request.
+    expect((await h.pool.handlers.request(sqsEvent([body], 2))).batchItemFailures).toHaveLength(1);
+    h.clock.advance(CLAIM_TAKEOVER_MS);
+    expect((await h.pool.handlers.request(sqsEvent([body], 3))).batchItemFailures).toEqual([]);
+    expect(await ctx.store.getRequest('cut')).toMatchObject({ state: 'fulfilled' });
+    expect((await ctx.store.nodePlaces('meta/main')).get('cut/0')).toMatch(/-3$/);
+    // Counted once: base and cut, one more fits the cap of 3, and nothing is left for recovery.
+    expect(await sets.used(keys.poolNodes('meta/main'))).toBe(2);
+    expect((await ctx.store.recoverNodePlaces('meta/main', Number.POSITIVE_INFINITY)).finished).toBe(0);
+    expect((await ctx.store.reserveNodePlaces('meta/main', ['x/0'], 3, 'X')).kind).toBe('reserved');
+    expect((await ctx.store.reserveNodePlaces('meta/main', ['y/0'], 3, 'Y')).kind).toBe('full');
   });
 
   it('leaves an earlier receive that still runs unable to record anything once a later one took over', async () => {
