@@ -11,9 +11,15 @@ export const DISPERSION_WINDOW_S = 900;
  */
 export function rateDispersion(arrivalsMs: readonly number[]): number {
   if (arrivalsMs.length === 0) return Number.NaN;
-  const first = Math.min(...arrivalsMs);
+  // A loop, not Math.min(...): a trace of a few hundred thousand arrivals overflows the call's arguments.
+  let first = Number.POSITIVE_INFINITY;
+  let last = Number.NEGATIVE_INFINITY;
+  for (const t of arrivalsMs) {
+    first = Math.min(first, t);
+    last = Math.max(last, t);
+  }
   const counts = new Array<number>(
-    Math.max(1, Math.floor((Math.max(...arrivalsMs) - first) / (DISPERSION_WINDOW_S * 1000))),
+    Math.max(1, Math.floor((last - first) / (DISPERSION_WINDOW_S * 1000))),
   ).fill(0);
   for (const t of arrivalsMs) {
     const i = Math.floor((t - first) / (DISPERSION_WINDOW_S * 1000));

@@ -226,6 +226,9 @@ function cheapestStatic(t: ReadyTraceJson, atLeast: number): ReadyRow | undefine
 }
 
 /** The three summary rows of issue 27, named as the issue names them, from the traces' figures. */
+/** Below this rateDispersion a trace's rate is taken for one (Poisson's is 1; diurnal 12.59, bursty 27.64). */
+const STEADY_DISPERSION = 2;
+
 export function readySummary(measured: readonly ReadyTraceJson[], expected: readonly string[] = []) {
   // Every expected trace is named (the issue's row names), a trace not measured is said to be so.
   const missing = expected.filter((n) => !measured.some((t) => t.name === n));
@@ -254,7 +257,7 @@ export function readySummary(measured: readonly ReadyTraceJson[], expected: read
     const p = p9(t);
     // Whether the rate moved at all (rateDispersion), beside the traces' figures.
     const dispersions = traces.map((x) => `${x.name} ${x.rateDispersion}`).join(', ');
-    const steadyRate = t.rateDispersion !== undefined && t.rateDispersion < 2;
+    const steadyRate = t.rateDispersion !== undefined && t.rateDispersion < STEADY_DISPERSION;
     return [
       `${t.name}: ${steadyRate ? `its arrivals keep one rate (variance / mean of arrivals per ${DISPERSION_WINDOW_S / 60} minutes: ${dispersions}; about 1 for a constant Poisson rate), so the cheapest hold for a share is one number, which a forecast can find but not beat: ` : ''}${v.label} serves ${v.best.servedWithoutWaitPercent}% for ${v.best.instanceHours.toFixed(2)} instance-hours, predictive (0.9) ${p.servedWithoutWaitPercent}% for ${p.instanceHours.toFixed(2)}`,
     ];

@@ -1,5 +1,5 @@
 import type { DynamoDBDocumentClient } from '@aws-sdk/lib-dynamodb';
-import type { Reservation } from '../core/poolStore.ts';
+import type { RecoveredPlaces, Reservation } from '../core/poolStore.ts';
 import { migrateCapacitySet } from './capacityMigration.ts';
 import { auditSet, countIdOf, isStray, type SetAudit } from './capacityReads.ts';
 import { CapacitySteps, type Counter, type Key, type Place } from './capacitySteps.ts';
@@ -319,7 +319,7 @@ export class CapacitySets {
    * only when it had part-way operations to finish (the reaper's check of every place after its
    * recovery was a second Query of the set each run).
    */
-  async recoverAndRead(key: Key, before: number): Promise<{ finished: number; places: Map<string, string> }> {
+  async recoverAndRead(key: Key, before: number): Promise<RecoveredPlaces> {
     let finished = 0;
     let counter = await this.steps.counter(key);
     if (counter.earlier || Object.keys(counter.legacy).length > 0) {

@@ -209,6 +209,9 @@ describe('the cost simulator', () => {
     );
     expect(rateDispersion(twoRates)).toBeGreaterThan(10);
     expect(Number.isNaN(rateDispersion([]))).toBe(true);
+    // A long trace (a year of a busy pool's arrivals, say) is measured, not a stack overflow.
+    const many = Array.from({ length: 300_000 }, (_, i) => i * 1000);
+    expect(rateDispersion(many)).toBeCloseTo(0, 5);
   });
 
   it('says from the figures why a static setting ties the forecast, naming a rate that does not move', () => {
