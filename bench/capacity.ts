@@ -27,7 +27,7 @@ import { nodeId, ownerToken } from '../shared/core/ids.ts';
 import type { RequestMessage } from '../shared/core/messages.ts';
 import type { RequestRecord } from '../shared/core/records.ts';
 import { requestedRecord } from '../shared/core/request.ts';
-import type { Key } from '../shared/store/capacitySteps.ts';
+import type { Key } from '../shared/store/capacitySets.ts';
 import type { DynamoStore } from '../shared/store/dynamoStore.ts';
 import { keys, requestItem } from '../shared/store/table.ts';
 import { releaseNode } from '../shared/usecases/release.ts';

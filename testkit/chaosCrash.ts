@@ -1,6 +1,5 @@
 import { AsyncLocalStorage } from 'node:async_hooks';
 import type { Clock } from '../shared/core/clock.ts';
-import type { CapacityStep } from '../shared/store/capacitySteps.ts';
 import type { Random } from './chaosRandom.ts';
 
 /**
@@ -52,8 +51,6 @@ export const STORE_METHODS = [
   'reserveBackingPlace',
   'takeOverBackingPlace',
   'freeBackingPlace',
-  'recoverNodePlaces',
-  'recoverBackingPlaces',
   'pointToBacking',
   'backingIdOfResource',
   'forgetResource',
@@ -64,20 +61,11 @@ export const STORE_METHODS = [
 ] as const;
 
 /**
- * The steps inside a capacity set's operations (CapacitySets.afterStep): a boundary after each, so a
- * delivery also dies between two writes of one store call (a count-up and its place, say), as a process
- * killed there would. Named `capacity <step>` among the store's boundaries.
+ * Between two actions of a transaction (LocalTransactions.afterAction): a boundary inside one store call,
+ * so a delivery also dies half-way through one atomic write, as a process killed there would. The
+ * transaction is rolled back from its intent item before anything else reads the table.
  */
-export const CAPACITY_STEPS = [
-  'place created',
-  'counted up',
-  'place counted',
-  'reserve finished',
-  'place releasing',
-  'counted down',
-  'place deleted',
-  'release finished',
-] as const satisfies readonly CapacityStep[];
+export const TRANSACTION_STEP = 'transaction action applied';
 
 /** The BackingProvider methods (launchBlocked is synchronous and local: no boundary). */
 export const PROVIDER_METHODS = ['launch', 'describe', 'terminate', 'list'] as const;
@@ -123,12 +111,8 @@ export class CrashInjector {
     private readonly options: CrashOptions,
   ) {
     this.armedAt = clock.now();
-    // The capacity steps first: a run of 100 requests crashes some 40 times, so each cycle's start is hit.
-    const all: Boundary[] = CAPACITY_STEPS.map((step) => ({
-      target: 'store',
-      method: `capacity ${step}`,
-      phase: 'after',
-    }));
+    // Inside a transaction first: a run of 100 requests crashes some 40 times, so each cycle's start is hit.
+    const all: Boundary[] = [{ target: 'store', method: TRANSACTION_STEP, phase: 'after' }];
     for (const [target, methods] of [
       ['store', STORE_METHODS],
       ['provider', PROVIDER_METHODS],
@@ -141,10 +125,10 @@ export class CrashInjector {
     this.countdown = this.random.int(1, options.maxK);
   }
 
-  /** A step inside a store call took effect (CapacitySets.afterStep): a boundary, as CAPACITY_STEPS. */
-  step(name: CapacityStep): void {
+  /** An action of a transaction took effect (LocalTransactions.afterAction): TRANSACTION_STEP. */
+  step(): void {
     const invocation = this.als.getStore();
-    if (invocation && !invocation.crashedAt) this.point(invocation, 'store', `capacity ${name}`, 'after');
+    if (invocation && !invocation.crashedAt) this.point(invocation, 'store', TRANSACTION_STEP, 'after');
   }
 
   /** The invocation the caller runs in, if any. */

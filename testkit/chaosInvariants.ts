@@ -40,12 +40,6 @@ export interface Snapshot {
   /** The places each set counts against its cap (its counter's `used`). */
   readonly poolUsed: number;
   readonly backingUsed: number;
-  /**
-   * The places of each set that count against its cap (CapacitySets.audit): a place a crashed
-   * operation left part-way without a count (created, never counted up) is in the set, not counted.
-   */
-  readonly poolCounting: number;
-  readonly backingCounting: number;
   readonly instances: readonly FakeInstance[];
 }
 
@@ -274,10 +268,8 @@ export function checkInvariants(s: Snapshot, limits: Limits, tracker: Tracker): 
     if (liveNodes.length > limits.nodesMax) {
       v.push(`${liveNodes.length} live nodes exceed the metastatic max-servers ${limits.nodesMax}`);
     }
-    if (s.poolCounting > limits.nodesMax) {
-      v.push(
-        `the metastatic capacity set holds ${s.poolCounting} counted places > max-servers ${limits.nodesMax}`,
-      );
+    if (s.poolNodes.size > limits.nodesMax) {
+      v.push(`the metastatic capacity set holds ${s.poolNodes.size} places > max-servers ${limits.nodesMax}`);
     }
     if (s.poolUsed > limits.nodesMax) {
       v.push(`the metastatic capacity set counts ${s.poolUsed} > max-servers ${limits.nodesMax}`);
@@ -296,18 +288,16 @@ export function checkInvariants(s: Snapshot, limits: Limits, tracker: Tracker): 
         holding.map((b) => `${b.id} (${b.state})`).join(', '),
     );
   }
-  if (s.backingCounting > limits.backingMax) {
-    v.push(
-      `the backing capacity set holds ${s.backingCounting} counted places > max-servers ${limits.backingMax}`,
-    );
+  if (s.backingPool.size > limits.backingMax) {
+    v.push(`the backing capacity set holds ${s.backingPool.size} places > max-servers ${limits.backingMax}`);
   }
-  // Exactness: a place that counts is in `used`; more such places than `used` would be a place whose
-  // count was given back (or never made) while it still says counted.
-  for (const [name, counting, used] of [
-    ['metastatic', s.poolCounting, s.poolUsed],
-    ['backing', s.backingCounting, s.backingUsed],
+  // Exactness: `used` is the number of places, always (each change of it is one transaction with its
+  // places, capacitySets.ts); the checks run between ticks, with no transaction in flight.
+  for (const [name, places, used] of [
+    ['metastatic', s.poolNodes.size, s.poolUsed],
+    ['backing', s.backingPool.size, s.backingUsed],
   ] as const) {
-    if (counting > used) v.push(`the ${name} capacity set has ${counting} counted places but counts ${used}`);
+    if (places !== used) v.push(`the ${name} capacity set has ${places} places but counts ${used}`);
   }
   if (s.backingUsed > limits.backingMax) {
     v.push(`the backing capacity set counts ${s.backingUsed} > max-servers ${limits.backingMax}`);

@@ -10,18 +10,23 @@
  */
 import { EventEmitter } from 'node:events';
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import { DynamoDBClient, type DynamoDBClientConfig } from '@aws-sdk/client-dynamodb';
+import type { DynamoDBClient, DynamoDBClientConfig } from '@aws-sdk/client-dynamodb';
 import dynalite from 'dynalite';
-import { localEngineClientConfig, startDynalite } from '../shared/runtime/engines.ts';
+import { localDynamoClient, localEngineClientConfig, startDynalite } from '../shared/runtime/engines.ts';
+import type { LocalTransactions } from '../shared/runtime/localTransactions.ts';
 
 export interface InProcessDynalite {
   readonly client: DynamoDBClient;
+  /** Runs the client's transactions (dynalite has none: localTransactions.ts). */
+  readonly transactions: LocalTransactions;
   /** DynamoDB calls made through `client` so far. */
   calls(): number;
   close(): Promise<void>;
 }
 
 const REGION = 'us-east-1';
+/** Engines started in this process: each its own lock (localTransactions.ts). */
+let engines = 0;
 
 export async function startInProcessDynalite(options: { http?: boolean } = {}): Promise<InProcessDynalite> {
   let transport: Pick<DynamoDBClientConfig, 'endpoint' | 'requestHandler'>;
@@ -36,7 +41,10 @@ export async function startInProcessDynalite(options: { http?: boolean } = {}): 
     transport = { endpoint: 'http://dynalite.in-process', requestHandler: inProcessHandler(listener) };
     closeEngine = () => new Promise<void>((resolve) => server.close(() => resolve()));
   }
-  const client = new DynamoDBClient({ ...localEngineClientConfig('', REGION), ...transport });
+  const { client, transactions } = localDynamoClient(
+    { ...localEngineClientConfig('', REGION), ...transport },
+    `in-process-${++engines}`,
+  );
   let calls = 0;
   client.middlewareStack.add(
     (next) => async (args) => {
@@ -47,6 +55,7 @@ export async function startInProcessDynalite(options: { http?: boolean } = {}): 
   );
   return {
     client,
+    transactions,
     calls: () => calls,
     async close() {
       client.destroy();

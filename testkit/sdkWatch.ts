@@ -46,8 +46,11 @@ export async function consumedUnits(
     async (command, input, send) => {
       input.ReturnConsumedCapacity = 'TOTAL';
       const out = await send();
-      const consumed = (out.output as { ConsumedCapacity?: { CapacityUnits?: number } }).ConsumedCapacity;
-      if (commands.test(command)) units += consumed?.CapacityUnits ?? 0;
+      // One table's figure, or a list of them (transactions and batches: one entry per table).
+      type Consumed = { CapacityUnits?: number };
+      const consumed = (out.output as { ConsumedCapacity?: Consumed | Consumed[] }).ConsumedCapacity;
+      const all = Array.isArray(consumed) ? consumed : consumed ? [consumed] : [];
+      if (commands.test(command)) for (const c of all) units += c.CapacityUnits ?? 0;
       return out;
     },
     work,

@@ -129,45 +129,24 @@ export interface PoolStore {
   /** Removes a resource's pointer while it still names this backing node (idempotent). */
   forgetResource(resourceId: string, backingNodeId: string): Promise<void>;
 
-  // ---- places in a metastatic pool's max-servers (one per live node)
+  // ---- places in a pool's max-servers: one per live node (a backing pool's: one per live backing node)
   /**
-   * Takes places for `nodeIds`, held by `owner`, if the pool stays within `max`. `countFirst`: counted
-   * first, then the places created counted (two writes; CapacitySets.reserve), the place-first protocol
-   * only when that is refused.
+   * Takes places for `nodeIds`, held by `owner`, if the pool stays within `max`: all or none, in one
+   * atomic write. Places `owner` holds already count as taken; another owner's are reported (`held`).
    */
   reserveNodePlaces(
     poolKey: string,
     nodeIds: readonly string[],
     max: number,
     owner: string,
-    options?: { readonly overlap?: boolean; readonly countFirst?: boolean },
   ): Promise<Reservation>;
-  /**
-   * Hands a node's place over from `from` (known dead or superseded) to `to`; false when not theirs. A
-   * count-up of theirs made at `adoptSince` or later whose place was never created is adopted (the count
-   * made `to`'s in one conditional write, then its place created counted).
-   */
-  takeOverNodePlace(
-    poolKey: string,
-    nodeId: string,
-    from: string,
-    to: string,
-    adoptSince?: number,
-  ): Promise<boolean>;
-  /** Gives places back (idempotent); with `owner`, only those that owner still holds. */
+  /** Hands a node's place over from `from` (known dead or superseded) to `to`; false when not theirs. */
+  takeOverNodePlace(poolKey: string, nodeId: string, from: string, to: string): Promise<boolean>;
+  /** Gives places back in one atomic write (idempotent); with `owner`, only those that owner still holds. */
   freeNodePlaces(poolKey: string, nodeIds: readonly string[], owner?: string): Promise<void>;
   /** Who holds each place of the pool (node id -> owner token). */
   nodePlaces(poolKey: string): Promise<Map<string, string>>;
-  /**
-   * Finishes the place operations of the pool begun before `before` and left part-way by a delivery that
-   * died (a reservation counted is completed, one never counted dropped, a release carried to its end);
-   * returns how many, and who holds each place then (as nodePlaces: one read of the set, not two, when
-   * there was nothing to finish). The count of places held stays exact through any crash; this clears
-   * the leftovers.
-   */
-  recoverNodePlaces(poolKey: string, before: number): Promise<RecoveredPlaces>;
 
-  // ---- places in a backing pool's max-servers (one per live backing node)
   reserveBackingPlace(
     backingPoolKey: string,
     backingId: string,
@@ -177,7 +156,6 @@ export interface PoolStore {
   takeOverBackingPlace(backingPoolKey: string, backingId: string, from: string, to: string): Promise<boolean>;
   freeBackingPlace(backingPoolKey: string, backingId: string, owner?: string): Promise<void>;
   backingPlaces(backingPoolKey: string): Promise<Map<string, string>>;
-  recoverBackingPlaces(backingPoolKey: string, before: number): Promise<RecoveredPlaces>;
 
   // ---- learned duration estimates (core/estimates.ts)
   /** The label's estimate, or one requestor's for the label; undefined when none is learned yet. */
@@ -278,24 +256,8 @@ export type SlotClaim =
   /** Lost: the item as it is now (when it still exists), to choose again from. */
   | { readonly claimed: false; readonly current?: BackingRecord };
 
-/** What a recovery of a capacity set finished, and who holds each of its places then (member -> owner). */
-export interface RecoveredPlaces {
-  readonly finished: number;
-  readonly places: ReadonlyMap<string, string>;
-}
-
 export type Reservation =
-  | {
-      readonly kind: 'reserved';
-      /**
-       * With `overlap` (reserveNodePlaces): the places are counted (max-servers' gate passed) and their
-       * bookkeeping (places marked counted, pending entries removed) is still under way, so the caller
-       * can place its nodes meanwhile. It resolves (never rejects) once done, to the error that stopped
-       * it if any: such a place is left part-way, which any later reserve or give-back of it, or the
-       * reaper's recovery, finishes. The caller awaits it before it gives the places back or ends.
-       */
-      readonly finishing?: Promise<Error | undefined>;
-    }
+  | { readonly kind: 'reserved' }
   | { readonly kind: 'full' }
   /** Some members are held by other owners: a concurrent (or dead) delivery of the same message. */
   | { readonly kind: 'held'; readonly holders: ReadonlyMap<string, string> };

@@ -49,14 +49,6 @@ export const CLAIM_TAKEOVER_MS = 2 * FUNCTION_TIMEOUT_SECONDS.request * 1000;
  */
 export const SLOT_LEASE_MS = 5 * 60_000;
 
-/**
- * A count-first reserve's count-up whose place was never created (its delivery died between the two
- * writes) may be adopted by another delivery of its request (CapacitySets.takeOverReservation) while it
- * is younger than this: the reaper's recovery takes such an entry for abandoned only after the slot
- * lease, and an adopting delivery writes the place within its own timeout, one CLAIM_TAKEOVER_MS being
- * twice that. An older one is left to the recovery.
- */
-export const COUNT_ADOPTION_MS = SLOT_LEASE_MS - CLAIM_TAKEOVER_MS;
 
 /**
  * A pending request's deadline is launch-retries x (launch-timeout + boot-timeout) after it was placed

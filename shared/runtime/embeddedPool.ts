@@ -1,6 +1,6 @@
 import { rename, rm, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
-import { DynamoDBClient } from '@aws-sdk/client-dynamodb';
+import type { DynamoDBClient } from '@aws-sdk/client-dynamodb';
 import { SQSClient } from '@aws-sdk/client-sqs';
 import type { ResolvedConfig } from '../config/model.ts';
 import { type Clock, systemClock } from '../core/clock.ts';
@@ -28,11 +28,13 @@ import {
   type Engine,
   ensureQueue,
   ensureTable,
+  localDynamoClient,
   localEngineClientConfig,
   startDynalite,
   startSqsEngine,
 } from './engines.ts';
 import { LiveSlotSync } from './liveSlotSync.ts';
+import type { LocalTransactions } from './localTransactions.ts';
 import { type OperatorCall, type OperatorEndpoint, startOperatorEndpoint } from './operatorEndpoint.ts';
 import { holdPrivateUmask, makePrivateDir } from './privateState.ts';
 import { ReaperSchedule } from './reaperSchedule.ts';
@@ -92,6 +94,8 @@ export class EmbeddedPool {
     readonly info: EmbeddedInfo,
     readonly context: Context,
     readonly dynamodb: DynamoDBClient,
+    /** Runs the table's transactions (dynalite has none): tests reach its crash hook here. */
+    readonly transactions: LocalTransactions,
     readonly sqs: SQSClient,
     readonly localProvider: LocalProvider,
     readonly handlers: {
@@ -126,9 +130,16 @@ export class EmbeddedPool {
       engines.push(ddbEngine);
       const sqsEngine = await startSqsEngine();
       engines.push(sqsEngine);
-      const dynamodb = new DynamoDBClient(localEngineClientConfig(ddbEngine.endpoint, REGION));
+      // dynalite has no transactions: this client runs them (one at a time, all or nothing).
+      const { client: dynamodb, transactions } = localDynamoClient(
+        localEngineClientConfig(ddbEngine.endpoint, REGION),
+        ddbEngine.endpoint,
+      );
       const sqs = new SQSClient(localEngineClientConfig(sqsEngine.endpoint, REGION));
       await ensureTable(dynamodb, TABLE_NAME);
+      // A transaction the last run was killed inside is rolled back before anything reads the table.
+      const rolledBack = await transactions.recover(TABLE_NAME);
+      if (rolledBack > 0) options.log.warn(`${rolledBack} transaction(s) cut short by a crash rolled back`);
       const visibilityTimeout = options.visibilityTimeout ?? EMBEDDED_VISIBILITY_SECONDS;
       const waitingBudget = {
         seconds: options.waitingBudgetSeconds ?? WAITING_BUDGET_SECONDS.embedded,
@@ -150,16 +161,6 @@ export class EmbeddedPool {
       const store = new DynamoStore(dynamodb, TABLE_NAME, clock, {
         recordRetention: options.config.recordRetention,
       });
-      // A state dir of an earlier version keeps each capacity set in one item: moved to places first.
-      const moved = await store.migrateCapacitySets(
-        options.config.metastaticPools.map((p) => p.key),
-        options.config.backingPools.map((p) => p.key),
-      );
-      for (const [set, n] of moved) {
-        options.log.warn(
-          `capacity set ${set}: ${n} place(s) moved from the one-item form of an earlier version`,
-        );
-      }
       const clientKey = await ensureClientKey(stateDir);
       // Every writer of this table runs in this process, through this store: it counts the writes that
       // may let a waiting request in, so a waiting request's receive can skip a futile attempt.
@@ -234,6 +235,7 @@ export class EmbeddedPool {
         info,
         context,
         dynamodb,
+        transactions,
         sqs,
         localProvider,
         handlers,

@@ -3,13 +3,15 @@ import type { AddressInfo } from 'node:net';
 import {
   CreateTableCommand,
   DescribeTableCommand,
-  type DynamoDBClient,
+  DynamoDBClient,
+  type DynamoDBClientConfig,
   ResourceInUseException,
 } from '@aws-sdk/client-dynamodb';
 import { CreateQueueCommand, GetQueueAttributesCommand, type SQSClient } from '@aws-sdk/client-sqs';
 import dynalite from 'dynalite';
 import { buildApp } from 'fauxqs';
 import { tableDefinition } from '../store/table.ts';
+import { LocalTransactions } from './localTransactions.ts';
 
 /**
  * The local engines of the embedded pool: dynalite (DynamoDB, LevelDB on disk when given a path) and
@@ -79,6 +81,26 @@ export function localEngineClientConfig(endpoint: string, region: string) {
     credentials: { accessKeyId: 'local', secretAccessKey: 'local' },
     signer: localSigner,
   };
+}
+
+/**
+ * A DynamoDB client of a local dynalite as the pool uses one: TransactWriteItems, which dynalite lacks,
+ * run by localTransactions.ts (its steps on a second client of the same engine, destroyed with this one).
+ * `engine` names the engine: the clients of one share its lock.
+ */
+export function localDynamoClient(
+  config: DynamoDBClientConfig,
+  engine: string,
+): { readonly client: DynamoDBClient; readonly transactions: LocalTransactions } {
+  const client = new DynamoDBClient(config);
+  const steps = new DynamoDBClient(config);
+  const transactions = new LocalTransactions(client, steps, { engine });
+  const destroy = client.destroy.bind(client);
+  client.destroy = () => {
+    destroy();
+    steps.destroy();
+  };
+  return { client, transactions };
 }
 
 /** Creates the pool's table unless it exists (a restart on the same state dir keeps it). */

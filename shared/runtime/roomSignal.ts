@@ -2,7 +2,7 @@ import type { PoolStore } from '../core/poolStore.ts';
 
 /**
  * Store writes after which a waiting request may fit where it did not: room freed (a node released,
- * places given back or recovered, a backing node changed state or appeared, a min-ready seat moved) or
+ * places given back, a backing node changed state or appeared, a min-ready seat moved) or
  * a request ahead of it gone (any write of a request that existed: placed, ended, cancelled). Taking
  * room (a claim, a reservation) and a new request's first write (`createRequest`: the warm path, a
  * request recorded waiting) are not among them.
@@ -10,9 +10,7 @@ import type { PoolStore } from '../core/poolStore.ts';
 const FREEING: ReadonlySet<string> = new Set<keyof PoolStore>([
   'releaseNodeEntry',
   'freeNodePlaces',
-  'recoverNodePlaces',
   'freeBackingPlace',
-  'recoverBackingPlaces',
   'putBacking',
   'createBacking',
   'openSeat',

@@ -12,7 +12,6 @@ import type {
   PageCursor,
   PoolStore,
   ReaperCursor,
-  RecoveredPlaces,
   Reservation,
   SlotClaim,
 } from '../core/poolStore.ts';
@@ -39,7 +38,7 @@ export interface DynamoStoreOptions {
 /**
  * The DynamoDB adapter. Every write that could race is conditional, built from the named fragments of
  * writes.ts; a failed condition becomes a ConflictError (or a domain answer), anything else is re-thrown.
- * No transactions anywhere: each write touches one item. This class is the port's one face; each kind of
+ * Each write touches one item but the capacity sets' (capacitySets.ts), each one transaction. This class is the port's one face; each kind of
  * item has its own module, which it delegates to (requestItems.ts, backingItems.ts, resourcePointers.ts,
  * capacitySets.ts, labelItems.ts, waitingQueues.ts, reaperCursor.ts; the reads of many items in
  * indexQueries.ts), all sharing one document client.
@@ -231,26 +230,14 @@ export class DynamoStore implements PoolStore {
     return this.resources.forgetResource(resourceId, backingNodeId);
   }
 
-  // ---- places in max-servers (capacity sets, capacitySets.ts) ---------------------------------------
+  // ---- places in max-servers (capacity sets, capacitySets.ts) ----------------------------------------
 
-  reserveNodePlaces(
-    poolKey: string,
-    nodeIds: readonly string[],
-    max: number,
-    owner: string,
-    options: { readonly overlap?: boolean; readonly countFirst?: boolean } = {},
-  ): Promise<Reservation> {
-    return this.capacity.reserve(keys.poolNodes(poolKey), nodeIds, max, owner, false, options);
+  reserveNodePlaces(poolKey: string, nodeIds: readonly string[], max: number, owner: string): Promise<Reservation> {
+    return this.capacity.reserve(keys.poolNodes(poolKey), nodeIds, max, owner);
   }
 
-  takeOverNodePlace(
-    poolKey: string,
-    nodeId: string,
-    from: string,
-    to: string,
-    adoptSince?: number,
-  ): Promise<boolean> {
-    return this.capacity.takeOverReservation(keys.poolNodes(poolKey), nodeId, from, to, adoptSince);
+  takeOverNodePlace(poolKey: string, nodeId: string, from: string, to: string): Promise<boolean> {
+    return this.capacity.takeOverReservation(keys.poolNodes(poolKey), nodeId, from, to);
   }
 
   freeNodePlaces(poolKey: string, nodeIds: readonly string[], owner?: string): Promise<void> {
@@ -261,25 +248,11 @@ export class DynamoStore implements PoolStore {
     return this.capacity.reservations(keys.poolNodes(poolKey));
   }
 
-  recoverNodePlaces(poolKey: string, before: number): Promise<RecoveredPlaces> {
-    return this.capacity.recoverAndRead(keys.poolNodes(poolKey), before);
-  }
-
-  reserveBackingPlace(
-    backingPoolKey: string,
-    backingId: string,
-    max: number,
-    owner: string,
-  ): Promise<Reservation> {
+  reserveBackingPlace(backingPoolKey: string, backingId: string, max: number, owner: string): Promise<Reservation> {
     return this.capacity.reserve(keys.backingPool(backingPoolKey), [backingId], max, owner);
   }
 
-  takeOverBackingPlace(
-    backingPoolKey: string,
-    backingId: string,
-    from: string,
-    to: string,
-  ): Promise<boolean> {
+  takeOverBackingPlace(backingPoolKey: string, backingId: string, from: string, to: string): Promise<boolean> {
     return this.capacity.takeOverReservation(keys.backingPool(backingPoolKey), backingId, from, to);
   }
 
@@ -289,26 +262,6 @@ export class DynamoStore implements PoolStore {
 
   backingPlaces(backingPoolKey: string): Promise<Map<string, string>> {
     return this.capacity.reservations(keys.backingPool(backingPoolKey));
-  }
-
-  recoverBackingPlaces(backingPoolKey: string, before: number): Promise<RecoveredPlaces> {
-    return this.capacity.recoverAndRead(keys.backingPool(backingPoolKey), before);
-  }
-
-  /**
-   * Moves the capacity sets of these pools from the one-item form of earlier versions (a map of every
-   * member) to places and counters; returns the members moved per set key. See CapacitySets.migrate.
-   */
-  async migrateCapacitySets(
-    poolKeys: readonly string[],
-    backingPoolKeys: readonly string[],
-  ): Promise<Map<string, number>> {
-    const moved = new Map<string, number>();
-    for (const key of [...poolKeys.map(keys.poolNodes), ...backingPoolKeys.map(keys.backingPool)]) {
-      const n = await this.capacity.migrate(key);
-      if (n > 0) moved.set(key.pk, n);
-    }
-    return moved;
   }
 
   // ---- per-label items: learned durations, min-ready seats, forecasts (labelItems.ts) -------------

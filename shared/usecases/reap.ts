@@ -69,7 +69,6 @@ export async function reap(ctx: Context): Promise<ReapReport> {
     orphans: [],
     reclaimedSlots: 0,
     reclaimedPlaces: 0,
-    recoveredPlaces: 0,
     nodesReadied: 0,
     expiredRequests: [],
     minReadyMade: 0,

@@ -16,8 +16,6 @@ export interface ReapReport {
    * died before it recorded what it reserved them for.
    */
   readonly reclaimedPlaces: number;
-  /** Place operations (reserve, release) a dead delivery left part-way, finished this run. */
-  readonly recoveredPlaces: number;
   /** Nodes left pending on a backing node that had become ready (its readying cut short), readied this run. */
   readonly nodesReadied: number;
   /**

@@ -5,7 +5,7 @@ import { ownerSince, parseNodeId } from '../core/ids.ts';
 import { MetricName, PoolEventType } from '../core/observability.ts';
 import type { BackingProvider, BackingResource } from '../core/provider.ts';
 import type { BackingRecord } from '../core/records.ts';
-import { ORPHAN_GRACE_MS, SLOT_LEASE_MS } from '../core/timing.ts';
+import { ORPHAN_GRACE_MS } from '../core/timing.ts';
 import { forEachBounded, WRITES_IN_FLIGHT } from './bounded.ts';
 import { unlessConflict } from './conflicts.ts';
 import { type Context, emit, leaseExpired, timeLeft } from './context.ts';
@@ -37,15 +37,10 @@ export async function reconcileCapacity(
   const abandoned = (owner: string) =>
     leaseExpired(ownerSince(owner), now) || (deadBefore !== undefined && ownerSince(owner) < deadBefore);
   const liveBacking = new Set(live.map((b) => b.id));
-  // Operations on places begun before this by a delivery that died are finished first (the count stays
-  // exact whatever; this only clears what they left part-way).
-  const stale = Math.max(now - SLOT_LEASE_MS, deadBefore ?? Number.NEGATIVE_INFINITY);
   // Each set is read and put right on its own (a few calls each, whatever it holds): several sets at once
   // (bounded.ts), not 50 sets one after the other (bench/reaper.ts).
   const backingSets = async (pool: BackingPool) => {
-    const recovered = await ctx.store.recoverBackingPlaces(pool.key, stale);
-    report.recoveredPlaces += recovered.finished;
-    for (const [id, owner] of recovered.places) {
+    for (const [id, owner] of await ctx.store.backingPlaces(pool.key)) {
       if (liveBacking.has(id) || !abandoned(owner)) continue;
       const record = await ctx.store.getBacking(id);
       if (record && record.state !== 'stopped') continue; // created since the reap index was read
@@ -59,9 +54,7 @@ export async function reconcileCapacity(
   };
   const onSlots = new Set(live.flatMap((b) => Object.values(b.slotMap)));
   const nodeSets = async (pool: MetastaticPool) => {
-    const recovered = await ctx.store.recoverNodePlaces(pool.key, stale);
-    report.recoveredPlaces += recovered.finished;
-    for (const [nodeId, owner] of recovered.places) {
+    for (const [nodeId, owner] of await ctx.store.nodePlaces(pool.key)) {
       if (onSlots.has(nodeId) || !abandoned(owner)) continue;
       const parsed = parseNodeId(nodeId);
       const r = parsed ? await ctx.store.getRequest(parsed.requestId) : undefined;

@@ -133,9 +133,9 @@ async function tryPool(ctx: Context, pool: MetastaticPool, recording: Recording)
   const spares = await takeSpares(ctx, pool, recording, seen);
   const placing = recording.base.nodes.filter((_, i) => !spares.has(i));
   const nodeIds = placing.map((n) => n.id);
-  // With max-servers, the first node's candidates are asked for while its place is created, and its slot
-  // is claimed while the place is counted: a claim on a free slot is made before the count-up answers and
-  // given back if the pool turns out full (a crash in between leaves an unrecorded claim, which recovery
+  // With max-servers, the first node's candidates are asked for and its slot claimed while the places are
+  // taken (one transaction): a claim on a free slot is made before the transaction answers and given back
+  // if the pool turns out full (a crash in between leaves an unrecorded claim, which recovery
   // frees as it frees one left between a claim and the request's write). A launch and a takeover of
   // another delivery's claim wait for the places: neither is made for a node the pool has no room for.
   const [first] = placing;
@@ -149,13 +149,6 @@ async function tryPool(ctx: Context, pool: MetastaticPool, recording: Recording)
   const placesTaken = async (): Promise<void> => {
     const reserved = await reservation;
     if (reserved?.kind === 'full') throw new CapacityError(reserved.reason);
-  };
-  // The places' bookkeeping once they are counted, overlapped with the placement (Reservation.finishing).
-  let finishing: Promise<Error | undefined> | undefined;
-  const reserveSettled = async () => {
-    const err = await finishing;
-    finishing = undefined;
-    if (err) ctx.log.warn('max-servers places left part-way; finished later', { error: err.message });
   };
   const placements = new Map<number, Placement>();
   // Settles to what stopped the placement, or undefined once every node has its place.
@@ -201,7 +194,6 @@ async function tryPool(ctx: Context, pool: MetastaticPool, recording: Recording)
       await giveBack(ctx, placements, spares, owner);
       return { kind: 'full', reason: reserved.reason };
     }
-    finishing = reserved.finishing;
   }
   let winner: RequestRecord | undefined;
   try {
@@ -226,14 +218,12 @@ async function tryPool(ctx: Context, pool: MetastaticPool, recording: Recording)
       }
     }
     await giveBack(ctx, placements, spares, owner, other);
-    await reserveSettled();
     if (pool.maxServers !== undefined) await unreserveOwn(ctx, pool, nodeIds, owner, other);
     // Another delivery placed it meanwhile: that is the outcome, whatever stopped this one.
     if (found) throw found;
     if (err instanceof CapacityError) return { kind: 'full', reason: err.message };
     throw err;
   }
-  await reserveSettled();
   if (winner) {
     await giveBack(ctx, placements, spares, owner, winner);
     if (pool.maxServers !== undefined) await unreserveOwn(ctx, pool, nodeIds, owner, winner);

@@ -5,8 +5,11 @@ import { ConflictError } from '../../shared/core/errors.ts';
 import { withDuration } from '../../shared/core/estimates.ts';
 import { backoffAfterFailure } from '../../shared/core/minReady.ts';
 import type { BackingPhase } from '../../shared/core/poolStore.ts';
+import { nodeId } from '../../shared/core/ids.ts';
+import { MAX_NODE_SET } from '../../shared/core/messages.ts';
 import type { BackingRecord, RequestRecord } from '../../shared/core/records.ts';
-import { startDynalite } from '../../shared/runtime/engines.ts';
+import { localDynamoClient, startDynalite } from '../../shared/runtime/engines.ts';
+import { MAX_SET_CHANGE } from '../../shared/store/capacitySets.ts';
 import { DynamoStore } from '../../shared/store/dynamoStore.ts';
 import { backingItem, keys, tableDefinition } from '../../shared/store/table.ts';
 import { describeWithMoto, MOTO_CREDENTIALS, startMoto } from '../../testkit/moto.ts';
@@ -469,54 +472,54 @@ function conformance(start: () => Promise<Engine>): () => void {
         expect(Object.fromEntries(await store.capacity.reservations(set))).toEqual({ a: 'alive' });
       });
 
-      // A table written by an earlier version keeps a set in one item (a map of member -> owner, or a
-      // string set): the functions of a newer one meet it with no migration run before them (issue 22, 6).
-      it('admits nothing past the limit into a set of the one-item form, and moves it to places first', async () => {
-        await putRaw({ ...set, owners: { 'old-1/0': 'o1', 'old-2/0': 'o2' } });
-        expect(await store.capacity.reserve(set, ['new-1/0'], 2, 'o3')).toEqual({ kind: 'full' });
-        expect(await store.capacity.used(set)).toBe(2);
-        expect(Object.fromEntries(await store.capacity.reservations(set))).toEqual({
-          'old-1/0': 'o1',
-          'old-2/0': 'o2',
-        });
-        // The members moved are places like any other: held by their owners, given back, and then room.
-        expect(await store.capacity.reserve(set, ['old-1/0'], 2, 'o3')).toEqual({
-          kind: 'held',
-          holders: new Map([['old-1/0', 'o1']]),
-        });
-        await store.capacity.unreserve(set, ['old-1/0'], 'o1');
-        expect(await store.capacity.reserve(set, ['new-1/0'], 2, 'o3')).toEqual({ kind: 'reserved' });
-        expect(await store.capacity.reserve(set, ['new-2/0'], 2, 'o3')).toEqual({ kind: 'full' });
-        expect(await store.capacity.used(set)).toBe(2);
+      it('counts the members an owner holds already as taken, also when the set is full (a retry)', async () => {
+        expect(await store.capacity.reserve(set, ['a', 'b'], 2, 'o1')).toEqual({ kind: 'reserved' });
+        expect(await store.capacity.reserve(set, ['a', 'b'], 2, 'o1')).toEqual({ kind: 'reserved' });
+        expect(await store.capacity.reserve(set, ['b', 'c'], 3, 'o1')).toEqual({ kind: 'reserved' });
+        expect(await store.capacity.used(set)).toBe(3);
+        expect(await store.capacity.members(set)).toEqual(new Set(['a', 'b', 'c']));
       });
 
-      it('moves a string set of the earliest form, and one a count-up already touched, counting both', async () => {
-        const backingSet = keys.backingPool('ec2/main');
-        await putRaw({ ...backingSet, members: new Set(['bn-1', 'bn-2']) });
-        expect(await store.capacity.reserve(backingSet, ['bn-3'], 2, 'o3')).toEqual({ kind: 'full' });
-        expect(Object.fromEntries(await store.capacity.reservations(backingSet))).toEqual({
-          'bn-1': 'migrated',
-          'bn-2': 'migrated',
-        });
-        // What the functions of the version before this fix left: a counter beside the old map.
-        await putRaw({ ...set, owners: { 'old-1/0': 'o1' }, used: 1, pending: {} });
-        await putRaw({
-          ...keys.poolNodes('meta/main'),
-          sk: 'PLACE#NODES#new-1/0',
-          type: 'place',
-          member: 'new-1/0',
-          owner: 'o2',
-          phase: 'counted',
-          at: 1,
-        });
-        expect(await store.capacity.reserve(set, ['new-2/0'], 2, 'o3')).toEqual({ kind: 'full' });
-        expect(await store.capacity.used(set)).toBe(2);
-        expect(await store.capacity.recover(set, Number.POSITIVE_INFINITY)).toBe(0);
-        expect(await store.capacity.reserve(set, ['new-2/0'], 3, 'o3')).toEqual({ kind: 'reserved' });
-        expect(await store.capacity.used(set)).toBe(3);
+      // Issue 39: a node set of 64 sent a 7 KB condition DynamoDB refuses; the guard on every engine
+      // here refuses what DynamoDB would. One transaction each way, whatever the set's size.
+      it('takes and gives back a node set of 64, and of the most one transaction holds, in one transaction each', async () => {
+        for (const size of [24, MAX_NODE_SET, MAX_SET_CHANGE]) {
+          const members = Array.from({ length: size }, (_, i) => nodeId(`${'r'.repeat(120)}-${size}`, i));
+          const sent: string[] = [];
+          const reserved = await watching(engine.client, sent, () =>
+            store.capacity.reserve(set, members, MAX_SET_CHANGE, 'o1'),
+          );
+          expect(reserved).toEqual({ kind: 'reserved' });
+          expect(sent).toEqual(['TransactWriteItemsCommand']);
+          expect(await store.capacity.used(set)).toBe(size);
+          sent.length = 0;
+          await watching(engine.client, sent, () => store.capacity.unreserve(set, members, 'o1'));
+          expect(sent).toEqual(['TransactWriteItemsCommand']);
+          expect(await store.capacity.used(set)).toBe(0);
+          expect(await store.capacity.members(set)).toEqual(new Set());
+        }
+        const tooMany = Array.from({ length: MAX_SET_CHANGE + 1 }, (_, i) => `m${i}`);
+        await expect(store.capacity.reserve(set, tooMany, 1_000, 'o1')).rejects.toThrow(/at most 99/);
       });
     });
   };
+}
+
+/** Runs `work` with the name of each command the client sends meanwhile pushed to `sent`. */
+async function watching<T>(client: DynamoDBClient, sent: string[], work: () => Promise<T>): Promise<T> {
+  const name = `watching-${Math.random()}`;
+  client.middlewareStack.add(
+    (next, context) => async (args) => {
+      sent.push(context.commandName ?? '');
+      return next(args);
+    },
+    { step: 'initialize', name },
+  );
+  try {
+    return await work();
+  } finally {
+    client.middlewareStack.remove(name);
+  }
 }
 
 function request(id: string): RequestRecord {
@@ -577,7 +580,8 @@ describe(
     const dynalite = await startDynalite();
     return {
       returnsItemOnConditionFailure: false,
-      client: new DynamoDBClient({ ...fakeRegion, endpoint: dynalite.endpoint }),
+      // dynalite has no transactions: the embedded pool's client runs them (localTransactions.ts).
+      client: localDynamoClient({ ...fakeRegion, endpoint: dynalite.endpoint }, dynalite.endpoint).client,
       stop: () => dynalite.close(),
     };
   }),

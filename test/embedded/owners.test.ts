@@ -248,34 +248,22 @@ describe('deliveries never undo each other', () => {
   });
 });
 
-describe('a warm allocation in a pool with max-servers (issue 26)', () => {
-  it('counts its place first and creates it counted before it records the node; a count left without its place is undone later', async () => {
+describe('a warm allocation in a pool with max-servers (issue 39)', () => {
+  it('takes its place in one transaction before it records the node; a refused one counts nothing', async () => {
     h = await startHarness(baseConfig({ slots: 4, maxServers: 4 }));
     const harness = h;
     await readyNode(harness, 'base');
     const ctx = harness.pool.context;
     const sent: string[] = [];
-    let refusePlace = false;
-    const name = 'count-first-spy';
+    let refuse = false;
+    const name = 'transaction-spy';
     harness.pool.dynamodb.middlewareStack.add(
       (next, context) => async (args) => {
-        const input = args.input as {
-          UpdateExpression?: string;
-          Key?: { sk?: string };
-          Item?: { sk?: string };
-        };
+        const input = args.input as { Key?: { sk?: string }; Item?: { sk?: string } };
         const sk = input.Key?.sk ?? input.Item?.sk ?? '';
-        const what = sk.startsWith('PLACE#')
-          ? input.UpdateExpression?.includes(':counted')
-            ? 'mark counted'
-            : `place ${context.commandName}`
-          : sk === 'NODES'
-            ? 'counter'
-            : sk === 'REQUEST'
-              ? `request ${context.commandName}`
-              : String(context.commandName);
+        const what = sk === 'REQUEST' ? `request ${context.commandName}` : String(context.commandName);
         sent.push(what);
-        if (refusePlace && what === 'place PutItemCommand') {
+        if (refuse && what === 'TransactWriteItemsCommand') {
           throw Object.assign(new Error('throttled'), { name: 'ProvisionedThroughputExceededException' });
         }
         return next(args);
@@ -287,33 +275,22 @@ describe('a warm allocation in a pool with max-servers (issue 26)', () => {
       expect((await requestNodes(ctx, { kind: 'request', id: 'warm', labels: ['small-node'] })).kind).toBe(
         'placed',
       );
-      // The count-up, then the place created counted (no third write of it), then the request.
-      expect(sent.filter((c) => c === 'counter' || c.startsWith('place') || c === 'mark counted')).toEqual([
-        'counter',
-        'place PutItemCommand',
-      ]);
-      expect(sent.indexOf('place PutItemCommand')).toBeLessThan(sent.indexOf('request PutItemCommand'));
-
-      // The place's creation fails after the count-up (the gate): nothing is recorded for the node, and
-      // the request waits for its next delivery.
-      refusePlace = true;
+      // One transaction (the counter and the place), before the request's write; no other write of either.
+      expect(sent.filter((c) => c === 'TransactWriteItemsCommand')).toHaveLength(1);
+      expect(sent.indexOf('TransactWriteItemsCommand')).toBeLessThan(sent.indexOf('request PutItemCommand'));
+      // The transaction fails: nothing is recorded for the node, nothing counted, and the request waits
+      // for its next delivery.
+      refuse = true;
       await expect(
         requestNodes(ctx, { kind: 'request', id: 'part', labels: ['small-node'] }),
       ).rejects.toThrow('throttled');
-      refusePlace = false;
+      refuse = false;
     } finally {
       harness.pool.dynamodb.middlewareStack.remove(name);
     }
     expect((await ctx.store.getRequest('part'))?.state ?? 'none').not.toBe('fulfilled');
     expect([...(await ctx.store.nodePlaces('meta/main')).keys()].sort()).toEqual(['base/0', 'warm/0']);
-    // Counted all the same (the count-up went through): 3 of 4, so one more fits and the next does not.
-    expect((await ctx.store.reserveNodePlaces('meta/main', ['x/0'], 4, 'X')).kind).toBe('reserved');
-    expect((await ctx.store.reserveNodePlaces('meta/main', ['y/0'], 4, 'Y')).kind).toBe('full');
-    await ctx.store.freeNodePlaces('meta/main', ['x/0'], 'X');
-    // The reaper's recovery undoes the count once it is old (no node can be recorded without its place).
-    harness.clock.advance(SLOT_LEASE_MS + 1_000);
-    expect((await harness.pool.reapNow()).recoveredPlaces).toBeGreaterThanOrEqual(1);
-    expect((await ctx.store.recoverNodePlaces('meta/main', harness.clock.now())).finished).toBe(0); // nothing left
+    // 2 of 4 counted: two more fit, a third does not.
     expect((await ctx.store.reserveNodePlaces('meta/main', ['x/0', 'z/0'], 4, 'X')).kind).toBe('reserved');
     expect((await ctx.store.reserveNodePlaces('meta/main', ['y/0'], 4, 'Y')).kind).toBe('full');
   });
@@ -348,49 +325,30 @@ describe('a redelivery continues with the claims of the first try (issue 10, def
     expect(places.get('cut/0')).toBe(after?.claims?.[slot as string]?.by);
   });
 
-  it('adopts the count an earlier receive made before it died, before its place, once it is known dead: counted once', async () => {
+  it('leaves nothing counted when an earlier receive died inside its places\' transaction: counted once', async () => {
     h = await startHarness(baseConfig({ slots: 4, maxServers: 3 }), { maxReceiveCount: 50 });
     await readyNode(h, 'base');
     const ctx = h.pool.context;
     const sets = (ctx.store as DynamoStore).capacity;
     const body = JSON.stringify({ kind: 'request', id: 'cut', labels: ['small-node'] });
-    // Receive 1 counts its place up (count-first) and dies before it creates the place: every later call
-    // of that invocation fails, as after a kill.
-    let dead = false;
-    const dying = new Proxy(ctx.store, {
-      get(target, prop) {
-        const value = Reflect.get(target, prop, target) as unknown;
-        if (typeof value !== 'function') return value;
-        return async (...args: unknown[]) => {
-          if (dead) throw new Error('crashed: the invocation is dead');
-          return (value as (...a: unknown[]) => Promise<unknown>).apply(target, args);
-        };
-      },
-    });
-    sets.afterStep = (step) => {
-      if (step !== 'counted up') return;
-      dead = true;
-      throw new Error('crashed after its count-up');
+    // Receive 1 dies after the first action of its transaction (the place written, the count not yet).
+    h.pool.transactions.afterAction = () => {
+      throw new Error('crashed inside the transaction');
     };
     try {
-      const out = await makeRequestHandler({ ...ctx, store: dying })(sqsEvent([body], 1));
+      const out = await makeRequestHandler(ctx)(sqsEvent([body], 1));
       expect(out.batchItemFailures).toHaveLength(1);
     } finally {
-      sets.afterStep = undefined;
+      h.pool.transactions.afterAction = undefined;
     }
-    expect([...(await ctx.store.nodePlaces('meta/main')).keys()]).toEqual(['base/0']); // no place
-    expect(await sets.used(keys.poolNodes('meta/main'))).toBe(2); // but counted: base and cut
-    // Receive 2 of the same message, no time later: receive 1 may still run (and create its place), so
-    // it waits. Once receive 1 is known dead (CLAIM_TAKEOVER_MS after it began; before, the reaper's
-    // recovery after a slot lease), receive 3 adopts its count and places the request.
-    expect((await h.pool.handlers.request(sqsEvent([body], 2))).batchItemFailures).toHaveLength(1);
-    h.clock.advance(CLAIM_TAKEOVER_MS);
-    expect((await h.pool.handlers.request(sqsEvent([body], 3))).batchItemFailures).toEqual([]);
+    // Rolled back: no place, no count; nothing for a recovery or an adoption to find.
+    expect([...(await ctx.store.nodePlaces('meta/main')).keys()]).toEqual(['base/0']);
+    expect(await sets.used(keys.poolNodes('meta/main'))).toBe(1);
+    // Receive 2 of the same message, no time later, places it: counted once.
+    expect((await h.pool.handlers.request(sqsEvent([body], 2))).batchItemFailures).toEqual([]);
     expect(await ctx.store.getRequest('cut')).toMatchObject({ state: 'fulfilled' });
-    expect((await ctx.store.nodePlaces('meta/main')).get('cut/0')).toMatch(/-3$/);
-    // Counted once: base and cut, one more fits the cap of 3, and nothing is left for recovery.
+    expect((await ctx.store.nodePlaces('meta/main')).get('cut/0')).toMatch(/-2$/);
     expect(await sets.used(keys.poolNodes('meta/main'))).toBe(2);
-    expect((await ctx.store.recoverNodePlaces('meta/main', Number.POSITIVE_INFINITY)).finished).toBe(0);
     expect((await ctx.store.reserveNodePlaces('meta/main', ['x/0'], 3, 'X')).kind).toBe('reserved');
     expect((await ctx.store.reserveNodePlaces('meta/main', ['y/0'], 3, 'Y')).kind).toBe('full');
   });
