@@ -78,6 +78,16 @@ function describe(command: string, input: Record<string, unknown>): { target: st
       .join(' ')}`;
     return { target: where, detail: `limit ${input.Limit ?? '-'}` };
   }
+  if (command === 'TransactWriteItems') {
+    // Each action's item and what it does (the capacity sets' transactions: a counter and its places).
+    const actions = (input.TransactItems ?? []) as Record<string, Record<string, unknown>>[];
+    const items = actions.map((a) => {
+      const [kind, action] = Object.entries(a)[0] ?? ['?', {}];
+      const k = (action.Key ?? action.Item) as Record<string, unknown> | undefined;
+      return `${kind} ${k?.pk} / ${k?.sk}`;
+    });
+    return { target: `transaction of ${items.length}: ${items.join(', ')}`, detail: '' };
+  }
   const target = key ? `${key.pk} / ${key.sk}` : '?';
   const parts = [
     input.UpdateExpression ? `update: ${short(input.UpdateExpression)}` : '',

@@ -86,9 +86,10 @@ export class PoolTable extends Construct {
   /**
    * What the pool's code does with the table (shared/store): single-item reads and writes, batched reads
    * (a label's min-ready seats, read together by the reaper) and queries on the table (a capacity set's
-   * places are one item collection), queries on its indexes, named one by one rather than as `index/*`.
+   * places are one item collection, changed by transactions of these writes), queries on its indexes,
+   * named one by one rather than as `index/*`.
    * Unlike `Table.grantReadWriteData`: no Scan (only the CLI's listings scan, with the caller's own
-   * credentials), no batch writes or transactions, no DescribeTable (the embedded pool's, to create its
+   * credentials), no batch writes, no DescribeTable (the embedded pool's, to create its
    * table), no stream actions (the table has no stream).
    */
   grantReadWriteData(grantee: IGrantable): Grant {
@@ -102,6 +103,9 @@ export class PoolTable extends Construct {
         'dynamodb:PutItem',
         'dynamodb:UpdateItem',
         'dynamodb:DeleteItem',
+        // A capacity set's transactions (TransactWriteItems has no action of its own: each of its actions
+        // is authorized as its single-item write; a ConditionCheck as this one).
+        'dynamodb:ConditionCheckItem',
       ],
       resourceArns: [tableArn],
     }).combine(

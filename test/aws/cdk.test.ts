@@ -611,6 +611,7 @@ describe('MetastaticStack (the example configuration, as bin/cdk.ts builds it)',
     expect(perFunction).toEqual(
       Array(3).fill([
         `dynamodb:BatchGetItem ${table}`,
+        `dynamodb:ConditionCheckItem ${table}`,
         `dynamodb:DeleteItem ${table}`,
         `dynamodb:GetItem ${table}`,
         `dynamodb:PutItem ${table}`,

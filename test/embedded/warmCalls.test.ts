@@ -2,7 +2,7 @@ import { describe, expect, it } from 'vitest';
 import { roundTrips, traceWarmCalls, type WarmTrace } from '../../bench/warmCalls.ts';
 
 /**
- * The DynamoDB calls of one warm allocation (issue 26), as bench/warmCalls.ts traces them through the
+ * The DynamoDB calls of one warm allocation (issues 26 and 39), as bench/warmCalls.ts traces them through the
  * real use cases on dynalite: how many, and how many round trips they take one after another (the
  * allocation's latency on DynamoDB, where every call is a network round trip).
  */
@@ -15,50 +15,51 @@ describe('one warm allocation', () => {
     return t.allocation;
   };
 
-  it('with max-servers counts its place while it claims its slot on the backing node of its last placement, then creates the place counted: 4 calls, 3 round trips', async () => {
+  it('with max-servers takes its place in one transaction while it claims its slot on the backing node of its last placement: 3 calls, 2 round trips', async () => {
     const calls = await of('max-servers-1000');
-    // The count-up's pending entry is removed by the next counter write, not by one of its own; the
-    // candidates are the backing node of this store's last placement of the label, not a Query.
-    expect(calls.map((c) => c.command)).toHaveLength(4);
-    expect(calls.filter((c) => c.command === 'Query')).toEqual([]);
+    // The candidates are the backing node of this store's last placement of the label, not a Query.
+    expect(calls.map((c) => c.command).sort()).toEqual(['PutItem', 'TransactWriteItems', 'UpdateItem']);
     expect(calls.some((c) => c.failed)).toBe(false);
-    const countUp = calls.find((c) => c.target.endsWith('/ NODES') && c.command === 'UpdateItem');
+    const places = calls.find((c) => c.command === 'TransactWriteItems');
     const claim = calls.find((c) => c.target.startsWith('BACKING#') && c.command === 'UpdateItem');
-    const place = calls.filter((c) => c.target.includes('/ PLACE#'));
-    // The count-up (the gate) and the slot claim go out together (a claim the count refuses is given back).
-    expect(countUp?.depth).toBe(1);
+    // The transaction (the gate: the place and the count) and the slot claim go out together (a claim
+    // the count refuses is given back).
+    expect(places?.target).toMatch(
+      /^transaction of 2: Put POOL#meta\/main \/ PLACE#NODES#.*, Update POOL#meta\/main \/ NODES$/,
+    );
+    expect(places?.depth).toBe(1);
     expect(claim?.depth).toBe(1);
-    // The place is written once, created counted, after the count-up.
-    expect(place.map((c) => c.command)).toEqual(['PutItem']);
-    expect(place[0]?.depth).toBe(2);
-    // The request's write, the commit point, after the place.
+    // The request's write, the commit point, after both.
     const commit = calls.find((c) => c.target.startsWith('REQUEST#') && c.command === 'PutItem');
-    expect(commit?.depth).toBe(3);
-    expect(roundTrips(calls)).toBe(3);
+    expect(commit?.depth).toBe(2);
+    expect(roundTrips(calls)).toBe(2);
   }, 90_000);
 
-  it('with max-servers, the first allocation of an instance asks the free index while it counts its place', async () => {
+  it('with max-servers, the first allocation of an instance asks the free index, then claims', async () => {
     await of('max-servers-1000');
-    // The first of the store instance also reads the registry of waiting queues (then reused for 5 s),
-    // and this one creates the counter.
+    // The first of the store instance also reads the registry of waiting queues (then reused for 5 s).
     const calls = traces.find((x) => x.variant === 'max-servers-1000')?.first ?? [];
     const query = calls.find((c) => c.command === 'Query' && c.target.startsWith('free '));
-    const countUp = calls.find((c) => c.target.endsWith('/ NODES') && c.command === 'UpdateItem');
+    const places = calls.find((c) => c.command === 'TransactWriteItems');
     const claim = calls.find((c) => c.target.startsWith('BACKING#') && c.command === 'UpdateItem');
-    expect(query?.depth).toBe(countUp?.depth);
+    expect(places?.depth).toBe(query?.depth);
     expect(claim?.depth).toBe((query?.depth ?? 0) + 1);
   }, 90_000);
 
-  it('with max-servers is released in 6 calls, 4 round trips: the slot and the place given back side by side', async () => {
+  it('with max-servers is released in 4 calls, 3 round trips: the slot and the place given back side by side', async () => {
     await of('max-servers-1000');
     const release = traces.find((x) => x.variant === 'max-servers-1000')?.release ?? [];
-    expect(release).toHaveLength(6);
-    // The count-down takes the reserve entry over: one counter write.
-    expect(release.filter((c) => c.target.endsWith('/ NODES'))).toHaveLength(1);
+    expect(release).toHaveLength(4);
+    // The place and the count: one transaction.
+    const places = release.filter((c) => c.command === 'TransactWriteItems');
+    expect(places.map((c) => c.target)).toEqual([
+      expect.stringMatching(
+        /^transaction of 2: Delete POOL#meta\/main \/ PLACE#NODES#.*, Update POOL#meta\/main \/ NODES$/,
+      ),
+    ]);
     const slotRead = release.find((c) => c.command === 'GetItem' && c.target.startsWith('BACKING#'));
-    const releasing = release.find((c) => c.target.includes('/ PLACE#') && c.command === 'UpdateItem');
-    expect(slotRead?.depth).toBe(releasing?.depth);
-    expect(roundTrips(release)).toBe(4);
+    expect(slotRead?.depth).toBe(places[0]?.depth);
+    expect(roundTrips(release)).toBe(3);
   }, 90_000);
 
   it('without max-servers is a claim on the backing node of its last placement and the commit; the first asks the index', async () => {
