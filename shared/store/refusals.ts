@@ -3,12 +3,11 @@ import { ItemTooLargeError, StoreRefusedError } from '../core/errors.ts';
 
 /**
  * DynamoDB's answer to a request it will never accept as sent (dynalite answers alike): a number out of
- * its range ("Number underflow"), an item over 400 KB, an empty key... Not a throttle, not a conflict.
- * One ValidationException is an answer rather than a refusal: an update of a path inside a map the item
- * does not have yet, which the capacity sets expect and handle (they create the map and send it again).
+ * its range ("Number underflow"), an item over 400 KB, an empty key, an expression past DynamoDB's
+ * limits... Not a throttle, not a conflict.
  */
 function isRefusal(err: unknown): err is Error {
-  return err instanceof Error && err.name === 'ValidationException' && !/document path/i.test(err.message);
+  return err instanceof Error && err.name === 'ValidationException';
 }
 
 /** The ValidationException of a put or update whose item would exceed 400 KB. */
@@ -19,7 +18,8 @@ function isItemTooLarge(err: Error): boolean {
 /**
  * Makes every write the table refuses as invalid (an item over its size limit, a number out of its
  * range) a permanent error on this document client: it fails the same way every time, so it is not a
- * transient one retried until the message's receives run out. (docs/table.md, Request: what it refuses.)
+ * transient one retried until the message's receives run out. (docs/table.md, Writes and their
+ * conditions.)
  */
 export function makeRefusalsPermanent(doc: DynamoDBDocumentClient): void {
   doc.middlewareStack.add(

@@ -13,7 +13,7 @@ import { queueOf, type WaitingQueue } from '../core/waitingQueue.ts';
  *   REQUEST#<requestId>             REQUEST   a request and its nodes (node id = <requestId>/<index>)
  *   BACKING#<backingNodeId>         BACKING   a backing node and its slot map
  *   POOL#<provider/pool>            NODES     the counter of the pool's capacity set (max-servers): `used`,
- *                                             and `pending` operations in flight (capacitySets.ts)
+ *                                             changed only in one transaction with its places (capacitySets.ts)
  *   POOL#<provider/pool>            PLACE#NODES#<nodeId>  a place in it: one live node's, with its owner
  *   BACKINGPOOL#<provider/pool>     BACKING   the counter of the backing pool's capacity set (its max-servers)
  *   BACKINGPOOL#<provider/pool>     PLACE#BACKING#<backingNodeId>  a place in it: one backing node's
