@@ -29,6 +29,7 @@ import {
 import { makeRequestHandler } from '../shared/handlers/requestHandler.ts';
 import { createEc2Client } from '../shared/providers/aws/ec2Provider.ts';
 import { awsContext } from '../shared/runtime/awsContext.ts';
+import { guardDynamoLimits } from '../shared/runtime/dynamoLimits.ts';
 import { DynamoStore } from '../shared/store/dynamoStore.ts';
 import { tableDefinition } from '../shared/store/table.ts';
 import { keepMinReady } from '../shared/usecases/replenish.ts';
@@ -197,8 +198,10 @@ export async function measureMotoCalls(
   let dynamodbCalls: MotoCall[] | undefined;
   let ec2Calls = 0;
   let eventCalls = 0;
-  const dynamodb = watch(new DynamoDBClient(aws), 'motoCallsDynamodb', (command, input, failed) =>
-    dynamodbCalls?.push({ command, target: targetOf(command, input), failed }),
+  const dynamodb = watch(
+    guardDynamoLimits(new DynamoDBClient(aws)),
+    'motoCallsDynamodb',
+    (command, input, failed) => dynamodbCalls?.push({ command, target: targetOf(command, input), failed }),
   );
   const eventBridge = watch(new EventBridgeClient(aws), 'motoCallsEvents', () => {
     eventCalls++;

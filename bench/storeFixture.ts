@@ -11,6 +11,7 @@ import { DynamoDBClient } from '@aws-sdk/client-dynamodb';
 import type { ResolvedConfig } from '../shared/config/model.ts';
 import { systemClock } from '../shared/core/clock.ts';
 import type { ProviderRegistry } from '../shared/core/provider.ts';
+import { guardDynamoLimits } from '../shared/runtime/dynamoLimits.ts';
 import { type Engine, ensureTable, startDynalite } from '../shared/runtime/engines.ts';
 import { DynamoStore } from '../shared/store/dynamoStore.ts';
 import type { Context } from '../shared/usecases/context.ts';
@@ -96,11 +97,13 @@ export class InstrumentedStore {
 
   static async start(): Promise<InstrumentedStore> {
     const engine = await startDynalite();
-    const client = new DynamoDBClient({
-      endpoint: engine.endpoint,
-      region: 'us-east-1',
-      credentials: { accessKeyId: 'bench', secretAccessKey: 'bench' },
-    });
+    const client = guardDynamoLimits(
+      new DynamoDBClient({
+        endpoint: engine.endpoint,
+        region: 'us-east-1',
+        credentials: { accessKeyId: 'bench', secretAccessKey: 'bench' },
+      }),
+    );
     return new InstrumentedStore(engine, client);
   }
 

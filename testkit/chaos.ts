@@ -21,7 +21,7 @@
  * A violation stops the run with the seed, the virtual time and the ids involved.
  */
 import { performance } from 'node:perf_hooks';
-import { DynamoDBClient } from '@aws-sdk/client-dynamodb';
+import type { DynamoDBClient } from '@aws-sdk/client-dynamodb';
 import {
   type EC2Client,
   RunInstancesCommand,
@@ -48,8 +48,8 @@ import {
 } from '../shared/handlers/requestHandler.ts';
 import { Ec2Provider, isEc2InstanceId } from '../shared/providers/aws/ec2Provider.ts';
 import { ensureTable, localDynamoClient } from '../shared/runtime/engines.ts';
-import { DynamoStore } from '../shared/store/dynamoStore.ts';
 import type { LocalTransactions } from '../shared/runtime/localTransactions.ts';
+import { DynamoStore } from '../shared/store/dynamoStore.ts';
 import { keys } from '../shared/store/table.ts';
 import type { Context } from '../shared/usecases/context.ts';
 import type { ReapReport } from '../shared/usecases/reapReport.ts';

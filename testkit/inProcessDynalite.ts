@@ -6,7 +6,8 @@
  * responses are the same as over HTTP, minus the loopback HTTP work (about half of a call's time on
  * 2 cores). `http: true` uses the embedded pool's startDynalite() on a loopback port instead. Either
  * way requests are signed as the embedded pool's are (engines.ts, localEngineClientConfig): dynalite
- * checks that a signature is there, not what it is.
+ * checks that a signature is there, not what it is. The client refuses what DynamoDB would refuse for
+ * breaking one of its limits, as DynamoDB does (shared/runtime/dynamoLimits.ts): dynalite does not.
  */
 import { EventEmitter } from 'node:events';
 import type { IncomingMessage, ServerResponse } from 'node:http';

@@ -49,7 +49,6 @@ export const CLAIM_TAKEOVER_MS = 2 * FUNCTION_TIMEOUT_SECONDS.request * 1000;
  */
 export const SLOT_LEASE_MS = 5 * 60_000;
 
-
 /**
  * A pending request's deadline is launch-retries x (launch-timeout + boot-timeout) after it was placed
  * (core/pools.ts pendingTimeoutOf), plus this: time for the reaper to fail the last attempt's backing node

@@ -11,6 +11,7 @@ import { CreateQueueCommand, GetQueueAttributesCommand, type SQSClient } from '@
 import dynalite from 'dynalite';
 import { buildApp } from 'fauxqs';
 import { tableDefinition } from '../store/table.ts';
+import { guardDynamoLimits } from './dynamoLimits.ts';
 import { LocalTransactions } from './localTransactions.ts';
 
 /**
@@ -84,16 +85,17 @@ export function localEngineClientConfig(endpoint: string, region: string) {
 }
 
 /**
- * A DynamoDB client of a local dynalite as the pool uses one: TransactWriteItems, which dynalite lacks,
- * run by localTransactions.ts (its steps on a second client of the same engine, destroyed with this one).
- * `engine` names the engine: the clients of one share its lock.
+ * A DynamoDB client of a local dynalite as the pool uses one: what DynamoDB would refuse for breaking
+ * one of its limits refused the same way (dynamoLimits.ts: dynalite enforces few of them), and
+ * TransactWriteItems, which dynalite lacks, run by localTransactions.ts (its steps on a second client of
+ * the same engine, destroyed with this one). `engine` names the engine: the clients of one share its lock.
  */
 export function localDynamoClient(
   config: DynamoDBClientConfig,
   engine: string,
 ): { readonly client: DynamoDBClient; readonly transactions: LocalTransactions } {
-  const client = new DynamoDBClient(config);
-  const steps = new DynamoDBClient(config);
+  const client = guardDynamoLimits(new DynamoDBClient(config));
+  const steps = guardDynamoLimits(new DynamoDBClient(config));
   const transactions = new LocalTransactions(client, steps, { engine });
   const destroy = client.destroy.bind(client);
   client.destroy = () => {

@@ -232,7 +232,12 @@ export class DynamoStore implements PoolStore {
 
   // ---- places in max-servers (capacity sets, capacitySets.ts) ----------------------------------------
 
-  reserveNodePlaces(poolKey: string, nodeIds: readonly string[], max: number, owner: string): Promise<Reservation> {
+  reserveNodePlaces(
+    poolKey: string,
+    nodeIds: readonly string[],
+    max: number,
+    owner: string,
+  ): Promise<Reservation> {
     return this.capacity.reserve(keys.poolNodes(poolKey), nodeIds, max, owner);
   }
 
@@ -248,11 +253,21 @@ export class DynamoStore implements PoolStore {
     return this.capacity.reservations(keys.poolNodes(poolKey));
   }
 
-  reserveBackingPlace(backingPoolKey: string, backingId: string, max: number, owner: string): Promise<Reservation> {
+  reserveBackingPlace(
+    backingPoolKey: string,
+    backingId: string,
+    max: number,
+    owner: string,
+  ): Promise<Reservation> {
     return this.capacity.reserve(keys.backingPool(backingPoolKey), [backingId], max, owner);
   }
 
-  takeOverBackingPlace(backingPoolKey: string, backingId: string, from: string, to: string): Promise<boolean> {
+  takeOverBackingPlace(
+    backingPoolKey: string,
+    backingId: string,
+    from: string,
+    to: string,
+  ): Promise<boolean> {
     return this.capacity.takeOverReservation(keys.backingPool(backingPoolKey), backingId, from, to);
   }
 

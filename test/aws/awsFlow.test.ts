@@ -1,4 +1,4 @@
-import { DynamoDBClient } from '@aws-sdk/client-dynamodb';
+import type { DynamoDBClient } from '@aws-sdk/client-dynamodb';
 import { DescribeInstancesCommand, RunInstancesCommand } from '@aws-sdk/client-ec2';
 import { EventBridgeClient, PutEventsCommand } from '@aws-sdk/client-eventbridge';
 import type { SQSBatchResponse } from 'aws-lambda';
@@ -14,7 +14,7 @@ import { makeFulfilHandler } from '../../shared/handlers/fulfilHandler.ts';
 import { makeReaperHandler } from '../../shared/handlers/reaperHandler.ts';
 import { makeRequestHandler } from '../../shared/handlers/requestHandler.ts';
 import { awsContext } from '../../shared/runtime/awsContext.ts';
-import { type Engine, ensureTable, startDynalite } from '../../shared/runtime/engines.ts';
+import { type Engine, ensureTable, localDynamoClient, startDynalite } from '../../shared/runtime/engines.ts';
 import { DynamoStore } from '../../shared/store/dynamoStore.ts';
 import type { Context } from '../../shared/usecases/context.ts';
 import { reap } from '../../shared/usecases/reap.ts';
@@ -90,11 +90,15 @@ const eventBridge = mockClient(EventBridgeClient);
 
 beforeAll(async () => {
   engine = await startDynalite();
-  dynamodb = new DynamoDBClient({
-    endpoint: engine.endpoint,
-    region: 'eu-west-1',
-    credentials: { accessKeyId: 'x', secretAccessKey: 'x' },
-  });
+  // dynalite with the embedded pool's transactions and DynamoDB's limits (engines.ts localDynamoClient).
+  dynamodb = localDynamoClient(
+    {
+      endpoint: engine.endpoint,
+      region: 'eu-west-1',
+      credentials: { accessKeyId: 'x', secretAccessKey: 'x' },
+    },
+    engine.endpoint,
+  ).client;
   eventBridge.on(PutEventsCommand).resolves({ FailedEntryCount: 0, Entries: [{ EventId: 'e' }] });
 });
 afterAll(async () => {

@@ -19,6 +19,7 @@ import { motoAccount, startMotoServer } from '../../cli/rehearse/motoServer.ts';
 import { Rehearsal } from '../../cli/rehearse/rehearsal.ts';
 import type { RehearsalEvent } from '../../cli/rehearse/rehearsalOptions.ts';
 import { FULFIL_MAX_CONCURRENCY } from '../../lib/poolProps.ts';
+import { guardDynamoLimits } from '../../shared/runtime/dynamoLimits.ts';
 import { STACK_OUTPUTS } from '../../shared/runtime/stackOutputs.ts';
 import { DynamoStore } from '../../shared/store/dynamoStore.ts';
 import { poolConfig } from '../../testkit/configs.ts';
@@ -115,7 +116,7 @@ describeWithMoto('cdk deploy into moto, and the deployed bundles serving a reque
     });
     const config = motoClientConfig(rehearsal.moto.endpoint, rehearsal.region);
     sqs = new SQSClient({ ...config, useQueueUrlAsEndpoint: false });
-    dynamodb = new DynamoDBClient(config);
+    dynamodb = guardDynamoLimits(new DynamoDBClient(config));
     store = new DynamoStore(dynamodb, rehearsal.pool.tableName);
     timings.setup = Date.now() - started;
   }, 420_000);

@@ -1,19 +1,26 @@
 import { DynamoDBClient } from '@aws-sdk/client-dynamodb';
 import { EventBridgeClient, PutEventsCommand } from '@aws-sdk/client-eventbridge';
 import { mockClient } from 'aws-sdk-client-mock';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, expect, it } from 'vitest';
 import { newBackingRecord } from '../../shared/core/backing.ts';
-import { type Engine, ensureTable, startDynalite } from '../../shared/runtime/engines.ts';
+import { ensureTable } from '../../shared/runtime/engines.ts';
 import { DynamoStore } from '../../shared/store/dynamoStore.ts';
 import { baseConfig } from '../../testkit/configs.ts';
+import {
+  DYNAMODB_LOCAL_CREDENTIALS,
+  type DynamoDbLocal,
+  describeWithDynamoDbLocal,
+  startDynamoDbLocal,
+} from '../../testkit/dynamoDbLocal.ts';
 import { sqsEvent } from '../../testkit/harness.ts';
 
 /**
  * The Lambda entry points themselves (functions/*), configured only through their environment, against
- * dynalite: the code that runs in Lambda serves the warm path and releases.
+ * DynamoDB Local (AWS's own engine: the functions' client is DynamoDB's, with its transactions, not the
+ * embedded pool's): the code that runs in Lambda serves the warm path and releases.
  */
-describe('Lambda entry points', () => {
-  let engine: Engine;
+describeWithDynamoDbLocal('Lambda entry points', () => {
+  let engine: DynamoDbLocal;
   let store: DynamoStore;
   let client: DynamoDBClient;
   // Nothing may reach real AWS: the functions' EventBridge client is mocked, and asserted on.
@@ -21,11 +28,11 @@ describe('Lambda entry points', () => {
   eventBridge.on(PutEventsCommand).resolves({ FailedEntryCount: 0, Entries: [{ EventId: 'e' }] });
 
   beforeAll(async () => {
-    engine = await startDynalite();
+    engine = await startDynamoDbLocal();
     client = new DynamoDBClient({
       endpoint: engine.endpoint,
       region: 'us-east-1',
-      credentials: { accessKeyId: 'x', secretAccessKey: 'x' },
+      credentials: DYNAMODB_LOCAL_CREDENTIALS,
     });
     await ensureTable(client, 'lambda-test');
     store = new DynamoStore(client, 'lambda-test');
@@ -33,8 +40,8 @@ describe('Lambda entry points', () => {
       TABLE_NAME: 'lambda-test',
       METASTATIC_CONFIG: baseConfig({ slots: 2, maxServers: 4 }),
       DYNAMODB_ENDPOINT: engine.endpoint,
-      AWS_ACCESS_KEY_ID: 'x',
-      AWS_SECRET_ACCESS_KEY: 'x',
+      AWS_ACCESS_KEY_ID: DYNAMODB_LOCAL_CREDENTIALS.accessKeyId,
+      AWS_SECRET_ACCESS_KEY: DYNAMODB_LOCAL_CREDENTIALS.secretAccessKey,
       AWS_REGION: 'us-east-1',
       POWERTOOLS_LOG_LEVEL: 'SILENT',
       MAX_RECEIVE_COUNT: '5',
@@ -47,8 +54,8 @@ describe('Lambda entry points', () => {
 
   afterAll(async () => {
     eventBridge.restore();
-    client.destroy();
-    await engine.close();
+    client?.destroy();
+    await engine?.stop();
   });
 
   it('serves a request on a ready backing node and releases it, through functions/request', async () => {

@@ -3,15 +3,17 @@ import { DynamoDBDocumentClient, GetCommand, PutCommand } from '@aws-sdk/lib-dyn
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { ConflictError } from '../../shared/core/errors.ts';
 import { withDuration } from '../../shared/core/estimates.ts';
-import { backoffAfterFailure } from '../../shared/core/minReady.ts';
-import type { BackingPhase } from '../../shared/core/poolStore.ts';
 import { nodeId } from '../../shared/core/ids.ts';
 import { MAX_NODE_SET } from '../../shared/core/messages.ts';
+import { backoffAfterFailure } from '../../shared/core/minReady.ts';
+import type { BackingPhase } from '../../shared/core/poolStore.ts';
 import type { BackingRecord, RequestRecord } from '../../shared/core/records.ts';
+import { guardDynamoLimits } from '../../shared/runtime/dynamoLimits.ts';
 import { localDynamoClient, startDynalite } from '../../shared/runtime/engines.ts';
 import { MAX_SET_CHANGE } from '../../shared/store/capacitySets.ts';
 import { DynamoStore } from '../../shared/store/dynamoStore.ts';
 import { backingItem, keys, tableDefinition } from '../../shared/store/table.ts';
+import { describeWithDynamoDbLocal, startDynamoDbLocal } from '../../testkit/dynamoDbLocal.ts';
 import { describeWithMoto, MOTO_CREDENTIALS, startMoto } from '../../testkit/moto.ts';
 
 /**
@@ -581,6 +583,7 @@ describe(
     return {
       returnsItemOnConditionFailure: false,
       // dynalite has no transactions: the embedded pool's client runs them (localTransactions.ts).
+      // And DynamoDB's limits, as on every local engine (dynamoLimits.ts).
       client: localDynamoClient({ ...fakeRegion, endpoint: dynalite.endpoint }, dynalite.endpoint).client,
       stop: () => dynalite.close(),
     };
@@ -593,8 +596,17 @@ describeWithMoto(
     const moto = await startMoto();
     return {
       returnsItemOnConditionFailure: true,
-      client: new DynamoDBClient({ ...fakeRegion, endpoint: moto.endpoint }),
+      client: guardDynamoLimits(new DynamoDBClient({ ...fakeRegion, endpoint: moto.endpoint })),
       stop: () => moto.stop(),
     };
+  }),
+);
+
+// AWS's own engine: its transactions, cancellation reasons and limits are DynamoDB's (no guard needed).
+describeWithDynamoDbLocal(
+  'DynamoStore conformance on DynamoDB Local',
+  conformance(async () => {
+    const local = await startDynamoDbLocal();
+    return { returnsItemOnConditionFailure: true, client: local.client, stop: () => local.stop() };
   }),
 );

@@ -5,6 +5,7 @@ import { ItemTooLargeError } from '../../shared/core/errors.ts';
 import { servedBefore } from '../../shared/core/priority.ts';
 import type { RequestRecord } from '../../shared/core/records.ts';
 import { queueOf, type WaitingQueue } from '../../shared/core/waitingQueue.ts';
+import { guardDynamoLimits } from '../../shared/runtime/dynamoLimits.ts';
 import { startDynalite } from '../../shared/runtime/engines.ts';
 import { DynamoStore } from '../../shared/store/dynamoStore.ts';
 import { keys, tableDefinition, waitingSortKey } from '../../shared/store/table.ts';
@@ -189,7 +190,7 @@ describe(
   waitingConformance(async () => {
     const dynalite = await startDynalite();
     return {
-      client: new DynamoDBClient({ ...fakeRegion, endpoint: dynalite.endpoint }),
+      client: guardDynamoLimits(new DynamoDBClient({ ...fakeRegion, endpoint: dynalite.endpoint })),
       stop: () => dynalite.close(),
     };
   }),
@@ -200,7 +201,7 @@ describeWithMoto(
   waitingConformance(async () => {
     const moto = await startMoto();
     return {
-      client: new DynamoDBClient({ ...fakeRegion, endpoint: moto.endpoint }),
+      client: guardDynamoLimits(new DynamoDBClient({ ...fakeRegion, endpoint: moto.endpoint })),
       stop: () => moto.stop(),
     };
   }),

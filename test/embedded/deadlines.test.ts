@@ -22,6 +22,7 @@ import { makeReaperHandler } from '../../shared/handlers/reaperHandler.ts';
 import { makeRequestHandler } from '../../shared/handlers/requestHandler.ts';
 import { probePort } from '../../shared/providers/probe.ts';
 import { scanHostKeys } from '../../shared/providers/scanHostKeysLazily.ts';
+import { guardDynamoLimits } from '../../shared/runtime/dynamoLimits.ts';
 import {
   type Engine,
   ensureTable,
@@ -56,7 +57,7 @@ let silent: { server: Server; port: number; sockets: Set<Socket> };
 
 beforeAll(async () => {
   engine = await startDynalite();
-  dynamodb = new DynamoDBClient(localEngineClientConfig(engine.endpoint, 'us-east-1'));
+  dynamodb = guardDynamoLimits(new DynamoDBClient(localEngineClientConfig(engine.endpoint, 'us-east-1')));
   // Accepts TCP connections (the port probe answers) and never says a word (an SSH scan hangs).
   const sockets = new Set<Socket>();
   const server = createServer((socket) => {

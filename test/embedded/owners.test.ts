@@ -325,7 +325,7 @@ describe('a redelivery continues with the claims of the first try (issue 10, def
     expect(places.get('cut/0')).toBe(after?.claims?.[slot as string]?.by);
   });
 
-  it('leaves nothing counted when an earlier receive died inside its places\' transaction: counted once', async () => {
+  it("leaves nothing counted when an earlier receive died inside its places' transaction: counted once", async () => {
     h = await startHarness(baseConfig({ slots: 4, maxServers: 3 }), { maxReceiveCount: 50 });
     await readyNode(h, 'base');
     const ctx = h.pool.context;

@@ -8,6 +8,7 @@ import { DescribeTableCommand, DynamoDBClient } from '@aws-sdk/client-dynamodb';
 import { DescribeInstancesCommand, EC2Client } from '@aws-sdk/client-ec2';
 import { SendMessageCommand, SQSClient } from '@aws-sdk/client-sqs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { guardDynamoLimits } from '../../shared/runtime/dynamoLimits.ts';
 import { DynamoStore } from '../../shared/store/dynamoStore.ts';
 import { packAndInstall } from '../../testkit/installedPackage.ts';
 import {
@@ -596,7 +597,7 @@ describeWithMoto('the offline rehearsal of that app (metastatic rehearse, instal
   let dynamodb: DynamoDBClient | undefined;
   /** The pool's table, read directly. */
   const store = () => {
-    dynamodb ??= new DynamoDBClient(clientConfig());
+    dynamodb ??= guardDynamoLimits(new DynamoDBClient(clientConfig()));
     return new DynamoStore(dynamodb, r.ready.tableName);
   };
 
@@ -727,7 +728,7 @@ describeWithMoto('the offline rehearsal of that app (metastatic rehearse, instal
       'stopped',
     ]);
     const cfn = new CloudFormationClient(clientConfig());
-    const dynamodb = new DynamoDBClient(clientConfig());
+    const dynamodb = guardDynamoLimits(new DynamoDBClient(clientConfig()));
     try {
       await expect(cfn.send(new DescribeStacksCommand({ StackName: 'CiPool' }))).rejects.toThrow(
         /does not exist/,
