@@ -7,12 +7,11 @@
  */
 import { AsyncLocalStorage } from 'node:async_hooks';
 import { performance } from 'node:perf_hooks';
-import { DynamoDBClient } from '@aws-sdk/client-dynamodb';
+import type { DynamoDBClient } from '@aws-sdk/client-dynamodb';
 import type { ResolvedConfig } from '../shared/config/model.ts';
 import { systemClock } from '../shared/core/clock.ts';
 import type { ProviderRegistry } from '../shared/core/provider.ts';
-import { guardDynamoLimits } from '../shared/runtime/dynamoLimits.ts';
-import { type Engine, ensureTable, startDynalite } from '../shared/runtime/engines.ts';
+import { type Engine, ensureTable, localDynamoClient, startDynalite } from '../shared/runtime/engines.ts';
 import { DynamoStore } from '../shared/store/dynamoStore.ts';
 import type { Context } from '../shared/usecases/context.ts';
 import { log } from './common.ts';
@@ -81,7 +80,9 @@ export class InstrumentedStore {
           this.onCall?.(name, performance.now() - started, out.output);
           return out;
         } catch (err) {
-          if ((err as Error).name === 'ConditionalCheckFailedException') {
+          // A failed condition: of one write, or of a transaction's (a capacity set's), cancelled.
+          const failed = (err as Error).name;
+          if (failed === 'ConditionalCheckFailedException' || failed === 'TransactionCanceledException') {
             bump(this.conflicts, `${name} ${kind}`);
             if (claimant) {
               claimant.conflicts++;
@@ -97,12 +98,14 @@ export class InstrumentedStore {
 
   static async start(): Promise<InstrumentedStore> {
     const engine = await startDynalite();
-    const client = guardDynamoLimits(
-      new DynamoDBClient({
+    // As the embedded pool's client: DynamoDB's limits, and transactions (dynalite has none).
+    const { client } = localDynamoClient(
+      {
         endpoint: engine.endpoint,
         region: 'us-east-1',
         credentials: { accessKeyId: 'bench', secretAccessKey: 'bench' },
-      }),
+      },
+      engine.endpoint,
     );
     return new InstrumentedStore(engine, client);
   }
