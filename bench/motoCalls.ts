@@ -349,9 +349,9 @@ export function motoCallsReport(f: MotoCallsFigures): string {
 }
 
 /**
- * The same calls, each as often, whatever their order: calls sent together (the place's creation and the
- * candidates' Query; the slot claim and the count-up) are listed as they answered, which moto and
- * dynalite need not do in the same order.
+ * The same calls, each as often, whatever their order: calls sent together (the places' transaction and
+ * the candidates' Query, or the slot claim) are listed as they answered, which moto and dynalite need not
+ * do in the same order.
  */
 export function sameCalls(a: readonly string[], b: readonly string[]): boolean {
   const sorted = (x: readonly string[]) => [...x].sort();

@@ -53,7 +53,14 @@ import { DynamoStore } from '../shared/store/dynamoStore.ts';
 import { keys } from '../shared/store/table.ts';
 import type { Context } from '../shared/usecases/context.ts';
 import type { ReapReport } from '../shared/usecases/reapReport.ts';
-import { CrashInjector, type HandlerKind, label, PROVIDER_METHODS, STORE_METHODS } from './chaosCrash.ts';
+import {
+  CrashInjector,
+  type HandlerKind,
+  label,
+  PROVIDER_METHODS,
+  STORE_METHODS,
+  TRANSACTION_STEP,
+} from './chaosCrash.ts';
 import {
   checkFinal,
   checkInvariants,
@@ -291,7 +298,7 @@ export interface ChaosReport {
   crashes: number;
   crashesByKind: Record<HandlerKind, number>;
   /** Crash boundaries: how many there are, how many crashed at least once, which never did. */
-  boundaries: { total: number; hit: number; neverHit: string[] };
+  boundaries: { total: number; hit: number; neverHit: string[]; insideTransactions: number };
   maxInstances: number;
   /** Backing records holding capacity at once (launching/ready, or retiring/failed with a live instance). */
   maxBackingRecords: number;
@@ -536,7 +543,7 @@ export class ChaosRun {
       readyAuto: options.readyAuto ?? false,
       crashes: 0,
       crashesByKind: { request: 0, fulfil: 0, reaper: 0 },
-      boundaries: { total: this.crash.boundaries.length, hit: 0, neverHit: [] },
+      boundaries: { total: this.crash.boundaries.length, hit: 0, neverHit: [], insideTransactions: 0 },
       maxInstances: 0,
       maxBackingRecords: 0,
       maxLiveNodes: 0,
@@ -1421,6 +1428,7 @@ export class ChaosRun {
       total: labels.length,
       hit: labels.filter((l) => this.crash.injected.has(l)).length,
       neverHit: labels.filter((l) => !this.crash.injected.has(l)),
+      insideTransactions: this.crash.injected.get(`after store.${TRANSACTION_STEP}`) ?? 0,
     };
     r.calls = { store: 0, provider: 0 };
     for (const [name, n] of this.crash.calls) {
@@ -1502,7 +1510,8 @@ export function formatSummary(r: ChaosReport): string {
     [
       'crashes',
       `${r.crashes} (request ${r.crashesByKind.request}, fulfil ${r.crashesByKind.fulfil}, reaper ` +
-        `${r.crashesByKind.reaper}); ${r.boundaries.hit}/${r.boundaries.total} boundaries` +
+        `${r.crashesByKind.reaper}), ${r.boundaries.insideTransactions} inside a transaction; ` +
+        `${r.boundaries.hit}/${r.boundaries.total} boundaries` +
         (r.boundaries.neverHit.length ? ` (never: ${r.boundaries.neverHit.join(', ')})` : ''),
     ],
     [
