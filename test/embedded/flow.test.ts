@@ -196,6 +196,23 @@ describe('request, fulfil and release flow (dynalite + fauxqs + local processes)
     expect([...(await store.nodePlaces('meta/main')).keys()]).toEqual([]);
   });
 
+  it('places and releases a 64-node set in a pool with max-servers, every call within DynamoDB limits (issue 39)', async () => {
+    // The embedded pool's client refuses what DynamoDB would (dynamoLimits.ts): before issue 39 this set's
+    // count-up and give-back carried a 7-12 KB condition, refused, and the request ended failed.
+    h = await startHarness(baseConfig({ slots: 32, maxServers: 100 }), { maxReceiveCount: 2 });
+    const ids = Array.from({ length: 64 }, (_, i) => `set64/${i}`);
+    await h.send(request('set64', Array(64).fill('small-node')));
+    await h.drainRequests();
+    await h.fulfilUntil(() => allReady(h as Harness, ['set64']));
+    const store = h.pool.context.store;
+    expect([...(await store.nodePlaces('meta/main')).keys()].sort()).toEqual([...ids].sort());
+    await h.send({ kind: 'release', id: 'set64' });
+    await h.drainRequests();
+    expect(await store.nodePlaces('meta/main')).toEqual(new Map());
+    const released = await store.getRequest('set64');
+    expect(released?.nodes.every((n) => n.state === 'released')).toBe(true);
+  });
+
   it('holds max-servers: a pool at its limit leaves the request waiting', async () => {
     h = await startHarness(baseConfig({ slots: 4, maxServers: 2 }), { maxReceiveCount: 2 });
     for (const id of ['m1', 'm2', 'm3']) await h.send(request(id));
