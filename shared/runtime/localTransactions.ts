@@ -4,15 +4,18 @@ import {
   type CancellationReason,
   ConditionalCheckFailedException,
   DeleteItemCommand,
+  type DeleteItemCommandInput,
   DescribeTableCommand,
   type DynamoDBClient,
   GetItemCommand,
   PutItemCommand,
+  type PutItemCommandInput,
   QueryCommand,
   TransactionCanceledException,
   type TransactWriteItem,
   type TransactWriteItemsCommandInput,
   UpdateItemCommand,
+  type UpdateItemCommandInput,
 } from '@aws-sdk/client-dynamodb';
 import { ReadWriteLock } from './readWriteLock.ts';
 
@@ -261,47 +264,27 @@ function keyOf(item: Item, names: KeyNames): Item {
   return key;
 }
 
+/**
+ * A transaction's action as the single-item write it is applied as: a ConditionCheck is an update
+ * without updates (the engine evaluates its condition as for any write).
+ */
 function actionOf(t: TransactWriteItem): Action {
-  const returnOld = (x: { ReturnValuesOnConditionCheckFailure?: string }) =>
-    x.ReturnValuesOnConditionCheckFailure === 'ALL_OLD';
-  if (t.Put) {
-    const { ReturnValuesOnConditionCheckFailure: _, ...p } = t.Put;
+  for (const kind of ['Put', 'Update', 'Delete', 'ConditionCheck'] as const) {
+    const action = t[kind];
+    if (!action) continue;
+    const { ReturnValuesOnConditionCheckFailure: returned, ...write } = action;
+    const input = { ...write, ReturnConsumedCapacity: 'TOTAL' as const };
     return {
-      kind: 'Put',
-      table: p.TableName as string,
-      item: p.Item as Item,
-      returnOld: returnOld(t.Put),
-      command: () => new PutItemCommand({ ...p, ReturnConsumedCapacity: 'TOTAL' }),
-    };
-  }
-  if (t.Update) {
-    const { ReturnValuesOnConditionCheckFailure: _, ...u } = t.Update;
-    return {
-      kind: 'Update',
-      table: u.TableName as string,
-      key: u.Key as Item,
-      returnOld: returnOld(t.Update),
-      command: () => new UpdateItemCommand({ ...u, ReturnConsumedCapacity: 'TOTAL' }),
-    };
-  }
-  if (t.Delete) {
-    const { ReturnValuesOnConditionCheckFailure: _, ...d } = t.Delete;
-    return {
-      kind: 'Delete',
-      table: d.TableName as string,
-      key: d.Key as Item,
-      returnOld: returnOld(t.Delete),
-      command: () => new DeleteItemCommand({ ...d, ReturnConsumedCapacity: 'TOTAL' }),
-    };
-  }
-  if (t.ConditionCheck) {
-    const { ReturnValuesOnConditionCheckFailure: _, ...c } = t.ConditionCheck;
-    return {
-      kind: 'ConditionCheck',
-      table: c.TableName as string,
-      key: c.Key as Item,
-      returnOld: returnOld(t.ConditionCheck),
-      command: () => new UpdateItemCommand({ ...c, ReturnConsumedCapacity: 'TOTAL' }),
+      kind,
+      table: write.TableName as string,
+      ...('Item' in write ? { item: write.Item as Item } : { key: write.Key as Item }),
+      returnOld: returned === 'ALL_OLD',
+      command: () =>
+        kind === 'Put'
+          ? new PutItemCommand(input as PutItemCommandInput)
+          : kind === 'Delete'
+            ? new DeleteItemCommand(input as DeleteItemCommandInput)
+            : new UpdateItemCommand(input as UpdateItemCommandInput),
     };
   }
   throw validationError('TransactItems: an action must be one of Put, Update, Delete, ConditionCheck');

@@ -64,13 +64,7 @@ export class CapacitySets {
         ),
         ...checked.map(
           (member): Action => ({
-            ConditionCheck: {
-              TableName: this.tableName,
-              Key: placeKey(key, member),
-              ConditionExpression: '#owner = :owner',
-              ExpressionAttributeNames: { '#owner': 'owner' },
-              ExpressionAttributeValues: { ':owner': owner },
-            },
+            ConditionCheck: { TableName: this.tableName, Key: placeKey(key, member), ...heldBy(owner) },
           }),
         ),
         {
@@ -91,11 +85,10 @@ export class CapacitySets {
       let changed = false;
       for (const [i, member] of fresh.entries()) {
         if (reasons[i]?.Code !== 'ConditionalCheckFailed') continue;
+        // Held by this owner already (a retry), by another, or given back since (then asked again).
         const holder = (reasons[i]?.Item ?? (await this.place(key, member)))?.owner;
-        if (holder === undefined)
-          changed = true; // given back meanwhile: asked again
-        else if (holder === owner) mine.add(member);
-        else holders.set(member, String(holder));
+        if (holder === owner) mine.add(member);
+        else if (holder !== undefined) holders.set(member, String(holder));
         changed = true;
       }
       for (const [j, member] of checked.entries()) {
@@ -126,13 +119,7 @@ export class CapacitySets {
             Delete: {
               TableName: this.tableName,
               Key: placeKey(key, member),
-              ...(owner === undefined
-                ? { ConditionExpression: 'attribute_exists(pk)' }
-                : {
-                    ConditionExpression: '#owner = :owner',
-                    ExpressionAttributeNames: { '#owner': 'owner' },
-                    ExpressionAttributeValues: { ':owner': owner },
-                  }),
+              ...(owner === undefined ? { ConditionExpression: 'attribute_exists(pk)' } : heldBy(owner)),
             },
           }),
         ),
@@ -274,6 +261,13 @@ interface Reason {
   readonly Code: string;
   readonly Item?: Record<string, unknown>;
 }
+
+/** The condition that a place is held by `owner` (its item is there, naming it). */
+const heldBy = (owner: string) => ({
+  ConditionExpression: '#owner = :owner',
+  ExpressionAttributeNames: { '#owner': 'owner' },
+  ExpressionAttributeValues: { ':owner': owner },
+});
 
 const placePrefix = (key: Key) => `PLACE#${key.sk}#`;
 export const placeKey = (key: Key, member: string) => ({ pk: key.pk, sk: `${placePrefix(key)}${member}` });
