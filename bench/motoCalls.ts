@@ -45,9 +45,9 @@ const SLOTS = 64;
 const SAMPLES = 10;
 /** The aims of the embedded row (allocation.bench.ts AIM_CALLS_PER_ALLOCATION), for the same variants. */
 export const MOTO_AIMS: Record<string, number> = {
-  'max-servers-1000': 4,
-  'max-servers-unset': 3,
-  'min-ready-1': 8,
+  'max-servers-1000': 3,
+  'max-servers-unset': 2,
+  'min-ready-1': 7,
 };
 
 /** The same pool as bench/warmCalls.ts, its backing label on EC2 (the AWS path) instead of local processes. */
@@ -122,8 +122,20 @@ function targetOf(command: string, input: Record<string, unknown>): string {
       .filter((v) => v !== undefined);
     return `${(input.IndexName as string | undefined) ?? 'table'} ${values.join(' ')}`.trim();
   }
-  const key = (input.Key ?? input.Item) as Record<string, unknown> | undefined;
-  return key ? `${plain(key.pk) ?? '?'} / ${plain(key.sk) ?? '?'}` : '?';
+  const keyOf = (i: Record<string, unknown>) => {
+    const key = (i.Key ?? i.Item) as Record<string, unknown> | undefined;
+    return key ? `${plain(key.pk) ?? '?'} / ${plain(key.sk) ?? '?'}` : '?';
+  };
+  if (command === 'TransactWriteItems') {
+    // As bench/warmCalls.ts names one: each action's kind and item.
+    const actions = (input.TransactItems ?? []) as Record<string, Record<string, unknown>>[];
+    const items = actions.map((a) => {
+      const [kind, action] = Object.entries(a)[0] ?? ['?', {}];
+      return `${kind} ${keyOf(action)}`;
+    });
+    return `transaction of ${items.length}: ${items.join(', ')}`;
+  }
+  return keyOf(input);
 }
 
 /** Calls `onCall` after each command the client sends (an SDK middleware at `initialize`). */

@@ -9,11 +9,10 @@
  * checks that a signature is there, not what it is. The client refuses what DynamoDB would refuse for
  * breaking one of its limits, as DynamoDB does (shared/runtime/dynamoLimits.ts): dynalite does not.
  */
-import { EventEmitter } from 'node:events';
-import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { DynamoDBClient, DynamoDBClientConfig } from '@aws-sdk/client-dynamodb';
 import dynalite from 'dynalite';
 import { localDynamoClient, localEngineClientConfig, startDynalite } from '../shared/runtime/engines.ts';
+import { inProcessHandler } from '../shared/runtime/inProcessTransport.ts';
 import type { LocalTransactions } from '../shared/runtime/localTransactions.ts';
 
 export interface InProcessDynalite {
@@ -38,8 +37,7 @@ export async function startInProcessDynalite(options: { http?: boolean } = {}): 
     closeEngine = () => engine.close();
   } else {
     const server = dynalite({ createTableMs: 0, deleteTableMs: 0, updateTableMs: 0 });
-    const listener = server.listeners('request')[0] as (req: IncomingMessage, res: ServerResponse) => void;
-    transport = { endpoint: 'http://dynalite.in-process', requestHandler: inProcessHandler(listener) };
+    transport = { endpoint: 'http://dynalite.in-process', requestHandler: inProcessHandler(server) };
     closeEngine = () => new Promise<void>((resolve) => server.close(() => resolve()));
   }
   const { client, transactions } = localDynamoClient(
@@ -63,54 +61,4 @@ export async function startInProcessDynalite(options: { http?: boolean } = {}): 
       await closeEngine();
     },
   };
-}
-
-interface OutgoingRequest {
-  readonly method: string;
-  readonly path?: string;
-  readonly headers: Record<string, string>;
-  readonly body?: unknown;
-}
-
-/**
- * An SDK request handler that hands each request to dynalite's HTTP listener with a minimal request
- * (headers, method, url; the body as one `data` event) and response (statusCode, setHeader, end):
- * the part of node:http dynalite uses.
- */
-function inProcessHandler(
-  listener: (req: IncomingMessage, res: ServerResponse) => void,
-): DynamoDBClientConfig['requestHandler'] {
-  const handler = {
-    handle(request: OutgoingRequest) {
-      return new Promise((resolve) => {
-        const req = Object.assign(new EventEmitter(), {
-          method: request.method,
-          url: request.path || '/',
-          headers: Object.fromEntries(Object.entries(request.headers).map(([k, v]) => [k.toLowerCase(), v])),
-        });
-        const headers: Record<string, string> = {};
-        const res = {
-          statusCode: 200,
-          contentType: undefined as string | undefined,
-          setHeader(name: string, value: unknown) {
-            headers[name.toLowerCase()] = String(value);
-          },
-          end(body?: string) {
-            resolve({ response: { statusCode: res.statusCode, headers, body: Buffer.from(body ?? '') } });
-          },
-        };
-        listener(req as unknown as IncomingMessage, res as unknown as ServerResponse);
-        const body = request.body;
-        if (typeof body === 'string') req.emit('data', Buffer.from(body));
-        else if (body instanceof Uint8Array) {
-          req.emit('data', Buffer.from(body.buffer, body.byteOffset, body.byteLength));
-        }
-        req.emit('end');
-      });
-    },
-    updateHttpClientConfig() {},
-    httpHandlerConfigs: () => ({}),
-    destroy() {},
-  };
-  return handler as unknown as DynamoDBClientConfig['requestHandler'];
 }

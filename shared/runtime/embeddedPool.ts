@@ -134,6 +134,7 @@ export class EmbeddedPool {
       const { client: dynamodb, transactions } = localDynamoClient(
         localEngineClientConfig(ddbEngine.endpoint, REGION),
         ddbEngine.endpoint,
+        ddbEngine.inProcess,
       );
       const sqs = new SQSClient(localEngineClientConfig(sqsEngine.endpoint, REGION));
       await ensureTable(dynamodb, TABLE_NAME);

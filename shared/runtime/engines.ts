@@ -12,6 +12,7 @@ import dynalite from 'dynalite';
 import { buildApp } from 'fauxqs';
 import { tableDefinition } from '../store/table.ts';
 import { guardDynamoLimits } from './dynamoLimits.ts';
+import { inProcessHandler } from './inProcessTransport.ts';
 import { LocalTransactions } from './localTransactions.ts';
 
 /**
@@ -23,9 +24,14 @@ export interface Engine {
   close(): Promise<void>;
 }
 
+/** dynalite: also reachable without a socket from this process (inProcessTransport.ts). */
+export interface DynaliteEngine extends Engine {
+  readonly inProcess: NonNullable<DynamoDBClientConfig['requestHandler']>;
+}
+
 export async function startDynalite(
   options: { path?: string; host?: string; port?: number } = {},
-): Promise<Engine> {
+): Promise<DynaliteEngine> {
   if (options.path) await mkdir(options.path, { recursive: true });
   const server = dynalite({ path: options.path, createTableMs: 0, deleteTableMs: 0, updateTableMs: 0 });
   const host = options.host ?? '127.0.0.1';
@@ -36,6 +42,7 @@ export async function startDynalite(
   const { port } = server.address() as AddressInfo;
   return {
     endpoint: `http://${host}:${port}`,
+    inProcess: inProcessHandler(server) as NonNullable<DynamoDBClientConfig['requestHandler']>,
     close: () =>
       new Promise<void>((resolve) => {
         server.close(() => resolve());
@@ -88,19 +95,23 @@ export function localEngineClientConfig(endpoint: string, region: string) {
  * A DynamoDB client of a local dynalite as the pool uses one: what DynamoDB would refuse for breaking
  * one of its limits refused the same way (dynamoLimits.ts: dynalite enforces few of them), and
  * TransactWriteItems, which dynalite lacks, run by localTransactions.ts (its steps on a second client of
- * the same engine, destroyed with this one). `engine` names the engine: the clients of one share its lock.
+ * the same engine, destroyed with this one). `engine` names the engine: the clients of one share its lock;
+ * `steps`, how the steps reach it (an engine of this process: without a socket, DynaliteEngine.inProcess).
  */
 export function localDynamoClient(
   config: DynamoDBClientConfig,
   engine: string,
+  steps: DynamoDBClientConfig['requestHandler'] = config.requestHandler,
 ): { readonly client: DynamoDBClient; readonly transactions: LocalTransactions } {
   const client = guardDynamoLimits(new DynamoDBClient(config));
-  const steps = guardDynamoLimits(new DynamoDBClient(config));
-  const transactions = new LocalTransactions(client, steps, { engine });
+  // The steps are single-item writes of a transaction the guard has passed (and its intent, an item
+  // dynalite itself refuses past 400 KB): not guarded again.
+  const stepsClient = new DynamoDBClient({ ...config, requestHandler: steps });
+  const transactions = new LocalTransactions(client, stepsClient, { engine });
   const destroy = client.destroy.bind(client);
   client.destroy = () => {
     destroy();
-    steps.destroy();
+    stepsClient.destroy();
   };
   return { client, transactions };
 }

@@ -1,23 +1,34 @@
 import { randomUUID } from 'node:crypto';
 import {
   type AttributeValue,
-  type CancellationReason,
+  BatchGetItemCommand,
+  type BatchGetItemCommandOutput,
   ConditionalCheckFailedException,
   DeleteItemCommand,
-  type DeleteItemCommandInput,
   DescribeTableCommand,
   type DynamoDBClient,
   GetItemCommand,
   PutItemCommand,
-  type PutItemCommandInput,
   QueryCommand,
   TransactionCanceledException,
-  type TransactWriteItem,
   type TransactWriteItemsCommandInput,
-  UpdateItemCommand,
-  type UpdateItemCommandInput,
+  type UpdateItemCommand,
+  type WriteRequest,
 } from '@aws-sdk/client-dynamodb';
-import { ReadWriteLock } from './readWriteLock.ts';
+import { EngineLocks } from './engineLocks.ts';
+import {
+  type Action,
+  type Applied,
+  actionOf,
+  decodeImages,
+  encodeImages,
+  type Image,
+  type Item,
+  type KeyNames,
+  keyId,
+  keyOf,
+  validationError,
+} from './transactionParts.ts';
 
 /**
  * TransactWriteItems for an engine that has none (dynalite, the embedded pool's DynamoDB), with the
@@ -57,7 +68,7 @@ export class LocalTransactions {
    * before the error reaches the caller; false leaves the intent, as a kill does (a test of the restart).
    */
   recoverAfterCrash = true;
-  private readonly lock: ReadWriteLock;
+  private readonly locks: EngineLocks;
   private readonly keySchemas = new Map<string, Promise<KeyNames>>();
 
   constructor(
@@ -73,12 +84,19 @@ export class LocalTransactions {
       readonly engine?: string;
     } = {},
   ) {
-    this.lock = lockOf(options.engine ?? 'unnamed');
+    this.locks = locksOf(options.engine ?? 'unnamed');
     client.middlewareStack.add(
       (next, context) => async (args) => {
-        if (context.commandName === 'TransactWriteItemsCommand') {
-          const input = args.input as TransactWriteItemsCommandInput;
-          const units = await this.lock.write(() => this.run(input));
+        const command = context.commandName ?? '';
+        const input = args.input as Record<string, unknown>;
+        if (command === 'TransactWriteItemsCommand') {
+          const actions = ((input as unknown as TransactWriteItemsCommandInput).TransactItems ?? []).map(
+            actionOf,
+          );
+          if (actions.length === 0) throw validationError('TransactItems must hold at least 1 action');
+          const keys = await Promise.all(actions.map((a) => this.keyOfAction(a)));
+          const ids = actions.map((a, i) => keyId(a.table, keys[i] as Item));
+          const units = await this.locks.transaction(ids, () => this.run(actions, keys));
           const consumed =
             input.ReturnConsumedCapacity && input.ReturnConsumedCapacity !== 'NONE'
               ? {
@@ -90,7 +108,27 @@ export class LocalTransactions {
               : {};
           return { output: { $metadata: {}, ...consumed }, response: undefined } as never;
         }
-        return this.lock.read(() => next(args));
+        if (SINGLE_ITEM.has(command)) {
+          const table = String(input.TableName);
+          const key =
+            (input.Key as Item | undefined) ?? keyOf(input.Item as Item, await this.keyNames(table));
+          return this.locks.item(keyId(table, key), () => next(args));
+        }
+        if (command === 'BatchWriteItemCommand') {
+          const ids: string[] = [];
+          for (const [table, writes] of Object.entries(
+            input.RequestItems as Record<string, WriteRequest[]>,
+          )) {
+            const names = await this.keyNames(table);
+            for (const w of writes) {
+              const key = w.DeleteRequest?.Key ?? keyOf(w.PutRequest?.Item ?? {}, names);
+              ids.push(keyId(table, key));
+            }
+          }
+          return this.locks.itemsApart(ids, () => next(args));
+        }
+        if (MANY_ITEMS.has(command)) return this.locks.manyItems(() => next(args));
+        return next(args);
       },
       // After the serializer, which a DynamoDBDocumentClient's marshalling precedes: the input is DynamoDB's
       // (AttributeValues), as a step sends it again.
@@ -103,7 +141,7 @@ export class LocalTransactions {
    * intent is in the table of its first action); returns how many. Run before anything reads the table.
    */
   async recover(table: string): Promise<number> {
-    return this.lock.write(() => this.rollBackLeft(table));
+    return this.locks.recovery(() => this.rollBackLeft(table));
   }
 
   private async rollBackLeft(table: string): Promise<number> {
@@ -133,17 +171,8 @@ export class LocalTransactions {
   }
 
   /** Runs a transaction; returns the write units it consumed per table, as DynamoDB bills them (twice a write's). */
-  private async run(input: TransactWriteItemsCommandInput): Promise<Map<string, number>> {
-    const actions = (input.TransactItems ?? []).map(actionOf);
-    if (actions.length === 0) throw validationError('TransactItems must hold at least 1 action');
-    const images: Image[] = [];
-    for (const a of actions) {
-      const key = a.key ?? keyOf(a.item ?? {}, await this.keyNames(a.table));
-      const got = await this.steps.send(
-        new GetItemCommand({ TableName: a.table, Key: key, ConsistentRead: true }),
-      );
-      images.push({ table: a.table, key, ...(got.Item ? { item: got.Item } : {}) });
-    }
+  private async run(actions: readonly Action[], keys: readonly Item[]): Promise<Map<string, number>> {
+    const images = await this.beforeImages(actions, keys);
     const intentTable = actions[0]?.table as string;
     const intentKeys = await this.keyNames(intentTable);
     const intentKey = {
@@ -156,25 +185,31 @@ export class LocalTransactions {
         Item: { ...intentKey, images: { S: encodeImages(images) } },
       }),
     );
-    const reasons: CancellationReason[] = [];
+    // The actions at once (their items are distinct: none sees another's effect, as in DynamoDB, where
+    // every condition is checked against the items as they were).
+    const outcomes = await Promise.allSettled(
+      actions.map(async (a, i) => {
+        const out = await this.apply(a, images[i] as Image);
+        if (out.reason.Code === 'None') await this.afterAction?.(i);
+        return out;
+      }),
+    );
+    const thrown = outcomes.find((o) => o.status === 'rejected');
+    if (thrown) {
+      // A crash inside the transaction, or an error of the engine: rolled back from the intent in the
+      // table, as a restart does (unless a test leaves that to the restart itself).
+      if (this.recoverAfterCrash) await this.rollBackIntent(intentTable, intentKey);
+      throw thrown.reason;
+    }
+    const results = outcomes.map((o) => (o as PromiseFulfilledResult<Applied>).value);
+    const reasons = results.map((r) => r.reason);
     const units = new Map<string, number>();
-    let applied = 0;
-    try {
-      for (const [i, a] of actions.entries()) {
-        const { reason, consumed } = await this.apply(a, images[i] as Image);
-        reasons.push(reason);
-        units.set(a.table, (units.get(a.table) ?? 0) + 2 * consumed);
-        applied = i + 1;
-        await this.afterAction?.(i);
-      }
-    } catch (err) {
-      if (!this.recoverAfterCrash) throw err;
-      // A crash inside the transaction: rolled back from the intent in the table, as a restart does.
-      await this.rollBackLeft(intentTable);
-      throw err;
+    for (const [i, r] of results.entries()) {
+      const table = actions[i]?.table as string;
+      units.set(table, (units.get(table) ?? 0) + 2 * r.consumed);
     }
     const failed = reasons.some((r) => r.Code !== 'None');
-    if (failed) await this.restore(images.slice(0, applied));
+    if (failed) await this.restore(images.filter((_, i) => reasons[i]?.Code === 'None'));
     await this.steps.send(new DeleteItemCommand({ TableName: intentTable, Key: intentKey }));
     if (failed) {
       throw new TransactionCanceledException({
@@ -190,7 +225,7 @@ export class LocalTransactions {
    * One action as its single-item write, and the write units the engine says it consumed; a failed
    * condition is its reason (anything else is thrown).
    */
-  private async apply(a: Action, before: Image): Promise<{ reason: CancellationReason; consumed: number }> {
+  private async apply(a: Action, before: Image): Promise<Applied> {
     try {
       const out = await this.steps.send(a.command() as UpdateItemCommand);
       // A ConditionCheck is an update without updates, which creates a key-only item where there was none.
@@ -211,11 +246,57 @@ export class LocalTransactions {
     }
   }
 
+  /** Puts each item back as it was (deleted where there was none), all at once. */
   private async restore(images: readonly Image[]): Promise<void> {
-    for (const image of images) {
-      if (image.item) await this.steps.send(new PutItemCommand({ TableName: image.table, Item: image.item }));
-      else await this.steps.send(new DeleteItemCommand({ TableName: image.table, Key: image.key }));
+    await Promise.all(
+      images.map((image) =>
+        image.item
+          ? this.steps.send(new PutItemCommand({ TableName: image.table, Item: image.item }))
+          : this.steps.send(new DeleteItemCommand({ TableName: image.table, Key: image.key })),
+      ),
+    );
+  }
+
+  /** Each action's item as it is now (absent: none), in one consistent BatchGetItem a page at a time. */
+  private async beforeImages(actions: readonly Action[], keys: readonly Item[]): Promise<Image[]> {
+    const found = new Map<string, Item>();
+    let request: Record<string, { Keys: Item[]; ConsistentRead: true }> | undefined = {};
+    for (const [i, a] of actions.entries()) {
+      const entry = request[a.table] ?? { Keys: [], ConsistentRead: true as const };
+      entry.Keys.push(keys[i] as Item);
+      request[a.table] = entry;
     }
+    while (request && Object.keys(request).length > 0) {
+      const out: BatchGetItemCommandOutput = await this.steps.send(
+        new BatchGetItemCommand({ RequestItems: request }),
+      );
+      for (const [table, items] of Object.entries(out.Responses ?? {})) {
+        for (const item of items) {
+          const names = await this.keyNames(table);
+          found.set(keyId(table, keyOf(item, names)), item);
+        }
+      }
+      request = out.UnprocessedKeys as typeof request;
+    }
+    return actions.map((a, i) => {
+      const key = keys[i] as Item;
+      const item = found.get(keyId(a.table, key));
+      return { table: a.table, key, ...(item ? { item } : {}) };
+    });
+  }
+
+  private async keyOfAction(a: Action): Promise<Item> {
+    return a.key ?? keyOf(a.item ?? {}, await this.keyNames(a.table));
+  }
+
+  /** Rolls back one transaction from its intent (a crash inside it, in a process that lives on). */
+  private async rollBackIntent(table: string, key: Item): Promise<void> {
+    const intent = await this.steps.send(
+      new GetItemCommand({ TableName: table, Key: key, ConsistentRead: true }),
+    );
+    if (!intent.Item) return;
+    await this.restore(decodeImages(intent.Item.images?.S ?? '[]'));
+    await this.steps.send(new DeleteItemCommand({ TableName: table, Key: key }));
   }
 
   private keyNames(table: string): Promise<KeyNames> {
@@ -233,90 +314,23 @@ export class LocalTransactions {
   }
 }
 
+const SINGLE_ITEM = new Set(['GetItemCommand', 'PutItemCommand', 'UpdateItemCommand', 'DeleteItemCommand']);
+const MANY_ITEMS = new Set(['QueryCommand', 'ScanCommand', 'BatchGetItemCommand', 'TransactGetItemsCommand']);
+
 /** The partition of the intents (no pool item's partition key is without a `#`). */
 export const INTENT_PARTITION = 'LOCALTXN';
 
-type Item = Record<string, AttributeValue>;
-interface KeyNames {
-  readonly partition: string;
-  readonly sort?: string | undefined;
-}
-interface Image {
-  readonly table: string;
-  readonly key: Item;
-  readonly item?: Item;
-}
-interface Action {
-  readonly kind: 'Put' | 'Update' | 'Delete' | 'ConditionCheck';
-  readonly table: string;
-  readonly key?: Item;
-  readonly item?: Item;
-  readonly returnOld: boolean;
-  command(): PutItemCommand | UpdateItemCommand | DeleteItemCommand;
-}
-
-function keyOf(item: Item, names: KeyNames): Item {
-  const key: Item = {};
-  for (const name of [names.partition, names.sort]) {
-    const value = name === undefined ? undefined : item[name];
-    if (name !== undefined && value !== undefined) key[name] = value;
-  }
-  return key;
-}
-
 /**
- * A transaction's action as the single-item write it is applied as: a ConditionCheck is an update
- * without updates (the engine evaluates its condition as for any write).
+ * One set of locks per engine: the clients of one engine (a test may build two on one) share it. Clients
+ * that do not name their engine share one set, which only serializes more than needed.
  */
-function actionOf(t: TransactWriteItem): Action {
-  for (const kind of ['Put', 'Update', 'Delete', 'ConditionCheck'] as const) {
-    const action = t[kind];
-    if (!action) continue;
-    const { ReturnValuesOnConditionCheckFailure: returned, ...write } = action;
-    const input = { ...write, ReturnConsumedCapacity: 'TOTAL' as const };
-    return {
-      kind,
-      table: write.TableName as string,
-      ...('Item' in write ? { item: write.Item as Item } : { key: write.Key as Item }),
-      returnOld: returned === 'ALL_OLD',
-      command: () =>
-        kind === 'Put'
-          ? new PutItemCommand(input as PutItemCommandInput)
-          : kind === 'Delete'
-            ? new DeleteItemCommand(input as DeleteItemCommandInput)
-            : new UpdateItemCommand(input as UpdateItemCommandInput),
-    };
+const engines = new Map<string, EngineLocks>();
+
+function locksOf(engine: string): EngineLocks {
+  let locks = engines.get(engine);
+  if (!locks) {
+    locks = new EngineLocks();
+    engines.set(engine, locks);
   }
-  throw validationError('TransactItems: an action must be one of Put, Update, Delete, ConditionCheck');
-}
-
-const validationError = (message: string) =>
-  Object.assign(new Error(message), { name: 'ValidationException' });
-
-/** Before-images as JSON (binary values as base64, so that an image comes back as it was). */
-function encodeImages(images: readonly Image[]): string {
-  return JSON.stringify(images, (_k, v: unknown) =>
-    v instanceof Uint8Array ? { $b64: Buffer.from(v).toString('base64') } : v,
-  );
-}
-
-function decodeImages(json: string): Image[] {
-  return JSON.parse(json, (_k, v: unknown) =>
-    v && typeof v === 'object' && '$b64' in v ? new Uint8Array(Buffer.from(String(v.$b64), 'base64')) : v,
-  ) as Image[];
-}
-
-/**
- * One lock per engine: the clients of one engine (a test may build two on one) share it. Clients that do
- * not name their engine share one lock, which only serializes more than needed.
- */
-const locks = new Map<string, ReadWriteLock>();
-
-function lockOf(key: string): ReadWriteLock {
-  let lock = locks.get(key);
-  if (!lock) {
-    lock = new ReadWriteLock();
-    locks.set(key, lock);
-  }
-  return lock;
+  return locks;
 }

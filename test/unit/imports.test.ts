@@ -77,7 +77,7 @@ describe('production modules', () => {
 
   it('are found, with their imports', () => {
     expect(g.size).toBeGreaterThan(50);
-    expect(g.get('shared/runtime/localTransactions.ts')).toContain('shared/runtime/readWriteLock.ts');
+    expect(g.get('shared/runtime/localTransactions.ts')).toContain('shared/runtime/engineLocks.ts');
   });
 
   it('import no circle', () => {
