@@ -1,10 +1,10 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import { existsSync, readdirSync } from 'node:fs';
 import { createRequire } from 'node:module';
-import { createServer } from 'node:net';
 import { dirname, join } from 'node:path';
 import { DynamoDBClient } from '@aws-sdk/client-dynamodb';
 import { describe } from 'vitest';
+import { freePort } from '../shared/runtime/freePort.ts';
 import { onPath } from './onPath.ts';
 
 /**
@@ -164,18 +164,6 @@ export async function startDynamoDbLocal(): Promise<DynamoDbLocal> {
     // Another process took the port between freePort() and the bind: try another one.
     if (attempt >= 2) throw new Error(`DynamoDB Local did not start on port ${port}:\n${output.trim()}`);
   }
-}
-
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const server = createServer();
-    server.once('error', reject);
-    server.listen(0, '127.0.0.1', () => {
-      const address = server.address();
-      const port = typeof address === 'object' && address ? address.port : 0;
-      server.close(() => resolve(port));
-    });
-  });
 }
 
 /** Whether it answers HTTP (any answer: an unsigned request is refused) before it exits or 60 s pass. */
