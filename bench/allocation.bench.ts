@@ -52,6 +52,7 @@ import { type CapacityFigures, capacityReport, capacitySummary, measureCapacity 
 import { type CliFigures, cliReport, cliSummary, measureCli } from './cli.ts';
 import { fmtMs, log, quantile, round, type Summary, sleep, summarize, table, yesNo } from './common.ts';
 import { type ContentionFigures, contentionReport, measureContention } from './contention.ts';
+import { type LeaseFigures, leasesReport, leasesRows, measureLeases } from './leases.ts';
 import { type MotoCallsFigures, measureMotoCalls, motoCallsReport, motoCallsSummary } from './motoCalls.ts';
 import { measureReaper, type ReaperFigures, reaperReport, reaperSummary } from './reaper.ts';
 import { measureScale, type ScaleFigures, scaleReport } from './scale.ts';
@@ -795,6 +796,7 @@ interface Parts {
   readonly backlog: BacklogFigures;
   readonly reaper: ReaperFigures;
   readonly motoCalls: MotoCallsFigures;
+  readonly leases: LeaseFigures;
 }
 
 /**
@@ -896,6 +898,7 @@ function summaryRows(p: Parts): SummaryRow[] {
   return [
     ...warmPathRows(p.variants),
     ...motoCallsSummary(p.motoCalls),
+    ...leasesRows(p.leases),
     ...contentionRows(p.contention),
     ...scaleRows(p.scale),
     ...capacitySummary(p.capacity),
@@ -985,6 +988,7 @@ const ALONE: Record<string, AlonePart<unknown>> = {
   spares: alone({ measure: measureSpares, report: sparesReport, rows: sparesSummary }),
   reaper: alone({ measure: measureReaper, report: reaperReport, rows: reaperSummary }),
   motoCalls: alone({ measure: measureMotoCalls, report: motoCallsReport, rows: motoCallsSummary }),
+  leases: alone({ measure: measureLeases, report: leasesReport, rows: leasesRows }),
 };
 
 /** The parts named by `--only a,b` (or `--only=a,b`), or undefined for a full run. */
@@ -1092,6 +1096,7 @@ async function main(): Promise<void> {
   const backlog = await timed('backlog', () => measureBacklog(progress));
   const reaper = await timed('reaper', () => measureReaper(progress));
   const motoCalls = await timed('motoCalls', () => measureMotoCalls(progress));
+  const leases = await timed('leases', () => measureLeases(progress));
 
   console.log('');
   console.log(report(variants));
@@ -1120,6 +1125,8 @@ async function main(): Promise<void> {
   console.log(reaperReport(reaper));
   console.log('');
   console.log(motoCallsReport(motoCalls));
+  console.log('');
+  console.log(leasesReport(leases));
   const summary = summaryRows({
     variants,
     contention,
@@ -1131,6 +1138,7 @@ async function main(): Promise<void> {
     backlog,
     reaper,
     motoCalls,
+    leases,
   });
   console.log('');
   console.log('Summary (ratios measured in this one run; aims are targets, nothing is asserted)');
@@ -1177,6 +1185,7 @@ async function main(): Promise<void> {
       backlog,
       reaper,
       motoCalls,
+      leases,
       secondsByPart: seconds,
       partsMeasuredAt: Object.fromEntries(Object.keys(ALONE).map((part) => [part, new Date().toISOString()])),
       totalSeconds: round(total, 1),

@@ -92,7 +92,10 @@ export interface PoolStore {
   lapseLease(requestId: string, readExpiry: number, now: number): Promise<boolean>;
   /** Takes a request out of the lease partition if its expiry is still `readExpiry`; false otherwise. */
   dropLease(requestId: string, readExpiry: number): Promise<boolean>;
-  /** One page of the leased requests whose lease lapses before `before` (epoch ms), soonest first. */
+  /**
+   * One page of the leased requests whose lease lapses before `before` (epoch ms): the lease partitions
+   * one after another, soonest first in each.
+   */
   leasesBefore(before: number, cursor?: PageCursor): Promise<Page<RequestRecord>>;
 
   // ---- backing nodes

@@ -12,7 +12,7 @@ import type { WaitingQueue } from '../core/waitingQueue.ts';
 import {
   FREE_INDEX,
   freePartition,
-  LEASE_PARTITION,
+  leasePartitions,
   leaseSortKey,
   queuePartition,
   REAP_INDEX,
@@ -132,11 +132,27 @@ export class IndexQueries {
   }
 
   /**
-   * One page of the leased requests (LEASE partition of the free index) whose lease lapses before
-   * `before` (epoch ms), soonest first: only lapsed leases are read, never every leased request.
+   * One page of the leased requests (the LEASE partitions of the free index) whose lease lapses before
+   * `before` (epoch ms): partition by partition, soonest first in each. Only lapsed leases are read, never
+   * every leased request; the cursor says which partition and where in it.
    */
   async leasesBefore(before: number, cursor?: PageCursor): Promise<Page<RequestRecord>> {
-    return this.requestsPage(FREE_INDEX, 'f', LEASE_PARTITION, leaseSortKey(before), cursor);
+    let at: LeaseCursor = { shard: typeof cursor?.shard === 'number' ? cursor.shard : 0 };
+    if (cursor?.key) at = { ...at, key: cursor.key as PageCursor };
+    while (at.shard < leasePartitions.length) {
+      const partition = leasePartitions[at.shard] as string;
+      const page = await this.requestsPage(FREE_INDEX, 'f', partition, leaseSortKey(before), at.key);
+      const next: LeaseCursor | undefined = page.cursor
+        ? { shard: at.shard, key: page.cursor }
+        : at.shard + 1 < leasePartitions.length
+          ? { shard: at.shard + 1 }
+          : undefined;
+      // An empty page is passed over: a page comes back empty only when no partition ahead has any.
+      if (page.items.length > 0 || !next)
+        return { items: page.items, ...(next ? { cursor: { ...next } } : {}) };
+      at = next;
+    }
+    return { items: [] };
   }
 
   /**
@@ -185,4 +201,10 @@ export class IndexQueries {
     } while (input.ExclusiveStartKey);
     return items;
   }
+}
+
+/** Where a read of the LEASE partitions is: which partition, and where in it. */
+interface LeaseCursor {
+  readonly shard: number;
+  readonly key?: PageCursor;
 }

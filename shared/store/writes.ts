@@ -1,6 +1,6 @@
 import type { BackingExpectation } from '../core/poolStore.ts';
 import type { BackingRecord, Claim } from '../core/records.ts';
-import { backingIndexAttributes, LEASE_PARTITION, leaseSortKey, TTL_ATTRIBUTE } from './table.ts';
+import { backingIndexAttributes, leasePartition, leaseSortKey, TTL_ATTRIBUTE } from './table.ts';
 
 /**
  * The conditions and update expressions of the store's conditional writes, named and built here as
@@ -148,7 +148,7 @@ export function renewLeaseUpdate(
       ':now': now,
       ':one': 1,
       ':readExpiry': readExpiry,
-      ':leasePartition': LEASE_PARTITION,
+      ':leasePartition': leasePartition(requestId),
     },
   };
 }

@@ -79,6 +79,14 @@ function conformance(start: () => Promise<Engine>): () => void {
         new PutCommand({ TableName: store.tableName, Item: item }),
       );
 
+    /** Reads an item as it is stored, index attributes included. */
+    const getRaw = async (key: Record<string, unknown>) =>
+      (
+        await DynamoDBDocumentClient.from(engine.client).send(
+          new GetCommand({ TableName: store.tableName, Key: key, ConsistentRead: true }),
+        )
+      ).Item;
+
     describe('requests', () => {
       it('records a request once; a second create with the same id returns the first', async () => {
         expect(await store.createRequest(request('r1'))).toBeUndefined();
@@ -111,6 +119,44 @@ function conformance(start: () => Promise<Engine>): () => void {
         await expect(stale).rejects.toBeInstanceOf(ConflictError);
         await expect(stale).rejects.toThrow('request r1 changed since version 0');
         expect(await store.getRequest('r1')).toEqual(next);
+      });
+
+      it('reads the lapsed leases of every lease partition, a page at a time, and moves a renewed one in its own', async () => {
+        // 40 leased requests, lapsing at 10_000 + i: spread over the LEASE partitions (issue 40, defect 1).
+        const leased = Array.from({ length: 40 }, (_, i) => ({
+          ...placed(`leased-${i}`, ['ready']),
+          lease: 60,
+          leaseExpiresAt: 10_000 + i,
+        }));
+        for (const r of leased) await store.createRequest(r);
+        const lapsedBefore = async (before: number) => {
+          const ids: string[] = [];
+          let cursor: Record<string, unknown> | undefined;
+          do {
+            const page = await store.leasesBefore(before, cursor);
+            ids.push(...page.items.map((r) => r.id));
+            cursor = page.cursor;
+          } while (cursor);
+          return ids.sort();
+        };
+        expect(await lapsedBefore(10_020)).toEqual(
+          leased
+            .slice(0, 20)
+            .map((r) => r.id)
+            .sort(),
+        );
+        expect(await lapsedBefore(Number.MAX_SAFE_INTEGER)).toHaveLength(40);
+        // More than one partition holds them.
+        const partitions = new Set(
+          await Promise.all(
+            leased.map(async (r) => (await getRaw(keys.request(r.id)))?.fpk as string | undefined),
+          ),
+        );
+        expect(partitions.size).toBeGreaterThan(4);
+        // A renewal moves the request within its partition: it no longer lapses before 10_020.
+        expect(await store.renewLease('leased-0', 10_000, 60, 70_000, 9_000)).toBe(true);
+        expect(await lapsedBefore(10_020)).not.toContain('leased-0');
+        expect(await lapsedBefore(70_001)).toContain('leased-0');
       });
 
       it('releases a placed node once, in one conditional update', async () => {
