@@ -6,6 +6,7 @@ import {
 } from '../../shared/core/timing.ts';
 import { makeDeadLetterHandler, makeRequestHandler } from '../../shared/handlers/requestHandler.ts';
 import { type LambdaRuntime, lambdaRuntimeFromEnv } from '../../shared/runtime/lambdaContext.ts';
+import { comeBackIn } from '../../shared/runtime/sqsVisibility.ts';
 
 type Handle = ReturnType<typeof makeRequestHandler>;
 
@@ -29,6 +30,8 @@ export const handler = async (event: SQSEvent, context?: LambdaContext): Promise
           seconds: WAITING_BUDGET_SECONDS.aws,
           visibilitySeconds: visibilityTimeoutSeconds(FUNCTION_TIMEOUT_SECONDS.request),
         },
+        // A failed lease renewal comes back within seconds, not after the 180 s visibility timeout.
+        retrySoon: (record, seconds) => comeBackIn(rt.sqs(), record, seconds),
       }),
       deadLetters: makeDeadLetterHandler(rt.context),
     };

@@ -50,6 +50,14 @@ export const CLAIM_TAKEOVER_MS = 2 * FUNCTION_TIMEOUT_SECONDS.request * 1000;
 export const SLOT_LEASE_MS = 5 * 60_000;
 
 /**
+ * A lease renewal that failed (a throttle, a conflict that kept coming back) comes back this soon, not at
+ * the request queue's visibility timeout (180 s on AWS, three times the default 60 s lease, which would
+ * let the lease lapse under a running job): a twelfth of the default lease, so a renewal sent a third of
+ * the lease before its end (the client's cadence) has three more tries before it lapses.
+ */
+export const RENEW_RETRY_SECONDS = 5;
+
+/**
  * A pending request's deadline is launch-retries x (launch-timeout + boot-timeout) after it was placed
  * (core/pools.ts pendingTimeoutOf), plus this: time for the reaper to fail the last attempt's backing node
  * and settle its nodes (a run or two) before the request itself is called stuck.

@@ -5,6 +5,7 @@ import { withKeys } from '../core/log.ts';
 import { type ParsedMessage, parseMessage } from '../core/messages.ts';
 import { MetricName } from '../core/observability.ts';
 import type { RequestRecord } from '../core/records.ts';
+import { RENEW_RETRY_SECONDS } from '../core/timing.ts';
 import { cancelRequest } from '../usecases/cancel.ts';
 import type { Context } from '../usecases/context.ts';
 import { handOffFreedRoom } from '../usecases/handOff.ts';
@@ -42,6 +43,11 @@ export interface RequestHandlerOptions {
    * visibility timeout. Best effort: if it fails, the message comes back after the queue's timeout.
    */
   readonly backOff?: (record: SQSRecord, seconds: number) => Promise<void>;
+  /**
+   * Makes a message come back `seconds` from now (ChangeMessageVisibility): a lease renewal that failed
+   * is retried within RENEW_RETRY_SECONDS, not the queue's visibility timeout. Best effort.
+   */
+  readonly retrySoon?: (record: SQSRecord, seconds: number) => Promise<void>;
   /**
    * Where every writer of the table counts its room-freeing writes (the embedded pool): a waiting
    * request's receive skips the placement attempt when nothing was freed since its last one.
@@ -256,6 +262,7 @@ export function makeRequestHandler(context: Context, options: RequestHandlerOpti
         await endRequestOf(ctx, m, `${why} after ${receives} attempts: ${(err as Error).message}`);
         return;
       }
+      if (m.kind === 'renew') await retrySoon(ctx, record);
       ctx.log.info('message will be retried', { receives, reason: (err as Error).message });
       throw err;
     }
@@ -270,6 +277,20 @@ export function makeRequestHandler(context: Context, options: RequestHandlerOpti
         seconds,
         error: (err as Error).message,
       });
+    }
+  };
+  /** A renewal that failed comes back within seconds: its lease must not lapse waiting for it. */
+  const retrySoon = async (ctx: Context, record: SQSRecord): Promise<void> => {
+    if (!options.retrySoon) return;
+    try {
+      await options.retrySoon(record, RENEW_RETRY_SECONDS);
+    } catch (err) {
+      ctx.log.warn(
+        'could not make a failed renewal come back soon; it comes back after the visibility timeout',
+        {
+          error: (err as Error).message,
+        },
+      );
     }
   };
   return makeBatchHandler(context, recordHandler, { inOrder: true });

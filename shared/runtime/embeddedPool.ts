@@ -212,6 +212,7 @@ export class EmbeddedPool {
             ...(options.backOff === false
               ? {}
               : { backOff: (record, seconds) => keepAway(sqs, requestQueue.url, record, seconds) }),
+            // No retrySoon: the queue's own timeout (2 s) brings a failed lease renewal back sooner.
           }),
         ),
         deadLetters: thenSync(makeDeadLetterHandler(context)),

@@ -3,6 +3,7 @@ import { Metrics } from '@aws-lambda-powertools/metrics';
 import { Tracer } from '@aws-lambda-powertools/tracer';
 import { DynamoDBClient } from '@aws-sdk/client-dynamodb';
 import { EventBridgeClient } from '@aws-sdk/client-eventbridge';
+import { SQSClient } from '@aws-sdk/client-sqs';
 import { z } from 'zod';
 import { parseConfigOrThrow } from '../config/load.ts';
 import { systemClock } from '../core/clock.ts';
@@ -53,6 +54,8 @@ export interface LambdaRuntime {
   readonly env: LambdaEnv;
   /** Flushed by the entry point after each invocation (EMF). */
   readonly metrics: Metrics;
+  /** An SQS client of the function's region, made on first use (a message's visibility, rarely changed). */
+  readonly sqs: () => SQSClient;
 }
 
 /**
@@ -99,5 +102,10 @@ export function lambdaRuntimeFromEnv(raw: NodeJS.ProcessEnv = process.env): Lamb
     ec2Client: (region) => tracer.captureAWSv3Client(createEc2Client(region)),
     eventBridge: tracer.captureAWSv3Client(new EventBridgeClient({ region: env.AWS_REGION })),
   });
-  return { context, env, metrics };
+  let sqs: SQSClient | undefined;
+  const sqsClient = () => {
+    sqs ??= tracer.captureAWSv3Client(new SQSClient({ region: env.AWS_REGION }));
+    return sqs;
+  };
+  return { context, env, metrics, sqs: sqsClient };
 }

@@ -1,6 +1,8 @@
 import { afterEach, describe, expect, it } from 'vitest';
 import { LEASE_EXPIRED_REASON } from '../../shared/core/leases.ts';
 import type { PageCursor, PoolStore } from '../../shared/core/poolStore.ts';
+import { RENEW_RETRY_SECONDS } from '../../shared/core/timing.ts';
+import { makeRequestHandler } from '../../shared/handlers/requestHandler.ts';
 import { holdNode } from '../../shared/usecases/operator.ts';
 import { poolConfig, smallNode } from '../../testkit/configs.ts';
 import { type Harness, sqsEvent, startHarness } from '../../testkit/harness.ts';
@@ -140,3 +142,40 @@ async function allLeasesBefore(store: PoolStore, before: number): Promise<string
   } while (cursor);
   return ids;
 }
+
+describe('a lease renewal that fails (issue 40, defect 1)', () => {
+  it('comes back within RENEW_RETRY_SECONDS, not at the queue visibility timeout', async () => {
+    h = await startHarness(config, { maxReceiveCount: 5 });
+    await fulfilled(h, 'kept', ['small-node'], 60);
+    const ctx = h.pool.context;
+    let throttled = 1;
+    const store = new Proxy(ctx.store, {
+      get(target, prop) {
+        const value = Reflect.get(target, prop, target) as unknown;
+        if (prop !== 'renewLease' || typeof value !== 'function') return value;
+        return async (...args: unknown[]) => {
+          if (throttled-- > 0) {
+            throw Object.assign(new Error('Rate exceeded'), {
+              name: 'ProvisionedThroughputExceededException',
+            });
+          }
+          return (value as (...a: unknown[]) => Promise<unknown>).apply(target, args);
+        };
+      },
+    });
+    const comeBack: number[] = [];
+    const handle = makeRequestHandler(
+      { ...ctx, store },
+      { retrySoon: async (_record, seconds) => void comeBack.push(seconds) },
+    );
+    const body = JSON.stringify({ kind: 'renew', id: 'kept' });
+    expect((await handle(sqsEvent([body], 1))).batchItemFailures).toHaveLength(1);
+    expect(comeBack).toEqual([RENEW_RETRY_SECONDS]);
+    expect(RENEW_RETRY_SECONDS * 3).toBeLessThan(60 / 3); // three tries before a lease renewed at a third lapses
+    // Its retry renews it.
+    const before = (await ctx.store.getRequest('kept'))?.leaseExpiresAt as number;
+    h.clock.advance(1_000);
+    expect((await handle(sqsEvent([body], 2))).batchItemFailures).toEqual([]);
+    expect((await ctx.store.getRequest('kept'))?.leaseExpiresAt).toBeGreaterThan(before);
+  });
+});
