@@ -30,6 +30,20 @@ export function addRehearse(program: Command): void {
       "seconds between reaper runs (default: the deployed schedule's rate)",
       positiveSeconds('--reaper-interval'),
     )
+    .option(
+      '--concurrency <n>',
+      "invocations of the request and of the fulfil function that may run at once, each in a process of its own (default 2; at most each mapping's maxConcurrency)",
+      (v: string) => {
+        const n = Number(v);
+        if (!Number.isInteger(n) || n < 1 || n > 64)
+          throw new InvalidArgumentError('--concurrency must be a whole number from 1 to 64');
+        return n;
+      },
+    )
+    .option(
+      '--no-console-keys',
+      "leave moto's console output as it is, with no made-up SSH host-key block: rehearses an image that prints none (with host-keys: console its backing nodes fail at boot-timeout)",
+    )
     .addOption(
       new Option('--log-level <level>', "the functions' log level (their logs go to stderr)")
         .choices(['debug', 'info', 'warn', 'error'])
@@ -46,14 +60,17 @@ export function addRehearse(program: Command): void {
         'visibility timeouts), the reaper on its schedule, and the EC2 state-change events EventBridge would',
         "deliver as moto's instances change state. It prints what to type in another shell (aws sqs",
         'send-message, metastatic --stack ... status --watch, with the endpoint settings) and runs until Ctrl-C,',
-        'then stops moto (or, with --endpoint, destroys the stack). What it proves and what it cannot (IAM,',
-        'real timing, real capacity): docs/deploy.md.',
+        'then stops moto (or, with --endpoint, destroys the stack). The code it runs is the code cdk deploy',
+        "uploads (checked against its asset hashes); moto's consoles get a made-up SSH host-key block, said",
+        'to be made up (--no-console-keys: none). What it proves and what it cannot (IAM, real timing, real',
+        'capacity, your image): printed when it is up, and in docs/deploy.md.',
         '',
         'Examples:',
         "  metastatic rehearse                                  in your CDK app's directory (its cdk.json)",
         '  metastatic rehearse --app "node out/app.js" CiPool   a compiled app, one of its stacks',
         "  metastatic rehearse -c config=my-pool.yaml           this repository's app (bin/cdk.ts)",
         '  metastatic rehearse --endpoint http://localhost:5000 --reaper-interval 5 --json',
+        '  metastatic rehearse --no-console-keys               an image that prints no host keys',
       ].join('\n'),
     )
     .action(async (stack: string | undefined, opts) => {

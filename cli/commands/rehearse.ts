@@ -10,6 +10,9 @@ export interface RehearseOptions {
   readonly endpoint?: string;
   readonly port?: number;
   readonly reaperInterval?: number;
+  readonly concurrency?: number;
+  /** False with --no-console-keys. */
+  readonly consoleKeys?: boolean;
   readonly logLevel: LogLevel;
   readonly json?: boolean;
 }
@@ -58,6 +61,8 @@ export async function rehearse(stack: string | undefined, opts: RehearseOptions)
       ...(opts.endpoint ? { endpoint: opts.endpoint } : {}),
       ...(opts.port !== undefined ? { port: opts.port } : {}),
       ...(opts.reaperInterval !== undefined ? { reaperInterval: opts.reaperInterval } : {}),
+      ...(opts.concurrency !== undefined ? { concurrency: opts.concurrency } : {}),
+      consoleHostKeys: opts.consoleKeys !== false,
       logLevel: opts.logLevel,
       onEvent,
       onFunctionOutput: (role, line) => process.stderr.write(terminalText(`[${role}] ${line}\n`)),
@@ -106,9 +111,41 @@ export function parseContext(pairs: readonly string[]): Record<string, string> {
   return context;
 }
 
+/**
+ * What the rehearsal running now shows, and what it cannot (docs/deploy.md has the whole table): said
+ * when it is up, so nobody takes a rehearsal for more than it is (issue 40, defect 7).
+ */
+export function rehearsalScope(r: Rehearsal): { proves: string[]; cannotProve: string[] } {
+  const short = (name: string) => `${name.slice(0, 'asset.'.length + 12)}…`;
+  const { verified, problems } = r.assets;
+  return {
+    proves: [
+      "the app synthesizes, and its template deploys through CloudFormation (moto's) with the CDK CLI",
+      problems.length === 0
+        ? `the functions run the code cdk deploy uploads, unchanged: ${verified.map(short).join(', ')} (each hashes to its name), your configuration in it as written`
+        : `NOT that the functions run the code cdk deploy uploads: ${problems.join('; ')}`,
+      "the stack's wiring: queues, dead-letter queues, the EC2 rule and its state filter, the schedule, the outputs `metastatic --stack` reads",
+      `that code serving requests end to end against moto's APIs (launch, events, readiness, release, the reaper), up to ${r.concurrency} invocation(s) of a function at once`,
+      r.network.ids.size === 0
+        ? "your configuration launches what it says through EC2's API"
+        : "your configuration launches what it says through EC2's API (moto holds your subnets, groups and images under its own ids; the rehearsal's EC2 proxy translates)",
+    ],
+    cannotProve: [
+      r.proxy.consoleHostKeys
+        ? "that your image prints its SSH host keys: moto's consoles print none, so the rehearsal adds a made-up block (marked as such); nodes carry that key, and nothing answers SSH with it"
+        : "anything about host keys: moto's consoles print none and none is added (--no-console-keys), so with host-keys: console every backing node fails at boot-timeout, as with an image that prints none",
+      'IAM: moto evaluates no policy (roles, queue and key policies, iam:PassRole)',
+      `what moto's CloudFormation skips: ${r.pool.notCreated.join(', ') || 'nothing'}`,
+      "real EC2: timing (moto launches and terminates at once), capacity, quotas, spot interruptions, the network (moto's instances are records, not machines)",
+      `Lambda itself: its pollers and scaling past ${r.concurrency} at once, Node.js 24 (this runs Node.js ${process.versions.node})`,
+    ],
+  };
+}
+
 /** What `--json` prints once the pool is up, and the text version's content. */
 export function readyReport(r: Rehearsal) {
-  const env = motoClientEnv(r.moto.endpoint, r.region);
+  // EC2 through the rehearsal's proxy, as the functions call it: your configuration's ids, not moto's.
+  const env = { ...motoClientEnv(r.moto.endpoint, r.region), AWS_ENDPOINT_URL_EC2: r.proxy.endpoint };
   const label = [...r.config.metastaticLabelNames][0] ?? 'LABEL';
   const request = JSON.stringify({ kind: 'request', id: 'try-1', labels: [label], requestor: 'me' });
   const release = JSON.stringify({ kind: 'release', nodeId: 'try-1/0' });
@@ -128,8 +165,16 @@ export function readyReport(r: Rehearsal) {
     functions: Object.fromEntries(
       Object.entries(r.pool.functions).map(([role, fn]) => [role, fn.functionName]),
     ),
+    /** Invocations of the request or fulfil function at once (each a process); the reaper's: one. */
+    concurrency: r.concurrency,
+    /** `made-up`: a host-key block the rehearsal adds to moto's consoles; `none`: --no-console-keys. */
+    consoleHostKeys: r.proxy.consoleHostKeys ? ('made-up' as const) : ('none' as const),
+    /** The functions' code directories checked against their asset hashes, and what could not be. */
+    assets: { verified: r.assets.verified, problems: r.assets.problems },
     network: Object.fromEntries(r.network.ids),
+    ec2Endpoint: r.proxy.endpoint,
     notCreated: r.pool.notCreated,
+    ...rehearsalScope(r),
     env,
     commands: [
       `export ${Object.entries(env)
@@ -154,7 +199,17 @@ function readyText(ready: ReturnType<typeof readyReport>): string {
     `  functions       ${Object.values(ready.functions).join(', ')}: run here, fed by their queues; the reaper every ${ready.reaperInterval} s`,
     '                  (a line for each run that does something);',
     "                  EC2's state-change events sent as moto's instances change state",
+    `  concurrency     up to ${ready.concurrency} invocation(s) of the request and of the fulfil function at once (--concurrency)`,
+    ready.consoleHostKeys === 'made-up'
+      ? "  host keys       MADE UP: moto's consoles print none, so the rehearsal adds a host-key block to each (--no-console-keys: none)"
+      : "  host keys       none on moto's consoles (--no-console-keys): with host-keys: console, backing nodes fail at boot-timeout",
+    `  EC2 endpoint    ${ready.ec2Endpoint} (the functions': your configuration's ids, moto's behind)`,
     `  not created     ${ready.notCreated.join(', ') || 'none'} (moto skips these types)`,
+    '',
+    'What this rehearsal proves:',
+    ...ready.proves.map((line) => `  - ${line}`),
+    'What it cannot prove (docs/deploy.md, Rehearse offline):',
+    ...ready.cannotProve.map((line) => `  - ${line}`),
     '',
     'Try it from another shell:',
     `  ${exportLine}`,

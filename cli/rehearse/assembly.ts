@@ -1,13 +1,15 @@
-import { chmodSync, existsSync, readFileSync, writeFileSync } from 'node:fs';
-import { join } from 'node:path';
+import { existsSync, readFileSync, writeFileSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { basename, join } from 'node:path';
 import { FUNCTION_CONFIG_FILE } from '../../shared/runtime/functionConfig.ts';
 import { STACK_OUTPUTS } from '../../shared/runtime/stackOutputs.ts';
 import { RehearsalError } from './errors.ts';
 
 /**
- * What the rehearsal reads from (and, for moto, changes in) the cloud assembly `cdk synth` wrote: the
- * stacks with their environments and templates, which of them hold a pool (the outputs MetastaticPool
- * publishes), the functions' code directories and the configuration shipped in them.
+ * What the rehearsal reads from the cloud assembly `cdk synth` wrote (and, for moto, changes in its
+ * templates, never in the functions' code): the stacks with their environments and templates, which of
+ * them hold a pool (the outputs MetastaticPool publishes), the functions' code directories, the
+ * configuration shipped in them, and whether that code is what its asset hash names.
  */
 
 type Json = Record<string, unknown>;
@@ -122,7 +124,7 @@ export function functionCode(dir: string, template: Template): FunctionCode[] {
   return out;
 }
 
-/** The pool configuration shipped with the functions (metastatic.yaml beside each bundle). */
+/** The pool configuration shipped with the functions (metastatic.yaml beside each bundle), never changed here. */
 export function shippedConfig(dir: string, template: Template): { text: string; files: string[] } {
   const files = functionCode(dir, template)
     .map((f) => join(f.codeDir, FUNCTION_CONFIG_FILE))
@@ -132,12 +134,50 @@ export function shippedConfig(dir: string, template: Template): { text: string; 
   return { text: readFileSync(first, 'utf8'), files };
 }
 
-/** Rewrites the configuration shipped with every function (0644, as the construct writes it). */
-export function replaceShippedConfig(files: readonly string[], text: string): void {
-  for (const file of files) {
-    writeFileSync(file, text);
-    chmodSync(file, 0o644);
+/** What verifyAssetHashes found. */
+export interface AssetCheck {
+  /** The code directories (`asset.<hash>`) whose content hashes to their name. */
+  readonly verified: readonly string[];
+  /** Those that could not be checked or do not match, each with the reason. */
+  readonly problems: readonly string[];
+}
+
+/**
+ * Checks that each code directory is what `cdk deploy` uploads under its asset hash: the functions'
+ * assets are hashed by their output (AssetHashType.OUTPUT, lib/poolFunction.ts), CDK's fingerprint of
+ * the directory, so a directory whose content still fingerprints to the hash in its name is byte for
+ * byte what synth wrote and what CDK publishes. The fingerprint is computed with the app's aws-cdk-lib
+ * (else this package's), as CDK computes it; without one the check is reported as not made.
+ */
+export function verifyAssetHashes(codeDirs: readonly string[], searchFrom: readonly string[]): AssetCheck {
+  let fileSystem: { fingerprint(dir: string, options: object): string } | undefined;
+  for (const base of searchFrom) {
+    try {
+      fileSystem = (
+        createRequire(join(base, 'noop.js'))('aws-cdk-lib/core') as { FileSystem: typeof fileSystem }
+      ).FileSystem;
+      break;
+    } catch {
+      // not installed there
+    }
   }
+  const verified: string[] = [];
+  const problems: string[] = [];
+  for (const dir of [...new Set(codeDirs)]) {
+    const name = basename(dir);
+    const hash = /^asset\.([0-9a-f]{64})$/.exec(name)?.[1];
+    if (!fileSystem) {
+      problems.push(`${name}: not checked (no aws-cdk-lib found to compute the fingerprint)`);
+    } else if (hash === undefined) {
+      problems.push(`${name}: not an asset directory named by its hash`);
+    } else {
+      // As AssetStaging fingerprints a bundled asset's output (its default exclusion included).
+      const fingerprint = fileSystem.fingerprint(dir, { exclude: ['.is_custom_resource'] });
+      if (fingerprint === hash) verified.push(name);
+      else problems.push(`${name}: its content hashes to ${fingerprint}, not to its name`);
+    }
+  }
+  return { verified, problems };
 }
 
 /**

@@ -14,11 +14,12 @@ import type { ResolvedConfig } from '../../shared/config/model.ts';
 import { packageRoot } from '../packageInfo.ts';
 import {
   type AssemblyStack,
+  type AssetCheck,
   choosePoolStack,
   patchTemplateForMoto,
   readAssembly,
-  replaceShippedConfig,
   shippedConfig,
+  verifyAssetHashes,
   writeTemplate,
 } from './assembly.ts';
 import { findCdkCli, runCdk } from './cdkCli.ts';
@@ -27,13 +28,7 @@ import { RehearsalError } from './errors.ts';
 import { deleteLeftover, LEFTOVER_STATES, stackStatus } from './leftoverStacks.ts';
 import { motoClientConfig, motoEnv } from './motoEnv.ts';
 import { connectMotoServer, type MotoServer, motoAccount, startMotoServer } from './motoServer.ts';
-import {
-  awsLabelSettings,
-  createNetwork,
-  mapConfigText,
-  type RehearsalNetwork,
-  reachabilityWarnings,
-} from './network.ts';
+import { awsLabelSettings, createNetwork, type RehearsalNetwork, reachabilityWarnings } from './network.ts';
 import type { RehearsalEvent, RehearsalOptions } from './rehearsalOptions.ts';
 
 const TOOLKIT_STACK = 'CDKToolkit';
@@ -58,14 +53,17 @@ export interface DeployedApp {
   readonly config: ResolvedConfig;
   readonly network: RehearsalNetwork;
   readonly pool: DeployedPool;
+  /** Whether the functions' code is what `cdk deploy` uploads under its asset hash (verifyAssetHashes). */
+  readonly assets: AssetCheck;
   readonly cdkCli: string;
   readonly clients: RehearsalClients;
 }
 
 /**
  * Starts moto (or checks the one given), synthesizes the app (or copies its assembly), makes in moto what
- * its configuration names, patches the templates for moto, bootstraps and deploys as `cdk deploy` would,
- * and describes the pool deployed. The reaper schedule's target is removed: moto would fail every
+ * its configuration names, patches the templates for moto (never the functions' code), bootstraps and
+ * deploys as `cdk deploy` would, describes the pool deployed and checks its functions' code against
+ * their asset hashes. The reaper schedule's target is removed: moto would fail every
  * PutEvents on it, and the rehearsal plays the schedule itself. On failure, moto (when started here) is
  * stopped and the work directory removed.
  */
@@ -162,14 +160,18 @@ export async function deployApp(options: RehearsalOptions): Promise<DeployedApp>
       cfn: new CloudFormationClient(clientConfig),
     };
 
-    // What the configuration names in the account, made in moto.
+    // What the configuration names in the account, made in moto. The functions' code is left as synth
+    // wrote it: their EC2 calls go through the rehearsal's proxy, which translates the ids (ec2Proxy.ts).
     started = Date.now();
     const network = await createNetwork(clients.ec2, config);
-    if (network.ids.size > 0) replaceShippedConfig(shipped.files, mapConfigText(shipped.text, network.ids));
     emit({
       type: 'step',
       step: 'network',
-      message: `made in moto what the configuration names: ${network.made.join('; ') || 'nothing'}`,
+      message:
+        `made in moto what the configuration names: ${network.made.join('; ') || 'nothing'}` +
+        (network.made.length > 0
+          ? " (moto's own ids: the functions' EC2 calls go through the rehearsal's EC2 proxy, which names them by your configuration's ids)"
+          : ''),
       ms: Date.now() - started,
     });
     for (const warning of reachabilityWarnings(config, inVpc)) emit({ type: 'warning', message: warning });
@@ -212,12 +214,36 @@ export async function deployApp(options: RehearsalOptions): Promise<DeployedApp>
       assemblyDir,
       stack.template,
     );
+    // The code the functions run: what cdk deploy uploaded under each asset's hash, unchanged.
+    const assets = verifyAssetHashes(
+      Object.values(pool.functions).map((f) => f.codeDir),
+      [cwd, packageRoot()],
+    );
+    for (const problem of assets.problems) {
+      emit({
+        type: 'warning',
+        message: `the functions' code is not verified as what cdk deploy uploads: ${problem}`,
+      });
+    }
     // The schedule is played here; moto would fail every PutEvents on its Lambda target.
     const targets = await clients.events.send(new ListTargetsByRuleCommand({ Rule: pool.schedule.ruleName }));
     const ids = (targets.Targets ?? []).map((t) => t.Id as string);
     if (ids.length > 0)
       await clients.events.send(new RemoveTargetsCommand({ Rule: pool.schedule.ruleName, Ids: ids }));
-    return { moto, account, region, workDir, assemblyDir, stack, config, network, pool, cdkCli, clients };
+    return {
+      moto,
+      account,
+      region,
+      workDir,
+      assemblyDir,
+      stack,
+      config,
+      network,
+      pool,
+      assets,
+      cdkCli,
+      clients,
+    };
   } catch (err) {
     await moto.stop();
     rmSync(workDir, { recursive: true, force: true });

@@ -6,7 +6,7 @@ import {
 } from '@aws-sdk/client-sqs';
 import type { SQSBatchResponse, SQSEvent } from 'aws-lambda';
 import type { EventSource } from './deployed.ts';
-import type { FunctionProcess } from './lambdaRuntime.ts';
+import type { Invoker } from './lambdaRuntime.ts';
 
 /** What one delivery of a mapping did. */
 export interface Delivery {
@@ -30,7 +30,7 @@ export class QueueMapping {
 
   constructor(
     private readonly sqs: SQSClient,
-    readonly fn: FunctionProcess,
+    readonly fn: Invoker,
     readonly source: EventSource,
     private readonly region: string,
   ) {}

@@ -4,12 +4,14 @@ import { fileURLToPath } from 'node:url';
 import type { DeployedFunction } from './deployed.ts';
 
 /**
- * The deployed functions run as Lambda runs them, on this machine: each in its own Node process (a warm
- * container, lambdaWorker.ts) with the environment CloudFormation gave it (as moto's Lambda keeps it)
- * plus what the Lambda runtime sets, loading the bundle CDK deployed (its code directory in the
- * assembly) once. One invocation at a time per function (Lambda would run several containers). An
- * invocation that outlives the function's timeout is ended as Lambda ends it: the process is killed and
- * the invocation fails; the next one starts a new process (a cold start).
+ * The deployed functions run as Lambda runs them, on this machine: each container a Node process of its
+ * own (lambdaWorker.ts) with the environment CloudFormation gave it (as moto's Lambda keeps it) plus what
+ * the Lambda runtime sets, loading the bundle CDK deployed (its code directory in the assembly) once. A
+ * container runs one invocation at a time (FunctionProcess); a function has up to `--concurrency` of them
+ * (FunctionPool), started as invocations overlap, where Lambda would scale to each mapping's
+ * maxConcurrency or the account's limit. An invocation that outlives the function's timeout is ended as
+ * Lambda ends it: the process is killed and the invocation fails; the next one starts a new process (a
+ * cold start).
  */
 
 const FROM_SOURCES = import.meta.url.endsWith('.ts');
@@ -38,7 +40,62 @@ interface Pending {
   readonly reject: (err: Error) => void;
 }
 
-export class FunctionProcess {
+/** What invokes a function: one container (FunctionProcess) or several (FunctionPool). */
+export interface Invoker {
+  readonly fn: DeployedFunction;
+  invoke<T = unknown>(event: unknown): Promise<T>;
+  stop(graceMs?: number): Promise<void>;
+}
+
+/**
+ * A function's containers: up to `size` FunctionProcesses, each running one invocation at a time. An
+ * invocation goes to an idle container, else to a new one while there are fewer than `size`, else waits
+ * behind the container with the fewest invocations (as Lambda throttles past a mapping's concurrency).
+ */
+export class FunctionPool implements Invoker {
+  private readonly containers: FunctionProcess[] = [];
+  private readonly load = new Map<FunctionProcess, number>();
+  /** The most containers seen busy at once: invocations that ran at the same time. */
+  peak = 0;
+
+  constructor(
+    readonly fn: DeployedFunction,
+    readonly size: number,
+    private readonly container: () => FunctionProcess,
+  ) {
+    if (!Number.isInteger(size) || size < 1)
+      throw new Error(`a function has 1 container or more, not ${size}`);
+  }
+
+  /** Containers started so far. */
+  get started(): number {
+    return this.containers.length;
+  }
+
+  async invoke<T = unknown>(event: unknown): Promise<T> {
+    const load = (c: FunctionProcess) => this.load.get(c) ?? 0;
+    let chosen = this.containers.find((c) => load(c) === 0);
+    if (!chosen && this.containers.length < this.size) {
+      chosen = this.container();
+      this.containers.push(chosen);
+    }
+    chosen ??= this.containers.reduce((a, b) => (load(b) < load(a) ? b : a));
+    const c = chosen;
+    this.load.set(c, load(c) + 1);
+    this.peak = Math.max(this.peak, this.containers.filter((x) => load(x) > 0).length);
+    try {
+      return await c.invoke<T>(event);
+    } finally {
+      this.load.set(c, load(c) - 1);
+    }
+  }
+
+  async stop(graceMs?: number): Promise<void> {
+    await Promise.all(this.containers.map((c) => c.stop(graceMs)));
+  }
+}
+
+export class FunctionProcess implements Invoker {
   private child: ChildProcess | undefined;
   private ready: Promise<void> | undefined;
   private readonly pending = new Map<number, Pending>();

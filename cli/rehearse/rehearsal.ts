@@ -6,13 +6,13 @@ import type { ResolvedConfig } from '../../shared/config/model.ts';
 import { StateChangeDetailType } from '../../shared/core/stateChanges.ts';
 import { TAG_POOL } from '../../shared/providers/aws/runInstancesRequest.ts';
 import type { ReapReport } from '../../shared/usecases/reapReport.ts';
-import type { AssemblyStack } from './assembly.ts';
+import type { AssemblyStack, AssetCheck } from './assembly.ts';
 import { runCdk } from './cdkCli.ts';
 import { deployApp, type RehearsalClients } from './deployApp.ts';
 import type { DeployedPool, PoolFunctionRole } from './deployed.ts';
-import { Ec2ConsoleProxy } from './ec2Console.ts';
+import { Ec2Proxy } from './ec2Proxy.ts';
 import { type Delivery, QueueMapping, scheduledEvent, stateChanges } from './eventSources.ts';
-import { FunctionProcess, lambdaWorkerScript } from './lambdaRuntime.ts';
+import { FunctionPool, FunctionProcess, lambdaWorkerScript } from './lambdaRuntime.ts';
 import { motoEnv } from './motoEnv.ts';
 import type { MotoServer } from './motoServer.ts';
 import type { RehearsalNetwork } from './network.ts';
@@ -26,10 +26,11 @@ import type { RehearsalEvent, RehearsalOptions } from './rehearsalOptions.ts';
  * deliver when moto's instances change state.
  *
  * moto is not AWS, and everything done here to bridge the two is in this module and the ones beside it
- * (the deploy itself in deployApp.ts):
+ * (the deploy itself in deployApp.ts). The functions' code is never changed: it is checked against its
+ * asset hashes (assembly.ts verifyAssetHashes), so what runs is what `cdk deploy` uploads.
  * - moto cannot make a resource with a given id: the subnets, security groups, images and launch
- *   templates the configuration names are made in moto with its ids, and the configuration shipped in
- *   the rehearsal's copy of the functions' code names those (network.ts);
+ *   templates the configuration names are made in moto with its ids (network.ts), and the functions'
+ *   EC2 endpoint is a proxy that translates between those and the configuration's (ec2Proxy.ts);
  * - its CloudFormation creates no CloudWatch alarm, and refuses the dashboard's references to them: they
  *   become the ARNs the alarms would have, in the rehearsal's copy of the template (assembly.ts);
  * - a deploy through a change set leaves the stack without outputs: `--method=direct`; a stack a failed
@@ -38,13 +39,19 @@ import type { RehearsalEvent, RehearsalOptions } from './rehearsalOptions.ts';
  * - its Lambda creates the functions and mappings but runs nothing (no containers): this process runs
  *   them (lambdaRuntime.ts, eventSources.ts); it matches a schedule rule against every event put on the
  *   bus, then fails on its Lambda target: the schedule's target is removed and the schedule played here;
- * - its EC2 publishes no event and prints no host keys on the console: both are played here (the events
- *   put on the default bus, where the deployed rule routes them; the console by ec2Console.ts);
+ * - its EC2 publishes no event and prints no host keys on the console: the events are played here (put
+ *   on the default bus, where the deployed rule routes them); the proxy adds a host-key block, made up
+ *   and announced as such, to each console output unless `consoleHostKeys` is false (ec2Proxy.ts);
+ * - Lambda runs a function's invocations in as many containers as its mappings' concurrency allows:
+ *   here a function has up to `concurrency` processes (2 by default; the reaper 1, run by the schedule
+ *   played here one run at a time) and each mapping as many pollers, at most its maxConcurrency;
  * - services are told apart by host name: endpoints use `localhost`, not 127.0.0.1.
  */
 
 const POLL_WAIT_SECONDS = 2;
 const EC2_LOOK_MS = 1_000;
+/** Invocations of a function at once, by default (`--concurrency`). */
+export const DEFAULT_CONCURRENCY = 2;
 
 export class Rehearsal {
   private running = false;
@@ -66,49 +73,62 @@ export class Rehearsal {
     readonly config: ResolvedConfig,
     readonly network: RehearsalNetwork,
     readonly pool: DeployedPool,
+    readonly assets: AssetCheck,
     private readonly cdkCli: string,
-    private readonly proxy: Ec2ConsoleProxy,
-    readonly functions: Readonly<Record<PoolFunctionRole, FunctionProcess>>,
+    readonly proxy: Ec2Proxy,
+    readonly functions: Readonly<Record<PoolFunctionRole, FunctionPool>>,
     readonly mappings: readonly QueueMapping[],
     private readonly clients: RehearsalClients,
   ) {}
 
   /** Deploys the app to moto (deployApp.ts) and starts its functions' processes: ready to run. */
   static async start(options: RehearsalOptions): Promise<Rehearsal> {
+    const concurrency = options.concurrency ?? DEFAULT_CONCURRENCY;
+    if (!Number.isInteger(concurrency) || concurrency < 1)
+      throw new Error(`concurrency: a whole number of 1 or more, not ${concurrency}`);
     const app = await deployApp(options);
-    const { moto, account, region, workDir, assemblyDir, stack, config, network, pool, cdkCli, clients } =
-      app;
+    const { moto, account, region, workDir, assemblyDir, stack, config, network, pool, assets } = app;
+    const { cdkCli, clients } = app;
     try {
-      const proxy = await Ec2ConsoleProxy.start(moto.endpoint);
+      const proxy = await Ec2Proxy.start({
+        motoEndpoint: moto.endpoint,
+        ids: network.ids,
+        consoleHostKeys: options.consoleHostKeys ?? true,
+      });
       const script = await lambdaWorkerScript();
       const functions = Object.fromEntries(
         (
           Object.entries(pool.functions) as Array<[PoolFunctionRole, DeployedPool['functions']['request']]>
         ).map(([role, fn]) => [
           role,
-          new FunctionProcess(
+          new FunctionPool(
             fn,
-            script,
-            motoEnv(moto.endpoint, region, {
-              // What the Lambda runtime sets (AWS_EXECUTION_ENV is left out: it would turn X-Ray tracing on).
-              AWS_LAMBDA_FUNCTION_NAME: fn.functionName,
-              AWS_LAMBDA_FUNCTION_MEMORY_SIZE: String(fn.memorySize),
-              AWS_LAMBDA_FUNCTION_VERSION: '$LATEST',
-              LAMBDA_TASK_ROOT: fn.codeDir,
-              _HANDLER: fn.handler,
-              METASTATIC_REHEARSAL_FUNCTION_ARN: fn.functionArn,
-              POWERTOOLS_LOG_LEVEL: (options.logLevel ?? 'warn').toUpperCase(),
-              // The metrics would be EMF lines in the log, read by nothing here.
-              POWERTOOLS_METRICS_DISABLED: 'true',
-              ...fn.environment,
-              // The functions' EC2 calls go through the console proxy (host keys on the console).
-              AWS_ENDPOINT_URL_EC2: proxy.endpoint,
-              ...(options.childEnv ?? {}),
-            }),
-            (line) => options.onFunctionOutput?.(role, line),
+            role === 'reaper' ? 1 : concurrency,
+            () =>
+              new FunctionProcess(
+                fn,
+                script,
+                motoEnv(moto.endpoint, region, {
+                  // What the Lambda runtime sets (AWS_EXECUTION_ENV is left out: it would turn X-Ray tracing on).
+                  AWS_LAMBDA_FUNCTION_NAME: fn.functionName,
+                  AWS_LAMBDA_FUNCTION_MEMORY_SIZE: String(fn.memorySize),
+                  AWS_LAMBDA_FUNCTION_VERSION: '$LATEST',
+                  LAMBDA_TASK_ROOT: fn.codeDir,
+                  _HANDLER: fn.handler,
+                  METASTATIC_REHEARSAL_FUNCTION_ARN: fn.functionArn,
+                  POWERTOOLS_LOG_LEVEL: (options.logLevel ?? 'warn').toUpperCase(),
+                  // The metrics would be EMF lines in the log, read by nothing here.
+                  POWERTOOLS_METRICS_DISABLED: 'true',
+                  ...fn.environment,
+                  // The functions' EC2 calls go through the proxy (ids translated, host keys on the console).
+                  AWS_ENDPOINT_URL_EC2: proxy.endpoint,
+                  ...(options.childEnv ?? {}),
+                }),
+                (line) => options.onFunctionOutput?.(role, line),
+              ),
           ),
         ]),
-      ) as Record<PoolFunctionRole, FunctionProcess>;
+      ) as Record<PoolFunctionRole, FunctionPool>;
       const mappings = (['request', 'fulfil'] as const).flatMap((role) =>
         pool.functions[role].eventSources.map(
           (s) => new QueueMapping(clients.sqs, functions[role], s, region),
@@ -125,6 +145,7 @@ export class Rehearsal {
         config,
         network,
         pool,
+        assets,
         cdkCli,
         proxy,
         functions,
@@ -253,19 +274,31 @@ export class Rehearsal {
     return this.options.reaperInterval ?? this.pool.schedule.seconds ?? 60;
   }
 
+  /** Invocations of the request or fulfil function that may run at once (the reaper's: one). */
+  get concurrency(): number {
+    return this.functions.request.size;
+  }
+
+  /** How many pollers feed a mapping: the concurrency, at most the mapping's maxConcurrency. */
+  pollers(mapping: QueueMapping): number {
+    return Math.max(1, Math.min(this.concurrency, mapping.source.maxConcurrency ?? this.concurrency));
+  }
+
   /** Runs the mappings, the schedule and the EC2 events until `stop`. */
   run(): void {
     if (this.running) return;
     this.running = true;
     for (const mapping of this.mappings) {
       const role = mapping.fn === this.functions.request ? 'request' : 'fulfil';
-      this.loops.push(
-        this.loop(async () => {
-          // A short long-poll rather than an abort signal: `stop` waits at most this long for a receive.
-          const d = await mapping.deliverOnce(POLL_WAIT_SECONDS);
-          if (d.records > 0) this.reportDelivery(role, mapping, d);
-        }),
-      );
+      for (let i = 0; i < this.pollers(mapping); i++) {
+        this.loops.push(
+          this.loop(async () => {
+            // A short long-poll rather than an abort signal: `stop` waits at most this long for a receive.
+            const d = await mapping.deliverOnce(POLL_WAIT_SECONDS);
+            if (d.records > 0) this.reportDelivery(role, mapping, d);
+          }),
+        );
+      }
     }
     this.loops.push(
       this.loop(async () => {

@@ -18,6 +18,16 @@ export interface RehearsalOptions {
   readonly port?: number;
   /** Seconds between reaper runs (default: the deployed schedule's rate). */
   readonly reaperInterval?: number;
+  /**
+   * Invocations of one function that may run at once, each in a container (process) of its own; a
+   * mapping polls with at most this many pollers, and no more than its maxConcurrency (default 2).
+   */
+  readonly concurrency?: number;
+  /**
+   * Add a made-up SSH host-key block to moto's console output (default true); false rehearses an image
+   * that prints none (with `host-keys: console`, backing nodes then fail at boot-timeout).
+   */
+  readonly consoleHostKeys?: boolean;
   /** The functions' log level (POWERTOOLS_LOG_LEVEL; default warn). */
   readonly logLevel?: LogLevel;
   /** More environment for the CDK CLI and the functions' processes. */

@@ -2,6 +2,8 @@ import { composeUserData, userDataBytes } from '../providers/aws/userData.ts';
 import { type EBS_VOLUME_TYPES, MAX_USERDATA_BYTES } from './awsSchema.ts';
 import { DEFAULT_AWS_USERNAME, PER_SLOT_USERNAME, PER_SLOT_USERNAME_PATTERN } from './contractFields.ts';
 import { MAX_PARALLEL_JOBS, MAX_VOLUME_SIZE } from './fields.ts';
+import type { FunctionsNetwork } from './networkRules.ts';
+import { consoleOutputSupport } from './nitro.ts';
 import { asRecord, formatPath, type PathIssue, type PathSegment } from './paths.ts';
 
 /**
@@ -197,4 +199,79 @@ export function checkAwsUserData(
     });
   });
   return issues;
+}
+
+/** What checkConsoleHostKeys finds: errors, and warnings (ResolvedConfig.notices). */
+export interface ConsoleHostKeyIssues {
+  readonly errors: PathIssue[];
+  readonly warnings: PathIssue[];
+}
+
+const CONSOLE_FIXES =
+  'use an instance type built on the Nitro system (5th generation and later: m5, c6g, r7i, ...; t3, t4g), ' +
+  "host-keys: scan with a network path to the instances (the functions in the instances' VPC, or " +
+  'public-ipv4: true), or host-keys: none (docs/aws.md, Host keys)';
+
+/**
+ * `host-keys: console` (the label's, else the pool's; unset, it is the default where the functions cannot
+ * reach the instances) needs GetConsoleOutput's `Latest`, which only the Nitro hypervisor supports
+ * (nitro.ts): an instance type certainly not Nitro is an error at the type, one not known here a
+ * warning. Refused rather than warned because such a pool cannot work as configured: EC2 gives a Xen
+ * instance's console only as it buffered it at a state change, the block cloud-init prints after boot
+ * may not be in it within boot-timeout, and each backing node would then fail with its instance
+ * launched for nothing, as for a scan without a network path (networkRules.ts); the fixes cost
+ * nothing. An unset host-keys counts only when `network` says where the functions run (synth and
+ * `metastatic validate` give it); without it only an explicit `console` is checked.
+ */
+export function checkConsoleHostKeys(data: unknown, network?: FunctionsNetwork): ConsoleHostKeyIssues {
+  const out: ConsoleHostKeyIssues = { errors: [], warnings: [] };
+  const providers = asRecord(data)?.providers;
+  if (!Array.isArray(providers)) return out;
+  providers.forEach((rawProvider, pi) => {
+    const provider = asRecord(rawProvider);
+    if (provider?.driver !== 'aws' || !Array.isArray(provider.pools)) return;
+    provider.pools.forEach((rawPool, qi) => {
+      const pool = asRecord(rawPool);
+      if (!pool || !Array.isArray(pool.labels)) return;
+      pool.labels.forEach((rawLabel, li) => {
+        const label = asRecord(rawLabel);
+        if (!label) return;
+        const own = label['host-keys'] ?? pool['host-keys'];
+        const byDefault =
+          own === undefined &&
+          network !== undefined &&
+          !network.functionsInVpc &&
+          pool['public-ipv4'] !== true;
+        if (own !== 'console' && !byDefault) return;
+        const why = byDefault
+          ? "host-keys: console (the default: the functions cannot reach the instances) reads the keys from the console output with GetConsoleOutput's Latest"
+          : "host-keys: console reads the keys from the console output with GetConsoleOutput's Latest";
+        const labelPath: PathSegment[] = ['providers', pi, 'pools', qi, 'labels', li];
+        const types: Array<[unknown, PathSegment[]]> = Array.isArray(label['instance-types'])
+          ? label['instance-types'].map((t, ti) => [t, [...labelPath, 'instance-types', ti]])
+          : [[label['instance-type'], [...labelPath, 'instance-type']]];
+        for (const [type, path] of types) {
+          if (typeof type !== 'string' || type === '') continue;
+          const support = consoleOutputSupport(type);
+          if (support === 'buffered') {
+            out.errors.push({
+              path,
+              message:
+                `${type} is not built on the Nitro system, and ${why}, which only Nitro instances support: ` +
+                `EC2 gives its console output only as buffered at a state change, which may not show the host keys within boot-timeout, failing every backing node; ${CONSOLE_FIXES}`,
+            });
+          } else if (support === 'unknown') {
+            out.warnings.push({
+              path,
+              message:
+                `${type} is not known here to be built on the Nitro hypervisor, and ${why}, which only Nitro instances support: ` +
+                "if it is not (aws ec2 describe-instance-types --instance-types <type> --query 'InstanceTypes[].Hypervisor' says), " +
+                'its backing nodes may fail at boot-timeout waiting for the keys',
+            });
+          }
+        }
+      });
+    });
+  });
+  return out;
 }

@@ -6,6 +6,7 @@
 import { readFile } from 'node:fs/promises';
 import { type Document, isMap, isNode, isScalar, isSeq, LineCounter, parseDocument, visit } from 'yaml';
 import type { z } from 'zod';
+import { checkConsoleHostKeys } from './awsRules.ts';
 import { DRIVERS } from './fields.ts';
 import type { ResolvedConfig } from './model.ts';
 import { checkFunctionsNetwork, type FunctionsNetwork } from './networkRules.ts';
@@ -95,6 +96,8 @@ export function parseConfig(text: string, fileName: string, network?: FunctionsN
   }
   issues.push(...checkConfigRules(data));
   if (network) issues.push(...checkFunctionsNetwork(data, network));
+  const consoleKeys = checkConsoleHostKeys(data, network);
+  issues.push(...consoleKeys.errors);
 
   if (!parsed.success || issues.length > 0) {
     const seen = new Set<string>();
@@ -115,7 +118,10 @@ export function parseConfig(text: string, fileName: string, network?: FunctionsN
     );
     return { ok: false, errors };
   }
-  return { ok: true, config: resolveConfig(parsed.data), raw: parsed.data };
+  const config = resolveConfig(parsed.data);
+  if (consoleKeys.warnings.length === 0) return { ok: true, config, raw: parsed.data };
+  const warnings = consoleKeys.warnings.map((w) => ({ path: formatPath(w.path), message: w.message }));
+  return { ok: true, config: { ...config, notices: [...config.notices, ...warnings] }, raw: parsed.data };
 }
 
 /**

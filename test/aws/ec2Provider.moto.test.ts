@@ -659,9 +659,12 @@ describeWithMoto('EC2 provider contract against moto_server', () => {
     const p = provider({}, { [LABEL]: imageLabel() });
     // moto's own InvalidInstanceID.NotFound.
     expect(await p.reportedHostKeys('i-0123456789abcdef0')).toEqual({ kind: 'none' });
+    proxy.clear();
     proxy.fail({ action: 'GetConsoleOutput', code: 'UnauthorizedOperation', times: 2 });
     const err = await rejection(p.reportedHostKeys('i-0123456789abcdef0'));
     expect(err.message).toMatch(/^GetConsoleOutput i-0123456789abcdef0 failed: UnauthorizedOperation/);
+    // Not asked again without Latest: only a refusal of Latest is (issue 40, defect 4).
+    expect(proxy.requests.filter((r) => r.action === 'GetConsoleOutput')).toHaveLength(1);
   });
 });
 

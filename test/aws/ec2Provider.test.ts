@@ -1293,3 +1293,31 @@ describe('reportedHostKeys: the host keys cloud-init printed to the console', ()
     expect(sleeps).toEqual([750]);
   });
 });
+
+describe('reportedHostKeys: Latest, and asking again without it (issue 40, defect 4)', () => {
+  const calls = (fake: FakeEc2) =>
+    fake.mock.commandCalls(GetConsoleOutputCommand).map((c) => c.args[0].input.Latest ?? '-');
+
+  it('asks again without Latest only when EC2 refuses Latest (an instance not built on Nitro)', async () => {
+    const { fake, provider } = setup({ fake: { bootDelayMs: 0 } });
+    const { resourceId } = await provider.launch(spec());
+    fake.mock.on(GetConsoleOutputCommand).callsFake((input: { Latest?: boolean }) => {
+      if (input.Latest) throw ec2Error('UnsupportedOperation', 'The requested operation is not supported.');
+      return { InstanceId: resourceId };
+    });
+    expect(await provider.reportedHostKeys(resourceId)).toEqual({ kind: 'none' });
+    expect(calls(fake)).toEqual([true, '-']);
+  });
+
+  it('does not ask again for any other refusal: a missing permission fails with one call', async () => {
+    for (const code of ['UnauthorizedOperation', 'AuthFailure', 'IncorrectState', 'OptInRequired']) {
+      const { fake, provider } = setup({ fake: { bootDelayMs: 0 } });
+      const { resourceId } = await provider.launch(spec());
+      fake.mock.on(GetConsoleOutputCommand).rejects(ec2Error(code, `no: ${code}`));
+      await expect(provider.reportedHostKeys(resourceId), code).rejects.toThrow(
+        `GetConsoleOutput ${resourceId} failed: ${code}: no: ${code}`,
+      );
+      expect(calls(fake), code).toEqual([true]);
+    }
+  });
+});

@@ -1262,6 +1262,112 @@ describe('a network path from the functions to the instances (issue 22, defect 7
   });
 });
 
+describe('host-keys: console needs an instance type with the latest console output (issue 40, defect 4)', () => {
+  /** An aws pool with one label of the given type(s), and a metastatic label on it. */
+  const text = (o: { types: string; awsPool?: string; awsLabel?: string; publicIpv4?: boolean }) =>
+    dedent(`
+      providers:
+        - name: ec2
+          driver: aws
+          region: eu-west-1
+          pools:
+            - name: main
+              subnet-id: subnet-1
+              public-ipv4: ${o.publicIpv4 ?? false}
+              ${o.awsPool ?? 'max-servers: 10'}
+              labels:
+                - { name: big, ${o.types}, image-id: ami-1${o.awsLabel ? `, ${o.awsLabel}` : ''} }
+        - name: meta
+          driver: metastatic
+          pools:
+            - name: main
+              labels:
+                - { name: small, backing-label: big }
+    `);
+  const outside = { functionsInVpc: false };
+
+  it('refuses a type certainly not built on Nitro (Xen) with host-keys: console, at the type, naming the fixes', () => {
+    const errors = errorsOf(
+      parseConfig(text({ types: 'instance-type: t2.large', awsLabel: 'host-keys: console' }), 'pool.yaml'),
+    );
+    expect(errors.map((e) => [e.path, e.line])).toEqual([
+      ['providers[0].pools[0].labels[0].instance-type', 11],
+    ]);
+    expect(errors[0]?.message).toMatch(
+      /^t2\.large is not built on the Nitro system, and host-keys: console reads the keys from the console output with GetConsoleOutput's Latest, which only Nitro instances support: EC2 gives its console output only as buffered at a state change, which may not show the host keys within boot-timeout, failing every backing node; use an instance type built on the Nitro system .*host-keys: scan with a network path .*or host-keys: none/,
+    );
+    // Each type of a list is checked, at its index; the pool's host-keys counts too.
+    const listed = errorsOf(
+      parseConfig(
+        text({ types: 'instance-types: [m7i.large, c4.xlarge, m4.large]', awsPool: 'host-keys: console' }),
+        'pool.yaml',
+      ),
+    );
+    expect(listed.map((e) => e.path)).toEqual([
+      'providers[0].pools[0].labels[0].instance-types[1]',
+      'providers[0].pools[0].labels[0].instance-types[2]',
+    ]);
+  });
+
+  it('refuses it where console is the default (the functions cannot reach the instances), once that is known', () => {
+    const errors = errorsOf(parseConfig(text({ types: 'instance-type: m4.large' }), 'pool.yaml', outside));
+    expect(errors.map((e) => e.path)).toEqual(['providers[0].pools[0].labels[0].instance-type']);
+    expect(errors[0]?.message).toContain(
+      'host-keys: console (the default: the functions cannot reach the instances)',
+    );
+    // The default is scan with a network path, and unknown without a deployment to check against.
+    ok(parseConfig(text({ types: 'instance-type: m4.large' }), 'pool.yaml', { functionsInVpc: true }));
+    ok(parseConfig(text({ types: 'instance-type: m4.large', publicIpv4: true }), 'pool.yaml', outside));
+    ok(parseConfig(text({ types: 'instance-type: m4.large' }), 'pool.yaml'));
+    // Other host-keys sources need no console.
+    ok(
+      parseConfig(
+        text({ types: 'instance-type: m4.large', awsLabel: 'host-keys: none' }),
+        'pool.yaml',
+        outside,
+      ),
+    );
+    ok(
+      parseConfig(
+        text({
+          types: 'instance-type: m4.large',
+          awsPool: 'host-keys: console',
+          awsLabel: 'host-keys: none',
+        }),
+        'pool.yaml',
+        outside,
+      ),
+    );
+  });
+
+  it('accepts Nitro types without a word, and warns of a type it does not know to be Nitro', () => {
+    for (const type of [
+      'm7i.large',
+      'c5.xlarge',
+      't3.micro',
+      't4g.small',
+      'p3dn.24xlarge',
+      'x2iedn.xlarge',
+      'c8g.large',
+    ]) {
+      expect(
+        ok(parseConfig(text({ types: `instance-type: ${type}` }), 'pool.yaml', outside)).notices,
+        type,
+      ).toEqual([]);
+    }
+    const config = ok(
+      parseConfig(text({ types: 'instance-types: [m7i.large, i3.metal, zz9.large]' }), 'pool.yaml', outside),
+    );
+    expect(config.notices.map((n) => n.path)).toEqual([
+      'providers[0].pools[0].labels[0].instance-types[1]',
+      'providers[0].pools[0].labels[0].instance-types[2]',
+    ]);
+    expect(config.notices[1]?.message).toMatch(
+      /^zz9\.large is not known here to be built on the Nitro hypervisor, .*describe-instance-types --instance-types <type> --query 'InstanceTypes\[\]\.Hypervisor'/,
+    );
+  });
+});
+
 describe('what a configuration puts in a record or a launch is bounded (issue 22, defect 8)', () => {
   /** A local label with `attributes`, a metastatic pool with `node-attributes`, an aws label with `aws`. */
   const config = (o: { attributes?: unknown; nodeAttributes?: unknown; aws?: Obj } = {}): Obj => ({

@@ -4,11 +4,15 @@ import { dirname, join, relative, resolve } from 'node:path';
 import type { Command } from 'commander';
 import { describe, expect, it } from 'vitest';
 import { buildProgram } from '../../cli/program.ts';
+import { loadConfigOrThrow } from '../../shared/config/load.ts';
+import { BEGIN_KEYS } from '../../shared/providers/aws/consoleHostKeys.ts';
+import { composeUserData, poolCloudConfig } from '../../shared/providers/aws/userData.ts';
+import { ED25519_KEY } from '../../testkit/sshKeys.ts';
 
 /**
  * The documentation checked against the tree and the code: every relative link in the Markdown resolves
- * (to a file, and to a heading when it names one), and docs/cli.md documents exactly the commands and
- * options the CLI defines.
+ * (to a file, and to a heading when it names one), docs/cli.md documents exactly the commands and
+ * options the CLI defines, and docs/deploy.md's image requirements name what the pool's user data uses.
  */
 
 const ROOT = resolve(import.meta.dirname, '..', '..');
@@ -142,5 +146,45 @@ describe('docs/cli.md', () => {
   it('documents the global options', () => {
     const documented = [...tableRows(doc, 'Option').keys()].flatMap(optionsIn);
     expect(documented.sort()).toEqual(longOptions(program).sort());
+  });
+});
+
+describe("docs/deploy.md's What your image needs (issue 40, defect 8)", () => {
+  const deploy = readFileSync(join(ROOT, 'docs', 'deploy.md'), 'utf8');
+  const section = /\n### What your image needs\n([\s\S]*?)(?=\n#{1,3} )/.exec(deploy)?.[1] ?? '';
+  /** The top-level keys of a cloud-config document. */
+  const topLevelKeys = (yaml: string) => [...yaml.matchAll(/^([a-z_]+):/gm)].map((m) => m[1] as string);
+
+  it('is there, and the Prerequisites point to it rather than asking only for sshd', () => {
+    expect(section.length).toBeGreaterThan(500);
+    expect(deploy).toContain('[What your image needs](#what-your-image-needs)');
+    expect(deploy).not.toMatch(/an AMI that runs sshd/);
+  });
+
+  it('names every cloud-config key the user data the pool generates relies on, and the console host-key block', () => {
+    const keys = [ED25519_KEY];
+    const generated = [
+      poolCloudConfig(keys),
+      poolCloudConfig(keys, { username: 'zuul', slots: 2 }),
+      composeUserData({ own: '#!/bin/sh\ntrue\n', authorizedKeys: keys }) ?? '',
+    ].join('\n');
+    const used = [...new Set(topLevelKeys(generated))].sort();
+    expect(used).toEqual(['merge_how', 'runcmd', 'ssh_authorized_keys', 'users']);
+    for (const key of used) expect(section, key).toContain(`\`${key}\``);
+    expect(section).toContain(BEGIN_KEYS);
+    // The pool's own user data never turns the key block off (a label's own userdata could: named).
+    for (const off of ['emit_keys_to_console', 'ssh_key_console_blacklist']) {
+      expect(generated).not.toContain(off);
+      expect(section).toContain(off);
+    }
+    // What the image must also be and have: the default user, a Nitro type, the time the block takes.
+    for (const needed of ['default user', 'Nitro', 'boot-timeout: 300', 'useradd', 'sshd']) {
+      expect(section, needed).toContain(needed);
+    }
+  });
+
+  it("is what examples/aws.yaml does: its boot-timeout leaves time for the console's host keys", async () => {
+    const config = await loadConfigOrThrow(join(ROOT, 'examples', 'aws.yaml'));
+    expect(config.metastaticPools.map((p) => p.bootTimeout)).toEqual([300]);
   });
 });

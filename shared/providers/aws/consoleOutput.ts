@@ -3,16 +3,31 @@ import { RetryableError } from '../../core/errors.ts';
 import type { ReportedHostKeys } from '../../core/provider.ts';
 import { MAX_CONSOLE_CHARS, parseConsoleHostKeys } from './consoleHostKeys.ts';
 import { type CallPolicy, ec2Call, type RetryBudget } from './ec2Calls.ts';
-import { classifyEc2Error, describeEc2Error } from './ec2Errors.ts';
+import { classifyEc2Error, describeEc2Error, ec2ErrorCode } from './ec2Errors.ts';
 
 /** MAX_CONSOLE_CHARS as base64: a multiple of 4, so the end of a longer answer decodes whole. */
 const MAX_CONSOLE_BASE64 = Math.ceil(MAX_CONSOLE_CHARS / 3) * 4;
 
 /**
+ * The error codes with which EC2 refuses `Latest` itself (an instance not built on the Nitro system):
+ * an unsupported operation, or a parameter it does not take (the call's only other parameter is the
+ * instance id, whose errors are InvalidInstanceID.*). Only these are asked again without `Latest`: a
+ * missing permission, an opt-in or a state error would be refused again (issue 40, defect 4).
+ */
+export const LATEST_REFUSED_CODES: ReadonlySet<string> = new Set([
+  'UnsupportedOperation',
+  'InvalidParameterCombination',
+  'InvalidParameterValue',
+  'InvalidParameter',
+]);
+
+/**
  * The SSH host keys cloud-init printed to the instance's serial console (consoleHostKeys.ts parses them),
  * read with GetConsoleOutput. `Latest: true` reads the console as it is now, which Nitro instances
- * support; others refuse it, and are asked again without it (the output EC2 buffered at the last state
- * change, which can be minutes late). An instance EC2 does not know (yet) has no keys yet.
+ * support; others refuse it (LATEST_REFUSED_CODES), and are asked again without it (the output EC2
+ * buffered at the last state change, which can be minutes late: validation refuses `host-keys: console`
+ * on the instance types known not to be Nitro, shared/config/nitro.ts). Any other error is not asked
+ * again. An instance EC2 does not know (yet) has no keys yet.
  */
 export async function readConsoleHostKeys(
   client: EC2Client,
@@ -30,7 +45,7 @@ export async function readConsoleHostKeys(
   try {
     output = (
       await read(true).catch((err: unknown) => {
-        if (err instanceof RetryableError || classifyEc2Error(err) !== 'other') throw err;
+        if (err instanceof RetryableError || !LATEST_REFUSED_CODES.has(ec2ErrorCode(err))) throw err;
         return read(false); // not a Nitro instance: no `Latest`
       })
     ).Output;

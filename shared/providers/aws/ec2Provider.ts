@@ -326,8 +326,8 @@ export class Ec2Provider implements BackingProvider {
   /**
    * The SSH host keys cloud-init printed to the instance's serial console (consoleHostKeys.ts), read
    * with GetConsoleOutput. `Latest: true` reads the console as it is now, which Nitro instances support;
-   * others refuse it, and are asked again without it (the output EC2 buffered at the last state change,
-   * which can be minutes late). An instance EC2 does not know (yet) has no keys yet: the caller's
+   * others refuse it, and only that refusal is asked again without it (the output EC2 buffered at the
+   * last state change, which can be minutes late; consoleOutput.ts). An instance EC2 does not know (yet) has no keys yet: the caller's
    * boot-timeout bounds the wait.
    */
   async reportedHostKeys(resourceId: string, within?: Deadline): Promise<ReportedHostKeys> {
