@@ -23,7 +23,10 @@
  *   8. one reaper run's wall time and calls at 2,000 backing nodes over 50 capacity sets vs 20, with
  *      DynamoDB and EC2 latency simulated (bench/reaper.ts);
  *   9. the warm path's DynamoDB calls on the AWS path: the request function's handler on moto_server,
- *      counted per allocation and compared call by call with the embedded pool's (bench/motoCalls.ts).
+ *      counted per allocation and compared call by call with the embedded pool's (bench/motoCalls.ts);
+ *  10. the seconds from an EC2 instance's host keys showing in its console output to its backing node
+ *      ready, on the simulated EC2 (bench/boot.ts), and one reaper run during a scale-up of 500
+ *      launching backing nodes (bench/reaper.ts, `scaleUp`).
  * Each part's wall time is printed when it ends and kept in results.json (secondsByPart).
  * Prints the tables and a summary, and writes everything to bench/results.json.
  */
@@ -47,6 +50,7 @@ import { guardDynamoLimits } from '../shared/runtime/dynamoLimits.ts';
 import { EmbeddedPool, REGION, TABLE_NAME } from '../shared/runtime/embeddedPool.ts';
 import { backingItem, FREE_INDEX, keys, requestItem } from '../shared/store/table.ts';
 import { type BacklogFigures, backlogReport, backlogSummary, measureBacklog } from './backlog.ts';
+import { type BootFigures, bootReport, bootSummary, measureBoot } from './boot.ts';
 import { type BundlesFigures, bundlesReport, measureBundles } from './bundles.ts';
 import { type CapacityFigures, capacityReport, capacitySummary, measureCapacity } from './capacity.ts';
 import { type CliFigures, cliReport, cliSummary, measureCli } from './cli.ts';
@@ -54,7 +58,16 @@ import { fmtMs, log, quantile, round, type Summary, sleep, summarize, table, yes
 import { type ContentionFigures, contentionReport, measureContention } from './contention.ts';
 import { type LeaseFigures, leasesReport, leasesRows, measureLeases } from './leases.ts';
 import { type MotoCallsFigures, measureMotoCalls, motoCallsReport, motoCallsSummary } from './motoCalls.ts';
-import { measureReaper, type ReaperFigures, reaperReport, reaperSummary } from './reaper.ts';
+import {
+  measureReaper,
+  measureScaleUp,
+  type ReaperFigures,
+  reaperReport,
+  reaperSummary,
+  type ScaleUpFigures,
+  scaleUpReport,
+  scaleUpSummary,
+} from './reaper.ts';
 import { measureScale, type ScaleFigures, scaleReport } from './scale.ts';
 import { measureSpares, type SparesFigures, sparesReport, sparesSummary } from './spares.ts';
 import { configYaml } from './warmCalls.ts';
@@ -797,6 +810,8 @@ interface Parts {
   readonly reaper: ReaperFigures;
   readonly motoCalls: MotoCallsFigures;
   readonly leases: LeaseFigures;
+  readonly boot: BootFigures;
+  readonly scaleUp: ScaleUpFigures;
 }
 
 /**
@@ -907,6 +922,8 @@ function summaryRows(p: Parts): SummaryRow[] {
     ...sparesSummary(p.spares),
     ...backlogSummary(p.backlog),
     ...reaperSummary(p.reaper),
+    ...scaleUpSummary(p.scaleUp),
+    ...bootSummary(p.boot),
   ];
 }
 
@@ -989,6 +1006,8 @@ const ALONE: Record<string, AlonePart<unknown>> = {
   reaper: alone({ measure: measureReaper, report: reaperReport, rows: reaperSummary }),
   motoCalls: alone({ measure: measureMotoCalls, report: motoCallsReport, rows: motoCallsSummary }),
   leases: alone({ measure: measureLeases, report: leasesReport, rows: leasesRows }),
+  boot: alone({ measure: measureBoot, report: bootReport, rows: bootSummary }),
+  scaleUp: alone({ measure: measureScaleUp, report: scaleUpReport, rows: scaleUpSummary }),
 };
 
 /** The parts named by `--only a,b` (or `--only=a,b`), or undefined for a full run. */
@@ -1097,6 +1116,8 @@ async function main(): Promise<void> {
   const reaper = await timed('reaper', () => measureReaper(progress));
   const motoCalls = await timed('motoCalls', () => measureMotoCalls(progress));
   const leases = await timed('leases', () => measureLeases(progress));
+  const scaleUp = await timed('scaleUp', () => measureScaleUp(progress));
+  const boot = await timed('boot', () => measureBoot(progress));
 
   console.log('');
   console.log(report(variants));
@@ -1127,6 +1148,10 @@ async function main(): Promise<void> {
   console.log(motoCallsReport(motoCalls));
   console.log('');
   console.log(leasesReport(leases));
+  console.log('');
+  console.log(scaleUpReport(scaleUp));
+  console.log('');
+  console.log(bootReport(boot));
   const summary = summaryRows({
     variants,
     contention,
@@ -1139,6 +1164,8 @@ async function main(): Promise<void> {
     reaper,
     motoCalls,
     leases,
+    boot,
+    scaleUp,
   });
   console.log('');
   console.log('Summary (ratios measured in this one run; aims are targets, nothing is asserted)');
@@ -1186,6 +1213,8 @@ async function main(): Promise<void> {
       reaper,
       motoCalls,
       leases,
+      scaleUp,
+      boot,
       secondsByPart: seconds,
       partsMeasuredAt: Object.fromEntries(Object.keys(ALONE).map((part) => [part, new Date().toISOString()])),
       totalSeconds: round(total, 1),

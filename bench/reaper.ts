@@ -41,8 +41,13 @@ import { parseConfigOrThrow } from '../shared/config/load.ts';
 import type { ResolvedConfig } from '../shared/config/model.ts';
 import { ManualClock } from '../shared/core/clock.ts';
 import { nodeId, ownerToken } from '../shared/core/ids.ts';
-import type { BackingProvider, BackingResource, LaunchSpec } from '../shared/core/provider.ts';
-import type { BackingRecord } from '../shared/core/records.ts';
+import type {
+  BackingProvider,
+  BackingResource,
+  LaunchSpec,
+  ReportedHostKeys,
+} from '../shared/core/provider.ts';
+import type { BackingRecord, RequestRecord } from '../shared/core/records.ts';
 import { type Deadline, deadlineOf, FUNCTION_TIMEOUT_SECONDS, invocationFor } from '../shared/core/timing.ts';
 import { DESCRIBE_BATCH_SIZE, LIST_PAGE_SIZE } from '../shared/providers/aws/ec2Provider.ts';
 import { TERMINATE_BATCH_SIZE } from '../shared/providers/aws/terminateInstances.ts';
@@ -75,6 +80,12 @@ export const REAPER = {
   aimSeconds: FUNCTION_TIMEOUT_SECONDS.reaper / 2,
   /** Capacity sets filled at once (distinct sets: they do not contend). */
   fillConcurrency: 8,
+  /**
+   * The scale-up case (issue 40, defect 3): as many backing nodes, this many of them launching, each for
+   * a node, its instance running and its host keys not in its console output yet (every check reads it:
+   * one GetConsoleOutput); and requests whose client lease lapsed, on ready backing nodes.
+   */
+  scaleUp: { backingNodes: 2_000, launching: 500, lapsedLeases: 20 },
 } as const;
 
 const DAY = 24 * 3_600_000;
@@ -206,6 +217,12 @@ class Ec2Latency implements BackingProvider {
     await this.calls('DescribeInstances', Math.max(1, Math.ceil(all.length / LIST_PAGE_SIZE)));
     return all;
   }
+
+  /** A console output with no host keys yet (cloud-init prints them a minute or more after boot). */
+  async reportedHostKeys(): Promise<ReportedHostKeys> {
+    await this.calls('GetConsoleOutput', 1);
+    return { kind: 'none' };
+  }
 }
 
 interface Fleet {
@@ -216,12 +233,24 @@ interface Fleet {
   readonly fillSeconds: number;
 }
 
+/**
+ * How a fleet is made besides its size: how many launching (default REAPER.launchingShare of it), whether
+ * their instances run already and each holds a node (a scale-up: the default is a moment after the
+ * launch, pending and empty), and how many ready nodes' requests have a client lease that lapsed.
+ */
+interface FleetShape {
+  readonly launching?: number;
+  readonly scaleUp?: boolean;
+  readonly lapsedLeases?: number;
+}
+
 /** One fleet of `n` backing nodes on its own table (see the file's comment). */
 async function buildFleet(
   engine: Awaited<ReturnType<typeof startInProcessDynalite>>,
   config: ResolvedConfig,
   n: number,
   tableName: string,
+  shape: FleetShape = {},
 ): Promise<Fleet> {
   const t0 = performance.now();
   const clock = new ManualClock(Date.now());
@@ -245,7 +274,8 @@ async function buildFleet(
     log,
   };
   const idle = Math.max(1, Math.round(n * REAPER.idleShare));
-  const launching = Math.max(1, Math.round(n * REAPER.launchingShare));
+  const launching = shape.launching ?? Math.max(1, Math.round(n * REAPER.launchingShare));
+  const leased: RequestRecord[] = [];
   const records: BackingRecord[] = [];
   /** Node places per metastatic pool, and backing places per backing pool. */
   const nodePlaces = new Map<string, string[]>();
@@ -268,10 +298,36 @@ async function buildFleet(
       label: `large-${pad(p)}`,
       slots: REAPER.slots,
     });
-    if (kind !== 'launching') sim.boot(resourceId);
-    const used = kind === 'ready' ? 1 + (i % REAPER.slots) : 0;
+    if (kind !== 'launching' || shape.scaleUp) sim.boot(resourceId);
+    const used = kind === 'ready' ? 1 + (i % REAPER.slots) : kind === 'launching' && shape.scaleUp ? 1 : 0;
     const slotMap: Record<string, string> = {};
     for (let s = 0; s < used; s++) slotMap[String(s)] = nodeId(`req-${id}-${s}`, 0);
+    if (kind === 'ready' && leased.length < (shape.lapsedLeases ?? 0)) {
+      // Slot 0's node: its request's client lease lapsed a moment ago (the reaper releases it).
+      leased.push({
+        id: `req-${id}-0`,
+        labels: [`small-${pad(p)}`],
+        bodyHash: 'bench',
+        state: 'fulfilled',
+        poolKey: meta.key,
+        createdAt: now - 600_000,
+        updatedAt: now - 600_000,
+        version: 1,
+        nodes: [
+          {
+            id: nodeId(`req-${id}-0`, 0),
+            label: `small-${pad(p)}`,
+            state: 'ready',
+            backingNodeId: id,
+            slot: 0,
+            host: `10.${Math.floor(i / 250) % 250}.${i % 250}.1`,
+            port: 22,
+          },
+        ],
+        lease: 60,
+        leaseExpiresAt: now - 1_000,
+      });
+    }
     nodePlaces.set(meta.key, [...(nodePlaces.get(meta.key) ?? []), ...Object.values(slotMap)]);
     backingPlaces.set(backing.key, [...(backingPlaces.get(backing.key) ?? []), id]);
     const base = {
@@ -337,6 +393,7 @@ async function buildFleet(
   await inParallel(sets, REAPER.fillConcurrency, async ([set, ids]) => {
     await holdPlaces(doc, tableName, store.capacity, set, ids, () => owner);
   });
+  for (const r of leased) await store.createRequest(r);
   const count = (k: BackingRecord['state'], used?: boolean) =>
     records.filter((b) => b.state === k && (used === undefined || b.used > 0 === used)).length;
   return {
@@ -353,19 +410,20 @@ async function buildFleet(
   };
 }
 
-/** One measured run on a fleet: latency on, calls counted. */
+/** One measured run on a fleet: latency on, calls counted; `ctx` replaces parts of the fleet's context. */
 async function measureRun(
   fleet: Fleet,
   dynamodb: Map<string, number>,
   setSlow: (on: boolean) => void,
   deadline: Deadline | undefined,
+  ctx: Partial<Context> = {},
 ): Promise<{ seconds: number; report: ReapReport; calls: RunCalls }> {
   dynamodb.clear();
   fleet.ec2.byApi.clear();
   fleet.ec2.on = true;
   setSlow(true);
   const t0 = performance.now();
-  const report = await reap({ ...fleet.ctx, ...(deadline ? { deadline } : {}) });
+  const report = await reap({ ...fleet.ctx, ...ctx, ...(deadline ? { deadline } : {}) });
   const seconds = (performance.now() - t0) / 1000;
   setSlow(false);
   fleet.ec2.on = false;
@@ -460,6 +518,140 @@ export async function measureReaper(progress: (line: string) => void = () => {})
   }
 }
 
+/** The scale-up case's figures (issue 40, defect 3). */
+export interface ScaleUpFigures {
+  readonly dynamodbMs: number;
+  readonly ec2Ms: number;
+  readonly functionTimeoutSeconds: number;
+  readonly backingNodes: number;
+  readonly launching: number;
+  readonly idle: number;
+  readonly lapsedLeases: number;
+  /** Wall time of the run, seconds, with the function's deadline (one real invocation). */
+  readonly seconds: number;
+  readonly stepSeconds: Record<string, number>;
+  readonly calls: RunCalls;
+  /** Launching backing nodes checked this run (one GetConsoleOutput each). */
+  readonly checked: number;
+  readonly retired: number;
+  readonly stopped: number;
+  readonly leasesExpired: number;
+  readonly errors: number;
+  readonly deferred: number;
+  readonly fillSeconds: number;
+  readonly aimSeconds: number;
+  /** Within the aim, with every idle backing node retired and every lapsed lease ended in the run. */
+  readonly aimMet: boolean;
+}
+
+/**
+ * One reaper run during a scale-up (issue 40, defect 3): REAPER.scaleUp's fleet, its launching backing
+ * nodes' instances running with no host keys in their console output yet (host keys from the console, as
+ * where the functions cannot reach the instances), some lapsed client leases, the same simulated latency;
+ * with the reaper function's deadline, on a clock that moves with the wall clock (the run's checks of
+ * launching backing nodes stop after RUNNING_CHECKS_MS of it).
+ */
+export async function measureScaleUp(progress: (line: string) => void = () => {}): Promise<ScaleUpFigures> {
+  const engine = await startInProcessDynalite();
+  const dynamodb = new Map<string, number>();
+  let slow = false;
+  engine.client.middlewareStack.add(
+    (next, context) => async (args) => {
+      if (!slow) return next(args);
+      const name = (context.commandName ?? 'unknown').replace(/Command$/, '');
+      dynamodb.set(name, (dynamodb.get(name) ?? 0) + 1);
+      await sleep(REAPER.dynamodbMs);
+      return next(args);
+    },
+    { step: 'initialize', name: 'benchReaperLatency' },
+  );
+  try {
+    const { backingNodes, launching, lapsedLeases } = REAPER.scaleUp;
+    progress(
+      `reaper: a scale-up of ${launching} launching among ${backingNodes} backing nodes, ${lapsedLeases} lapsed leases...`,
+    );
+    const fleet = await buildFleet(engine, reaperConfig(), backingNodes, 'bench-reaper-scale-up', {
+      launching,
+      scaleUp: true,
+      lapsedLeases,
+    });
+    const start = fleet.clock.now();
+    const t0 = performance.now();
+    const clock = { now: () => start + (performance.now() - t0) };
+    progress('reaper: one run during the scale-up, with the function deadline...');
+    const run = await measureRun(
+      fleet,
+      dynamodb,
+      (on) => {
+        slow = on;
+      },
+      wallDeadline(),
+      { clock, hostKeyPlan: () => ({ source: 'console', reachable: false }) },
+    );
+    for (const e of run.report.errors.slice(0, 5)) log.warn(`reaper bench: run error: ${e}`);
+    const seconds = round(run.seconds, 2);
+    const retired = run.report.retired.length;
+    const leasesExpired = run.report.leasesExpired?.length ?? 0;
+    return {
+      dynamodbMs: REAPER.dynamodbMs,
+      ec2Ms: REAPER.ec2Ms,
+      functionTimeoutSeconds: FUNCTION_TIMEOUT_SECONDS.reaper,
+      backingNodes,
+      launching: fleet.counts.launching,
+      idle: fleet.counts.idle,
+      lapsedLeases,
+      seconds,
+      stepSeconds: Object.fromEntries(
+        Object.entries(run.report.stepMs ?? {}).map(([step, ms]) => [step, round(ms / 1000, 2)]),
+      ),
+      calls: run.calls,
+      checked: run.calls.ec2ByApi.GetConsoleOutput ?? 0,
+      retired,
+      stopped: run.report.stopped.length,
+      leasesExpired,
+      errors: run.report.errors.length,
+      deferred: run.report.deferred,
+      fillSeconds: round(fleet.fillSeconds, 1),
+      aimSeconds: REAPER.aimSeconds,
+      aimMet: seconds <= REAPER.aimSeconds && retired === fleet.counts.idle && leasesExpired === lapsedLeases,
+    };
+  } finally {
+    await engine.close();
+  }
+}
+
+export function scaleUpReport(f: ScaleUpFigures): string {
+  const steps = Object.entries(f.stepSeconds).map(([step, s]) => [`  ${step}`, s.toFixed(2)]);
+  return [
+    `8b. One reaper run during a scale-up: ${f.launching} of ${f.backingNodes} backing nodes launching, their instances running without host keys in the console output yet, ${f.ec2Ms} ms per EC2 call and ${f.dynamodbMs} ms per DynamoDB call, the function's ${f.functionTimeoutSeconds} s deadline (bench/reaper.ts)`,
+    table(
+      [
+        ['run wall time, s', f.seconds.toFixed(2)],
+        ...steps,
+        ['launching checked (GetConsoleOutput)', `${f.checked} of ${f.launching}`],
+        ['idle retired / stopped', `${f.retired} of ${f.idle} / ${f.stopped}`],
+        ['lapsed leases ended', `${f.leasesExpired} of ${f.lapsedLeases}`],
+        ['DynamoDB / EC2 calls', `${f.calls.dynamodb} / ${f.calls.ec2}`],
+        ['errors / deferred', `${f.errors} / ${f.deferred}`],
+        ['fill time, s (not measured)', f.fillSeconds.toFixed(1)],
+      ],
+      ['', 'scale-up'],
+    ),
+    `aim <= ${f.aimSeconds} s with retirement and lease expiry done in the same run: ${yesNo(f.aimMet)}`,
+  ].join('\n');
+}
+
+export function scaleUpSummary(f: ScaleUpFigures) {
+  return [
+    {
+      figure: `reaper run seconds with ${f.launching} backing nodes launching`,
+      measured: `${f.seconds.toFixed(1)} (retired ${f.retired}/${f.idle}, leases ended ${f.leasesExpired}/${f.lapsedLeases}, checked ${f.checked})`,
+      aim: `<= ${f.aimSeconds}`,
+      met: yesNo(f.aimMet),
+    },
+  ];
+}
+
 export function reaperReport(f: ReaperFigures): string {
   const cases = [...f.cases, ...(f.bounded ? [f.bounded] : [])];
   const names = cases.map((c) =>
@@ -512,6 +704,11 @@ export function reaperSummary(f: ReaperFigures) {
 }
 
 if (import.meta.url === pathToFileURL(process.argv[1] ?? '').href) {
+  if (process.argv.includes('--scale-up')) {
+    const scaleUp = await measureScaleUp((line) => console.log(line));
+    console.log(scaleUpReport(scaleUp));
+    process.exit(0);
+  }
   const figures = await measureReaper((line) => console.log(line));
   console.log(reaperReport(figures));
   console.log(

@@ -91,7 +91,8 @@ async function connectStack(t: PoolTarget, stackName: string): Promise<PoolConne
   return {
     store: new DynamoStore(dynamodb, info.tableName),
     pool: { kind: 'stack', info },
-    send: (message) => sqs.send(info.requestQueueUrl, message),
+    // Renewals on their own queue (a stack without one: the request queue, as before).
+    send: (message) => sqs.send(queueFor(message, info), message),
     checkRunning: async () => {},
     close() {
       dynamodb.destroy();
@@ -120,7 +121,7 @@ async function connectLocal(stateDir: string): Promise<PoolConnection> {
     store: new DynamoStore(dynamodb, info.tableName),
     pool: { kind: 'embedded', info },
     eventsFile: join(info.stateDir, 'events.jsonl'),
-    send: (message) => sqs.send(info.requestQueueUrl, message),
+    send: (message) => sqs.send(queueFor(message, info), message),
     async checkRunning() {
       const now = await readEmbeddedInfo(stateDir).catch(() => undefined);
       if (!now || now.pid !== info.pid || now.startedAt !== info.startedAt || !isAlive(info.pid)) {
@@ -132,6 +133,14 @@ async function connectLocal(stateDir: string): Promise<PoolConnection> {
       sqs.destroy();
     },
   };
+}
+
+/** The queue a message goes to: lease renewals to the lease queue where the pool has one. */
+export function queueFor(
+  message: { readonly kind: string },
+  info: { readonly requestQueueUrl: string; readonly leaseQueueUrl?: string | undefined },
+): string {
+  return message.kind === 'renew' && info.leaseQueueUrl ? info.leaseQueueUrl : info.requestQueueUrl;
 }
 
 /** An SQS client made on first use. */

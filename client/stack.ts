@@ -7,13 +7,16 @@ export interface StackInfo {
   readonly stackName: string;
   readonly region: string;
   readonly requestQueueUrl: string;
+  /** Where lease renewals go; absent from a stack deployed before it had a lease queue (then: the request queue). */
+  readonly leaseQueueUrl?: string;
   readonly fulfilQueueUrl: string;
   readonly tableName: string;
   readonly eventBusName: string;
   readonly poolId: string;
 }
 
-const required = Object.values(STACK_OUTPUTS);
+/** The outputs every pool has published; the lease queue's came later (a stack without it still works). */
+const required = Object.values(STACK_OUTPUTS).filter((k) => k !== STACK_OUTPUTS.leaseQueueUrl);
 
 /** Reads a deployed pool's outputs; names what is missing when the stack is not a metastatic pool. */
 export async function readStack(
@@ -48,6 +51,7 @@ export async function readStack(
     stackName,
     region,
     requestQueueUrl: outputs[STACK_OUTPUTS.requestQueueUrl] as string,
+    ...(outputs[STACK_OUTPUTS.leaseQueueUrl] ? { leaseQueueUrl: outputs[STACK_OUTPUTS.leaseQueueUrl] } : {}),
     fulfilQueueUrl: outputs[STACK_OUTPUTS.fulfilQueueUrl] as string,
     tableName: outputs[STACK_OUTPUTS.tableName] as string,
     eventBusName: outputs[STACK_OUTPUTS.eventBusName] as string,

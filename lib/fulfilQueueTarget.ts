@@ -1,6 +1,7 @@
 import type { IRuleTarget, RuleTargetConfig } from 'aws-cdk-lib/aws-events';
 import { PolicyStatement, ServicePrincipal } from 'aws-cdk-lib/aws-iam';
 import type { IKey } from 'aws-cdk-lib/aws-kms';
+import type { Function as LambdaFunction } from 'aws-cdk-lib/aws-lambda';
 import type { IQueue } from 'aws-cdk-lib/aws-sqs';
 import { Resource, Stack } from 'aws-cdk-lib/core';
 import type { aws_events } from 'aws-cdk-lib/interfaces';
@@ -58,4 +59,17 @@ export function admitEventBridgeToKey(scope: Construct, key: IKey): boolean {
     }),
   );
   return true;
+}
+
+/**
+ * Lets the fulfil function send an event back to its own queue, delayed, to try a backing node that is
+ * not ready yet again within seconds (shared/runtime/fulfilRetry.ts): SendMessage on that queue, and with
+ * a customer-managed key what SQS needs to encrypt for the sender (kms:GenerateDataKey; its event source
+ * mapping granted kms:Decrypt); the queue's URL in its environment (FULFIL_QUEUE_URL). Not
+ * grantSendMessages: its key grant adds wildcard actions (`kms:GenerateDataKey*`, `kms:ReEncrypt*`).
+ */
+export function letSendBack(fn: LambdaFunction, queue: IQueue, key: IKey | undefined): void {
+  fn.addToRolePolicy(new PolicyStatement({ actions: ['sqs:SendMessage'], resources: [queue.queueArn] }));
+  key?.grant(fn, 'kms:GenerateDataKey');
+  fn.addEnvironment('FULFIL_QUEUE_URL', queue.queueUrl);
 }

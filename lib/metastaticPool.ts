@@ -4,7 +4,6 @@ import { type ISecurityGroup, SecurityGroup } from 'aws-cdk-lib/aws-ec2';
 import { EventBus, type EventPattern, type IEventBus, Rule, Schedule } from 'aws-cdk-lib/aws-events';
 import { LambdaFunction } from 'aws-cdk-lib/aws-events-targets';
 import type { IKey } from 'aws-cdk-lib/aws-kms';
-import { SqsEventSource } from 'aws-cdk-lib/aws-lambda-event-sources';
 import { Annotations, Aws, CfnOutput, CfnRule, Duration, Fn, Names, Stack, Token } from 'aws-cdk-lib/core';
 import { Construct } from 'constructs';
 import { parseConfigOrThrow } from '../shared/config/load.ts';
@@ -21,19 +20,19 @@ import {
   checkMaxConcurrency,
   checkPoolId,
   clampDuration,
-  DEAD_LETTER_MAX_CONCURRENCY,
   EC2_DETAIL_TYPES,
   EC2_EVENT_STATES,
   FULFIL_MAX_CONCURRENCY,
-  FULFIL_MAX_RECEIVE_COUNT,
+  LEASE_MAX_CONCURRENCY,
   METRICS_NAMESPACE,
   type MetastaticPoolProps,
   POWERTOOLS_SERVICE_NAME,
   REQUEST_MAX_CONCURRENCY,
   REQUEST_MAX_RECEIVE_COUNT,
 } from './poolProps.ts';
+import { poolQueues } from './poolQueues.ts';
 import { PoolTable } from './poolTable.ts';
-import { QueueWithDlq } from './queueWithDlq.ts';
+import type { QueueWithDlq } from './queueWithDlq.ts';
 
 /**
  * A metastatic pool on AWS: the table, the request and fulfil queues with their dead-letter queues,
@@ -46,6 +45,8 @@ export class MetastaticPool extends Construct {
   readonly table: PoolTable;
   readonly requestQueue: QueueWithDlq;
   readonly fulfilQueue: QueueWithDlq;
+  /** Lease renewals (`renew` messages), consumed by the request function beside its request queue. */
+  readonly leaseQueue: QueueWithDlq;
   readonly requestFunction: PoolFunction;
   readonly fulfilFunction: PoolFunction;
   readonly reaperFunction: PoolFunction;
@@ -102,6 +103,10 @@ export class MetastaticPool extends Construct {
     const fulfilMaxConcurrency = checkMaxConcurrency(
       'fulfilMaxConcurrency',
       props.fulfilMaxConcurrency ?? FULFIL_MAX_CONCURRENCY,
+    );
+    const leaseMaxConcurrency = checkMaxConcurrency(
+      'leaseMaxConcurrency',
+      props.leaseMaxConcurrency ?? LEASE_MAX_CONCURRENCY,
     );
 
     this.table = new PoolTable(
@@ -168,52 +173,21 @@ export class MetastaticPool extends Construct {
     });
     const functions = [this.requestFunction, this.fulfilFunction, this.reaperFunction];
 
-    const encryption = props.encryptionKey ? { encryptionKey: props.encryptionKey } : {};
-    const alarms = alarmAction ? { alarmAction } : {};
-    this.requestQueue = new QueueWithDlq(this, 'RequestQueue', {
-      description: 'metastatic request queue',
-      maxReceiveCount: REQUEST_MAX_RECEIVE_COUNT,
-      consumerTimeout: this.requestFunction.timeout,
-      // The request function consumes its dead-letter queue, so its alarm counts what arrives there.
-      deadLetterQueueConsumed: true,
-      ...encryption,
-      ...alarms,
-    });
-    this.fulfilQueue = new QueueWithDlq(this, 'FulfilQueue', {
-      description: 'metastatic fulfil queue (EC2 events)',
-      maxReceiveCount: FULFIL_MAX_RECEIVE_COUNT,
-      consumerTimeout: this.fulfilFunction.timeout,
-      ...encryption,
-      ...alarms,
-    });
-
-    // Event source mappings grant the consumers ReceiveMessage/DeleteMessage/ChangeMessageVisibility.
-    this.requestFunction.function.addEventSource(
-      new SqsEventSource(this.requestQueue.queue, {
-        batchSize: 10,
-        reportBatchItemFailures: true,
-        maxConcurrency: requestMaxConcurrency,
-      }),
-    );
-    this.fulfilFunction.function.addEventSource(
-      new SqsEventSource(this.fulfilQueue.queue, {
-        reportBatchItemFailures: true,
-        maxConcurrency: fulfilMaxConcurrency,
-      }),
-    );
-    // The request function also ends what reaches the request dead-letter queue: a message whose last
-    // delivery died before it could fail the request would otherwise leave the request waiting forever.
-    this.requestFunction.function.addEnvironment(
-      'REQUEST_DLQ_ARN',
-      this.requestQueue.deadLetterQueue.queueArn,
-    );
-    this.requestFunction.function.addEventSource(
-      new SqsEventSource(this.requestQueue.deadLetterQueue, {
-        batchSize: 10,
-        reportBatchItemFailures: true,
-        maxConcurrency: DEAD_LETTER_MAX_CONCURRENCY,
-      }),
-    );
+    ({
+      requestQueue: this.requestQueue,
+      leaseQueue: this.leaseQueue,
+      fulfilQueue: this.fulfilQueue,
+    } = poolQueues(this, {
+      requestFunction: this.requestFunction,
+      fulfilFunction: this.fulfilFunction,
+      encryptionKey: props.encryptionKey,
+      alarmAction,
+      maxConcurrency: {
+        request: requestMaxConcurrency,
+        lease: leaseMaxConcurrency,
+        fulfil: fulfilMaxConcurrency,
+      },
+    }));
 
     // AWS service events reach only the account's default bus, whatever bus the pool publishes to.
     // They carry no instance tags, so these rules forward the EC2 events of every instance in the
@@ -267,6 +241,7 @@ export class MetastaticPool extends Construct {
       reaperRate,
       alarmAction,
       requestQueue: this.requestQueue,
+      leaseQueue: this.leaseQueue,
       fulfilQueue: this.fulfilQueue,
       reaperFunction: this.reaperFunction,
       ec2Rules: [this.ec2EventsRule, this.spotInterruptionsRule],
@@ -310,6 +285,11 @@ export class MetastaticPool extends Construct {
         STACK_OUTPUTS.requestQueueUrl,
         this.requestQueue.queue.queueUrl,
         'Send request and release messages here',
+      ],
+      [
+        STACK_OUTPUTS.leaseQueueUrl,
+        this.leaseQueue.queue.queueUrl,
+        'Send lease renewals (renew messages) here',
       ],
       [STACK_OUTPUTS.fulfilQueueUrl, this.fulfilQueue.queue.queueUrl, undefined],
       [STACK_OUTPUTS.tableName, this.table.tableName, undefined],

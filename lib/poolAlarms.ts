@@ -21,6 +21,8 @@ export interface PoolAlarmsProps {
   readonly reaperRate: Duration;
   readonly alarmAction: IAlarmAction | undefined;
   readonly requestQueue: QueueWithDlq;
+  /** Lease renewals: one dead-lettered is a lease that may have lapsed under a running job. */
+  readonly leaseQueue: QueueWithDlq;
   readonly fulfilQueue: QueueWithDlq;
   readonly reaperFunction: PoolFunction;
   /** The rules that bring EC2 events to the fulfil queue. */
@@ -28,7 +30,7 @@ export interface PoolAlarmsProps {
 }
 
 /**
- * The alarms an operator of the pool needs (created in `scope`, the pool): dead letters on either queue,
+ * The alarms an operator of the pool needs (created in `scope`, the pool): dead letters on any queue,
  * failed launches, requests waiting for capacity, a stalled request queue, a failing reaper, and EC2 events
  * EventBridge could not deliver.
  */
@@ -40,6 +42,7 @@ export function poolAlarms(scope: Construct, o: PoolAlarmsProps): Alarm[] {
   );
   return [
     o.requestQueue.deadLetterAlarm,
+    o.leaseQueue.deadLetterAlarm,
     o.fulfilQueue.deadLetterAlarm,
     addAlarm(scope, 'LaunchFailedAlarm', o.alarmAction, {
       alarmDescription: 'metastatic: backing-node launches failed in the last 5 minutes (LaunchFailed > 0).',

@@ -1,6 +1,6 @@
 import type { Rule } from 'aws-cdk-lib/aws-events';
+import type { CfnEventSourceMapping } from 'aws-cdk-lib/aws-lambda';
 import { Validations } from 'aws-cdk-lib/core';
-import type { IConstruct } from 'constructs';
 import { cfnResource } from './cfnResource.ts';
 import type { PoolFunction } from './poolFunction.ts';
 import type { QueueWithDlq } from './queueWithDlq.ts';
@@ -9,16 +9,17 @@ import type { QueueWithDlq } from './queueWithDlq.ts';
 export function acknowledgeFindings(pool: {
   readonly requestFunction: PoolFunction;
   readonly requestQueue: QueueWithDlq;
+  readonly leaseQueue: QueueWithDlq;
   readonly fulfilFunction: PoolFunction;
   readonly fulfilQueue: QueueWithDlq;
   readonly reaperFunction: PoolFunction;
   readonly reaperSchedule: Rule;
 }): void {
-  const sqsConsumers: Array<[PoolFunction, QueueWithDlq]> = [
-    [pool.requestFunction, pool.requestQueue],
-    [pool.fulfilFunction, pool.fulfilQueue],
+  const sqsConsumers: Array<[PoolFunction, QueueWithDlq[]]> = [
+    [pool.requestFunction, [pool.requestQueue, pool.leaseQueue]],
+    [pool.fulfilFunction, [pool.fulfilQueue]],
   ];
-  for (const [fn, queue] of sqsConsumers) {
+  for (const [fn, queues] of sqsConsumers) {
     Validations.of(cfnResource(fn.function)).acknowledge({
       id: 'Serverless-LambdaDLQ',
       reason:
@@ -27,19 +28,19 @@ export function acknowledgeFindings(pool: {
     });
     const mappings = fn.function.node.children.filter((c) => c.node.id.startsWith('SqsEventSource'));
     if (mappings.length === 0) throw new Error(`${fn.node.path}: no SQS event source mapping found`);
-    const [mapping, deadLetterMapping] = mappings;
-    Validations.of(cfnResource(mapping as IConstruct)).acknowledge({
-      id: 'Serverless-LambdaEventSourceMappingDestination',
-      reason:
-        'SQS event source mappings support no on-failure destination; the queue redrives a message to its ' +
-        `dead-letter queue after ${queue.maxReceiveCount} receives.`,
-    });
-    if (deadLetterMapping) {
-      Validations.of(cfnResource(deadLetterMapping)).acknowledge({
+    for (const mapping of mappings) {
+      // Which queue the mapping reads: one of the function's queues, or one's dead-letter queue.
+      const arn = (cfnResource(mapping) as CfnEventSourceMapping).eventSourceArn;
+      const source = queues.find((q) => q.queue.queueArn === arn);
+      const deadLettersOf = queues.find((q) => q.deadLetterQueue.queueArn === arn);
+      if (!source && !deadLettersOf) throw new Error(`${mapping.node.path}: reads a queue of no known kind`);
+      Validations.of(cfnResource(mapping)).acknowledge({
         id: 'Serverless-LambdaEventSourceMappingDestination',
-        reason:
-          'The dead-letter queue is the last stop: a message the function cannot handle there stays in it ' +
-          '(its DeadLetterAlarm fires) and comes back until its retention ends.',
+        reason: source
+          ? 'SQS event source mappings support no on-failure destination; the queue redrives a message to ' +
+            `its dead-letter queue after ${source.maxReceiveCount} receives.`
+          : 'The dead-letter queue is the last stop: a message the function cannot handle there stays in it ' +
+            '(its DeadLetterAlarm fires) and comes back until its retention ends.',
       });
     }
   }

@@ -7,8 +7,11 @@
  *   delivered twice, in random order; failed or crashed batches come back after the visibility timeout.
  * - Each tick (100 ms of virtual time): the fake EC2 applies due state changes (boots, deaths) and its
  *   events go to the fulfil queue; up to 16 request-handler invocations (batches of 1-10) and 4
- *   fulfil-handler invocations run concurrently, with a reaper run every reaperEveryTicks; every
- *   invocation is its own "container" (handler + EC2 provider), as Lambda runs them.
+ *   fulfil-handler invocations run concurrently, with a reaper run every reaperEveryTicks; each runs in
+ *   a "container" (handler, EC2 provider and store, so its own module state: caches, buffers, remembered
+ *   candidates, forecasts, all kept per store), reused tick after tick as Lambda reuses them, the reaper
+ *   and the dead-letter consumer in containers of their own (issue 40; `oneProcess`: one store for all,
+ *   as the embedded pool runs them).
  * - Jobs: when a request is fulfilled its user releases its nodes 1-15 s later, so backing nodes fill,
  *   empty and are reaped.
  * - Faults: 5% of RunInstances calls fail, 5% of launched instances die before they boot (together 10%
@@ -99,6 +102,9 @@ export const CHAOS_POOL = {
    * 32 GiB / 4 slots = 2 cores, 8 GiB); the unknown-label requests go by a shape no label fits as often.
    */
   shapeShare: 0.25,
+  /** Requests naming a requestor (one of `requestors`, issue 40); the others name none. */
+  requestorShare: 0.8,
+  requestors: 5,
   /**
    * Requests that take a client lease (issue 23), its length (seconds), and the share of those whose
    * client dies some time after sending (it stops renewing and never releases: only the lease frees its
@@ -199,6 +205,13 @@ export interface ChaosOptions {
    * the forecast the handlers learn under the same faults, and never exceed max-ready (an invariant).
    */
   readonly readyAuto?: boolean;
+  /**
+   * Every handler on one store, so one module state (caches, buffers, remembered candidates, forecasts:
+   * kept per store), as the embedded pool runs them. Default: Lambda's shape (issue 40), each container
+   * (request, dead-letter, fulfil, reaper) with a store of its own on the shared client, reused by its
+   * invocations.
+   */
+  readonly oneProcess?: boolean;
   /** Concurrent request-handler invocations per tick. Default 16. */
   readonly concurrency?: number;
   /** Concurrent fulfil-handler invocations per tick. Default 4. */
@@ -239,6 +252,13 @@ export interface ChaosOptions {
    */
   readonly trace?: readonly string[];
 }
+
+/**
+ * What counts as a quick release here (Context.quickReleaseMs): QUICK_RELEASE_MS scaled as the jobs are
+ * (1-15 s for a CI job's minutes), so the forecast learns from the chaos jobs and `min-ready: auto` makes
+ * ready nodes under faults; a job released within it is taken back (issue 40).
+ */
+const CHAOS_QUICK_RELEASE_MS = 500;
 
 const FAULTS = {
   /** RunInstances calls failing with an API error. */
@@ -425,6 +445,8 @@ export class ChaosRun {
   private readonly hints: Random;
   private readonly shapes: Random;
   private readonly leases: Random;
+  /** Draws who names itself as the request's requestor (a fork of its own: seeds keep their schedule). */
+  private readonly requestors: Random;
   /** Replaced once, before the drain: min-ready lowered to 0 (what every context reads from then on). */
   private config: ResolvedConfig;
   private readonly poolKey: string;
@@ -440,7 +462,9 @@ export class ChaosRun {
   private engine: InProcessDynalite | undefined;
   private dynamodb!: DynamoDBClient;
   private raw!: DynamoStore;
-  private store!: DynamoStore;
+  private tableName!: string;
+  /** The store of the one process (ChaosOptions.oneProcess), else undefined: each container its own. */
+  private store: DynamoStore | undefined;
   private ec2!: FakeEc2;
   private chaosClient!: EC2Client;
   private requestContainers: Container[] = [];
@@ -481,6 +505,7 @@ export class ChaosRun {
     this.hints = this.random.fork('hints');
     this.shapes = this.random.fork('shapes');
     this.leases = this.random.fork('leases');
+    this.requestors = this.random.fork('requestors');
     this.tickMs = options.tickMs ?? 100;
     this.config = parseConfigOrThrow(
       chaosYaml(options.nodeCap ?? true, CHAOS_POOL.minReady, options.readyAuto),
@@ -598,6 +623,11 @@ export class ChaosRun {
       // Some ask by shape (a forked stream, so seeds keep their schedule): the pool chooses `small`.
       const byShape = this.shapes.chance(CHAOS_POOL.shapeShare);
       // Some take a lease, and some of their clients die (a forked stream: seeds keep their schedule).
+      // Most name one of a few requestors (learned durations and the arrival forecast count per requestor,
+      // the forecast at most 30 a minute each, issue 40), the others none.
+      const requestor = this.requestors.chance(CHAOS_POOL.requestorShare)
+        ? `team-${this.requestors.int(0, CHAOS_POOL.requestors - 1)}`
+        : undefined;
       const lease = this.leases.chance(CHAOS_POOL.leaseShare) ? CHAOS_POOL.leaseSeconds : undefined;
       const diesAt =
         lease !== undefined && this.leases.chance(CHAOS_POOL.leaseCrashShare)
@@ -627,6 +657,7 @@ export class ChaosRun {
           ...(priority === undefined ? {} : { priority }),
           ...(hint === undefined ? {} : { 'expected-duration': hint }),
           ...(lease === undefined ? {} : { lease }),
+          ...(requestor === undefined ? {} : { requestor }),
         }),
         at,
         nodes: labels.length,
@@ -667,10 +698,9 @@ export class ChaosRun {
     // between two actions of one (chaosCrash.ts TRANSACTION_STEP): rolled back from its intent item.
     transactions.afterAction = () => this.crash.step();
     await ensureTable(this.dynamodb, tableName);
+    this.tableName = tableName;
     this.raw = new DynamoStore(this.dynamodb, tableName, this.clock);
-    this.store = this.crash.wrap('store', this.raw, STORE_METHODS, (m, args, result) =>
-      this.observe(m, args, result),
-    );
+    if (this.options.oneProcess) this.store = this.containerStore();
     this.ec2 = new FakeEc2({
       region: REGION,
       clock: this.clock,
@@ -699,7 +729,23 @@ export class ChaosRun {
     this.reaper = makeReaperHandler(this.context('reaper'));
   }
 
-  /** One Lambda container's context: its own EC2 provider (its own memory of failed offerings). */
+  /**
+   * A store for one container (its module state is keyed by it), on the shared client and table: every
+   * call a boundary of the crash injector, every write mirrored.
+   */
+  private containerStore(): DynamoStore {
+    return this.crash.wrap(
+      'store',
+      new DynamoStore(this.dynamodb, this.tableName, this.clock),
+      STORE_METHODS,
+      (m, args, result) => this.observe(m, args, result),
+    );
+  }
+
+  /**
+   * One Lambda container's context: its own EC2 provider (its own memory of failed offerings) and its own
+   * store, so its own module state (unless oneProcess).
+   */
   private context(kind: HandlerKind): Context {
     const provider = new Ec2Provider({
       client: this.chaosClient,
@@ -720,7 +766,7 @@ export class ChaosRun {
     };
     const run = this;
     return {
-      store: this.store,
+      store: this.store ?? this.containerStore(),
       // Read at each use: the drain lowers min-ready under running containers, as a redeploy would.
       get config() {
         return run.config;
@@ -730,6 +776,8 @@ export class ChaosRun {
       log: this.log(kind),
       // The instances' addresses are not reachable from here: their port answers by fiat.
       probePort: async () => true,
+      // Jobs last 1-15 s here where a CI job's last minutes: a quick release in proportion (30 s / 60).
+      quickReleaseMs: CHAOS_QUICK_RELEASE_MS,
     };
   }
 

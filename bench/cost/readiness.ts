@@ -17,12 +17,19 @@ export const READY_GRACE = [60, 300, 600] as const;
 export const PREDICTIVE_SHARES = [0.8, 0.9, 0.95] as const;
 /** max-ready of the predictive runs. */
 export const BENCH_MAX_READY = 20;
+/**
+ * Request containers of the predictive run on Lambda's shape (issue 40): the request function in this
+ * many containers, the fulfil function and the reaper in one each (simulate.ts `Containers`).
+ */
+export const LAMBDA_REQUEST_CONTAINERS = 4;
+/** The share of the one-process run's served-without-a-wait that the containers' run must keep. */
+export const CONTAINERS_AIM = 0.98;
 
 export interface ReadyPolicy {
   /** Key of its run in TraceFigures.runs. */
   readonly key: string;
   readonly label: string;
-  readonly kind: 'today' | 'min-ready' | 'grace-time' | 'predictive';
+  readonly kind: 'today' | 'min-ready' | 'grace-time' | 'predictive' | 'lambda';
   readonly options: (base: SimOptions) => SimOptions;
 }
 
@@ -54,6 +61,16 @@ export function readyPolicies(): ReadyPolicy[] {
         options: (b) => ({ ...b, readiness: { kind: 'auto', share, maxReady: BENCH_MAX_READY } }),
       }),
     ),
+    {
+      key: 'predictive 0.9 containers',
+      label: `predictive (0.9), ${LAMBDA_REQUEST_CONTAINERS} request containers`,
+      kind: 'lambda',
+      options: (b) => ({
+        ...b,
+        readiness: { kind: 'auto', share: 0.9, maxReady: BENCH_MAX_READY },
+        requestContainers: LAMBDA_REQUEST_CONTAINERS,
+      }),
+    },
   ];
 }
 
@@ -219,7 +236,7 @@ export type ReadyTraceJson = ReturnType<typeof readyJson>;
 function cheapestStatic(t: ReadyTraceJson, atLeast: number): ReadyRow | undefined {
   let best: ReadyRow | undefined;
   for (const r of t.policies) {
-    if (r.kind === 'predictive' || r.servedWithoutWaitPercent < atLeast) continue;
+    if (r.kind === 'predictive' || r.kind === 'lambda' || r.servedWithoutWaitPercent < atLeast) continue;
     if (!best || r.instanceHours < best.instanceHours) best = r;
   }
   return best;
@@ -273,6 +290,16 @@ export function readySummary(measured: readonly ReadyTraceJson[], expected: read
     ];
   });
   const notRun = 'not measured';
+  // Lambda's shape (issue 40): the predictive run with the request function in containers of their own,
+  // against the same run in one process (the engine floor). Absent from an earlier run: not measured.
+  const lambdaLabel = `predictive (0.9), ${LAMBDA_REQUEST_CONTAINERS} request containers`;
+  const lambda = traces.map((t) => {
+    const c = gone(t) ? undefined : t.policies.find((r) => r.policy === lambdaLabel);
+    const one = gone(t) ? undefined : p9(t);
+    // Rows stored before noWait was: from the percentage.
+    const served = (r: ReadyRow) => r.noWait ?? r.servedWithoutWaitPercent;
+    return c && one && served(one) > 0 ? served(c) / served(one) : Number.NaN;
+  });
   return [
     {
       figure: `predictive (0.9): requests served without waiting for a boot, ${names}`,
@@ -302,6 +329,12 @@ export function readySummary(measured: readonly ReadyTraceJson[], expected: read
         .join(' / '),
       ...(versusWhy.length > 0 ? { why: versusWhy.join('; ') } : {}),
     },
+    {
+      figure: `served without waiting for a boot, ${LAMBDA_REQUEST_CONTAINERS} request containers / one process (predictive 0.9), ${names}`,
+      measured: lambda.map((x) => (Number.isNaN(x) ? notRun : ratio(x))).join(' / '),
+      aim: `>= ${CONTAINERS_AIM}`,
+      met: lambda.map((x) => (Number.isNaN(x) ? notRun : yesNo(x >= CONTAINERS_AIM))).join(' / '),
+    },
   ];
 }
 
@@ -325,6 +358,7 @@ export function frontierSvg(t: ReadyTrace, subtitle: string): string {
     'min-ready': '#1f77b4',
     'grace-time': '#2ca02c',
     predictive: '#d62728',
+    lambda: '#9467bd',
   } as const;
   const esc = (s: string) => s.replace(/&/g, '&amp;').replace(/</g, '&lt;');
   const out: string[] = [

@@ -17,6 +17,7 @@ import type { RequestRecord } from '../../shared/core/records.ts';
 import { ensureTable } from '../../shared/runtime/engines.ts';
 import { DynamoStore } from '../../shared/store/dynamoStore.ts';
 import type { Context } from '../../shared/usecases/context.ts';
+import { writeArrivals } from '../../shared/usecases/forecasts.ts';
 import { resourceRunning } from '../../shared/usecases/fulfil.ts';
 import type { SparesSeen } from '../../shared/usecases/minReady.ts';
 import { reap } from '../../shared/usecases/reap.ts';
@@ -75,7 +76,21 @@ export interface SimOptions {
     | { readonly kind: 'static'; readonly minReady: number }
     | { readonly kind: 'auto'; readonly share: number; readonly maxReady: number };
   readonly readinessTickS?: number;
+  /**
+   * Lambda's shape (issue 40): the request function runs in this many containers, each with its own
+   * module state (its own DynamoStore on the shared client: caches, buffers, remembered candidates and
+   * forecasts are kept per store), the fulfil function in one of its own and the reaper in another.
+   * Unset: one process runs every handler on one store (the embedded pool; the engine floor). See
+   * `Containers`.
+   */
+  readonly requestContainers?: number;
 }
+
+/**
+ * A container idle this long is retired with its module state (what it buffered is lost), and the next
+ * invocation starts a fresh one. Lambda keeps an idle container for minutes, not a documented time.
+ */
+export const CONTAINER_IDLE_MS = 10 * 60_000;
 
 /** The deployed reaper's default rate (lib/metastaticPool.ts reaperRate): the readiness runs' tick. */
 export const READINESS_TICK_S = 60;
@@ -248,20 +263,26 @@ async function run(
     bootMs: o.bootS * 1000,
     schedule: (at, resourceId) => queue.push(at - epoch, { kind: 'boot', resourceId }),
   });
-  const observed = countingFullPages(new DynamoStore(engine.client, tableName));
-  const store = observed.store;
-  const ctx: Context = {
-    store,
-    config,
-    providers: simRegistry(
-      provider,
-      config.backingPools.map((p) => p.key),
-    ),
-    clock,
-    log: silentLog,
-    placementPolicy: o.policy,
-    learnedDurations: o.learned === true,
+  const providers = simRegistry(
+    provider,
+    config.backingPools.map((p) => p.key),
+  );
+  const fullPages: (() => number)[] = [];
+  /** A process's context: its own store, so its own module state (caches and buffers keyed by store). */
+  const newContext = (): Context => {
+    const observed = countingFullPages(new DynamoStore(engine.client, tableName));
+    fullPages.push(observed.fullPages);
+    return {
+      store: observed.store,
+      config,
+      providers,
+      clock,
+      log: silentLog,
+      placementPolicy: o.policy,
+      learnedDurations: o.learned === true,
+    };
   };
+  const containers = new Containers(newContext, clock, o.requestContainers);
 
   const tickMs = o.reaperTickS * 1000;
   const onGrid = (t: number) => (tickMs > 0 ? Math.ceil(t / tickMs) * tickMs : t);
@@ -316,6 +337,8 @@ async function run(
       const job = e.job;
       let placed: RequestRecord;
       let seen: SparesSeen | undefined;
+      // One invocation of the request function: the request, the refill of what it took, the end.
+      const ctx = containers.request();
       try {
         const hint = hintOf(job, o.hints);
         const out = await requestNodes(ctx, {
@@ -364,11 +387,13 @@ async function run(
       } else {
         throw new Error(`job ${job.index}: request ${placed.state}, node ${node.state}`);
       }
+      // The end of the invocation (the request handler's): the arrivals it counted go to the table.
+      await writeArrivals(ctx);
     } else if (e.kind === 'boot') {
       // The provider's `running` event, handled as the fulfil flow would.
       const resource = provider.boot(e.resourceId);
       if (!resource) continue;
-      const out = await resourceRunning(ctx, resource);
+      const out = await resourceRunning(containers.fulfil(), resource);
       if (out.kind !== 'ready') throw new Error(`boot of ${e.resourceId}: ${JSON.stringify(out)}`);
       const jobs = waiting.get(out.backingNodeId) ?? [];
       waiting.delete(out.backingNodeId);
@@ -380,8 +405,10 @@ async function run(
       }
       for (const job of jobs) start(job, now);
     } else if (e.kind === 'end') {
+      const ctx = containers.request();
       const out = await releaseNode(ctx, `${requestIdOf(e.job)}/0`);
       if (out.kind !== 'released') throw new Error(`job ${e.job.index}: release ${out.kind}`);
+      await writeArrivals(ctx);
       inUseDeltas.push([now, -1]);
       heldDeltas.push({ t: now, label: e.job.label, d: -1 });
       ended++;
@@ -400,7 +427,7 @@ async function run(
       }
     } else {
       reapsAt.delete(now);
-      const report = await reap(ctx);
+      const report = await reap(containers.reaper());
       if (report.errors.length > 0) throw new Error(`reaper: ${report.errors.join('; ')}`);
       if (o.reaperMode === 'due') {
         if (report.nextCheckAt !== undefined) scheduleReap(report.nextCheckAt - epoch);
@@ -433,11 +460,71 @@ async function run(
     waitS: waitStats(waits),
     warmHits,
     capacityRetries,
-    fullCandidatePages: observed.fullPages(),
+    fullCandidatePages: fullPages.reduce((n, f) => n + f(), 0),
     ...(o.readiness ? { spareHits } : {}),
     gap: { idleSeconds: idleMs / 1000, heldBoundSeconds: packedBound(heldDeltas, o.slots).instanceSeconds },
     ...(withSeries ? { backing: stepSeries(backingDeltas), inUse: stepSeries(inUseDeltas) } : {}),
   };
+}
+
+/**
+ * Which process handles an invocation. One process (no `requestContainers`): every handler on one
+ * context, as the embedded pool runs them. Otherwise Lambda's shape: `requestContainers` request
+ * containers taking the request function's invocations in turn (Lambda reuses warm containers without
+ * saying which; in turn spreads a burst over all of them, where buffers kept per container matter most),
+ * one fulfil container and one reaper container; each container is retired after CONTAINER_IDLE_MS
+ * without an invocation, with its module state, and the next invocation starts a fresh one.
+ */
+class Containers {
+  private readonly requests: { ctx: Context; lastAt: number }[] = [];
+  private readonly others = new Map<'fulfil' | 'reaper', { ctx: Context; lastAt: number }>();
+  private next = 0;
+  private readonly one: Context | undefined;
+
+  constructor(
+    private readonly make: () => Context,
+    private readonly clock: ManualClock,
+    count: number | undefined,
+  ) {
+    if (count === undefined) this.one = make();
+    else {
+      if (!Number.isInteger(count) || count < 1) throw new Error(`requestContainers must be >= 1: ${count}`);
+      for (let i = 0; i < count; i++) this.requests.push({ ctx: make(), lastAt: clock.now() });
+    }
+  }
+
+  request(): Context {
+    if (this.one) return this.one;
+    const i = this.next;
+    this.next = (this.next + 1) % this.requests.length;
+    return this.warm(this.requests[i] as { ctx: Context; lastAt: number });
+  }
+
+  fulfil(): Context {
+    return this.other('fulfil');
+  }
+
+  reaper(): Context {
+    return this.other('reaper');
+  }
+
+  private other(kind: 'fulfil' | 'reaper'): Context {
+    if (this.one) return this.one;
+    let c = this.others.get(kind);
+    if (!c) {
+      c = { ctx: this.make(), lastAt: this.clock.now() };
+      this.others.set(kind, c);
+    }
+    return this.warm(c);
+  }
+
+  /** The container, replaced by a fresh one if it was idle long enough to be retired. */
+  private warm(c: { ctx: Context; lastAt: number }): Context {
+    const now = this.clock.now();
+    if (now - c.lastAt >= CONTAINER_IDLE_MS) c.ctx = this.make();
+    c.lastAt = now;
+    return c.ctx;
+  }
 }
 
 // ---- the reference figures ------------------------------------------------------------------------

@@ -19,15 +19,11 @@ import type { RehearsalNetwork } from './network.ts';
 import type { RehearsalEvent, RehearsalOptions } from './rehearsalOptions.ts';
 
 /**
- * `metastatic rehearse`: the AWS deployment of a CDK app that embeds MetastaticPool, rehearsed offline
- * against moto_server. The app is synthesized and deployed with the CDK CLI as `cdk deploy` would, and
- * the functions it deployed run on this machine from the code CDK deployed, fed as Lambda feeds them: the
- * SQS event source mappings, the reaper's schedule, and the EC2 state-change events EventBridge would
- * deliver when moto's instances change state.
- *
- * moto is not AWS, and everything done here to bridge the two is in this module and the ones beside it
- * (the deploy itself in deployApp.ts). The functions' code is never changed: it is checked against its
- * asset hashes (assembly.ts verifyAssetHashes), so what runs is what `cdk deploy` uploads.
+ * `metastatic rehearse`: a CDK app embedding MetastaticPool deployed with the CDK CLI into moto_server,
+ * offline, and the deployed functions run here from the code CDK deployed (checked against its asset
+ * hashes: assembly.ts verifyAssetHashes), fed as Lambda feeds them: the SQS event source mappings, the
+ * reaper's schedule, and the EC2 events EventBridge would deliver. moto is not AWS; what bridges the two
+ * is in this module and the ones beside it (the deploy in deployApp.ts):
  * - moto cannot make a resource with a given id: the subnets, security groups, images and launch
  *   templates the configuration names are made in moto with its ids (network.ts), and the functions'
  *   EC2 endpoint is a proxy that translates between those and the configuration's (ec2Proxy.ts);
@@ -42,16 +38,14 @@ import type { RehearsalEvent, RehearsalOptions } from './rehearsalOptions.ts';
  * - its EC2 publishes no event and prints no host keys on the console: the events are played here (put
  *   on the default bus, where the deployed rule routes them); the proxy adds a host-key block, made up
  *   and announced as such, to each console output unless `consoleHostKeys` is false (ec2Proxy.ts);
- * - Lambda runs a function's invocations in as many containers as its mappings' concurrency allows:
- *   here a function has up to `concurrency` processes (2 by default; the reaper 1, run by the schedule
- *   played here one run at a time) and each mapping as many pollers, at most its maxConcurrency;
- * - services are told apart by host name: endpoints use `localhost`, not 127.0.0.1.
+ * - a function has up to `concurrency` processes (2 by default; the reaper 1, its schedule played one run
+ *   at a time), each mapping as many pollers (at most its maxConcurrency), as Lambda's containers; services
+ *   are told apart by host name: endpoints use `localhost`, not 127.0.0.1.
  */
 
 const POLL_WAIT_SECONDS = 2;
 const EC2_LOOK_MS = 1_000;
-/** Invocations of a function at once, by default (`--concurrency`). */
-export const DEFAULT_CONCURRENCY = 2;
+export const DEFAULT_CONCURRENCY = 2; // invocations of a function at once, by default (`--concurrency`)
 
 export class Rehearsal {
   private running = false;

@@ -42,6 +42,22 @@ export class BusyError extends RetryableError {}
  */
 export class DeadlineError extends RetryableError {}
 
+/**
+ * A backing node whose resource runs is not ready yet (its port does not answer, its host keys are not in
+ * its console output yet), within boot-timeout: its `running` event is to be tried again `retryInSeconds`
+ * from now (core/timing.ts bootRetrySeconds), long before the fulfil queue's visibility timeout would
+ * bring it back (issue 40, defect 2).
+ */
+export class NotReadyYetError extends RetryableError {
+  constructor(
+    message: string,
+    readonly retryInSeconds: number,
+    options?: { cause?: unknown },
+  ) {
+    super(message, options);
+  }
+}
+
 /** A bounded wait (a host-key scan) ran out of time without an answer. */
 export class TimeoutError extends MetastaticError {}
 

@@ -1,6 +1,4 @@
 import { z } from 'zod';
-import { SPARE_ID_PREFIX } from './ids.ts';
-import type { BackingRecord } from './records.ts';
 
 /**
  * Arrival forecasts per label (predictive readiness, issue 27): how many requests a label will get in
@@ -43,6 +41,46 @@ export const SHORT_HALF_LIFE_MIN = 5;
 /** Minutes folded one by one when the model catches up on a gap; a longer gap is folded as one span. */
 const MAX_CATCH_UP_MIN = 24 * 60;
 
+/**
+ * The most arrivals of a label one requestor counts in a minute (issue 40, defect 6): a push fanning out
+ * up to 30 jobs at once counts whole (the synthetic `bursty` trace's busiest minute has 32), a sender
+ * pouring in more counts as 30. Requests naming no requestor count as one requestor, as in the learned
+ * durations (core/estimates.ts): a sender cannot escape the bound by naming none.
+ */
+export const REQUESTOR_ARRIVALS_PER_MINUTE = 30;
+/**
+ * Requestors the label's item keeps counts of (those that counted most in the minute, then in the hour):
+ * a bounded item whatever the number of requestors (with 32 requestors of 256 characters, about 10 KB
+ * more). A requestor it forgot starts again at 0 (a sender naming many requestors is one more voice each,
+ * as in the learned durations: docs/threat-model.md).
+ */
+export const MAX_COUNTED_REQUESTORS = 32;
+
+/** What one requestor's arrivals of a label counted lately (ArrivalModel.byRequestor). */
+export const RequestorArrivals = z.object({
+  /** Absent: the requests that name none. */
+  requestor: z.string().optional(),
+  /** The epoch minute `inMinute` is of. */
+  minute: z.number().int().nonnegative(),
+  /** Arrivals counted in that minute, at most REQUESTOR_ARRIVALS_PER_MINUTE. */
+  inMinute: z.number().nonnegative(),
+  /** The epoch hour (minute / 60) `inHour` is of. */
+  hour: z.number().int().nonnegative(),
+  /** Arrivals counted in that hour and not taken back: the most its quick releases take back. */
+  inHour: z.number().nonnegative(),
+});
+export type RequestorArrivals = z.infer<typeof RequestorArrivals>;
+
+/**
+ * Arrivals of one requestor (`requestor` absent: the requests that name none) to record in one write:
+ * `count` > 0 requests placed, < 0 requests released within QUICK_RELEASE_MS of their placement, taken
+ * back (withArrivals).
+ */
+export interface ArrivalCount {
+  readonly requestor?: string | undefined;
+  readonly count: number;
+}
+
 export const ArrivalModel = z.object({
   label: z.string(),
   /** Arrivals per minute in each hour of the week (index: `hourOfWeek`), as learned so far. */
@@ -57,6 +95,12 @@ export const ArrivalModel = z.object({
   hourCount: z.number().nonnegative(),
   /** Arrivals recorded within the minute `nextMinute` (not folded yet: that minute has not ended). */
   pending: z.number().nonnegative().default(0),
+  /**
+   * Each requestor's arrivals counted in the minute and hour being observed (at most
+   * MAX_COUNTED_REQUESTORS): what bounds a requestor's count per minute and what its quick releases may
+   * take back (withArrivals). Absent from items written before issue 40: none.
+   */
+  byRequestor: z.array(RequestorArrivals).max(MAX_COUNTED_REQUESTORS).default([]),
   /**
    * Seconds from launch to ready of the label's backing nodes, as the reaper last saw them (mean of those
    * it read): the horizon of the ready target. Absent until one was seen (DEFAULT_LAUNCH_TO_READY_S).
@@ -85,30 +129,11 @@ export function emptyModel(label: string, epochMinute: number): ArrivalModel {
     nextMinute: epochMinute,
     hourCount: 0,
     pending: 0,
+    byRequestor: [],
     updatedAt: 0,
     version: 1,
   };
 }
-
-/**
- * What the reaper's min-ready step decided for a label with `min-ready: auto` (kept beside its seats, so
- * the one Query a request makes to find a spare also says how many seats are in use): how many spares
- * it holds, from which target and forecast. Written conditionally on its version when it changes.
- */
-export const ReadyHold = z.object({
-  /** Spares held now: seats 0 .. seats - 1 are filled, the ones above emptied. */
-  seats: z.number().int().nonnegative(),
-  /** Ready slots wanted (readyNeed), free slots on backing nodes that run anyway counted first. */
-  target: z.number().int().nonnegative(),
-  /** The forecast it was decided from, arrivals per minute. */
-  perMinute: z.number().nonnegative(),
-  /** Free slots on backing nodes that run anyway, as the reaper read them. */
-  freeSlots: z.number().int().nonnegative(),
-  /** When it was decided (epoch ms). */
-  at: z.number(),
-  version: z.number().int().positive(),
-});
-export type ReadyHold = z.infer<typeof ReadyHold>;
 
 /** The horizon of the ready target while no backing node of the label has been seen booting. */
 export const DEFAULT_LAUNCH_TO_READY_S = 120;
@@ -117,71 +142,88 @@ export const DEFAULT_LAUNCH_TO_READY_S = 120;
 export const minuteOf = (ms: number): number => Math.floor(ms / 60_000);
 
 /**
- * The model (undefined: none stored yet) after `arrivals` more requests recorded at `now` (epoch ms),
- * as one conditional write makes it: its version one more than prev's. The minutes that ended since the
- * last write are folded (`observe`) with the arrivals of the minute it left pending and these ones
- * (recorded together: spread over them); within the same minute they are only added to `pending`. With
- * no arrivals it only folds (the reaper's call: a quiet label's rate decays without any request).
- * Undefined when there is nothing to write (no arrivals, and no minute ended).
+ * The model (undefined: none stored yet) after the arrivals a writer counted since its last write,
+ * recorded at `now` (epoch ms), as one conditional write makes it: its version one more than prev's.
+ *
+ * First the minutes that ended since the last write are folded (`observe`): the arrivals pending were
+ * recorded within the minute `nextMinute`, so they are that minute's, and the minutes after it saw none
+ * (a writer writes at the end of the invocation that counted them, so what it writes is the current
+ * minute's: they go to `pending`). With no arrivals it only folds (the reaper's call: a quiet label's
+ * rate decays without any request).
+ *
+ * Each requestor's arrivals count up to REQUESTOR_ARRIVALS_PER_MINUTE a minute (`byRequestor` keeps what
+ * each counted; `arrivals` as a number: the requests that name none). A negative count takes back the
+ * requestor's quick releases (requests released within seconds of their placement: issue 40, defect 6)
+ * from what was not folded into the weekly profile yet, the minute pending first, then the hour's count,
+ * and never more than that requestor counted in the hour: its arrival was counted when it was placed
+ * (the next minutes' ready room saw it), but it teaches the weeks ahead nothing, and no requestor can
+ * take back another's arrivals. Undefined when there is nothing to write (nothing counted or taken back,
+ * and no minute ended).
  */
 export function withArrivals(
   prev: ArrivalModel | undefined,
   label: string,
-  arrivals: number,
+  arrivals: number | readonly ArrivalCount[],
   now: number,
 ): ArrivalModel | undefined {
   const minute = minuteOf(now);
   const base = prev ?? emptyModel(label, minute);
-  const pending = base.pending + Math.max(0, arrivals);
+  let model = base;
   if (minute > base.nextMinute) {
-    const folded = observe(base, minute, pending);
-    return { ...folded, pending: 0, updatedAt: now, version: prev ? prev.version + 1 : 1 };
+    // The pending arrivals are the minute nextMinute's; the minutes after it, up to this one, saw none.
+    model = observe(observe(base, base.nextMinute + 1, base.pending), minute, 0);
+    model = { ...model, pending: 0 };
   }
-  if (arrivals <= 0 && prev) return undefined;
-  return { ...base, pending, updatedAt: now, version: prev ? base.version + 1 : 1 };
-}
-
-/** Below this forecast (one arrival an hour) a label holds no ready room. */
-export const MIN_FORECAST_PER_MINUTE = 1 / 60;
-
-/** What the forecast says a label needs now: for `metastatic status` and the min-ready step. */
-export interface ReadyNeed {
-  /** Forecast arrivals per minute at the busiest point of the horizon (forecastRate). */
-  readonly perMinute: number;
-  /** The horizon: one launch-to-ready time, in minutes. */
-  readonly horizonMinutes: number;
-  /** Ready slots wanted (readyTarget), capped by max-ready. */
-  readonly target: number;
-}
-
-/**
- * The ready room a label needs at `now` (epoch ms) to let `share` of its arrivals within one
- * launch-to-ready time find a ready slot, at most `maxReady`. No model yet: none.
- */
-export function readyNeed(
-  model: ArrivalModel | undefined,
-  now: number,
-  share: number,
-  maxReady: number,
-): ReadyNeed {
-  const horizonMinutes = (model?.launchToReadyS ?? DEFAULT_LAUNCH_TO_READY_S) / 60;
-  if (!model) return { perMinute: 0, horizonMinutes, target: 0 };
-  const perMinute = forecastRate(model, minuteOf(now), horizonMinutes);
-  // Any rate above 0 wants a slot (one serves nearly every arrival of a tiny rate): below the floor a
-  // label holds nothing, or one that saw a request long ago would pin an instance for ever.
-  if (perMinute < MIN_FORECAST_PER_MINUTE) return { perMinute, horizonMinutes, target: 0 };
-  return { perMinute, horizonMinutes, target: readyTarget(perMinute * horizonMinutes, share, maxReady) };
-}
-
-/**
- * How many ready, unassigned nodes (spares) the pool holds for a label to reach `target` ready slots:
- * free slots on backing nodes that run anyway count first (they cost nothing extra), the rest are
- * spares, at most `maxReady`. "Run anyway": the backing node holds some node that is not a spare
- * (a free slot beside only spares would go with them, so counting it would let the spares go, then the
- * backing node, then want them back).
- */
-export function sparesWanted(target: number, freeSlotsRunningAnyway: number, maxReady: number): number {
-  return Math.max(0, Math.min(maxReady, target - Math.max(0, freeSlotsRunningAnyway)));
+  const folded = model !== base;
+  const hour = Math.floor(minute / 60);
+  const counts = typeof arrivals === 'number' ? [{ count: arrivals }] : arrivals;
+  const entries = (model.byRequestor ?? [])
+    .filter((e) => e.minute === minute || (e.hour === hour && e.inHour > 0))
+    .map((e) => ({
+      ...e,
+      ...(e.minute === minute ? {} : { minute, inMinute: 0 }),
+      ...(e.hour === hour ? {} : { hour, inHour: 0 }),
+    }));
+  let { pending, hourCount } = model;
+  let changed = false;
+  for (const { requestor, count } of counts) {
+    if (!(count !== 0 && Number.isFinite(count))) continue;
+    let entry = entries.find((e) => e.requestor === requestor);
+    if (count > 0) {
+      if (!entry) {
+        entry = { ...(requestor === undefined ? {} : { requestor }), minute, inMinute: 0, hour, inHour: 0 };
+        entries.push(entry);
+      }
+      const counted = Math.min(count, Math.max(0, REQUESTOR_ARRIVALS_PER_MINUTE - entry.inMinute));
+      if (counted <= 0) continue;
+      entry.inMinute += counted;
+      entry.inHour += counted;
+      pending += counted;
+      changed = true;
+    } else if (entry && entry.inHour > 0) {
+      const back = Math.min(-count, entry.inHour);
+      entry.inHour -= back;
+      const fromPending = Math.min(back, pending);
+      pending -= fromPending;
+      hourCount = settled(Math.max(0, hourCount - (back - fromPending)));
+      changed = true;
+    }
+  }
+  if (prev && !changed && !folded) return undefined;
+  // The ones that counted most in this minute, then in this hour, first: at most MAX_COUNTED_REQUESTORS
+  // (the item stays bounded; a heavy requestor is the last one forgotten).
+  const byRequestor = entries
+    .filter((e) => e.inMinute > 0 || e.inHour > 0)
+    .sort((a, b) => b.inMinute - a.inMinute || b.inHour - a.inHour)
+    .slice(0, MAX_COUNTED_REQUESTORS);
+  return {
+    ...model,
+    pending,
+    hourCount,
+    byRequestor,
+    updatedAt: now,
+    version: prev ? prev.version + 1 : 1,
+  };
 }
 
 const SHORT_DECAY = 2 ** (-1 / SHORT_HALF_LIFE_MIN);
@@ -267,122 +309,3 @@ export function forecastRate(model: ArrivalModel, atMinute: number, horizonMinut
   }
   return Math.max(model.shortRate, peak);
 }
-
-/**
- * The least number of ready slots `k` that lets `share` of the arrivals in one launch-to-ready time find
- * one, arrivals being Poisson with mean `expected` (forecast rate x launch-to-ready minutes): the
- * smallest k with E[min(N, k)] >= share x E[N], where E[min(N, k)] = sum over j < k of P(N > j). At most
- * `max`. A share of 0, or no arrivals expected, needs none.
- */
-export function readyTarget(expected: number, share: number, max: number): number {
-  if (!(expected > 0) || !(share > 0) || max <= 0) return 0;
-  const wanted = Math.min(1, share) * expected;
-  const limit = Number.isFinite(max) ? Math.floor(max) : Math.ceil(expected + 10 * Math.sqrt(expected) + 10);
-  if (expected > POISSON_EXACT_UP_TO) {
-    // e^-mean underflows: the normal approximation, E[min(N, k)] = mean - sd x L((k - mean) / sd), with L
-    // the standard normal loss function; the least such k by bisection.
-    const sd = Math.sqrt(expected);
-    const served = (k: number) => expected - sd * normalLoss((k - expected) / sd);
-    let [lo, hi] = [0, limit];
-    if (served(hi) < wanted) return limit;
-    while (lo < hi) {
-      const mid = Math.floor((lo + hi) / 2);
-      if (served(mid) >= wanted) hi = mid;
-      else lo = mid + 1;
-    }
-    return lo;
-  }
-  let pmf = Math.exp(-expected); // P(N = 0)
-  let cdf = pmf; // P(N <= 0)
-  let served = 0; // E[min(N, k)] for k = 0
-  for (let k = 1; k <= limit; k++) {
-    served += 1 - cdf; // + P(N > k - 1) = P(N >= k)
-    if (served >= wanted - 1e-9) return k;
-    pmf *= expected / k;
-    cdf += pmf;
-  }
-  return limit;
-}
-
-/** Above this mean the Poisson terms are computed with the normal approximation (e^-745 underflows). */
-const POISSON_EXACT_UP_TO = 500;
-
-/** The standard normal loss function L(z) = E[(Z - z)+] = phi(z) - z (1 - Phi(z)). */
-function normalLoss(z: number): number {
-  const phi = Math.exp((-z * z) / 2) / Math.sqrt(2 * Math.PI);
-  return phi - z * (1 - normalCdf(z));
-}
-
-/** Phi(z), from erf (Abramowitz and Stegun 7.1.26: absolute error below 1.5e-7). */
-function normalCdf(z: number): number {
-  const x = Math.abs(z) / Math.SQRT2;
-  const t = 1 / (1 + 0.3275911 * x);
-  const poly =
-    t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))));
-  const erf = 1 - poly * Math.exp(-x * x);
-  return z >= 0 ? (1 + erf) / 2 : (1 - erf) / 2;
-}
-
-/** A backing node as the ready-room count needs it. */
-type Host = Pick<
-  BackingRecord,
-  | 'label'
-  | 'poolKey'
-  | 'state'
-  | 'slots'
-  | 'used'
-  | 'slotMap'
-  | 'drained'
-  | 'noNewNodesAfter'
-  | 'launchedAt'
-  | 'readyAt'
->;
-
-/** Whether a backing node takes new nodes now: ready, not drained, within max-age. */
-const takesNodes = (b: Host, now: number) =>
-  b.state === 'ready' && !b.drained && (b.noNewNodesAfter === undefined || now < b.noNewNodesAfter);
-
-/**
- * Free slots of `label` on backing nodes that run anyway (ready, taking nodes, and holding some node
- * that is not the pool's own ready node): ready room that costs nothing extra. A node on a taken ready
- * node keeps the ready node's id in the slot map, so a backing node held only by such nodes is not
- * counted (it runs anyway, but the count errs towards holding more, never fewer).
- */
-export function freeSlotsRunningAnyway(hosts: Iterable<Host>, label: string, now: number): number {
-  let free = 0;
-  for (const b of hosts) {
-    if (b.label !== label || !takesNodes(b, now)) continue;
-    if (!Object.values(b.slotMap).some((id) => !id.startsWith(SPARE_ID_PREFIX))) continue;
-    free += Math.max(0, b.slots - b.used);
-  }
-  return free;
-}
-
-/** The mean seconds from launch to ready of the label's backing nodes read (undefined: none seen). */
-export function launchToReadyOf(hosts: Iterable<Host>, label: string): number | undefined {
-  let sum = 0;
-  let n = 0;
-  for (const b of hosts) {
-    if (b.label !== label || b.readyAt === undefined || b.readyAt <= b.launchedAt) continue;
-    sum += (b.readyAt - b.launchedAt) / 1000;
-    n++;
-  }
-  return n > 0 ? Math.round(sum / n) || undefined : undefined;
-}
-
-/**
- * Whether a new hold is worth writing over the stored one: what it holds or why changed, or the stored
- * one is older than HOLD_REFRESH_MS (`metastatic status` shows when it was decided).
- */
-export function holdChanged(prev: ReadyHold | undefined, next: Omit<ReadyHold, 'version'>): boolean {
-  if (!prev) return true;
-  return (
-    prev.seats !== next.seats ||
-    prev.target !== next.target ||
-    prev.freeSlots !== next.freeSlots ||
-    Math.abs(prev.perMinute - next.perMinute) > 0.05 * Math.max(prev.perMinute, next.perMinute, 0.1) ||
-    next.at - prev.at >= HOLD_REFRESH_MS
-  );
-}
-
-export const HOLD_REFRESH_MS = 10 * 60_000;

@@ -1,7 +1,8 @@
 import type { DurationEstimate } from './estimates.ts';
-import type { ArrivalModel, ReadyHold } from './forecast.ts';
+import type { ArrivalModel } from './forecast.ts';
 import type { LabelBackoff } from './minReady.ts';
 import type { ServiceOrder } from './priority.ts';
+import type { ReadyHold } from './readyRoom.ts';
 import type { BackingRecord, Claim, RequestRecord } from './records.ts';
 import type { BackingState } from './states.ts';
 import type { RegisteredQueue, WaitingQueue } from './waitingQueue.ts';

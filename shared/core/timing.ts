@@ -85,6 +85,41 @@ export const PORT_PROBE_TIMEOUT_MS = 5_000;
 export const MIN_CHECK_MS = PORT_PROBE_TIMEOUT_MS;
 
 /**
+ * How soon a backing node whose resource runs but that is not ready yet (its port does not answer, its
+ * host keys are not in its console output yet) is checked again, seconds (issue 40, defect 2): each try
+ * waits as long as the node has waited since its first `running` report (2, 4, 8 s...), at least `first`
+ * and at most `cap`. On EC2 the host keys show a minute or more after `running`: the node is then ready
+ * at most `cap` after they do, where the fulfil queue's visibility timeout (180 s, longer than the
+ * default boot-timeout) left it to the next reaper run. Each try costs a DescribeInstances and a
+ * GetConsoleOutput (or a port probe): a burst of 500 launches waiting at once asks up to 50 of each a
+ * second, above EC2's refill for read calls (20 a second); the fulfil function's concurrency cap
+ * (fulfilMaxConcurrency) slows that, and a throttled try comes back at its next delay.
+ */
+export const BOOT_RETRY_SECONDS = { first: 2, cap: 10 } as const;
+
+/**
+ * The wait before the next check of a backing node that has run for `waitedMs` (since its first `running`
+ * report) and is not ready yet: BOOT_RETRY_SECONDS, but never past its boot-timeout, so that the check
+ * that fails it comes when boot-timeout passes, not up to `cap` later. Whole seconds, at least 1 (SQS's
+ * DelaySeconds).
+ */
+export function bootRetrySeconds(o: { readonly waitedMs: number; readonly bootTimeoutMs: number }): number {
+  const waited = Math.ceil(Math.max(0, o.waitedMs) / 1000);
+  const grown = Math.min(BOOT_RETRY_SECONDS.cap, Math.max(BOOT_RETRY_SECONDS.first, waited));
+  const left = Math.ceil(Math.max(0, o.bootTimeoutMs - o.waitedMs) / 1000);
+  return Math.max(1, Math.min(grown, left));
+}
+
+/**
+ * The most of one reaper run spent checking launching backing nodes whose resource runs (usecases/
+ * reconcile.ts readyRunning: a `running` event lost, or one the fulfil function is still trying again).
+ * Each check reads the instance's console output (an EC2 call) or probes its port; one after the other,
+ * a scale-up of 500 such nodes took a whole run before any other step (issue 40, defect 3). After this
+ * long the rest waits for the next run (the fulfil function checks them every few seconds meanwhile).
+ */
+export const RUNNING_CHECKS_MS = 10_000;
+
+/**
  * EC2 is eventually consistent: for a while after RunInstances, DescribeInstances can answer
  * InvalidInstanceID.NotFound and the tagged list can leave the new instance out ("seconds to minutes",
  * says EC2's documentation). A resource an eventually consistent provider does not find counts as gone

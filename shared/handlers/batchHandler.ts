@@ -20,6 +20,13 @@ export interface BatchOptions {
    * onto the first's), or all at once (the fulfil queue: events about different machines).
    */
   readonly inOrder: boolean;
+  /**
+   * The end of each invocation, after its records, on the invocation's context (its deadline): what the
+   * records left in the container's memory to write out before Lambda freezes it (the request function's
+   * arrival counts, shared/usecases/forecasts.ts). Best effort: what it throws is logged, the records'
+   * outcomes stand.
+   */
+  readonly atEnd?: (ctx: Context) => Promise<void>;
 }
 
 /**
@@ -52,6 +59,11 @@ export function makeBatchHandler(
       throwOnFullBatchFailure: false,
       processInParallel: !options.inOrder,
     });
+    if (options.atEnd) {
+      await options.atEnd(ctx).catch((err: unknown) => {
+        context.log.warn('the end of an invocation failed', { error: (err as Error).message });
+      });
+    }
     if (notStarted > 0) {
       context.log.info('batch cut short by the invocation deadline; the rest comes back', {
         notStarted,

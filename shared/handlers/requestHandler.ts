@@ -8,6 +8,7 @@ import type { RequestRecord } from '../core/records.ts';
 import { RENEW_RETRY_SECONDS } from '../core/timing.ts';
 import { cancelRequest } from '../usecases/cancel.ts';
 import type { Context } from '../usecases/context.ts';
+import { writeArrivals } from '../usecases/forecasts.ts';
 import { handOffFreedRoom } from '../usecases/handOff.ts';
 import { releaseWhole, renewLease } from '../usecases/leases.ts';
 import type { SparesSeen } from '../usecases/minReady.ts';
@@ -152,7 +153,9 @@ export function makeDeadLetterHandler(context: Context): SqsBatchHandler {
       throw err;
     }
   };
-  return makeBatchHandler(context, recordHandler, { inOrder: true });
+  // The arrivals its placements counted (and its quick releases took back) go to the table before the
+  // container is frozen: the reaper runs in another (shared/usecases/forecasts.ts).
+  return makeBatchHandler(context, recordHandler, { inOrder: true, atEnd: writeArrivals });
 }
 
 /**
@@ -293,5 +296,7 @@ export function makeRequestHandler(context: Context, options: RequestHandlerOpti
       );
     }
   };
-  return makeBatchHandler(context, recordHandler, { inOrder: true });
+  // The arrivals its placements counted (and its quick releases took back) go to the table before the
+  // container is frozen: the reaper runs in another (shared/usecases/forecasts.ts).
+  return makeBatchHandler(context, recordHandler, { inOrder: true, atEnd: writeArrivals });
 }

@@ -9,6 +9,8 @@ export const EmbeddedInfo = z.object({
   dynamodbEndpoint: z.string(),
   sqsEndpoint: z.string(),
   requestQueueUrl: z.string(),
+  /** Lease renewals' queue (absent in a dev.json of an earlier version: the request queue). */
+  leaseQueueUrl: z.string().optional(),
   requestDlqUrl: z.string(),
   fulfilQueueUrl: z.string(),
   tableName: z.string(),

@@ -33,6 +33,7 @@ import {
   startDynalite,
   startSqsEngine,
 } from './engines.ts';
+import { sendBackTo } from './fulfilRetry.ts';
 import { LiveSlotSync } from './liveSlotSync.ts';
 import type { LocalTransactions } from './localTransactions.ts';
 import { type OperatorCall, type OperatorEndpoint, startOperatorEndpoint } from './operatorEndpoint.ts';
@@ -152,6 +153,11 @@ export class EmbeddedPool {
         visibilityTimeout,
         maxReceiveCount,
       });
+      // Lease renewals have a queue of their own, as on AWS: never behind placements.
+      const leaseQueue = await ensureQueue(sqs, 'metastatic-leases', {
+        visibilityTimeout,
+        maxReceiveCount: 5,
+      });
       const fulfilQueue = await ensureQueue(sqs, 'metastatic-fulfil', {
         visibilityTimeout: 5,
         maxReceiveCount: 5,
@@ -216,7 +222,8 @@ export class EmbeddedPool {
           }),
         ),
         deadLetters: thenSync(makeDeadLetterHandler(context)),
-        fulfil: thenSync(makeFulfilHandler(context)),
+        // A backing node not ready yet is tried again within seconds: sent back delayed, as on AWS.
+        fulfil: thenSync(makeFulfilHandler(context, { retryLater: sendBackTo(sqs, fulfilQueue.url) })),
         reaper: thenSync(makeReaperHandler(context)),
       };
       const info: EmbeddedInfo = {
@@ -224,6 +231,7 @@ export class EmbeddedPool {
         dynamodbEndpoint: ddbEngine.endpoint,
         sqsEndpoint: sqsEngine.endpoint,
         requestQueueUrl: requestQueue.url,
+        leaseQueueUrl: leaseQueue.url,
         requestDlqUrl: requestQueue.dlqUrl,
         fulfilQueueUrl: fulfilQueue.url,
         tableName: TABLE_NAME,
@@ -267,6 +275,9 @@ export class EmbeddedPool {
         };
         stack.pollers.push(
           new SqsPoller(sqs, requestQueue.url, requestQueue.arn, requestAndNudge, options.log, {
+            region: REGION,
+          }),
+          new SqsPoller(sqs, leaseQueue.url, leaseQueue.arn, handlers.request, options.log, {
             region: REGION,
           }),
           new SqsPoller(sqs, fulfilQueue.url, fulfilQueue.arn, handlers.fulfil, options.log, {

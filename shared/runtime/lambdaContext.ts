@@ -33,6 +33,12 @@ export const LambdaEnv = z.object({
   EVENT_BUS_NAME: z.string().min(1).default('default'),
   /** The request queue's dead-letter queue: records from it go to the dead-letter handler. */
   REQUEST_DLQ_ARN: z.string().min(1).optional(),
+  /**
+   * The fulfil queue's URL (the fulfil function's environment): where it sends back, delayed, the event of
+   * a backing node not ready yet (FulfilHandlerOptions.retryLater). As CloudFormation gives it, so it is
+   * right wherever the stack runs (moto's, in a rehearsal); unset, the URL is derived from the record's ARN.
+   */
+  FULFIL_QUEUE_URL: z.string().url().optional(),
   /** The request queue's maxReceiveCount (see RequestHandlerOptions). */
   MAX_RECEIVE_COUNT: z.coerce.number().int().positive().optional(),
   /**
@@ -104,7 +110,11 @@ export function lambdaRuntimeFromEnv(raw: NodeJS.ProcessEnv = process.env): Lamb
   });
   let sqs: SQSClient | undefined;
   const sqsClient = () => {
-    sqs ??= tracer.captureAWSv3Client(new SQSClient({ region: env.AWS_REGION }));
+    // The endpoint is the region's (or AWS_ENDPOINT_URL_SQS's, as in a rehearsal), never a queue URL's
+    // host: a URL made from an ARN names AWS's endpoint, which a rehearsal on moto must not reach.
+    sqs ??= tracer.captureAWSv3Client(
+      new SQSClient({ region: env.AWS_REGION, useQueueUrlAsEndpoint: false }),
+    );
     return sqs;
   };
   return { context, env, metrics, sqs: sqsClient };

@@ -7,6 +7,7 @@
  */
 export const STACK_OUTPUTS = {
   requestQueueUrl: 'RequestQueueUrl',
+  leaseQueueUrl: 'LeaseQueueUrl',
   fulfilQueueUrl: 'FulfilQueueUrl',
   tableName: 'TableName',
   eventBusName: 'EventBusName',

@@ -2,7 +2,7 @@ import type { DynamoDBClient } from '@aws-sdk/client-dynamodb';
 import { DynamoDBDocumentClient } from '@aws-sdk/lib-dynamodb';
 import { type Clock, systemClock } from '../core/clock.ts';
 import type { DurationEstimate } from '../core/estimates.ts';
-import type { ArrivalModel, ReadyHold } from '../core/forecast.ts';
+import type { ArrivalModel } from '../core/forecast.ts';
 import type { LabelBackoff } from '../core/minReady.ts';
 import type {
   BackingExpectation,
@@ -16,6 +16,7 @@ import type {
   SlotClaim,
 } from '../core/poolStore.ts';
 import type { ServiceOrder } from '../core/priority.ts';
+import type { ReadyHold } from '../core/readyRoom.ts';
 import type { BackingRecord, Claim, RequestRecord } from '../core/records.ts';
 import { RECORD_RETENTION_SECONDS } from '../core/timing.ts';
 import type { RegisteredQueue, WaitingQueue } from '../core/waitingQueue.ts';

@@ -7,9 +7,10 @@ import {
   UpdateCommand,
 } from '@aws-sdk/lib-dynamodb';
 import { DurationEstimate } from '../core/estimates.ts';
-import { ArrivalModel, ReadyHold } from '../core/forecast.ts';
+import { ArrivalModel } from '../core/forecast.ts';
 import { LabelBackoff } from '../core/minReady.ts';
 import type { MinReadyState } from '../core/poolStore.ts';
+import { ReadyHold } from '../core/readyRoom.ts';
 import { keys } from './table.ts';
 import { conditions } from './writes.ts';
 

@@ -8,6 +8,16 @@
 export const WRITES_IN_FLIGHT = 16;
 
 /**
+ * How many launching backing nodes the reaper checks at once (reconcile.ts readyRunning): each check is
+ * an EC2 call (GetConsoleOutput) or a port probe, and a few DynamoDB calls. EC2 throttles each API per
+ * account and region with a token bucket (for most read calls 100 tokens, refilled at 20 a second), which
+ * the fulfil function's checks of the same instances share: 3 in flight at ~100 ms a call is at most ~30
+ * calls a second, so the RUNNING_CHECKS_MS (10 s) a run may spend on them stays within a full bucket and
+ * its refill. A throttled call is retried with back-off by the provider (providers/aws/ec2Calls.ts).
+ */
+export const CHECKS_IN_FLIGHT = 3;
+
+/**
  * Runs `work` over `items` with at most `limit` running at once, starting them in order. Once a `work`
  * returns false (the invocation's time ran out), no further item starts; those running finish.
  */

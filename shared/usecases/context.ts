@@ -53,6 +53,12 @@ export interface Context {
    * instances run at once and only age tells.
    */
   readonly deliveriesDeadBefore?: number;
+  /**
+   * A request released within this long of its placement teaches the arrival forecast's weeks ahead
+   * nothing (shared/usecases/forecasts.ts). Unset: QUICK_RELEASE_MS (30 s); the chaos run, whose jobs last
+   * seconds where a CI job's last minutes, sets it in proportion.
+   */
+  readonly quickReleaseMs?: number;
 }
 
 /** How a backing node's host keys are learned (Context.hostKeyPlan). */

@@ -1,11 +1,11 @@
 import { markReady } from '../core/backing.ts';
-import { DeadlineError, RetryableError } from '../core/errors.ts';
+import { DeadlineError, NotReadyYetError, RetryableError } from '../core/errors.ts';
 import { notFoundIsFinal } from '../core/lifecycle.ts';
 import { MetricName } from '../core/observability.ts';
 import type { BackingProvider, BackingResource } from '../core/provider.ts';
 import type { BackingRecord } from '../core/records.ts';
 import type { StateChangeEvent } from '../core/stateChanges.ts';
-import { PORT_PROBE_TIMEOUT_MS } from '../core/timing.ts';
+import { bootRetrySeconds, PORT_PROBE_TIMEOUT_MS } from '../core/timing.ts';
 import { learnHostKeys } from './backingHostKeys.ts';
 import { retryOnConflict, unlessConflict } from './conflicts.ts';
 import { type Context, timeLeft } from './context.ts';
@@ -190,24 +190,31 @@ export async function resourceRunning(ctx: Context, resource: BackingResource): 
   }
   const pool = ctx.config.metastaticPools.find((p) => p.key === b.poolKey);
   const bootTimeout = pool?.bootTimeout ?? 120;
-  if (ctx.probePort && resource.host && resource.port !== undefined) {
-    const probeMs = Math.min(PORT_PROBE_TIMEOUT_MS, bootTimeout * 1000);
-    if (timeLeft(ctx) < probeMs) {
-      // Too late in this invocation for a probe that could tell: boot-timeout starts now all the same.
-      if (b.runningAt === undefined) await stampRunning(ctx, b);
-      throw new DeadlineError(
-        `no time left in this invocation to probe ${resource.host}:${resource.port} of backing node ${b.id}; retrying`,
-      );
+  let learned: Awaited<ReturnType<typeof learnHostKeys>>;
+  try {
+    if (ctx.probePort && resource.host && resource.port !== undefined) {
+      const probeMs = Math.min(PORT_PROBE_TIMEOUT_MS, bootTimeout * 1000);
+      if (timeLeft(ctx) < probeMs) {
+        // Too late in this invocation for a probe that could tell: boot-timeout starts now all the same.
+        throw new DeadlineError(
+          `no time left in this invocation to probe ${resource.host}:${resource.port} of backing node ${b.id}; retrying`,
+        );
+      }
+      const answered = await ctx.probePort(resource.host, resource.port, probeMs);
+      if (!answered) {
+        return notReadyYet(ctx, b, bootTimeout, {
+          failure: `${resource.host}:${resource.port} did not answer`,
+          waiting: `backing node ${b.id} is running but ${resource.host}:${resource.port} does not answer yet`,
+        });
+      }
     }
-    const answered = await ctx.probePort(resource.host, resource.port, probeMs);
-    if (!answered) {
-      return notReadyYet(ctx, b, bootTimeout, {
-        failure: `${resource.host}:${resource.port} did not answer`,
-        waiting: `backing node ${b.id} is running but ${resource.host}:${resource.port} does not answer yet`,
-      });
+    learned = await learnHostKeys(ctx, b, resource, bootTimeout);
+  } catch (err) {
+    if (err instanceof RetryableError && !(err instanceof NotReadyYetError)) {
+      throw await noVerdict(ctx, b, bootTimeout, err);
     }
+    throw err;
   }
-  const learned = await learnHostKeys(ctx, b, resource, bootTimeout);
   if (learned.kind === 'wait') return notReadyYet(ctx, b, bootTimeout, learned);
   if (learned.kind === 'fail') return failReadying(ctx, b, learned.reason);
   const backing = await backingReady(ctx, b.id, resource.resourceId, {
@@ -226,7 +233,9 @@ export async function resourceRunning(ctx: Context, resource: BackingResource): 
 
 /**
  * A running backing node that is not ready yet (its port does not answer, its host keys are not known):
- * retried (RetryableError) within boot-timeout, counted from the first `running` report; failed after.
+ * tried again within boot-timeout, counted from the first `running` report, and failed after. The error
+ * says how soon (NotReadyYetError, core/timing.ts bootRetrySeconds: within seconds, and the last try when
+ * boot-timeout passes), so the fulfil function need not wait for the queue's visibility timeout.
  */
 async function notReadyYet(
   ctx: Context,
@@ -235,10 +244,33 @@ async function notReadyYet(
   why: { readonly failure: string; readonly waiting: string },
 ): Promise<FulfilOutcome> {
   const since = b.runningAt ?? (await stampRunning(ctx, b));
-  if (ctx.clock.now() - since >= bootTimeout * 1000) {
+  const waitedMs = ctx.clock.now() - since;
+  if (waitedMs >= bootTimeout * 1000) {
     return failReadying(ctx, b, `boot-timeout of ${bootTimeout}s exceeded: ${why.failure}`);
   }
-  throw new RetryableError(why.waiting);
+  throw new NotReadyYetError(why.waiting, bootRetrySeconds({ waitedMs, bootTimeoutMs: bootTimeout * 1000 }));
+}
+
+/**
+ * A check of a running backing node that reached no verdict (no time left in the invocation for a probe
+ * or a scan, EC2 throttling the console read past its retries): within boot-timeout it is tried again as
+ * soon as a node not ready yet (boot-timeout counts from now if no `running` report was stamped yet);
+ * after it, the error stands (the reaper's deadline step fails the backing node).
+ */
+async function noVerdict(
+  ctx: Context,
+  b: BackingRecord,
+  bootTimeout: number,
+  err: RetryableError,
+): Promise<RetryableError> {
+  const since = b.runningAt ?? (await stampRunning(ctx, b));
+  const waitedMs = ctx.clock.now() - since;
+  if (waitedMs >= bootTimeout * 1000) return err;
+  return new NotReadyYetError(
+    err.message,
+    bootRetrySeconds({ waitedMs, bootTimeoutMs: bootTimeout * 1000 }),
+    { cause: err },
+  );
 }
 
 /** Fails a backing node that cannot become ready; its nodes move or fail (failure.ts). */

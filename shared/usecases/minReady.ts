@@ -1,9 +1,9 @@
 import type { MetastaticLabel, MetastaticPool } from '../config/model.ts';
 import { hashOf } from '../core/backing.ts';
-import type { ReadyHold } from '../core/forecast.ts';
 import { ownerToken, parseNodeId } from '../core/ids.ts';
 import { isFreeSpare, spareRequestId, takenSpare } from '../core/minReady.ts';
 import type { MinReadyState } from '../core/poolStore.ts';
+import type { ReadyHold } from '../core/readyRoom.ts';
 import type { BackingRecord, NodeRecord, RequestRecord } from '../core/records.ts';
 import { placedNode, withNodes } from '../core/request.ts';
 import { type FailBacking, giveBackRoom, giveBackSlot } from './backingNodes.ts';

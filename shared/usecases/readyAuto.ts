@@ -1,4 +1,6 @@
 import type { ReadyAuto } from '../config/model.ts';
+import { PoolEventType } from '../core/observability.ts';
+import type { MinReadyState } from '../core/poolStore.ts';
 import {
   freeSlotsRunningAnyway,
   holdChanged,
@@ -6,9 +8,7 @@ import {
   type ReadyHold,
   readyNeed,
   sparesWanted,
-} from '../core/forecast.ts';
-import { PoolEventType } from '../core/observability.ts';
-import type { MinReadyState } from '../core/poolStore.ts';
+} from '../core/readyRoom.ts';
 import type { BackingRecord } from '../core/records.ts';
 import { type Context, emit } from './context.ts';
 import { foldForecast } from './forecasts.ts';

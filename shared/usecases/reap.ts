@@ -22,7 +22,7 @@ import {
   READYING_WINDOW_MS,
 } from './reapChecks.ts';
 import type { MutableReport, ReapReport } from './reapReport.ts';
-import { reconcile, reconcileCapacity, stopMany } from './reconcile.ts';
+import { type RunningLaunch, readyRunning, reconcile, reconcileCapacity, stopMany } from './reconcile.ts';
 import { keepMinReady } from './replenish.ts';
 import { endExpiredRequests, nodesWaiting } from './waiting.ts';
 
@@ -33,7 +33,8 @@ import { endExpiredRequests, nodesWaiting } from './waiting.ts';
  * of core/reaperSteps.ts:
  * 1. reconciliation both ways (a vanished resource must not be retired as if idle): a record whose
  *    resource is gone fails; tagged resources with no live record are terminated (a batch per provider);
- *    a launching record whose resource runs is made ready (a lost event);
+ *    then launching records whose resource runs are checked and made ready if they are (a lost event),
+ *    several at once and for at most RUNNING_CHECKS_MS of the run (reconcile.ts readyRunning);
  * 2. `retire`: empty backing nodes are retired by the rules of core/lifecycle.ts, two-phase: a
  *    conditional write (still empty, unchanged since read) marks each due one retiring so no allocation
  *    can land on it; then those and the ones left retiring by earlier runs are terminated in batches
@@ -115,9 +116,16 @@ export async function reap(ctx: Context): Promise<ReapReport> {
 
   // 1. Reconciliation first: a vanished resource must not be retired as if it were idle.
   const gone = new Set<string>();
+  let running: RunningLaunch[] = [];
   await timed('reconcile', () =>
-    guard('reconcile', '-', () => reconcile(ctx, [...idle, ...launching, ...active], report, gone)),
+    guard('reconcile', '-', async () => {
+      running = await reconcile(ctx, [...idle, ...launching, ...active], report, gone);
+    }),
   );
+  // Launching backing nodes whose resource runs (a lost event, or one still being tried) are checked
+  // before the deadlines step fails any, within a bounded part of the run and several at once: a
+  // scale-up's hundreds of console reads do not hold back the steps (issue 40, defect 3).
+  await timed('running', () => guard('running', '-', () => readyRunning(ctx, running, report)));
 
   // The FAILED partition, read once a run (by the `failed` or the `capacity` step, whichever runs first):
   // what the `failed` step then settled stays in the capacity step's view as it was read, which only

@@ -100,11 +100,13 @@ export async function enforceDeadlines(
     }
   }
   const pool = ctx.config.metastaticPools.find((p) => p.key === b.poolKey);
-  const decision = deadlineDecision(
-    b,
-    { launchTimeout: pool?.launchTimeout ?? 3600, bootTimeout: pool?.bootTimeout ?? 120 },
-    ctx.clock.now(),
-  );
+  const timeouts = { launchTimeout: pool?.launchTimeout ?? 3600, bootTimeout: pool?.bootTimeout ?? 120 };
+  if (!deadlineDecision(b, timeouts, ctx.clock.now()).fail) return false;
+  // `b` is as the run read it at its start: the run's own check of running backing nodes (reconcile.ts
+  // readyRunning) or a fulfil delivery may have made it ready since (its host keys showed in time, seen
+  // late). Decided again on the record as it is now (one read, only for a backing node past a deadline).
+  const current = await ctx.store.getBacking(b.id);
+  const decision = current ? deadlineDecision(current, timeouts, ctx.clock.now()) : { fail: false as const };
   if (!decision.fail) return false;
   const settled = await failBackingNode(ctx, b.id, decision.reason, { resourceGone: false });
   report.failed.push(b.id);

@@ -5,8 +5,8 @@ import { ownerSince, parseNodeId } from '../core/ids.ts';
 import { MetricName, PoolEventType } from '../core/observability.ts';
 import type { BackingProvider, BackingResource } from '../core/provider.ts';
 import type { BackingRecord } from '../core/records.ts';
-import { ORPHAN_GRACE_MS } from '../core/timing.ts';
-import { forEachBounded, WRITES_IN_FLIGHT } from './bounded.ts';
+import { type Deadline, ORPHAN_GRACE_MS, RUNNING_CHECKS_MS } from '../core/timing.ts';
+import { CHECKS_IN_FLIGHT, forEachBounded, WRITES_IN_FLIGHT } from './bounded.ts';
 import { unlessConflict } from './conflicts.ts';
 import { type Context, emit, leaseExpired, timeLeft } from './context.ts';
 import { failBackingNode } from './failure.ts';
@@ -77,13 +77,17 @@ export async function reconcileCapacity(
   if (failures.length > 0) throw failures[0];
 }
 
-/** Compares the table with every provider's list of tagged resources, both ways. */
+/**
+ * Compares the table with every provider's list of tagged resources, both ways. Returns the launching
+ * backing nodes whose resource the provider lists running, for readyRunning: their checks cost a provider
+ * call each and are bounded apart.
+ */
 export async function reconcile(
   ctx: Context,
   records: readonly BackingRecord[],
   report: MutableReport,
   gone: Set<string>,
-): Promise<void> {
+): Promise<RunningLaunch[]> {
   const providers = new Map<BackingProvider, string>();
   for (const pool of ctx.config.backingPools) {
     try {
@@ -102,17 +106,18 @@ export async function reconcile(
     }
   }
   const recorded = new Map(records.filter((b) => b.resourceId).map((b) => [b.resourceId as string, b]));
+  const running: RunningLaunch[] = [];
   // Records whose resource is gone: fail them (waiting nodes move, ready nodes fail).
   for (const b of records) {
     if (!b.resourceId) continue;
     if (timeLeft(ctx) <= 0) {
       report.deferred++; // the rest is the next run's
-      return;
+      return running;
     }
     const listedResource = listed.get(b.resourceId);
     if (listedResource && !isGone(listedResource)) {
       if (b.state === 'launching' && listedResource.state === 'running') {
-        await resourceRunning(ctx, listedResource).catch(() => undefined); // an event that never came
+        running.push({ backing: b, resource: listedResource }); // an event that never came, or not ready yet
       }
       continue;
     }
@@ -162,6 +167,46 @@ export async function reconcile(
       });
     }
   }
+  return running;
+}
+
+/** A launching backing node whose resource its provider lists running (reconcile). */
+export interface RunningLaunch {
+  readonly backing: BackingRecord;
+  readonly resource: BackingResource;
+}
+
+/**
+ * Checks launching backing nodes whose resource runs, as their `running` event would (fulfil.ts
+ * resourceRunning: the port, the host keys; ready if both are there): the event may have been lost, or
+ * its tries may have stopped. Each check is a provider call (EC2's GetConsoleOutput, or a port probe), so
+ * they are bounded (issue 40, defect 3): CHECKS_IN_FLIGHT at once (EC2's request rates), and no new one
+ * after RUNNING_CHECKS_MS of the run, so that a scale-up of hundreds does not hold back every other step
+ * run after run. First those no `running` report has reached (nothing else checks them), then those
+ * running longest (closest to their boot-timeout, likeliest booted); the rest is the next run's (counted
+ * `deferred`), and the fulfil function tries them again every few seconds meanwhile.
+ */
+export async function readyRunning(
+  ctx: Context,
+  found: readonly RunningLaunch[],
+  report: MutableReport,
+): Promise<void> {
+  if (found.length === 0) return;
+  const order = [...found].sort((a, b) => (a.backing.runningAt ?? 0) - (b.backing.runningAt ?? 0));
+  const end = ctx.clock.now() + RUNNING_CHECKS_MS;
+  // Each check ends within the run's time and this part's: a probe or a console read not started in time
+  // is no verdict (the backing node stays launching, its first report stamped).
+  const within: Deadline = { remainingMs: () => Math.min(timeLeft(ctx), end - ctx.clock.now()) };
+  const checking: Context = { ...ctx, deadline: within };
+  let started = 0;
+  await forEachBounded(order, CHECKS_IN_FLIGHT, async ({ resource }) => {
+    if (within.remainingMs() <= 0) return false;
+    started++;
+    // Not ready yet (the fulfil function tries it again), or no verdict: the next run looks again.
+    await resourceRunning(checking, resource).catch(() => undefined);
+    return true;
+  });
+  if (started < order.length) report.deferred++;
 }
 
 /** Terminates resources of one provider in as few calls as it allows (terminateMany), within the deadline. */

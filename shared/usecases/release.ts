@@ -7,6 +7,7 @@ import { giveBackRoom } from './backingNodes.ts';
 import { retryOnConflict } from './conflicts.ts';
 import { type Context, emit } from './context.ts';
 import { learnDuration } from './estimates.ts';
+import { takeBackQuickRelease } from './forecasts.ts';
 import { endSpareOf } from './minReady.ts';
 import { failRequest, requestSettled } from './requests.ts';
 
@@ -90,6 +91,8 @@ export async function releaseNode(
   if (already) return { kind: 'already-released', node };
   // How long it was kept teaches the estimate for nodes of its label without a hint (best effort).
   await learnDuration(ctx, request, node);
+  // Released within seconds of its placement: its arrival teaches the forecast's weeks ahead nothing.
+  takeBackQuickRelease(ctx, request, node);
   return { kind: 'released', node, ...(request.poolKey ? { poolKey: request.poolKey } : {}) };
 }
 

@@ -96,8 +96,10 @@ export async function requestNodes(
         return { kind: 'failed', request: failed ?? fresh };
       }
       if (result.kind === 'placed') {
-        // Placed by this delivery (a redelivery finds it placed): its nodes are arrivals to forecast.
-        if (!isSpareRequestId(m.id)) for (const n of result.request.nodes) await countArrival(ctx, n.label);
+        // Placed by this delivery (a redelivery finds it placed): its nodes are arrivals to forecast, of
+        // its requestor (each counts at most so many a minute: core/forecast.ts withArrivals).
+        if (!isSpareRequestId(m.id))
+          for (const n of result.request.nodes) await countArrival(ctx, n.label, result.request.requestor);
         return result;
       }
       waits.push(result.reason);

@@ -45,6 +45,11 @@ interface PoolOptions {
   hostKeyChecking?: boolean;
   /** Replaces parts of the context (a host-key plan, a scanner). */
   context?: Partial<Context>;
+  /**
+   * The fulfil handler sends an event it must try again later back to its queue, delayed (as the stack's
+   * fulfil function does): the copies land in Pool.resent instead of a queue.
+   */
+  resend?: boolean;
 }
 
 const yaml = (o: PoolOptions = {}) =>
@@ -115,6 +120,8 @@ interface Pool {
   fulfil: ReturnType<typeof makeFulfilHandler>;
   /** Delivers the fake's pending state events to the fulfil handler (undefined: there were none). */
   deliver(): Promise<SQSBatchResponse | undefined>;
+  /** With `resend`: the events the fulfil handler sent back to its queue, each with its delay. */
+  resent: { body: string; seconds: number; dueAt: number }[];
 }
 
 let pools: FakeEc2[] = [];
@@ -150,13 +157,23 @@ async function pool(o: PoolOptions = {}): Promise<Pool> {
   // The instances' private IPs are not reachable from here: their port "answers" by fiat.
   const ctx: Context = { ...base, probePort: async () => true, ...o.context };
   const request = makeRequestHandler(ctx, { maxReceiveCount: 3 });
-  const fulfil = makeFulfilHandler(ctx);
+  const resent: Pool['resent'] = [];
+  const fulfil = makeFulfilHandler(
+    ctx,
+    o.resend
+      ? {
+          retryLater: async (record, seconds) =>
+            void resent.push({ body: record.body, seconds, dueAt: clock.now() + seconds * 1000 }),
+        }
+      : {},
+  );
   return {
     ctx,
     ec2,
     clock,
     request,
     fulfil,
+    resent,
     async deliver() {
       await ec2.settled();
       const events = queue.splice(0);
@@ -792,5 +809,88 @@ describe('host keys from the console output: the functions outside the VPC canno
       state: 'failed',
       nodes: [{ state: 'failed', reason: expect.stringContaining(reason) }],
     });
+  });
+
+  /** Plays the fulfil queue: each copy the handler sent back is delivered when its delay is up. */
+  const playResent = async (p: Pool): Promise<number[]> => {
+    const delays: number[] = [];
+    for (let copy = p.resent.shift(); copy; copy = p.resent.shift()) {
+      delays.push(copy.seconds);
+      p.clock.set(copy.dueAt);
+      expect((await p.fulfil(sqsEvent([copy.body]))).batchItemFailures).toEqual([]);
+    }
+    return delays;
+  };
+
+  it('tries a running backing node again within seconds while its console shows no keys, not after the queue timeout (issue 40, defect 2)', async () => {
+    const p = await pool({ consoleDelayMs: 75_000, resend: true });
+    await p.request(sqsEvent([req('quick')]));
+    const backingId = (await p.ctx.store.getRequest('quick'))?.nodes[0]?.backingNodeId as string;
+    await p.ec2.advance(30_000); // running; cloud-init prints the keys 75 s later
+    const runningAt = p.clock.now();
+    // Not ready yet: the event is consumed, and a copy of it comes back 2 s later (not after 180 s).
+    expect((await p.deliver())?.batchItemFailures).toEqual([]);
+    expect(p.resent.map((c) => c.seconds)).toEqual([2]);
+    // Each try waits twice as long as the node has waited so far (2, 4, 8 s...), at most 10 s: the
+    // node is ready within 10 s of its keys showing, with no reaper run.
+    const delays = await playResent(p);
+    expect(delays).toEqual([2, 2, 4, 8, 10, 10, 10, 10, 10, 10]);
+    const ready = await p.ctx.store.getBacking(backingId);
+    expect(ready?.state).toBe('ready');
+    const afterKeys = (ready?.readyAt as number) - (runningAt + 75_000);
+    expect(afterKeys).toBeGreaterThanOrEqual(0);
+    expect(afterKeys).toBeLessThanOrEqual(10_000);
+    expect(await p.ctx.store.getRequest('quick')).toMatchObject({
+      state: 'fulfilled',
+      nodes: [{ hostKeys: p.ec2.hostKeysOf(p.ec2.instances[0]?.instanceId as string) }],
+    });
+  });
+
+  it('stops trying again once boot-timeout has passed: the last try comes when it passes, and fails the backing node', async () => {
+    const p = await pool({ consoleHostKeys: false, retries: 1, resend: true });
+    await p.request(sqsEvent([req('never')]));
+    const backingId = (await p.ctx.store.getRequest('never'))?.nodes[0]?.backingNodeId as string;
+    await p.ec2.advance(30_000);
+    const runningAt = p.clock.now();
+    expect((await p.deliver())?.batchItemFailures).toEqual([]);
+    const delays = await playResent(p);
+    // 2, 2, 4, 8, then every 10 s up to 116 s; the last waits the 4 s left of the 120 s boot-timeout.
+    expect(delays).toEqual([2, 2, 4, 8, ...Array(10).fill(10), 4]);
+    expect(p.clock.now() - runningAt).toBe(120_000);
+    expect(await p.ctx.store.getBacking(backingId)).toMatchObject({
+      state: 'failed',
+      reason: expect.stringContaining(
+        'boot-timeout of 120s exceeded: no SSH host keys in the console output',
+      ),
+    });
+    expect(p.resent).toEqual([]);
+  });
+
+  it('keeps a backing node the reaper readied in the same run past its boot-timeout: its keys showed in time', async () => {
+    const p = await pool({ consoleDelayMs: 100_000 });
+    await p.request(sqsEvent([req('late-seen')]));
+    const backingId = (await p.ctx.store.getRequest('late-seen'))?.nodes[0]?.backingNodeId as string;
+    await p.ec2.advance(30_000);
+    expect((await p.deliver())?.batchItemFailures).toHaveLength(1); // no keys yet; its event comes back later
+    // The keys show 100 s after running; the next look is a reaper run at 125 s, past the 120 s boot-timeout.
+    p.clock.advance(125_000);
+    const report = await reap(p.ctx);
+    expect(report.failed).toEqual([]);
+    expect((await p.ctx.store.getBacking(backingId))?.state).toBe('ready');
+    expect((await p.ctx.store.getRequest('late-seen'))?.state).toBe('fulfilled');
+  });
+
+  it('leaves the event to the queue (a failed record) when it cannot be sent back', async () => {
+    const p = await pool({ consoleDelayMs: 75_000 });
+    const fulfil = makeFulfilHandler(p.ctx, {
+      retryLater: async () => {
+        throw new Error('no route to SQS');
+      },
+    });
+    await p.request(sqsEvent([req('stuck')]));
+    await p.ec2.advance(30_000);
+    await p.ec2.settled();
+    const running = p.ec2.events.filter((e) => e.detail.state === 'running');
+    expect((await fulfil(sqsEvent(running.map((e) => JSON.stringify(e))))).batchItemFailures).toHaveLength(1);
   });
 });

@@ -15,7 +15,12 @@ import { LauncherPermissions } from '../../lib/launcherPermissions.ts';
 import { MetastaticPool } from '../../lib/metastaticPool.ts';
 import { MetastaticStack } from '../../lib/metastaticStack.ts';
 import { environmentSize, LAMBDA_ENVIRONMENT_LIMIT, TOKEN_ALLOWANCE } from '../../lib/poolFunction.ts';
-import { EC2_EVENT_STATES, FULFIL_MAX_CONCURRENCY, REQUEST_MAX_CONCURRENCY } from '../../lib/poolProps.ts';
+import {
+  EC2_EVENT_STATES,
+  FULFIL_MAX_CONCURRENCY,
+  LEASE_MAX_CONCURRENCY,
+  REQUEST_MAX_CONCURRENCY,
+} from '../../lib/poolProps.ts';
 import { ConfigInvalidError } from '../../shared/config/load.ts';
 import { InstanceState } from '../../shared/core/stateChanges.ts';
 import { FUNCTION_TIMEOUT_SECONDS, visibilityTimeoutSeconds } from '../../shared/core/timing.ts';
@@ -316,13 +321,19 @@ describe('MetastaticStack (the example configuration, as bin/cdk.ts builds it)',
 
   it('reports batch item failures from every SQS event source (10 requests per batch)', () => {
     const mappings = ofType('AWS::Lambda::EventSourceMapping');
-    expect(mappings).toHaveLength(3);
+    expect(mappings).toHaveLength(4);
     for (const [, mapping] of mappings) {
       expect((mapping.Properties as Json).FunctionResponseTypes).toEqual(['ReportBatchItemFailures']);
     }
     template.hasResourceProperties('AWS::Lambda::EventSourceMapping', {
       FunctionName: { Ref: Match.stringLikeRegexp('^PoolRequestFunction') },
       EventSourceArn: { 'Fn::GetAtt': [Match.stringLikeRegexp('^PoolRequestQueue[0-9A-F]{8}$'), 'Arn'] },
+      BatchSize: 10,
+    });
+    // Lease renewals on a queue and mapping of their own, consumed by the request function (issue 40).
+    template.hasResourceProperties('AWS::Lambda::EventSourceMapping', {
+      FunctionName: { Ref: Match.stringLikeRegexp('^PoolRequestFunction') },
+      EventSourceArn: { 'Fn::GetAtt': [Match.stringLikeRegexp('^PoolLeaseQueue[0-9A-F]{8}$'), 'Arn'] },
       BatchSize: 10,
     });
     template.hasResourceProperties('AWS::Lambda::EventSourceMapping', {
@@ -343,9 +354,9 @@ describe('MetastaticStack (the example configuration, as bin/cdk.ts builds it)',
     });
   });
 
-  it('gives each work queue a dead-letter queue (52 receives for requests, above the 2.5 h waiting budget; 5 for fulfil) kept 14 days', () => {
+  it('gives each work queue a dead-letter queue (52 receives for requests, above the 2.5 h waiting budget; 5 for leases and fulfil) kept 14 days', () => {
     const queues = ofType('AWS::SQS::Queue');
-    expect(queues).toHaveLength(4);
+    expect(queues).toHaveLength(6);
     const dlqIds = new Set<string>();
     const receives: Record<string, number> = {};
     for (const [id, queue] of queues) {
@@ -354,8 +365,8 @@ describe('MetastaticStack (the example configuration, as bin/cdk.ts builds it)',
       dlqIds.add(refId(redrive.deadLetterTargetArn));
       receives[id.replace(/[0-9A-F]{8}$/, '')] = redrive.maxReceiveCount as number;
     }
-    expect(receives).toEqual({ PoolRequestQueue: 52, PoolFulfilQueue: 5 });
-    expect(dlqIds.size).toBe(2);
+    expect(receives).toEqual({ PoolRequestQueue: 52, PoolLeaseQueue: 5, PoolFulfilQueue: 5 });
+    expect(dlqIds.size).toBe(3);
     for (const id of dlqIds) expect(props(id).MessageRetentionPeriod).toBe(14 * 24 * 3600);
   });
 
@@ -382,7 +393,7 @@ describe('MetastaticStack (the example configuration, as bin/cdk.ts builds it)',
 
   it("sets each consumed queue's visibility timeout from the timing contract (6 x its consumer's timeout)", () => {
     const mappings = ofType('AWS::Lambda::EventSourceMapping');
-    expect(mappings).toHaveLength(3);
+    expect(mappings).toHaveLength(4);
     for (const [, mapping] of mappings) {
       const p = mapping.Properties as Json;
       const queue = props(refId(p.EventSourceArn));
@@ -401,6 +412,7 @@ describe('MetastaticStack (the example configuration, as bin/cdk.ts builds it)',
     expect(concurrency).toEqual({
       PoolRequestQueue: { MaximumConcurrency: REQUEST_MAX_CONCURRENCY },
       PoolRequestQueueDeadLetterQueue: { MaximumConcurrency: 2 },
+      PoolLeaseQueue: { MaximumConcurrency: LEASE_MAX_CONCURRENCY },
       PoolFulfilQueue: { MaximumConcurrency: FULFIL_MAX_CONCURRENCY },
     });
   });
@@ -481,6 +493,10 @@ describe('MetastaticStack (the example configuration, as bin/cdk.ts builds it)',
         POWERTOOLS_SERVICE_NAME: 'metastatic',
         POWERTOOLS_METRICS_NAMESPACE: 'Metastatic',
         NODE_OPTIONS: '--enable-source-maps',
+        // The fulfil function sends an event back to its queue, delayed (issue 40, defect 2).
+        ...(id.startsWith('PoolFulfil')
+          ? { FULFIL_QUEUE_URL: { Ref: expect.stringMatching(/^PoolFulfilQueue[0-9A-F]{8}$/) } }
+          : {}),
         ...(id.startsWith('PoolRequest')
           ? {
               MAX_RECEIVE_COUNT: '52',
@@ -591,6 +607,23 @@ describe('MetastaticStack (the example configuration, as bin/cdk.ts builds it)',
     );
   });
 
+  it('lets the fulfil function send to its own queue, and no function send anywhere else (issue 40, defect 2)', () => {
+    // A backing node not ready yet: its event goes back to the fulfil queue, delayed (fulfilRetry.ts).
+    const senders = ofType('AWS::IAM::Policy').flatMap(([, policy]) => {
+      const p = policy.Properties as { Roles: unknown[]; PolicyDocument: { Statement: Statement[] } };
+      return allowing(p.PolicyDocument.Statement, 'sqs:SendMessage').map((st) => ({
+        roles: p.Roles.map(refId),
+        resources: resourcesOf(st),
+      }));
+    });
+    expect(senders).toEqual([
+      {
+        roles: [expect.stringMatching(/^PoolFulfilRole[0-9A-F]{8}$/)],
+        resources: [expect.stringMatching(/^<PoolFulfilQueue[0-9A-F]{8}\.Arn>$/)],
+      },
+    ]);
+  });
+
   it('grants every function the table items it uses, Query on the two indexes by name, and PutEvents on the bus', () => {
     const statements = statementsOf(template);
     // Exactly what the functions call (shared/store): no Scan (only the CLI's listings scan, with the
@@ -627,7 +660,7 @@ describe('MetastaticStack (the example configuration, as bin/cdk.ts builds it)',
     );
   });
 
-  it('alarms on both dead-letter queues, failed launches, long waits, a stalled queue, a failing reaper and lost EC2 events', () => {
+  it('alarms on every dead-letter queue, failed launches, long waits, a stalled queue, a failing reaper and lost EC2 events', () => {
     // The pool's own series: pools in one account and region write the same metric names.
     const poolDimensions = [
       { Name: 'pool', Value: 'Metastatic-Pool-5603C6D5' },
@@ -638,6 +671,7 @@ describe('MetastaticStack (the example configuration, as bin/cdk.ts builds it)',
       'PoolEc2EventsDeliveryAlarm',
       'PoolFulfilQueueDeadLetterAlarm',
       'PoolLaunchFailedAlarm',
+      'PoolLeaseQueueDeadLetterAlarm',
       'PoolReaperErrorsAlarm',
       'PoolRequestQueueDeadLetterAlarm',
       'PoolRequestQueueStalledAlarm',
@@ -650,6 +684,7 @@ describe('MetastaticStack (the example configuration, as bin/cdk.ts builds it)',
     for (const id of [
       'PoolEc2EventsDeliveryAlarm',
       'PoolFulfilQueueDeadLetterAlarm',
+      'PoolLeaseQueueDeadLetterAlarm',
       'PoolRequestQueueDeadLetterAlarm',
     ]) {
       expect(alarm(id).Threshold).toBe(0);
@@ -851,6 +886,7 @@ describe('MetastaticStack (the example configuration, as bin/cdk.ts builds it)',
       'DashboardName',
       'EventBusName',
       'FulfilQueueUrl',
+      'LeaseQueueUrl',
       'PoolId',
       'RequestQueueUrl',
       'TableName',
@@ -1261,7 +1297,7 @@ describe('MetastaticPool options and checks', () => {
     const caps = Object.values(template.findResources('AWS::Lambda::EventSourceMapping')).map(
       (m) => ((m.Properties as Json).ScalingConfig as Json).MaximumConcurrency,
     );
-    expect(caps.sort()).toEqual([2, 2, 50]);
+    expect(caps.sort((a, b) => Number(a) - Number(b))).toEqual([2, 2, LEASE_MAX_CONCURRENCY, 50]);
     expect(() => synth(awsConfig('image-id: ami-1'), { fulfilMaxConcurrency: 1 })).toThrow(
       'fulfilMaxConcurrency must be an integer from 2 to 1000',
     );
@@ -1453,6 +1489,7 @@ describe("MetastaticPool embedded in an app of the user's (docs/install.md)", ()
     expect(Object.keys(Template.fromStack(stack).toJSON().Outputs).sort()).toEqual([
       'EventBusName',
       'FulfilQueueUrl',
+      'LeaseQueueUrl',
       'PoolId',
       'RequestQueueUrl',
       'TableName',

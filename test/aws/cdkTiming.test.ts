@@ -48,10 +48,13 @@ describe('the stack and the timing contract', () => {
         r.Properties.VisibilityTimeout,
       ]),
     );
-    // Both dead-letter queues keep their work queue's visibility (the request one is consumed too).
+    // Every dead-letter queue keeps its work queue's visibility (the request one is consumed too); the
+    // lease queue is the request function's, as the request queue.
     expect(visibility).toEqual({
       PoolRequestQueue: 280,
       PoolRequestQueueDeadLetterQueue: 280,
+      PoolLeaseQueue: 280,
+      PoolLeaseQueueDeadLetterQueue: 280,
       PoolFulfilQueue: 315,
       PoolFulfilQueueDeadLetterQueue: 315,
     });

@@ -1,6 +1,6 @@
 import '../../testkit/loopbackOnly.mjs';
 import { execFile } from 'node:child_process';
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
@@ -10,9 +10,16 @@ import {
   DescribeStacksCommand,
 } from '@aws-sdk/client-cloudformation';
 import { DynamoDBClient } from '@aws-sdk/client-dynamodb';
-import type { Instance } from '@aws-sdk/client-ec2';
+import {
+  DescribeInstancesCommand,
+  EC2Client,
+  GetConsoleOutputCommand,
+  type Instance,
+} from '@aws-sdk/client-ec2';
 import { SendMessageCommand, SQSClient } from '@aws-sdk/client-sqs';
 import { afterAll, beforeAll, expect, it } from 'vitest';
+import { readyReport } from '../../cli/commands/rehearse.ts';
+import { MADE_UP_NOTICE } from '../../cli/rehearse/ec2Proxy.ts';
 import { deleteLeftover } from '../../cli/rehearse/leftoverStacks.ts';
 import { motoClientConfig, motoEnv } from '../../cli/rehearse/motoEnv.ts';
 import { motoAccount, startMotoServer } from '../../cli/rehearse/motoServer.ts';
@@ -148,8 +155,14 @@ describeWithMoto('cdk deploy into moto, and the deployed bundles serving a reque
     expect(request.logicalId).toMatch(/^PoolRequestFunction/);
     expect(fulfil.logicalId).toMatch(/^PoolFulfilFunction/);
     expect(reaper.logicalId).toMatch(/^PoolReaperFunction/);
+    // The request queue, the lease queue (renewals, issue 40) and the request dead-letter queue.
+    const leaseQueueName = String(pool.outputs.LeaseQueueUrl).split('/').pop();
     expect(request.eventSources.map((s) => s.queueArn).sort()).toEqual(
-      [pool.requestQueueArn, request.environment.REQUEST_DLQ_ARN].sort(),
+      [
+        pool.requestQueueArn,
+        request.environment.REQUEST_DLQ_ARN,
+        pool.requestQueueArn.replace(/:[^:]+$/, `:${leaseQueueName}`),
+      ].sort(),
     );
     expect(request.eventSources.every((s) => s.reportsItemFailures)).toBe(true);
     // A scale-out elsewhere in the account cannot drain its DescribeInstances rate through this mapping.
@@ -166,6 +179,26 @@ describeWithMoto('cdk deploy into moto, and the deployed bundles serving a reque
     expect([...rehearsal.network.ids.keys()].sort()).toEqual([IMAGE, GROUP, SUBNET].sort());
   });
 
+  it('runs the code cdk deploy uploaded, unchanged: each asset hashes to its name, the configuration in it as written (issue 40, defect 7)', async () => {
+    const dirs = new Set(Object.values(rehearsal.pool.functions).map((f) => f.codeDir));
+    expect(rehearsal.assets.problems).toEqual([]);
+    expect(rehearsal.assets.verified.length).toBe(dirs.size);
+    for (const dir of dirs) {
+      // Not rewritten to name moto's ids: the EC2 proxy translates them on the wire instead.
+      expect(await readFile(join(dir, 'metastatic.yaml'), 'utf8')).toBe(smokeConfig());
+    }
+    // And says so when it is up, with what it cannot prove: the host keys are made up.
+    const ready = readyReport(rehearsal);
+    expect(ready).toMatchObject({ consoleHostKeys: 'made-up', concurrency: 2 });
+    expect(ready.env.AWS_ENDPOINT_URL_EC2).toBe(rehearsal.proxy.endpoint);
+    expect(ready.proves).toContainEqual(
+      expect.stringMatching(
+        /^the functions run the code cdk deploy uploads, unchanged: asset\.[0-9a-f]{12}…/,
+      ),
+    );
+    expect(ready.cannotProve[0]).toMatch(/^that your image prints its SSH host keys: .*made-up block/);
+  });
+
   let requestId: string;
   let instance: Instance;
 
@@ -180,6 +213,20 @@ describeWithMoto('cdk deploy into moto, and the deployed bundles serving a reque
     expect(instance.InstanceType).toBe('m7g.2xlarge');
     expect(instance.SubnetId).toBe(rehearsal.network.ids.get(SUBNET));
     expect(instance.ImageId).toBe(rehearsal.network.ids.get(IMAGE));
+    // Through the functions' EC2 endpoint, the proxy: the configuration's ids.
+    const ec2 = new EC2Client(motoClientConfig(rehearsal.proxy.endpoint, rehearsal.region));
+    try {
+      const seen = await ec2.send(
+        new DescribeInstancesCommand({ InstanceIds: [instance.InstanceId as string] }),
+      );
+      expect(seen.Reservations?.[0]?.Instances?.[0]).toMatchObject({
+        SubnetId: SUBNET,
+        ImageId: IMAGE,
+        SecurityGroups: [expect.objectContaining({ GroupId: GROUP })],
+      });
+    } finally {
+      ec2.destroy();
+    }
     const tags = Object.fromEntries((instance.Tags ?? []).map((t) => [t.Key, t.Value]));
     expect(tags).toMatchObject({ 'metastatic:pool': POOL_ID, 'metastatic:label': 'arm-large', team: 'ci' });
     const r = await store.getRequest(requestId);
@@ -200,12 +247,22 @@ describeWithMoto('cdk deploy into moto, and the deployed bundles serving a reque
     expect(await delivered(handleEvents())).toEqual({ records: 1, failed: [] });
     const r = await store.getRequest(requestId);
     expect(r?.state).toBe('fulfilled');
-    // The host key cloud-init would have printed on the console (host-keys: console, the default here).
+    // The host key the rehearsal made up for the console (host-keys: console, the default here), which
+    // the console announces as made up (issue 40, defect 7).
     expect(r?.nodes[0]).toMatchObject({
       state: 'ready',
       host: instance.PrivateIpAddress,
-      hostKeys: [expect.stringMatching(/^ssh-ed25519 AAAAC3NzaC1lZDI1NTE5/)],
+      hostKeys: [rehearsal.proxy.hostKey(instance.InstanceId as string)],
     });
+    const ec2 = new EC2Client(motoClientConfig(rehearsal.proxy.endpoint, rehearsal.region));
+    try {
+      const out = await ec2.send(
+        new GetConsoleOutputCommand({ InstanceId: instance.InstanceId, Latest: true }),
+      );
+      expect(Buffer.from(out.Output ?? '', 'base64').toString('utf8')).toContain(MADE_UP_NOTICE);
+    } finally {
+      ec2.destroy();
+    }
     const backing = await store.getBacking(r?.nodes[0]?.backingNodeId as string);
     expect(backing).toMatchObject({ state: 'ready', resourceId: instance.InstanceId, used: 1 });
   });

@@ -125,6 +125,21 @@ describe('the cost simulator', () => {
     }
   }, 120_000);
 
+  it("runs the handlers on Lambda's shape (issue 40): request containers with module state of their own, the reaper in another, as many served without a wait as one process", async () => {
+    const bursty = syntheticTrace('bursty', 7, 60);
+    const auto = { kind: 'auto', share: 0.9, maxReady: 20 } as const;
+    const one = await simulate(engine, bursty, options({ readiness: auto }), { series: false });
+    const lambda = await simulate(engine, bursty, options({ readiness: auto, requestContainers: 4 }), {
+      series: false,
+    });
+    expect(one.spareHits).toBeGreaterThan(0);
+    expect(lambda.warmHits).toBeGreaterThanOrEqual(0.98 * one.warmHits);
+    expect(lambda.instanceSeconds).toBeGreaterThanOrEqual(
+      lowerBound(bursty, DEFAULT_OPTIONS.slots).instanceSeconds,
+    );
+    await expect(simulate(engine, bursty, options({ requestContainers: 0 }))).rejects.toThrow(/>= 1/);
+  }, 120_000);
+
   it("compares a trace's policies on the same jobs: --readiness-only takes today's policy from a run of as many jobs only", () => {
     const stored = [
       { name: 'batch', jobs: 1200, policies: { fullest: { instanceHours: 875.68 } } },

@@ -10,7 +10,13 @@ import { ownerToken } from '../../shared/core/ids.ts';
 import { silentLog } from '../../shared/core/log.ts';
 import type { BackingProvider } from '../../shared/core/provider.ts';
 import type { BackingRecord } from '../../shared/core/records.ts';
-import { CLAIM_TAKEOVER_MS, SLOT_LEASE_MS } from '../../shared/core/timing.ts';
+import {
+  CLAIM_TAKEOVER_MS,
+  deadlineOf,
+  FUNCTION_TIMEOUT_SECONDS,
+  invocationFor,
+  SLOT_LEASE_MS,
+} from '../../shared/core/timing.ts';
 import { makeRequestHandler } from '../../shared/handlers/requestHandler.ts';
 import { ensureTable } from '../../shared/runtime/engines.ts';
 import { DynamoStore } from '../../shared/store/dynamoStore.ts';
@@ -458,5 +464,151 @@ describe('a fleet of idle backing nodes (issue 26, item 4)', () => {
     // 4 start; the first two to finish have time left and their workers start 4 and 5; the third finds
     // it gone: those running finish, nothing more starts.
     expect(started).toEqual([0, 1, 2, 3, 4, 5]);
+  });
+});
+
+describe('launching backing nodes whose resource runs, at scale (issue 40, defect 3)', () => {
+  it('checks them several at once within a bounded part of the run, and still retires and ends lapsed leases', async () => {
+    const LAUNCHING = 600;
+    const engine = await startInProcessDynalite();
+    try {
+      await ensureTable(engine.client, 'scale-up');
+      const clock = new ManualClock();
+      const store = new DynamoStore(engine.client, 'scale-up', clock);
+      const now = clock.now();
+      const base = {
+        poolKey: 'meta/main',
+        label: 'small-node',
+        backingPoolKey: 'local/main',
+        backingLabel: 'large-node',
+        slots: 2,
+        version: 1,
+        attempt: 1,
+      } as const;
+      // A scale-up: each launched for a node, its instance running, its host keys not in the console yet.
+      const launching: BackingRecord[] = Array.from({ length: LAUNCHING }, (_, i) => ({
+        ...base,
+        id: `bn-l${String(i).padStart(3, '0')}`,
+        state: 'launching',
+        used: 1,
+        slotMap: { '0': `scale-${i}/0` },
+        resourceId: `res-l${i}`,
+        resourceRecordedAt: now - 20_000,
+        launchedAt: now - 30_000,
+        lastUsedAt: now - 30_000,
+      }));
+      // An empty backing node past its grace-time, and one holding a node whose client lease lapsed.
+      const idle: BackingRecord = {
+        ...base,
+        id: 'bn-idle',
+        state: 'ready',
+        used: 0,
+        slotMap: {},
+        resourceId: 'res-idle',
+        host: '127.0.0.1',
+        port: 22,
+        attributes: {},
+        launchedAt: now - 3_600_000,
+        runningAt: now - 3_590_000,
+        readyAt: now - 3_580_000,
+        lastUsedAt: now - 600_000,
+      };
+      const leased: BackingRecord = {
+        ...idle,
+        id: 'bn-leased',
+        resourceId: 'res-leased',
+        used: 1,
+        slotMap: { '0': 'leased/0' },
+        lastUsedAt: now - 60_000,
+      };
+      await Promise.all([...launching, idle, leased].map((b) => store.createBacking(b)));
+      await store.createRequest({
+        id: 'leased',
+        labels: ['small-node'],
+        bodyHash: 'h',
+        state: 'fulfilled',
+        poolKey: 'meta/main',
+        createdAt: now - 600_000,
+        updatedAt: now - 600_000,
+        version: 1,
+        nodes: [
+          {
+            id: 'leased/0',
+            label: 'small-node',
+            state: 'ready',
+            backingNodeId: 'bn-leased',
+            slot: 0,
+            host: '127.0.0.1',
+            port: 22,
+          },
+        ],
+        lease: 60,
+        leaseExpiresAt: now - 1_000,
+      });
+      const running = new Set([...launching, idle, leased].map((b) => b.resourceId as string));
+      const resource = (resourceId: string) => {
+        const b = [...launching, idle, leased].find((x) => x.resourceId === resourceId);
+        return {
+          resourceId,
+          backingNodeId: b?.id ?? 'unknown',
+          poolKey: 'local/main',
+          state: running.has(resourceId) ? ('running' as const) : ('terminated' as const),
+          host: '10.0.0.1',
+          port: 22,
+          attributes: {},
+        };
+      };
+      // Each console read takes 100 ms of the run's time (as EC2 would): how many at once is counted.
+      let reads = 0;
+      let inFlight = 0;
+      let most = 0;
+      const provider: BackingProvider = {
+        launch: async () => {
+          throw new Error('no launch expected');
+        },
+        describe: async (id) => resource(id),
+        describeMany: async (ids) => new Map(ids.map((id) => [id, resource(id)])),
+        terminate: async (id) => void running.delete(id),
+        terminateMany: async (ids) => {
+          for (const id of ids) running.delete(id);
+        },
+        list: async () => [...running].map(resource),
+        reportedHostKeys: async () => {
+          reads++;
+          most = Math.max(most, ++inFlight);
+          try {
+            clock.advance(100);
+            await new Promise((r) => setTimeout(r, 1));
+            return { kind: 'none' };
+          } finally {
+            inFlight--;
+          }
+        },
+      };
+      const ctx: Context = {
+        store,
+        config: parseConfigOrThrow(baseConfig({ slots: 2, grace: 60 }), 'scale-up.yaml'),
+        providers: { forPool: () => provider, forResource: () => provider },
+        hostKeyPlan: () => ({ source: 'console', reachable: false }),
+        clock,
+        log: silentLog,
+        // The reaper function's invocation: 60 s, on this clock.
+        deadline: deadlineOf(invocationFor(clock, FUNCTION_TIMEOUT_SECONDS.reaper * 1000)),
+      };
+      const report = await reap(ctx);
+      expect(report.errors).toEqual([]);
+      // The other steps ran in the same run: the idle backing node retired, the lapsed lease ended.
+      expect(report.retired).toEqual(['bn-idle']);
+      expect(report.leasesExpired).toEqual(['leased']);
+      // The checks: several at once, within a bounded part of the run; the rest left for the next run.
+      expect(most).toBeGreaterThan(1);
+      expect(reads).toBeLessThan(LAUNCHING);
+      expect(report.deferred).toBeGreaterThan(0);
+      // Every one checked has its first `running` report stamped (boot-timeout counts from it).
+      const stamped = (await store.backingInPhase('launching')).filter((b) => b.runningAt !== undefined);
+      expect(stamped).toHaveLength(reads);
+    } finally {
+      await engine.close();
+    }
   });
 });

@@ -3,16 +3,15 @@ import {
   ArrivalModel,
   emptyModel,
   forecastRate,
-  freeSlotsRunningAnyway,
   hourOfWeek,
+  MAX_COUNTED_REQUESTORS,
   observe,
   PROFILE_HOURS,
-  readyNeed,
-  readyTarget,
+  REQUESTOR_ARRIVALS_PER_MINUTE,
   SHORT_HALF_LIFE_MIN,
-  sparesWanted,
   withArrivals,
 } from '../../shared/core/forecast.ts';
+import { freeSlotsRunningAnyway, readyNeed, readyTarget, sparesWanted } from '../../shared/core/readyRoom.ts';
 
 /** Epoch minute of Monday 2026-11-23 00:00 UTC. */
 const MONDAY = Date.UTC(2026, 10, 23) / 60_000;
@@ -189,5 +188,105 @@ describe('arrival forecasts (predictive readiness)', () => {
     expect(sparesWanted(5, 3, 10)).toBe(2);
     expect(sparesWanted(2, 3, 10)).toBe(0);
     expect(sparesWanted(40, 0, 12)).toBe(12);
+  });
+  it('counts at most 30 arrivals a minute of one requestor (none named: one requestor), the others whole, in a bounded item', () => {
+    const at = MONDAY * 60_000;
+    const m = withArrivals(
+      undefined,
+      'small',
+      [
+        { requestor: 'flood', count: 48 },
+        { requestor: 'ci', count: 12 },
+        { count: 40 }, // naming none does not escape the bound
+      ],
+      at + 5_000,
+    );
+    expect(m?.pending).toBe(REQUESTOR_ARRIVALS_PER_MINUTE + 12 + REQUESTOR_ARRIVALS_PER_MINUTE);
+    // The same minute, another write: the flood's minute is full, ci has room for 18 more.
+    const more = withArrivals(
+      m,
+      'small',
+      [
+        { requestor: 'flood', count: 5 },
+        { requestor: 'ci', count: 25 },
+      ],
+      at + 40_000,
+    );
+    expect(more?.pending).toBe(72 + 18);
+    // The next minute counts afresh.
+    const next = withArrivals(more, 'small', [{ requestor: 'flood', count: 5 }], at + 65_000);
+    expect(next).toMatchObject({ pending: 5, nextMinute: MONDAY + 1 });
+    // Many requestors: the item keeps the MAX_COUNTED_REQUESTORS that counted most.
+    const many = Array.from({ length: 100 }, (_, i) => ({ requestor: `r${i}`, count: 1 + (i % 3) }));
+    const wide = withArrivals(next, 'small', many, at + 70_000);
+    expect(wide?.byRequestor).toHaveLength(MAX_COUNTED_REQUESTORS);
+    expect(ArrivalModel.parse(wide)).toEqual(wide);
+    expect(withArrivals(wide, 'small', [{ requestor: 'flood', count: 0 }], at + 71_000)).toBeUndefined();
+  });
+
+  it("takes back a requestor's quick releases from what the weekly profile has not learned yet, never another's", () => {
+    const at = (MONDAY + 10 * 60) * 60_000; // Monday 10:00
+    let m = withArrivals(
+      undefined,
+      'small',
+      [
+        { requestor: 'bogus', count: 20 },
+        { requestor: 'ci', count: 5 },
+      ],
+      at + 1_000,
+    );
+    // Released within seconds, within the minute: as if never counted (the short rate never sees them).
+    m = withArrivals(m, 'small', [{ requestor: 'bogus', count: -10 }], at + 5_000);
+    expect(m?.pending).toBe(15);
+    // The reaper folds the minute; the rest of bogus's come back after it: from the hour's count.
+    m = withArrivals(m, 'small', 0, at + 61_000);
+    expect(m).toMatchObject({ pending: 0, hourCount: 15 });
+    m = withArrivals(m, 'small', [{ requestor: 'bogus', count: -50 }], at + 62_000);
+    expect(m?.hourCount).toBeCloseTo(5, 9); // bogus took back its own 20, not one of ci's 5
+    // A requestor that counted nothing this hour takes nothing back.
+    expect(withArrivals(m, 'small', [{ requestor: 'stranger', count: -5 }], at + 63_000)).toBeUndefined();
+    // The hour ends: its bucket learns ci's 5 arrivals only.
+    m = withArrivals(m, 'small', 0, at + 3_600_000 + 1_000);
+    expect(m?.profile[10]).toBeCloseTo(5 / 60, 9);
+    // A take-back after the hour was folded changes nothing: the profile has it (at most the seconds
+    // before an hour's end).
+    expect(
+      withArrivals(m, 'small', [{ requestor: 'ci', count: -1 }], at + 3_600_000 + 2_000),
+    ).toBeUndefined();
+  });
+
+  it("issue 40's model case: 600 requests placed and released in an hour held 104 slot-hours over 26 weeks, none once taken back", () => {
+    const week = 7 * 24 * 60;
+    const attack = (MONDAY + 10 * 60) * 60_000; // a new label's first hour of arrivals, Monday 10:00
+    /** Slot-hours its ready target holds over 26 weeks (the reaper folds and decides each minute). */
+    const slotHours = (releasedAfterS: number | undefined) => {
+      const events: [number, number][] = [];
+      for (let i = 0; i < 600; i++) {
+        const t = attack + i * 6_000 + 500; // one every 6 s: 10 a minute, within the 30 a requestor counts
+        events.push([t, 1]);
+        if (releasedAfterS !== undefined) events.push([t + releasedAfterS * 1000, -1]);
+      }
+      // The reaper's minutes where anything can be held: the 3 hours after the attack, and that hour of
+      // each week after (10 minutes either side); the folds jump the weeks between (nothing held there).
+      const minutes = [...Array.from({ length: 180 }, (_, k) => k)];
+      for (let w = 1; w <= 26; w++) for (let k = -10; k < 70; k++) minutes.push(w * week + k);
+      for (const k of minutes) events.push([attack + k * 60_000 + 1_000, 0]);
+      events.sort((a, b) => a[0] - b[0] || a[1] - b[1]);
+      let m: ArrivalModel | undefined;
+      let held = 0;
+      for (const [t, count] of events) {
+        m = withArrivals(m, 'small', count === 0 ? 0 : [{ requestor: 'bogus', count }], t) ?? m;
+        if (count === 0) held += readyNeed(m, t, 0.9, 10).target;
+      }
+      return held / 60;
+    };
+    // Counted as placed (kept 30 s or more, or before issue 40): 12.6 slot-hours in the 1.8 h after
+    // (10 held), then 91.5 in the same hour of the next 26 weeks.
+    expect(slotHours(undefined)).toBeCloseTo(104.1, 1);
+    // Released 2 s after placement: taken back before the reaper folds it, nothing held at all.
+    expect(slotHours(2)).toBe(0);
+    // Released 25 s after: those the reaper folded first hold the next minutes (the short rate keeps
+    // them), and the last of the hour, released after it ended, the profile (a few slot-hours in all).
+    expect(slotHours(25)).toBeLessThan(6);
   });
 });

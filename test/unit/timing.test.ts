@@ -1,7 +1,9 @@
 import { describe, expect, it } from 'vitest';
 import { ManualClock } from '../../shared/core/clock.ts';
 import {
+  BOOT_RETRY_SECONDS,
   backstopReceiveCount,
+  bootRetrySeconds,
   CLAIM_TAKEOVER_MS,
   DELIVERY_DEADLINE_MS,
   deadlineOf,
@@ -13,6 +15,7 @@ import {
   ORPHAN_GRACE_MS,
   PORT_PROBE_TIMEOUT_MS,
   RESOURCE_NOT_FOUND_GRACE_MS,
+  RUNNING_CHECKS_MS,
   SLOT_LEASE_MS,
   visibilityTimeoutSeconds,
   WAITING_BACKOFF_CAP_SECONDS,
@@ -115,5 +118,39 @@ describe('waiting', () => {
       expect((n - 1) * visibility).toBeGreaterThan(budget);
     }
     expect(backstopReceiveCount(WAITING_BUDGET_SECONDS.aws, 180)).toBe(52);
+  });
+});
+
+/** How soon a running backing node that is not ready yet is checked again (issue 40, defect 2). */
+describe('boot retries', () => {
+  const bootTimeoutMs = 120_000;
+  const next = (waitedMs: number) => bootRetrySeconds({ waitedMs, bootTimeoutMs });
+
+  it('waits as long as the node has waited so far, from 2 s up to 10 s', () => {
+    expect([0, 2_000, 4_000, 8_000, 16_000, 60_000].map(next)).toEqual([2, 2, 4, 8, 10, 10]);
+    expect(next(2_500)).toBe(3); // whole seconds, rounded up
+    expect(BOOT_RETRY_SECONDS.cap).toBeLessThan(visibilityTimeoutSeconds(FUNCTION_TIMEOUT_SECONDS.fulfil));
+  });
+
+  it('never waits past boot-timeout, so the try that fails the node comes when it passes', () => {
+    expect(next(116_000)).toBe(4);
+    expect(next(119_500)).toBe(1);
+    expect(next(120_000)).toBe(1);
+    expect(bootRetrySeconds({ waitedMs: 0, bootTimeoutMs: 1_000 })).toBe(1);
+  });
+
+  it("tries a default boot-timeout's worth in a bounded number of tries", () => {
+    let waited = 0;
+    let tries = 0;
+    while (waited < bootTimeoutMs) {
+      waited += next(waited) * 1000;
+      tries++;
+    }
+    expect(waited).toBe(bootTimeoutMs);
+    expect(tries).toBe(15);
+  });
+
+  it("leaves most of the reaper's run to its other steps", () => {
+    expect(RUNNING_CHECKS_MS).toBeLessThanOrEqual((FUNCTION_TIMEOUT_SECONDS.reaper * 1000) / 4);
   });
 });
