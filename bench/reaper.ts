@@ -449,7 +449,11 @@ function wallDeadline(): Deadline {
   );
 }
 
-export async function measureReaper(progress: (line: string) => void = () => {}): Promise<ReaperFigures> {
+/**
+ * An in-process dynalite whose calls, once `setSlow(true)`, each wait REAPER.dynamodbMs (a network round
+ * trip) and are counted by command in `dynamodb`.
+ */
+async function slowedEngine() {
   const engine = await startInProcessDynalite();
   const dynamodb = new Map<string, number>();
   let slow = false;
@@ -466,6 +470,11 @@ export async function measureReaper(progress: (line: string) => void = () => {})
   const setSlow = (on: boolean) => {
     slow = on;
   };
+  return { engine, dynamodb, setSlow };
+}
+
+export async function measureReaper(progress: (line: string) => void = () => {}): Promise<ReaperFigures> {
+  const { engine, dynamodb, setSlow } = await slowedEngine();
   try {
     const config = reaperConfig();
     const caseOf = (n: number, fleet: Fleet, run: Awaited<ReturnType<typeof measureRun>>): ReaperCase => ({
@@ -552,19 +561,7 @@ export interface ScaleUpFigures {
  * launching backing nodes stop after RUNNING_CHECKS_MS of it).
  */
 export async function measureScaleUp(progress: (line: string) => void = () => {}): Promise<ScaleUpFigures> {
-  const engine = await startInProcessDynalite();
-  const dynamodb = new Map<string, number>();
-  let slow = false;
-  engine.client.middlewareStack.add(
-    (next, context) => async (args) => {
-      if (!slow) return next(args);
-      const name = (context.commandName ?? 'unknown').replace(/Command$/, '');
-      dynamodb.set(name, (dynamodb.get(name) ?? 0) + 1);
-      await sleep(REAPER.dynamodbMs);
-      return next(args);
-    },
-    { step: 'initialize', name: 'benchReaperLatency' },
-  );
+  const { engine, dynamodb, setSlow } = await slowedEngine();
   try {
     const { backingNodes, launching, lapsedLeases } = REAPER.scaleUp;
     progress(
@@ -579,15 +576,10 @@ export async function measureScaleUp(progress: (line: string) => void = () => {}
     const t0 = performance.now();
     const clock = { now: () => start + (performance.now() - t0) };
     progress('reaper: one run during the scale-up, with the function deadline...');
-    const run = await measureRun(
-      fleet,
-      dynamodb,
-      (on) => {
-        slow = on;
-      },
-      wallDeadline(),
-      { clock, hostKeyPlan: () => ({ source: 'console', reachable: false }) },
-    );
+    const run = await measureRun(fleet, dynamodb, setSlow, wallDeadline(), {
+      clock,
+      hostKeyPlan: () => ({ source: 'console', reachable: false }),
+    });
     for (const e of run.report.errors.slice(0, 5)) log.warn(`reaper bench: run error: ${e}`);
     const seconds = round(run.seconds, 2);
     const retired = run.report.retired.length;
