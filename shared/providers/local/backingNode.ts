@@ -22,7 +22,9 @@
  * subsystem (sftpServer.ts), so `scp` works. The slot's directory holds a link `~slot<N>` -> `.` (homeLink:
  * `~slot<N>` is no system user, so a shell leaves that word as it is, and Ansible uses it as the home). Every process a connection started ends when it closes;
  * once the live file no longer names its node on its slot (released), its connection and processes end
- * and the slot's directory is removed.
+ * and the slot's directory is removed. Only what the live file says ends anything: a file that cannot be
+ * read (EMFILE) leaves every slot as it was. Connections that have not logged in are bounded
+ * (loginGate.ts: a grace time, a count, per address), every connection by the listener's maxConnections.
  *
  * SIGHUP re-reads the live file and the authorized keys. SIGTERM/SIGINT end every session's processes,
  * close the server and exit 0. It deliberately does not watch its parent: a backing node outlives a
@@ -32,6 +34,7 @@ import { readFile, rename, writeFile } from 'node:fs/promises';
 import { createServer, type Server, type Socket } from 'node:net';
 import { parseArgs } from 'node:util';
 import { LIVE_POLL_MS } from './liveSlots.ts';
+import { LoginGate, MAX_CONNECTIONS } from './loginGate.ts';
 import { type AllowedKey, type HostKey, loadAuthorizedKeys, loadOrCreateHostKey } from './nodeKeys.ts';
 import { Slots } from './nodeSlots.ts';
 import { endGroup, KILL_GRACE_MS, signalGroup } from './slotProcess.ts';
@@ -122,7 +125,7 @@ async function main(): Promise<void> {
   const slots = new Slots(args.liveFile, args.workDir);
   let keys: readonly AllowedKey[] = [];
   const reload = async (): Promise<void> => {
-    keys = await loadAuthorizedKeys(args.authorizedKeysFile);
+    keys = (await loadAuthorizedKeys(args.authorizedKeysFile)) ?? keys;
     await slots.reload();
   };
   // Installed first: SIGHUP's default action would end the process.
@@ -168,16 +171,23 @@ async function main(): Promise<void> {
   await reload();
   // The SSH server (and ssh2, a third of this process's start) is loaded when a connection first comes.
   let ssh: Promise<{ injectSocket(socket: Socket): void }> | undefined;
+  const gate = new LoginGate((message) => process.stderr.write(`backing node: ${message}\n`));
   const sshFor = () =>
     (ssh ??= import('./nodeSshServer.ts').then(({ sshServer }) =>
-      sshServer(
-        args.id,
-        hostKey,
-        slots,
-        () => keys,
-        () => stopping,
-      ),
+      sshServer(args.id, hostKey, slots, {
+        keys: () => keys,
+        stopping: () => stopping,
+        exchanged: (address, port) => gate.exchanged(address, port),
+        loggedIn: (address, port) => gate.loggedIn(address, port),
+      }),
     ));
+  // Accepting can fail (EMFILE: out of descriptors) without the listener being broken: said, not fatal.
+  let acceptFailedAt = Number.NEGATIVE_INFINITY;
+  const acceptFailed = (err: Error): void => {
+    if (Date.now() - acceptFailedAt < 10_000) return;
+    acceptFailedAt = Date.now();
+    process.stderr.write(`backing node: cannot accept a connection: ${err.message}\n`);
+  };
 
   const listen = (): void => {
     bootTimer = undefined;
@@ -186,6 +196,7 @@ async function main(): Promise<void> {
       sockets.add(socket);
       socket.on('error', () => {});
       socket.on('close', () => sockets.delete(socket));
+      gate.admit(socket);
       // Until the server takes it, the socket holds what the client sends (nothing reads it).
       sshFor().then(
         (server) => {
@@ -195,7 +206,8 @@ async function main(): Promise<void> {
       );
     });
     server = srv;
-    srv.on('error', (err) => fail(`server error: ${err.message}`));
+    srv.maxConnections = MAX_CONNECTIONS;
+    srv.on('error', (err) => (srv.listening ? acceptFailed(err) : fail(`server error: ${err.message}`)));
     srv.listen(0, args.host, () => {
       const address = srv.address();
       if (!address || typeof address === 'string') fail('could not determine the listening port');

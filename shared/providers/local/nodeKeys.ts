@@ -78,17 +78,18 @@ function blobOf(line: string): Buffer | undefined {
 /**
  * The keys of the authorized-keys file (the embedded pool's client key and the pool's configured keys,
  * one OpenSSH public key line each); lines that are not such a line are skipped with a warning. (A line of
- * the right form whose key `ssh2` cannot parse is refused, with a warning, when a client offers it.)
+ * the right form whose key `ssh2` cannot parse is refused, with a warning, when a client offers it.) No
+ * file is no key; a file that cannot be read now (EMFILE under a connection flood) is undefined: the
+ * caller keeps the keys it had.
  */
-export async function loadAuthorizedKeys(path: string): Promise<AllowedKey[]> {
+export async function loadAuthorizedKeys(path: string): Promise<AllowedKey[] | undefined> {
   let text = '';
   try {
     text = await readFile(path, 'utf8');
   } catch (err) {
-    if ((err as NodeJS.ErrnoException).code !== 'ENOENT') {
-      process.stderr.write(`backing node: cannot read ${path}: ${String(err)}\n`);
-    }
-    return [];
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return [];
+    process.stderr.write(`backing node: cannot read ${path}: ${String(err)}\n`);
+    return undefined;
   }
   const keys: AllowedKey[] = [];
   for (const line of text.split('\n')) {

@@ -19,6 +19,8 @@ export interface Login {
 /** How long a login waits for its slot to be live (the pool writes the file just after the node is ready). */
 const LOGIN_WAIT_MS = 2_000;
 const LOGIN_POLL_MS = 100;
+/** How often an unreadable live file is warned about (it is re-read every second). */
+const WARN_EVERY_MS = 10_000;
 /** Environment variables a client may set (as sshd's default AcceptEnv). */
 export const ACCEPTED_ENV = /^(LANG|LC_[A-Z]+)$/;
 
@@ -29,6 +31,7 @@ export const ACCEPTED_ENV = /^(LANG|LC_[A-Z]+)$/;
 export class Slots {
   private slots: Readonly<Record<string, string>> = {};
   private reading: Promise<void> | undefined;
+  private warnedAt = Number.NEGATIVE_INFINITY;
   readonly logins = new Set<Login>();
 
   constructor(
@@ -40,7 +43,12 @@ export class Slots {
     return this.slots[String(slot)];
   }
 
-  /** Re-reads the live file (one read at a time; a missing or unreadable file means no live slot). */
+  /**
+   * Re-reads the live file, one read at a time. Only what the file says changes anything: a missing file
+   * means no live slot (none written yet, or the pool removed it with the backing node); a file that cannot
+   * be read (EMFILE under a connection flood, EACCES, EIO) or is not a live-slots file says nothing, and
+   * every login and slot directory stays as it is until a read succeeds.
+   */
   reload(): Promise<void> {
     this.reading ??= this.read().finally(() => {
       this.reading = undefined;
@@ -73,12 +81,8 @@ export class Slots {
   }
 
   private async read(): Promise<void> {
-    let next: Readonly<Record<string, string>> = {};
-    try {
-      next = parseLiveSlots(await readFile(this.liveFile, 'utf8'))?.slots ?? {};
-    } catch {
-      // No file yet (or it is being replaced): nothing is live.
-    }
+    const next = await this.readFile();
+    if (next === undefined) return;
     const before = this.slots;
     this.slots = next;
     for (const login of this.logins) {
@@ -87,6 +91,28 @@ export class Slots {
     for (const [slot, node] of Object.entries(before)) {
       if (next[slot] !== node) await this.clear(Number(slot));
     }
+  }
+
+  /** The file's slots; {} when there is no file; undefined (with a warning) when it cannot be known. */
+  private async readFile(): Promise<Readonly<Record<string, string>> | undefined> {
+    let text: string;
+    try {
+      text = await readFile(this.liveFile, 'utf8');
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === 'ENOENT') return {};
+      return this.unknown(`cannot read ${this.liveFile}: ${(err as NodeJS.ErrnoException).code ?? err}`);
+    }
+    return parseLiveSlots(text)?.slots ?? this.unknown(`${this.liveFile} is not a live-slots file`);
+  }
+
+  /** Says (at most once per WARN_EVERY_MS) why the live slots are unknown; they are kept as they were. */
+  private unknown(why: string): undefined {
+    const now = Date.now();
+    if (now - this.warnedAt >= WARN_EVERY_MS) {
+      this.warnedAt = now;
+      process.stderr.write(`backing node: ${why}; every slot is kept as it was\n`);
+    }
+    return undefined;
   }
 
   /** Moves a slot's directory aside (its next node gets a fresh one at once) and removes it in the background. */

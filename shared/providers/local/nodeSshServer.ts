@@ -33,6 +33,19 @@ function parsedKey(allowed: AllowedKey): ssh2.ParsedKey | undefined {
   return parsedKeys.get(allowed.line);
 }
 
+/** What the SSH side asks of the backing node: its keys now, whether it stops, whom to tell of a login. */
+export interface SshServerHooks {
+  readonly keys: () => readonly AllowedKey[];
+  readonly stopping: () => boolean;
+  /** The connection from this address and port finished its key exchange (loginGate.ts). */
+  readonly exchanged: (address: string | undefined, port: number | undefined) => void;
+  /** The connection from this address and port logged in (loginGate.ts stops counting it). */
+  readonly loggedIn: (address: string | undefined, port: number | undefined) => void;
+}
+
+/** Authentication requests one connection may make (sshd's MaxAuthTries is 6 failures). */
+const MAX_AUTH_REQUESTS = 20;
+
 /**
  * The SSH side of a local backing node. Public-key authentication only, as `slot<N>` for a live slot N,
  * with a key of the authorized-keys file; every client and channel error is swallowed (it is the client's).
@@ -42,13 +55,16 @@ export function sshServer(
   backingNodeId: string,
   hostKey: HostKey,
   slots: Slots,
-  keys: () => readonly AllowedKey[],
-  stopping: () => boolean,
+  { keys, stopping, exchanged, loggedIn }: SshServerHooks,
 ): InstanceType<typeof ssh2.Server> {
-  return new ssh2.Server({ hostKeys: [hostKey.privateKey], ident: identFor(backingNodeId) }, (client) => {
+  const ident = identFor(backingNodeId);
+  return new ssh2.Server({ hostKeys: [hostKey.privateKey], ident }, (client, info) => {
     client.on('error', () => {});
     let login: Login | undefined;
+    let authRequests = 0;
+    client.once('handshake', () => exchanged(info.ip, info.port));
     client.on('authentication', (ctx) => {
+      if (++authRequests > MAX_AUTH_REQUESTS) return void client.end();
       if (ctx.method !== 'publickey' || stopping()) return ctx.reject(['publickey']);
       const slot = slotOfUser(ctx.username);
       const allowed = slot === undefined ? undefined : keys().find((k) => k.blob.equals(ctx.key.data));
@@ -81,6 +97,7 @@ export function sshServer(
     client.on('ready', () => {
       const current = login;
       if (!current) return void client.end();
+      loggedIn(info.ip, info.port);
       slots.logins.add(current);
       // The slot may have been released between the check and now.
       if (slots.nodeOn(current.slot) !== current.nodeId) return current.end();

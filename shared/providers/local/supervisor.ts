@@ -36,7 +36,7 @@ const FROM_SOURCES = import.meta.url.endsWith('.ts');
  * bin/fromSources.mjs (built when a source changed), which starts in about half the CPU time of the
  * TypeScript run through a loader.
  */
-async function backingNodeScript(): Promise<string> {
+export async function backingNodeScript(): Promise<string> {
   if (!FROM_SOURCES) return fileURLToPath(new URL('./backingNode.js', import.meta.url));
   const fromSources = '../../../bin/fromSources.mjs';
   const { sourceBuild } = (await import(fromSources)) as { sourceBuild(): Promise<string> };
