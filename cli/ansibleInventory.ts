@@ -1,5 +1,6 @@
 import { Document, isScalar, visit } from 'yaml';
 import { badHost, hostTrustOptions, knownHostsText } from '../client/openssh.ts';
+import { type ConnectionType, DEFAULT_CONNECTION_TYPE } from '../shared/core/contract.ts';
 import type { NodeRecord } from '../shared/core/records.ts';
 import { CliError } from './errors.ts';
 import { human, terminalJson, terminalText } from './terminal.ts';
@@ -105,11 +106,21 @@ function dataOf(value: unknown): InventoryValue {
   return null;
 }
 
+/**
+ * The `ansible_connection` of each connection type the pool hands out (core/contract.ts), and only those:
+ * a record saying `local` would drop the host-key options and run the tasks on the controller.
+ */
+const ANSIBLE_CONNECTION: Readonly<Record<ConnectionType, string>> = { ssh: 'ssh' };
+
 /** Why a ready node cannot be put in an inventory, or undefined. */
 function unusable(node: NodeRecord): string | undefined {
   if (!node.host || node.port === undefined) return `node ${node.id} records no host and port`;
   const host = badHost(node.host);
   if (host) return `node ${node.id}: ${host}`;
+  const connection = node.connectionType ?? DEFAULT_CONNECTION_TYPE;
+  if (!Object.hasOwn(ANSIBLE_CONNECTION, connection)) {
+    return `node ${node.id} records the connection type ${JSON.stringify(connection)}: metastatic nodes are ssh only`;
+  }
   if (!node.hostKeys?.length) {
     return `node ${node.id} records no host keys: its host cannot be verified`;
   }
@@ -137,7 +148,7 @@ export function buildInventory(
     if (node.state !== 'ready') throw new CliError(`node ${node.id} is ${node.state}, not ready`);
     const why = unusable(node);
     if (why) throw new CliError(why);
-    const connection = node.connectionType ?? 'ssh';
+    const connection = ANSIBLE_CONNECTION[(node.connectionType ?? DEFAULT_CONNECTION_TYPE) as ConnectionType];
     const name = unique(hostName(node.id), hostNames);
     const vars: Record<string, InventoryValue> = {
       ansible_host: new Unsafe(node.host as string),

@@ -9,7 +9,10 @@
 #   METASTATIC_CI_LABEL    the label a job gets when it names none (default: small-node)
 #   METASTATIC_CI_LABELS   if set, the only labels a job may name (space separated)
 #   METASTATIC_CI_LEASE    seconds of lease the request takes; renewed while stages run (default: 600)
-#   METASTATIC_CI_WAIT     seconds prepare waits for a node (default: 600)
+#   METASTATIC_CI_WAIT     seconds prepare waits for a node (default: as long as the pool keeps the
+#                          request; the runner's prepare_exec_timeout bounds it)
+#   METASTATIC_CI_CONNECT_TIMEOUT  seconds ssh may take to connect and shake hands (default: 20)
+#   METASTATIC_CI_LOGIN_WAIT       seconds prepare waits for the node to accept the login (default: 60)
 # What a job controls is only CUSTOM_ENV_*: here CUSTOM_ENV_METASTATIC_LABEL, checked against a pattern
 # (and METASTATIC_CI_LABELS) before use, and never read by a shell as code.
 
@@ -55,6 +58,41 @@ label_allowed() {
 
 # A request id as the CLI checks it (shared/core/ids.ts), so nothing else reaches `release --request`.
 request_id_ok() { [[ $1 =~ ^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$ ]]; }
+
+# A node's host as ssh and known_hosts take it (client/openssh.ts badHost): starting with a letter or a
+# digit, or an IPv6 address starting `::`; never with `-`, which ssh would read as an option.
+host_ok() { [[ $1 =~ ^([A-Za-z0-9][A-Za-z0-9._:-]{0,252}|::[0-9A-Fa-f:.]{0,251})$ ]]; }
+
+# Reads the node prepare.sh recorded into node_id, host, port and user, and checks them again.
+# shellcheck disable=SC2034 # node_id, host, port and user are the callers' (and ssh_node's)
+read_node() {
+  {
+    IFS= read -r node_id
+    IFS= read -r host
+    IFS= read -r port
+    IFS= read -r user
+  } <"$1/node" || return 1
+  host_ok "$host" && [[ $port =~ ^[1-9][0-9]{0,4}$ ]] && [[ $user =~ ^[a-z_][a-z0-9_.-]{0,31}$ ]]
+}
+
+# ssh to the node read by read_node, as `metastatic ssh` logs in: its recorded host keys the only known
+# hosts, this key only, no password, no ssh configuration of the runner user's; the destination after
+# `--`, so nothing in it is read as an option. ConnectTimeout bounds the connection and the SSH handshake
+# (an address that never answers); ServerAlive* end a session whose node stops answering (60 s).
+# Arguments: the state dir, the key, then the remote command.
+ssh_node() {
+  local state=$1 key=$2 connect
+  shift 2
+  connect=$(seconds "${METASTATIC_CI_CONNECT_TIMEOUT:-}" 20)
+  [ "$connect" -gt 0 ] || connect=20
+  ssh -F /dev/null -T -p "$port" -l "$user" -i "$key" \
+    -o IdentitiesOnly=yes -o BatchMode=yes -o StrictHostKeyChecking=yes \
+    -o UserKnownHostsFile="$state/known_hosts" -o GlobalKnownHostsFile=/dev/null \
+    -o UpdateHostKeys=no -o CheckHostIP=no -o PasswordAuthentication=no \
+    -o KbdInteractiveAuthentication=no -o ConnectTimeout="$connect" \
+    -o ServerAliveInterval=15 -o ServerAliveCountMax=4 \
+    -- "$host" "$@"
+}
 
 # The private key ssh logs in with.
 identity() {

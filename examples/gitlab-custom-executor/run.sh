@@ -5,8 +5,9 @@
 # keeps the request's lease alive meanwhile.
 #
 # ssh is OpenSSH with what `metastatic ssh` passes (the host verified from the node's recorded keys, this
-# key only, no password), but with the node read once by prepare.sh instead of once per stage: a stage
-# costs an ssh handshake, not a CLI start and a store read (1-2 s each, 5 or more stages a job).
+# key only, no password, the destination after `--`, a ConnectTimeout and keepalives: ssh_node in
+# common.sh), but with the node read once by prepare.sh instead of once per stage: a stage costs an ssh
+# handshake, not a CLI start and a store read (1-2 s each, 5 or more stages a job).
 #
 # Exit codes, as GitLab Runner reads them: 0; BUILD_FAILURE_EXIT_CODE when the script failed, with its
 # status written to BUILD_EXIT_CODE_FILE (the job then fails with that exit code, and
@@ -26,12 +27,10 @@ if ! state=$(state_dir) || [ ! -f "$state/node" ] || [ ! -f "$state/request" ]; 
   say "no node was prepared for this job (stage $stage)"
   exit "$SYSTEM_FAILURE_EXIT_CODE"
 fi
-{
-  IFS= read -r node_id
-  IFS= read -r host
-  IFS= read -r port
-  IFS= read -r user
-} <"$state/node"
+if ! read_node "$state"; then
+  say "the node recorded for this job is not usable (stage $stage); ssh is not run"
+  exit "$SYSTEM_FAILURE_EXIT_CODE"
+fi
 IFS= read -r request <"$state/request"
 key=$(identity) || exit "$SYSTEM_FAILURE_EXIT_CODE"
 
@@ -44,12 +43,7 @@ stop_renewing() { kill "$renewer" 2>/dev/null; }
 # after_script and the failure uploads may still run on this node, and cleanup.sh releases it.
 trap 'stop_renewing; exit "$SYSTEM_FAILURE_EXIT_CODE"' TERM INT
 
-ssh -F /dev/null -T -p "$port" -l "$user" -i "$key" \
-  -o IdentitiesOnly=yes -o BatchMode=yes -o StrictHostKeyChecking=yes \
-  -o UserKnownHostsFile="$state/known_hosts" -o GlobalKnownHostsFile=/dev/null \
-  -o UpdateHostKeys=no -o CheckHostIP=no -o PasswordAuthentication=no \
-  -o KbdInteractiveAuthentication=no -o ServerAliveInterval=30 \
-  "$host" -- bash <"$script"
+ssh_node "$state" "$key" bash <"$script"
 status=$?
 stop_renewing
 

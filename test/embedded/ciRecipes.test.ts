@@ -205,6 +205,15 @@ describe.concurrent('the GitLab custom executor on metastatic dev', { timeout: 1
     expect(result.log).not.toContain('requesting');
   });
 
+  it('fails a job naming a label the pool does not have as a build failure, tried once (issue 41)', async () => {
+    const j = job({ variables: { METASTATIC_LABEL: 'no-such-label' } });
+    const result = await runCustomExecutorJob(config, j, { env, preparationRetryIntervalMs: 100 });
+    expect(result.status, result.log).toBe('failed');
+    expect(result.failureReason).toBe('script_failure'); // not runner_system_failure, retried 3 times
+    expect(result.stages.map((s) => [s.stage, s.exitCode])).toEqual([['prepare_exec', 1]]);
+    expect(result.log).toContain('the pool has no label no-such-label');
+  });
+
   it('runs the plain shell example: the script on a node over metastatic ssh, its status, the node released', async () => {
     const script = join(work, 'job.sh');
     await writeFile(script, 'echo "on $METASTATIC_NODE_ID in $(basename "$PWD")"\nexit 4\n');

@@ -193,6 +193,24 @@ describe('buildInventory', () => {
     expect(() =>
       buildInventory('job', [node({ id: 'job/0', host: '1.2.3.4 -oProxyCommand=x' })], FILES),
     ).toThrow('is not an address or a host name');
+    expect(() => buildInventory('job', [node({ id: 'job/0', host: '-G' })], FILES)).toThrow(
+      'is not an address or a host name',
+    );
+  });
+
+  it('refuses a connection type the pool does not hand out: a record saying local would run tasks here', () => {
+    for (const connectionType of ['local', 'paramiko', 'winrm', 'ssh ', '']) {
+      expect(
+        () => buildInventory('job', [node({ id: 'job/0', connectionType })], FILES),
+        connectionType,
+      ).toThrow(/node job\/0 records the connection type .* metastatic nodes are ssh only/);
+    }
+    const { connectionType: _c, ...none } = node({ id: 'job/0' });
+    for (const n of [none, node({ id: 'job/0', connectionType: 'ssh' })]) {
+      const vars = plain(buildInventory('job', [n], FILES).all.hosts['job-0']) as Record<string, unknown>;
+      expect(vars.ansible_connection).toBe('ssh');
+      expect(vars.ansible_host_key_checking).toBe(true);
+    }
   });
 });
 
