@@ -61,8 +61,17 @@ export function nodeSummary(r: { readonly nodes: readonly { readonly state: stri
   return `${ready}/${r.nodes.length} ready`;
 }
 
+/**
+ * A request's state as a human reads it: a served request stays `fulfilled` in its record once its nodes
+ * are released (`release --request`), which reads as if they were still held; it shows as `released`.
+ */
+export function requestState(r: PoolRequest): string {
+  const released = r.nodes.length > 0 && r.nodes.every((n) => n.state === 'released');
+  return r.state === 'fulfilled' && released ? 'released' : r.state;
+}
+
 export function printRequest(r: PoolRequest): void {
-  print(human`request ${r.id}: ${r.state}${r.reason ? ` (${r.reason})` : ''}`);
+  print(human`request ${r.id}: ${requestState(r)}${r.reason ? ` (${r.reason})` : ''}`);
   if (r.nodes.length > 0 && r.state !== 'failed') {
     print(
       table(

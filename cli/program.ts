@@ -3,7 +3,7 @@ import { MAX_LEASE, MIN_LEASE } from '../shared/core/leases.ts';
 import type { Target } from './client.ts';
 import type { Level } from './consoleLog.ts';
 import { CliError } from './errors.ts';
-import { positiveSeconds, requestOptions, seconds } from './options.ts';
+import { leaseSeconds, positiveSeconds, requestOptions, seconds } from './options.ts';
 import { packageVersion } from './packageInfo.ts';
 import { addJobCommands } from './programJobs.ts';
 import { addRehearse } from './programRehearse.ts';
@@ -87,7 +87,7 @@ export function buildProgram(): Command {
     .option(
       '--lease <seconds>',
       `client lease: renew it with \`metastatic renew\` or the reaper releases the nodes (${MIN_LEASE} to ${MAX_LEASE})`,
-      Number,
+      leaseSeconds,
     )
     .option('-w, --wait', 'wait until the request is fulfilled or failed')
     .option('--timeout <seconds>', 'with --wait: give up after this many seconds', seconds('--timeout'), 300)
@@ -130,7 +130,7 @@ export function buildProgram(): Command {
     .option(
       '--lease <seconds>',
       `a new lease length (${MIN_LEASE} to ${MAX_LEASE}, within max-lease)`,
-      Number,
+      leaseSeconds,
     )
     .option(
       '--timeout <seconds>',

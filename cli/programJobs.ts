@@ -2,7 +2,7 @@
 import type { Command } from 'commander';
 import { MAX_LEASE, MIN_LEASE } from '../shared/core/leases.ts';
 import type { Target } from './client.ts';
-import { requestOptions, seconds } from './options.ts';
+import { leaseSeconds, requestOptions, seconds } from './options.ts';
 
 export function addJobCommands(program: Command, target: () => Promise<Target>): void {
   program
@@ -50,7 +50,7 @@ export function addJobCommands(program: Command, target: () => Promise<Target>):
     .option(
       '--lease <seconds>',
       `client lease, renewed every third of it while the command runs (${MIN_LEASE} to ${MAX_LEASE}, default 60)`,
-      Number,
+      leaseSeconds,
     )
     .option(
       '--timeout <seconds>',
@@ -64,13 +64,18 @@ export function addJobCommands(program: Command, target: () => Promise<Target>):
     )
     .option('-l, --user <name>', "log in as this user (default: the node's username)")
     .option('-q, --quiet', 'no progress lines on stderr (errors are still printed)')
+    .option(
+      '--attach',
+      'with --id: run on a request of that id already in the table, and release it after (refused otherwise)',
+    )
     .addHelpText(
       'after',
       [
         '',
         'Everything after -- is the command, passed to the node as one shell-quoted command line: each',
         'argument reaches it exactly as given (no local shell reads it; spaces, quotes, $ and ; stay as they',
-        "are). Use sh -c '...' for shell syntax. stdin, stdout and stderr are the command's, byte for byte;",
+        'are; an argument that is not UTF-8 is refused: pass binary data on stdin or in a file). Use sh -c',
+        "'...' for shell syntax. stdin, stdout and stderr are the command's, byte for byte;",
         "metastatic's own progress goes to stderr only. Logging in is as `metastatic ssh` does it (host",
         "verified from the node's record, StrictHostKeyChecking=yes, the pool's client key).",
         '',
@@ -83,11 +88,12 @@ export function addJobCommands(program: Command, target: () => Promise<Target>):
         '',
         'Exit status:',
         "  0-255  the command's own (128+n when a signal n killed it; 255 when ssh itself failed)",
-        '  2      usage: bad options, no command after --, labels the pool does not have',
+        '  2      usage: bad options, no command after --, labels the pool does not have, an --id already',
+        '         in the table (without --attach), an argument that is not UTF-8',
         '  123    the pool stopped, or ended the node (released elsewhere, lease lapsed), under the command',
         '  124    no node could be had: the request failed (its reason is printed) or --timeout passed',
         '  125    metastatic run failed before the command ran: no pool running, a key file others can read,',
-        '         a node without host keys, ssh not installed',
+        '         a node without host keys or that did not accept the login within 30 s, ssh not installed',
         '  128+n  this process got signal n (SIGINT 130, SIGTERM 143, SIGHUP 129); its nodes were released',
         '',
         'Examples:',

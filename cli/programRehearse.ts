@@ -1,6 +1,6 @@
 /** `metastatic rehearse` (registered by program.ts; its work is in commands/rehearse.ts). */
-import { type Command, InvalidArgumentError, Option } from 'commander';
-import { positiveSeconds } from './options.ts';
+import { type Command, Option } from 'commander';
+import { positiveSeconds, whole } from './options.ts';
 
 export function addRehearse(program: Command): void {
   program
@@ -19,12 +19,11 @@ export function addRehearse(program: Command): void {
       (v: string, all: string[] = []) => [...all, v],
     )
     .option('--endpoint <url>', 'use the moto_server running there (default: start one)')
-    .option('--port <n>', 'the port of the moto_server started (default: a free one)', (v: string) => {
-      const n = Number(v);
-      if (!Number.isInteger(n) || n < 1 || n > 65535)
-        throw new InvalidArgumentError('--port must be a port number (1-65535)');
-      return n;
-    })
+    .option(
+      '--port <n>',
+      'the port of the moto_server started (default: a free one)',
+      whole('--port', 'a port number (1-65535)', 1, 65535),
+    )
     .option(
       '--reaper-interval <seconds>',
       "seconds between reaper runs (default: the deployed schedule's rate)",
@@ -33,12 +32,7 @@ export function addRehearse(program: Command): void {
     .option(
       '--concurrency <n>',
       "invocations of the request and of the fulfil function that may run at once, each in a process of its own (default 2; at most each mapping's maxConcurrency)",
-      (v: string) => {
-        const n = Number(v);
-        if (!Number.isInteger(n) || n < 1 || n > 64)
-          throw new InvalidArgumentError('--concurrency must be a whole number from 1 to 64');
-        return n;
-      },
+      whole('--concurrency', 'a whole number from 1 to 64', 1, 64),
     )
     .option(
       '--no-console-keys',

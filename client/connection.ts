@@ -9,6 +9,7 @@ import {
   stateDirFrom,
 } from '../shared/runtime/embeddedInfo.ts';
 import { DynamoStore } from '../shared/store/dynamoStore.ts';
+import { cliCommand } from './cliCommand.ts';
 import { InvalidInputError, PoolNotFoundError, PoolStoppedError } from './errors.ts';
 import type { StackInfo } from './stack.ts';
 
@@ -106,12 +107,12 @@ async function connectLocal(stateDir: string): Promise<PoolConnection> {
   if (!info) {
     throw new PoolNotFoundError(
       `no running pool found: ${embeddedInfoPath(stateDir)} does not exist.\n` +
-        'Start one with `npm start` (or `npx metastatic dev`), or point --state-dir / METASTATIC_STATE_DIR at its state directory.',
+        `Start one with \`${cliCommand()} dev\`, or point --state-dir / METASTATIC_STATE_DIR at its state directory.`,
     );
   }
   if (!isAlive(info.pid)) {
     throw new PoolNotFoundError(
-      `the pool that wrote ${embeddedInfoPath(stateDir)} (pid ${info.pid}) is not running; start it with \`npm start\``,
+      `the pool that wrote ${embeddedInfoPath(stateDir)} (pid ${info.pid}) is not running; start it with \`${cliCommand()} dev\``,
     );
   }
   const credentials = { accessKeyId: 'metastatic', secretAccessKey: 'metastatic' };

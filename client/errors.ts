@@ -44,6 +44,17 @@ export class RequestNotFoundError extends MetastaticError {
   }
 }
 
+/**
+ * `run` was given the id of a request already in the table, which this call did not send: someone
+ * else's (a CI job id reused by accident). Running on it would end, then release, their nodes; `attach`
+ * takes it over on purpose. Nothing was sent.
+ */
+export class RequestExistsError extends MetastaticError {
+  constructor(readonly requestId: string) {
+    super(`request ${requestId} already exists: it is not this run's to use and release`);
+  }
+}
+
 /** No such node (an unknown request, or an index the request does not have). */
 export class NodeNotFoundError extends MetastaticError {
   constructor(

@@ -14,6 +14,7 @@ export {
   PoolNotFoundError,
   PoolStoppedError,
   RenewRefusedError,
+  RequestExistsError,
   RequestFailedError,
   RequestNotFoundError,
   TimeoutError,
@@ -39,4 +40,5 @@ export {
   type WaitOptions,
 } from './options.ts';
 export { PoolClient } from './poolClient.ts';
+export type { ReadyNode } from './readyNode.ts';
 export type { PoolNode, PoolRequest } from './records.ts';

@@ -1,9 +1,9 @@
 import { type ChildProcess, type StdioOptions, spawn } from 'node:child_process';
-import { mkdtemp, rm, stat, writeFile } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
+import { rm, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { MetastaticError, NodeUnreachableError } from './errors.ts';
 import type { PoolNode } from './records.ts';
+import { makeSshDir, removeStaleSshDirs } from './sshDirs.ts';
 
 /**
  * Logging in to a node with the real OpenSSH client, verified: the node's recorded host keys are the only
@@ -33,6 +33,8 @@ export function loginOf(node: PoolNode, user?: string): SshLogin {
   if (!name) throw new NodeUnreachableError(`node ${node.id} records no username: pass --user NAME`);
   if (!node.host || node.port === null)
     throw new NodeUnreachableError(`node ${node.id} records no host and port`);
+  const bad = badHost(node.host) ?? (user === undefined ? badUser(name) : undefined);
+  if (bad) throw new NodeUnreachableError(`node ${node.id}: ${bad}`);
   if (node.hostKeys.length === 0) {
     throw new NodeUnreachableError(
       `node ${node.id} records no host keys: its host cannot be verified, so ssh is not run`,
@@ -65,14 +67,24 @@ export async function checkIdentity(file: string): Promise<void> {
   }
 }
 
-/** A host as known_hosts and ssh options take it: an address or a DNS name, nothing else. */
-const HOST = /^[A-Za-z0-9._:-]{1,253}$/;
+/**
+ * A host as known_hosts and ssh take it: an address or a DNS name, nothing else. It starts with a letter
+ * or a digit, or is an IPv6 address starting `::`: never `-`, which ssh would read as an option.
+ */
+const HOST = /^(?:[A-Za-z0-9][A-Za-z0-9._:-]{0,252}|::[0-9A-Fa-f:.]{0,251})$/;
+/** A user name as a record keeps it (the configuration's rule, any case): nothing ssh reads otherwise. */
+const USER = /^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$/;
 /** A host key as records keep it: `<type> <base64>` (no comment). */
 const HOST_KEY = /^[a-z0-9@.-]{1,64} [A-Za-z0-9+/]{1,16384}={0,2}$/;
 
 /** Why `host` cannot be written into known_hosts or ssh options, or undefined when it can. */
 export function badHost(host: string): string | undefined {
   return HOST.test(host) ? undefined : `host ${JSON.stringify(host)} is not an address or a host name`;
+}
+
+/** Why a recorded user name cannot be passed to ssh, or undefined when it can. */
+export function badUser(user: string): string | undefined {
+  return USER.test(user) ? undefined : `user ${JSON.stringify(user)} is not a user name`;
 }
 
 /** Why `key` is not a host key as records keep them (`<type> <base64>`), or undefined when it is one. */
@@ -134,7 +146,10 @@ export function identityOptions(identity: string): string[] {
   return ['-i', identity, '-o', 'IdentitiesOnly=yes'];
 }
 
-/** The ssh argument list: the node's host, port and user, this identity and known_hosts only. */
+/**
+ * The ssh argument list: the node's host, port and user, this identity and known_hosts only. The
+ * destination comes after `--`, so neither it nor the command is ever read as an option.
+ */
 export function sshArgs(
   node: { host: string; port: number; user: string },
   identity: string,
@@ -148,8 +163,9 @@ export function sshArgs(
     node.user,
     ...identityOptions(identity),
     ...hostTrustOptions(knownHosts),
+    '--',
     node.host,
-    ...(command.length > 0 ? ['--', ...command] : []),
+    ...command,
   ];
 }
 
@@ -186,6 +202,18 @@ export interface SshRunOptions {
   readonly signal?: AbortSignal;
   /** Told of the ssh process once it started (to pass signals on, say). */
   readonly onSpawn?: (child: ChildProcess) => void;
+  /** Seconds ssh waits to connect and for the node's SSH banner (ConnectTimeout; default 10). */
+  readonly connectTimeout?: number;
+}
+
+/**
+ * The ssh options that keep it from waiting forever on a node that does not answer: a ConnectTimeout
+ * (the TCP connection and the banner), then keepalives that end a session whose node went silent for a
+ * minute (exit 255), where a lease renewed all along would keep the node forever.
+ */
+export function livenessOptions(connectTimeout = 10): string[] {
+  const seconds = Math.max(1, Math.ceil(connectTimeout));
+  return ['-o', `ConnectTimeout=${seconds}`, '-o', 'ServerAliveInterval=15', '-o', 'ServerAliveCountMax=4'];
 }
 
 /**
@@ -199,11 +227,16 @@ export async function runSsh(
   opts: SshRunOptions,
 ): Promise<{ code: number | null; signal: NodeJS.Signals | null }> {
   await checkIdentity(opts.identity);
-  const dir = await mkdtemp(join(tmpdir(), 'metastatic-ssh-'));
+  await removeStaleSshDirs(); // those a `kill -9` left
+  const dir = await makeSshDir();
   const knownHosts = join(dir, 'known_hosts');
   try {
     await writeFile(knownHosts, knownHostsLines(login.host, login.port, login.hostKeys), { mode: 0o600 });
-    const child = spawn('ssh', sshArgs(login, opts.identity, knownHosts, remote), {
+    const args = [
+      ...livenessOptions(opts.connectTimeout),
+      ...sshArgs(login, opts.identity, knownHosts, remote),
+    ];
+    const child = spawn('ssh', args, {
       stdio: opts.stdio ?? 'inherit',
     });
     const onAbort = () => child.kill('SIGTERM');

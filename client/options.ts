@@ -23,6 +23,11 @@ export interface RunOptions extends WaitForOptions {
   readonly releaseTimeout?: number;
   /** Told of a release that failed; without it such a failure is thrown when the job itself succeeded. */
   readonly onReleaseError?: (error: unknown) => void;
+  /**
+   * Run on a request of this id that is already in the table (someone else's, or a job's own from an
+   * earlier attempt), and release it after. Without it such an id is refused: RequestExistsError.
+   */
+  readonly attach?: boolean;
 }
 
 /** What `run` gives its job: the request's nodes (ready) and a signal that fires when they are lost. */

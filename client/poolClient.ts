@@ -1,3 +1,4 @@
+import { join } from 'node:path';
 import { holdsAnything, renewDecision } from '../shared/core/leases.ts';
 import type { RequestMessage } from '../shared/core/messages.ts';
 import { UNKNOWN_LABEL_REASON } from '../shared/core/pools.ts';
@@ -11,6 +12,7 @@ import {
   NodeNotFoundError,
   PoolStoppedError,
   RenewRefusedError,
+  RequestExistsError,
   RequestFailedError,
   RequestNotFoundError,
   TimeoutError,
@@ -24,6 +26,7 @@ import {
   renewMessage,
   requestMessage,
 } from './messages.ts';
+import { IdentityError, runSsh, type SshLogin, type SshRunOptions } from './openssh.ts';
 import {
   DEFAULT_RUN_LEASE,
   type RunContext,
@@ -32,6 +35,7 @@ import {
   type WaitOptions,
 } from './options.ts';
 import { POLL_MS, PoolAccess } from './poolAccess.ts';
+import { type ReadyNode, readyNode } from './readyNode.ts';
 import { type PoolNode, type PoolRequest, toPoolNode, toPoolRequest } from './records.ts';
 
 /**
@@ -65,6 +69,23 @@ export class PoolClient {
   /** Closes the AWS SDK clients. */
   close(): void {
     this.connection.close();
+  }
+
+  /** The embedded pool's client key (`<stateDir>/client_ed25519`, shared/runtime/clientKey.ts); a stack has none. */
+  get identity(): string | undefined {
+    const { pool } = this.connection;
+    return pool.kind === 'embedded' ? join(pool.info.stateDir, 'client_ed25519') : undefined;
+  }
+
+  /** runSsh (openssh.ts), logging in with this pool's `identity` unless given one (required for a stack). */
+  async runSsh(
+    login: SshLogin,
+    remote: readonly string[],
+    opts: Omit<SshRunOptions, 'identity'> & { readonly identity?: string | undefined } = {},
+  ): ReturnType<typeof runSsh> {
+    const identity = opts.identity ?? this.identity;
+    if (!identity) throw new IdentityError('a deployed pool has no client key of its own: pass an identity');
+    return runSsh(login, remote, { ...opts, identity });
   }
 
   /** The request as recorded now, or undefined when the pool has not recorded it (yet). */
@@ -258,11 +279,12 @@ export class PoolClient {
    *
    * The job's `signal` fires when the pool stops (PoolStoppedError) or a node is ended under it
    * (NodeLostError): `run` then throws that error once the job has returned. The caller's own abort makes
-   * `run` throw AbortedError (after the release).
+   * `run` throw AbortedError (after the release). An id already in the table before this call sent its
+   * request is someone else's: RequestExistsError, nothing sent, unless `attach`.
    */
   async run<T>(
     spec: RequestSpec,
-    job: (nodes: PoolNode[], context: RunContext) => Promise<T>,
+    job: (nodes: ReadyNode[], context: RunContext) => Promise<T>,
     opts: RunOptions = {},
   ): Promise<T> {
     const lease = spec.lease ?? opts.lease ?? DEFAULT_RUN_LEASE;
@@ -270,6 +292,8 @@ export class PoolClient {
     const stop = new AbortController();
     const onAbort = () => stop.abort(new AbortedError(opts.signal?.reason));
     if (opts.signal?.aborted) throw new AbortedError(opts.signal.reason);
+    // Checked before sending, once: what is recorded after is ours (a resent message included).
+    if (!opts.attach && (await this.access.read(message.id))) throw new RequestExistsError(message.id);
     opts.signal?.addEventListener('abort', onAbort, { once: true });
     await this.access.send(message);
     const keeper = keepLease(
@@ -289,7 +313,7 @@ export class PoolClient {
         throw stop.signal.aborted ? stop.signal.reason : err;
       });
       keeper.watch(request);
-      const value = await job(request.nodes, { request, signal: stop.signal });
+      const value = await job(request.nodes.map(readyNode), { request, signal: stop.signal });
       outcome = stop.signal.aborted ? { ok: false, error: stop.signal.reason } : { ok: true, value };
     } catch (err) {
       // A job that failed because its signal fired failed for the signal's reason.

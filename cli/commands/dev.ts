@@ -1,6 +1,7 @@
 import { existsSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
+import { cliCommand } from '../../client/cliCommand.ts';
 import { formatConfigErrors, parseConfig } from '../../shared/config/load.ts';
 import { configHash } from '../../shared/runtime/embeddedInfo.ts';
 import { EmbeddedPool } from '../../shared/runtime/embeddedPool.ts';
@@ -54,7 +55,7 @@ export async function dev(stateDir: string, opts: DevOptions): Promise<void> {
       `  request queue   ${pool.info.requestQueueUrl}`,
       `  labels          ${labels}`,
       `  reaper every    ${opts.reaperInterval}s`,
-      `Try it from another shell:  npx metastatic request ${[...loaded.config.metastaticLabelNames][0] ?? 'LABEL'} --wait`,
+      `Try it from another shell:  ${cliCommand()} request ${[...loaded.config.metastaticLabelNames][0] ?? 'LABEL'} --wait`,
       'Ctrl-C stops the pool and every backing process.',
       '',
     ]

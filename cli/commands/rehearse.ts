@@ -1,3 +1,4 @@
+import { cliCommand } from '../../client/cliCommand.ts';
 import { CliError } from '../errors.ts';
 import { motoClientEnv } from '../rehearse/motoEnv.ts';
 import type { Rehearsal } from '../rehearse/rehearsal.ts';
@@ -182,7 +183,7 @@ export function readyReport(r: Rehearsal) {
         .join(' ')}`,
       // --endpoint-url and --region as well: the AWS CLI v1 reads neither from the environment.
       `${awsSqs} --queue-url ${r.pool.requestQueueUrl} --message-body '${request}'`,
-      `npx metastatic --stack ${r.pool.stackName} status --watch`,
+      `${cliCommand()} --stack ${r.pool.stackName} status --watch`,
       `${awsSqs} --queue-url ${r.pool.requestQueueUrl} --message-body '${release}'`,
     ],
   };
@@ -216,7 +217,7 @@ function readyText(ready: ReturnType<typeof readyReport>): string {
     `  ${sendRequest}`,
     `  ${watch}`,
     `  ${sendRelease}         # then, after grace-time, the reaper terminates the instance`,
-    `  (or: npx metastatic --stack ${ready.stackName} request ${ready.labels[0] ?? 'LABEL'} --wait)`,
+    `  (or: ${cliCommand()} --stack ${ready.stackName} request ${ready.labels[0] ?? 'LABEL'} --wait)`,
     ready.motoOwned
       ? 'Ctrl-C stops the rehearsal and moto_server (everything in it goes with it).'
       : 'Ctrl-C stops the rehearsal, destroys the stack and terminates the pool’s instances (the table stays, as on AWS).',

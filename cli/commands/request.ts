@@ -11,7 +11,7 @@ import type { PoolRequest } from '../../client/records.ts';
 import { MAX_NODE_SET } from '../../shared/core/messages.ts';
 import { poolTarget, type Target } from '../client.ts';
 import { CliError } from '../errors.ts';
-import { nodeSummary, print, printJson, printRequest } from '../output.ts';
+import { nodeSummary, print, printJson, printRequest, requestState } from '../output.ts';
 import { terminalText } from '../terminal.ts';
 
 /*
@@ -205,7 +205,9 @@ export async function cancel(target: Target, requestId: string, opts: CancelOpti
     if (!(r.state === 'failed' && r.reason?.startsWith('cancelled'))) {
       throw new CliError(
         r.state === 'fulfilled'
-          ? `request ${requestId} was already fulfilled: release its nodes instead`
+          ? requestState(r) === 'released'
+            ? `request ${requestId} was already fulfilled, and released`
+            : `request ${requestId} was already fulfilled: release its nodes instead`
           : `request ${requestId} had already ended: ${r.state}`,
       );
     }

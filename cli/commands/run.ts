@@ -4,7 +4,9 @@ import {
   InvalidInputError,
   MetastaticError,
   NodeLostError,
+  NodeUnreachableError,
   PoolStoppedError,
+  RequestExistsError,
   RequestFailedError,
   TimeoutError,
   UnknownLabelError,
@@ -13,10 +15,11 @@ import { newRequestId, requestMessage } from '../../client/messages.ts';
 import { checkIdentity, loginOf, remoteCommandLine, runSsh, type SshLogin } from '../../client/openssh.ts';
 import { DEFAULT_RUN_LEASE } from '../../client/options.ts';
 import { PoolClient } from '../../client/poolClient.ts';
-import type { PoolNode } from '../../client/records.ts';
+import type { ReadyNode } from '../../client/readyNode.ts';
 import { clientKeyPath } from '../../shared/runtime/clientKey.ts';
 import { poolTarget, type Target } from '../client.ts';
 import { CliError } from '../errors.ts';
+import { nonUtf8Argument } from '../rawArgv.ts';
 import { terminalText } from '../terminal.ts';
 import { asUsageError, type RequestOptions, requestSpecOf, waitProgress } from './request.ts';
 import { exitStatus } from './ssh.ts';
@@ -48,6 +51,8 @@ export interface RunCommandOptions extends Omit<RequestOptions, 'wait' | 'json'>
   readonly user?: string;
   /** No progress lines on stderr (errors are still printed). */
   readonly quiet?: boolean;
+  /** Run on a request of `--id` already in the table (refused otherwise), and release it after. */
+  readonly attach?: boolean;
 }
 
 /** The POSIX shells `run`'s quoting is right for; a node's `shellType` null means sh. */
@@ -64,6 +69,8 @@ export async function run(
   if (command.length === 0) {
     throw new CliError('give the command to run after --: metastatic run LABEL -- COMMAND [ARGS...]', 2);
   }
+  const notText = nonUtf8Argument(command);
+  if (notText) throw new CliError(notText, RUN_EXIT.usage);
   const spec = {
     ...requestSpecOf(labels, opts),
     id: opts.id ?? newRequestId(),
@@ -131,6 +138,7 @@ export async function run(
         {
           timeout: opts.timeout,
           signal: aborter.signal,
+          attach: opts.attach === true,
           ...(progress ? { onProgress: progress.show } : {}),
           onReleaseError: (err) =>
             say(
@@ -152,32 +160,51 @@ export async function run(
   }
 }
 
-/** How long `run` waits for a ready node to accept its login before it runs the command anyway. */
+/** How long `run` waits for a ready node to accept its login: past it, `run` fails (exit 125). */
 const LOGIN_WAIT_MS = 30_000;
 
 /**
  * Waits until the node lets this key in (ssh ... true exits 0), trying every half second for up to
  * `waitMs`: a node is recorded ready a moment before its host has taken it in (a local backing node told
  * of its live slots, an EC2 instance's per-slot user made by cloud-init), and the command must not be
- * lost to that moment. Nothing of these tries reaches stdout or stderr; after `waitMs` the command is
- * run anyway, and ssh's own error, if any, is the user's to read.
+ * lost to that moment. Nothing of these tries reaches stdout or stderr. The deadline holds during an
+ * attempt too (one that hangs, on a node that accepts the connection and never speaks, is killed): past
+ * it, NodeUnreachableError with ssh's last complaint, and the command is not run.
  */
-async function loginAccepted(login: SshLogin, identity: string, signal: AbortSignal, waitMs: number) {
+export async function loginAccepted(login: SshLogin, identity: string, signal: AbortSignal, waitMs: number) {
   const deadline = Date.now() + waitMs;
-  while (Date.now() < deadline && !signal.aborted) {
-    const tried = await runSsh(login, ['true'], { identity, signal, stdio: ['ignore', 'ignore', 'ignore'] });
-    if (tried.code !== 255) return;
-    await new Promise((r) => setTimeout(r, 500));
+  let why = 'no answer';
+  for (;;) {
+    const left = deadline - Date.now();
+    if (signal.aborted) return; // the caller ends the job
+    if (left <= 0) {
+      throw new NodeUnreachableError(
+        `node ${login.nodeId} (${login.user}@${login.host}:${login.port}) did not accept the login within ${waitMs / 1000} s: ${why}`,
+      );
+    }
+    const attempt = AbortSignal.any([signal, AbortSignal.timeout(left)]);
+    let stderr = '';
+    const tried = await runSsh(login, ['true'], {
+      identity,
+      signal: attempt,
+      connectTimeout: Math.min(10, left / 1000),
+      stdio: ['ignore', 'ignore', 'pipe'],
+      onSpawn: (child) => child.stderr?.on('data', (d: Buffer) => (stderr = (stderr + d).slice(-2000))),
+    });
+    if (tried.code !== null && tried.code !== 255) return;
+    const said = stderr.trim().split('\n').at(-1)?.trim();
+    why = said || (tried.signal ? 'ssh got no answer in time' : `ssh exited ${tried.code}`);
+    await new Promise((r) => setTimeout(r, Math.min(500, Math.max(0, deadline - Date.now()))));
   }
 }
 
 /** METASTATIC_NODES: one line per node, `<id> <host> <port> <username>`, the node it runs on first. */
-function nodesVariable(nodes: readonly PoolNode[]): string {
-  return nodes.map((n) => `${n.id} ${n.host ?? '-'} ${n.port ?? '-'} ${n.username ?? '-'}`).join('\n');
+function nodesVariable(nodes: readonly ReadyNode[]): string {
+  return nodes.map((n) => `${n.id} ${n.host} ${n.port} ${n.username}`).join('\n');
 }
 
 /** How `run` ends when the command did not give its status: the message and the exit code. */
-function runError(err: unknown, received: NodeJS.Signals | undefined): CliError {
+export function runError(err: unknown, received: NodeJS.Signals | undefined): CliError {
   if (received && (err instanceof AbortedError || !(err instanceof MetastaticError))) {
     return new CliError(`stopped by ${received}`, 128 + (constants.signals[received] ?? 0));
   }
@@ -187,6 +214,10 @@ function runError(err: unknown, received: NodeJS.Signals | undefined): CliError 
     return usage instanceof CliError ? usage : new CliError(err.message, RUN_EXIT.usage);
   }
   if (err instanceof UnknownLabelError) return new CliError(err.message, RUN_EXIT.usage);
+  if (err instanceof RequestExistsError) {
+    const hint = 'give a new --id, or --attach to run on it (and release it after)';
+    return new CliError(`${err.message} (another job's id?): ${hint}`, RUN_EXIT.usage);
+  }
   if (err instanceof RequestFailedError) {
     return new CliError(`no node could be had: ${err.message}`, RUN_EXIT.noNode);
   }

@@ -5,13 +5,16 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import {
   AbortedError,
   InvalidInputError,
+  loginOf,
   MetastaticError,
   NodeLostError,
   NodeNotFoundError,
   PoolClient,
   PoolNotFoundError,
   PoolStoppedError,
+  type ReadyNode,
   RenewRefusedError,
+  RequestExistsError,
   RequestFailedError,
   RequestNotFoundError,
   TimeoutError,
@@ -19,6 +22,7 @@ import {
 } from '../../client/index.ts';
 import { parseConfigOrThrow } from '../../shared/config/load.ts';
 import { silentLog } from '../../shared/core/log.ts';
+import { clientKeyPath } from '../../shared/runtime/clientKey.ts';
 import { EmbeddedPool } from '../../shared/runtime/embeddedPool.ts';
 
 /**
@@ -204,6 +208,39 @@ describe('metastatic/client against an embedded pool', { timeout: 120_000 }, () 
         .catch((e: unknown) => e);
       expect(lost).toBeInstanceOf(NodeLostError);
       expect((lost as NodeLostError).node.state).toBe('released');
+    });
+
+    it('run: refuses an id already in the table (not ours), unless attach (issue 41, defect 4)', async () => {
+      // Someone else's request, with the very body run would send: the pool would take it as ours.
+      const spec = { id: 'theirs', labels: ['small-node'], requestor: 'ci', lease: 60 };
+      await pool.request(spec);
+      await pool.waitFor('theirs');
+      let ran = false;
+      const refused = await pool
+        .run(spec, async () => {
+          ran = true;
+        })
+        .catch((e: unknown) => e);
+      expect(refused).toBeInstanceOf(RequestExistsError);
+      expect((refused as RequestExistsError).requestId).toBe('theirs');
+      expect(ran).toBe(false);
+      expect((await pool.get('theirs'))?.nodes.map((n) => n.state)).toEqual(['ready']); // untouched
+      const attached = await pool.run(spec, async ([node]) => node?.id, { attach: true });
+      expect(attached).toBe('theirs/0');
+      expect((await pool.get('theirs'))?.nodes.map((n) => n.state)).toEqual(['released']);
+    });
+
+    it("run: logs in with the embedded pool's client key when no identity is given (issue 41, defect 12)", async () => {
+      expect(pool.identity).toBe(clientKeyPath(stateDir));
+      const code = await pool.run({ labels: ['small-node'] }, async ([node], { signal }) => {
+        // A node is recorded ready a moment before its host lets the slot's user in: try a few times.
+        for (let i = 0; ; i++) {
+          const ended = await pool.runSsh(loginOf(node as ReadyNode), ['true'], { stdio: 'ignore', signal });
+          if (ended.code !== 255 || i === 20) return ended.code;
+          await new Promise((r) => setTimeout(r, 250));
+        }
+      });
+      expect(code).toBe(0);
     });
 
     it('connect: PoolNotFoundError where no pool runs', async () => {

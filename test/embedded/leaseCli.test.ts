@@ -63,7 +63,9 @@ describe('leases through the CLI against metastatic dev', { timeout: 180_000 }, 
     const released = await run(['release', '--request', 'leased', '--json']);
     expect(released.code, released.stderr).toBe(0);
     expect(JSON.parse(released.stdout).nodes.map((n: { state: string }) => n.state)).toEqual(['released']);
-    expect((await run(['release', '--request', 'leased'])).code).toBe(0); // idempotent
+    const again = await run(['release', '--request', 'leased']); // idempotent
+    expect(again.code).toBe(0);
+    expect(again.stdout).toMatch(/^request leased: released\n/); // not "fulfilled" (issue 41, defect 12)
 
     const late = await run(['renew', 'leased']);
     expect(late.code).toBe(1);

@@ -208,6 +208,22 @@ describe('metastatic run against metastatic dev', { timeout: 120_000 }, () => {
       await released('pair');
     });
 
+    it('refuses an --id already in the table with exit 2, and runs on it with --attach (issue 41, defect 4)', async () => {
+      // Another job's request, with the body this run would send: the pool would hand it over.
+      await pool.request({ id: 'taken', labels: ['small-node'], requestor: 'cli', lease: 60 });
+      await pool.waitFor('taken');
+      const refused = await run(['small-node', '--id', 'taken', '--', 'echo', 'ran']);
+      expect(refused.code, refused.stderr).toBe(2);
+      expect(refused.stderr).toContain('request taken already exists');
+      expect(refused.stderr).toContain('--attach');
+      expect(refused.stdout.toString()).toBe('');
+      expect((await pool.get('taken'))?.nodes.map((n) => n.state)).toEqual(['ready']);
+      const attached = await run(['small-node', '--id', 'taken', '--attach', '-q', '--', 'echo', 'ran']);
+      expect(attached.code, attached.stderr).toBe(0);
+      expect(attached.stdout.toString()).toBe('ran\n');
+      await released('taken');
+    });
+
     it('refuses a key file others can read, with the reason, before requesting', async () => {
       const loose = join(work, 'loose_key');
       await copyFile(join(stateDir, 'client_ed25519'), loose);

@@ -1,8 +1,11 @@
 import { spawnSync } from 'node:child_process';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { RUN_EXIT } from '../../cli/commands/run.ts';
 import { buildProgram } from '../../cli/program.ts';
 import { splitCommand } from '../../cli/programJobs.ts';
+import { nonUtf8Argument } from '../../cli/rawArgv.ts';
 import { watchInterval } from '../../client/leaseKeeper.ts';
 import { remoteCommandLine, shellQuote } from '../../client/openssh.ts';
 
@@ -101,5 +104,45 @@ describe('run: how often it reads its request while the job runs', () => {
     expect(watchInterval('embedded', 20_000)).toBe(1000);
     expect(watchInterval('embedded', 500)).toBe(500);
     expect(watchInterval('stack', 20_000)).toBe(20_000);
+  });
+});
+
+describe('run: arguments that are not UTF-8 (issue 41, defect 5)', () => {
+  const cmdline = (...args: (string | Buffer)[]) =>
+    Buffer.concat(args.flatMap((a) => [Buffer.from(a), Buffer.from([0])]));
+  const node = ['node', '/x/bin/metastatic.mjs', 'run', 'small-node', '--'];
+
+  it('names the argument whose raw bytes are not UTF-8, and passes a real U+FFFD', () => {
+    const raw = cmdline(...node, 'printf', '%s', Buffer.from([0x61, 0xff, 0x62]));
+    const why = nonUtf8Argument(['printf', '%s', 'a\uFFFDb'], raw);
+    expect(why).toContain('argument 3 of the command ("a\\xffb") is not valid UTF-8');
+    expect(why).toContain('stdin');
+    // U+FFFD given as such (EF BF BD) is a character like any other.
+    expect(nonUtf8Argument(['printf', '%s', 'a\uFFFDb'], cmdline(...node, 'printf', '%s', 'a\uFFFDb'))).toBe(
+      undefined,
+    );
+    // Empty arguments keep their places; a cmdline that does not end as the command does says nothing.
+    expect(nonUtf8Argument(['', '\uFFFD'], cmdline(...node, '', Buffer.from([0xc3])))).toContain(
+      'argument 2',
+    );
+    expect(nonUtf8Argument(['other', '\uFFFD'], cmdline(...node, 'x', Buffer.from([0xc3])))).toBe(undefined);
+    expect(nonUtf8Argument(['true'], undefined)).toBe(undefined);
+  });
+
+  it('refuses such an argument on the command line with exit 2, before looking for a pool', () => {
+    const bin = new URL('../../bin/metastatic.mjs', import.meta.url).pathname;
+    const dir = join(tmpdir(), `metastatic-none-${process.pid}`);
+    // The shell passes the byte 0xff as it is; Node's own spawn could only pass UTF-8.
+    const line = (arg: string) => `exec "$0" "$1" --state-dir "$2" run small-node -- printf %s ${arg}`;
+    const bad = spawnSync('sh', ['-c', line(`"$(printf 'a\\377b')"`), process.execPath, bin, dir], {
+      encoding: 'utf8',
+    });
+    expect(bad.status, bad.stderr).toBe(2);
+    expect(bad.stderr).toContain('argument 3 of the command ("a\\xffb") is not valid UTF-8');
+    const replacement = spawnSync('sh', ['-c', line('"a\uFFFDb"'), process.execPath, bin, dir], {
+      encoding: 'utf8',
+    });
+    expect(replacement.status, replacement.stderr).toBe(RUN_EXIT.ownFailure); // no pool there, but not refused
+    expect(replacement.stderr).not.toContain('UTF-8');
   });
 });
