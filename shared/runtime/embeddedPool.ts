@@ -38,7 +38,7 @@ import { LiveSlotSync } from './liveSlotSync.ts';
 import type { LocalTransactions } from './localTransactions.ts';
 import { type OperatorCall, type OperatorEndpoint, startOperatorEndpoint } from './operatorEndpoint.ts';
 import { holdPrivateUmask, makePrivateDir } from './privateState.ts';
-import { ReaperSchedule } from './reaperSchedule.ts';
+import { ReaperSchedule, shortestGraceMs } from './reaperSchedule.ts';
 import { withRoomSignal } from './roomSignal.ts';
 import { SqsPoller } from './sqsPoller.ts';
 import { keepAway, resendWaiting } from './waitingMessages.ts';
@@ -114,7 +114,9 @@ export class EmbeddedPool {
     readonly clientKey: ClientKey,
     private readonly liveSlots: LiveSlotSync,
   ) {
-    this.reaper = new ReaperSchedule(handlers.reaper, options.reaperInterval, context.clock, context.log);
+    this.reaper = new ReaperSchedule(handlers.reaper, options.reaperInterval, context.clock, context.log, {
+      shortestGraceMs: shortestGraceMs(options.config),
+    });
   }
 
   static async start(options: EmbeddedPoolOptions): Promise<EmbeddedPool> {
@@ -267,10 +269,11 @@ export class EmbeddedPool {
           options.log.error('startup reconciliation failed', { error: err as Error });
         }
         await resendWaiting(context, sqs, requestQueue.url, options.log);
-        // A release starts a grace-time: let the reaper know so the backing node goes when it ends.
+        // A release starts a grace-time: let the reaper know so the backing node goes when it ends (a
+        // lapsed lease's release, made by a reaper run, does the same: reaperSchedule.ts).
         const requestAndNudge: typeof handlers.request = async (event) => {
           const response = await handlers.request(event);
-          if (event.Records.some((r) => r.body.includes('"release"'))) stack.nudgeReaper();
+          if (event.Records.some((r) => r.body.includes('"release"'))) stack.reaper.released();
           return response;
         };
         stack.pollers.push(
@@ -333,15 +336,6 @@ export class EmbeddedPool {
   /** Runs the reaper now (waits for a run already in progress first). */
   reapNow(): Promise<ReapReport> {
     return this.reaper.runNow();
-  }
-
-  /** A node was released: the earliest grace-time of the pool's labels starts now. */
-  private nudgeReaper(): void {
-    const graces = this.options.config.metastaticPools.flatMap((p) =>
-      [...p.labels.values()].map((l) => l.graceTime),
-    );
-    if (graces.length === 0) return;
-    this.reaper.schedule(this.context.clock.now() + Math.min(...graces) * 1000 + 10);
   }
 
   /**

@@ -317,7 +317,8 @@ describe('metastatic CLI without a running pool', { timeout: 180_000 }, () => {
     const r = await cli(['--state-dir', dir, 'list', 'nodes']);
     expect(r.code).toBe(1);
     expect(r.stderr).toContain('no running pool found');
-    expect(r.stderr).toContain('npm start');
+    // As it was started (node bin/metastatic.mjs, here): this repository's bin/metastatic (issue 41, defect 9).
+    expect(r.stderr).toContain('Start one with `bin/metastatic dev`');
     await rm(dir, { recursive: true, force: true });
   });
 
@@ -340,8 +341,13 @@ describe('metastatic CLI without a running pool', { timeout: 180_000 }, () => {
       [['--priority', '12abc'], '--priority must be an integer from -1000000 to 1000000'],
       [['--priority', '1000001'], '--priority must be an integer from -1000000 to 1000000'],
       [['--priority', ''], '--priority must be an integer from -1000000 to 1000000'],
-      [['--cores', '1e-300'], '--cores: must be at least 0.001 (a thousandth of a core)'],
-      [['--expected-duration', '1e-320'], 'expected-duration: must be at least 1 second'],
+      [['--cores', '0.0001'], '--cores: must be at least 0.001 (a thousandth of a core)'],
+      [['--cores', '1e-300'], '--cores must be a number > 0, written in decimal'],
+      [['--expected-duration', '0.5'], 'expected-duration: must be at least 1 second'],
+      [
+        ['--expected-duration', '1e-320'],
+        '--expected-duration must be a number of seconds >= 0, written in decimal',
+      ],
     ];
     const runs = await Promise.all(
       cases.map(([args]) =>

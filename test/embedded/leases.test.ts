@@ -1,8 +1,15 @@
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
+import { parseConfigOrThrow } from '../../shared/config/load.ts';
+import { ManualClock } from '../../shared/core/clock.ts';
 import { LEASE_EXPIRED_REASON } from '../../shared/core/leases.ts';
+import { silentLog } from '../../shared/core/log.ts';
 import type { PageCursor, PoolStore } from '../../shared/core/poolStore.ts';
 import { RENEW_RETRY_SECONDS } from '../../shared/core/timing.ts';
 import { makeRequestHandler } from '../../shared/handlers/requestHandler.ts';
+import { EmbeddedPool } from '../../shared/runtime/embeddedPool.ts';
 import { holdNode } from '../../shared/usecases/operator.ts';
 import { poolConfig, smallNode } from '../../testkit/configs.ts';
 import { type Harness, sqsEvent, startHarness } from '../../testkit/harness.ts';
@@ -179,3 +186,58 @@ describe('a lease renewal that fails (issue 40, defect 1)', () => {
     expect((await ctx.store.getRequest('kept'))?.leaseExpiresAt).toBeGreaterThan(before);
   });
 });
+
+describe('a release by a lapsed lease (issue 41, defect 10)', () => {
+  it("prompts the reaper as a release message does: the backing node goes after grace-time, not the reaper's next interval", async () => {
+    // The pool as `metastatic dev` runs it (queue pollers and the reaper's schedule on), with a reaper
+    // interval of an hour and a manual clock: the lease lapses and grace-time passes without waiting.
+    const stateDir = await mkdtemp(join(tmpdir(), 'metastatic-lapse-'));
+    const clock = new ManualClock(Date.now());
+    const pool = await EmbeddedPool.start({
+      config: parseConfigOrThrow(
+        poolConfig({ meta: { labels: [smallNode({ 'max-parallel-jobs': 2, 'grace-time': 1 })] } }),
+        'lapse.yaml',
+      ),
+      stateDir,
+      reaperInterval: 3600,
+      log: silentLog,
+      clock,
+      inMemory: true,
+    });
+    try {
+      const store = pool.context.store;
+      const body = JSON.stringify({ kind: 'request', id: 'lapsing', labels: ['small-node'], lease: 10 });
+      expect((await pool.handlers.request(sqsEvent([body]))).batchItemFailures).toEqual([]);
+      const fulfilled = await until(async () => (await store.getRequest('lapsing'))?.state === 'fulfilled');
+      expect(fulfilled).toBe(true);
+      const backingId = (await store.getRequest('lapsing'))?.nodes[0]?.backingNodeId as string;
+
+      clock.advance(11_000); // 1 s past the lease
+      expect((await pool.reapNow()).leasesExpired).toEqual(['lapsing']);
+      clock.advance(1_500); // past grace-time: the run the release prompted retires it
+      const started = Date.now();
+      const stopped = await until(
+        async () => (await store.getBacking(backingId))?.state === 'stopped',
+        8_000,
+      );
+      expect({ stopped, reason: (await store.getBacking(backingId))?.reason }).toMatchObject({
+        stopped: true,
+        reason: expect.stringMatching(/^empty for \d/),
+      });
+      expect(Date.now() - started).toBeLessThan(8_000); // the interval is an hour
+    } finally {
+      await pool.stop();
+      await rm(stateDir, { recursive: true, force: true });
+    }
+  }, 30_000);
+});
+
+/** Polls `check` every 50 ms until it holds (true) or `timeoutMs` of real time passed (false). */
+async function until(check: () => Promise<boolean>, timeoutMs = 20_000): Promise<boolean> {
+  const deadline = Date.now() + timeoutMs;
+  while (!(await check())) {
+    if (Date.now() > deadline) return false;
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  return true;
+}

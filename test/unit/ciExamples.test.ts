@@ -1,5 +1,6 @@
 import { execFileSync, spawnSync } from 'node:child_process';
-import { readdirSync, readFileSync, statSync } from 'node:fs';
+import { mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { parseDocument } from 'yaml';
@@ -52,6 +53,41 @@ describe('the GitHub Actions example', () => {
     expect(run).toContain('--identity "$RUNNER_TEMP/metastatic_ed25519"');
     expect(run).toContain(' -- ');
     expect(JSON.stringify(Object.values(wf.jobs)[0])).toContain('METASTATIC_STACK');
+  });
+
+  it('installs the release tarball METASTATIC_TARBALL names, never a package from the registry (issue 41, defect 9)', () => {
+    const steps = Object.values(wf.jobs)[0]?.steps ?? [];
+    const install = steps.find((s) => s.name === 'Install metastatic');
+    expect(install?.env?.METASTATIC_TARBALL).toMatch(/^\$\{\{ vars\.METASTATIC_TARBALL \}\}$/);
+    // The step's script with an npm that records what it was asked to install.
+    const bin = mkdtempSync(join(tmpdir(), 'metastatic-npm-'));
+    try {
+      writeFileSync(join(bin, 'npm'), '#!/bin/sh\necho "npm $*"\n', { mode: 0o755 });
+      const run = (tarball?: string) => {
+        const env = {
+          PATH: `${bin}:/usr/bin:/bin`,
+          ...(tarball === undefined ? {} : { METASTATIC_TARBALL: tarball }),
+        };
+        const r = spawnSync('bash', ['-c', install?.run ?? ''], { env, encoding: 'utf8' });
+        return { status: r.status, npm: r.stdout.split('\n').filter((l) => l.startsWith('npm ')) };
+      };
+      for (const refused of [
+        undefined,
+        '',
+        'metastatic',
+        'metastatic@0.1',
+        'http://example.com/metastatic.tgz',
+      ]) {
+        expect({ refused, ...run(refused) }).toEqual({ refused, status: 1, npm: [] });
+      }
+      const url = 'https://example.com/releases/metastatic-0.1.0.tgz';
+      expect(run(url)).toEqual({ status: 0, npm: [`npm install --global ${url}`] });
+      expect(run('./vendor/metastatic-0.1.0.tgz').npm).toEqual([
+        'npm install --global ./vendor/metastatic-0.1.0.tgz',
+      ]);
+    } finally {
+      rmSync(bin, { recursive: true, force: true });
+    }
   });
 
   it('puts no expression into shell code: job data reaches the scripts as environment only', () => {

@@ -1,9 +1,23 @@
 import { execFileSync } from 'node:child_process';
-import { existsSync, readFileSync, statSync } from 'node:fs';
+import {
+  accessSync,
+  constants,
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  readFileSync,
+  realpathSync,
+  rmSync,
+  statSync,
+  symlinkSync,
+  writeFileSync,
+} from 'node:fs';
+import { tmpdir } from 'node:os';
 import { dirname, join, relative, resolve } from 'node:path';
 import type { Command } from 'commander';
-import { describe, expect, it } from 'vitest';
+import { afterAll, describe, expect, it } from 'vitest';
 import { buildProgram } from '../../cli/program.ts';
+import { cliCommand, NPX_COMMAND } from '../../client/cliCommand.ts';
 import { loadConfigOrThrow } from '../../shared/config/load.ts';
 import { BEGIN_KEYS } from '../../shared/providers/aws/consoleHostKeys.ts';
 import { composeUserData, poolCloudConfig } from '../../shared/providers/aws/userData.ts';
@@ -186,5 +200,174 @@ describe("docs/deploy.md's What your image needs (issue 40, defect 8)", () => {
   it("is what examples/aws.yaml does: its boot-timeout leaves time for the console's host keys", async () => {
     const config = await loadConfigOrThrow(join(ROOT, 'examples', 'aws.yaml'));
     expect(config.metastaticPools.map((p) => p.bootTimeout)).toEqual([300]);
+  });
+});
+
+/**
+ * The commands in a text that could run a package fetched from the npm registry under this project's
+ * name, which it does not publish (anyone may register it): `npx metastatic` without `--no` (npx installs
+ * what it does not find), `npm exec` / `dlx` alike, and installs of `metastatic` or `metastatic@<version>`
+ * by name. Installs of a tarball (`./metastatic-0.1.0.tgz`, a URL, `"$METASTATIC_TARBALL"`) are fine.
+ */
+function registryCommands(text: string): string[] {
+  const found: string[] = [];
+  const runner =
+    /\b(npx|npm\s+(?:exec|x)|(?:pnpm|yarn)\s+dlx|bunx)((?:\s+-[^\s]+)*)\s+metastatic(?![\w./-])/g;
+  for (const m of text.matchAll(runner)) {
+    const options = (m[2] ?? '').trim().split(/\s+/);
+    const refusesInstall =
+      !/dlx|bunx/.test(m[1] as string) && options.some((o) => o === '--no' || o === '--no-install');
+    if (!refusesInstall) found.push(m[0]);
+  }
+  for (const m of text.matchAll(/\b(?:npm|pnpm|yarn|bun)\s+(?:install|i|add)\b([^\n`#;&|)]*)/g)) {
+    const words = (m[1] ?? '').split(/[\s;&|)]+/).map((w) => w.replace(/^['"`]+|['"`]+$/g, ''));
+    if (words.some((w) => /^metastatic(@.*)?$/.test(w))) found.push(m[0]);
+  }
+  for (const m of text.matchAll(/(?<![\w./-])metastatic@[\w^~.*-]+/g)) found.push(m[0]);
+  return found;
+}
+
+describe('the commands the documentation gives and the CLI prints (issue 41, defect 9)', () => {
+  /** What a user copies commands from: the Markdown, the examples, and the sources of what the CLI prints. */
+  const readFiles = (): string[] =>
+    execFileSync(
+      'git',
+      [
+        'ls-files',
+        '-co',
+        '--exclude-standard',
+        '*.md',
+        'examples',
+        'cli',
+        'client',
+        'shared',
+        'bin',
+        'scripts',
+      ],
+      { cwd: ROOT, encoding: 'utf8' },
+    )
+      .split('\n')
+      .filter(
+        (f) =>
+          f !== '' &&
+          f !== 'CHANGELOG.md' && // history: what earlier versions said
+          !f.includes('node_modules/') &&
+          existsSync(join(ROOT, f)) &&
+          statSync(join(ROOT, f)).isFile(),
+      );
+
+  it('finds what would run or install a package from the registry, and nothing else', () => {
+    for (const bad of [
+      'npx metastatic run small-node',
+      'Try it from another shell:  npx metastatic request small-node --wait',
+      'npx -y metastatic dev',
+      'npm exec metastatic -- list',
+      'pnpm dlx metastatic',
+      'npm install --global metastatic@0.1',
+      'npm i metastatic',
+      'run: npm install -g "metastatic"',
+      'yarn add metastatic@^0.1.0',
+    ]) {
+      expect({ bad, found: registryCommands(bad).length > 0 }).toEqual({ bad, found: true });
+    }
+    for (const good of [
+      'npx --no metastatic run small-node',
+      'npx --no-install metastatic --version',
+      'npm i ./metastatic-0.1.0.tgz && npm i ../metastatic/metastatic-*.tgz',
+      'npm install --global "$METASTATIC_TARBALL"',
+      'bin/metastatic request small-node --wait',
+      'npx cdk deploy -c config=my-pool.yaml',
+      "import { MetastaticPool } from 'metastatic/cdk';",
+    ]) {
+      expect({ good, found: registryCommands(good) }).toEqual({ good, found: [] });
+    }
+  });
+
+  it('gives none in the documentation, the examples, or the hints the CLI prints', () => {
+    const files = readFiles();
+    expect(files).toEqual(expect.arrayContaining(['README.md', 'docs/install.md', 'cli/commands/dev.ts']));
+    const found = files.flatMap((f) =>
+      readFileSync(join(ROOT, f), 'utf8')
+        .split('\n')
+        .flatMap((line, i) => registryCommands(line).map((c) => `${f}:${i + 1}: ${c}`)),
+    );
+    expect(found).toEqual([]);
+  });
+
+  it("runs this repository's CLI as bin/metastatic, which is bin/metastatic.mjs; the package's bin stays", () => {
+    const bin = join(ROOT, 'bin', 'metastatic');
+    expect(realpathSync(bin)).toBe(realpathSync(join(ROOT, 'bin', 'metastatic.mjs')));
+    expect(() => accessSync(bin, constants.X_OK)).not.toThrow();
+    const pkg = JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8'));
+    expect(pkg.bin).toEqual({ metastatic: 'bin/metastatic.mjs' });
+    expect(pkg.files).toContain('bin/metastatic.mjs');
+    // `npm start` and bin/metastatic alike suggest bin/metastatic from the repository's root.
+    const path = '/usr/bin:/bin';
+    for (const script of ['bin/metastatic.mjs', 'bin/metastatic']) {
+      expect(cliCommand({ script: join(ROOT, script), cwd: ROOT, path })).toBe('bin/metastatic');
+    }
+    expect(cliCommand({ script: join(ROOT, 'bin', 'metastatic'), cwd: tmpdir(), path })).toBe(bin);
+  });
+
+  describe('the command the CLI suggests is the one it was started by', () => {
+    const work = realpathSync(mkdtempSync(join(tmpdir(), 'metastatic-cli-command-')));
+    afterAll(() => rmSync(work, { recursive: true, force: true }));
+    /** A package directory as npm installs it: package.json and bin/metastatic.mjs. */
+    const aPackage = (dir: string): string => {
+      mkdirSync(join(dir, 'bin'), { recursive: true });
+      writeFileSync(join(dir, 'package.json'), JSON.stringify({ name: 'metastatic' }));
+      writeFileSync(join(dir, 'bin', 'metastatic.mjs'), '#!/usr/bin/env node\n', { mode: 0o755 });
+      return join(dir, 'bin', 'metastatic.mjs');
+    };
+    const link = (target: string, at: string): string => {
+      mkdirSync(dirname(at), { recursive: true });
+      symlinkSync(target, at);
+      return at;
+    };
+    const app = join(work, 'my app');
+    const installed = aPackage(join(app, 'node_modules', 'metastatic'));
+    const dotBin = link('../metastatic/bin/metastatic.mjs', join(app, 'node_modules', '.bin', 'metastatic'));
+    const globalBin = join(work, 'prefix', 'bin');
+    const global = link(
+      aPackage(join(work, 'prefix', 'lib', 'node_modules', 'metastatic')),
+      join(globalBin, 'metastatic'),
+    );
+    const path = ['/usr/bin', globalBin].join(':');
+
+    it('installed in the project worked in: npx --no metastatic, however it was run', () => {
+      mkdirSync(join(app, 'sub'));
+      for (const script of [dotBin, installed]) {
+        for (const cwd of [app, join(app, 'sub')]) {
+          expect(cliCommand({ script, cwd, path })).toBe(NPX_COMMAND);
+        }
+      }
+      expect(NPX_COMMAND).toBe('npx --no metastatic');
+      // Installed from a directory (node_modules/metastatic a link to a checkout) alike.
+      const linked = join(work, 'linked');
+      link(dirname(dirname(aPackage(join(work, 'checkout')))), join(linked, 'node_modules', 'metastatic'));
+      const linkedBin = link(
+        '../metastatic/bin/metastatic.mjs',
+        join(linked, 'node_modules', '.bin', 'metastatic'),
+      );
+      expect(cliCommand({ script: linkedBin, cwd: linked, path: `${dirname(linkedBin)}:${path}` })).toBe(
+        NPX_COMMAND,
+      );
+      // From outside that project, its path (quoted for the shell).
+      expect(cliCommand({ script: dotBin, cwd: work, path })).toBe("'my app/node_modules/.bin/metastatic'");
+    });
+
+    it('installed globally: metastatic when it is the first on PATH, else its path', () => {
+      expect(cliCommand({ script: global, cwd: app, path })).toBe('metastatic');
+      expect(cliCommand({ script: global, cwd: join(work, 'prefix'), path: '/usr/bin' })).toBe(
+        'bin/metastatic',
+      );
+    });
+
+    it('not started by the CLI (a program using the client library): npx --no metastatic', () => {
+      writeFileSync(join(work, 'mine.mjs'), '');
+      expect(cliCommand({ script: join(work, 'mine.mjs'), cwd: work, path })).toBe(NPX_COMMAND);
+      expect(cliCommand({ script: undefined, cwd: work, path })).toBe(NPX_COMMAND);
+      expect(cliCommand({ script: join(work, 'gone'), cwd: work, path })).toBe(NPX_COMMAND);
+    });
   });
 });
