@@ -186,6 +186,12 @@ export const localPoolSchema = z.strictObject(
       .describe(
         `OpenSSH public key lines ("ssh-ed25519 AAAA... comment") whose holders may log in to this pool's backing nodes, besides the embedded pool's own client key; at most ${MAX_AUTHORIZED_KEYS}.`,
       ),
+    isolation: z
+      .enum(['auto', 'contain', 'none'], { error: 'one of auto, contain, none' })
+      .default('auto')
+      .describe(
+        "Whether each slot's jobs run contained: a uid of their own, the slot label's cores and memory as cgroup limits, their own /home/slot<N>, /tmp and processes. auto: where metastatic dev runs as root on Linux, else not (said once); contain: always (a backing node that cannot fails); none: as the user who runs metastatic dev, sharing everything.",
+      ),
     labels: nonEmptyList(localLabelSchema, 'labels'),
   },
   { error: MAPPING },

@@ -1,3 +1,4 @@
+import type { Shape } from '../config/model.ts';
 import type { Deadline } from './timing.ts';
 
 /**
@@ -24,6 +25,11 @@ export interface LaunchSpec {
    * creates one user per slot at launch. Unset: 1.
    */
   readonly slots?: number;
+  /**
+   * What one slot gives (its metastatic label's cores, memory, disk): a local backing node holds each
+   * slot's jobs to it where it contains them (shared/providers/local/slotIsolation.ts).
+   */
+  readonly slot?: Shape;
 }
 
 export type ResourceState = 'pending' | 'running' | 'shutting-down' | 'terminated' | 'stopping' | 'stopped';

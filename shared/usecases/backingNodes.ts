@@ -212,6 +212,7 @@ async function launch(ctx: Context, b: BackingRecord): Promise<BackingRecord> {
   let resourceId: string;
   try {
     const provider = ctx.providers.forPool(b.backingPoolKey);
+    const slot = ctx.config.metastaticPools.find((p) => p.key === b.poolKey)?.labels.get(b.label)?.slot;
     ({ resourceId } = await provider.launch(
       {
         backingNodeId: b.id,
@@ -219,6 +220,7 @@ async function launch(ctx: Context, b: BackingRecord): Promise<BackingRecord> {
         poolKey: b.backingPoolKey,
         label: b.backingLabel,
         slots: b.slots,
+        ...(slot ? { slot } : {}),
       },
       ctx.deadline,
     ));

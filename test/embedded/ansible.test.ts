@@ -143,12 +143,9 @@ describeWithAnsible('Ansible playbooks on the nodes of metastatic dev', { timeou
             backing-label: slow-large
 `,
     );
-    // The nodes' commands see dev's PATH: the system's, so that Ansible's interpreter discovery finds
-    // the system Python, not whatever shims (pyenv) the test runner's PATH has first.
-    const started = await startDev(bin, stateDir, ['-c', config], {
-      ...process.env,
-      PATH: '/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin',
-    });
+    // The nodes' commands get a login's PATH whatever dev's is (nodeSlots.ts slotEnv), so Ansible's
+    // interpreter discovery finds the system Python there, not the test runner's shims (pyenv).
+    const started = await startDev(bin, stateDir, ['-c', config]);
     dev = started.process;
     devLog = started.log;
     // The requests are sent from this process (as the CLI's `request` would send them): a CLI start

@@ -70,7 +70,10 @@ describe.concurrent('the GitLab custom executor on metastatic dev', { timeout: 1
     work = await mkdtemp(join(tmpdir(), 'metastatic-ci-work-'));
     // The example pool, with room for every job here on one backing node that outlives the file's jobs
     // (a boot per job would cost seconds): the jobs run concurrently, as a runner's would.
+    // Uncontained (isolation: none): the jobs fetch their sources from a repository in this process's
+    // /tmp, which a contained slot does not see (slots' containment: test/embedded/slotIsolation.test.ts).
     const yaml = (await readFile(join(root, 'examples', 'local.yaml'), 'utf8'))
+      .replace('        max-servers: 8 #', '        isolation: none\n        max-servers: 8 #')
       .replace('max-parallel-jobs: 2', 'max-parallel-jobs: 4')
       .replace('grace-time: 2', 'grace-time: 60');
     await writeFile(join(work, 'pool.yaml'), yaml);

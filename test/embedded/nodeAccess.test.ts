@@ -84,7 +84,14 @@ describe('logging in to a node of metastatic dev', { timeout: 240_000 }, () => {
     stateDir = await mkdtemp(join(tmpdir(), 'metastatic-access-'));
     work = await mkdtemp(join(tmpdir(), 'metastatic-access-work-'));
     cliTmp = await mkdtemp(join(tmpdir(), 'metastatic-access-tmp-'));
-    const started = await startDev(bin, stateDir, ['-c', join(root, 'examples', 'local.yaml')]);
+    // What an operator's shell may hold: none of it may reach a job (issue 42).
+    const started = await startDev(bin, stateDir, ['-c', join(root, 'examples', 'local.yaml')], {
+      ...process.env,
+      AWS_SECRET_ACCESS_KEY: 'operator-secret',
+      TMUX: '/tmp/tmux-0/default,1,0',
+      npm_config_cache: '/nowhere',
+      SSH_AUTH_SOCK: '/tmp/agent.sock',
+    });
     dev = started.process;
     devLog = started.log;
     const out = await cli(['request', 'small-node', 'small-node', '--id', 'job', '--wait', '--json']);
@@ -243,6 +250,53 @@ describe('logging in to a node of metastatic dev', { timeout: 240_000 }, () => {
     expect(rest1).not.toContain('slot0-file');
     expect(rest0.at(-1)).toBe('700');
     expect(rest1.at(-1)).toBe('700');
+  });
+
+  it("gives a job a login's environment as sshd does, nothing of dev's own", async () => {
+    // The client's LANG and LC_* are left out but one, sent; AWS_PROFILE it may not set.
+    const client = Object.fromEntries(Object.entries(process.env).filter(([k]) => !/^(LANG|LC_)/.test(k)));
+    const envOf = async (tty: boolean) => {
+      const extra = ['-o', 'SendEnv=LC_PAPER', '-o', 'SetEnv=AWS_PROFILE=x'];
+      const opts = { identity: clientKey, knownHosts, tty, extra };
+      const out = await run('ssh', [...sshOptions(node(0), opts), 'env'], undefined, 60_000, {
+        ...client,
+        LC_PAPER: 'C',
+      });
+      expect(out.code, out.stderr.toString()).toBe(0);
+      const vars = out.stdout
+        .toString()
+        .split(/\r?\n/)
+        .flatMap((line) => {
+          const m = /^([A-Za-z_][A-Za-z0-9_]*)=(.*)$/.exec(line);
+          // What a shell exports of its own (bash as /bin/sh), not the node's.
+          return m?.[1] && !['_', 'SHLVL', 'OLDPWD'].includes(m[1]) ? [[m[1], m[2] ?? '']] : [];
+        });
+      return Object.fromEntries(vars) as Record<string, string>;
+    };
+    const env = await envOf(false);
+    expect(Object.keys(env).sort()).toEqual([
+      'HOME',
+      'LC_PAPER',
+      'LOGNAME',
+      'METASTATIC_NODE_ID',
+      'METASTATIC_SLOT',
+      'PATH',
+      'PWD',
+      'SHELL',
+      'USER',
+    ]);
+    expect(env).toMatchObject({
+      USER: 'slot0',
+      LOGNAME: 'slot0',
+      SHELL: '/bin/sh',
+      PATH: '/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin',
+      LC_PAPER: 'C',
+      METASTATIC_SLOT: '0',
+      METASTATIC_NODE_ID: node(0).id,
+    });
+    expect(env.HOME).toBe(env.PWD);
+    // A pty adds TERM, as sshd does.
+    expect(Object.keys(await envOf(true)).sort()).toEqual([...Object.keys(env), 'TERM'].sort());
   });
 
   it("resolves ~slot<N> from the login directory to the slot's directory, in commands and over sftp", async () => {

@@ -22,6 +22,7 @@ describe('a backing node reading its live slots', () => {
     slot,
     nodeId,
     dir: join(workDir, `slot${slot}`),
+    home: join(workDir, `slot${slot}`),
     groups: new Set(),
     end: () => ended.push(nodeId),
   });

@@ -37,6 +37,12 @@ import { LIVE_POLL_MS } from './liveSlots.ts';
 import { LoginGate, MAX_CONNECTIONS } from './loginGate.ts';
 import { type AllowedKey, type HostKey, loadAuthorizedKeys, loadOrCreateHostKey } from './nodeKeys.ts';
 import { Slots } from './nodeSlots.ts';
+import {
+  containmentUnavailable,
+  type IsolationMode,
+  SlotIsolation,
+  type SlotLimits,
+} from './slotIsolation.ts';
 import { endGroup, KILL_GRACE_MS, signalGroup } from './slotProcess.ts';
 
 interface Args {
@@ -49,6 +55,9 @@ interface Args {
   readonly authorizedKeysFile: string;
   readonly liveFile: string;
   readonly workDir: string;
+  readonly isolation: IsolationMode;
+  readonly limits: SlotLimits;
+  readonly slotProgram: string;
 }
 
 function fail(message: string): never {
@@ -68,6 +77,8 @@ function parse(): Args {
       'authorized-keys-file': { type: 'string' },
       'live-file': { type: 'string' },
       'work-dir': { type: 'string' },
+      isolation: { type: 'string', default: 'none' },
+      'slot-limits': { type: 'string', default: '0,0,0' },
     },
     strict: true,
     allowPositionals: false,
@@ -81,6 +92,15 @@ function parse(): Args {
   if (!Number.isFinite(bootDelaySeconds) || bootDelaySeconds < 0) {
     fail(`--boot-delay must be a non-negative number of seconds, got ${values['boot-delay']}`);
   }
+  const isolation = values.isolation;
+  if (isolation !== 'auto' && isolation !== 'contain' && isolation !== 'none') {
+    fail(`--isolation must be auto, contain or none, got ${isolation}`);
+  }
+  const limits = (values['slot-limits'] ?? '').split(',');
+  if (limits.length !== 3 || !limits.every((n) => /^(0|[1-9]\d{0,9})$/.test(n))) {
+    fail(`--slot-limits must be MILLICORES,MEMORY_MIB,PIDS (whole numbers), got ${values['slot-limits']}`);
+  }
+  const [millicores, memoryMiB, pids] = limits.map(Number) as [number, number, number];
   const base = stateFile.replace(/\.json$/, '');
   return {
     id,
@@ -92,6 +112,9 @@ function parse(): Args {
     authorizedKeysFile: values['authorized-keys-file'] || `${base}.authorized_keys`,
     liveFile: values['live-file'] || `${base}.live`,
     workDir: values['work-dir'] || `${base}.work`,
+    isolation,
+    limits: { millicores, memoryMiB, pids },
+    slotProgram: `${base}.slot`,
   };
 }
 
@@ -110,6 +133,22 @@ async function writeState(path: string, record: Record<string, unknown>): Promis
   await rename(tmp, path);
 }
 
+/** The containment of this backing node's slots, or undefined (said on stderr when `auto` cannot). */
+async function isolationOf(args: Args): Promise<SlotIsolation | undefined> {
+  if (args.isolation === 'none') return undefined;
+  const why = containmentUnavailable();
+  if (why !== undefined) {
+    if (args.isolation === 'contain') fail(`isolation: contain, but ${why}`);
+    process.stderr.write(`backing node: slots are not contained: ${why}\n`);
+    return undefined;
+  }
+  try {
+    return await SlotIsolation.install(args.slotProgram, args.id, args.limits);
+  } catch (err) {
+    fail(`cannot write the slot program ${args.slotProgram}: ${String(err)}`);
+  }
+}
+
 async function main(): Promise<void> {
   const args = parse();
   const startedAt = Date.now();
@@ -122,14 +161,15 @@ async function main(): Promise<void> {
   process.stdout.on('error', () => {});
   process.stderr.on('error', () => {});
 
-  const slots = new Slots(args.liveFile, args.workDir);
+  // Installed first: SIGHUP's default action would end the process (a SIGHUP this early finds no file yet).
+  let reload = async (): Promise<void> => {};
+  process.on('SIGHUP', () => void reload());
+  const slots = new Slots(args.liveFile, args.workDir, await isolationOf(args));
   let keys: readonly AllowedKey[] = [];
-  const reload = async (): Promise<void> => {
+  reload = async (): Promise<void> => {
     keys = (await loadAuthorizedKeys(args.authorizedKeysFile)) ?? keys;
     await slots.reload();
   };
-  // Installed first: SIGHUP's default action would end the process.
-  process.on('SIGHUP', () => void reload());
 
   const stop = (): void => {
     if (stopping) return;
@@ -142,7 +182,8 @@ async function main(): Promise<void> {
     for (const socket of sockets) socket.destroy();
     const exit = (): void => {
       for (const pgid of groups) signalGroup(pgid, 'SIGKILL');
-      process.exit(0);
+      // A contained slot's processes end with their cgroup, which goes too: nothing is left on the host.
+      void slots.removeAll().finally(() => process.exit(0));
     };
     const exitAfterGrace = (): void => {
       if (groups.length === 0) exit();

@@ -18,6 +18,7 @@ import { AdoptedResources } from './adoptedResources.ts';
 import { formatLiveSlots } from './liveSlots.ts';
 import { LocalEventQueue } from './localEvents.ts';
 import { isAlive, type LocalRecord, localResourceId, RecordFiles, resourceOf } from './localRecords.ts';
+import { limitsOf } from './slotIsolation.ts';
 import {
   type LabelSettings,
   labelSettings,
@@ -269,7 +270,7 @@ export class LocalProvider implements BackingProvider {
   }
 
   private async start(spec: LaunchSpec, resourceId: string): Promise<{ resourceId: string }> {
-    const { bootDelaySeconds } = this.settings(spec.poolKey, spec.label);
+    const { bootDelaySeconds, isolation } = this.settings(spec.poolKey, spec.label);
     await mkdir(this.files.dir, { recursive: true });
     // A process of an earlier run of the provider may hold this resource already: adopt it.
     if (await this.liveRecord(resourceId)) return { resourceId };
@@ -290,6 +291,8 @@ export class LocalProvider implements BackingProvider {
       authorizedKeysFile,
       liveFile: this.files.liveFile(resourceId),
       workDir: this.files.workDir(resourceId),
+      isolation,
+      limits: limitsOf(spec.slot),
     });
     const pid = proc.pid as number;
     const record: LocalRecord = {

@@ -3,6 +3,7 @@ import { readdir, readFile, rename, rm, unlink, writeFile } from 'node:fs/promis
 import { join } from 'node:path';
 import type { BackingResource } from '../../core/provider.ts';
 import { SLOT_USER_PREFIX } from './liveSlots.ts';
+import { removeSlotGroups } from './slotIsolation.ts';
 
 /**
  * The local provider's records on disk. Every resource is recorded under `<stateDir>/local/<resourceId>.json`,
@@ -148,13 +149,20 @@ export class RecordFiles {
     await rename(tmp, path);
   }
 
-  /** Removes the resource's record, its host key, its authorized and live files and its slots' directories. */
+  /**
+   * Removes the resource's record, its host key, its authorized and live files, its slot program and its
+   * slots' directories (and, for a backing node that died unstopped, its contained slots' cgroups).
+   */
   async remove(resourceId: string): Promise<void> {
+    // A backing node that died unstopped (SIGKILL) left its contained slots' processes and cgroups.
+    const record = await this.read(resourceId).catch(() => undefined);
+    if (record) await removeSlotGroups(record.backingNodeId);
     const files = [
       this.file(resourceId),
       this.keyFile(resourceId),
       this.authorizedKeysFile(resourceId),
       this.liveFile(resourceId),
+      this.file(resourceId).replace(/\.json$/, '.slot'),
     ];
     for (const path of files) {
       try {

@@ -5,13 +5,17 @@
 import { chmod, mkdir, readFile, rename, rm, symlink } from 'node:fs/promises';
 import { join } from 'node:path';
 import { parseLiveSlots, slotUser } from './liveSlots.ts';
+import type { SlotIsolation } from './slotIsolation.ts';
 import { KILL_GRACE_MS } from './slotProcess.ts';
 
 /** A logged-in connection: the slot and node it is for, and the process groups its sessions started. */
 export interface Login {
   readonly slot: number;
   readonly nodeId: string;
+  /** The slot's working directory, as this process reaches it. */
   readonly dir: string;
+  /** The same directory as the slot's jobs see it (its HOME): `dir`, or /home/slot<N> when contained. */
+  readonly home: string;
   readonly end: () => void;
   readonly groups: Set<number>;
 }
@@ -34,9 +38,14 @@ export class Slots {
   private warnedAt = Number.NEGATIVE_INFINITY;
   readonly logins = new Set<Login>();
 
+  /** The slots whose cgroup was made (contained slots), to remove when their node goes or we stop. */
+  private readonly prepared = new Set<number>();
+
   constructor(
     private readonly liveFile: string,
     private readonly workDir: string,
+    /** Set when this backing node contains its slots (slotIsolation.ts). */
+    readonly isolation?: SlotIsolation,
   ) {}
 
   nodeOn(slot: number): string | undefined {
@@ -77,7 +86,48 @@ export class Slots {
     await mkdir(dir, { recursive: true, mode: 0o700 });
     await chmod(dir, 0o700);
     await homeLink(dir, slotUser(slot));
+    if (this.isolation) {
+      const tmp = this.tmpOf(slot);
+      await mkdir(tmp, { recursive: true, mode: 0o700 });
+      await this.isolation.prepare(slot, dir, tmp, join(dir, `~${slotUser(slot)}`));
+      this.prepared.add(slot);
+    }
     return dir;
+  }
+
+  /** A contained slot's /tmp (and /var/tmp), new for each node as its directory is. */
+  tmpOf(slot: number): string {
+    return join(this.workDir, `.tmp-${slotUser(slot)}`);
+  }
+
+  /** The slot's home as its jobs see it. */
+  homeOf(slot: number, dir: string): string {
+    return this.isolation ? this.isolation.home(slot) : dir;
+  }
+
+  /** How a command is started in the slot: through the slot program when contained, else as it is. */
+  wrapperOf(
+    slot: number,
+    dir: string,
+  ): ((file: string, args: readonly string[]) => [string, string[]]) | undefined {
+    const isolation = this.isolation;
+    if (!isolation) return undefined;
+    return (file, args) => isolation.wrap(slot, dir, this.tmpOf(slot), file, args);
+  }
+
+  /** Whose a contained slot's SFTP acts as (sftpServer.ts), or undefined when slots are not contained. */
+  confineOf(slot: number): { uid: number; gid: number } | undefined {
+    if (!this.isolation) return undefined;
+    const id = this.isolation.uid(slot);
+    return { uid: id, gid: id };
+  }
+
+  /** Every contained slot's processes end and its cgroup goes (the backing node stops). */
+  async removeAll(): Promise<void> {
+    const isolation = this.isolation;
+    if (!isolation) return;
+    await Promise.all([...this.prepared].map((slot) => isolation.remove(slot).catch(() => {})));
+    this.prepared.clear();
   }
 
   private async read(): Promise<void> {
@@ -117,6 +167,25 @@ export class Slots {
 
   /** Moves a slot's directory aside (its next node gets a fresh one at once) and removes it in the background. */
   private async clear(slot: number): Promise<void> {
+    if (this.isolation && this.prepared.delete(slot)) {
+      // Every process of the slot ends, wherever it went (setsid included): its cgroup is killed.
+      await this.isolation.remove(slot).catch((err: unknown) => {
+        process.stderr.write(`backing node: cannot end slot ${slot}'s processes: ${String(err)}\n`);
+      });
+      const tmp = this.tmpOf(slot);
+      const tmpGone = join(this.workDir, `.gone-tmp-${slotUser(slot)}-${Date.now()}-${process.pid}`);
+      if (
+        await rename(tmp, tmpGone).then(
+          () => true,
+          () => false,
+        )
+      ) {
+        setTimeout(
+          () => void rm(tmpGone, { recursive: true, force: true }).catch(() => {}),
+          KILL_GRACE_MS + 200,
+        );
+      }
+    }
     const dir = join(this.workDir, slotUser(slot));
     const gone = join(this.workDir, `.gone-${slotUser(slot)}-${Date.now()}-${process.pid}`);
     try {
@@ -146,17 +215,29 @@ async function homeLink(dir: string, user: string): Promise<void> {
   }
 }
 
-/** The environment of a slot's processes: the backing process's own, without the pool's variables. */
+/**
+ * The PATH of a job: OpenSSH's default user path (`/usr/local/bin:/usr/bin:/bin`) with the sbin
+ * directories after it, as RHEL's sshd and Ubuntu's pam_env give a login; not the backing process's.
+ */
+export const SLOT_PATH = '/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin';
+
+/**
+ * The environment of a slot's processes, built from nothing as sshd builds a login's: HOME and PWD (the
+ * slot's directory), USER and LOGNAME (`slot<N>`), SHELL, PATH (SLOT_PATH), METASTATIC_NODE_ID and
+ * METASTATIC_SLOT, and what the client sent of ACCEPTED_ENV (`extra`); a pty adds TERM
+ * (slotProcess.ts). Nothing of the backing process's own (`metastatic dev`'s: its PATH, npm_*, AWS_*,
+ * SSH_AUTH_SOCK, TMUX) reaches a job.
+ */
 export function slotEnv(login: Login, extra: Readonly<Record<string, string>>): NodeJS.ProcessEnv {
-  const env: NodeJS.ProcessEnv = {};
-  for (const [key, value] of Object.entries(process.env)) {
-    if (!key.startsWith('METASTATIC_')) env[key] = value;
-  }
+  const sent = Object.entries(extra).filter(([key]) => ACCEPTED_ENV.test(key));
   return {
-    ...env,
-    ...extra,
-    HOME: login.dir,
-    PWD: login.dir,
+    ...Object.fromEntries(sent),
+    HOME: login.home,
+    PWD: login.home,
+    USER: slotUser(login.slot),
+    LOGNAME: slotUser(login.slot),
+    SHELL: '/bin/sh',
+    PATH: SLOT_PATH,
     METASTATIC_NODE_ID: login.nodeId,
     METASTATIC_SLOT: String(login.slot),
   };

@@ -82,6 +82,7 @@ export function sshServer(
           slot,
           nodeId,
           dir,
+          home: slots.homeOf(slot, dir),
           groups,
           end: () => {
             for (const pgid of groups) endGroup(pgid);
@@ -116,7 +117,13 @@ export function sshServer(
             else set.delete(pgid);
           }
         };
-        const options = () => ({ cwd: current.dir, env: slotEnv(current, env), track });
+        const wrap = slots.wrapperOf(current.slot, current.dir);
+        const options = () => ({
+          cwd: current.dir,
+          env: slotEnv(current, env),
+          track,
+          ...(wrap ? { wrap } : {}),
+        });
         // Replies are only owed when the client asked for one (accept is then undefined at run time).
         session.on('pty', (accept: SessionAccept | undefined, _reject, info) => {
           pty = { term: info.term, rows: info.rows, cols: info.cols };
@@ -154,7 +161,7 @@ export function sshServer(
         });
         session.on('sftp', (accept) => {
           const sftp = accept();
-          if (sftp) serveSftp(sftp, current.dir);
+          if (sftp) serveSftp(sftp, current.dir, slots.confineOf(current.slot));
         });
         session.on('subsystem', (_accept, reject) => reject?.());
       });

@@ -3,11 +3,12 @@
  * and `scp` (which speaks SFTP by default since OpenSSH 9) need to put and get files and list, make and
  * remove directories. Relative paths are the slot's working directory's; absolute paths are taken as
  * they are, with the backing process's own uid: a local node is the user's own machine, so SFTP allows
- * exactly what a command run on the node could do, nothing more (no chroot, no privilege).
+ * exactly what a command run on the node could do, nothing more (no chroot, no privilege). A slot whose
+ * jobs run as their own uid (the backing node then runs as root) is served confined to its directory
+ * instead, what SFTP creates owned by the slot's uid (sftpConfined.ts).
  */
 import { constants, type Stats } from 'node:fs';
 import {
-  chmod,
   type FileHandle,
   lstat,
   mkdir,
@@ -19,12 +20,11 @@ import {
   rmdir,
   stat,
   symlink,
-  truncate,
   unlink,
-  utimes,
 } from 'node:fs/promises';
 import { isAbsolute, resolve } from 'node:path';
 import ssh2, { type Attributes, type SFTPWrapper } from 'ssh2';
+import { applyAttrs, confinedFiles, SftpError, type SftpFiles } from './sftpConfined.ts';
 
 const { STATUS_CODE, OPEN_MODE } = ssh2.utils.sftp;
 
@@ -50,9 +50,10 @@ const MAX_HANDLES = 256;
 
 type Open =
   | { readonly kind: 'file'; readonly file: FileHandle }
-  | { readonly kind: 'dir'; readonly path: string; names?: string[] };
+  | { readonly kind: 'dir'; readonly anchor?: FileHandle; names?: string[] };
 
 function statusOf(err: unknown): number {
+  if (err instanceof SftpError) return err.status;
   const code = (err as NodeJS.ErrnoException).code;
   if (code === 'ENOENT' || code === 'ENOTDIR') return STATUS_CODE.NO_SUCH_FILE;
   if (code === 'EACCES' || code === 'EPERM') return STATUS_CODE.PERMISSION_DENIED;
@@ -80,16 +81,6 @@ function longname(name: string, s: Stats): string {
   return `${type}${perms} ${s.nlink} ${s.uid} ${s.gid} ${s.size} ${date} ${name}`;
 }
 
-/** Applies the attributes a client set (SETSTAT, FSETSTAT, MKDIR, OPEN with CREAT). */
-async function applyAttrs(path: string, attrs: Attributes | undefined): Promise<void> {
-  if (!attrs) return;
-  if (typeof attrs.size === 'number') await truncate(path, attrs.size);
-  if (typeof attrs.mode === 'number') await chmod(path, attrs.mode & 0o7777);
-  if (typeof attrs.atime === 'number' && typeof attrs.mtime === 'number') {
-    await utimes(path, attrs.atime, attrs.mtime);
-  }
-}
-
 /** What ssh2 keeps private on a server-side SFTP stream: its channel id and the protocol it sends on. */
 interface SftpInternals {
   readonly outgoing?: { readonly id: number; readonly state: string };
@@ -110,11 +101,58 @@ function sendExitStatus(sftp: SFTPWrapper, status: number): void {
   }
 }
 
-/** Serves one SFTP session, paths relative to `cwd`; every handle still open is closed when it ends. */
-export function serveSftp(sftp: SFTPWrapper, cwd: string): void {
+/** The file system as the backing process sees it, relative paths `cwd`'s (what SFTP always did). */
+function plainFiles(cwd: string): SftpFiles {
+  const at = (name: string): string => (isAbsolute(name) ? resolve(name) : resolve(cwd, name || '.'));
+  return {
+    async open(name, flags, mode) {
+      const path = at(name);
+      return { file: await open(path, flags, mode), path };
+    },
+    async opendir(name) {
+      const path = at(name);
+      if (!(await stat(path)).isDirectory()) {
+        throw new SftpError(STATUS_CODE.FAILURE, `${name}: not a directory`);
+      }
+      return { path };
+    },
+    entry: (dirPath, filename) => resolve(dirPath, filename),
+    stat: (name) => stat(at(name)),
+    lstat: (name) => lstat(at(name)),
+    setstat: (name, attrs) => applyAttrs(at(name), attrs),
+    fsetstat: (path, attrs) => applyAttrs(path, attrs),
+    async remove(name) {
+      const target = at(name);
+      if ((await lstat(target)).isDirectory()) {
+        throw new SftpError(STATUS_CODE.FAILURE, `${name}: is a directory`);
+      }
+      await unlink(target);
+    },
+    async rmdir(name) {
+      const target = at(name);
+      if (!(await lstat(target)).isDirectory()) {
+        throw new SftpError(STATUS_CODE.FAILURE, `${name}: not a directory`);
+      }
+      await rmdir(target);
+    },
+    mkdir: (name, mode) => mkdir(at(name), { mode }).then(() => {}),
+    // A path that does not exist yet (the target of a put) is normalized, not refused.
+    realpath: (name) => realpath(at(name)).catch(() => at(name)),
+    rename: (from, to) => rename(at(from), at(to)),
+    readlink: (name) => readlink(at(name)),
+    symlink: (target, link) => symlink(target, at(link)),
+  };
+}
+
+/**
+ * Serves one SFTP session, paths relative to `cwd`; every handle still open is closed when it ends. With
+ * `confine`, every path must resolve inside `cwd`, and what SFTP creates is owned by `confine`'s uid
+ * and gid (sftpConfined.ts).
+ */
+export function serveSftp(sftp: SFTPWrapper, cwd: string, confine?: { uid: number; gid: number }): void {
+  const files = confine ? confinedFiles(cwd, confine) : plainFiles(cwd);
   const handles = new Map<number, Open & { readonly path: string }>();
   let nextHandle = 0;
-  const at = (path: string): string => (isAbsolute(path) ? resolve(path) : resolve(cwd, path || '.'));
   const handleOf = (buf: Buffer) => (buf.length === 4 ? handles.get(buf.readUInt32BE(0)) : undefined);
   const newHandle = (entry: Open & { readonly path: string }): Buffer | undefined => {
     if (handles.size >= MAX_HANDLES) return undefined;
@@ -151,18 +189,20 @@ export function serveSftp(sftp: SFTPWrapper, cwd: string): void {
     sendExitStatus(sftp, 0);
     sftp.end();
   });
+  const closeEntry = (entry: Open): Promise<void> | undefined =>
+    entry.kind === 'file' ? entry.file.close() : entry.anchor?.close();
   sftp.on('close', () => {
-    for (const entry of handles.values()) if (entry.kind === 'file') void entry.file.close().catch(() => {});
+    for (const entry of handles.values()) void closeEntry(entry)?.catch(() => {});
     handles.clear();
   });
 
   sftp.on('OPEN', (reqid, filename, flags, attrs) =>
     serve(reqid, async () => {
-      const path = at(filename);
       const mode = openFlags(flags);
       if (mode === undefined)
         return void sftp.status(reqid, STATUS_CODE.FAILURE, 'open for neither read nor write');
-      const file = await open(path, mode, typeof attrs?.mode === 'number' ? attrs.mode & 0o7777 : 0o666);
+      const perm = typeof attrs?.mode === 'number' ? attrs.mode & 0o7777 : 0o666;
+      const { file, path } = await files.open(filename, mode, perm);
       const handle = newHandle({ kind: 'file', file, path });
       if (!handle) {
         await file.close();
@@ -209,7 +249,7 @@ export function serveSftp(sftp: SFTPWrapper, cwd: string): void {
     serve(reqid, async () => {
       const entry = handleOf(handle);
       if (!entry) return void sftp.status(reqid, STATUS_CODE.FAILURE, 'bad handle');
-      await applyAttrs(entry.path, attrs);
+      await files.fsetstat(entry.path, attrs);
       ok(reqid);
     }),
   );
@@ -218,18 +258,18 @@ export function serveSftp(sftp: SFTPWrapper, cwd: string): void {
       const entry = handleOf(handle);
       if (!entry) return void sftp.status(reqid, STATUS_CODE.FAILURE, 'bad handle');
       handles.delete(handle.readUInt32BE(0));
-      if (entry.kind === 'file') await entry.file.close();
+      await closeEntry(entry);
       ok(reqid);
     }),
   );
   sftp.on('OPENDIR', (reqid, path) =>
     serve(reqid, async () => {
-      const dir = at(path);
-      if (!(await stat(dir)).isDirectory()) {
-        return void sftp.status(reqid, STATUS_CODE.FAILURE, `${path}: not a directory`);
+      const dir = await files.opendir(path);
+      const handle = newHandle({ kind: 'dir', ...dir });
+      if (!handle) {
+        await dir.anchor?.close();
+        return void sftp.status(reqid, STATUS_CODE.FAILURE, 'too many open handles');
       }
-      const handle = newHandle({ kind: 'dir', path: dir });
-      if (!handle) return void sftp.status(reqid, STATUS_CODE.FAILURE, 'too many open handles');
       sftp.handle(reqid, handle);
     }),
   );
@@ -245,74 +285,64 @@ export function serveSftp(sftp: SFTPWrapper, cwd: string): void {
       if (batch.length === 0) return void sftp.status(reqid, STATUS_CODE.EOF);
       const names = [];
       for (const filename of batch) {
-        const s = await lstat(resolve(entry.path, filename)).catch(() => undefined);
+        const s = await lstat(files.entry(entry.path, filename)).catch(() => undefined);
         if (s) names.push({ filename, longname: longname(filename, s), attrs: attrsOf(s) });
       }
       sftp.name(reqid, names);
     }),
   );
   sftp.on('STAT', (reqid, path) =>
-    serve(reqid, async () => sftp.attrs(reqid, attrsOf(await stat(at(path))))),
+    serve(reqid, async () => sftp.attrs(reqid, attrsOf(await files.stat(path)))),
   );
   sftp.on('LSTAT', (reqid, path) =>
-    serve(reqid, async () => sftp.attrs(reqid, attrsOf(await lstat(at(path))))),
+    serve(reqid, async () => sftp.attrs(reqid, attrsOf(await files.lstat(path)))),
   );
   sftp.on('SETSTAT', (reqid, path, attrs) =>
     serve(reqid, async () => {
-      await applyAttrs(at(path), attrs);
+      await files.setstat(path, attrs);
       ok(reqid);
     }),
   );
   sftp.on('REMOVE', (reqid, path) =>
     serve(reqid, async () => {
-      const target = at(path);
-      if ((await lstat(target)).isDirectory()) {
-        return void sftp.status(reqid, STATUS_CODE.FAILURE, `${path}: is a directory`);
-      }
-      await unlink(target);
+      await files.remove(path);
       ok(reqid);
     }),
   );
   sftp.on('RMDIR', (reqid, path) =>
     serve(reqid, async () => {
-      const target = at(path);
-      if (!(await lstat(target)).isDirectory()) {
-        return void sftp.status(reqid, STATUS_CODE.FAILURE, `${path}: not a directory`);
-      }
-      await rmdir(target);
+      await files.rmdir(path);
       ok(reqid);
     }),
   );
   sftp.on('MKDIR', (reqid, path, attrs) =>
     serve(reqid, async () => {
-      await mkdir(at(path), { mode: typeof attrs?.mode === 'number' ? attrs.mode & 0o7777 : 0o777 });
+      await files.mkdir(path, typeof attrs?.mode === 'number' ? attrs.mode & 0o7777 : 0o777);
       ok(reqid);
     }),
   );
   sftp.on('REALPATH', (reqid, path) =>
     serve(reqid, async () => {
-      const target = at(path);
-      // A path that does not exist yet (the target of a put) is normalized, not refused.
-      const real = await realpath(target).catch(() => target);
+      const real = await files.realpath(path);
       sftp.name(reqid, [{ filename: real, longname: real, attrs: {} as Attributes }]);
     }),
   );
   sftp.on('RENAME', (reqid, oldPath, newPath) =>
     serve(reqid, async () => {
-      await rename(at(oldPath), at(newPath));
+      await files.rename(oldPath, newPath);
       ok(reqid);
     }),
   );
   sftp.on('READLINK', (reqid, path) =>
     serve(reqid, async () => {
-      const target = await readlink(at(path));
+      const target = await files.readlink(path);
       sftp.name(reqid, [{ filename: target, longname: target, attrs: {} as Attributes }]);
     }),
   );
   sftp.on('SYMLINK', (reqid, linkPath, targetPath) =>
     serve(reqid, async () => {
       // OpenSSH's sftp-server swaps the two (a long-standing bug clients now expect): targetPath is the link.
-      await symlink(linkPath, at(targetPath));
+      await files.symlink(linkPath, targetPath);
       ok(reqid);
     }),
   );

@@ -73,6 +73,8 @@ export interface SlotProcessOptions {
   readonly env: NodeJS.ProcessEnv;
   /** Called with the group id once started, and again (with the same id) when it should be forgotten. */
   readonly track: (pgid: number, started: boolean) => void;
+  /** How the program is started in a contained slot (slotIsolation.ts); unset: as it is. */
+  readonly wrap?: (file: string, args: readonly string[]) => [string, string[]];
 }
 
 /**
@@ -86,7 +88,8 @@ export function runOnChannel(
   pty: PtyInfo | undefined,
   options: SlotProcessOptions,
 ): ChildProcess | undefined {
-  const [file, args] = commandLine(command, pty);
+  const [program, programArgs] = commandLine(command, pty);
+  const [file, args] = options.wrap ? options.wrap(program, programArgs) : [program, programArgs];
   const env = pty ? { ...options.env, TERM: pty.term || 'xterm', SHELL: '/bin/sh' } : options.env;
   let child: ChildProcess;
   try {

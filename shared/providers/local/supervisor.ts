@@ -3,6 +3,7 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { BackingPool } from '../../config/model.ts';
 import { errorCode, isAlive, isRecord, type LocalRecord } from './localRecords.ts';
+import type { IsolationMode, SlotLimits } from './slotIsolation.ts';
 
 /**
  * The process supervisor of the local provider: starts a backing node process (backingNode.ts), reads
@@ -47,6 +48,8 @@ export async function backingNodeScript(): Promise<string> {
 export interface LabelSettings {
   readonly bootDelaySeconds: number;
   readonly attributes: Readonly<Record<string, unknown>>;
+  /** The pool's `isolation`: whether its backing nodes contain their slots. */
+  readonly isolation: IsolationMode;
 }
 
 /** A local label's settings; an unknown pool or label, or a bad boot-delay, is an Error. */
@@ -63,7 +66,11 @@ export function labelSettings(
     throw new Error(`local provider: label ${labelName} of ${poolKey}: boot-delay must be seconds >= 0`);
   }
   const attributes = label.options.attributes;
-  return { bootDelaySeconds: bootDelay, attributes: isRecord(attributes) ? attributes : {} };
+  const isolation = pool.poolOptions.isolation ?? 'auto';
+  if (isolation !== 'auto' && isolation !== 'contain' && isolation !== 'none') {
+    throw new Error(`local provider: backing pool ${poolKey}: isolation must be auto, contain or none`);
+  }
+  return { bootDelaySeconds: bootDelay, attributes: isRecord(attributes) ? attributes : {}, isolation };
 }
 
 export interface BackingNodeArgs {
@@ -76,6 +83,9 @@ export interface BackingNodeArgs {
   readonly authorizedKeysFile: string;
   readonly liveFile: string;
   readonly workDir: string;
+  /** Whether its slots are contained (slotIsolation.ts), and each slot's limits there. */
+  readonly isolation: IsolationMode;
+  readonly limits: SlotLimits;
 }
 
 /**
@@ -106,6 +116,10 @@ export async function spawnBackingNode(args: BackingNodeArgs): Promise<ChildProc
       args.liveFile,
       '--work-dir',
       args.workDir,
+      '--isolation',
+      args.isolation,
+      '--slot-limits',
+      `${args.limits.millicores},${args.limits.memoryMiB},${args.limits.pids}`,
     ],
     // A session of its own (setsid): what dev's terminal sends its foreground group (Ctrl-C, Ctrl-Z, the
     // hangup when the terminal closes) reaches dev alone. dev stops its backing nodes itself on SIGINT

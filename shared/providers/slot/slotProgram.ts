@@ -1,0 +1,155 @@
+/**
+ * `metastatic-slot`: what a backing node runs, as root, to contain the jobs of its slots. A POSIX shell
+ * program (util-linux `unshare`, `setpriv`, `mount`; Linux cgroups v2, or v1 with a v2 hierarchy beside
+ * it), kept here as text so that every backing node that contains its slots runs the same lines: a
+ * local backing node writes it beside its state file (shared/providers/local/slotIsolation.ts).
+ *
+ *   metastatic-slot setup NAME MILLICORES MEMORY_MIB PIDS    the slot's cgroup and its limits (0: none)
+ *   metastatic-slot run NAME UID GID DIR TMP USER -- CMD...  CMD in the slot (below)
+ *   metastatic-slot kill NAME                                every process in the slot's cgroup ends
+ *   metastatic-slot remove NAME                              kill, then the cgroup goes
+ *
+ * `run` joins the slot's cgroup, then, in new mount and PID namespaces, mounts a tmpfs on /home with the
+ * slot's directory at /home/USER, binds TMP on /tmp and /var/tmp, mounts /proc for the namespace (the job
+ * sees its own processes only) and execs CMD as UID:GID with no supplementary groups, no capabilities
+ * and no_new_privs, in /home/USER. The namespace's first process is the session's: when it ends (the
+ * session closes, the node is released), the kernel ends every process left in the namespace, `setsid`
+ * or not. A job over its MEMORY_MIB is killed by the kernel's OOM killer within its own cgroup.
+ */
+export const SLOT_PROGRAM = `#!/bin/sh
+# metastatic-slot (shared/providers/slot/slotProgram.ts): contains the jobs of a backing node's slots.
+set -eu
+CGROUP_ROOT=\${METASTATIC_CGROUP_ROOT:-/sys/fs/cgroup}
+PARENT=metastatic
+die() { printf 'metastatic-slot: %s\\n' "$*" >&2; exit 125; }
+word_ok() { case $1 in '' | .* | *[!A-Za-z0-9._-]*) return 1 ;; esac; }
+num_ok() { case $1 in '' | *[!0-9]*) return 1 ;; esac; }
+v2() { [ -f "$CGROUP_ROOT/cgroup.controllers" ]; }
+# The slot's cgroups: one with cgroup v2; with v1, one per controller used, and one in the v2 hierarchy
+# of a hybrid system (its cgroup.kill ends them all at once).
+dirs() {
+  if v2; then
+    echo "$CGROUP_ROOT/$PARENT/$1"
+    return 0
+  fi
+  for c in memory cpu pids unified; do
+    if [ -d "$CGROUP_ROOT/$c" ]; then echo "$CGROUP_ROOT/$c/$PARENT/$1"; fi
+  done
+}
+put() { printf '%s\\n' "$2" >"$1" 2>/dev/null || die "cannot write $2 to $1"; }
+
+setup() {
+  name=$1 millicores=$2 mib=$3 pids=$4
+  if v2; then
+    mkdir -p "$CGROUP_ROOT/$PARENT/$name"
+    for c in cpu memory pids; do
+      printf '+%s\\n' "$c" >"$CGROUP_ROOT/cgroup.subtree_control" 2>/dev/null || true
+      printf '+%s\\n' "$c" >"$CGROUP_ROOT/$PARENT/cgroup.subtree_control" 2>/dev/null || true
+    done
+    d=$CGROUP_ROOT/$PARENT/$name
+    if [ "$mib" -ne 0 ]; then
+      put "$d/memory.max" $((mib * 1048576))
+      printf '0\\n' >"$d/memory.swap.max" 2>/dev/null || true
+    fi
+    if [ "$millicores" -ne 0 ]; then put "$d/cpu.max" "$((millicores * 100)) 100000"; fi
+    if [ "$pids" -ne 0 ]; then put "$d/pids.max" "$pids"; fi
+    return 0
+  fi
+  for d in $(dirs "$name"); do mkdir -p "$d"; done
+  d=$CGROUP_ROOT/memory/$PARENT/$name
+  if [ "$mib" -ne 0 ] && [ -d "$d" ]; then
+    put "$d/memory.limit_in_bytes" $((mib * 1048576))
+    if [ -f "$d/memory.memsw.limit_in_bytes" ]; then put "$d/memory.memsw.limit_in_bytes" $((mib * 1048576)); fi
+  fi
+  d=$CGROUP_ROOT/cpu/$PARENT/$name
+  if [ "$millicores" -ne 0 ] && [ -d "$d" ]; then
+    put "$d/cpu.cfs_period_us" 100000
+    put "$d/cpu.cfs_quota_us" $((millicores * 100))
+  fi
+  d=$CGROUP_ROOT/pids/$PARENT/$name
+  if [ "$pids" -ne 0 ] && [ -d "$d" ]; then put "$d/pids.max" "$pids"; fi
+}
+
+kill_all() {
+  for d in $(dirs "$1"); do
+    if [ -f "$d/cgroup.kill" ]; then printf '1\\n' >"$d/cgroup.kill" 2>/dev/null || true; fi
+  done
+  # Without cgroup.kill: SIGKILL its processes until none is left (one forked meanwhile is read again).
+  for _ in 1 2 3 4 5 6 7 8 9 10; do
+    left=
+    for d in $(dirs "$1"); do
+      if [ ! -f "$d/cgroup.procs" ]; then continue; fi
+      for pid in $(cat "$d/cgroup.procs"); do
+        kill -9 "$pid" 2>/dev/null || true
+        left=1
+      done
+    done
+    if [ -z "$left" ]; then return 0; fi
+    sleep 0.1
+  done
+}
+
+remove() {
+  kill_all "$1"
+  for d in $(dirs "$1"); do
+    for _ in 1 2 3 4 5 6 7 8 9 10; do
+      if [ ! -d "$d" ] || rmdir "$d" 2>/dev/null; then break; fi
+      sleep 0.1
+    done
+    rmdir "\${d%/*}" 2>/dev/null || true # the parent too, once no slot of any backing node is left
+  done
+}
+
+run() {
+  name=$1 uid=$2 gid=$3 dir=$4 tmp=$5 user=$6
+  shift 6
+  if [ "\${1:-}" = -- ]; then shift; fi
+  for d in $(dirs "$name"); do put "$d/cgroup.procs" $$; done
+  exec unshare --mount --propagation private -- "$0" inside "$uid" "$gid" "$dir" "$tmp" "$user" -- "$@"
+}
+
+# In the new mount namespace: the mounts, then the job as the slot's user. A path is bound by the directory
+# itself, not its name (a process's cwd through /proc), since a mount may hide the name of the next.
+inside() {
+  uid=$1 gid=$2 dir=$3 tmp=$4 user=$5
+  shift 5
+  if [ "\${1:-}" = -- ]; then shift; fi
+  cd "$tmp"
+  (exec sleep 60) &
+  holder=$!
+  cd "$dir"
+  mount -t tmpfs -o mode=0755,size=1m metastatic-home /home
+  mkdir "/home/$user"
+  mount -c --bind /proc/self/cwd "/home/$user"
+  mount -c --bind "/proc/$holder/cwd" /tmp
+  if [ -d /var/tmp ]; then mount -c --bind "/proc/$holder/cwd" /var/tmp; fi
+  kill "$holder"
+  mount -t proc -o hidepid=2 proc /proc
+  cd "/home/$user"
+  exec setpriv --reuid="$uid" --regid="$gid" --clear-groups --no-new-privs \\
+    --inh-caps=-all --bounding-set=-all -- "$@"
+}
+
+command=\${1:-}
+[ $# -gt 0 ] && shift
+case $command in
+setup)
+  [ $# -eq 4 ] && word_ok "$1" && num_ok "$2" && num_ok "$3" && num_ok "$4" || die "usage: setup NAME MILLICORES MEMORY_MIB PIDS"
+  setup "$@"
+  ;;
+run)
+  [ $# -ge 8 ] && word_ok "$1" && num_ok "$2" && num_ok "$3" && word_ok "$6" || die "usage: run NAME UID GID DIR TMP USER -- CMD..."
+  run "$@"
+  ;;
+inside) inside "$@" ;;
+kill)
+  [ $# -eq 1 ] && word_ok "$1" || die "usage: kill NAME"
+  kill_all "$1"
+  ;;
+remove)
+  [ $# -eq 1 ] && word_ok "$1" || die "usage: remove NAME"
+  remove "$1"
+  ;;
+*) die "usage: metastatic-slot setup|run|kill|remove ..." ;;
+esac
+`;
