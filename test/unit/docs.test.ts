@@ -306,7 +306,13 @@ describe('the commands the documentation gives and the CLI prints (issue 41, def
     for (const script of ['bin/metastatic.mjs', 'bin/metastatic']) {
       expect(cliCommand({ script: join(ROOT, script), cwd: ROOT, path })).toBe('bin/metastatic');
     }
-    expect(cliCommand({ script: join(ROOT, 'bin', 'metastatic'), cwd: tmpdir(), path })).toBe(bin);
+    // From a directory outside the checkout (a new one: the checkout itself may be in the temp dir).
+    const elsewhere = mkdtempSync(join(tmpdir(), 'metastatic-elsewhere-'));
+    try {
+      expect(cliCommand({ script: join(ROOT, 'bin', 'metastatic'), cwd: elsewhere, path })).toBe(bin);
+    } finally {
+      rmSync(elsewhere, { recursive: true, force: true });
+    }
   });
 
   describe('the command the CLI suggests is the one it was started by', () => {
