@@ -1,6 +1,6 @@
 import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
-import { mkdtemp, readdir, rm, stat, writeFile } from 'node:fs/promises';
+import { mkdtemp, readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import ssh2 from 'ssh2';
@@ -133,6 +133,19 @@ describe.skipIf(unavailable !== undefined)(
       expect(Number(processes)).toBeLessThan(6);
       const work = await stat(join(dir, 'node.work', 'slot0'));
       expect([work.uid, work.mode & 0o777]).toEqual([slotUid(ID, 0), 0o700]);
+      // The slot's cgroup holds the label's half core, its 64 MiB and the pids cap (v2, or v1 here).
+      const group = slotGroup(ID, 0);
+      const read = (hierarchy: string, file: string) =>
+        readFile(join('/sys/fs/cgroup', hierarchy, 'metastatic', group, file), 'utf8').then((t) => t.trim());
+      if (existsSync('/sys/fs/cgroup/cgroup.controllers')) {
+        expect(await read('', 'cpu.max')).toBe('50000 100000');
+        expect(await read('', 'memory.max')).toBe(String(MEMORY_MIB * 1048576));
+        expect(await read('', 'pids.max')).toBe('256');
+      } else {
+        expect(await read('cpu', 'cpu.cfs_quota_us')).toBe('50000');
+        expect(await read('memory', 'memory.limit_in_bytes')).toBe(String(MEMORY_MIB * 1048576));
+        expect(await read('pids', 'pids.max')).toBe('256');
+      }
     });
 
     it("keeps a slot's files and processes from its neighbour", async () => {

@@ -144,7 +144,7 @@ export class SlotIsolation {
 }
 
 /** The cgroup hierarchies a slot's cgroups may be in: v2's root, v1's controllers, a hybrid's v2. */
-const HIERARCHIES = ['', 'memory', 'cpu', 'pids', 'unified'];
+const HIERARCHIES = ['', 'memory', 'cpu', 'cpuacct', 'pids', 'unified'];
 
 /**
  * Ends every process of a backing node's contained slots and removes their cgroups: for a backing node

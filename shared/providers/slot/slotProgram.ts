@@ -32,7 +32,7 @@ dirs() {
     echo "$CGROUP_ROOT/$PARENT/$1"
     return 0
   fi
-  for c in memory cpu pids unified; do
+  for c in memory cpu cpuacct pids unified; do
     if [ -d "$CGROUP_ROOT/$c" ]; then echo "$CGROUP_ROOT/$c/$PARENT/$1"; fi
   done
 }
