@@ -143,8 +143,27 @@ export interface Supervised {
   readonly stderrTail: string;
 }
 
+/** Lines of a child's stderr relayed to the log per minute at most (the rest only kept in the tail). */
+const RELAYED_PER_MINUTE = 20;
+
+/** A counter that allows RELAYED_PER_MINUTE calls in each minute. */
+function relayLimit(): () => boolean {
+  let minute = 0;
+  let count = 0;
+  return () => {
+    const now = Math.floor(Date.now() / 60_000);
+    if (now !== minute) {
+      minute = now;
+      count = 0;
+    }
+    count += 1;
+    return count <= RELAYED_PER_MINUTE;
+  };
+}
+
 /**
- * Watches a child: every line it writes to stdout goes to `onLine`, the tail of its stderr is kept, and
+ * Watches a child: every line it writes to stdout goes to `onLine`, each line of its stderr to the log
+ * as a warning (at most RELAYED_PER_MINUTE a minute) and its tail is kept, and
  * `onClosed` is called once it closed. 'close' comes after 'exit' and after stdout was drained, so a
  * line is never seen after the close.
  */
@@ -182,8 +201,17 @@ export function supervise(
     if (stdout.length > STDOUT_BUFFER_CHARS) stdout = '';
   });
   proc.stderr?.setEncoding('utf8');
+  let stderr = '';
+  const relay = relayLimit();
   proc.stderr?.on('data', (chunk: string) => {
     run.stderrTail = (run.stderrTail + chunk).slice(-STDERR_TAIL_CHARS);
+    // What the process says of itself (a flood it bounds, a file it cannot read) reaches the pool's log.
+    stderr = (stderr + chunk).slice(-STDERR_TAIL_CHARS);
+    for (let newline = stderr.indexOf('\n'); newline >= 0; newline = stderr.indexOf('\n')) {
+      const line = stderr.slice(0, newline).trim();
+      stderr = stderr.slice(newline + 1);
+      if (line !== '' && relay()) logger.warn('local provider: backing node says', { resourceId, line });
+    }
   });
   proc.once('close', (code, signal) => {
     run.hasExited = true;
