@@ -232,6 +232,58 @@ describe.skipIf(unavailable !== undefined)(
   },
 );
 
+describe.skipIf(unavailable !== undefined)('a machine whose cgroups refuse a slot', () => {
+  /** Starts a backing node whose slot program finds no cgroup hierarchy it can write; its end or READY. */
+  const start = async (
+    isolation: string,
+  ): Promise<{ code: number | null; stderr: string; ready: boolean }> => {
+    const dir = await mkdtemp(join(tmpdir(), 'metastatic-refused-'));
+    await writeFile(join(dir, 'not-a-hierarchy'), '');
+    const node = spawn(
+      process.execPath,
+      [
+        await backingNodeScript(),
+        ...['--id', 'b-refused', '--resource', 'r-refused', '--state-file', join(dir, 'node.json')],
+        ...['--isolation', isolation, '--slot-limits', '500,64,256'],
+      ],
+      {
+        stdio: ['ignore', 'pipe', 'pipe'],
+        env: { ...process.env, METASTATIC_CGROUP_ROOT: join(dir, 'not-a-hierarchy') },
+      },
+    );
+    let stderr = '';
+    node.stderr?.on('data', (d: Buffer) => {
+      stderr += d;
+    });
+    try {
+      return await new Promise((resolve) => {
+        let out = '';
+        node.stdout?.on('data', (d: Buffer) => {
+          out += d;
+          if (/READY \d+/.test(out)) resolve({ code: null, stderr, ready: true });
+        });
+        node.once('exit', (code) => resolve({ code, stderr, ready: false }));
+      });
+    } finally {
+      if (node.exitCode === null) node.kill('SIGKILL');
+      await rm(dir, { recursive: true, force: true });
+    }
+  };
+
+  it('fails a backing node of isolation: contain at its start, saying why', async () => {
+    const ended = await start('contain');
+    expect(ended.ready).toBe(false);
+    expect(ended.code).toBe(2);
+    expect(ended.stderr).toMatch(/isolation: contain, but setup of a slot failed/);
+  });
+
+  it('runs one of isolation: auto uncontained, and says so', async () => {
+    const ended = await start('auto');
+    expect(ended.ready).toBe(true);
+    expect(ended.stderr).toMatch(/slots are not contained: setup of a slot failed/);
+  });
+});
+
 describe.skipIf(unavailable === undefined)('contained slots (unavailable here)', () => {
   it('says why slots cannot be contained', () => {
     expect(unavailable).toMatch(/contained/);

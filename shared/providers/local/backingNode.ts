@@ -142,11 +142,21 @@ async function isolationOf(args: Args): Promise<SlotIsolation | undefined> {
     process.stderr.write(`backing node: slots are not contained: ${why}\n`);
     return undefined;
   }
+  let isolation: SlotIsolation;
   try {
-    return await SlotIsolation.install(args.slotProgram, args.id, args.limits);
+    isolation = await SlotIsolation.install(args.slotProgram, args.id, args.limits);
   } catch (err) {
     fail(`cannot write the slot program ${args.slotProgram}: ${String(err)}`);
   }
+  try {
+    await isolation.probe();
+  } catch (err) {
+    const reason = err instanceof Error ? err.message : String(err);
+    if (args.isolation === 'contain') fail(`isolation: contain, but ${reason}`);
+    process.stderr.write(`backing node: slots are not contained: ${reason}\n`);
+    return undefined;
+  }
+  return isolation;
 }
 
 async function main(): Promise<void> {

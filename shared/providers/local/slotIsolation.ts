@@ -128,6 +128,21 @@ export class SlotIsolation {
     return [this.program, ['run', this.group(slot), id, id, dir, tmp, slotUser(slot), '--', file, ...args]];
   }
 
+  /**
+   * Makes and removes a cgroup with this node's limits, as a slot's would be: a machine whose cgroups
+   * refuse them (a controller not available, a v2 hierarchy that will not delegate) is found here, at
+   * start, and not at a job's first login. Throws with the slot program's reason.
+   */
+  async probe(): Promise<void> {
+    const { millicores, memoryMiB, pids } = this.limits;
+    const group = `${slotGroup(this.backingNodeId, 0).slice(0, -'slot0'.length)}probe`;
+    try {
+      await this.call(['setup', group, String(millicores), String(memoryMiB), String(pids)]);
+    } finally {
+      await this.call(['remove', group]).catch(() => {});
+    }
+  }
+
   /** Every process of slot N ends, and its cgroup goes (its next node makes a new one). */
   async remove(slot: number): Promise<void> {
     await this.call(['remove', this.group(slot)]);

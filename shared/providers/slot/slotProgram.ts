@@ -27,7 +27,7 @@ num_ok() { case $1 in '' | *[!0-9]*) return 1 ;; esac; }
 v2() { [ -f "$CGROUP_ROOT/cgroup.controllers" ]; }
 # The slot's cgroups: one with cgroup v2; with v1, one per controller used, and one in the v2 hierarchy
 # of a hybrid system (its cgroup.kill ends them all at once).
-dirs() {
+slot_groups() {
   if v2; then
     echo "$CGROUP_ROOT/$PARENT/$1"
     return 0
@@ -41,7 +41,7 @@ put() { printf '%s\\n' "$2" >"$1" 2>/dev/null || die "cannot write $2 to $1"; }
 setup() {
   name=$1 millicores=$2 mib=$3 pids=$4
   if v2; then
-    mkdir -p "$CGROUP_ROOT/$PARENT/$name"
+    mkdir -p "$CGROUP_ROOT/$PARENT/$name" || die "cannot make $CGROUP_ROOT/$PARENT/$name"
     for c in cpu memory pids; do
       printf '+%s\\n' "$c" >"$CGROUP_ROOT/cgroup.subtree_control" 2>/dev/null || true
       printf '+%s\\n' "$c" >"$CGROUP_ROOT/$PARENT/cgroup.subtree_control" 2>/dev/null || true
@@ -55,7 +55,12 @@ setup() {
     if [ "$pids" -ne 0 ]; then put "$d/pids.max" "$pids"; fi
     return 0
   fi
-  for d in $(dirs "$name"); do mkdir -p "$d"; done
+  found=
+  for d in $(slot_groups "$name"); do
+    mkdir -p "$d" || die "cannot make $d"
+    found=1
+  done
+  [ -n "$found" ] || die "no cgroup hierarchy at $CGROUP_ROOT"
   d=$CGROUP_ROOT/memory/$PARENT/$name
   if [ "$mib" -ne 0 ] && [ -d "$d" ]; then
     put "$d/memory.limit_in_bytes" $((mib * 1048576))
@@ -71,18 +76,18 @@ setup() {
 }
 
 kill_all() {
-  for d in $(dirs "$1"); do
+  for d in $(slot_groups "$1"); do
     if [ -f "$d/cgroup.kill" ]; then printf '1\\n' >"$d/cgroup.kill" 2>/dev/null || true; fi
   done
   # Without cgroup.kill: SIGKILL its processes until none is left (one forked meanwhile is read again).
   for _ in 1 2 3 4 5 6 7 8 9 10; do
     left=
-    for d in $(dirs "$1"); do
+    for d in $(slot_groups "$1"); do
       if [ ! -f "$d/cgroup.procs" ]; then continue; fi
-      for pid in $(cat "$d/cgroup.procs"); do
+      while read -r pid; do
         kill -9 "$pid" 2>/dev/null || true
         left=1
-      done
+      done <"$d/cgroup.procs"
     done
     if [ -z "$left" ]; then return 0; fi
     sleep 0.1
@@ -91,7 +96,7 @@ kill_all() {
 
 remove() {
   kill_all "$1"
-  for d in $(dirs "$1"); do
+  for d in $(slot_groups "$1"); do
     for _ in 1 2 3 4 5 6 7 8 9 10; do
       if [ ! -d "$d" ] || rmdir "$d" 2>/dev/null; then break; fi
       sleep 0.1
@@ -104,7 +109,12 @@ run() {
   name=$1 uid=$2 gid=$3 dir=$4 tmp=$5 user=$6
   shift 6
   if [ "\${1:-}" = -- ]; then shift; fi
-  for d in $(dirs "$name"); do put "$d/cgroup.procs" $$; done
+  joined=
+  for d in $(slot_groups "$name"); do
+    put "$d/cgroup.procs" $$
+    joined=1
+  done
+  [ -n "$joined" ] || die "no cgroup hierarchy at $CGROUP_ROOT"
   exec unshare --mount --propagation private -- "$0" inside "$uid" "$gid" "$dir" "$tmp" "$user" -- "$@"
 }
 
@@ -134,20 +144,24 @@ command=\${1:-}
 [ $# -gt 0 ] && shift
 case $command in
 setup)
-  [ $# -eq 4 ] && word_ok "$1" && num_ok "$2" && num_ok "$3" && num_ok "$4" || die "usage: setup NAME MILLICORES MEMORY_MIB PIDS"
+  if ! { [ $# -eq 4 ] && word_ok "$1" && num_ok "$2" && num_ok "$3" && num_ok "$4"; }; then
+    die "usage: setup NAME MILLICORES MEMORY_MIB PIDS"
+  fi
   setup "$@"
   ;;
 run)
-  [ $# -ge 8 ] && word_ok "$1" && num_ok "$2" && num_ok "$3" && word_ok "$6" || die "usage: run NAME UID GID DIR TMP USER -- CMD..."
+  if ! { [ $# -ge 8 ] && word_ok "$1" && num_ok "$2" && num_ok "$3" && word_ok "$6"; }; then
+    die "usage: run NAME UID GID DIR TMP USER -- CMD..."
+  fi
   run "$@"
   ;;
 inside) inside "$@" ;;
 kill)
-  [ $# -eq 1 ] && word_ok "$1" || die "usage: kill NAME"
+  if ! { [ $# -eq 1 ] && word_ok "$1"; }; then die "usage: kill NAME"; fi
   kill_all "$1"
   ;;
 remove)
-  [ $# -eq 1 ] && word_ok "$1" || die "usage: remove NAME"
+  if ! { [ $# -eq 1 ] && word_ok "$1"; }; then die "usage: remove NAME"; fi
   remove "$1"
   ;;
 *) die "usage: metastatic-slot setup|run|kill|remove ..." ;;
