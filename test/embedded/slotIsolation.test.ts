@@ -149,14 +149,17 @@ describe.skipIf(unavailable !== undefined)(
     });
 
     it("keeps a slot's files and processes from its neighbour", async () => {
-      const holder = exec(0, 'echo secret > mine; chmod 644 mine; echo started; sleep 3; cat mine');
+      const holder = exec(
+        0,
+        'echo secret > mine; chmod 644 mine; echo shm > /dev/shm/mine; echo started; sleep 3; cat mine',
+      );
       const mine = join(dir, 'node.work', 'slot0', 'mine');
       await until('slot 0 to write its file', () => (existsSync(mine) ? true : undefined));
       const other = await exec(
         1,
-        `cat ${mine}; echo x > ${join(dir, 'node.work', 'slot0', 'theirs')}; kill -9 -1; ls /home; echo end`,
+        `cat ${mine}; echo x > ${join(dir, 'node.work', 'slot0', 'theirs')}; kill -9 -1; ls /home /dev/shm; echo end`,
       );
-      expect(other.stdout).toBe('slot1\nend\n');
+      expect(other.stdout).toBe('/dev/shm:\n\n/home:\nslot1\nend\n');
       // Its path is not even there for slot 1 (the host's /tmp is slot 1's own; elsewhere: permission denied).
       expect(other.stderr).toMatch(/No such file or directory|Permission denied/);
       expect(existsSync(join(dir, 'node.work', 'slot0', 'theirs'))).toBe(false);

@@ -134,6 +134,7 @@ inside() {
   mount -c --bind "/proc/$holder/cwd" /tmp
   if [ -d /var/tmp ]; then mount -c --bind "/proc/$holder/cwd" /var/tmp; fi
   kill "$holder"
+  if [ -d /dev/shm ]; then mount -t tmpfs -o mode=1777,nosuid,nodev metastatic-shm /dev/shm; fi
   mount -t proc -o hidepid=2 proc /proc
   cd "/home/$user"
   exec setpriv --reuid="$uid" --regid="$gid" --clear-groups --no-new-privs \\
