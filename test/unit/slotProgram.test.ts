@@ -35,6 +35,7 @@ describe('the slot program', () => {
     [['run', 'g', '1', '1', '/d', '/t', 'slot 0', '--', 'true']],
     [['kill', '.hidden']],
     [['remove']],
+    [['probe', 'g', '0', '0']],
     [['unknown']],
   ])('refuses %j with exit 125 and its usage, before touching anything', (args) => {
     const r = run(args);

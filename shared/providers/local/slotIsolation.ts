@@ -129,15 +129,16 @@ export class SlotIsolation {
   }
 
   /**
-   * Makes and removes a cgroup with this node's limits, as a slot's would be: a machine whose cgroups
-   * refuse them (a controller not available, a v2 hierarchy that will not delegate) is found here, at
-   * start, and not at a job's first login. Throws with the slot program's reason.
+   * Tries what a slot needs once (the program's `probe`: a cgroup with this node's limits, a mount
+   * namespace, another uid): a machine that refuses one (a controller not available, a container
+   * without CAP_SYS_ADMIN) is found here, at start, and not at a job's first login. Throws with the
+   * slot program's reason.
    */
   async probe(): Promise<void> {
     const { millicores, memoryMiB, pids } = this.limits;
     const group = `${slotGroup(this.backingNodeId, 0).slice(0, -'slot0'.length)}probe`;
     try {
-      await this.call(['setup', group, String(millicores), String(memoryMiB), String(pids)]);
+      await this.call(['probe', group, String(millicores), String(memoryMiB), String(pids)]);
     } finally {
       await this.call(['remove', group]).catch(() => {});
     }

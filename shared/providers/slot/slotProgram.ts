@@ -5,6 +5,7 @@
  * local backing node writes it beside its state file (shared/providers/local/slotIsolation.ts).
  *
  *   metastatic-slot setup NAME MILLICORES MEMORY_MIB PIDS    the slot's cgroup and its limits (0: none)
+ *   metastatic-slot probe NAME MILLICORES MEMORY_MIB PIDS    what run needs, tried once (a backing node's start)
  *   metastatic-slot run NAME UID GID DIR TMP USER -- CMD...  CMD in the slot (below)
  *   metastatic-slot kill NAME                                every process in the slot's cgroup ends
  *   metastatic-slot remove NAME                              kill, then the cgroup goes
@@ -105,6 +106,22 @@ remove() {
   done
 }
 
+# What run needs, tried once with a group of its own: the cgroup and its limits, a mount namespace with
+# the mounts run makes (CAP_SYS_ADMIN), another uid. Said and refused at once where one is missing.
+probe() {
+  setup "$@"
+  if ! unshare --mount --propagation private -- /bin/sh -c \\
+    'mount -t tmpfs -o size=4k metastatic-probe /tmp && mount -t proc -o hidepid=2 proc /proc'; then
+    remove "$1"
+    die "cannot mount in a namespace of its own (unshare and mount need CAP_SYS_ADMIN)"
+  fi
+  if ! setpriv --reuid=65534 --regid=65534 --clear-groups --no-new-privs -- true; then
+    remove "$1"
+    die "cannot run as another uid (setpriv)"
+  fi
+  remove "$1"
+}
+
 run() {
   name=$1 uid=$2 gid=$3 dir=$4 tmp=$5 user=$6
   shift 6
@@ -156,6 +173,12 @@ run)
   fi
   run "$@"
   ;;
+probe)
+  if ! { [ $# -eq 4 ] && word_ok "$1" && num_ok "$2" && num_ok "$3" && num_ok "$4"; }; then
+    die "usage: probe NAME MILLICORES MEMORY_MIB PIDS"
+  fi
+  probe "$@"
+  ;;
 inside) inside "$@" ;;
 kill)
   if ! { [ $# -eq 1 ] && word_ok "$1"; }; then die "usage: kill NAME"; fi
@@ -165,6 +188,6 @@ remove)
   if ! { [ $# -eq 1 ] && word_ok "$1"; }; then die "usage: remove NAME"; fi
   remove "$1"
   ;;
-*) die "usage: metastatic-slot setup|run|kill|remove ..." ;;
+*) die "usage: metastatic-slot setup|probe|run|kill|remove ..." ;;
 esac
 `;
