@@ -26,6 +26,7 @@ function readCmdline(): Buffer | undefined {
 export function nonUtf8Argument(
   command: readonly string[],
   cmdline: Buffer | undefined = readCmdline(),
+  verb = 'metastatic run',
 ): string | undefined {
   if (!cmdline || command.length === 0) return undefined;
   const parts: Buffer[] = [];
@@ -53,7 +54,7 @@ export function nonUtf8Argument(
     )
     .join('');
   return (
-    `argument ${bad + 1} of the command ("${shown}") is not valid UTF-8: metastatic run passes the command ` +
+    `argument ${bad + 1} of the command ("${shown}") is not valid UTF-8: ${verb} passes the command ` +
     'to the node as text, and these bytes would arrive changed (as U+FFFD). Pass binary data on stdin or ' +
     "in a file, or encoded (printf's octal escapes, base64)"
   );

@@ -8,6 +8,7 @@ import { clientKeyPath } from '../../shared/runtime/clientKey.ts';
 import { connect, type PoolClient, type Target } from '../client.ts';
 import { CliError } from '../errors.ts';
 import { sleep } from '../output.ts';
+import { nonUtf8Argument } from '../rawArgv.ts';
 import { human, terminalText } from '../terminal.ts';
 
 export interface SshOptions {
@@ -72,6 +73,8 @@ export async function ssh(
   command: string[],
   opts: SshOptions,
 ): Promise<void> {
+  const notText = nonUtf8Argument(command, undefined, 'metastatic ssh');
+  if (notText) throw new CliError(notText, 2);
   const identity = opts.identity ?? (target.stack ? undefined : clientKeyPath(target.stateDir));
   if (!identity)
     throw new CliError('against a stack, pass the private key to log in with: --identity FILE', 2);

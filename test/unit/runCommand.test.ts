@@ -145,4 +145,13 @@ describe('run: arguments that are not UTF-8 (issue 41, defect 5)', () => {
     expect(replacement.status, replacement.stderr).toBe(RUN_EXIT.ownFailure); // no pool there, but not refused
     expect(replacement.stderr).not.toContain('UTF-8');
   });
+
+  it('refuses one given to metastatic ssh alike, with exit 2, before looking for a pool', () => {
+    const bin = new URL('../../bin/metastatic.mjs', import.meta.url).pathname;
+    const dir = join(tmpdir(), `metastatic-none-${process.pid}`);
+    const line = `exec "$0" "$1" --state-dir "$2" ssh some-node -- printf %s "$(printf 'a\\377b')"`;
+    const bad = spawnSync('sh', ['-c', line, process.execPath, bin, dir], { encoding: 'utf8' });
+    expect(bad.status, bad.stderr).toBe(2);
+    expect(bad.stderr).toContain('argument 3 of the command ("a\\xffb") is not valid UTF-8: metastatic ssh');
+  });
 });
