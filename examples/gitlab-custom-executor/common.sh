@@ -119,9 +119,11 @@ seconds() {
 # renewal due between stages is made at the next stage's start). It stays in the runner's process
 # group, so the runner's SIGTERM/SIGKILL of a driver end it too: a dead runner renews nothing.
 renew_loop() {
-  local state=$1 request=$2 lease every now last
+  local state=$1 request=$2 lease every now last nap=
   lease=$(seconds "${METASTATIC_CI_LEASE:-}" 600)
   every=$((lease / 3))
+  # Stopped (SIGTERM from stop_renewing), the nap ends with it: no sleep outlives the stage.
+  trap 'if [ -n "$nap" ]; then kill "$nap" 2>/dev/null; fi; exit 0' TERM
   while :; do
     now=$(date +%s)
     last=$(cat -- "$state/renewed" 2>/dev/null)
@@ -134,6 +136,8 @@ renew_loop() {
         last=$((now - every + (every > 3 ? every / 3 : 1))) # try again in a third of the period
       fi
     fi
-    sleep $((last + every - now > 0 ? last + every - now : 1))
+    sleep $((last + every - now > 0 ? last + every - now : 1)) &
+    nap=$!
+    wait "$nap"
   done
 }
