@@ -111,7 +111,8 @@ remove() {
 probe() {
   setup "$@"
   if ! unshare --mount --propagation private -- /bin/sh -c \\
-    'mount -t tmpfs -o size=4k metastatic-probe /tmp && mount -t proc -o hidepid=2 proc /proc'; then
+    'mount -t tmpfs -o size=4k metastatic-probe /home && mount -t tmpfs -o size=4k metastatic-probe /tmp &&
+      mount -t proc -o hidepid=2 proc /proc'; then
     remove "$1"
     die "cannot mount in a namespace of its own (unshare and mount need CAP_SYS_ADMIN)"
   fi
