@@ -167,6 +167,33 @@ describe.skipIf(unavailable !== undefined)(
       expect(await holder).toEqual({ code: 0, stdout: 'started\nsecret\n', stderr: '' });
     });
 
+    it("serves SFTP under the slot's own names: /home/slot<N> is its directory, as its jobs see it", async () => {
+      const sftpSession = await new Promise<{ client: ssh2.Client; sftp: ssh2.SFTPWrapper }>((done, fail) => {
+        const client = new ssh2.Client();
+        client.on('error', fail);
+        client.on('ready', () => client.sftp((err, sftp) => (err ? fail(err) : done({ client, sftp }))));
+        client.connect({ host: '127.0.0.1', port, username: 'slot1', privateKey, readyTimeout: 60_000 });
+      });
+      const { client, sftp } = sftpSession;
+      try {
+        const home = await new Promise<string>((done, fail) =>
+          sftp.realpath('.', (err, path) => (err ? fail(err) : done(path))),
+        );
+        expect(home).toBe('/home/slot1');
+        await new Promise<void>((done, fail) =>
+          sftp.writeFile('/home/slot1/put-absolute', 'by sftp\n', (err) => (err ? fail(err) : done())),
+        );
+        const outside = await new Promise<unknown>((done) =>
+          sftp.readFile('/etc/hostname', (err) => done(err)),
+        );
+        expect(outside).toBeInstanceOf(Error);
+      } finally {
+        client.end();
+      }
+      const read = await exec(1, 'cat /home/slot1/put-absolute; stat -c %u put-absolute');
+      expect(read.stdout).toBe(`by sftp\n${slotUid(ID, 1)}\n`);
+    });
+
     it('kills the job that goes over its memory, and only it', async () => {
       const neighbour = exec(1, 'sleep 1; echo neighbour done');
       const hog = await exec(

@@ -116,10 +116,10 @@ export class Slots {
   }
 
   /** Whose a contained slot's SFTP acts as (sftpServer.ts), or undefined when slots are not contained. */
-  confineOf(slot: number): { uid: number; gid: number } | undefined {
+  confineOf(slot: number): { uid: number; gid: number; view: string } | undefined {
     if (!this.isolation) return undefined;
     const id = this.isolation.uid(slot);
-    return { uid: id, gid: id };
+    return { uid: id, gid: id, view: this.isolation.home(slot) };
   }
 
   /** Every contained slot's processes end and its cgroup goes (the backing node stops). */

@@ -121,14 +121,27 @@ interface Anchor {
 }
 
 /** SFTP in `dir` and nothing outside it, what it creates owned by `owner` (the slot's uid and gid). */
-export function confinedFiles(dir: string, owner: { uid: number; gid: number }): SftpFiles {
+export function confinedFiles(dir: string, owner: { uid: number; gid: number; view?: string }): SftpFiles {
   const home = resolve(dir);
   let real: Promise<string> | undefined;
   const root = () => {
     real ??= realpath(home);
     return real;
   };
-  const at = (name: string): string => (isAbsolute(name) ? resolve(name) : resolve(home, name || '.'));
+  // The slot's jobs know the directory by another name (`/home/slot<N>` in their mount namespace): an
+  // absolute path under it is the same path in the directory, and answers are given under it.
+  const view = owner.view === undefined ? undefined : resolve(owner.view);
+  const fromView = (name: string): string | undefined =>
+    view !== undefined && (name === view || name.startsWith(`${view}/`))
+      ? resolve(home, `.${name.slice(view.length)}`)
+      : undefined;
+  const toView = async (path: string): Promise<string> => {
+    if (view === undefined) return path;
+    const base = await root();
+    return path === base || path.startsWith(`${base}/`) ? `${view}${path.slice(base.length)}` : path;
+  };
+  const at = (name: string): string =>
+    isAbsolute(name) ? (fromView(resolve(name)) ?? resolve(name)) : resolve(home, name || '.');
   const denied = (name: string, why = 'outside the slot directory') =>
     new SftpError(STATUS_CODE.PERMISSION_DENIED, `${name}: ${why}`);
 
@@ -300,11 +313,13 @@ export function confinedFiles(dir: string, owner: { uid: number; gid: number }):
       }),
     async realpath(name) {
       try {
-        return await withAnchor(name, true, async (a) => a.real);
+        return await toView(await withAnchor(name, true, async (a) => a.real));
       } catch (err) {
         if (errno(err) !== 'ENOENT') throw err;
         // A path that does not exist yet (the target of a put), in a directory that does.
-        return inParent(name, async (_path, parentReal) => resolve(parentReal, basename(at(name))));
+        return toView(
+          await inParent(name, async (_path, parentReal) => resolve(parentReal, basename(at(name)))),
+        );
       }
     },
     rename: (from, to) => inParent(from, (a) => inParent(to, (b) => rename(a, b))),

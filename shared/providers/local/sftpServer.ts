@@ -149,7 +149,11 @@ function plainFiles(cwd: string): SftpFiles {
  * `confine`, every path must resolve inside `cwd`, and what SFTP creates is owned by `confine`'s uid
  * and gid (sftpConfined.ts).
  */
-export function serveSftp(sftp: SFTPWrapper, cwd: string, confine?: { uid: number; gid: number }): void {
+export function serveSftp(
+  sftp: SFTPWrapper,
+  cwd: string,
+  confine?: { uid: number; gid: number; view?: string },
+): void {
   const files = confine ? confinedFiles(cwd, confine) : plainFiles(cwd);
   const handles = new Map<number, Open & { readonly path: string }>();
   let nextHandle = 0;
