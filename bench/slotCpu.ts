@@ -5,17 +5,12 @@
  * usage_usec on v2) and given as a share of what its `cores` promise: 1.0 is exactly its quota. Alone:
  * `npx tsx bench/slotCpu.ts [--slots N] [--seconds S]` (root on Linux only; says why not elsewhere).
  */
-import { spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
-import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
+import { readFile, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
-import ssh2 from 'ssh2';
-import { ed25519PublicKeyOf, newEd25519PrivateKey } from '../shared/providers/local/hostKey.ts';
-import { formatLiveSlots } from '../shared/providers/local/liveSlots.ts';
 import { containmentUnavailable, slotGroup } from '../shared/providers/local/slotIsolation.ts';
-import { backingNodeScript } from '../shared/providers/local/supervisor.ts';
+import { nodeFiles, slotExec, startBackingNode } from '../testkit/backingNodeProcess.ts';
 
 const MILLICORES = 500;
 
@@ -40,51 +35,25 @@ async function main(): Promise<void> {
     console.log(`slot CPU: not measured: ${why}`);
     return;
   }
-  const dir = await mkdtemp(join(tmpdir(), 'metastatic-slot-cpu-'));
-  const key = newEd25519PrivateKey();
-  await writeFile(join(dir, 'node.authorized_keys'), `${ed25519PublicKeyOf(key)}\n`, { mode: 0o600 });
   const live = Object.fromEntries(Array.from({ length: slots }, (_, s) => [s, `n-${s}`]));
-  await writeFile(join(dir, 'node.live'), formatLiveSlots(live), { mode: 0o600 });
+  const files = await nodeFiles('metastatic-slot-cpu-', live);
   const id = 'b-slot-cpu';
-  const node = spawn(
-    process.execPath,
-    [
-      await backingNodeScript(),
-      ...['--id', id, '--resource', 'r-slot-cpu', '--state-file', join(dir, 'node.json')],
-      ...['--isolation', 'contain', '--slot-limits', `${MILLICORES},0,0`],
-    ],
-    { stdio: ['ignore', 'pipe', 'inherit'] },
-  );
+  const node = await startBackingNode(files, id, [
+    '--isolation',
+    'contain',
+    '--slot-limits',
+    `${MILLICORES},0,0`,
+  ]);
   try {
-    const port = await new Promise<number>((resolve, reject) => {
-      let out = '';
-      node.stdout?.on('data', (d: Buffer) => {
-        out += d;
-        const ready = /READY (\d+)/.exec(out);
-        if (ready) resolve(Number(ready[1]));
-      });
-      node.once('exit', (code) => reject(new Error(`backing node exited ${code}`)));
-    });
+    const { port } = node;
+    if (port === undefined) throw new Error(`backing node exited: ${node.stderr()}`);
     const busy = (slot: number) =>
-      new Promise<void>((resolve, reject) => {
-        const client = new ssh2.Client();
-        client.on('error', reject);
-        client.on('ready', () =>
-          client.exec(
-            `end=$(($(date +%s) + ${seconds})); while [ "$(date +%s)" -lt "$end" ]; do :; done`,
-            (err, ch) => {
-              if (err) return reject(err);
-              ch.resume();
-              ch.stderr.resume();
-              ch.on('close', () => {
-                client.end();
-                resolve();
-              });
-            },
-          ),
-        );
-        client.connect({ host: '127.0.0.1', port, username: `slot${slot}`, privateKey: key });
-      });
+      slotExec(
+        port,
+        files.privateKey,
+        slot,
+        `end=$(($(date +%s) + ${seconds})); while [ "$(date +%s)" -lt "$end" ]; do :; done`,
+      );
     const started = Date.now();
     await Promise.all(Array.from({ length: slots }, (_, s) => busy(s)));
     const wall = (Date.now() - started) / 1000;
@@ -99,9 +68,9 @@ async function main(): Promise<void> {
         `share of the quota used ${shares.map((x) => x.toFixed(2)).join(' / ')}`,
     );
   } finally {
-    node.kill('SIGTERM');
-    await new Promise((resolve) => node.once('exit', resolve));
-    await rm(dir, { recursive: true, force: true });
+    node.process.kill('SIGTERM');
+    if (node.process.exitCode === null) await new Promise((resolve) => node.process.once('exit', resolve));
+    await rm(files.dir, { recursive: true, force: true });
   }
 }
 

@@ -1,19 +1,16 @@
-import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
+import { type ChildProcess, execFileSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
-import { mkdtemp, readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
+import { readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import ssh2 from 'ssh2';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { ed25519PublicKeyOf, newEd25519PrivateKey } from '../../shared/providers/local/hostKey.ts';
-import { formatLiveSlots } from '../../shared/providers/local/liveSlots.ts';
 import {
   containmentUnavailable,
   removeSlotGroups,
   slotGroup,
   slotUid,
 } from '../../shared/providers/local/slotIsolation.ts';
-import { backingNodeScript } from '../../shared/providers/local/supervisor.ts';
+import { type NodeFiles, nodeFiles, slotExec, startBackingNode } from '../../testkit/backingNodeProcess.ts';
 import { killBackingNode, until } from '../../testkit/processes.ts';
 
 /**
@@ -27,94 +24,31 @@ const unavailable = containmentUnavailable();
 const ID = 'b-contained';
 const MEMORY_MIB = 64;
 
-interface Ran {
-  code: unknown;
-  stdout: string;
-  stderr: string;
-}
-
 describe.skipIf(unavailable !== undefined)(
   'contained slots of a local backing node',
   { timeout: 120_000 },
   () => {
+    let files: NodeFiles;
     let dir: string;
     let node: ChildProcess;
     let port: number;
-    let stderr = '';
     let privateKey: string;
-    const live = (slots: Record<number, string>) =>
-      writeFile(join(dir, 'node.live'), formatLiveSlots(slots), { mode: 0o600 });
-
-    /** Runs `command` on slot<N> (a login of its own); resolves with its status and output. */
-    const exec = (slot: number, command: string): Promise<Ran> =>
-      new Promise((done, fail) => {
-        const client = new ssh2.Client();
-        let ready = false;
-        client.on('error', fail);
-        client.on('close', () => ready || fail(new Error(`slot${slot}: closed before logging in`)));
-        client.on('ready', () =>
-          client.exec(command, (err, channel) => {
-            ready = true;
-            if (err) return fail(err);
-            let stdout = '';
-            let errors = '';
-            let code: unknown;
-            channel.on('data', (d: Buffer) => {
-              stdout += d;
-            });
-            channel.stderr.on('data', (d: Buffer) => {
-              errors += d;
-            });
-            channel.on('exit', (c: unknown, signal: unknown) => {
-              code = signal ?? c;
-            });
-            channel.on('close', () => {
-              client.end();
-              done({ code, stdout, stderr: errors });
-            });
-          }),
-        );
-        client.connect({
-          host: '127.0.0.1',
-          port,
-          username: `slot${slot}`,
-          privateKey,
-          readyTimeout: 60_000,
-        });
-      });
+    const live = (slots: Record<number, string>) => files.live(slots);
+    const exec = (slot: number, command: string) => slotExec(port, privateKey, slot, command);
 
     /** Starts a contained backing node `id` on the test's files; its port in `port`. */
     const startNode = async (id: string): Promise<void> => {
-      node = spawn(
-        process.execPath,
-        [
-          await backingNodeScript(),
-          ...['--id', id, '--resource', `r-${id}`, '--state-file', join(dir, 'node.json')],
-          ...['--isolation', 'contain', '--slot-limits', `500,${MEMORY_MIB},256`],
-        ],
-        { stdio: ['ignore', 'pipe', 'pipe'] },
-      );
-      node.stderr?.on('data', (d: Buffer) => {
-        stderr += d;
-      });
-      port = await new Promise<number>((done, fail) => {
-        let out = '';
-        node.stdout?.on('data', (d: Buffer) => {
-          out += d;
-          const ready = /READY (\d+)/.exec(out);
-          if (ready) done(Number(ready[1]));
-        });
-        node.once('exit', (code) => fail(new Error(`backing node exited ${code}: ${stderr}`)));
-      });
+      const started = await startBackingNode(files, id, [
+        ...['--isolation', 'contain', '--slot-limits', `500,${MEMORY_MIB},256`],
+      ]);
+      if (started.port === undefined) throw new Error(`backing node exited: ${started.stderr()}`);
+      node = started.process;
+      port = started.port;
     };
 
     beforeAll(async () => {
-      dir = await mkdtemp(join(tmpdir(), 'metastatic-contained-'));
-      privateKey = newEd25519PrivateKey();
-      await writeFile(join(dir, 'node.authorized_keys'), `${ed25519PublicKeyOf(privateKey)}\n`, {
-        mode: 0o600,
-      });
-      await live({ 0: 'n-0', 1: 'n-1' });
+      files = await nodeFiles('metastatic-contained-', { 0: 'n-0', 1: 'n-1' });
+      ({ dir, privateKey } = files);
       await startNode(ID);
     });
 
@@ -267,36 +201,24 @@ describe.skipIf(unavailable !== undefined)('a machine whose cgroups refuse a slo
   const start = async (
     isolation: string,
   ): Promise<{ code: number | null; stderr: string; ready: boolean }> => {
-    const dir = await mkdtemp(join(tmpdir(), 'metastatic-refused-'));
-    await writeFile(join(dir, 'not-a-hierarchy'), '');
-    const node = spawn(
-      process.execPath,
-      [
-        await backingNodeScript(),
-        ...['--id', 'b-refused', '--resource', 'r-refused', '--state-file', join(dir, 'node.json')],
-        ...['--isolation', isolation, '--slot-limits', '500,64,256'],
-      ],
-      {
-        stdio: ['ignore', 'pipe', 'pipe'],
-        env: { ...process.env, METASTATIC_CGROUP_ROOT: join(dir, 'not-a-hierarchy') },
-      },
+    const files = await nodeFiles('metastatic-refused-', {});
+    await writeFile(join(files.dir, 'not-a-hierarchy'), '');
+    const env = { ...process.env, METASTATIC_CGROUP_ROOT: join(files.dir, 'not-a-hierarchy') };
+    const started = await startBackingNode(
+      files,
+      'b-refused',
+      ['--isolation', isolation, '--slot-limits', '500,64,256'],
+      { env },
     );
-    let stderr = '';
-    node.stderr?.on('data', (d: Buffer) => {
-      stderr += d;
-    });
+    const { process: node } = started;
+    if (node.exitCode === null && node.signalCode === null && started.port === undefined) {
+      await new Promise((resolve) => node.once('exit', resolve));
+    }
     try {
-      return await new Promise((resolve) => {
-        let out = '';
-        node.stdout?.on('data', (d: Buffer) => {
-          out += d;
-          if (/READY \d+/.test(out)) resolve({ code: null, stderr, ready: true });
-        });
-        node.once('exit', (code) => resolve({ code, stderr, ready: false }));
-      });
+      return { code: node.exitCode, stderr: started.stderr(), ready: started.port !== undefined };
     } finally {
       if (node.exitCode === null) node.kill('SIGKILL');
-      await rm(dir, { recursive: true, force: true });
+      await rm(files.dir, { recursive: true, force: true });
     }
   };
 
