@@ -3,7 +3,7 @@ import { rm, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { MetastaticError, NodeUnreachableError } from './errors.ts';
 import type { PoolNode } from './records.ts';
-import { makeSshDir, removeStaleSshDirs } from './sshDirs.ts';
+import { makeSshDir, sweepStaleSshDirsOnce } from './sshDirs.ts';
 
 /**
  * Logging in to a node with the real OpenSSH client, verified: the node's recorded host keys are the only
@@ -227,7 +227,7 @@ export async function runSsh(
   opts: SshRunOptions,
 ): Promise<{ code: number | null; signal: NodeJS.Signals | null }> {
   await checkIdentity(opts.identity);
-  await removeStaleSshDirs(); // those a `kill -9` left
+  await sweepStaleSshDirsOnce(); // those a `kill -9` left (once per process)
   const dir = await makeSshDir();
   const knownHosts = join(dir, 'known_hosts');
   try {

@@ -49,6 +49,20 @@ export async function removeStaleSshDirs(
   return removed;
 }
 
+/** The temporary directories this process has swept, by path: one sweep each is enough. */
+const swept = new Map<string, Promise<unknown>>();
+
+/** removeStaleSshDirs in the temporary directory, once per process (runSsh runs many times in a `run`). */
+export function sweepStaleSshDirsOnce(): Promise<unknown> {
+  const dir = tmpdir();
+  let sweep = swept.get(dir);
+  if (!sweep) {
+    sweep = removeStaleSshDirs({ dir }).catch(() => []);
+    swept.set(dir, sweep);
+  }
+  return sweep;
+}
+
 function alive(pid: number): boolean {
   try {
     process.kill(pid, 0);

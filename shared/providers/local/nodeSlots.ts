@@ -86,7 +86,8 @@ export class Slots {
     await mkdir(dir, { recursive: true, mode: 0o700 });
     await chmod(dir, 0o700);
     await homeLink(dir, slotUser(slot));
-    if (this.isolation) {
+    // Once per node on the slot (clear() forgets it): its cgroup and its directories' owner.
+    if (this.isolation && !this.prepared.has(slot)) {
       const tmp = this.tmpOf(slot);
       await mkdir(tmp, { recursive: true, mode: 0o700 });
       await this.isolation.prepare(slot, dir, tmp, join(dir, `~${slotUser(slot)}`));
