@@ -1,4 +1,5 @@
 import { composeUserData, userDataBytes } from '../providers/aws/userData.ts';
+import { SLOT_PIDS } from '../providers/slot/slotLimits.ts';
 import { type EBS_VOLUME_TYPES, MAX_USERDATA_BYTES } from './awsSchema.ts';
 import { DEFAULT_AWS_USERNAME, PER_SLOT_USERNAME, PER_SLOT_USERNAME_PATTERN } from './contractFields.ts';
 import { MAX_PARALLEL_JOBS, MAX_VOLUME_SIZE } from './fields.ts';
@@ -130,6 +131,9 @@ export function checkAwsRules(
   return issues;
 }
 
+/** Contained slots' limits at their longest, for the size of the user data before the shapes are known. */
+const WIDEST = { millicores: 1_000_000, memoryMiB: 10_000_000, pids: SLOT_PIDS };
+
 /**
  * What an aws pool puts on its instances (authorized-keys, per-slot users; shared/providers/aws/userData.ts):
  * per-slot-users needs the pool's authorized-keys (its users get no other key) and a username that
@@ -156,7 +160,22 @@ export function checkAwsUserData(
       if (!label) return;
       const labelPath = [...poolPath, 'labels', labelIndex];
       const perSlot = label['per-slot-users'] === true;
+      const contain = label.isolation === 'contain';
       const username = label.username === undefined ? DEFAULT_AWS_USERNAME : label.username;
+      if (contain && !perSlot) {
+        issues.push({
+          path: [...labelPath, 'isolation'],
+          message:
+            'isolation: contain needs per-slot-users: true (each slot is contained as a user of its own)',
+        });
+      }
+      if (label['slot-imds'] === true && !contain) {
+        issues.push({
+          path: [...labelPath, 'slot-imds'],
+          message:
+            'slot-imds applies to contained slots only (isolation: contain); without it every job can reach IMDS',
+        });
+      }
       if (perSlot && (raw === undefined || (Array.isArray(raw) && raw.length === 0))) {
         issues.push({
           path: [...labelPath, 'per-slot-users'],
@@ -182,7 +201,15 @@ export function checkAwsUserData(
       const text = composeUserData({
         ...(own === undefined ? {} : { own }),
         authorizedKeys: keys,
-        ...(perSlot ? { slotUsers: { username, slots } } : {}),
+        ...(perSlot
+          ? {
+              slotUsers: {
+                username,
+                slots,
+                ...(contain ? { contain: { limits: WIDEST, imds: false } } : {}),
+              },
+            }
+          : {}),
       });
       const bytes = text === undefined ? 0 : userDataBytes(text);
       // The label's own userdata alone over the limit is its field's error.

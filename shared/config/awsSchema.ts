@@ -158,6 +158,17 @@ export const awsLabelSchema = z.strictObject(
         `Whom jobs log in as on its nodes (Nodepool's username): the image's user that gets the pool's authorized-keys. Default ${DEFAULT_AWS_USERNAME} (Amazon Linux, RHEL, SUSE, Fedora); ubuntu on Ubuntu, admin on Debian.`,
       ),
     'per-slot-users': perSlotUsers(),
+    isolation: z
+      .enum(['none', 'contain'], { error: 'one of none, contain' })
+      .default('none')
+      .describe(
+        "Whether each slot's jobs are contained (needs per-slot-users): the slot users are made at boot by the slot program, each session is held by its slot's cgroup (the metastatic label's cores and memory, a pids cap), has its own /tmp, /var/tmp and /dev/shm (pam_namespace), sees only its own processes (/proc hidepid=2) and cannot reach the instance metadata service (nftables or iptables) unless slot-imds; slot users log in only with the pool's keys. The image needs cloud-init, sshd with PAM and sshd_config.d, pam_namespace, util-linux, and nft or iptables. none: per-slot-users' separate users only.",
+      ),
+    'slot-imds': bool()
+      .default(false)
+      .describe(
+        "With isolation: contain, let the slot users reach the instance metadata service (and so the instance profile's credentials). Default false: refused to them.",
+      ),
     ...contractKeys,
     'host-keys': hostKeys().describe(`${HOST_KEYS_HELP} Default: the pool's value.`),
     'hourly-cost': hourlyCost()

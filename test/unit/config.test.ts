@@ -849,6 +849,38 @@ describe('the node contract (username, connection-type, python-path, shell-type)
     ok(parseObject(awsWith({ large: { username: long } })));
   });
 
+  it('resolves isolation: contain, which needs per-slot-users; slot-imds only with it', () => {
+    const keys = { 'authorized-keys': [ED25519_KEY] };
+    const contained = { 'per-slot-users': true, username: 'zuul', isolation: 'contain' };
+    ok(parseObject(awsWith({ pool: keys, large: contained })));
+    ok(parseObject(awsWith({ pool: keys, large: { ...contained, 'slot-imds': true } })));
+    expect(problems(parseObject(awsWith({ pool: keys, large: { isolation: 'contain' } })))).toEqual([
+      `${at('isolation')}: isolation: contain needs per-slot-users: true (each slot is contained as a user of its own)`,
+    ]);
+    expect(problems(parseObject(awsWith({ pool: keys, large: { 'slot-imds': true } })))).toEqual([
+      `${at('slot-imds')}: slot-imds applies to contained slots only (isolation: contain); without it every job can reach IMDS`,
+    ]);
+    expect(
+      problems(parseObject(awsWith({ pool: keys, large: { ...contained, isolation: 'cgroup' } }))),
+    ).toEqual([`${at('isolation')}: isolation: expected one of none, contain, got "cgroup"`]);
+    // Contained, the users are made at boot from one line: 1000 slots cost what 1 does...
+    ok(
+      parseObject(
+        awsWith({ pool: { 'authorized-keys': Array(8).fill(RSA_KEY) }, large: contained, jobs: 1000 }),
+      ),
+    );
+    // ...but the slot program takes about 5 KB of EC2's 16 KB: 32 RSA keys no longer fit beside it.
+    expect(
+      problems(
+        parseObject(awsWith({ pool: { 'authorized-keys': Array(32).fill(RSA_KEY) }, large: contained })),
+      ),
+    ).toEqual([
+      expect.stringMatching(
+        /per-slot-users: user data: the pool's 32 authorized-keys with \d+ slot users .* EC2 takes at most 16384$/,
+      ),
+    ]);
+  });
+
   it("refuses a label whose userdata, the pool's keys and the slot users together exceed EC2's 16 KB, by YAML path", () => {
     const keys = Array(32).fill(RSA_KEY);
     // 32 RSA keys fit alone, and with 1000 slot users (the keys are written once, a YAML anchor)...
@@ -983,6 +1015,8 @@ describe('the aws driver', () => {
       'instance-types': ['m7i.4xlarge', 'm6i.4xlarge'],
       'image-id': 'ami-0123',
       'key-name': 'ops',
+      isolation: 'none',
+      'slot-imds': false,
       userdata: '#!/bin/sh\necho hi\n',
       'iam-instance-profile': { name: 'builder' },
       'volume-size': 200,
@@ -1002,6 +1036,8 @@ describe('the aws driver', () => {
       'use-spot': false,
       username: 'ec2-user',
       'per-slot-users': false,
+      isolation: 'none',
+      'slot-imds': false,
       'connection-type': 'ssh',
       'python-path': 'auto',
     });

@@ -1,4 +1,5 @@
 import { execFileSync } from 'node:child_process';
+import { gunzipSync } from 'node:zlib';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { nodeContract } from '../../shared/core/contract.ts';
 import { launchUserData } from '../../shared/providers/aws/runInstancesRequest.ts';
@@ -10,6 +11,7 @@ import {
   userDataBytes,
   userDataType,
 } from '../../shared/providers/aws/userData.ts';
+import { SLOT_PROGRAM } from '../../shared/providers/slot/slotProgram.ts';
 import { ED25519_KEY, RSA_KEY } from '../../testkit/sshKeys.ts';
 
 const MERGE = 'merge_how: "list(append)+dict(no_replace,recurse_list)+str()"';
@@ -228,6 +230,42 @@ describe("the user data an aws pool's instances are launched with", () => {
       expect(users[2]).toMatchObject({ name: 'zuul-1', ssh_authorized_keys: [ED25519_KEY] });
       expect(users[2]).not.toHaveProperty('sudo');
     }
+  });
+
+  it('contained (isolation: contain): writes the slot program, one slots line, the keys for sshd and PAM, and boots', () => {
+    const text = poolCloudConfig([ED25519_KEY], {
+      username: 'zuul',
+      slots: 3,
+      contain: { limits: { millicores: 1500, memoryMiB: 2048, pids: 1024 }, imds: false },
+    });
+    const lines = text.split('\n');
+    // No users list: boot makes them, so the keys are not repeated per slot.
+    expect(lines).not.toContain('users:');
+    const content = (path: string) => {
+      const at = lines.indexOf(`  - path: ${JSON.stringify(path)}`);
+      const line = lines.slice(at).find((l) => l.startsWith('    content: '));
+      return at < 0 || !line ? undefined : (JSON.parse(line.slice('    content: '.length)) as string);
+    };
+    // The program is the text a local backing node runs, gzip and base64 (cloud-init's gz+b64).
+    const packed = content('/usr/local/sbin/metastatic-slot');
+    expect(packed && gunzipSync(Buffer.from(packed, 'base64')).toString('utf8')).toBe(SLOT_PROGRAM);
+    expect(content('/etc/metastatic/slots')).toMatch(/\nzuul 3 1500 2048 1024 0\n$/);
+    expect(content('/etc/metastatic/authorized_keys')).toBe(`${ED25519_KEY}\n`);
+    expect(content('/etc/ssh/sshd_config.d/50-metastatic.conf')).toContain(
+      'Match Group metastatic-slot\n    AuthorizedKeysFile /etc/metastatic/authorized_keys\n',
+    );
+    expect(content('/etc/pam.d/sshd')).toContain(
+      'session required pam_exec.so quiet /usr/local/sbin/metastatic-slot pam /etc/metastatic/slots\n',
+    );
+    expect(lines).toContain('  - ["/usr/local/sbin/metastatic-slot", "boot", "/etc/metastatic/slots"]');
+    // IMDS open to the slot users only when the label says so.
+    expect(
+      poolCloudConfig([ED25519_KEY], {
+        username: 'zuul',
+        slots: 3,
+        contain: { limits: { millicores: 0, memoryMiB: 0, pids: 1024 }, imds: true },
+      }),
+    ).toContain('zuul 3 0 0 1024 1\\n');
   });
 
   it("names each node's user after its slot, as the user data created them", () => {

@@ -8,6 +8,7 @@ import type {
 } from '@aws-sdk/client-ec2';
 import { DEFAULT_AWS_USERNAME } from '../../config/contractFields.ts';
 import type { LaunchSpec } from '../../core/provider.ts';
+import { limitsOf } from '../slot/slotLimits.ts';
 import type { Offering } from './offerings.ts';
 import type { AwsImage, AwsLabelSettings } from './settings.ts';
 import { composeUserData, MAX_USERDATA_BYTES, userDataBytes } from './userData.ts';
@@ -185,7 +186,17 @@ export function launchUserData(
   const text = composeUserData({
     ...(own === undefined ? {} : { own }),
     authorizedKeys: settings.authorizedKeys ?? [],
-    ...(settings.perSlotUsers ? { slotUsers: { username, slots: spec.slots ?? 1 } } : {}),
+    ...(settings.perSlotUsers
+      ? {
+          slotUsers: {
+            username,
+            slots: spec.slots ?? 1,
+            ...(settings.contain
+              ? { contain: { limits: limitsOf(spec.slot), imds: settings.slotImds === true } }
+              : {}),
+          },
+        }
+      : {}),
   });
   if (text !== undefined && userDataBytes(text) > MAX_USERDATA_BYTES) {
     const whose =

@@ -52,6 +52,10 @@ export interface AwsLabelSettings {
   /** Whom jobs log in as; with perSlotUsers, the prefix of the slot users. Unset: ec2-user. */
   readonly username?: string;
   readonly perSlotUsers?: boolean;
+  /** `isolation: contain`: the slots are contained by the slot program (slotBoot.ts). */
+  readonly contain?: boolean;
+  /** With contain: slot users may reach IMDS. */
+  readonly slotImds?: boolean;
   /** `host-keys` of the label, else of the pool; unset: by the functions' network (awsContext). */
   readonly hostKeys?: HostKeySource;
 }
@@ -126,6 +130,7 @@ function settingsOf(poolKey: string, provider: AwsProviderConfig): Map<string, A
       authorizedKeys: pool['authorized-keys'] ?? [],
       username: label.username,
       perSlotUsers: label['per-slot-users'],
+      ...(label.isolation === 'contain' ? { contain: true, slotImds: label['slot-imds'] } : {}),
       ...((label['host-keys'] ?? pool['host-keys'])
         ? { hostKeys: label['host-keys'] ?? pool['host-keys'] }
         : {}),

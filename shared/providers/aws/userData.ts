@@ -1,5 +1,7 @@
 import { createHash } from 'node:crypto';
 import { slotUserName } from '../../core/contract.ts';
+import type { SlotLimits } from '../slot/slotLimits.ts';
+import { containedCloudConfig } from './slotBoot.ts';
 
 /**
  * The user data an instance is launched with: the label's own (or its launch template's), combined with
@@ -27,7 +29,14 @@ export interface UserDataParts {
   /** The pool's authorized-keys (OpenSSH public key lines). */
   readonly authorizedKeys: readonly string[];
   /** With per-slot-users: the username the slot users are named after, and how many slots. */
-  readonly slotUsers?: { readonly username: string; readonly slots: number };
+  readonly slotUsers?: SlotUsers;
+}
+
+export interface SlotUsers {
+  readonly username: string;
+  readonly slots: number;
+  /** With `isolation: contain`: each slot's limits, and whether its user may reach IMDS (slotBoot.ts). */
+  readonly contain?: { readonly limits: SlotLimits; readonly imds: boolean };
 }
 
 /** The user data to launch with, or undefined when there is none. */
@@ -57,12 +66,11 @@ const q = (s: string) => JSON.stringify(s);
  * top-level `ssh_authorized_keys`; the label's `username` must name that user). With them, one user
  * per slot gets the keys (written once, a YAML anchor, so a thousand slots do not repeat them), a home
  * directory of its own made private (useradd's mode varies: 0755 on older Ubuntu), a locked password
- * and no sudo; the default user is kept (`- default`) but gets no key from the pool.
+ * and no sudo; the default user is kept (`- default`) but gets no key from the pool. Contained
+ * (`isolation: contain`), the slot program makes the users at boot instead, and the keys are in one
+ * root-owned file sshd reads for them (slotBoot.ts).
  */
-export function poolCloudConfig(
-  authorizedKeys: readonly string[],
-  perSlot?: { readonly username: string; readonly slots: number },
-): string {
+export function poolCloudConfig(authorizedKeys: readonly string[], perSlot?: SlotUsers): string {
   const lines = [
     '#cloud-config',
     "# metastatic: the backing pool's authorized-keys (and per-slot users), added to the label's own user data",
@@ -71,6 +79,11 @@ export function poolCloudConfig(
   const keyList = (indent: string) => authorizedKeys.map((k) => `${indent}- ${q(k)}`);
   if (perSlot === undefined) {
     lines.push('ssh_authorized_keys:', ...keyList('  '));
+    return `${lines.join('\n')}\n`;
+  }
+  if (perSlot.contain) {
+    const { username, slots } = perSlot;
+    lines.push(...containedCloudConfig({ username, slots, ...perSlot.contain, authorizedKeys }));
     return `${lines.join('\n')}\n`;
   }
   const users = slotUsers(perSlot.username, perSlot.slots);

@@ -33,16 +33,12 @@
 import { readFile, rename, writeFile } from 'node:fs/promises';
 import { createServer, type Server, type Socket } from 'node:net';
 import { parseArgs } from 'node:util';
+import type { SlotLimits } from '../slot/slotLimits.ts';
 import { LIVE_POLL_MS } from './liveSlots.ts';
 import { LoginGate, MAX_CONNECTIONS } from './loginGate.ts';
 import { type AllowedKey, type HostKey, loadAuthorizedKeys, loadOrCreateHostKey } from './nodeKeys.ts';
 import { Slots } from './nodeSlots.ts';
-import {
-  containmentUnavailable,
-  type IsolationMode,
-  SlotIsolation,
-  type SlotLimits,
-} from './slotIsolation.ts';
+import { containmentUnavailable, type IsolationMode, SlotIsolation } from './slotIsolation.ts';
 import { endGroup, KILL_GRACE_MS, signalGroup } from './slotProcess.ts';
 
 interface Args {

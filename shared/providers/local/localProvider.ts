@@ -14,11 +14,11 @@ import type { Clock } from '../../core/clock.ts';
 import type { BackingProvider, BackingResource, LaunchSpec } from '../../core/provider.ts';
 import type { StateChangeEvent } from '../../core/stateChanges.ts';
 import { clip } from '../../core/text.ts';
+import { limitsOf } from '../slot/slotLimits.ts';
 import { AdoptedResources } from './adoptedResources.ts';
 import { formatLiveSlots } from './liveSlots.ts';
 import { LocalEventQueue } from './localEvents.ts';
 import { isAlive, type LocalRecord, localResourceId, RecordFiles, resourceOf } from './localRecords.ts';
-import { limitsOf } from './slotIsolation.ts';
 import {
   type LabelSettings,
   labelSettings,

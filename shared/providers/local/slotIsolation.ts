@@ -11,18 +11,9 @@ import { execFile } from 'node:child_process';
 import { accessSync, constants, existsSync } from 'node:fs';
 import { chown, lchown, readdir, readFile, rmdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
+import type { SlotLimits } from '../slot/slotLimits.ts';
 import { SLOT_PROGRAM } from '../slot/slotProgram.ts';
 import { slotUser } from './liveSlots.ts';
-
-/** What one slot may use: thousandths of a core, MiB of memory, processes (0: not limited). */
-export interface SlotLimits {
-  readonly millicores: number;
-  readonly memoryMiB: number;
-  readonly pids: number;
-}
-
-/** Processes (and threads) one slot may run at once. */
-export const SLOT_PIDS = 1024;
 
 /** The first slot uid: far above any uid or subordinate range a distribution hands out. */
 const UID_BASE = 1_900_000_000;
@@ -53,15 +44,6 @@ export function containmentUnavailable(cgroupRoot = '/sys/fs/cgroup'): string | 
   return writable
     ? undefined
     : `slots cannot be contained without a writable cgroup hierarchy at ${cgroupRoot}`;
-}
-
-/** The limits of a slot of this shape: its cores and memory, and SLOT_PIDS. */
-export function limitsOf(shape: { cores?: number; memoryMiB?: number } | undefined): SlotLimits {
-  return {
-    millicores: shape?.cores === undefined ? 0 : Math.max(1, Math.round(shape.cores * 1000)),
-    memoryMiB: shape?.memoryMiB ?? 0,
-    pids: SLOT_PIDS,
-  };
 }
 
 /** FNV-1a of the backing node's id: where its slot uids start. */

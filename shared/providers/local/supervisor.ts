@@ -2,8 +2,9 @@ import { type ChildProcess, spawn } from 'node:child_process';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { BackingPool } from '../../config/model.ts';
+import type { SlotLimits } from '../slot/slotLimits.ts';
 import { errorCode, isAlive, isRecord, type LocalRecord } from './localRecords.ts';
-import type { IsolationMode, SlotLimits } from './slotIsolation.ts';
+import type { IsolationMode } from './slotIsolation.ts';
 
 /**
  * The process supervisor of the local provider: starts a backing node process (backingNode.ts), reads

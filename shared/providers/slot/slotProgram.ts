@@ -9,6 +9,8 @@
  *   metastatic-slot run NAME UID GID DIR TMP USER -- CMD...  CMD in the slot (below)
  *   metastatic-slot kill NAME                                every process in the slot's cgroup ends
  *   metastatic-slot remove NAME                              kill, then the cgroup goes
+ *   metastatic-slot boot CONF                                an EC2 instance's slots, once at its boot
+ *   metastatic-slot pam CONF                                 a login's session into its slot (pam_exec)
  *
  * `run` joins the slot's cgroup, then, in new mount and PID namespaces, mounts a tmpfs on /home with the
  * slot's directory at /home/USER, binds TMP on /tmp and /var/tmp, mounts /proc for the namespace (the job
@@ -16,11 +18,24 @@
  * and no_new_privs, in /home/USER. The namespace's first process is the session's: when it ends (the
  * session closes, the node is released), the kernel ends every process left in the namespace, `setsid`
  * or not. A job over its MEMORY_MIB is killed by the kernel's OOM killer within its own cgroup.
+ *
+ * On an EC2 instance (an aws label with `isolation: contain`; shared/providers/aws/slotBoot.ts writes the
+ * program, CONF and the PAM and sshd lines through cloud-init) sshd is the door, not `run`: `boot` makes
+ * each slot of CONF (a line `PREFIX SLOTS MILLICORES MEMORY_MIB PIDS IMDS`: users PREFIX-0 ...) a user
+ * of its own with a 0700 home, in the group sshd's Match names,
+ * its cgroup and limits, blocks the instance metadata service for the users whose IMDS is 0 (nftables,
+ * else iptables), gives each user a /tmp, /var/tmp and /dev/shm of its own through pam_namespace
+ * (namespace.d/metastatic.conf), remounts /proc with hidepid=2, and only then marks the instance booted.
+ * `pam`, run by pam_exec when sshd opens a session, moves the session's sshd process (its parent) into
+ * the user's slot cgroup, so that everything the session starts is held by the slot's limits; it refuses
+ * a slot user's session before `boot` has finished.
  */
 export const SLOT_PROGRAM = `#!/bin/sh
 # metastatic-slot (shared/providers/slot/slotProgram.ts): contains the jobs of a backing node's slots.
 set -eu
 CGROUP_ROOT=\${METASTATIC_CGROUP_ROOT:-/sys/fs/cgroup}
+RUN_DIR=\${METASTATIC_RUN_DIR:-/run/metastatic}
+NAMESPACE_D=\${METASTATIC_NAMESPACE_D:-/etc/security/namespace.d}
 PARENT=metastatic
 die() { printf 'metastatic-slot: %s\\n' "$*" >&2; exit 125; }
 word_ok() { case $1 in '' | .* | *[!A-Za-z0-9._-]*) return 1 ;; esac; }
@@ -159,6 +174,117 @@ inside() {
     --inh-caps=-all --bounding-set=-all -- "$@"
 }
 
+# CONF's slots, checked, a line each (USER MILLICORES MEMORY_MIB PIDS IMDS). CONF's lines (# comments and
+# blank lines aside) are PREFIX SLOTS MILLICORES MEMORY_MIB PIDS IMDS: users PREFIX-0 ... PREFIX-<SLOTS-1>.
+conf_lines() {
+  [ -f "$1" ] || die "no slot file $1"
+  while read -r prefix slots millicores mib pids imds rest; do
+    case $prefix in '' | '#'*) continue ;; esac
+    if ! { word_ok "$prefix" && num_ok "$slots" && num_ok "$millicores" && num_ok "$mib" && num_ok "$pids"; } ||
+      ! { [ "$imds" = 0 ] || [ "$imds" = 1 ]; } || [ -n "$rest" ] || [ "$slots" -gt 4096 ]; then
+      die "$1: not a slots line (PREFIX SLOTS MILLICORES MEMORY_MIB PIDS IMDS): $prefix $slots $millicores $mib $pids $imds $rest"
+    fi
+    n=0
+    while [ "$n" -lt "$slots" ]; do
+      printf '%s-%s %s %s %s %s\\n' "$prefix" "$n" "$millicores" "$mib" "$pids" "$imds"
+      n=$((n + 1))
+    done
+  done <"$1"
+}
+
+# The instance metadata service (its IPv4 and IPv6 addresses) refused to these uids (comma-separated).
+block_imds() {
+  if command -v nft >/dev/null 2>&1; then
+    {
+      printf 'table inet metastatic\\ndelete table inet metastatic\\n'
+      if [ -n "$1" ]; then
+        printf 'table inet metastatic {\\n  chain output {\\n    type filter hook output priority 0; policy accept;\\n'
+        printf '    meta skuid { %s } ip daddr 169.254.169.254 reject\\n' "$1"
+        printf '    meta skuid { %s } ip6 daddr fd00:ec2::254 reject\\n  }\\n}\\n' "$1"
+      fi
+    } | nft -f - || die "cannot block the instance metadata service (nft)"
+    return 0
+  fi
+  [ -n "$1" ] || return 0
+  command -v iptables >/dev/null 2>&1 ||
+    die "cannot block the instance metadata service for the slot users: neither nft nor iptables is installed"
+  for uid in $(printf '%s' "$1" | tr ',' ' '); do
+    rule="OUTPUT -m owner --uid-owner $uid -d 169.254.169.254 -j REJECT"
+    # shellcheck disable=SC2086 # the rule is words
+    iptables -w -C $rule 2>/dev/null || iptables -w -A $rule || die "cannot block the instance metadata service (iptables)"
+    if command -v ip6tables >/dev/null 2>&1; then
+      rule="OUTPUT -m owner --uid-owner $uid -d fd00:ec2::254 -j REJECT"
+      # shellcheck disable=SC2086
+      ip6tables -w -C $rule 2>/dev/null || ip6tables -w -A $rule || true
+    fi
+  done
+}
+
+boot() {
+  lines=$(conf_lines "$1") || exit 125
+  [ -n "$lines" ] || die "$1 names no slot"
+  shell=/bin/sh
+  if [ -x /bin/bash ]; then shell=/bin/bash; fi
+  users='' blocked=''
+  # The group sshd's Match names (the pool's keys for its members); it owns no file.
+  getent group "$PARENT-slot" >/dev/null || groupadd --system "$PARENT-slot" || die "cannot add the group $PARENT-slot"
+  while read -r user millicores mib pids imds; do
+    if ! id -u "$user" >/dev/null 2>&1; then
+      useradd --create-home --home-dir "/home/$user" --user-group --no-log-init --shell "$shell" \\
+        --comment "metastatic slot" --password '*' "$user" || die "cannot add the slot user $user"
+    fi
+    usermod --append --groups "$PARENT-slot" "$user" || die "cannot add $user to the group $PARENT-slot"
+
+    uid=$(id -u "$user")
+    [ "$uid" -ne 0 ] || die "the slot user $user is root"
+    mkdir -p "/home/$user"
+    chown "$uid:$(id -g "$user")" "/home/$user"
+    chmod 0700 "/home/$user"
+    setup "$user" "$millicores" "$mib" "$pids"
+    users=$users\${users:+,}$user
+    if [ "$imds" = 0 ]; then blocked=$blocked\${blocked:+, }$uid; fi
+  done <<LINES
+$lines
+LINES
+  block_imds "$blocked"
+  mkdir -p "$NAMESPACE_D"
+  for d in /tmp /var/tmp; do
+    mkdir -p "$d/.metastatic-inst"
+    chmod 000 "$d/.metastatic-inst"
+  done
+  {
+    printf '# metastatic-slot boot: each slot user has a /tmp, /var/tmp and /dev/shm of its own\\n'
+    printf '/tmp /tmp/.metastatic-inst/ user ~%s\\n' "$users"
+    printf '/var/tmp /var/tmp/.metastatic-inst/ user ~%s\\n' "$users"
+    printf '/dev/shm /dev/shm/.metastatic-inst/ tmpfs:mntopts=nosuid,nodev ~%s\\n' "$users"
+  } >"$NAMESPACE_D/metastatic.conf"
+  mount -o remount,hidepid=2 /proc || die "cannot remount /proc with hidepid=2"
+  mkdir -p "$RUN_DIR"
+  : >"$RUN_DIR/booted"
+}
+
+# pam_exec, as sshd opens a session: a slot user's session into its slot. Its parent is the sshd process
+# that then starts the session's command: moved into the slot's cgroups, everything it starts is there.
+pam_open() {
+  [ "\${PAM_TYPE:-}" = open_session ] || return 0
+  lines=$(conf_lines "$1") || exit 125
+  slot=''
+  while read -r user _; do
+    if [ "$user" = "\${PAM_USER:-}" ]; then slot=$user; fi
+  done <<LINES
+$lines
+LINES
+  [ -n "$slot" ] || return 0
+  [ -f "$RUN_DIR/booted" ] || die "the slots of this instance are not set up yet (metastatic-slot boot has not finished)"
+  joined=''
+  for d in $(slot_groups "$slot"); do
+    [ -d "$d" ] || die "no cgroup $d for the slot user $slot"
+    put "$d/cgroup.procs" "$PPID"
+    joined=1
+  done
+  [ -n "$joined" ] || die "no cgroup hierarchy at $CGROUP_ROOT"
+}
+
 command=\${1:-}
 [ $# -gt 0 ] && shift
 case $command in
@@ -189,6 +315,14 @@ remove)
   if ! { [ $# -eq 1 ] && word_ok "$1"; }; then die "usage: remove NAME"; fi
   remove "$1"
   ;;
-*) die "usage: metastatic-slot setup|probe|run|kill|remove ..." ;;
+boot)
+  if [ $# -ne 1 ]; then die "usage: boot CONF"; fi
+  boot "$1"
+  ;;
+pam)
+  if [ $# -ne 1 ]; then die "usage: pam CONF (run by pam_exec)"; fi
+  pam_open "$1"
+  ;;
+*) die "usage: metastatic-slot setup|probe|run|kill|remove|boot|pam ..." ;;
 esac
 `;
