@@ -4,8 +4,8 @@
 # --mount-proc`, so that nothing it does reaches the host: /etc is an overlay, /home, /run, /tmp,
 # /var/tmp, /var/lib and /usr/local are empty tmpfs, the network is a namespace of its own with the
 # instance metadata service's address on lo. Then, as on an instance:
-#   1. the real cloud-init applies the label's user data (write_files, and runcmd's script, which is run
-#      as its last stage would: `metastatic-slot boot`);
+#   1. the real cloud-init applies the label's user data (write_files), then the per-boot script it
+#      wrote runs as cloud-init's last stage would run it: `metastatic-slot boot`, twice (a reboot);
 #   2. Debian's sshd, with its stock sshd_config and PAM stack (plus what the user data added), serves
 #      the slot users on 127.0.0.1:2222;
 #   3. each check logs in with OpenSSH's client and prints `name=value` lines for the test to judge.
@@ -42,10 +42,10 @@ done
 say written "$n"
 PAM_TYPE=open_session PAM_USER=$USER0 /usr/local/sbin/metastatic-slot pam /etc/metastatic/slots 2>/dev/null
 say pam_before_boot "$?"
-cloud-init --file "$S/user-data.yaml" single --name runcmd --frequency always >/dev/null 2>&1
-# cloud-init's runcmd writes the commands as a script; its scripts_user runs it in the last stage, which
-# `single` does not do without a datasource: run here as scripts_user would.
-/var/lib/cloud/instances/iid-datasource-none/scripts/runcmd >"$S/boot.log" 2>&1
+# cloud-init's scripts-per-boot runs it in the last stage of every boot, which `single` does not do
+# without a datasource: run here as it would, twice (the second as after a reboot: nothing fails).
+/var/lib/cloud/scripts/per-boot/metastatic-slot >"$S/boot.log" 2>&1
+say boot_again "$(/var/lib/cloud/scripts/per-boot/metastatic-slot >>"$S/boot.log" 2>&1; echo "$?")"
 say booted "$(test -f /run/metastatic/booted && echo yes || echo no)"
 sed 's/^/boot: /' "$S/boot.log" | grep -i 'metastatic-slot' || true
 

@@ -257,7 +257,9 @@ describe("the user data an aws pool's instances are launched with", () => {
     expect(content('/etc/pam.d/sshd')).toContain(
       'session required pam_exec.so quiet /usr/local/sbin/metastatic-slot pam /etc/metastatic/slots\n',
     );
-    expect(lines).toContain('  - ["/usr/local/sbin/metastatic-slot", "boot", "/etc/metastatic/slots"]');
+    expect(content('/var/lib/cloud/scripts/per-boot/metastatic-slot')).toBe(
+      '#!/bin/sh\nexec /usr/local/sbin/metastatic-slot boot /etc/metastatic/slots\n',
+    );
     // IMDS open to the slot users only when the label says so.
     expect(
       poolCloudConfig([ED25519_KEY], {

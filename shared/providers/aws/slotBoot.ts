@@ -6,7 +6,7 @@ import { SLOT_PROGRAM } from '../slot/slotProgram.ts';
  * What an aws label with `isolation: contain` adds to its instances' cloud-config (userData.ts): the slot
  * program (slotProgram.ts, the same text a local backing node runs), the slots it sets up, and the lines
  * that make sshd the door into them. cloud-init writes the files in its first stage, before sshd starts,
- * and runs `metastatic-slot boot` in its last; until boot has finished, the PAM hook refuses every slot
+ * and runs `metastatic-slot boot` in its last, at every boot (a per-boot script); until boot has finished, the PAM hook refuses every slot
  * user's session (and the users do not exist yet), so no job runs uncontained. Plain data in, text out.
  *
  * - `/usr/local/sbin/metastatic-slot` (0700, root): the slot program, gzip and base64 as cloud-init's
@@ -81,7 +81,13 @@ export function packedSlotProgram(): string {
 /** Every string is written as a JSON string: a valid YAML double-quoted scalar, whatever it holds. */
 const q = (s: string) => JSON.stringify(s);
 
-/** The cloud-config lines (top-level `write_files:` and `runcmd:`) of contained slots. */
+/**
+ * Where cloud-init runs a script at every boot, in its last stage (scripts-per-boot), the first one
+ * included: the slots are set up again after a reboot (cgroups, firewall rules and /run are gone).
+ */
+export const PER_BOOT_SCRIPT = '/var/lib/cloud/scripts/per-boot/metastatic-slot';
+
+/** The cloud-config lines (a top-level `write_files:`) of contained slots. */
 export function containedCloudConfig(slots: ContainedSlots): string[] {
   const file = (path: string, permissions: string, content: string, extra: string[] = []) => [
     `  - path: ${q(path)}`,
@@ -98,7 +104,6 @@ export function containedCloudConfig(slots: ContainedSlots): string[] {
     ...file(SLOT_KEYS_FILE, '0644', keys),
     ...file(SSHD_DROP_IN, '0644', sshdDropIn()),
     ...file(PAM_SSHD, '0644', pamLines(), ['    append: true']),
-    'runcmd:',
-    `  - [${[SLOT_PROGRAM_PATH, 'boot', SLOTS_FILE].map(q).join(', ')}]`,
+    ...file(PER_BOOT_SCRIPT, '0700', `#!/bin/sh\nexec ${SLOT_PROGRAM_PATH} boot ${SLOTS_FILE}\n`),
   ];
 }
