@@ -2,7 +2,11 @@ import { existsSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { cliCommand } from '../../client/cliCommand.ts';
+import { GithubBridge } from '../../client/githubBridge.ts';
+import { PoolClient } from '../../client/poolClient.ts';
+import type { GithubSettings } from '../../shared/config/githubSchema.ts';
 import { formatConfigErrors, parseConfig } from '../../shared/config/load.ts';
+import type { Log } from '../../shared/core/log.ts';
 import { configHash } from '../../shared/runtime/embeddedInfo.ts';
 import { EmbeddedPool } from '../../shared/runtime/embeddedPool.ts';
 import { consoleLog, type Level } from '../consoleLog.ts';
@@ -45,6 +49,7 @@ export async function dev(stateDir: string, opts: DevOptions): Promise<void> {
     reaperInterval: opts.reaperInterval,
     log,
   });
+  const github = await startGithub(pool, stateDir, loaded.config.github, log);
   const labels = [...loaded.config.metastaticLabelNames].join(', ');
   process.stderr.write(
     [
@@ -55,6 +60,7 @@ export async function dev(stateDir: string, opts: DevOptions): Promise<void> {
       `  request queue   ${pool.info.requestQueueUrl}`,
       `  labels          ${labels}`,
       `  reaper every    ${opts.reaperInterval}s`,
+      ...(github ? [`  GitHub webhook  ${github.url}  (workflow_job events; docs/github.md)`] : []),
       `Try it from another shell:  ${cliCommand()} request ${[...loaded.config.metastaticLabelNames][0] ?? 'LABEL'} --wait`,
       'Ctrl-C stops the pool and every backing process.',
       '',
@@ -68,14 +74,39 @@ export async function dev(stateDir: string, opts: DevOptions): Promise<void> {
       if (stopping) return;
       stopping = true;
       process.stderr.write(`\n${signal}: stopping the pool...\n`);
-      pool.stop().then(done, (err) => {
-        process.stderr.write(terminalText(`error while stopping: ${(err as Error).message}\n`));
-        done();
-      });
+      (github?.close() ?? Promise.resolve())
+        .then(() => pool.stop())
+        .then(done, (err) => {
+          process.stderr.write(terminalText(`error while stopping: ${(err as Error).message}\n`));
+          done();
+        });
     };
     process.once('SIGINT', () => stop('SIGINT'));
     process.once('SIGTERM', () => stop('SIGTERM'));
     whenOutputCloses(() => stop('output closed'));
   });
   process.stderr.write('stopped.\n');
+}
+
+/**
+ * The GitHub bridge (client/githubBridge.ts), when the configuration has an enabled `github` section: a
+ * client of the pool like any other, started once the pool runs; its URL is printed and put in dev.json.
+ */
+async function startGithub(
+  pool: EmbeddedPool,
+  stateDir: string,
+  settings: GithubSettings | undefined,
+  log: Log,
+): Promise<{ readonly url: string; close(): Promise<void> } | undefined> {
+  if (!settings?.enabled) return undefined;
+  const client = await PoolClient.connect({ stateDir });
+  try {
+    const bridge = await GithubBridge.start(settings, client, log);
+    await pool.recordGithubWebhook(bridge.url);
+    return { url: bridge.url, close: () => bridge.close().finally(() => client.close()) };
+  } catch (err) {
+    client.close();
+    await pool.stop();
+    throw new CliError(`github: ${(err as Error).message}`);
+  }
 }

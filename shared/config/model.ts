@@ -1,4 +1,5 @@
 import type { BackingContract } from '../core/contract.ts';
+import type { GithubSettings } from './githubSchema.ts';
 
 /**
  * The resolved configuration the core works with: defaults applied, inheritance (provider -> pool -> label)
@@ -124,6 +125,8 @@ export interface ResolvedConfig {
   readonly learnedDurations: boolean;
   /** `record-retention`: seconds an ended record stays before DynamoDB's TTL deletes it (core/timing.ts). */
   readonly recordRetention: number;
+  /** The `github` section (githubSchema.ts): GitHub Actions jobs in packed slots; undefined: none. */
+  readonly github?: GithubSettings;
   /** Keys that are valid but have no effect yet, by YAML path: shown as warnings, never errors. */
   readonly notices: readonly ConfigNotice[];
 }

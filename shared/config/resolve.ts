@@ -6,6 +6,7 @@
 import { formatSize, parseSize, type Shape } from '../core/shapes.ts';
 import { contractOf } from './contractFields.ts';
 import { DEFAULT_MAX_READY, READY_TARGET_BOUNDS } from './fields.ts';
+import { githubSettings } from './githubSchema.ts';
 import { type InstanceTypeFacts, instanceTypeFacts } from './instanceTypes.ts';
 import type {
   BackingLabel,
@@ -117,6 +118,7 @@ export function resolveConfig(file: ConfigFile): ResolvedConfig {
     shapeCostMargin: file['shape-cost-margin'],
     learnedDurations: file['learned-durations'],
     recordRetention: file['record-retention'],
+    ...(file.github === undefined ? {} : { github: githubSettings(file.github) }),
     notices: [...notices, ...noticesOf(file, metastaticLabelNames)],
   };
 }

@@ -1,6 +1,7 @@
 import type { z } from 'zod';
 import { checkAwsRules, checkAwsUserData } from './awsRules.ts';
 import { NAME_PATTERN } from './fields.ts';
+import { checkGithubRoutes } from './githubSchema.ts';
 import { asRecord, asString, formatPath, type PathIssue, type PathSegment } from './paths.ts';
 import { metastaticLabelSchema } from './schema.ts';
 
@@ -18,7 +19,8 @@ import { metastaticLabelSchema } from './schema.ts';
  * 4. labels of one provider sharing a backing label agree on the backing node's settings;
  * 5. the top-level labels list (Nodepool's), when present, lists every label offered;
  * 6. per metastatic label: the default-lease it inherits is no longer than its max-lease;
- * 7. an aws pool's user data (its labels' own, its authorized-keys, per-slot users) fits EC2's limit.
+ * 7. an aws pool's user data (its labels' own, its authorized-keys, per-slot users) fits EC2's limit;
+ * 8. each `github` route names a metastatic label (githubSchema.ts).
  */
 export function checkConfigRules(data: unknown): PathIssue[] {
   const root = asRecord(data);
@@ -32,6 +34,11 @@ export function checkConfigRules(data: unknown): PathIssue[] {
     ...topLevelLabels(root, found.offers),
     ...leaseRules(root, found.metastaticLabels),
     ...awsUserData(root, found.metastaticLabels),
+    ...checkGithubRoutes(
+      root,
+      new Set(found.offers.filter((o) => o.kind === 'metastatic').map((o) => o.name)),
+      true,
+    ),
   ];
 }
 

@@ -8,6 +8,7 @@
  * `<key>: expected <phrase>, got <value>`, so keep the phrases short and in that grammatical form.
  * Objects are strict (an unknown key is an error, so typos are caught).
  */
+
 import { z } from 'zod';
 import { RECORD_RETENTION_SECONDS } from '../core/timing.ts';
 import { awsProviderSchema } from './awsSchema.ts';
@@ -47,6 +48,7 @@ import {
   seconds,
   size,
 } from './fields.ts';
+import { githubSchema } from './githubSchema.ts';
 
 // ---- driver: metastatic -----------------------------------------------------------------------------
 
@@ -297,6 +299,7 @@ export const configSchema = z
         .describe(
           `Requests by shape: a label with a free slot now (no launch) is chosen over the cheapest fitting label when its cost per slot-hour is at most this many percent higher. At most ${MAX_SHAPE_COST_MARGIN}.`,
         ),
+      github: githubSchema.optional(),
       providers: nonEmptyList(providerSchema, 'providers'),
     },
     { error: 'a mapping with a "providers" list' },

@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import { readFile } from 'node:fs/promises';
+import { readFile, rename, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
 
@@ -21,6 +21,8 @@ export const EmbeddedInfo = z.object({
   /** Where the operator verbs are posted (operatorEndpoint.ts), and the bearer token they carry. */
   operatorUrl: z.string().optional(),
   operatorToken: z.string().optional(),
+  /** Where GitHub's workflow_job webhooks are posted, when the configuration has a `github` section. */
+  githubWebhookUrl: z.string().optional(),
   pid: z.number(),
   startedAt: z.string(),
 });
@@ -34,6 +36,14 @@ export function stateDirFrom(option: string | undefined): string {
 
 export function embeddedInfoPath(stateDir: string): string {
   return join(stateDir, 'dev.json');
+}
+
+/** Writes dev.json atomically (write, then rename): a CLI or test reading it never sees half a file. */
+export async function writeEmbeddedInfo(info: EmbeddedInfo): Promise<void> {
+  const path = embeddedInfoPath(info.stateDir);
+  const tmp = `${path}.${process.pid}.tmp`;
+  await writeFile(tmp, `${JSON.stringify(info, null, 2)}\n`);
+  await rename(tmp, path);
 }
 
 export async function readEmbeddedInfo(stateDir: string): Promise<EmbeddedInfo | undefined> {

@@ -1,4 +1,4 @@
-import { rename, rm, writeFile } from 'node:fs/promises';
+import { rm } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import type { DynamoDBClient } from '@aws-sdk/client-dynamodb';
 import { SQSClient } from '@aws-sdk/client-sqs';
@@ -23,7 +23,7 @@ import type { ReapReport } from '../usecases/reapReport.ts';
 import { LastAttempts } from '../usecases/waitingBudget.ts';
 import { type ClientKey, ensureClientKey } from './clientKey.ts';
 import { embeddedContext } from './embeddedContext.ts';
-import { type EmbeddedInfo, embeddedInfoPath } from './embeddedInfo.ts';
+import { type EmbeddedInfo, embeddedInfoPath, writeEmbeddedInfo } from './embeddedInfo.ts';
 import {
   type Engine,
   ensureQueue,
@@ -90,6 +90,8 @@ export class EmbeddedPool {
   private readonly reaper: ReaperSchedule;
   private stopped = false;
   private operatorEndpoint: OperatorEndpoint | undefined;
+  /** What dev.json says (info, with the endpoints started after it). */
+  private published: EmbeddedInfo | undefined;
 
   private constructor(
     readonly info: EmbeddedInfo,
@@ -117,6 +119,12 @@ export class EmbeddedPool {
     this.reaper = new ReaperSchedule(handlers.reaper, options.reaperInterval, context.clock, context.log, {
       shortestGraceMs: shortestGraceMs(options.config),
     });
+  }
+
+  /** Adds the GitHub webhook listener's URL (started after the pool: it is a client of it) to dev.json. */
+  async recordGithubWebhook(url: string): Promise<void> {
+    this.published = { ...(this.published ?? this.info), githubWebhookUrl: url };
+    await writeEmbeddedInfo(this.published);
   }
 
   static async start(options: EmbeddedPoolOptions): Promise<EmbeddedPool> {
@@ -301,11 +309,8 @@ export class EmbeddedPool {
       // The CLI's operator verbs are run here, so that no backing process is ever the CLI's child.
       endpoint = await startOperatorEndpoint((call) => stack.operate(call), options.log);
       stack.operatorEndpoint = endpoint;
-      const published: EmbeddedInfo = { ...info, operatorUrl: endpoint.url, operatorToken: endpoint.token };
-      // Atomically (write, then rename): a CLI or test reading dev.json never sees half a file.
-      const tmp = `${embeddedInfoPath(stateDir)}.${process.pid}.tmp`;
-      await writeFile(tmp, `${JSON.stringify(published, null, 2)}\n`);
-      await rename(tmp, embeddedInfoPath(stateDir));
+      stack.published = { ...info, operatorUrl: endpoint.url, operatorToken: endpoint.token };
+      await writeEmbeddedInfo(stack.published);
       return stack;
     } catch (err) {
       await endpoint?.close();
