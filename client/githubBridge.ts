@@ -223,12 +223,9 @@ export class GithubBridge {
       },
     });
     if (ended.code !== 0 && !signal.aborted) {
-      this.log.warn(
-        `github job ${event.jobId}: runner ${name} ended with ${ended.code ?? ended.signal}`,
-        {
-          output: out.join('').slice(-2000),
-        },
-      );
+      this.log.warn(`github job ${event.jobId}: runner ${name} ended with ${ended.code ?? ended.signal}`, {
+        output: out.join('').slice(-2000),
+      });
     }
     return ended.code;
   }

@@ -111,7 +111,8 @@ export class GithubStandIn {
   private accessToken(req: IncomingMessage, res: ServerResponse): void {
     const jwt = /^bearer (.+)$/i.exec(req.headers.authorization ?? '')?.[1];
     if (!jwt || !this.validJwt(jwt)) {
-      return answer(res, 401, { message: 'A JSON web token could not be decoded' });
+      answer(res, 401, { message: 'A JSON web token could not be decoded' });
+      return;
     }
     this.calls.tokens += 1;
     const token = `ghs_${randomBytes(18).toString('hex')}`;
@@ -127,7 +128,10 @@ export class GithubStandIn {
 
   private jitConfig(req: IncomingMessage, res: ServerResponse, body: unknown): void {
     const token = /^token (.+)$/i.exec(req.headers.authorization ?? '')?.[1];
-    if (!token || !this.tokens.has(token)) return answer(res, 401, { message: 'Bad credentials' });
+    if (!token || !this.tokens.has(token)) {
+      answer(res, 401, { message: 'Bad credentials' });
+      return;
+    }
     const b = body as { name?: unknown; runner_group_id?: unknown; labels?: unknown; work_folder?: unknown };
     const labels = Array.isArray(b.labels) ? b.labels : [];
     if (
@@ -137,10 +141,13 @@ export class GithubStandIn {
       labels.length > 100 ||
       !labels.every((l) => typeof l === 'string')
     ) {
-      return answer(res, 422, { message: 'Validation Failed' });
+      answer(res, 422, { message: 'Validation Failed' });
+      return;
     }
-    if (this.issued.has(b.name))
-      return answer(res, 409, { message: 'Already exists - A runner with the same name' });
+    if (this.issued.has(b.name)) {
+      answer(res, 409, { message: 'Already exists - A runner with the same name' });
+      return;
+    }
     this.calls.jitConfigs += 1;
     const runner: Runner = {
       id: this.nextRunnerId++,
