@@ -45,6 +45,8 @@ export class GithubBridge {
   private readonly byRunner = new Map<string, Job>();
   private readonly recent = new RecentDeliveries();
   private readonly unrouted = new Set<string>();
+  /** Jobs GitHub said completed: a queued delivery arriving after it (out of order) starts no runner. */
+  private readonly completed = new RecentDeliveries();
   private readonly running = new Set<Promise<void>>();
 
   private constructor(
@@ -143,12 +145,17 @@ export class GithubBridge {
     }
     // completed: a runner of ours that never took a job is not needed any more (another runner took
     // it, or it was cancelled before it ran); one that took a job ends by itself.
+    this.completed.first(String(event.jobId));
     const job = this.jobs.get(event.jobId);
     if (job && !job.busy) job.abort.abort(new Error(`job ${event.jobId} completed without this runner`));
   }
 
   private queued(event: Extract<JobEvent, { kind: 'queued' }>): void {
     if (this.jobs.has(event.jobId)) return;
+    if (this.completed.has(String(event.jobId))) {
+      this.log.info(`github job ${event.jobId}: queued after it completed (out of order); no runner`);
+      return;
+    }
     const job: Job = { jobId: event.jobId, abort: new AbortController(), busy: false };
     this.jobs.set(event.jobId, job);
     const { route } = event;

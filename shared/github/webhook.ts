@@ -143,11 +143,19 @@ export function readDelivery(
   }
 }
 
-/** The delivery ids seen lately (X-GitHub-Delivery), oldest forgotten first: a replay is answered, not acted on. */
+/**
+ * Ids seen lately (delivery ids, X-GitHub-Delivery: a replay is answered, not acted on; completed jobs),
+ * the oldest forgotten first.
+ */
 export class RecentDeliveries {
   private readonly seen = new Set<string>();
 
   constructor(private readonly capacity = 10_000) {}
+
+  /** Whether `id` was seen lately. */
+  has(id: string): boolean {
+    return this.seen.has(id);
+  }
 
   /** True the first time an id is seen (then remembered), false for a repeat. */
   first(id: string): boolean {

@@ -1,3 +1,4 @@
+import { execFileSync } from 'node:child_process';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { jobRequestId } from '../../shared/github/webhook.ts';
 import { GithubPool, JOB_LABELS, jobPayload, OLD_SECRET } from '../../testkit/githubPool.ts';
@@ -92,9 +93,26 @@ describe('GitHub Actions jobs in packed slots', { timeout: 120_000 }, () => {
     expect(pool.bridge.active).toBe(0);
   });
 
+  it('starts no runner for a job whose completed webhook came before its queued one', async () => {
+    expect((await pool.deliver(jobPayload('completed', 108))).status).toBe(202);
+    expect((await pool.deliver(jobPayload('queued', 108))).status).toBe(202);
+    expect(await pool.client.get(jobRequestId(108))).toBeUndefined();
+    expect(pool.bridge.active).toBe(0);
+  });
+
+  it('releases the node of a runner that was killed', async () => {
+    expect((await pool.deliver(jobPayload('queued', 109))).status).toBe(202);
+    const runner = await pool.runnerOf(109);
+    // As an OOM kill or a crash of the slot would: the runner and every process it started.
+    const pid = execFileSync('pgrep', ['-f', '-o', runner.jitconfig]).toString().trim();
+    const group = execFileSync('ps', ['-o', 'pgid=', '-p', pid]).toString().trim();
+    process.kill(-Number(group), 'SIGKILL');
+    await pool.released(109);
+  });
+
   it('costs one GitHub call per job, and one installation token for all of them', () => {
-    expect(pool.github.calls.jitConfigs).toBe(4);
-    expect(pool.bridge.api.calls.jitConfigs).toBe(4);
+    expect(pool.github.calls.jitConfigs).toBe(5);
+    expect(pool.bridge.api.calls.jitConfigs).toBe(5);
     expect(pool.github.calls.tokens).toBe(1);
     expect(pool.bridge.api.calls.tokens).toBe(1);
   });
