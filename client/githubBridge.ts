@@ -3,7 +3,7 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import type { AddressInfo } from 'node:net';
 import type { GithubSettings } from '../shared/config/githubSchema.ts';
 import type { Log } from '../shared/core/log.ts';
-import { GithubApi, runnerLabels } from '../shared/github/githubApi.ts';
+import { failedDeliveries, GithubApi, runnerLabels } from '../shared/github/githubApi.ts';
 import {
   type JobEvent,
   jobRequestId,
@@ -48,6 +48,7 @@ export class GithubBridge {
   /** Jobs GitHub said completed: a queued delivery arriving after it (out of order) starts no runner. */
   private readonly completed = new RecentDeliveries();
   private readonly running = new Set<Promise<void>>();
+  private reconciler: NodeJS.Timeout | undefined;
 
   private constructor(
     private readonly settings: GithubSettings,
@@ -82,14 +83,38 @@ export class GithubBridge {
     const { port } = server.address() as AddressInfo;
     const url = `http://127.0.0.1:${port}${WEBHOOK_PATH}`;
     bridge = new GithubBridge(settings, pool, new GithubApi(settings, privateKey), secrets, log, server, url);
+    const started = bridge;
+    started.reconciler = setInterval(() => {
+      void started.reconcile().catch((err: unknown) => {
+        log.warn(`github: could not look for lost webhooks: ${(err as Error).message}`);
+      });
+    }, settings.reconcileInterval * 1000);
+    started.reconciler.unref();
     return bridge;
   }
 
   /** Stops listening, ends every runner and releases its node; resolves once every run has. */
   async close(): Promise<void> {
+    clearInterval(this.reconciler);
     await new Promise<void>((resolve) => this.server.close(() => resolve()));
     for (const job of this.jobs.values()) job.abort.abort(new Error('the pool is stopping'));
     await Promise.allSettled([...this.running]);
+  }
+
+  /**
+   * Lost webhooks: every workflow_job delivery of the last hour that never reached the pool (GitHub
+   * marks a delivery failed after 10 s and does not try again by itself) is delivered again, through the
+   * App's delivery log. Run every `reconcile-interval`; one call, plus one per lost delivery.
+   */
+  async reconcile(now = Date.now()): Promise<{ redelivered: number }> {
+    const lost = failedDeliveries(await this.api.deliveries(), now - 3600_000);
+    for (const d of lost) {
+      this.log.info(
+        `github: delivery ${d.guid} (workflow_job ${d.action ?? ''}) never reached the pool; redelivering`,
+      );
+      await this.api.redeliver(d.id);
+    }
+    return { redelivered: lost.length };
   }
 
   /** Jobs with a run in progress (waiting for a node, or running a runner). */

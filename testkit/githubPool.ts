@@ -115,6 +115,7 @@ export class GithubPool {
     });
     const client = await PoolClient.connect({ stateDir });
     const bridge = await GithubBridge.start(parsed.github, client, silentLog);
+    github.setWebhook(bridge.url, NEW_SECRET);
     return new GithubPool(dir, github, embedded, client, bridge);
   }
 

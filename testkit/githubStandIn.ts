@@ -2,12 +2,14 @@ import { createPublicKey, createVerify, generateKeyPairSync, randomBytes } from 
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import type { components } from '@octokit/openapi-types';
+import { sign } from '@octokit/webhooks-methods';
 
 /**
  * GitHub's REST API as far as the pool uses it, served on loopback from GitHub's documented shapes
  * (@octokit/openapi-types): an App installation's access token (the App's RS256 JWT verified against
- * its public key, as GitHub does), and `generate-jitconfig` for a repository or an organization (the
- * token checked; a runner name in use is 409, as GitHub answers). Plus what a test needs of the runner
+ * its public key, as GitHub does), `generate-jitconfig` for a repository or an organization (the token
+ * checked; a runner name in use is 409, as GitHub answers), and the App's webhook delivery log with
+ * redelivery (a delivery the test records as lost is sent again, signed, to the webhook URL). Plus what a test needs of the runner
  * side: a stand-in runner (testkit/standInRunner.sh) reports here that it started, with whom and where,
  * and waits here for its job to end (`finishJob`), as a JIT runner takes one job and exits.
  *
@@ -16,6 +18,7 @@ import type { components } from '@octokit/openapi-types';
  */
 
 type InstallationToken = components['schemas']['installation-token'];
+type DeliveryItem = components['schemas']['hook-delivery-item'];
 type Runner = components['schemas']['runner'];
 
 export interface StartedRunner {
@@ -29,7 +32,11 @@ export interface StartedRunner {
 export class GithubStandIn {
   readonly appId = 4242;
   readonly privateKeyPem: string;
-  readonly calls = { tokens: 0, jitConfigs: 0 };
+  readonly calls = { tokens: 0, jitConfigs: 0, deliveryLists: 0, redeliveries: 0 };
+  /** The App's webhook delivery log, oldest first (GitHub lists it newest first). */
+  readonly deliveryLog: DeliveryItem[] = [];
+  private readonly deliveryBodies = new Map<string, { event: string; body: string }>();
+  private webhook: { url: string; secret: string } | undefined;
   /** The JIT configurations issued, by runner name. */
   readonly issued = new Map<string, string>();
   readonly started = new Map<string, StartedRunner>();
@@ -64,6 +71,33 @@ export class GithubStandIn {
     return standIn;
   }
 
+  /** Where the App's webhooks go, and the secret they are signed with (for redeliveries). */
+  setWebhook(url: string, secret: string): void {
+    this.webhook = { url, secret };
+  }
+
+  /** GitHub tried to deliver `body` and got `statusCode` (0: it could not connect): a lost webhook. */
+  recordDelivery(guid: string, action: string, body: string, statusCode: number): void {
+    this.deliveryBodies.set(guid, { event: 'workflow_job', body });
+    this.logDelivery(guid, action, statusCode, false);
+  }
+
+  private logDelivery(guid: string, action: string, statusCode: number, redelivery: boolean): void {
+    this.deliveryLog.push({
+      id: this.deliveryLog.length + 1,
+      guid,
+      delivered_at: new Date().toISOString(),
+      redelivery,
+      duration: 0.01,
+      status: statusCode === 0 ? 'failed to connect' : statusCode < 300 ? 'OK' : 'Invalid HTTP Response',
+      status_code: statusCode,
+      event: 'workflow_job',
+      action,
+      installation_id: 77,
+      repository_id: 1296269,
+    });
+  }
+
   /** Resolves once the runner `name` has reported its start. */
   async runnerStarted(name: string, timeoutMs = 30_000): Promise<StartedRunner> {
     const end = Date.now() + timeoutMs;
@@ -94,6 +128,17 @@ export class GithubStandIn {
     if (req.method === 'POST' && m) return this.accessToken(req, res);
     m = /^\/(?:repos\/[^/]+\/[^/]+|orgs\/[^/]+)\/actions\/runners\/generate-jitconfig$/.exec(path);
     if (req.method === 'POST' && m) return this.jitConfig(req, res, body);
+    if (req.method === 'GET' && path === '/app/hook/deliveries') {
+      if (!this.appAuthorized(req, res)) return;
+      this.calls.deliveryLists += 1;
+      return answer(res, 200, [...this.deliveryLog].reverse().slice(0, 100));
+    }
+    m = /^\/app\/hook\/deliveries\/(\d+)\/attempts$/.exec(path);
+    if (req.method === 'POST' && m) {
+      if (!this.appAuthorized(req, res)) return;
+      this.calls.redeliveries += 1;
+      return this.redeliver(Number(m[1]), res);
+    }
     m = /^\/_standin\/runners\/([^/]+)\/(started|job)$/.exec(path);
     if (m?.[2] === 'started' && req.method === 'POST') {
       const name = decodeURIComponent(m[1] ?? '');
@@ -108,12 +153,41 @@ export class GithubStandIn {
     answer(res, 404, { message: 'Not Found', documentation_url: 'https://docs.github.com/rest' });
   }
 
-  private accessToken(req: IncomingMessage, res: ServerResponse): void {
+  /** Whether the call carries the App's JWT; answers 401 when it does not. */
+  private appAuthorized(req: IncomingMessage, res: ServerResponse): boolean {
     const jwt = /^bearer (.+)$/i.exec(req.headers.authorization ?? '')?.[1];
-    if (!jwt || !this.validJwt(jwt)) {
-      answer(res, 401, { message: 'A JSON web token could not be decoded' });
-      return;
+    if (jwt && this.validJwt(jwt)) return true;
+    answer(res, 401, { message: 'A JSON web token could not be decoded' });
+    return false;
+  }
+
+  /** Delivers a logged delivery again to the App's webhook URL, signed, with its guid; logs the attempt. */
+  private async redeliver(id: number, res: ServerResponse): Promise<void> {
+    const item = this.deliveryLog.find((d) => d.id === id);
+    const sent = item && this.deliveryBodies.get(item.guid);
+    if (!item || !sent || !this.webhook) return answer(res, 404, { message: 'Not Found' });
+    let status = 0;
+    try {
+      const delivered = await fetch(this.webhook.url, {
+        method: 'POST',
+        headers: {
+          'content-type': 'application/json',
+          'x-github-event': sent.event,
+          'x-github-delivery': item.guid,
+          'x-hub-signature-256': await sign(this.webhook.secret, sent.body),
+        },
+        body: sent.body,
+      });
+      status = delivered.status;
+    } catch {
+      status = 0;
     }
+    this.logDelivery(item.guid, item.action ?? '', status, true);
+    answer(res, 202, {});
+  }
+
+  private accessToken(req: IncomingMessage, res: ServerResponse): void {
+    if (!this.appAuthorized(req, res)) return;
     this.calls.tokens += 1;
     const token = `ghs_${randomBytes(18).toString('hex')}`;
     this.tokens.add(token);

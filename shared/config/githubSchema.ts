@@ -18,6 +18,7 @@ export const MAX_ROUTES = 100;
 /** GitHub's own limit on a runner's labels. */
 export const MAX_RUNNER_LABELS = 100;
 export const DEFAULT_IDLE_TIMEOUT = 600;
+export const DEFAULT_RECONCILE_INTERVAL = 120;
 
 /** A GitHub label (runs-on): GitHub takes up to 100 characters, compared case-insensitively. */
 const runnerLabel = () =>
@@ -83,6 +84,11 @@ export const githubSchema = z
       'idle-timeout': intBetween(30, 86_400)
         .default(DEFAULT_IDLE_TIMEOUT)
         .describe('Seconds a started runner may wait for a job before it is stopped and its slot freed.'),
+      'reconcile-interval': intBetween(10, 3600)
+        .default(DEFAULT_RECONCILE_INTERVAL)
+        .describe(
+          "Seconds between looks at the App's webhook deliveries: each workflow_job delivery that never reached the pool in the last hour is delivered again (a lost webhook).",
+        ),
       'webhook-port': intBetween(0, 65_535)
         .default(0)
         .describe('The port of the webhook listener on 127.0.0.1 (metastatic dev); 0: any free one.'),
@@ -108,6 +114,7 @@ export interface GithubSettings {
   readonly runnerGroupId: number;
   readonly runnerCommand: string;
   readonly idleTimeout: number;
+  readonly reconcileInterval: number;
   readonly webhookPort: number;
   readonly enabled: boolean;
   readonly routes: readonly GithubRoute[];
@@ -130,6 +137,7 @@ export function githubSettings(file: GithubFile): GithubSettings {
     runnerGroupId: file['runner-group-id'],
     runnerCommand: file['runner-command'],
     idleTimeout: file['idle-timeout'],
+    reconcileInterval: file['reconcile-interval'],
     webhookPort: file['webhook-port'],
     enabled: file.enabled,
     routes: file.routes.map((r) => ({ runsOn: r['runs-on'], label: r.label, lease: r.lease })),

@@ -110,9 +110,29 @@ describe('GitHub Actions jobs in packed slots', { timeout: 120_000 }, () => {
     await pool.released(109);
   });
 
+  it("gives a runner to a job whose webhook was lost, at the next look at the App's deliveries", async () => {
+    // GitHub could not reach the pool (it gives up after 10 s and does not try again by itself)...
+    pool.github.recordDelivery('lost-110', 'queued', jobPayload('queued', 110), 0);
+    // ...while another job's delivery did arrive: it is not delivered again.
+    const arrived = jobPayload('queued', 111);
+    pool.github.recordDelivery('arrived-111', 'queued', arrived, 202);
+    expect((await pool.deliver(arrived, { delivery: 'arrived-111' })).status).toBe(202);
+    expect(await pool.bridge.reconcile()).toEqual({ redelivered: 1 });
+    const runner = await pool.runnerOf(110);
+    // Delivered now: the next look finds nothing lost.
+    expect(await pool.bridge.reconcile()).toEqual({ redelivered: 0 });
+    for (const jobId of [110, 111]) {
+      const r = await pool.runnerOf(jobId);
+      pool.github.finishJob(r.name);
+      await pool.released(jobId);
+    }
+    expect(runner.name).toBe('github-job-110-0');
+    expect(pool.github.calls.redeliveries).toBe(1);
+  });
+
   it('costs one GitHub call per job, and one installation token for all of them', () => {
-    expect(pool.github.calls.jitConfigs).toBe(5);
-    expect(pool.bridge.api.calls.jitConfigs).toBe(5);
+    expect(pool.github.calls.jitConfigs).toBe(7);
+    expect(pool.bridge.api.calls.jitConfigs).toBe(7);
     expect(pool.github.calls.tokens).toBe(1);
     expect(pool.bridge.api.calls.tokens).toBe(1);
   });
