@@ -1,6 +1,7 @@
 import { z } from 'zod';
 import { MAX_LEASE, MIN_LEASE } from '../core/leases.ts';
 import { bool, intBetween, MAPPING, name, nonEmptyList, nonEmptyString } from './fields.ts';
+import type { GithubSettings } from './model.ts';
 import { asRecord, asString, type PathIssue } from './paths.ts';
 
 /**
@@ -102,29 +103,6 @@ export const githubSchema = z
   .describe('GitHub Actions jobs in packed slots (docs/github.md).');
 
 export type GithubFile = z.infer<typeof githubSchema>;
-
-/** The section as the pool uses it. */
-export interface GithubSettings {
-  readonly apiUrl: string;
-  readonly appId: number;
-  readonly installationId?: number;
-  readonly privateKeyFile: string;
-  readonly webhookSecretFiles: readonly string[];
-  readonly organization?: string;
-  readonly runnerGroupId: number;
-  readonly runnerCommand: string;
-  readonly idleTimeout: number;
-  readonly reconcileInterval: number;
-  readonly webhookPort: number;
-  readonly enabled: boolean;
-  readonly routes: readonly GithubRoute[];
-}
-
-export interface GithubRoute {
-  readonly runsOn: readonly string[];
-  readonly label: string;
-  readonly lease: number;
-}
 
 export function githubSettings(file: GithubFile): GithubSettings {
   return {

@@ -1,5 +1,4 @@
 import type { BackingContract } from '../core/contract.ts';
-import type { GithubSettings } from './githubSchema.ts';
 
 /**
  * The resolved configuration the core works with: defaults applied, inheritance (provider -> pool -> label)
@@ -142,4 +141,27 @@ export interface ConfigNotice {
   /** `labels[1].min-ready` */
   readonly path: string;
   readonly message: string;
+}
+
+/** The `github` section as the pool uses it (githubSchema.ts reads it). */
+export interface GithubSettings {
+  readonly apiUrl: string;
+  readonly appId: number;
+  readonly installationId?: number;
+  readonly privateKeyFile: string;
+  readonly webhookSecretFiles: readonly string[];
+  readonly organization?: string;
+  readonly runnerGroupId: number;
+  readonly runnerCommand: string;
+  readonly idleTimeout: number;
+  readonly reconcileInterval: number;
+  readonly webhookPort: number;
+  readonly enabled: boolean;
+  readonly routes: readonly GithubRoute[];
+}
+
+export interface GithubRoute {
+  readonly runsOn: readonly string[];
+  readonly label: string;
+  readonly lease: number;
 }

@@ -1,7 +1,7 @@
 import { createAppAuth } from '@octokit/auth-app';
 import type { components } from '@octokit/openapi-types';
 import { request as octokitRequest } from '@octokit/request';
-import type { GithubSettings } from '../config/githubSchema.ts';
+import type { GithubSettings } from '../config/model.ts';
 
 /**
  * The GitHub API calls the pool makes, as its GitHub App: an installation token (@octokit/auth-app signs
