@@ -4,7 +4,7 @@ import type { Deadline } from './timing.ts';
 /**
  * The port through which the core launches and stops backing nodes. One adapter per driver: `local`
  * (child processes, for the embedded pool) and `aws` (EC2). Adapters report state changes as
- * EC2-shaped events (see events.ts), so the fulfil flow is the same everywhere.
+ * EC2-shaped events (core/stateChanges.ts), so the fulfil flow is the same everywhere.
  *
  * Every call takes the invocation's deadline (`within`, Context.deadline) where one applies: an adapter
  * whose calls can take long (EC2's requests, its retries with backoff, a launch trying offering after
