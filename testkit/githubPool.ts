@@ -9,12 +9,13 @@ import { parseConfigOrThrow } from '../shared/config/load.ts';
 import { silentLog } from '../shared/core/log.ts';
 import { jobRequestId } from '../shared/github/webhook.ts';
 import { EmbeddedPool } from '../shared/runtime/embeddedPool.ts';
+import { largeNode, poolConfig, smallNode } from './configs.ts';
 import { GithubStandIn, type StartedRunner } from './githubStandIn.ts';
 
 /**
  * An embedded pool with the GitHub bridge in front of it and a GitHub API stand-in behind it
  * (githubStandIn.ts), as test/embedded/githubRunners.test.ts and bench/githubRunners.ts use it: a local
- * pool (isolation none) whose label `small` has 4 slots per backing node; a route from runs-on
+ * pool (isolation none, 2 backing nodes at most) whose label `small` has 4 slots per backing node; a route from runs-on
  * [self-hosted, linux, small, x64] to it; runners are testkit/standInRunner.sh. Webhooks are signed with
  * @octokit/webhooks-methods and shaped as @octokit/webhooks-examples' queued workflow_job.
  */
@@ -30,37 +31,22 @@ export const OLD_SECRET = 'old secret';
 export const NEW_SECRET = 'new secret';
 
 function config(api: string, dir: string, appId: number): string {
-  return `providers:
-  - name: local
-    driver: local
-    pools:
-      - name: main
-        max-servers: 2
-        isolation: none
-        labels:
-          - name: large
-            boot-delay: 0.1
-  - name: meta
-    driver: metastatic
-    pools:
-      - name: main
-        labels:
-          - name: small
-            backing-label: large
-            max-parallel-jobs: 4
-github:
-  api-url: ${api}
-  app-id: ${appId}
-  installation-id: 77
-  private-key-file: ${join(dir, 'app.pem')}
-  webhook-secret-files: [${join(dir, 'old-secret')}, ${join(dir, 'new-secret')}]
-  runner-command: sh ${RUNNER} --jitconfig "$METASTATIC_JITCONFIG"
-  idle-timeout: 30
-  routes:
-    - runs-on: [Self-Hosted, Linux, small, x64]
-      label: small
-      lease: 60
-`;
+  return poolConfig({
+    top: {
+      github: {
+        'api-url': api,
+        'app-id': appId,
+        'installation-id': 77,
+        'private-key-file': join(dir, 'app.pem'),
+        'webhook-secret-files': [join(dir, 'old-secret'), join(dir, 'new-secret')],
+        'runner-command': `sh ${RUNNER} --jitconfig "$METASTATIC_JITCONFIG"`,
+        'idle-timeout': 30,
+        routes: [{ 'runs-on': ['Self-Hosted', 'Linux', 'small', 'x64'], label: 'small', lease: 60 }],
+      },
+    },
+    backing: { pool: { 'max-servers': 2, isolation: 'none' }, labels: [largeNode({ 'boot-delay': 0.1 })] },
+    meta: { labels: [smallNode({ name: 'small', 'max-parallel-jobs': 4 })] },
+  });
 }
 
 /** A workflow_job payload as GitHub sends it (the documented example), for `jobId` with `labels`. */

@@ -7,6 +7,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { parseConfigOrThrow } from '../../shared/config/load.ts';
 import { launchUserData } from '../../shared/providers/aws/runInstancesRequest.ts';
 import { awsPoolSettings } from '../../shared/providers/aws/settings.ts';
+import { poolConfig } from '../../testkit/configs.ts';
 import { onPath } from '../../testkit/onPath.ts';
 
 /**
@@ -36,33 +37,29 @@ if (why !== undefined && process.env.METASTATIC_REQUIRE_INSTANCE === '1') {
 }
 if (why !== undefined) console.warn(`skipping the contained-instance test: ${why}`);
 
-const CONFIG = (key: string) => `
-providers:
-  - name: ec2
-    driver: aws
-    region: eu-west-1
-    pools:
-      - name: main
-        subnet-id: subnet-1
-        authorized-keys: [${JSON.stringify(key)}]
-        labels:
-          - name: box
-            instance-type: m7i.large
-            image-id: ami-0abc
-            username: mt${process.pid % 100000}
-            per-slot-users: true
-            isolation: contain
-  - name: meta
-    driver: metastatic
-    pools:
-      - name: main
-        labels:
-          - name: half
-            backing-label: box
-            max-parallel-jobs: 2
-            cores: 0.5
-            memory: 256MiB
-`;
+const CONFIG = (key: string) =>
+  poolConfig({
+    backing: {
+      driver: 'aws',
+      provider: { region: 'eu-west-1' },
+      pool: { 'subnet-id': 'subnet-1', 'authorized-keys': [key] },
+      labels: [
+        {
+          name: 'box',
+          'instance-type': 'm7i.large',
+          'image-id': 'ami-0abc',
+          username: `mt${process.pid % 100000}`,
+          'per-slot-users': true,
+          isolation: 'contain',
+        },
+      ],
+    },
+    meta: {
+      labels: [
+        { name: 'half', 'backing-label': 'box', 'max-parallel-jobs': 2, cores: 0.5, memory: '256MiB' },
+      ],
+    },
+  });
 
 describe.skipIf(why !== undefined)(
   'an instance of an aws label with isolation: contain',
