@@ -1,5 +1,5 @@
+import { SLOT_PIDS } from '../core/slotLimits.ts';
 import { composeUserData, userDataBytes } from '../providers/aws/userData.ts';
-import { SLOT_PIDS } from '../providers/slot/slotLimits.ts';
 import { type EBS_VOLUME_TYPES, MAX_USERDATA_BYTES } from './awsSchema.ts';
 import { DEFAULT_AWS_USERNAME, PER_SLOT_USERNAME, PER_SLOT_USERNAME_PATTERN } from './contractFields.ts';
 import { MAX_PARALLEL_JOBS, MAX_VOLUME_SIZE } from './fields.ts';

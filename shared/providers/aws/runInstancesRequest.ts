@@ -8,7 +8,7 @@ import type {
 } from '@aws-sdk/client-ec2';
 import { DEFAULT_AWS_USERNAME } from '../../config/contractFields.ts';
 import type { LaunchSpec } from '../../core/provider.ts';
-import { limitsOf } from '../slot/slotLimits.ts';
+import { limitsOf } from '../../core/slotLimits.ts';
 import type { Offering } from './offerings.ts';
 import type { AwsImage, AwsLabelSettings } from './settings.ts';
 import { composeUserData, MAX_USERDATA_BYTES, userDataBytes } from './userData.ts';

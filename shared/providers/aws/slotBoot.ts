@@ -1,5 +1,5 @@
 import { gzipSync } from 'node:zlib';
-import type { SlotLimits } from '../slot/slotLimits.ts';
+import type { SlotLimits } from '../../core/slotLimits.ts';
 import { SLOT_PROGRAM } from '../slot/slotProgram.ts';
 
 /**

@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import { slotUserName } from '../../core/contract.ts';
-import type { SlotLimits } from '../slot/slotLimits.ts';
+import type { SlotLimits } from '../../core/slotLimits.ts';
 import { containedCloudConfig } from './slotBoot.ts';
 
 /**

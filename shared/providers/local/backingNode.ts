@@ -33,7 +33,7 @@
 import { readFile, rename, writeFile } from 'node:fs/promises';
 import { createServer, type Server, type Socket } from 'node:net';
 import { parseArgs } from 'node:util';
-import type { SlotLimits } from '../slot/slotLimits.ts';
+import type { SlotLimits } from '../../core/slotLimits.ts';
 import { LIVE_POLL_MS } from './liveSlots.ts';
 import { LoginGate, MAX_CONNECTIONS } from './loginGate.ts';
 import { type AllowedKey, type HostKey, loadAuthorizedKeys, loadOrCreateHostKey } from './nodeKeys.ts';

@@ -11,7 +11,7 @@ import { execFile } from 'node:child_process';
 import { accessSync, constants, existsSync } from 'node:fs';
 import { chown, lchown, readdir, readFile, rmdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import type { SlotLimits } from '../slot/slotLimits.ts';
+import type { SlotLimits } from '../../core/slotLimits.ts';
 import { SLOT_PROGRAM } from '../slot/slotProgram.ts';
 import { slotUser } from './liveSlots.ts';
 

@@ -1,4 +1,4 @@
-import type { Shape } from '../../core/shapes.ts';
+import type { Shape } from './shapes.ts';
 
 /**
  * What one contained slot may use, from its metastatic label's shape: thousandths of a core (a CFS
