@@ -1,3 +1,4 @@
+import { randomBytes } from 'node:crypto';
 import { readFile, stat } from 'node:fs/promises';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -225,15 +226,26 @@ export class GithubBridge {
     node: ReadyNode,
     signal: AbortSignal,
   ): Promise<number | null> {
-    const name = runnerName(node.id);
+    const ask = (name: string) =>
+      this.api.jitConfig({
+        ...(event.installationId === undefined ? {} : { installationId: event.installationId }),
+        repository: event.repository,
+        name,
+        labels: runnerLabels(event.route.runsOn, event.route.label),
+      });
+    let name = runnerName(node.id);
+    let jit: Awaited<ReturnType<typeof ask>>;
+    try {
+      jit = await ask(name);
+    } catch (err) {
+      // A runner of this name is registered already: one an earlier run of this job made and never
+      // started (the pool stopped meanwhile). It never runs; this one gets a name of its own.
+      if ((err as { status?: number }).status !== 409) throw err;
+      name = `${name}-${randomBytes(3).toString('hex')}`;
+      jit = await ask(name);
+    }
     job.runnerName = name;
     this.byRunner.set(name, job);
-    const jit = await this.api.jitConfig({
-      ...(event.installationId === undefined ? {} : { installationId: event.installationId }),
-      repository: event.repository,
-      name,
-      labels: runnerLabels(event.route.runsOn, event.route.label),
-    });
     signal.throwIfAborted();
     job.idle = setTimeout(() => {
       if (!job.busy)

@@ -98,11 +98,13 @@ export class GithubStandIn {
     });
   }
 
-  /** Resolves once the runner `name` has reported its start. */
-  async runnerStarted(name: string, timeoutMs = 30_000): Promise<StartedRunner> {
+  /** Resolves once the runner `name` (or, with `prefix`, one whose name starts so) has reported its start. */
+  async runnerStarted(name: string, timeoutMs = 30_000, prefix = false): Promise<StartedRunner> {
     const end = Date.now() + timeoutMs;
     while (Date.now() < end) {
-      const started = this.started.get(name);
+      const started = prefix
+        ? [...this.started.values()].find((r) => r.name.startsWith(name))
+        : this.started.get(name);
       if (started) return started;
       await new Promise((r) => setTimeout(r, 50));
     }

@@ -93,6 +93,17 @@ describe('GitHub Actions jobs in packed slots', { timeout: 120_000 }, () => {
     expect(pool.bridge.active).toBe(0);
   });
 
+  it('names the runner anew when GitHub has one of its name already (an earlier run that never started it)', async () => {
+    pool.github.issued.set('github-job-112-0', 'registered before the pool stopped');
+    expect((await pool.deliver(jobPayload('queued', 112))).status).toBe(202);
+    const runner = await pool.github.runnerStarted('github-job-112-0-', 30_000, true);
+    expect(runner.name).toMatch(/^github-job-112-0-[0-9a-f]{6}$/);
+    expect(runner.jitconfig).toBe(pool.github.issued.get(runner.name));
+    pool.github.finishJob(runner.name);
+    await pool.released(112);
+    await pool.settled();
+  });
+
   it('starts no runner for a job whose completed webhook came before its queued one', async () => {
     expect((await pool.deliver(jobPayload('completed', 108))).status).toBe(202);
     expect((await pool.deliver(jobPayload('queued', 108))).status).toBe(202);
@@ -131,8 +142,9 @@ describe('GitHub Actions jobs in packed slots', { timeout: 120_000 }, () => {
   });
 
   it('costs one GitHub call per job, and one installation token for all of them', () => {
-    expect(pool.github.calls.jitConfigs).toBe(7);
-    expect(pool.bridge.api.calls.jitConfigs).toBe(7);
+    // 7 jobs, and the name in use asked again once.
+    expect(pool.github.calls.jitConfigs).toBe(8);
+    expect(pool.bridge.api.calls.jitConfigs).toBe(9);
     expect(pool.github.calls.tokens).toBe(1);
     expect(pool.bridge.api.calls.tokens).toBe(1);
   });
