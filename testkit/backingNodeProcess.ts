@@ -47,14 +47,23 @@ export async function startBackingNode(
   files: NodeFiles,
   id: string,
   args: readonly string[] = [],
-  options: { readonly descriptors?: number; readonly env?: NodeJS.ProcessEnv } = {},
+  options: {
+    readonly descriptors?: number;
+    readonly env?: NodeJS.ProcessEnv;
+    /** Run as this uid and gid (no supplementary groups) instead of this process's. */
+    readonly as?: { readonly uid: number; readonly gid: number };
+  } = {},
 ): Promise<StartedNode> {
   const argv = [
     await backingNodeScript(),
     ...['--id', id, '--resource', `r-${id}`, '--state-file', join(files.dir, 'node.json')],
     ...args,
   ];
-  const spawnOptions: SpawnOptions = { stdio: ['ignore', 'pipe', 'pipe'], env: options.env ?? process.env };
+  const spawnOptions: SpawnOptions = {
+    stdio: ['ignore', 'pipe', 'pipe'],
+    env: options.env ?? process.env,
+    ...(options.as ? { uid: options.as.uid, gid: options.as.gid } : {}),
+  };
   const proc =
     options.descriptors === undefined
       ? spawn(process.execPath, argv, spawnOptions)

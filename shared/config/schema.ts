@@ -192,7 +192,7 @@ export const localPoolSchema = z.strictObject(
       .enum(['auto', 'contain', 'none'], { error: 'one of auto, contain, none' })
       .default('auto')
       .describe(
-        "Whether each slot's jobs run contained: a uid of their own, the slot label's cores and memory as cgroup limits, their own /home/slot<N>, /tmp and processes. auto: where metastatic dev runs as root on Linux, else not (said once); contain: always (a backing node that cannot fails); none: as the user who runs metastatic dev, sharing everything.",
+        "Whether each slot's jobs run contained: their own /home/slot<N>, /tmp and processes, and as root a uid of their own and the slot label's cores and memory as cgroup limits. auto: as root where metastatic dev runs as root on Linux, else without root (user and mount namespaces: the same uid, no limits; said once), else not; contain: as root always (a backing node that cannot fails); none: as the user who runs metastatic dev, sharing everything.",
       ),
     labels: nonEmptyList(localLabelSchema, 'labels'),
   },

@@ -30,15 +30,21 @@
  * close the server and exit 0. It deliberately does not watch its parent: a backing node outlives a
  * crashed provider so that a restarted one can adopt it from the state file.
  */
-import { readFile, rename, writeFile } from 'node:fs/promises';
+import { mkdir, readFile, rename, writeFile } from 'node:fs/promises';
 import { createServer, type Server, type Socket } from 'node:net';
+import { dirname, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 import type { SlotLimits } from '../../core/slotLimits.ts';
 import { LIVE_POLL_MS } from './liveSlots.ts';
 import { LoginGate, MAX_CONNECTIONS } from './loginGate.ts';
 import { type AllowedKey, type HostKey, loadAuthorizedKeys, loadOrCreateHostKey } from './nodeKeys.ts';
 import { Slots } from './nodeSlots.ts';
-import { containmentUnavailable, type IsolationMode, SlotIsolation } from './slotIsolation.ts';
+import {
+  containmentUnavailable,
+  type IsolationMode,
+  rootlessUnavailable,
+  SlotIsolation,
+} from './slotIsolation.ts';
 import { endGroup, KILL_GRACE_MS, signalGroup } from './slotProcess.ts';
 
 interface Args {
@@ -54,6 +60,19 @@ interface Args {
   readonly isolation: IsolationMode;
   readonly limits: SlotLimits;
   readonly slotProgram: string;
+  /** Without root: what the jobs must not see, the pool's state directory (hideOf). */
+  readonly hideDir: string;
+}
+
+/**
+ * The pool's state directory (`<state-dir>/local/<id>.json` -> `<state-dir>`), hidden from rootless jobs;
+ * where that is a directory the slot replaces anyway (`/tmp`, `/home`), the state file's own directory.
+ */
+function hideOf(stateFile: string): string {
+  const stateDir = dirname(dirname(resolve(stateFile)));
+  return ['/', '/tmp', '/var/tmp', '/home', '/dev/shm'].includes(stateDir)
+    ? dirname(resolve(stateFile))
+    : stateDir;
 }
 
 function fail(message: string): never {
@@ -89,8 +108,8 @@ function parse(): Args {
     fail(`--boot-delay must be a non-negative number of seconds, got ${values['boot-delay']}`);
   }
   const isolation = values.isolation;
-  if (isolation !== 'auto' && isolation !== 'contain' && isolation !== 'none') {
-    fail(`--isolation must be auto, contain or none, got ${isolation}`);
+  if (isolation !== 'auto' && isolation !== 'contain' && isolation !== 'none' && isolation !== 'rootless') {
+    fail(`--isolation must be auto, contain, none or rootless, got ${isolation}`);
   }
   const limits = (values['slot-limits'] ?? '').split(',');
   if (limits.length !== 3 || !limits.every((n) => /^(0|[1-9]\d{0,9})$/.test(n))) {
@@ -111,6 +130,7 @@ function parse(): Args {
     isolation,
     limits: { millicores, memoryMiB, pids },
     slotProgram: `${base}.slot`,
+    hideDir: hideOf(stateFile),
   };
 }
 
@@ -129,30 +149,59 @@ async function writeState(path: string, record: Record<string, unknown>): Promis
   await rename(tmp, path);
 }
 
-/** The containment of this backing node's slots, or undefined (said on stderr when `auto` cannot). */
+/**
+ * The containment of this backing node's slots, or undefined (said on stderr when `auto` cannot): as
+ * root where it runs as root; else, for `auto`, without root (user and mount namespaces: no uid of their
+ * own, no limits, said once); `contain` fails where root's is not possible.
+ */
 async function isolationOf(args: Args): Promise<SlotIsolation | undefined> {
   if (args.isolation === 'none') return undefined;
-  const why = containmentUnavailable();
-  if (why !== undefined) {
-    if (args.isolation === 'contain') fail(`isolation: contain, but ${why}`);
-    process.stderr.write(`backing node: slots are not contained: ${why}\n`);
+  const why = args.isolation === 'rootless' ? 'rootless asked for' : containmentUnavailable();
+  if (why === undefined) {
+    const full = await installed(args);
+    const reason = await probed(full, args);
+    if (reason === undefined) return full;
+    if (args.isolation === 'contain') fail(`isolation: contain, but ${reason}`);
+    return rootless(args, reason);
+  }
+  if (args.isolation === 'contain') fail(`isolation: contain, but ${why}`);
+  return rootless(args, why);
+}
+
+/** Slots contained without root, or undefined where even that is refused (said, with `why` full is not). */
+async function rootless(args: Args, why: string): Promise<SlotIsolation | undefined> {
+  const unavailable = rootlessUnavailable();
+  const isolation = unavailable === undefined ? await installed(args, { hide: args.hideDir }) : undefined;
+  const reason = unavailable ?? (isolation && (await probed(isolation, args)));
+  if (reason !== undefined || !isolation) {
+    process.stderr.write(`backing node: slots are not contained: ${why}; ${reason}\n`);
     return undefined;
   }
-  let isolation: SlotIsolation;
+  if (args.isolation !== 'rootless') {
+    process.stderr.write(
+      `backing node: slots are contained without root (${why}): each has its own /home/slot<N>, /tmp and processes and cannot see the pool's state, but runs as this user, with no cores or memory limit\n`,
+    );
+  }
+  return isolation;
+}
+
+async function installed(args: Args, rootlessOf?: { hide: string }): Promise<SlotIsolation> {
   try {
-    isolation = await SlotIsolation.install(args.slotProgram, args.id, args.limits);
+    return await SlotIsolation.install(args.slotProgram, args.id, args.limits, rootlessOf);
   } catch (err) {
     fail(`cannot write the slot program ${args.slotProgram}: ${String(err)}`);
   }
+}
+
+/** Why the slot program cannot contain a slot here (its probe's reason), or undefined when it can. */
+async function probed(isolation: SlotIsolation, args: Args): Promise<string | undefined> {
   try {
-    await isolation.probe();
-  } catch (err) {
-    const reason = err instanceof Error ? err.message : String(err);
-    if (args.isolation === 'contain') fail(`isolation: contain, but ${reason}`);
-    process.stderr.write(`backing node: slots are not contained: ${reason}\n`);
+    await mkdir(args.workDir, { recursive: true, mode: 0o700 });
+    await isolation.probe(args.workDir);
     return undefined;
+  } catch (err) {
+    return err instanceof Error ? err.message : String(err);
   }
-  return isolation;
 }
 
 async function main(): Promise<void> {

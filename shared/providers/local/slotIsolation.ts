@@ -21,8 +21,23 @@ const UID_BASE = 1_900_000_000;
 const UIDS_PER_NODE = 1024;
 const NODES = 100_000;
 
-/** `isolation` of a local pool: contain where possible (auto), always (contain: else the node fails), never. */
-export type IsolationMode = 'auto' | 'contain' | 'none';
+/**
+ * `isolation` of a local pool: contain where possible (auto: as root, else rootless, else not), always
+ * (contain: as root, else the node fails), never; `rootless` (a backing node's own argument, not a
+ * configuration value): without root even as root, for tests.
+ */
+export type IsolationMode = 'auto' | 'contain' | 'none' | 'rootless';
+
+/** Why slots cannot be contained without root here (user and mount namespaces), or undefined. */
+export function rootlessUnavailable(): string | undefined {
+  if (process.platform !== 'linux') return `slots are contained on Linux only (this is ${process.platform})`;
+  for (const tool of ['unshare', 'setpriv', 'mount']) {
+    if (!['/usr/bin', '/bin', '/usr/sbin', '/sbin'].some((d) => existsSync(join(d, tool)))) {
+      return `slots cannot be contained without util-linux's ${tool}`;
+    }
+  }
+  return undefined;
+}
 
 /** Why slots cannot be contained on this machine, or undefined when they can. */
 export function containmentUnavailable(cgroupRoot = '/sys/fs/cgroup'): string | undefined {
@@ -71,17 +86,32 @@ export class SlotIsolation {
     private readonly program: string,
     private readonly backingNodeId: string,
     private readonly limits: SlotLimits,
+    /** Without root: the directory hidden from the jobs (the pool's state); undefined: as root. */
+    private readonly hide?: string,
   ) {}
 
-  /** Writes the slot program to `program` (0700) and returns the isolation of this backing node's slots. */
-  static async install(program: string, backingNodeId: string, limits: SlotLimits): Promise<SlotIsolation> {
+  /**
+   * Writes the slot program to `program` (0700) and returns the isolation of this backing node's slots:
+   * as root, or, with `rootless`, without it (the program's run-rootless, `rootless.hide` covered).
+   */
+  static async install(
+    program: string,
+    backingNodeId: string,
+    limits: SlotLimits,
+    rootless?: { readonly hide: string },
+  ): Promise<SlotIsolation> {
     await writeFile(program, SLOT_PROGRAM, { mode: 0o700 });
-    return new SlotIsolation(program, backingNodeId, limits);
+    return new SlotIsolation(program, backingNodeId, limits, rootless?.hide);
   }
 
-  /** The uid (and gid) slot N's jobs run as. */
+  /** Whether the slots are contained without root: no uid of their own, no limits. */
+  get rootless(): boolean {
+    return this.hide !== undefined;
+  }
+
+  /** The uid (and gid) slot N's jobs run as (without root: the backing node's own). */
   uid(slot: number): number {
-    return slotUid(this.backingNodeId, slot);
+    return this.hide === undefined ? slotUid(this.backingNodeId, slot) : (process.getuid?.() ?? 0);
   }
 
   /** Where slot N's home is, as its jobs see it. */
@@ -96,6 +126,7 @@ export class SlotIsolation {
 
   /** Slot N ready for a node: its cgroup with its limits, its directories owned by its uid. */
   async prepare(slot: number, dir: string, tmp: string, link: string): Promise<void> {
+    if (this.rootless) return; // no cgroup, and the directories are the backing node's own already
     const { millicores, memoryMiB, pids } = this.limits;
     await this.call(['setup', this.group(slot), String(millicores), String(memoryMiB), String(pids)]);
     const id = this.uid(slot);
@@ -106,6 +137,9 @@ export class SlotIsolation {
 
   /** The program and arguments that run `file args` in slot N. */
   wrap(slot: number, dir: string, tmp: string, file: string, args: readonly string[]): [string, string[]] {
+    if (this.hide !== undefined) {
+      return [this.program, ['run-rootless', dir, tmp, slotUser(slot), this.hide, '--', file, ...args]];
+    }
     const id = String(this.uid(slot));
     return [this.program, ['run', this.group(slot), id, id, dir, tmp, slotUser(slot), '--', file, ...args]];
   }
@@ -116,7 +150,11 @@ export class SlotIsolation {
    * without CAP_SYS_ADMIN) is found here, at start, and not at a job's first login. Throws with the
    * slot program's reason.
    */
-  async probe(): Promise<void> {
+  async probe(dir: string): Promise<void> {
+    if (this.hide !== undefined) {
+      await this.call(['run-rootless', dir, dir, 'probe', this.hide, '--', 'true']);
+      return;
+    }
     const { millicores, memoryMiB, pids } = this.limits;
     const group = `${slotGroup(this.backingNodeId, 0).slice(0, -'slot0'.length)}probe`;
     try {
@@ -128,6 +166,7 @@ export class SlotIsolation {
 
   /** Every process of slot N ends, and its cgroup goes (its next node makes a new one). */
   async remove(slot: number): Promise<void> {
+    if (this.rootless) return; // its processes ended with its sessions' PID namespaces
     await this.call(['remove', this.group(slot)]);
   }
 

@@ -9,6 +9,7 @@
  *   metastatic-slot run NAME UID GID DIR TMP USER -- CMD...  CMD in the slot (below)
  *   metastatic-slot kill NAME                                every process in the slot's cgroup ends
  *   metastatic-slot remove NAME                              kill, then the cgroup goes
+ *   metastatic-slot run-rootless DIR TMP USER HIDE -- CMD... CMD in the slot, without root (below)
  *   metastatic-slot boot CONF                                an EC2 instance's slots, once at its boot
  *   metastatic-slot pam CONF                                 a login's session into its slot (pam_exec)
  *
@@ -174,6 +175,42 @@ inside() {
     --inh-caps=-all --bounding-set=-all -- "$@"
 }
 
+# Without root (rootless): a user namespace whose root is the caller, with mount and PID namespaces, in
+# which the same mounts are made, HIDE (the pool's state directory) is covered by an empty tmpfs, and the
+# job then runs in a nested user namespace as the caller's own uid, without capabilities: the mounts it
+# inherits from the outer namespace are locked there, so it cannot unmount them to see what they cover.
+# No cgroup (no limits) and no uid of its own: files the caller can read outside /home, /tmp and HIDE stay
+# readable.
+run_rootless() {
+  dir=$1 tmp=$2 user=$3 hide=$4
+  shift 4
+  if [ "\${1:-}" = -- ]; then shift; fi
+  exec unshare --user --map-root-user --mount --pid --fork --kill-child --propagation private -- \\
+    "$0" inside-rootless "$(id -u)" "$(id -g)" "$dir" "$tmp" "$user" "$hide" -- "$@"
+}
+
+inside_rootless() {
+  uid=$1 gid=$2 dir=$3 tmp=$4 user=$5 hide=$6
+  shift 6
+  if [ "\${1:-}" = -- ]; then shift; fi
+  mount -t proc proc /proc # this PID namespace's: the holder below is found by its pid in it
+  cd "$tmp"
+  (exec sleep 60) &
+  holder=$!
+  cd "$dir"
+  mount -t tmpfs -o mode=0755,size=1m metastatic-home /home
+  mkdir "/home/$user"
+  mount -c --bind /proc/self/cwd "/home/$user"
+  mount -c --bind "/proc/$holder/cwd" /tmp
+  if [ -d /var/tmp ]; then mount -c --bind "/proc/$holder/cwd" /var/tmp; fi
+  kill "$holder"
+  if [ -d /dev/shm ]; then mount -t tmpfs -o mode=1777,nosuid,nodev metastatic-shm /dev/shm; fi
+  # Last: HIDE may hold DIR and TMP, bound above by their directories, not their names.
+  if [ -d "$hide" ]; then mount -t tmpfs -o mode=0755,size=4k metastatic-hidden "$hide"; fi
+  cd "/home/$user"
+  exec unshare --user --map-user="$uid" --map-group="$gid" -- setpriv --no-new-privs -- "$@"
+}
+
 # CONF's slots, checked, a line each (USER MILLICORES MEMORY_MIB PIDS IMDS). CONF's lines (# comments and
 # blank lines aside) are PREFIX SLOTS MILLICORES MEMORY_MIB PIDS IMDS: users PREFIX-0 ... PREFIX-<SLOTS-1>.
 conf_lines() {
@@ -315,6 +352,11 @@ remove)
   if ! { [ $# -eq 1 ] && word_ok "$1"; }; then die "usage: remove NAME"; fi
   remove "$1"
   ;;
+run-rootless)
+  if ! { [ $# -ge 6 ] && word_ok "$3"; }; then die "usage: run-rootless DIR TMP USER HIDE -- CMD..."; fi
+  run_rootless "$@"
+  ;;
+inside-rootless) inside_rootless "$@" ;;
 boot)
   if [ $# -ne 1 ]; then die "usage: boot CONF"; fi
   boot "$1"
@@ -323,6 +365,6 @@ pam)
   if [ $# -ne 1 ]; then die "usage: pam CONF (run by pam_exec)"; fi
   pam_open "$1"
   ;;
-*) die "usage: metastatic-slot setup|probe|run|kill|remove|boot|pam ..." ;;
+*) die "usage: metastatic-slot setup|probe|run|run-rootless|kill|remove|boot|pam ..." ;;
 esac
 `;
