@@ -45,6 +45,8 @@ export class GithubStandIn {
   private readonly waiting = new Map<string, () => void>();
   private readonly finished = new Set<string>();
   private nextRunnerId = 1;
+  /** The answers the next generate-jitconfig calls get instead of a configuration (a rate limit). */
+  readonly rateLimits: ('primary' | 'secondary')[] = [];
 
   private constructor(
     private readonly server: Server,
@@ -206,6 +208,29 @@ export class GithubStandIn {
     const token = /^token (.+)$/i.exec(req.headers.authorization ?? '')?.[1];
     if (!token || !this.tokens.has(token)) {
       answer(res, 401, { message: 'Bad credentials' });
+      return;
+    }
+    const limit = this.rateLimits.shift();
+    if (limit) {
+      // As GitHub answers (docs: "Rate limits for the REST API"): a primary limit names when it resets,
+      // a secondary one how long to wait.
+      const headers: Record<string, string> =
+        limit === 'primary'
+          ? {
+              'x-ratelimit-limit': '5000',
+              'x-ratelimit-remaining': '0',
+              'x-ratelimit-reset': String(Math.ceil(Date.now() / 1000) + 1),
+            }
+          : { 'retry-after': '1' };
+      res.writeHead(403, { 'content-type': 'application/json', ...headers });
+      res.end(
+        JSON.stringify({
+          message:
+            limit === 'primary'
+              ? 'API rate limit exceeded for installation.'
+              : 'You have exceeded a secondary rate limit. Please wait a few minutes before you try again.',
+        }),
+      );
       return;
     }
     const b = body as { name?: unknown; runner_group_id?: unknown; labels?: unknown; work_folder?: unknown };

@@ -1,45 +1,93 @@
 import { createAppAuth } from '@octokit/auth-app';
+import { Octokit } from '@octokit/core';
 import type { components } from '@octokit/openapi-types';
-import { request as octokitRequest } from '@octokit/request';
+import { retry } from '@octokit/plugin-retry';
+import { throttling } from '@octokit/plugin-throttling';
+import Bottleneck from 'bottleneck';
 import type { GithubSettings } from '../config/model.ts';
 
 /**
- * The GitHub API calls the pool makes, as its GitHub App: an installation token (@octokit/auth-app signs
- * the App's JWT and caches each installation's token until shortly before it expires, so one token serves
- * every job of the hour), a just-in-time runner configuration per job (`generate-jitconfig`, for the
- * organization when `organization` is set, else for the job's repository), and, once per reconcile
- * interval, the App's delivery log and a redelivery of each workflow_job delivery that never reached the
- * pool (a lost webhook). On the steady path a job costs one call, plus one token an hour per installation.
+ * The GitHub API calls the pool makes, as its GitHub App, through @octokit/core: an installation token
+ * (@octokit/auth-app signs the App's JWT and caches each installation's token until shortly before it
+ * expires, so one token serves every job of the hour), a just-in-time runner configuration per job
+ * (`generate-jitconfig`, for the organization when `organization` is set, else for the job's repository),
+ * and, once per reconcile interval, the App's delivery log and a redelivery of each workflow_job delivery
+ * that never reached the pool (a lost webhook). On the steady path a job costs one call, plus one token an
+ * hour per installation.
+ *
+ * Rate limits are GitHub's rules, kept by @octokit/plugin-throttling: a call answered with a primary or
+ * secondary rate limit is tried again after the wait GitHub names (`retry-after`, `x-ratelimit-reset`),
+ * up to MAX_RATE_LIMIT_RETRIES times and only while that wait is at most MAX_RATE_LIMIT_WAIT_S; a 5xx is
+ * tried again by @octokit/plugin-retry (a 4xx is an answer, not tried again). Beyond that the call fails, the job's run with it, and its node
+ * is released (GitHub keeps the job queued).
  */
+
+export const MAX_RATE_LIMIT_RETRIES = 3;
+export const MAX_RATE_LIMIT_WAIT_S = 60;
+/**
+ * Writes (each generate-jitconfig is a POST) start at most this often. GitHub's secondary limit is 900
+ * points a minute, 5 for a POST: 180 a minute. plugin-throttling's own default, one a second at most one
+ * at a time, would start the runners of a burst of 1,000 queued jobs over 17 minutes; this, in 6.
+ */
+export const WRITE_INTERVAL_MS = 340;
+const writes = new Bottleneck.Group({
+  id: 'metastatic-github-write',
+  maxConcurrent: 10,
+  minTime: WRITE_INTERVAL_MS,
+});
+
+const GithubClient = Octokit.plugin(throttling, retry);
+type GithubClient = InstanceType<typeof GithubClient>;
 
 export interface JitRunner {
   readonly runnerId: number;
   readonly encodedJitConfig: string;
 }
 
+export type DeliveryItem = components['schemas']['hook-delivery-item'];
+
 export class GithubApi {
-  private readonly request: typeof octokitRequest;
-  private readonly auth: ReturnType<typeof createAppAuth>;
+  /** One client per installation (its token cached inside), and one for the App itself (its JWT). */
+  private readonly clients = new Map<number | 'app', GithubClient>();
   /** Calls made to GitHub, by what they were: the figures docs/github.md reports. */
-  readonly calls = { tokens: 0, jitConfigs: 0, deliveryLists: 0, redeliveries: 0 };
+  readonly calls = { tokens: 0, jitConfigs: 0, deliveryLists: 0, redeliveries: 0, rateLimited: 0 };
+  /**
+   * Installation tokens, as @octokit/auth-app's own cache keeps them (59 minutes: GitHub's hour, less one),
+   * counted as they are made.
+   */
+  private readonly tokens = tokenCache(() => {
+    this.calls.tokens += 1;
+  });
 
   constructor(
     private readonly settings: GithubSettings,
-    privateKey: string,
-  ) {
-    this.request = octokitRequest.defaults({
-      baseUrl: settings.apiUrl,
-      headers: { 'x-github-api-version': '2022-11-28' },
-    });
-    const counted = this.request.defaults({
-      request: {
-        hook: (send: typeof octokitRequest, options: { url?: string }) => {
-          if (String(options.url).includes('/access_tokens')) this.calls.tokens += 1;
-          return send(options as Parameters<typeof octokitRequest>[0]);
-        },
+    private readonly privateKey: string,
+  ) {}
+
+  private client(installationId: number | 'app'): GithubClient {
+    let client = this.clients.get(installationId);
+    if (client) return client;
+    const calls = this.calls;
+    const retryWhile = (wait: number, _options: unknown, _octokit: unknown, retryCount: number) => {
+      calls.rateLimited += 1;
+      return retryCount < MAX_RATE_LIMIT_RETRIES && wait <= MAX_RATE_LIMIT_WAIT_S;
+    };
+    client = new GithubClient({
+      baseUrl: this.settings.apiUrl,
+      authStrategy: createAppAuth,
+      auth: {
+        appId: this.settings.appId,
+        privateKey: this.privateKey,
+        ...(installationId === 'app' ? {} : { installationId }),
+        cache: this.tokens,
       },
+      request: { headers: { 'x-github-api-version': '2022-11-28' } },
+      throttle: { onRateLimit: retryWhile, onSecondaryRateLimit: retryWhile, write: writes },
+      // 409 too: a runner name in use is an answer, not a failure to try again.
+      retry: { doNotRetry: [400, 401, 403, 404, 409, 410, 422, 451] },
     });
-    this.auth = createAppAuth({ appId: settings.appId, privateKey, request: counted });
+    this.clients.set(installationId, client);
+    return client;
   }
 
   /**
@@ -58,25 +106,24 @@ export class GithubApi {
         'no installation id: set github.installation-id, or deliver webhooks of an App installation',
       );
     }
-    const { token } = await this.auth({ type: 'installation', installationId });
+    const client = this.client(installationId);
     const body = {
       name: args.name,
       runner_group_id: this.settings.runnerGroupId,
       labels: [...args.labels],
       work_folder: '_work',
-      headers: { authorization: `token ${token}` },
     };
     this.calls.jitConfigs += 1;
     const { organization } = this.settings;
-    const [owner, repo] = args.repository.split('/');
+    const [owner = '', repo = ''] = args.repository.split('/');
     const answer = organization
-      ? await this.request('POST /orgs/{org}/actions/runners/generate-jitconfig', {
+      ? await client.request('POST /orgs/{org}/actions/runners/generate-jitconfig', {
           org: organization,
           ...body,
         })
-      : await this.request('POST /repos/{owner}/{repo}/actions/runners/generate-jitconfig', {
-          owner: owner ?? '',
-          repo: repo ?? '',
+      : await client.request('POST /repos/{owner}/{repo}/actions/runners/generate-jitconfig', {
+          owner,
+          repo,
           ...body,
         });
     return { runnerId: answer.data.runner.id, encodedJitConfig: answer.data.encoded_jit_config };
@@ -84,24 +131,33 @@ export class GithubApi {
 
   /** The newest page of the App's webhook deliveries (the App's JWT: no installation token). */
   async deliveries(): Promise<DeliveryItem[]> {
-    const { token } = await this.auth({ type: 'app' });
     this.calls.deliveryLists += 1;
-    const answer = await this.request('GET /app/hook/deliveries', {
-      per_page: 100,
-      headers: { authorization: `bearer ${token}` },
-    });
+    const answer = await this.client('app').request('GET /app/hook/deliveries', { per_page: 100 });
     return answer.data;
   }
 
   /** Asks GitHub to deliver a delivery again (to the App's webhook URL). */
   async redeliver(id: number): Promise<void> {
-    const { token } = await this.auth({ type: 'app' });
     this.calls.redeliveries += 1;
-    await this.request('POST /app/hook/deliveries/{delivery_id}/attempts', {
-      delivery_id: id,
-      headers: { authorization: `bearer ${token}` },
-    });
+    await this.client('app').request('POST /app/hook/deliveries/{delivery_id}/attempts', { delivery_id: id });
   }
+}
+
+/** A token cache for @octokit/auth-app (its `cache` option): entries live 59 minutes; `made` is told of each new one. */
+function tokenCache(made: () => void) {
+  const entries = new Map<string, { value: string; until: number }>();
+  return {
+    get: (key: string): string | undefined => {
+      const entry = entries.get(key);
+      if (entry && entry.until > Date.now()) return entry.value;
+      entries.delete(key);
+      return undefined;
+    },
+    set: (key: string, value: string): void => {
+      made();
+      entries.set(key, { value, until: Date.now() + 59 * 60_000 });
+    },
+  };
 }
 
 export interface FailedDelivery {
@@ -126,8 +182,6 @@ export function failedDeliveries(items: readonly DeliveryItem[], since: number):
   }
   return [...out.values()].reverse();
 }
-
-export type DeliveryItem = components['schemas']['hook-delivery-item'];
 
 /** The labels a runner of a route is registered with: its runs-on, less what GitHub gives every self-hosted runner. */
 export function runnerLabels(runsOn: readonly string[], fallback: string): string[] {

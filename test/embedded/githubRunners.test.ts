@@ -104,6 +104,16 @@ describe('GitHub Actions jobs in packed slots', { timeout: 120_000 }, () => {
     await pool.settled();
   });
 
+  it("waits out GitHub's rate limits, primary and secondary, as GitHub names them, and then starts the runner", async () => {
+    pool.github.rateLimits.push('primary', 'secondary');
+    expect((await pool.deliver(jobPayload('queued', 113))).status).toBe(202);
+    const runner = await pool.runnerOf(113);
+    expect(pool.bridge.api.calls.rateLimited).toBe(2);
+    pool.github.finishJob(runner.name);
+    await pool.released(113);
+    await pool.settled();
+  });
+
   it('starts no runner for a job whose completed webhook came before its queued one', async () => {
     expect((await pool.deliver(jobPayload('completed', 108))).status).toBe(202);
     expect((await pool.deliver(jobPayload('queued', 108))).status).toBe(202);
@@ -142,9 +152,9 @@ describe('GitHub Actions jobs in packed slots', { timeout: 120_000 }, () => {
   });
 
   it('costs one GitHub call per job, and one installation token for all of them', () => {
-    // 7 jobs, and the name in use asked again once.
-    expect(pool.github.calls.jitConfigs).toBe(8);
-    expect(pool.bridge.api.calls.jitConfigs).toBe(9);
+    // 8 jobs, and the name in use asked again once (the rate-limited tries are the client's own retries).
+    expect(pool.github.calls.jitConfigs).toBe(9);
+    expect(pool.bridge.api.calls.jitConfigs).toBe(10);
     expect(pool.github.calls.tokens).toBe(1);
     expect(pool.bridge.api.calls.tokens).toBe(1);
   });
