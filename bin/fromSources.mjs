@@ -8,9 +8,18 @@
 // esbuild's own list of inputs), the installed packages changed, or this file did: it is never stale.
 // Not part of the package: the installed CLI runs dist/.
 import { createHash, randomBytes } from 'node:crypto';
-import { mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import {
+  chmodSync,
+  mkdirSync,
+  readdirSync,
+  readFileSync,
+  renameSync,
+  rmSync,
+  statSync,
+  writeFileSync,
+} from 'node:fs';
 import { createRequire } from 'node:module';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 const REPOSITORY = fileURLToPath(new URL('..', import.meta.url));
@@ -68,6 +77,7 @@ function current(root, cache) {
 async function build(root, cache) {
   const esbuild = createRequire(import.meta.url)('esbuild');
   mkdirSync(cache, { recursive: true });
+  for (const dir of [dirname(cache), cache]) chmodSync(dir, 0o755); // whatever the umask (see below)
   const tmp = join(cache, `tmp-${process.pid}-${randomBytes(4).toString('hex')}`);
   const started = Date.now();
   try {
@@ -92,6 +102,10 @@ async function build(root, cache) {
       metafile: true,
       logLevel: 'silent',
     });
+    // As readable as the sources it is built from, whatever the umask of the process that built it (the
+    // embedded pool holds 077): a backing node run as another user (rootless slots' tests) loads it too.
+    chmodSync(tmp, 0o755);
+    for (const name of readdirSync(tmp)) chmodSync(join(tmp, name), 0o644);
     const sources = Object.keys(result.metafile.inputs).filter((p) => !p.startsWith('node_modules/'));
     const inputs = [...sources, ...ALSO].map((path) => fingerprint(root, path)).filter(Boolean);
     const dir = createHash('sha256').update(JSON.stringify(inputs)).digest('hex').slice(0, 16);

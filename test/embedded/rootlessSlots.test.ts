@@ -17,6 +17,7 @@ import { killBackingNode, until } from '../../testkit/processes.ts';
 const NOBODY = { uid: 65534, gid: 65534 };
 const why =
   process.getuid?.() !== 0 ? 'needs root, to run the backing node as nobody' : rootlessUnavailable();
+if (why !== undefined) console.warn(`skipping the rootless slots test: ${why}`);
 
 describe.skipIf(why !== undefined)('slots contained without root', { timeout: 120_000 }, () => {
   let files: NodeFiles;
