@@ -152,12 +152,11 @@ run() {
   exec unshare --mount --propagation private -- "$0" inside "$uid" "$gid" "$dir" "$tmp" "$user" -- "$@"
 }
 
-# In the new mount namespace: the mounts, then the job as the slot's user. A path is bound by the directory
-# itself, not its name (a process's cwd through /proc), since a mount may hide the name of the next.
-inside() {
-  uid=$1 gid=$2 dir=$3 tmp=$4 user=$5
-  shift 5
-  if [ "\${1:-}" = -- ]; then shift; fi
+# A slot's mounts, in a mount namespace of its own: /home holding only /home/USER (DIR), TMP on /tmp and
+# /var/tmp, a new /dev/shm. A path is bound by the directory itself, not its name (a process's cwd
+# through /proc), since a mount may hide the name of the next.
+slot_mounts() {
+  dir=$1 tmp=$2 user=$3
   cd "$tmp"
   (exec sleep 60) &
   holder=$!
@@ -169,6 +168,14 @@ inside() {
   if [ -d /var/tmp ]; then mount -c --bind "/proc/$holder/cwd" /var/tmp; fi
   kill "$holder"
   if [ -d /dev/shm ]; then mount -t tmpfs -o mode=1777,nosuid,nodev metastatic-shm /dev/shm; fi
+}
+
+# In the new mount namespace: the mounts, then the job as the slot's user.
+inside() {
+  uid=$1 gid=$2 dir=$3 tmp=$4 user=$5
+  shift 5
+  if [ "\${1:-}" = -- ]; then shift; fi
+  slot_mounts "$dir" "$tmp" "$user"
   mount -t proc -o hidepid=2 proc /proc
   cd "/home/$user"
   exec setpriv --reuid="$uid" --regid="$gid" --clear-groups --no-new-privs \\
@@ -194,17 +201,7 @@ inside_rootless() {
   shift 6
   if [ "\${1:-}" = -- ]; then shift; fi
   mount -t proc proc /proc # this PID namespace's: the holder below is found by its pid in it
-  cd "$tmp"
-  (exec sleep 60) &
-  holder=$!
-  cd "$dir"
-  mount -t tmpfs -o mode=0755,size=1m metastatic-home /home
-  mkdir "/home/$user"
-  mount -c --bind /proc/self/cwd "/home/$user"
-  mount -c --bind "/proc/$holder/cwd" /tmp
-  if [ -d /var/tmp ]; then mount -c --bind "/proc/$holder/cwd" /var/tmp; fi
-  kill "$holder"
-  if [ -d /dev/shm ]; then mount -t tmpfs -o mode=1777,nosuid,nodev metastatic-shm /dev/shm; fi
+  slot_mounts "$dir" "$tmp" "$user"
   # Last: HIDE may hold DIR and TMP, bound above by their directories, not their names.
   if [ -d "$hide" ]; then mount -t tmpfs -o mode=0755,size=4k metastatic-hidden "$hide"; fi
   cd "/home/$user"
