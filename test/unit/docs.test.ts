@@ -180,10 +180,15 @@ describe("docs/deploy.md's What your image needs (issue 40, defect 8)", () => {
     const generated = [
       poolCloudConfig(keys),
       poolCloudConfig(keys, { username: 'zuul', slots: 2 }),
+      poolCloudConfig(keys, {
+        username: 'zuul',
+        slots: 2,
+        contain: { limits: { millicores: 500, memoryMiB: 256, pids: 1024 }, imds: false },
+      }),
       composeUserData({ own: '#!/bin/sh\ntrue\n', authorizedKeys: keys }) ?? '',
     ].join('\n');
     const used = [...new Set(topLevelKeys(generated))].sort();
-    expect(used).toEqual(['merge_how', 'runcmd', 'ssh_authorized_keys', 'users']);
+    expect(used).toEqual(['merge_how', 'runcmd', 'ssh_authorized_keys', 'users', 'write_files']);
     for (const key of used) expect(section, key).toContain(`\`${key}\``);
     expect(section).toContain(BEGIN_KEYS);
     // The pool's own user data never turns the key block off (a label's own userdata could: named).
@@ -192,7 +197,16 @@ describe("docs/deploy.md's What your image needs (issue 40, defect 8)", () => {
       expect(section).toContain(off);
     }
     // What the image must also be and have: the default user, a Nitro type, the time the block takes.
-    for (const needed of ['default user', 'Nitro', 'boot-timeout: 300', 'useradd', 'sshd']) {
+    for (const needed of [
+      'default user',
+      'Nitro',
+      'boot-timeout: 300',
+      'useradd',
+      'sshd',
+      'sshd_config.d',
+      'pam_namespace',
+      'nft',
+    ]) {
       expect(section, needed).toContain(needed);
     }
   });
