@@ -22,7 +22,7 @@ import {
   DynamoDBDocumentClient,
 } from '@aws-sdk/lib-dynamodb';
 import { parseConfigOrThrow } from '../shared/config/load.ts';
-import type { ResolvedConfig } from '../shared/config/model.ts';
+import type { ResolvedConfig } from '../shared/core/model.ts';
 import { nodeId, ownerToken } from '../shared/core/ids.ts';
 import type { RequestMessage } from '../shared/core/messages.ts';
 import type { RequestRecord } from '../shared/core/records.ts';

@@ -14,7 +14,7 @@
 import { createHash } from 'node:crypto';
 import { performance } from 'node:perf_hooks';
 import { parseConfigOrThrow } from '../shared/config/load.ts';
-import type { MetastaticLabel, MetastaticPool, ResolvedConfig } from '../shared/config/model.ts';
+import type { MetastaticLabel, MetastaticPool, ResolvedConfig } from '../shared/core/model.ts';
 import { compareCandidates, isClaimable, withClaimedSlot } from '../shared/core/backing.ts';
 import { ConflictError } from '../shared/core/errors.ts';
 import { nodeId } from '../shared/core/ids.ts';

@@ -38,7 +38,7 @@ import {
 } from '@aws-sdk/lib-dynamodb';
 import { stringify } from 'yaml';
 import { parseConfigOrThrow } from '../shared/config/load.ts';
-import type { ResolvedConfig } from '../shared/config/model.ts';
+import type { ResolvedConfig } from '../shared/core/model.ts';
 import { ManualClock } from '../shared/core/clock.ts';
 import { nodeId, ownerToken } from '../shared/core/ids.ts';
 import type {

@@ -19,7 +19,7 @@ import {
   DynamoDBDocumentClient,
 } from '@aws-sdk/lib-dynamodb';
 import { parseConfigOrThrow } from '../shared/config/load.ts';
-import type { MetastaticPool, ResolvedConfig } from '../shared/config/model.ts';
+import type { MetastaticPool, ResolvedConfig } from '../shared/core/model.ts';
 import { backingItem } from '../shared/store/table.ts';
 import type { Context } from '../shared/usecases/context.ts';
 import { releaseNode } from '../shared/usecases/release.ts';

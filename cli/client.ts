@@ -3,7 +3,7 @@ import { request as httpRequest } from 'node:http';
 import { resolve } from 'node:path';
 import { z } from 'zod';
 import { openConnection, type PoolConnection, type PoolTarget } from '../client/connection.ts';
-import type { ResolvedConfig } from '../shared/config/model.ts';
+import type { ResolvedConfig } from '../shared/core/model.ts';
 import { systemClock } from '../shared/core/clock.ts';
 import { BackingRecord, NodeRecord } from '../shared/core/records.ts';
 import { configHash, type EmbeddedInfo } from '../shared/runtime/embeddedInfo.ts';

@@ -1,7 +1,7 @@
 import { type IRole, Policy, PolicyStatement } from 'aws-cdk-lib/aws-iam';
 import { Aws, Validations } from 'aws-cdk-lib/core';
 import { Construct } from 'constructs';
-import type { ResolvedConfig } from '../shared/config/model.ts';
+import type { ResolvedConfig } from '../shared/core/model.ts';
 import { type AwsLabelSettings, awsPoolSettings } from '../shared/providers/aws/settings.ts';
 import { cfnResource } from './cfnResource.ts';
 

@@ -7,7 +7,7 @@ import type { IKey } from 'aws-cdk-lib/aws-kms';
 import { Annotations, Aws, CfnOutput, CfnRule, Duration, Fn, Names, Stack, Token } from 'aws-cdk-lib/core';
 import { Construct } from 'constructs';
 import { parseConfigOrThrow } from '../shared/config/load.ts';
-import type { ResolvedConfig } from '../shared/config/model.ts';
+import type { ResolvedConfig } from '../shared/core/model.ts';
 import { FUNCTION_CONFIG_FILE } from '../shared/runtime/functionConfig.ts';
 import { STACK_OUTPUTS } from '../shared/runtime/stackOutputs.ts';
 import { admitEventBridgeToKey, FulfilQueueTarget } from './fulfilQueueTarget.ts';

@@ -34,7 +34,7 @@ import {
   type TerminateInstancesCommandInput,
 } from '@aws-sdk/client-ec2';
 import { parseConfigOrThrow } from '../shared/config/load.ts';
-import type { ResolvedConfig } from '../shared/config/model.ts';
+import type { ResolvedConfig } from '../shared/core/model.ts';
 import { ManualClock } from '../shared/core/clock.ts';
 import type { Log } from '../shared/core/log.ts';
 import { isSpareRequestId } from '../shared/core/minReady.ts';

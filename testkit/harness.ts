@@ -5,7 +5,7 @@ import { SendMessageCommand } from '@aws-sdk/client-sqs';
 import type { SQSEvent, SQSRecord } from 'aws-lambda';
 import { onTestFailed } from 'vitest';
 import { parseConfigOrThrow } from '../shared/config/load.ts';
-import type { ResolvedConfig } from '../shared/config/model.ts';
+import type { ResolvedConfig } from '../shared/core/model.ts';
 import { ManualClock } from '../shared/core/clock.ts';
 import { type Log, silentLog } from '../shared/core/log.ts';
 import { EmbeddedPool } from '../shared/runtime/embeddedPool.ts';

@@ -5,7 +5,7 @@ import { cliCommand } from '../../client/cliCommand.ts';
 import { GithubBridge } from '../../client/githubBridge.ts';
 import { PoolClient } from '../../client/poolClient.ts';
 import { formatConfigErrors, parseConfig } from '../../shared/config/load.ts';
-import type { GithubSettings } from '../../shared/config/model.ts';
+import type { GithubSettings } from '../../shared/core/model.ts';
 import type { Log } from '../../shared/core/log.ts';
 import { configHash } from '../../shared/runtime/embeddedInfo.ts';
 import { EmbeddedPool } from '../../shared/runtime/embeddedPool.ts';

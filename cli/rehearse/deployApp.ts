@@ -10,7 +10,7 @@ import {
 } from '@aws-sdk/client-eventbridge';
 import { SQSClient } from '@aws-sdk/client-sqs';
 import { parseConfigOrThrow } from '../../shared/config/load.ts';
-import type { ResolvedConfig } from '../../shared/config/model.ts';
+import type { ResolvedConfig } from '../../shared/core/model.ts';
 import { packageRoot } from '../packageInfo.ts';
 import {
   type AssemblyStack,

@@ -8,7 +8,7 @@ import {
   type EC2Client,
   RegisterImageCommand,
 } from '@aws-sdk/client-ec2';
-import type { ResolvedConfig } from '../../shared/config/model.ts';
+import type { ResolvedConfig } from '../../shared/core/model.ts';
 import { type AwsLabelSettings, awsPoolSettings } from '../../shared/providers/aws/settings.ts';
 
 /**

@@ -2,7 +2,7 @@ import { rmSync } from 'node:fs';
 import { resolve } from 'node:path';
 import { DescribeInstancesCommand, type Instance, TerminateInstancesCommand } from '@aws-sdk/client-ec2';
 import { PutEventsCommand } from '@aws-sdk/client-eventbridge';
-import type { ResolvedConfig } from '../../shared/config/model.ts';
+import type { ResolvedConfig } from '../../shared/core/model.ts';
 import { StateChangeDetailType } from '../../shared/core/stateChanges.ts';
 import { TAG_POOL } from '../../shared/providers/aws/runInstancesRequest.ts';
 import type { ReapReport } from '../../shared/usecases/reapReport.ts';

@@ -164,7 +164,7 @@ export const perSlotUsers = () =>
 
 /**
  * The contract of a backing label from its options as the schema left them (defaults applied), for the
- * resolved model (config/model.ts BackingLabel.contract). `username` is taken wherever a label has one
+ * resolved model (core/model.ts BackingLabel.contract). `username` is taken wherever a label has one
  * (an aws label always has, by default ec2-user).
  */
 export function contractOf(options: Readonly<Record<string, unknown>>): BackingContract {

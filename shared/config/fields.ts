@@ -132,8 +132,7 @@ export const positiveSeconds = (max: number) => {
 
 export const bool = () => z.boolean({ error: 'true or false' });
 
-/** request-timeout: how long a request may wait to be placed (issue 14 builds on it). */
-export const DEFAULT_REQUEST_TIMEOUT = 3 * 3600;
+export { DEFAULT_REQUEST_TIMEOUT } from '../core/pools.ts';
 export const MAX_REQUEST_TIMEOUT = MAX_KEEP_SECONDS;
 export const requestTimeout = () => positiveSeconds(MAX_REQUEST_TIMEOUT);
 export const REQUEST_TIMEOUT_HELP =

@@ -1,7 +1,7 @@
 import { z } from 'zod';
 import { MAX_LEASE, MIN_LEASE } from '../core/leases.ts';
+import type { GithubSettings } from '../core/model.ts';
 import { bool, intBetween, MAPPING, name, nonEmptyList, nonEmptyString } from './fields.ts';
-import type { GithubSettings } from './model.ts';
 import { asRecord, asString, type PathIssue } from './paths.ts';
 
 /**

@@ -6,9 +6,9 @@
 import { readFile } from 'node:fs/promises';
 import { type Document, isMap, isNode, isScalar, isSeq, LineCounter, parseDocument, visit } from 'yaml';
 import type { z } from 'zod';
+import type { ResolvedConfig } from '../core/model.ts';
 import { checkConsoleHostKeys } from './awsRules.ts';
 import { DRIVERS } from './fields.ts';
-import type { ResolvedConfig } from './model.ts';
 import { checkFunctionsNetwork, type FunctionsNetwork } from './networkRules.ts';
 import { formatPath, type PathIssue, type PathSegment } from './paths.ts';
 import { resolveConfig } from './resolve.ts';

@@ -3,11 +3,6 @@
  * with (model.ts): inheritance applied (provider -> pool -> label), pools in priority order.
  */
 
-import { formatSize, parseSize, type Shape } from '../core/shapes.ts';
-import { contractOf } from './contractFields.ts';
-import { DEFAULT_MAX_READY, READY_TARGET_BOUNDS } from './fields.ts';
-import { githubSettings } from './githubSchema.ts';
-import { type InstanceTypeFacts, instanceTypeFacts } from './instanceTypes.ts';
 import type {
   BackingLabel,
   BackingPool,
@@ -17,7 +12,12 @@ import type {
   PriorityCeiling,
   ReadyAuto,
   ResolvedConfig,
-} from './model.ts';
+} from '../core/model.ts';
+import { formatSize, parseSize, type Shape } from '../core/shapes.ts';
+import { contractOf } from './contractFields.ts';
+import { DEFAULT_MAX_READY, READY_TARGET_BOUNDS } from './fields.ts';
+import { githubSettings } from './githubSchema.ts';
+import { type InstanceTypeFacts, instanceTypeFacts } from './instanceTypes.ts';
 import { formatPath } from './paths.ts';
 import type { ConfigFile, MetastaticLabelConfig } from './schema.ts';
 

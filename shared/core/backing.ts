@@ -1,5 +1,5 @@
-import type { MetastaticLabel } from '../config/model.ts';
 import type { BackingContract } from './contract.ts';
+import type { MetastaticLabel } from './model.ts';
 import type { BackingRecord, Claim } from './records.ts';
 import { allocatableBackingStates, assertTransition } from './states.ts';
 import { boundedReason } from './text.ts';

@@ -1,4 +1,4 @@
-import type { ResolvedConfig } from '../config/model.ts';
+import type { ResolvedConfig } from './model.ts';
 import type { RequestRecord } from './records.ts';
 
 /**

@@ -1,5 +1,5 @@
-import type { MetastaticLabel } from '../config/model.ts';
 import { backingNodeId } from './ids.ts';
+import type { MetastaticLabel } from './model.ts';
 import type { BackingRecord, Claim } from './records.ts';
 import { CLAIM_TAKEOVER_MS, RESOURCE_NOT_FOUND_GRACE_MS, SLOT_LEASE_MS } from './timing.ts';
 

@@ -1,6 +1,8 @@
-import { DEFAULT_REQUEST_TIMEOUT } from '../config/fields.ts';
-import type { MetastaticPool, ResolvedConfig } from '../config/model.ts';
+import type { MetastaticPool, ResolvedConfig } from './model.ts';
 import { clip, listSome, MAX_QUOTED_LENGTH } from './text.ts';
+
+/** request-timeout: how long a request may wait to be placed, unless its label says otherwise. */
+export const DEFAULT_REQUEST_TIMEOUT = 3 * 3600;
 
 /**
  * Which pools may serve a node set, in the order to try them. A node set is served by one pool

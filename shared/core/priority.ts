@@ -1,5 +1,5 @@
-import type { MetastaticPool, ResolvedConfig } from '../config/model.ts';
 import { SPARE_ID_PREFIX } from './ids.ts';
+import type { MetastaticPool, ResolvedConfig } from './model.ts';
 import type { RequestRecord } from './records.ts';
 
 /**

@@ -1,4 +1,4 @@
-import type { Shape } from '../config/model.ts';
+import type { Shape } from './model.ts';
 import type { Deadline } from './timing.ts';
 
 /**

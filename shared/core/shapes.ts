@@ -1,4 +1,4 @@
-import type { MetastaticLabel, MetastaticPool, ResolvedConfig, Shape } from '../config/model.ts';
+import type { MetastaticLabel, MetastaticPool, ResolvedConfig, Shape } from './model.ts';
 import { quote } from './text.ts';
 
 /**

@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import type { MetastaticPool } from '../config/model.ts';
+import type { MetastaticPool } from './model.ts';
 import type { RequestRecord } from './records.ts';
 
 /**

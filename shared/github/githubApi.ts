@@ -4,7 +4,7 @@ import type { components } from '@octokit/openapi-types';
 import { retry } from '@octokit/plugin-retry';
 import { throttling } from '@octokit/plugin-throttling';
 import Bottleneck from 'bottleneck';
-import type { GithubSettings } from '../config/model.ts';
+import type { GithubSettings } from '../core/model.ts';
 
 /**
  * The GitHub API calls the pool makes, as its GitHub App, through @octokit/core: an installation token

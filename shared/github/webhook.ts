@@ -1,6 +1,6 @@
 import { verify } from '@octokit/webhooks-methods';
 import { z } from 'zod';
-import type { GithubRoute } from '../config/model.ts';
+import type { GithubRoute } from '../core/model.ts';
 
 /**
  * A GitHub webhook delivery, read as the pool needs it (docs/github.md): its signature checked against

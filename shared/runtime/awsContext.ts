@@ -1,8 +1,8 @@
 import type { EC2Client } from '@aws-sdk/client-ec2';
 import { EventBridgeClient } from '@aws-sdk/client-eventbridge';
-import type { BackingPool, ResolvedConfig } from '../config/model.ts';
 import type { Clock } from '../core/clock.ts';
 import type { Log } from '../core/log.ts';
+import type { BackingPool, ResolvedConfig } from '../core/model.ts';
 import type { MetricSink } from '../core/observability.ts';
 import type { ProviderRegistry } from '../core/provider.ts';
 import { createEc2Client, Ec2Provider, isEc2InstanceId } from '../providers/aws/ec2Provider.ts';

@@ -1,8 +1,8 @@
 import { join } from 'node:path';
 import { SendMessageCommand, type SQSClient } from '@aws-sdk/client-sqs';
-import type { ResolvedConfig } from '../config/model.ts';
 import type { Clock } from '../core/clock.ts';
 import type { Log } from '../core/log.ts';
+import type { ResolvedConfig } from '../core/model.ts';
 import type { BackingProvider, ProviderRegistry } from '../core/provider.ts';
 import { JsonLinesEventSink } from '../providers/events/jsonLinesSink.ts';
 import { LocalProvider } from '../providers/local/localProvider.ts';

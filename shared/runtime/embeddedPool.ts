@@ -2,9 +2,9 @@ import { rm } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import type { DynamoDBClient } from '@aws-sdk/client-dynamodb';
 import { SQSClient } from '@aws-sdk/client-sqs';
-import type { ResolvedConfig } from '../config/model.ts';
 import { type Clock, systemClock } from '../core/clock.ts';
 import type { Log } from '../core/log.ts';
+import type { ResolvedConfig } from '../core/model.ts';
 import {
   backstopReceiveCount,
   EMBEDDED_VISIBILITY_SECONDS,

@@ -1,6 +1,6 @@
-import type { ResolvedConfig } from '../config/model.ts';
 import type { Clock } from '../core/clock.ts';
 import type { Log } from '../core/log.ts';
+import type { ResolvedConfig } from '../core/model.ts';
 import type { ReapReport } from '../usecases/reapReport.ts';
 
 /**

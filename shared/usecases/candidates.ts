@@ -1,5 +1,5 @@
-import type { MetastaticPool } from '../config/model.ts';
 import { compareCandidates, isClaimable } from '../core/backing.ts';
+import type { MetastaticPool } from '../core/model.ts';
 import type { Page } from '../core/poolStore.ts';
 import type { BackingRecord } from '../core/records.ts';
 import type { Context } from './context.ts';

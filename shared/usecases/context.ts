@@ -1,7 +1,7 @@
 import type { HostKeySource } from '../config/awsSchema.ts';
-import type { ResolvedConfig } from '../config/model.ts';
 import type { Clock } from '../core/clock.ts';
 import type { Log } from '../core/log.ts';
+import type { ResolvedConfig } from '../core/model.ts';
 import type { EventSink, MetricSink, PoolEventType } from '../core/observability.ts';
 import type { PoolStore } from '../core/poolStore.ts';
 import type { ProviderRegistry } from '../core/provider.ts';

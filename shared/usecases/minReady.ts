@@ -1,7 +1,7 @@
-import type { MetastaticLabel, MetastaticPool } from '../config/model.ts';
 import { hashOf } from '../core/backing.ts';
 import { ownerToken, parseNodeId } from '../core/ids.ts';
 import { isFreeSpare, spareRequestId, takenSpare } from '../core/minReady.ts';
+import type { MetastaticLabel, MetastaticPool } from '../core/model.ts';
 import type { MinReadyState } from '../core/poolStore.ts';
 import type { ReadyHold } from '../core/readyRoom.ts';
 import type { BackingRecord, NodeRecord, RequestRecord } from '../core/records.ts';

@@ -1,6 +1,6 @@
-import type { MetastaticPool } from '../config/model.ts';
 import { BusyError } from '../core/errors.ts';
 import { ownerSince, supersedes } from '../core/ids.ts';
+import type { MetastaticPool } from '../core/model.ts';
 import type { RequestRecord } from '../core/records.ts';
 import { type Context, deliveryDead } from './context.ts';
 import type { Recording } from './recording.ts';

@@ -1,4 +1,3 @@
-import type { MetastaticLabel, MetastaticPool } from '../config/model.ts';
 import {
   claimOf,
   compareByExpectedEnd,
@@ -24,6 +23,7 @@ import {
 } from '../core/errors.ts';
 import { backingNodeId, parseNodeId, supersedes } from '../core/ids.ts';
 import { needsMaxAgeDrain } from '../core/lifecycle.ts';
+import type { MetastaticLabel, MetastaticPool } from '../core/model.ts';
 import type { Page } from '../core/poolStore.ts';
 import type { BackingRecord } from '../core/records.ts';
 import { holdsSlot } from '../core/request.ts';

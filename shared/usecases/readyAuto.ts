@@ -1,4 +1,4 @@
-import type { ReadyAuto } from '../config/model.ts';
+import type { ReadyAuto } from '../core/model.ts';
 import { PoolEventType } from '../core/observability.ts';
 import type { MinReadyState } from '../core/poolStore.ts';
 import {

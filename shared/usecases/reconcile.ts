@@ -1,7 +1,7 @@
-import type { BackingPool, MetastaticPool } from '../config/model.ts';
 import { markStopped } from '../core/backing.ts';
 import { DeadlineError } from '../core/errors.ts';
 import { ownerSince, parseNodeId } from '../core/ids.ts';
+import type { BackingPool, MetastaticPool } from '../core/model.ts';
 import { MetricName, PoolEventType } from '../core/observability.ts';
 import type { BackingProvider, BackingResource } from '../core/provider.ts';
 import type { BackingRecord } from '../core/records.ts';

@@ -1,9 +1,9 @@
-import type { MetastaticPool } from '../config/model.ts';
 import { CapacityError, LaunchFailedError, PermanentError } from '../core/errors.ts';
 import { type DeliveryOf, ownerToken } from '../core/ids.ts';
 import { withLeaseOf } from '../core/leases.ts';
 import type { RequestMessage } from '../core/messages.ts';
 import { isSpareRequestId, nodeOnSpare } from '../core/minReady.ts';
+import type { MetastaticPool } from '../core/model.ts';
 import { eligiblePools } from '../core/pools.ts';
 import { priorityOf, trustedPriority } from '../core/priority.ts';
 import type { NodeRecord, RequestRecord } from '../core/records.ts';

@@ -1,5 +1,5 @@
-import type { MetastaticPool } from '../config/model.ts';
 import type { RequestMessage } from '../core/messages.ts';
+import type { MetastaticPool } from '../core/model.ts';
 import type { Page, PageCursor } from '../core/poolStore.ts';
 import { requestTimeoutOf, shortestRequestTimeout } from '../core/pools.ts';
 import { servedBefore, waitingAhead } from '../core/priority.ts';

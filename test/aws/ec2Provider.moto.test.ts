@@ -26,9 +26,9 @@ import {
   type Tag,
 } from '@aws-sdk/client-ec2';
 import { afterAll, beforeAll, beforeEach, expect, it } from 'vitest';
-import type { BackingPool } from '../../shared/config/model.ts';
 import { ManualClock } from '../../shared/core/clock.ts';
 import { CapacityError, RetryableError } from '../../shared/core/errors.ts';
+import type { BackingPool } from '../../shared/core/model.ts';
 import type { LaunchSpec } from '../../shared/core/provider.ts';
 import {
   createEc2Client,

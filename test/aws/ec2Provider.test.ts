@@ -11,9 +11,9 @@ import {
 } from '@aws-sdk/client-ec2';
 import { afterEach, describe, expect, it } from 'vitest';
 import { parseConfig } from '../../shared/config/load.ts';
-import type { BackingPool } from '../../shared/config/model.ts';
 import { ManualClock } from '../../shared/core/clock.ts';
 import { CapacityError, DeadlineError, RetryableError } from '../../shared/core/errors.ts';
+import type { BackingPool } from '../../shared/core/model.ts';
 import type { LaunchSpec } from '../../shared/core/provider.ts';
 import { StateChangeEvent } from '../../shared/core/stateChanges.ts';
 import {

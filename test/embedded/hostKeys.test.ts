@@ -7,8 +7,8 @@ import { join } from 'node:path';
 import { promisify } from 'node:util';
 import ssh2, { type ClientChannel } from 'ssh2';
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
-import type { BackingPool } from '../../shared/config/model.ts';
 import { systemClock } from '../../shared/core/clock.ts';
+import type { BackingPool } from '../../shared/core/model.ts';
 import type { BackingResource } from '../../shared/core/provider.ts';
 import { scanHostKeys } from '../../shared/providers/hostKeys.ts';
 import {

@@ -1,10 +1,10 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { MAX_ATTRIBUTES_BYTES } from '../../shared/config/fields.ts';
 import { ConfigInvalidError, parseConfig, parseConfigOrThrow } from '../../shared/config/load.ts';
-import type { ResolvedConfig } from '../../shared/config/model.ts';
 import { ItemTooLargeError, PermanentError } from '../../shared/core/errors.ts';
 import { nodeId } from '../../shared/core/ids.ts';
 import { MAX_LABEL_LENGTH, MAX_NODE_SET, RequestMessage } from '../../shared/core/messages.ts';
+import type { ResolvedConfig } from '../../shared/core/model.ts';
 import type { RequestRecord } from '../../shared/core/records.ts';
 import { clip, MAX_REASON_LENGTH } from '../../shared/core/text.ts';
 import { reap } from '../../shared/usecases/reap.ts';

@@ -16,7 +16,7 @@ import {
   loadConfigOrThrow,
   parseConfig,
 } from '../../shared/config/load.ts';
-import type { ResolvedConfig } from '../../shared/config/model.ts';
+import type { ResolvedConfig } from '../../shared/core/model.ts';
 import { poolConfig, smallNode } from '../../testkit/configs.ts';
 import { ECDSA_KEY, ED25519_KEY, RSA_KEY } from '../../testkit/sshKeys.ts';
 

@@ -1,6 +1,5 @@
 import { describe, expect, it } from 'vitest';
 import { parseConfigOrThrow } from '../../shared/config/load.ts';
-import type { MetastaticLabel } from '../../shared/config/model.ts';
 import {
   compareByExpectedEnd,
   compareCandidates,
@@ -16,6 +15,7 @@ import { IllegalTransitionError } from '../../shared/core/errors.ts';
 import { backingNodeId, nodeId, parseNodeId } from '../../shared/core/ids.ts';
 import { claimDue, deadlineDecision, notFoundIsFinal, reapDecision } from '../../shared/core/lifecycle.ts';
 import { parseMessage } from '../../shared/core/messages.ts';
+import type { MetastaticLabel } from '../../shared/core/model.ts';
 import {
   eligiblePools,
   nodeAttributes,

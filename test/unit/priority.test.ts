@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import type { PriorityCeiling } from '../../shared/config/model.ts';
+import type { PriorityCeiling } from '../../shared/core/model.ts';
 import {
   DEFAULT_REQUEST_PRIORITY,
   priorityCeilingOf,

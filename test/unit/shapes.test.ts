@@ -1,9 +1,9 @@
 import { describe, expect, it } from 'vitest';
 import { instanceTypeFacts } from '../../shared/config/instanceTypes.ts';
 import { type ConfigResult, formatConfigErrors, parseConfig } from '../../shared/config/load.ts';
-import type { ResolvedConfig } from '../../shared/config/model.ts';
 import { contentHash } from '../../shared/core/ids.ts';
 import { parseMessage } from '../../shared/core/messages.ts';
+import type { ResolvedConfig } from '../../shared/core/model.ts';
 import { requestBodyHash } from '../../shared/core/request.ts';
 import { describeShape, fits, parseSize, shapeOffers } from '../../shared/core/shapes.ts';
 import { largeNode, poolConfig, smallNode } from '../../testkit/configs.ts';

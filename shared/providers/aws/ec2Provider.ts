@@ -34,9 +34,9 @@ import {
   RunInstancesCommand,
 } from '@aws-sdk/client-ec2';
 import type { HostKeySource } from '../../config/awsSchema.ts';
-import type { BackingPool } from '../../config/model.ts';
 import type { Clock } from '../../core/clock.ts';
 import { CapacityError, RetryableError } from '../../core/errors.ts';
+import type { BackingPool } from '../../core/model.ts';
 import type { BackingProvider, BackingResource, LaunchSpec, ReportedHostKeys } from '../../core/provider.ts';
 import type { Deadline } from '../../core/timing.ts';
 import { readConsoleHostKeys } from './consoleOutput.ts';

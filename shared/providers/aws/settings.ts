@@ -10,9 +10,9 @@ import {
   type EBS_VOLUME_TYPES,
   type HostKeySource,
 } from '../../config/awsSchema.ts';
-import type { BackingPool } from '../../config/model.ts';
 import { formatPath } from '../../config/paths.ts';
 import { checkConfigRules } from '../../config/rules.ts';
+import type { BackingPool } from '../../core/model.ts';
 
 /** The root volume type when the label gives none. */
 export const DEFAULT_VOLUME_TYPE = 'gp3';

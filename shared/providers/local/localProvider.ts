@@ -9,8 +9,8 @@
  */
 import { mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
-import type { BackingPool } from '../../config/model.ts';
 import type { Clock } from '../../core/clock.ts';
+import type { BackingPool } from '../../core/model.ts';
 import type { BackingProvider, BackingResource, LaunchSpec } from '../../core/provider.ts';
 import { limitsOf } from '../../core/slotLimits.ts';
 import type { StateChangeEvent } from '../../core/stateChanges.ts';

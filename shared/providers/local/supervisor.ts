@@ -1,7 +1,7 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import type { BackingPool } from '../../config/model.ts';
+import type { BackingPool } from '../../core/model.ts';
 import type { SlotLimits } from '../../core/slotLimits.ts';
 import { errorCode, isAlive, isRecord, type LocalRecord } from './localRecords.ts';
 import type { IsolationMode } from './slotIsolation.ts';

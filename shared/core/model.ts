@@ -1,4 +1,4 @@
-import type { BackingContract } from '../core/contract.ts';
+import type { BackingContract } from './contract.ts';
 
 /**
  * The resolved configuration the core works with: defaults applied, inheritance (provider -> pool -> label)
