@@ -22,9 +22,9 @@ import {
   DynamoDBDocumentClient,
 } from '@aws-sdk/lib-dynamodb';
 import { parseConfigOrThrow } from '../shared/config/load.ts';
-import type { ResolvedConfig } from '../shared/core/model.ts';
 import { nodeId, ownerToken } from '../shared/core/ids.ts';
 import type { RequestMessage } from '../shared/core/messages.ts';
+import type { ResolvedConfig } from '../shared/core/model.ts';
 import type { RequestRecord } from '../shared/core/records.ts';
 import { requestedRecord } from '../shared/core/request.ts';
 import type { Key } from '../shared/store/capacitySets.ts';

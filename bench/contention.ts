@@ -14,10 +14,10 @@
 import { createHash } from 'node:crypto';
 import { performance } from 'node:perf_hooks';
 import { parseConfigOrThrow } from '../shared/config/load.ts';
-import type { MetastaticLabel, MetastaticPool, ResolvedConfig } from '../shared/core/model.ts';
 import { compareCandidates, isClaimable, withClaimedSlot } from '../shared/core/backing.ts';
 import { ConflictError } from '../shared/core/errors.ts';
 import { nodeId } from '../shared/core/ids.ts';
+import type { MetastaticLabel, MetastaticPool, ResolvedConfig } from '../shared/core/model.ts';
 import type { BackingRecord } from '../shared/core/records.ts';
 import { giveBackSlot } from '../shared/usecases/backingNodes.ts';
 import { MAX_CONFLICT_RETRIES } from '../shared/usecases/conflicts.ts';

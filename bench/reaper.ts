@@ -38,9 +38,9 @@ import {
 } from '@aws-sdk/lib-dynamodb';
 import { stringify } from 'yaml';
 import { parseConfigOrThrow } from '../shared/config/load.ts';
-import type { ResolvedConfig } from '../shared/core/model.ts';
 import { ManualClock } from '../shared/core/clock.ts';
 import { nodeId, ownerToken } from '../shared/core/ids.ts';
+import type { ResolvedConfig } from '../shared/core/model.ts';
 import type {
   BackingProvider,
   BackingResource,

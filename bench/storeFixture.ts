@@ -8,8 +8,8 @@
 import { AsyncLocalStorage } from 'node:async_hooks';
 import { performance } from 'node:perf_hooks';
 import type { DynamoDBClient } from '@aws-sdk/client-dynamodb';
-import type { ResolvedConfig } from '../shared/core/model.ts';
 import { systemClock } from '../shared/core/clock.ts';
+import type { ResolvedConfig } from '../shared/core/model.ts';
 import type { ProviderRegistry } from '../shared/core/provider.ts';
 import { type Engine, ensureTable, localDynamoClient, startDynalite } from '../shared/runtime/engines.ts';
 import { DynamoStore } from '../shared/store/dynamoStore.ts';

@@ -2,8 +2,8 @@ import { randomBytes } from 'node:crypto';
 import { readFile, stat } from 'node:fs/promises';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import type { GithubSettings } from '../shared/core/model.ts';
 import type { Log } from '../shared/core/log.ts';
+import type { GithubSettings } from '../shared/core/model.ts';
 import { failedDeliveries, GithubApi, runnerLabels } from '../shared/github/githubApi.ts';
 import {
   type JobEvent,

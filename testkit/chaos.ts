@@ -34,10 +34,10 @@ import {
   type TerminateInstancesCommandInput,
 } from '@aws-sdk/client-ec2';
 import { parseConfigOrThrow } from '../shared/config/load.ts';
-import type { ResolvedConfig } from '../shared/core/model.ts';
 import { ManualClock } from '../shared/core/clock.ts';
 import type { Log } from '../shared/core/log.ts';
 import { isSpareRequestId } from '../shared/core/minReady.ts';
+import type { ResolvedConfig } from '../shared/core/model.ts';
 import type { BackingProvider, ProviderRegistry } from '../shared/core/provider.ts';
 import type { BackingRecord, RequestRecord } from '../shared/core/records.ts';
 import type { StateChangeEvent } from '../shared/core/stateChanges.ts';

@@ -5,9 +5,9 @@ import { SendMessageCommand } from '@aws-sdk/client-sqs';
 import type { SQSEvent, SQSRecord } from 'aws-lambda';
 import { onTestFailed } from 'vitest';
 import { parseConfigOrThrow } from '../shared/config/load.ts';
-import type { ResolvedConfig } from '../shared/core/model.ts';
 import { ManualClock } from '../shared/core/clock.ts';
 import { type Log, silentLog } from '../shared/core/log.ts';
+import type { ResolvedConfig } from '../shared/core/model.ts';
 import { EmbeddedPool } from '../shared/runtime/embeddedPool.ts';
 import { SqsPoller } from '../shared/runtime/sqsPoller.ts';
 
