@@ -1,4 +1,4 @@
-import { type ChildProcess, spawn } from 'node:child_process';
+import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
 import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 
@@ -85,4 +85,14 @@ export async function stopDev(dev: ChildProcess | undefined): Promise<void> {
   await until('dev to stop', () => (dev.exitCode !== null ? true : undefined), 30_000).catch(() =>
     dev.kill('SIGKILL'),
   );
+}
+
+/** How many processes run as `uid` (whose command line matches `pattern`, when given): pgrep's count. */
+export function processesOf(uid: number | string, pattern?: string): number {
+  try {
+    const args = ['-u', String(uid), ...(pattern === undefined ? [] : ['-f', pattern])];
+    return execFileSync('pgrep', args).toString().trim().split('\n').length;
+  } catch {
+    return 0; // pgrep exits 1 when none matches
+  }
 }

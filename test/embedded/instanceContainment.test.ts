@@ -134,6 +134,10 @@ describe.skipIf(why !== undefined)(
 
     it("refuses a slot user's session until boot has finished, then lets it in as the slot's own user", () => {
       expect(seen.get('pam_before_boot')).toBe('125');
+      expect(seen.get('boot_without_namespace')).toBe(
+        'metastatic-slot: no pam_namespace.so: the slots cannot have a /tmp of their own (status 125)',
+      );
+      expect(seen.get('booted_without_namespace')).toBe('no');
       expect(seen.get('booted')).toBe('yes');
       expect(seen.get('boot_again')).toBe('0');
       expect(seen.get('uid0')).toBe(seen.get('uid_host'));

@@ -1,10 +1,10 @@
-import { type ChildProcess, execFileSync } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { chown, readdir, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { rootlessUnavailable } from '../../shared/providers/local/slotIsolation.ts';
 import { type NodeFiles, nodeFiles, slotExec, startBackingNode } from '../../testkit/backingNodeProcess.ts';
-import { killBackingNode, until } from '../../testkit/processes.ts';
+import { killBackingNode, processesOf, until } from '../../testkit/processes.ts';
 
 /**
  * Slots contained without root (issue 42: "unprivileged: user and mount namespaces, degrading with a
@@ -25,16 +25,7 @@ describe.skipIf(why !== undefined)('slots contained without root', { timeout: 12
   let port: number;
   let stderr: () => string;
   const exec = (slot: number, command: string) => slotExec(port, files.privateKey, slot, command);
-  const nobodyRuns = (pattern: string): number => {
-    try {
-      return execFileSync('pgrep', ['-u', String(NOBODY.uid), '-f', pattern])
-        .toString()
-        .trim()
-        .split('\n').length;
-    } catch {
-      return 0;
-    }
-  };
+  const nobodyRuns = (pattern: string): number => processesOf(NOBODY.uid, pattern);
 
   beforeAll(async () => {
     files = await nodeFiles('metastatic-rootless-', { 0: 'n-0', 1: 'n-1' });

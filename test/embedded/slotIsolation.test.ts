@@ -1,4 +1,4 @@
-import { type ChildProcess, execFileSync } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -11,7 +11,7 @@ import {
   slotUid,
 } from '../../shared/providers/local/slotIsolation.ts';
 import { type NodeFiles, nodeFiles, slotExec, startBackingNode } from '../../testkit/backingNodeProcess.ts';
-import { killBackingNode, until } from '../../testkit/processes.ts';
+import { killBackingNode, processesOf, until } from '../../testkit/processes.ts';
 
 /**
  * Slots that contain their jobs (issue 42), on a local backing node run as root with `isolation:
@@ -142,13 +142,7 @@ describe.skipIf(unavailable !== undefined)(
     it('leaves nothing of a released node to the next node on its slot: no process, no file', async () => {
       const job = exec(0, 'setsid sleep 300 & echo in-tmp > /tmp/left; echo home > left-home; sleep 300');
       const uid0 = String(slotUid(ID, 0));
-      const running = () => {
-        try {
-          return execFileSync('pgrep', ['-u', uid0]).toString().trim().split('\n').length;
-        } catch {
-          return 0;
-        }
-      };
+      const running = () => processesOf(uid0);
       await until('the job and its setsid child to run', () => (running() >= 2 ? true : undefined));
       await live({ 0: 'n-0b', 1: 'n-1' });
       node.kill('SIGHUP');
@@ -175,13 +169,7 @@ describe.skipIf(unavailable !== undefined)(
       await startNode(crashed);
       const job = exec(0, 'setsid sleep 300 & sleep 300').catch(() => undefined);
       const uid = String(slotUid(crashed, 0));
-      const running = () => {
-        try {
-          return execFileSync('pgrep', ['-u', uid]).toString().trim().split('\n').length;
-        } catch {
-          return 0;
-        }
-      };
+      const running = () => processesOf(uid);
       await until('the job to run', () => (running() >= 2 ? true : undefined));
       node.kill('SIGKILL');
       await job;

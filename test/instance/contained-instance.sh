@@ -42,6 +42,13 @@ done
 say written "$n"
 PAM_TYPE=open_session PAM_USER=$USER0 /usr/local/sbin/metastatic-slot pam /etc/metastatic/slots 2>/dev/null
 say pam_before_boot "$?"
+# An image without pam_namespace: boot refuses to finish (so every slot session is refused), saying why.
+security=$(dirname "$(find /lib /usr/lib -name pam_namespace.so 2>/dev/null | head -n1)")
+mount -t tmpfs none "$security"
+out=$(/var/lib/cloud/scripts/per-boot/metastatic-slot 2>&1)
+say boot_without_namespace "$out (status $?)"
+umount "$security"
+say booted_without_namespace "$(test -f /run/metastatic/booted && echo yes || echo no)"
 # cloud-init's scripts-per-boot runs it in the last stage of every boot, which `single` does not do
 # without a datasource: run here as it would, twice (the second as after a reboot: nothing fails).
 /var/lib/cloud/scripts/per-boot/metastatic-slot >"$S/boot.log" 2>&1

@@ -20,7 +20,9 @@ import { SLOT_PROGRAM } from '../slot/slotProgram.ts';
  *   `AuthorizedKeysFile /etc/metastatic/authorized_keys` (the image's sshd_config must include
  *   sshd_config.d, as Ubuntu 20.04+, Debian 11+ and Amazon Linux 2023 do).
  * - appended to `/etc/pam.d/sshd`: pam_namespace (a /tmp, /var/tmp and /dev/shm per slot user, as boot
- *   configures it) and pam_exec running `metastatic-slot pam` (the session into its slot's cgroup).
+ *   configures it; ignored where the module is missing, so that no other user is locked out: boot then
+ *   fails, and so does every slot user's session) and pam_exec running `metastatic-slot pam` (the
+ *   session into its slot's cgroup).
  */
 
 export const SLOT_PROGRAM_PATH = '/usr/local/sbin/metastatic-slot';
@@ -54,7 +56,8 @@ export function slotsFile(slots: ContainedSlots): string {
 export function pamLines(): string {
   return [
     '# metastatic (isolation: contain): a slot user gets its own /tmp, /var/tmp, /dev/shm and its slot',
-    'session required pam_namespace.so',
+    // Loaded where it is; where it is not, boot refuses to finish, and the hook below every slot session.
+    'session [success=ok ignore=ignore module_unknown=ignore default=bad] pam_namespace.so',
     `session required pam_exec.so quiet ${SLOT_PROGRAM_PATH} pam ${SLOTS_FILE}`,
     '',
   ].join('\n');

@@ -31,23 +31,17 @@ export type IsolationMode = 'auto' | 'contain' | 'none' | 'rootless';
 /** Why slots cannot be contained without root here (user and mount namespaces), or undefined. */
 export function rootlessUnavailable(): string | undefined {
   if (process.platform !== 'linux') return `slots are contained on Linux only (this is ${process.platform})`;
-  for (const tool of ['unshare', 'setpriv', 'mount']) {
-    if (!['/usr/bin', '/bin', '/usr/sbin', '/sbin'].some((d) => existsSync(join(d, tool)))) {
-      return `slots cannot be contained without util-linux's ${tool}`;
-    }
-  }
-  return undefined;
+  const tool = ['unshare', 'setpriv', 'mount'].find(
+    (t) => !['/usr/bin', '/bin', '/usr/sbin', '/sbin'].some((d) => existsSync(join(d, t))),
+  );
+  return tool === undefined ? undefined : `slots cannot be contained without util-linux's ${tool}`;
 }
 
 /** Why slots cannot be contained on this machine, or undefined when they can. */
 export function containmentUnavailable(cgroupRoot = '/sys/fs/cgroup'): string | undefined {
-  if (process.platform !== 'linux') return `slots are contained on Linux only (this is ${process.platform})`;
   if (process.getuid?.() !== 0) return 'slots are contained only when metastatic dev runs as root';
-  for (const tool of ['unshare', 'setpriv', 'mount']) {
-    if (!['/usr/bin', '/bin', '/usr/sbin', '/sbin'].some((d) => existsSync(join(d, tool)))) {
-      return `slots cannot be contained without util-linux's ${tool}`;
-    }
-  }
+  const tools = rootlessUnavailable();
+  if (tools !== undefined) return tools;
   const writable = ['', 'memory', 'unified'].some((sub) => {
     try {
       accessSync(join(cgroupRoot, sub), constants.W_OK);

@@ -281,6 +281,13 @@ boot() {
 $lines
 LINES
   block_imds "$blocked"
+  # sshd's PAM stack loads pam_namespace only where it is (so a missing one locks nobody else out): a slot
+  # user's session waits for boot, and boot does not finish without it.
+  namespace_module=''
+  for m in /lib/security /lib/*/security /lib64/security /usr/lib/security /usr/lib/*/security /usr/lib64/security; do
+    if [ -f "$m/pam_namespace.so" ]; then namespace_module=$m/pam_namespace.so; fi
+  done
+  [ -n "$namespace_module" ] || die "no pam_namespace.so: the slots cannot have a /tmp of their own"
   mkdir -p "$NAMESPACE_D"
   for d in /tmp /var/tmp; do
     mkdir -p "$d/.metastatic-inst"
