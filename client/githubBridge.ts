@@ -1,10 +1,9 @@
-import { randomBytes } from 'node:crypto';
 import { readFile, stat } from 'node:fs/promises';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import type { Log } from '../shared/core/log.ts';
 import type { GithubSettings } from '../shared/core/model.ts';
-import { failedDeliveries, GithubApi, runnerLabels } from '../shared/github/githubApi.ts';
+import { GithubApi, nodeRunner, redeliverLost, runnerLabels } from '../shared/github/githubApi.ts';
 import {
   type JobEvent,
   jobRequestId,
@@ -63,9 +62,15 @@ export class GithubBridge {
 
   /** Reads the App's key and the webhook secrets, and listens on 127.0.0.1 (settings.webhookPort). */
   static async start(settings: GithubSettings, pool: PoolClient, log: Log): Promise<GithubBridge> {
-    const privateKey = await secretFile(settings.privateKeyFile, 'github.private-key-file', log);
+    const { privateKeyFile, webhookSecretFiles } = settings;
+    if (privateKeyFile === undefined || webhookSecretFiles === undefined) {
+      throw new Error(
+        `github.${privateKeyFile === undefined ? 'private-key-file' : 'webhook-secret-files'}: required by metastatic dev (on AWS the stack's secrets hold the key and the webhook secret)`,
+      );
+    }
+    const privateKey = await secretFile(privateKeyFile, 'github.private-key-file', log);
     const secrets = await Promise.all(
-      settings.webhookSecretFiles.map(async (f, i) =>
+      webhookSecretFiles.map(async (f, i) =>
         (await secretFile(f, `github.webhook-secret-files[${i}]`, log)).trim(),
       ),
     );
@@ -108,14 +113,7 @@ export class GithubBridge {
    * App's delivery log. Run every `reconcile-interval`; one call, plus one per lost delivery.
    */
   async reconcile(now = Date.now()): Promise<{ redelivered: number }> {
-    const lost = failedDeliveries(await this.api.deliveries(), now - 3600_000);
-    for (const d of lost) {
-      this.log.info(
-        `github: delivery ${d.guid} (workflow_job ${d.action ?? ''}) never reached the pool; redelivering`,
-      );
-      await this.api.redeliver(d.id);
-    }
-    return { redelivered: lost.length };
+    return redeliverLost(this.api, this.log, now);
   }
 
   /** Jobs with a run in progress (waiting for a node, or running a runner). */
@@ -226,24 +224,12 @@ export class GithubBridge {
     node: ReadyNode,
     signal: AbortSignal,
   ): Promise<number | null> {
-    const ask = (name: string) =>
-      this.api.jitConfig({
-        ...(event.installationId === undefined ? {} : { installationId: event.installationId }),
-        repository: event.repository,
-        name,
-        labels: runnerLabels(event.route.runsOn, event.route.label),
-      });
-    let name = runnerName(node.id);
-    let jit: Awaited<ReturnType<typeof ask>>;
-    try {
-      jit = await ask(name);
-    } catch (err) {
-      // A runner of this name is registered already: one an earlier run of this job made and never
-      // started (the pool stopped meanwhile). It never runs; this one gets a name of its own.
-      if ((err as { status?: number }).status !== 409) throw err;
-      name = `${name}-${randomBytes(3).toString('hex')}`;
-      jit = await ask(name);
-    }
+    const { name, jit } = await nodeRunner(this.api, {
+      ...(event.installationId === undefined ? {} : { installationId: event.installationId }),
+      repository: event.repository,
+      nodeId: node.id,
+      labels: runnerLabels(event.route.runsOn, event.route.label),
+    });
     job.runnerName = name;
     this.byRunner.set(name, job);
     signal.throwIfAborted();
@@ -273,11 +259,6 @@ export class GithubBridge {
     }
     return ended.code;
   }
-}
-
-/** A runner's name: its node's id, `/` made `-` (GitHub runner names are one path segment). */
-export function runnerName(nodeId: string): string {
-  return nodeId.replaceAll('/', '-');
 }
 
 async function secretFile(path: string, key: string, log: Log): Promise<string> {

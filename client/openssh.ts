@@ -1,6 +1,7 @@
 import { type ChildProcess, type StdioOptions, spawn } from 'node:child_process';
 import { rm, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
+import { shellQuote } from '../shared/core/text.ts';
 import { MetastaticError, NodeUnreachableError } from './errors.ts';
 import type { PoolNode } from './records.ts';
 import { makeSshDir, sweepStaleSshDirsOnce } from './sshDirs.ts';
@@ -169,10 +170,7 @@ export function sshArgs(
   ];
 }
 
-/** One word for a POSIX shell, exactly `text` once the shell has read it: single-quoted, `'` as `'\''`. */
-export function shellQuote(text: string): string {
-  return `'${text.replace(/'/g, `'\\''`)}'`;
-}
+export { shellQuote };
 
 /**
  * The command line a POSIX login shell (sh, bash, dash, ksh, zsh) reads back as exactly `argv`, each

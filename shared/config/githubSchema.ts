@@ -62,11 +62,16 @@ export const githubSchema = z
       'installation-id': intBetween(1, 2 ** 53 - 1)
         .optional()
         .describe("The App's installation; default: the one each webhook names."),
-      'private-key-file': nonEmptyString().describe("A file holding the App's private key (PEM)."),
+      'private-key-file': nonEmptyString()
+        .optional()
+        .describe(
+          "A file holding the App's private key (PEM); metastatic dev only (on AWS the stack's secret holds it).",
+        ),
       'webhook-secret-files': nonEmptyList(nonEmptyString(), 'webhook-secret-files')
         .refine((l) => l.length <= 2, { error: 'one or two files (two while a secret is rotated)' })
+        .optional()
         .describe(
-          'Files holding the webhook secret; two while rotating (a delivery signed with either passes).',
+          "Files holding the webhook secret, two while rotating (a delivery signed with either passes); metastatic dev only (on AWS the stack's secret holds it).",
         ),
       organization: z
         .string({ error: GITHUB_LOGIN })
@@ -109,8 +114,10 @@ export function githubSettings(file: GithubFile): GithubSettings {
     apiUrl: file['api-url'].replace(/\/+$/, ''),
     appId: file['app-id'],
     ...(file['installation-id'] === undefined ? {} : { installationId: file['installation-id'] }),
-    privateKeyFile: file['private-key-file'],
-    webhookSecretFiles: file['webhook-secret-files'],
+    ...(file['private-key-file'] === undefined ? {} : { privateKeyFile: file['private-key-file'] }),
+    ...(file['webhook-secret-files'] === undefined
+      ? {}
+      : { webhookSecretFiles: file['webhook-secret-files'] }),
     ...(file.organization === undefined ? {} : { organization: file.organization }),
     runnerGroupId: file['runner-group-id'],
     runnerCommand: file['runner-command'],

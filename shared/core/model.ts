@@ -148,8 +148,9 @@ export interface GithubSettings {
   readonly apiUrl: string;
   readonly appId: number;
   readonly installationId?: number;
-  readonly privateKeyFile: string;
-  readonly webhookSecretFiles: readonly string[];
+  /** metastatic dev's: on AWS the stack's Secrets Manager secrets hold the key and the webhook secret. */
+  readonly privateKeyFile?: string;
+  readonly webhookSecretFiles?: readonly string[];
   readonly organization?: string;
   readonly runnerGroupId: number;
   readonly runnerCommand: string;

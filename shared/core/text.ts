@@ -61,3 +61,8 @@ export function inertJson(json: string): string {
       .join(''),
   );
 }
+
+/** One word for a POSIX shell, exactly `text` once the shell has read it: single-quoted, `'` as `'\''`. */
+export function shellQuote(text: string): string {
+  return `'${text.replace(/'/g, `'\\''`)}'`;
+}

@@ -1,3 +1,4 @@
+import { randomBytes } from 'node:crypto';
 import { createAppAuth } from '@octokit/auth-app';
 import { Octokit } from '@octokit/core';
 import type { components } from '@octokit/openapi-types';
@@ -187,4 +188,53 @@ export function failedDeliveries(items: readonly DeliveryItem[], since: number):
 export function runnerLabels(runsOn: readonly string[], fallback: string): string[] {
   const own = runsOn.filter((l) => l.toLowerCase() !== 'self-hosted');
   return own.length > 0 ? own : [fallback];
+}
+
+/**
+ * A JIT configuration for the runner of a node: named after the node, or, when GitHub has a runner of that
+ * name already (one an earlier try made and never started: it never runs), with a suffix of its own.
+ */
+export async function nodeRunner(
+  api: GithubApi,
+  args: {
+    readonly installationId?: number;
+    readonly repository: string;
+    readonly nodeId: string;
+    readonly labels: readonly string[];
+  },
+): Promise<{ readonly name: string; readonly jit: JitRunner }> {
+  const { nodeId, ...rest } = args;
+  let name = runnerName(nodeId);
+  try {
+    return { name, jit: await api.jitConfig({ ...rest, name }) };
+  } catch (err) {
+    if ((err as { status?: number }).status !== 409) throw err;
+    name = `${name}-${randomBytes(3).toString('hex')}`;
+    return { name, jit: await api.jitConfig({ ...rest, name }) };
+  }
+}
+
+/** A runner's name: its node's id, `/` made `-` (GitHub runner names are one path segment). */
+export function runnerName(nodeId: string): string {
+  return nodeId.replaceAll('/', '-');
+}
+
+/**
+ * Lost webhooks: every workflow_job delivery of the last hour that never reached the pool (GitHub marks
+ * a delivery failed after 10 s and does not try again by itself) is delivered again, through the App's
+ * delivery log. One call, plus one per lost delivery.
+ */
+export async function redeliverLost(
+  api: GithubApi,
+  log: { info(message: string): void },
+  now = Date.now(),
+): Promise<{ redelivered: number }> {
+  const lost = failedDeliveries(await api.deliveries(), now - 3600_000);
+  for (const d of lost) {
+    log.info(
+      `github: delivery ${d.guid} (workflow_job ${d.action ?? ''}) never reached the pool; redelivering`,
+    );
+    await api.redeliver(d.id);
+  }
+  return { redelivered: lost.length };
 }

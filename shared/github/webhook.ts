@@ -108,15 +108,19 @@ export function readDelivery(
   const p = parsed.data;
   const jobId = p.workflow_job.id;
   const runnerName = p.workflow_job.runner_name ?? undefined;
+  if (p.action !== 'queued' && p.action !== 'in_progress' && p.action !== 'completed') {
+    return { status: 202, reason: `ignored: action ${p.action}` };
+  }
+  // Every action of a job no route covers is someone else's (a completed one too: never recorded).
+  const route = routeOf(routes, p.workflow_job.labels);
+  if (!route) {
+    return {
+      status: 202,
+      reason: `ignored: no route covers runs-on ${JSON.stringify(p.workflow_job.labels)}`,
+    };
+  }
   switch (p.action) {
     case 'queued': {
-      const route = routeOf(routes, p.workflow_job.labels);
-      if (!route) {
-        return {
-          status: 202,
-          reason: `ignored: no route covers runs-on ${JSON.stringify(p.workflow_job.labels)}`,
-        };
-      }
       const event: JobEvent = {
         kind: 'queued',
         jobId,
@@ -138,8 +142,6 @@ export function readDelivery(
         reason: `job ${jobId} completed`,
         event: { kind: 'completed', jobId, ...(runnerName ? { runnerName } : {}) },
       };
-    default:
-      return { status: 202, reason: `ignored: action ${p.action}` };
   }
 }
 

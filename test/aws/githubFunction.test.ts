@@ -1,0 +1,294 @@
+import { execFile } from 'node:child_process';
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { promisify } from 'node:util';
+import { GetParameterCommand, ListCommandsCommand, SSMClient } from '@aws-sdk/client-ssm';
+import { sign } from '@octokit/webhooks-methods';
+import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import { parseConfigOrThrow } from '../../shared/config/load.ts';
+import { silentLog } from '../../shared/core/log.ts';
+import type { GithubSettings } from '../../shared/core/model.ts';
+import { GithubApi } from '../../shared/github/githubApi.ts';
+import { jobRequestId } from '../../shared/github/webhook.ts';
+import {
+  makeGithubRunnerHandler,
+  SSM_STATUS_DETAIL_TYPE,
+} from '../../shared/handlers/githubRunnerHandler.ts';
+import {
+  type FunctionUrlRequest,
+  makeGithubWebhookHandler,
+} from '../../shared/handlers/githubWebhookHandler.ts';
+import { SsmRunnerChannel } from '../../shared/providers/aws/ssmRunners.ts';
+import { webhookSecrets } from '../../shared/runtime/githubRuntime.ts';
+import { GithubItems } from '../../shared/store/githubItems.ts';
+import { poolConfig, smallNode } from '../../testkit/configs.ts';
+import { jobPayload } from '../../testkit/githubPool.ts';
+import { GithubStandIn } from '../../testkit/githubStandIn.ts';
+import { type Harness, sqsEvent, startHarness } from '../../testkit/harness.ts';
+import { describeWithMoto, MOTO_CREDENTIALS, type Moto, startMoto } from '../../testkit/moto.ts';
+
+/**
+ * The github function on AWS (docs/github.md, "On AWS"), its handlers run against real engines: the
+ * embedded pool's table (dynalite) and request queue (fauxqs) with local backing nodes, SSM on moto_server
+ * (the SecureString parameter and the Run Command request, as AWS's wire protocol takes them), GitHub's
+ * API as its documentation shapes it (testkit/githubStandIn.ts), and the runner script an instance's SSM
+ * agent would run, run here by sh with the real AWS CLI against moto. What moto cannot do (run the
+ * command on an instance, publish its status event), the test does: it runs the script the command
+ * carries and hands the handler the event SSM documents.
+ */
+
+const execFileP = promisify(execFile);
+const RUNNER = join(import.meta.dirname, '../../testkit/standInRunner.sh');
+const SECRET = 'webhook secret';
+const REGION = 'us-east-1';
+const PARAMETER_PATH = '/metastatic/test/github/jit';
+const JOB_LABELS = ['self-hosted', 'linux', 'small'];
+
+describeWithMoto('the github function', () => {
+  let moto: Moto;
+  let github: GithubStandIn;
+  let harness: Harness;
+  let settings: GithubSettings;
+  let items: GithubItems;
+  let ssm: SSMClient;
+  let webhook: (e: FunctionUrlRequest) => Promise<{ statusCode: number; body: string }>;
+  let runners: ReturnType<typeof makeGithubRunnerHandler>;
+  let deliveries = 0;
+
+  beforeAll(async () => {
+    moto = await startMoto();
+    github = await GithubStandIn.start();
+    ssm = new SSMClient({ region: REGION, endpoint: moto.endpoint, credentials: MOTO_CREDENTIALS });
+  }, 60_000);
+
+  afterAll(async () => {
+    await github?.close();
+    await moto?.stop();
+  });
+
+  beforeEach(async (ctx) => {
+    const config = parseConfigOrThrow(
+      poolConfig({
+        top: {
+          github: {
+            'api-url': github.url,
+            'app-id': github.appId,
+            'installation-id': 77,
+            'runner-command': `sh ${RUNNER} --jitconfig "$METASTATIC_JITCONFIG"`,
+            'idle-timeout': 300,
+            routes: [{ 'runs-on': ['self-hosted', 'linux', 'small'], label: 'small-node', lease: 3600 }],
+          },
+        },
+        meta: { labels: [smallNode({ 'max-parallel-jobs': 2 })] },
+      }),
+      'github.yaml',
+    );
+    harness = await startHarness(config);
+    settings = config.github as GithubSettings;
+    items = new GithubItems(harness.pool.dynamodb, harness.pool.info.tableName, () => harness.clock.now());
+    webhook = makeGithubWebhookHandler({
+      settings,
+      secrets: async () => webhookSecrets(`old secret\n${SECRET}\n`),
+      items,
+      send: async (messages) => {
+        for (const m of messages) await harness.send(m);
+      },
+      log: silentLog,
+    });
+    const api = new GithubApi(settings, github.privateKeyPem);
+    runners = makeGithubRunnerHandler(harness.pool.context, {
+      settings,
+      api: async () => api,
+      items,
+      channel: new SsmRunnerChannel(ssm),
+      region: REGION,
+      parameterPath: PARAMETER_PATH,
+    });
+    ctx.onTestFinished(() => harness.close());
+  }, 60_000);
+
+  async function deliver(body: string, opts: { secret?: string; delivery?: string; event?: string } = {}) {
+    deliveries += 1;
+    const signature = await sign(opts.secret ?? SECRET, body);
+    return webhook({
+      requestContext: { http: { method: 'POST', path: '/' } },
+      headers: {
+        'x-github-event': opts.event ?? 'workflow_job',
+        'x-github-delivery': opts.delivery ?? `d-${deliveries}`,
+        'x-hub-signature-256': signature,
+      },
+      // As a function URL passes a JSON body: text, not base64.
+      body,
+      isBase64Encoded: false,
+    });
+  }
+
+  /** The request queue's messages, drained into the pool; the request's record after. */
+  async function requestOf(jobId: number) {
+    await harness.drainRequests();
+    return harness.pool.context.store.getRequest(jobRequestId(jobId));
+  }
+
+  /** The pool's Request Fulfilled event of a request (events.jsonl: EventBridge's shape). */
+  async function fulfilledEvent(requestId: string): Promise<string> {
+    const lines = (await readFile(join(harness.pool.info.stateDir, 'events.jsonl'), 'utf8')).split('\n');
+    const line = lines.find((l) => l.includes('"Request Fulfilled"') && l.includes(`"${requestId}"`));
+    if (!line) throw new Error(`no Request Fulfilled event for ${requestId}`);
+    return line;
+  }
+
+  it('refuses a bad signature, a wrong shape and a replay, ignores an unrouted job, and loses no valid delivery around them', async () => {
+    const bad = await deliver(jobPayload('queued', 1, JOB_LABELS), { secret: 'not the secret' });
+    expect(bad.statusCode).toBe(401);
+    const shape = await deliver(JSON.stringify({ action: 'queued', workflow_job: { id: 'x' } }));
+    expect(shape.statusCode).toBe(400);
+    expect(shape.body).toMatch(/not a workflow_job payload: workflow_job\.id/);
+    const unrouted = await deliver(jobPayload('queued', 2, ['self-hosted', 'gpu']));
+    expect(unrouted).toMatchObject({ statusCode: 202, body: expect.stringMatching(/ignored: no route/) });
+    const ok = await deliver(jobPayload('queued', 3, JOB_LABELS), { delivery: 'same' });
+    expect(ok.statusCode).toBe(202);
+    // Signed with the old secret (rotation) and a replay of a delivery id: the replay is dropped.
+    expect((await deliver(jobPayload('queued', 4, JOB_LABELS), { secret: 'old secret' })).statusCode).toBe(
+      202,
+    );
+    expect((await deliver(jobPayload('queued', 5, JOB_LABELS), { delivery: 'same' })).body).toMatch(
+      /seen already/,
+    );
+    await harness.drainRequests();
+    const store = harness.pool.context.store;
+    expect(await store.getRequest(jobRequestId(1))).toBeUndefined();
+    expect(await store.getRequest(jobRequestId(2))).toBeUndefined();
+    expect(await store.getRequest(jobRequestId(5))).toBeUndefined();
+    const three = await store.getRequest(jobRequestId(3));
+    expect(three).toMatchObject({
+      labels: ['small-node'],
+      requestor: 'github:Codertocat/Hello-World',
+      lease: 300,
+    });
+    expect(await store.getRequest(jobRequestId(4))).toBeDefined();
+  });
+
+  it.skipIf(process.getuid?.() !== 0)(
+    'starts one runner per job on its node through SSM, the JIT configuration only in a SecureString, and releases the node when the command ends',
+    async (ctx) => {
+      expect((await deliver(jobPayload('queued', 10, JOB_LABELS))).statusCode).toBe(202);
+      await requestOf(10);
+      const requestId = jobRequestId(10);
+      await harness.fulfilUntil(
+        async () => (await harness.pool.context.store.getRequest(requestId))?.state === 'fulfilled',
+      );
+      const event = await fulfilledEvent(requestId);
+      // EventBridge and SQS deliver at least once: two copies handled at once start one runner; the one
+      // that found the other starting it comes back (a batch item failure), and then finds it started.
+      const out = await runners(sqsEvent([event, event]));
+      expect(out.batchItemFailures.length).toBeLessThanOrEqual(1);
+      expect((await runners(sqsEvent([event]))).batchItemFailures).toEqual([]);
+      const commands = (await ssm.send(new ListCommandsCommand({}))).Commands ?? [];
+      const ours = commands.filter((c) => c.Comment?.includes('GitHub job 10'));
+      expect(ours).toHaveLength(1);
+      const command = ours[0];
+      const request = await harness.pool.context.store.getRequest(requestId);
+      const node = request?.nodes[0];
+      const backing = await harness.pool.context.store.getBacking(node?.backingNodeId ?? '');
+      expect(command?.InstanceIds).toEqual([backing?.resourceId]);
+      expect(command?.DocumentName).toBe('AWS-RunShellScript');
+      const script = command?.Parameters?.commands?.[0] ?? '';
+      const runnerName = `${requestId}-0`;
+      const jit = github.issued.get(runnerName);
+      expect(jit).toBeDefined();
+      expect(script).not.toContain(jit);
+      const parameterName = `${PARAMETER_PATH}/${requestId}`;
+      expect(script).toContain(parameterName);
+      const stored = await ssm.send(new GetParameterCommand({ Name: parameterName, WithDecryption: true }));
+      expect(stored.Parameter).toMatchObject({ Type: 'SecureString', Value: jit });
+
+      // The instance's part: the script, run by sh as root (as SSM's agent runs it), with the real AWS CLI
+      // reading and deleting the parameter on moto, starts the runner as the node's user.
+      // The node's user (the local backing node's slot0) is made on this machine for the script only: a
+      // passwd and group file of its own bound over /etc's in a mount namespace.
+      const etc = await mkdtemp(join(tmpdir(), 'metastatic-etc-'));
+      ctx.onTestFinished(() => rm(etc, { recursive: true, force: true }));
+      const user = node?.username ?? '';
+      await writeFile(
+        join(etc, 'passwd'),
+        `${await readFile('/etc/passwd', 'utf8')}${user}:x:64000:64000::/nonexistent:/bin/sh\n`,
+      );
+      await writeFile(join(etc, 'group'), `${await readFile('/etc/group', 'utf8')}${user}:x:64000:\n`);
+      const bind = `mount --bind ${etc}/passwd /etc/passwd && mount --bind ${etc}/group /etc/group && exec sh -c "$1"`;
+      const ran = execFileP(
+        'unshare',
+        ['--mount', '--propagation', 'private', 'sh', '-c', bind, 'sh', script],
+        {
+          env: {
+            PATH: process.env.PATH,
+            AWS_ENDPOINT_URL: moto.endpoint,
+            AWS_ACCESS_KEY_ID: MOTO_CREDENTIALS.accessKeyId,
+            AWS_SECRET_ACCESS_KEY: MOTO_CREDENTIALS.secretAccessKey,
+            AWS_DEFAULT_REGION: REGION,
+          },
+        },
+      );
+      const started = await github.runnerStarted(runnerName);
+      expect(started.jitconfig).toBe(jit);
+      expect(started.user).toBe(node?.username);
+      await expect(ssm.send(new GetParameterCommand({ Name: parameterName }))).rejects.toThrow(
+        /ParameterNotFound|not found/i,
+      );
+      github.finishJob(runnerName);
+      await ran;
+
+      const status = {
+        version: '0',
+        id: 'ssm-1',
+        source: 'aws.ssm',
+        'detail-type': SSM_STATUS_DETAIL_TYPE,
+        detail: {
+          'command-id': command?.CommandId,
+          'instance-id': backing?.resourceId,
+          status: 'Success',
+          'document-name': 'AWS-RunShellScript',
+        },
+      };
+      expect((await runners(sqsEvent([JSON.stringify(status)]))).batchItemFailures).toEqual([]);
+      const after = await harness.pool.context.store.getRequest(requestId);
+      expect(after?.nodes.map((n) => n.state)).toEqual(['released']);
+    },
+  );
+
+  it('a job that completed first gets no request; one that completed before its runner started gets no runner', async () => {
+    expect((await deliver(jobPayload('completed', 20, JOB_LABELS))).statusCode).toBe(202);
+    expect((await deliver(jobPayload('queued', 20, JOB_LABELS))).body).toMatch(/out of order/);
+    expect((await requestOf(20))?.state).toBe('failed'); // recorded as cancelled before it was received
+
+    await deliver(jobPayload('queued', 21, JOB_LABELS));
+    await requestOf(21);
+    const requestId = jobRequestId(21);
+    await harness.fulfilUntil(
+      async () => (await harness.pool.context.store.getRequest(requestId))?.state === 'fulfilled',
+    );
+    await deliver(jobPayload('completed', 21, JOB_LABELS, 'someone-else'));
+    await harness.drainRequests();
+    const before = (await ssm.send(new ListCommandsCommand({}))).Commands?.length ?? 0;
+    await runners(sqsEvent([await fulfilledEvent(requestId)]));
+    expect((await ssm.send(new ListCommandsCommand({}))).Commands?.length ?? 0).toBe(before);
+    const after = await harness.pool.context.store.getRequest(requestId);
+    expect(after?.nodes.map((n) => n.state)).toEqual(['released']);
+  });
+
+  it('in_progress renews the lease to the route lease', async () => {
+    await deliver(jobPayload('queued', 30, JOB_LABELS));
+    await requestOf(30);
+    await deliver(jobPayload('in_progress', 30, JOB_LABELS, 'github-job-30-0'));
+    const r = await requestOf(30);
+    expect(r?.lease).toBe(3600);
+  });
+});
+
+describe('webhookSecrets', () => {
+  it('reads one secret, or two lines while one is rotated', () => {
+    expect(webhookSecrets('abc')).toEqual(['abc']);
+    expect(webhookSecrets('old\nnew\n')).toEqual(['old', 'new']);
+    expect(webhookSecrets('\n a \n\n b \n c')).toEqual(['a', 'b']);
+  });
+});
