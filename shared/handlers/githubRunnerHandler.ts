@@ -25,6 +25,9 @@ import { makeBatchHandler, type SqsBatchHandler } from './batchHandler.ts';
  *   the job's node is released (the host's signal, not GitHub's `busy` flag) and the parameter deleted
  *   if the instance never read it.
  *
+ * - `Node Released` of a `github-job-<id>` request (the pool's bus): a runner still running on the node
+ *   is stopped.
+ *
  * Anything else is logged and consumed. A GitHub answer that is no (4xx) ends the job's request (GitHub
  * keeps the job queued); a failure to reach GitHub, SSM or the table fails the record, which comes back.
  */
@@ -49,6 +52,12 @@ const FulfilledEvent = z.object({
       )
       .min(1),
   }),
+});
+
+const ReleasedEvent = z.object({
+  source: z.literal(POOL_EVENT_SOURCE),
+  'detail-type': z.literal(PoolEventType.nodeReleased),
+  detail: z.object({ requestId: z.string().regex(/^github-job-\d{1,16}$/), nodeId: z.string() }),
 });
 
 const CommandEvent = z.object({
@@ -92,6 +101,8 @@ export function makeGithubRunnerHandler(context: Context, deps: GithubRunnerDeps
     if (fulfilled.success) return startRunner(ctx, deps, fulfilled.data);
     const command = CommandEvent.safeParse(json);
     if (command.success) return commandEnded(ctx, deps, command.data.detail);
+    const released = ReleasedEvent.safeParse(json);
+    if (released.success) return nodeReleased(ctx, deps, released.data.detail.requestId);
     ctx.log.warn('github queue: neither a github request fulfilled nor an SSM command status; consumed', {
       messageId: record.messageId,
     });
@@ -182,6 +193,7 @@ async function commandEnded(
   if (!FINAL_STATUSES.has(detail.status)) return;
   const owner = await deps.items.commandOwner(detail['command-id']);
   if (!owner) return; // a command that is not one of the pool's runners
+  await deps.items.runnerEnded(owner.jobId);
   await deps.channel.forget(`${deps.parameterPath}/${owner.requestId}`);
   const out = await releaseWhole(ctx, owner.requestId, {
     force: false,
@@ -190,4 +202,18 @@ async function commandEnded(
   ctx.log.info(
     `github job ${owner.jobId}: runner ended (${detail.status}); released ${out.released.length} node(s)`,
   );
+}
+
+/**
+ * A job's node was released (its lease lapsed: the runner took no job within idle-timeout, or ran past
+ * the route's lease; GitHub said the job completed elsewhere; an operator): a runner still running on it
+ * is stopped (SSM CancelCommand) and its parameter deleted, so the slot is free for the next node.
+ */
+async function nodeReleased(ctx: Context, deps: GithubRunnerDeps, requestId: string): Promise<void> {
+  const jobId = Number(requestId.slice('github-job-'.length));
+  const runner = (await deps.items.job(jobId))?.runner;
+  if (!runner?.commandId || !runner.instanceId || runner.endedAt !== undefined) return;
+  await deps.channel.stop(runner.commandId, runner.instanceId);
+  await deps.channel.forget(`${deps.parameterPath}/${requestId}`);
+  ctx.log.info(`github job ${jobId}: its node was released; runner ${runner.name} stopped`);
 }

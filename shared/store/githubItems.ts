@@ -46,6 +46,8 @@ export const GithubJob = z.object({
       name: z.string().optional(),
       instanceId: z.string().optional(),
       commandId: z.string().optional(),
+      /** When its command's end was reported: a later release of its node stops nothing. */
+      endedAt: z.number().optional(),
     })
     .optional(),
 });
@@ -192,6 +194,23 @@ export class GithubItems {
         ExpressionAttributeValues: { ':runner': runner },
       }),
     );
+  }
+
+  /** The runner's command ended (its status event). */
+  async runnerEnded(jobId: number): Promise<void> {
+    try {
+      await this.doc.send(
+        new UpdateCommand({
+          TableName: this.table,
+          Key: key.job(jobId),
+          UpdateExpression: 'SET runner.endedAt = :now',
+          ConditionExpression: 'attribute_exists(runner)',
+          ExpressionAttributeValues: { ':now': this.now() },
+        }),
+      );
+    } catch (err) {
+      if (!(err instanceof ConditionalCheckFailedException)) throw err;
+    }
   }
 
   /** The job and request an SSM command ran the runner of, if it was one of ours. */

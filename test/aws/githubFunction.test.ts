@@ -55,6 +55,7 @@ describeWithMoto('the github function', () => {
   let webhook: (e: FunctionUrlRequest) => Promise<{ statusCode: number; body: string }>;
   let runners: ReturnType<typeof makeGithubRunnerHandler>;
   let deliveries = 0;
+  const stopped: { commandId: string; instanceId: string }[] = [];
 
   beforeAll(async () => {
     moto = await startMoto();
@@ -97,11 +98,20 @@ describeWithMoto('the github function', () => {
       log: silentLog,
     });
     const api = new GithubApi(settings, github.privateKeyPem);
+    const channel = new SsmRunnerChannel(ssm);
+    stopped.length = 0;
     runners = makeGithubRunnerHandler(harness.pool.context, {
       settings,
       api: async () => api,
       items,
-      channel: new SsmRunnerChannel(ssm),
+      channel: {
+        start: (input) => channel.start(input),
+        forget: (name) => channel.forget(name),
+        // moto 5.2.1 does not implement CancelCommand (NotImplementedError): the exact request is recorded.
+        stop: async (commandId, instanceId) => {
+          stopped.push({ commandId, instanceId });
+        },
+      },
       region: REGION,
       parameterPath: PARAMETER_PATH,
     });
@@ -130,11 +140,11 @@ describeWithMoto('the github function', () => {
     return harness.pool.context.store.getRequest(jobRequestId(jobId));
   }
 
-  /** The pool's Request Fulfilled event of a request (events.jsonl: EventBridge's shape). */
-  async function fulfilledEvent(requestId: string): Promise<string> {
+  /** The pool's event of a request (events.jsonl holds them in EventBridge's shape). */
+  async function poolEvent(type: string, requestId: string): Promise<string> {
     const lines = (await readFile(join(harness.pool.info.stateDir, 'events.jsonl'), 'utf8')).split('\n');
-    const line = lines.find((l) => l.includes('"Request Fulfilled"') && l.includes(`"${requestId}"`));
-    if (!line) throw new Error(`no Request Fulfilled event for ${requestId}`);
+    const line = lines.find((l) => l.includes(`"${type}"`) && l.includes(`"requestId":"${requestId}"`));
+    if (!line) throw new Error(`no ${type} event for ${requestId}`);
     return line;
   }
 
@@ -178,7 +188,7 @@ describeWithMoto('the github function', () => {
       await harness.fulfilUntil(
         async () => (await harness.pool.context.store.getRequest(requestId))?.state === 'fulfilled',
       );
-      const event = await fulfilledEvent(requestId);
+      const event = await poolEvent('Request Fulfilled', requestId);
       // EventBridge and SQS deliver at least once: two copies handled at once start one runner; the one
       // that found the other starting it comes back (a batch item failure), and then finds it started.
       const out = await runners(sqsEvent([event, event]));
@@ -270,10 +280,29 @@ describeWithMoto('the github function', () => {
     await deliver(jobPayload('completed', 21, JOB_LABELS, 'someone-else'));
     await harness.drainRequests();
     const before = (await ssm.send(new ListCommandsCommand({}))).Commands?.length ?? 0;
-    await runners(sqsEvent([await fulfilledEvent(requestId)]));
+    await runners(sqsEvent([await poolEvent('Request Fulfilled', requestId)]));
     expect((await ssm.send(new ListCommandsCommand({}))).Commands?.length ?? 0).toBe(before);
     const after = await harness.pool.context.store.getRequest(requestId);
     expect(after?.nodes.map((n) => n.state)).toEqual(['released']);
+  });
+
+  it('a runner that took no job within idle-timeout is stopped: the lease lapses, the reaper releases the node, and its release cancels the command', async () => {
+    await deliver(jobPayload('queued', 40, JOB_LABELS));
+    await requestOf(40);
+    const requestId = jobRequestId(40);
+    await harness.fulfilUntil(async () => (await harness.pool.context.store.getRequest(requestId))?.state === 'fulfilled');
+    expect((await runners(sqsEvent([await poolEvent('Request Fulfilled', requestId)]))).batchItemFailures).toEqual([]);
+    const command = ((await ssm.send(new ListCommandsCommand({}))).Commands ?? []).find((c) =>
+      c.Comment?.includes('GitHub job 40'),
+    );
+    expect(command?.CommandId).toBeDefined();
+    harness.clock.advance(301_000); // idle-timeout 300 s: no in_progress renewed the lease
+    expect((await harness.pool.reapNow()).leasesExpired).toEqual([requestId]);
+    expect((await harness.pool.context.store.getRequest(requestId))?.nodes.map((n) => n.state)).toEqual(['released']);
+    expect((await runners(sqsEvent([await poolEvent('Node Released', requestId)]))).batchItemFailures).toEqual([]);
+    expect(stopped).toEqual([{ commandId: command?.CommandId, instanceId: command?.InstanceIds?.[0] }]);
+    const parameter = `${PARAMETER_PATH}/${requestId}`;
+    await expect(ssm.send(new GetParameterCommand({ Name: parameter }))).rejects.toThrow(/ParameterNotFound|not found/i);
   });
 
   it('in_progress renews the lease to the route lease', async () => {

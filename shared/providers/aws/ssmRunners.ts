@@ -1,5 +1,8 @@
 import {
+  CancelCommandCommand,
   DeleteParameterCommand,
+  InvalidCommandId,
+  InvalidInstanceId,
   ParameterNotFound,
   PutParameterCommand,
   SendCommandCommand,
@@ -36,6 +39,8 @@ export interface RunnerChannel {
   start(input: StartInput): Promise<string>;
   /** Deletes a secret the instance never read (gone already: nothing to do). */
   forget(parameterName: string): Promise<void>;
+  /** Stops a command still running (SSM ends the processes it started); one that ended: nothing to do. */
+  stop(commandId: string, instanceId: string): Promise<void>;
 }
 
 export class SsmRunnerChannel implements RunnerChannel {
@@ -67,6 +72,15 @@ export class SsmRunnerChannel implements RunnerChannel {
     const id = out.Command?.CommandId;
     if (!id) throw new Error(`SSM SendCommand to ${input.instanceId} returned no command id`);
     return id;
+  }
+
+  async stop(commandId: string, instanceId: string): Promise<void> {
+    try {
+      await this.ssm.send(new CancelCommandCommand({ CommandId: commandId, InstanceIds: [instanceId] }));
+    } catch (err) {
+      // Ended already, or its instance gone: there is nothing left to stop.
+      if (!(err instanceof InvalidCommandId || err instanceof InvalidInstanceId)) throw err;
+    }
   }
 
   async forget(parameterName: string): Promise<void> {
