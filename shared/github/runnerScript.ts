@@ -31,9 +31,12 @@ export interface RunnerScriptInput {
 /** Where a contained slot's runner gets its /tmp: a directory of its own, emptied at each start. */
 export const RUNNER_TMP_ROOT = '/var/lib/metastatic/runner-tmp';
 
+/** The runner's PATH: a login's, with /usr/local first (where images put tools). */
+export const RUNNER_PATH = '/usr/local/bin:/usr/bin:/bin';
+
 export function runnerScript(input: RunnerScriptInput): string {
   const inner =
-    'IFS= read -r METASTATIC_JITCONFIG && export METASTATIC_JITCONFIG && { cd 2>/dev/null || cd /; } && exec sh -c "$1"';
+    'IFS= read -r METASTATIC_JITCONFIG && export METASTATIC_JITCONFIG && { cd "$HOME" 2>/dev/null || cd /; } && exec sh -c "$1"';
   return [
     'set -eu',
     `region=${shellQuote(input.region)} parameter=${shellQuote(input.parameterName)} user=${shellQuote(input.user)}`,
@@ -42,13 +45,15 @@ export function runnerScript(input: RunnerScriptInput): string {
     'aws ssm delete-parameter --region "$region" --name "$parameter" >/dev/null 2>&1 || true',
     'entry=$(getent passwd "$user") || { echo "metastatic: no user $user on this instance" >&2; exit 125; }',
     'home=$(printf %s "$entry" | cut -d: -f6) uid=$(id -u "$user") gid=$(id -g "$user")',
+    // Nothing of the agent's (root's) environment reaches the runner: what a login would set, no more.
+    `ENVIRONMENT="USER=$user LOGNAME=$user SHELL=/bin/sh LANG=C.UTF-8 PATH=${RUNNER_PATH}"`,
     `if [ -x ${SLOT_PROGRAM_PATH} ] && [ -f ${SLOTS_FILE} ] && id -nG "$user" | tr ' ' '\\n' | grep -qx metastatic-slot; then`,
     `  tmp=${RUNNER_TMP_ROOT}/$user`,
     '  rm -rf "$tmp" && mkdir -p "$tmp" && chown "$uid:$gid" "$tmp" && chmod 0700 "$tmp"',
-    `  printf '%s\\n' "$jit" | ${SLOT_PROGRAM_PATH} run "$user" "$uid" "$gid" "$home" "$tmp" "$user" -- sh -c ${shellQuote(inner)} sh "$command"`,
+    `  printf '%s\\n' "$jit" | env -i HOME="/home/$user" $ENVIRONMENT ${SLOT_PROGRAM_PATH} run "$user" "$uid" "$gid" "$home" "$tmp" "$user" -- sh -c ${shellQuote(inner)} sh "$command"`,
     'else',
     '  cd "$home" 2>/dev/null || cd /',
-    `  printf '%s\\n' "$jit" | HOME="$home" USER="$user" LOGNAME="$user" setpriv --reuid="$uid" --regid="$gid" --init-groups -- sh -c ${shellQuote(inner)} sh "$command"`,
+    `  printf '%s\\n' "$jit" | env -i HOME="$home" $ENVIRONMENT setpriv --reuid="$uid" --regid="$gid" --init-groups -- sh -c ${shellQuote(inner)} sh "$command"`,
     'fi',
   ].join('\n');
 }

@@ -5,6 +5,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { parseConfigOrThrow } from '../../shared/config/load.ts';
+import { runnerScript } from '../../shared/github/runnerScript.ts';
 import { launchUserData } from '../../shared/providers/aws/runInstancesRequest.ts';
 import { awsPoolSettings } from '../../shared/providers/aws/settings.ts';
 import { poolConfig } from '../../testkit/configs.ts';
@@ -93,6 +94,26 @@ describe.skipIf(why !== undefined)(
       if (text === undefined) throw new Error('no user data');
       userData = text;
       await writeFile(join(dir, 'user-data.yaml'), userData);
+      // The script the github function sends through SSM to start a job's runner in slot 0; the runner
+      // command prints what a runner would see (its uid, cgroup, directory, /tmp, configuration).
+      const runnerCommand = [
+        'echo "uid=$(id -u)"',
+        `echo "cgroup=$(grep -c 'metastatic/${username}-0$' /proc/self/cgroup)"`,
+        'echo "pwd=$(pwd)"',
+        'echo "jit=$METASTATIC_JITCONFIG"',
+        'echo "tmp=$(ls -A /tmp | wc -l)"',
+        'echo "caps=$(grep CapEff /proc/self/status | cut -f2)"',
+        'echo "env=$(env | cut -d= -f1 | sort | tr "\\n" " ")"',
+      ].join('; ');
+      await writeFile(
+        join(dir, 'runner.sh'),
+        runnerScript({
+          region: 'eu-west-1',
+          parameterName: '/metastatic/p/github/jit/github-job-1',
+          user: `${username}-0`,
+          runnerCommand,
+        }),
+      );
       const script = join(import.meta.dirname, '..', 'instance', 'contained-instance.sh');
       const stdout = await new Promise<string>((resolve, reject) => {
         execFile(
@@ -173,6 +194,28 @@ describe.skipIf(why !== undefined)(
       const names = (seen.get('env0') ?? '').trim().split(/\s+/);
       expect(names).toContain('HOME');
       expect(names.filter((n) => !SSHD_ENV.has(n))).toEqual([]);
+    });
+
+    it("starts a GitHub job's runner in the slot: its user, cgroup, home and an empty /tmp, the configuration on stdin, no capabilities", () => {
+      expect(seen.get('runner_uid')).toBe(seen.get('uid_host'));
+      expect(seen.get('runner_cgroup')).not.toBe('0');
+      expect(seen.get('runner_pwd')).toBe(`/home/${username}-0`);
+      expect(seen.get('runner_jit')).toBe(`jit-for-${username}-0`);
+      expect(seen.get('runner_tmp')).toBe('0');
+      expect(seen.get('runner_caps')).toBe('0000000000000000');
+      expect(seen.get('runner_parameter_deleted')).toBe('yes');
+      // The agent's environment (root's: here METASTATIC_TEST_USER, the harness's) does not reach it.
+      expect(seen.get('runner_env')?.trim().split(' ')).toEqual([
+        'HOME',
+        'LANG',
+        'LOGNAME',
+        'METASTATIC_JITCONFIG',
+        'OLDPWD',
+        'PATH',
+        'PWD',
+        'SHELL',
+        'USER',
+      ]);
     });
 
     it("ends every process of a slot, setsid ones included, with the slot program's kill", () => {

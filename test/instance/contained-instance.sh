@@ -18,6 +18,7 @@ USER1=$3
 S=/mnt
 mount -t tmpfs metastatic-instance "$S"
 cp "$IN/user-data.yaml" "$IN/id_ed25519" "$S/"
+if [ -f "$IN/runner.sh" ]; then cp "$IN/runner.sh" "$S/"; fi
 chmod 600 "$S/id_ed25519"
 mkdir -p "$S/etc-up" "$S/etc-work"
 mount -t overlay overlay -o "lowerdir=/etc,upperdir=$S/etc-up,workdir=$S/etc-work" /etc
@@ -92,6 +93,22 @@ ssh-keygen -q -t ed25519 -N '' -f "$S/own" >/dev/null
 slot "$USER0" "mkdir -p ~/.ssh && echo '$(cat "$S/own.pub")' >>~/.ssh/authorized_keys" >/dev/null
 say own_key "$(ssh -n -i "$S/own" -p 2222 -o BatchMode=yes -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null \
   -o LogLevel=ERROR "$USER0@127.0.0.1" echo in 2>/dev/null || echo refused)"
+# A GitHub job's runner, started as SSM Run Command would start it (the github function's script, as
+# root): the AWS CLI here is a stand-in (no network) that hands out the JIT configuration and records
+# that the parameter was deleted; the runner command prints what the runner would see.
+if [ -f "$S/runner.sh" ]; then
+  mkdir -p "$S/bin"
+  cat >"$S/bin/aws" <<'AWS'
+#!/bin/sh
+case "$2" in
+get-parameter) echo "jit-for-$METASTATIC_TEST_USER" ;;
+delete-parameter) : >/run/parameter-deleted ;;
+esac
+AWS
+  chmod 755 "$S/bin/aws"
+  METASTATIC_TEST_USER=$USER0 PATH="$S/bin:$PATH" sh "$S/runner.sh" 2>&1 | sed 's/^/runner_/'
+  say runner_parameter_deleted "$(test -f /run/parameter-deleted && echo yes || echo no)"
+fi
 /usr/local/sbin/metastatic-slot kill "$USER0"
 say after_kill "$(pgrep -u "$USER0" >/dev/null && echo running || echo none)"
 
