@@ -27,6 +27,7 @@ import { jobPayload } from '../../testkit/githubPool.ts';
 import { GithubStandIn } from '../../testkit/githubStandIn.ts';
 import { type Harness, sqsEvent, startHarness } from '../../testkit/harness.ts';
 import { describeWithMoto, MOTO_CREDENTIALS, type Moto, startMoto } from '../../testkit/moto.ts';
+import { onPath } from '../../testkit/onPath.ts';
 
 /**
  * The github function on AWS (docs/github.md, "On AWS"), its handlers run against real engines: the
@@ -39,6 +40,12 @@ import { describeWithMoto, MOTO_CREDENTIALS, type Moto, startMoto } from '../../
  */
 
 const execFileP = promisify(execFile);
+/** Running the instance's script needs root (a passwd of its own, bound over /etc's) and the AWS CLI. */
+const noInstance =
+  process.getuid?.() !== 0 ? 'needs root' : onPath('aws') ? undefined : 'the AWS CLI (aws) is not installed';
+if (noInstance !== undefined && process.env.METASTATIC_REQUIRE_MOTO === '1') {
+  throw new Error(`METASTATIC_REQUIRE_MOTO=1 but the runner script cannot run here: ${noInstance}`);
+}
 const RUNNER = join(import.meta.dirname, '../../testkit/standInRunner.sh');
 const SECRET = 'webhook secret';
 const REGION = 'us-east-1';
@@ -179,7 +186,7 @@ describeWithMoto('the github function', () => {
     expect(await store.getRequest(jobRequestId(4))).toBeDefined();
   });
 
-  it.skipIf(process.getuid?.() !== 0)(
+  it.skipIf(noInstance !== undefined)(
     'starts one runner per job on its node through SSM, the JIT configuration only in a SecureString, and releases the node when the command ends',
     async (ctx) => {
       expect((await deliver(jobPayload('queued', 10, JOB_LABELS))).statusCode).toBe(202);
@@ -290,19 +297,29 @@ describeWithMoto('the github function', () => {
     await deliver(jobPayload('queued', 40, JOB_LABELS));
     await requestOf(40);
     const requestId = jobRequestId(40);
-    await harness.fulfilUntil(async () => (await harness.pool.context.store.getRequest(requestId))?.state === 'fulfilled');
-    expect((await runners(sqsEvent([await poolEvent('Request Fulfilled', requestId)]))).batchItemFailures).toEqual([]);
+    await harness.fulfilUntil(
+      async () => (await harness.pool.context.store.getRequest(requestId))?.state === 'fulfilled',
+    );
+    expect(
+      (await runners(sqsEvent([await poolEvent('Request Fulfilled', requestId)]))).batchItemFailures,
+    ).toEqual([]);
     const command = ((await ssm.send(new ListCommandsCommand({}))).Commands ?? []).find((c) =>
       c.Comment?.includes('GitHub job 40'),
     );
     expect(command?.CommandId).toBeDefined();
     harness.clock.advance(301_000); // idle-timeout 300 s: no in_progress renewed the lease
     expect((await harness.pool.reapNow()).leasesExpired).toEqual([requestId]);
-    expect((await harness.pool.context.store.getRequest(requestId))?.nodes.map((n) => n.state)).toEqual(['released']);
-    expect((await runners(sqsEvent([await poolEvent('Node Released', requestId)]))).batchItemFailures).toEqual([]);
+    expect((await harness.pool.context.store.getRequest(requestId))?.nodes.map((n) => n.state)).toEqual([
+      'released',
+    ]);
+    expect(
+      (await runners(sqsEvent([await poolEvent('Node Released', requestId)]))).batchItemFailures,
+    ).toEqual([]);
     expect(stopped).toEqual([{ commandId: command?.CommandId, instanceId: command?.InstanceIds?.[0] }]);
     const parameter = `${PARAMETER_PATH}/${requestId}`;
-    await expect(ssm.send(new GetParameterCommand({ Name: parameter }))).rejects.toThrow(/ParameterNotFound|not found/i);
+    await expect(ssm.send(new GetParameterCommand({ Name: parameter }))).rejects.toThrow(
+      /ParameterNotFound|not found/i,
+    );
   });
 
   it('in_progress renews the lease to the route lease', async () => {
