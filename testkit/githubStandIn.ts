@@ -37,6 +37,8 @@ export class GithubStandIn {
   readonly deliveryLog: DeliveryItem[] = [];
   private readonly deliveryBodies = new Map<string, { event: string; body: string }>();
   private webhook: { url: string; secret: string } | undefined;
+  /** When each generate-jitconfig was answered (performance.now()), in order. */
+  readonly jitConfigTimes: number[] = [];
   /** The JIT configurations issued, by runner name. */
   readonly issued = new Map<string, string>();
   readonly started = new Map<string, StartedRunner>();
@@ -250,6 +252,7 @@ export class GithubStandIn {
       return;
     }
     this.calls.jitConfigs += 1;
+    this.jitConfigTimes.push(performance.now());
     const runner: Runner = {
       id: this.nextRunnerId++,
       name: b.name,

@@ -31,11 +31,23 @@ export const MAX_RATE_LIMIT_WAIT_S = 60;
  * at a time, would start the runners of a burst of 1,000 queued jobs over 17 minutes; this, in 6.
  */
 export const WRITE_INTERVAL_MS = 340;
-const writes = new Bottleneck.Group({
-  id: 'metastatic-github-write',
-  maxConcurrent: 10,
-  minTime: WRITE_INTERVAL_MS,
-});
+/**
+ * The writes of this process, spaced for `processes` writing at once (Lambda's containers of the github
+ * function: each spaces its own, so together they stay within GitHub's limit). One group per spacing.
+ */
+const writeGroups = new Map<number, Bottleneck.Group>();
+function writesFor(processes: number): Bottleneck.Group {
+  let group = writeGroups.get(processes);
+  if (!group) {
+    group = new Bottleneck.Group({
+      id: `metastatic-github-write-${processes}`,
+      maxConcurrent: Math.max(1, Math.floor(10 / processes)),
+      minTime: WRITE_INTERVAL_MS * processes,
+    });
+    writeGroups.set(processes, group);
+  }
+  return group;
+}
 
 const GithubClient = Octokit.plugin(throttling, retry);
 type GithubClient = InstanceType<typeof GithubClient>;
@@ -63,6 +75,8 @@ export class GithubApi {
   constructor(
     private readonly settings: GithubSettings,
     private readonly privateKey: string,
+    /** How many processes call GitHub for this App at once (the github function's containers): 1 in dev. */
+    private readonly writers = 1,
   ) {}
 
   private client(installationId: number | 'app'): GithubClient {
@@ -83,7 +97,11 @@ export class GithubApi {
         cache: this.tokens,
       },
       request: { headers: { 'x-github-api-version': '2022-11-28' } },
-      throttle: { onRateLimit: retryWhile, onSecondaryRateLimit: retryWhile, write: writes },
+      throttle: {
+        onRateLimit: retryWhile,
+        onSecondaryRateLimit: retryWhile,
+        write: writesFor(this.writers),
+      },
       // 409 too: a runner name in use is an answer, not a failure to try again.
       retry: { doNotRetry: [400, 401, 403, 404, 409, 410, 422, 451] },
     });

@@ -30,6 +30,12 @@ export const GithubEnv = z.object({
   GITHUB_WEBHOOK_SECRET_ARN: z.string().min(1),
   GITHUB_APP_KEY_SECRET_ARN: z.string().min(1),
   GITHUB_JIT_PARAMETER_PATH: z.string().regex(/^\/[A-Za-z0-9_.\-/]+[^/]$/),
+  /**
+   * The most containers of the function handling the github queue at once (its event source's maximum
+   * concurrency): each spaces its GitHub writes by that many times WRITE_INTERVAL_MS, so together they
+   * keep within GitHub's secondary limit.
+   */
+  GITHUB_MAX_CONCURRENCY: z.coerce.number().int().min(1).max(100).default(2),
 });
 
 export interface GithubRuntime {
@@ -60,7 +66,7 @@ export function githubRuntimeFromEnv(raw: NodeJS.ProcessEnv = process.env): Gith
   const githubApi = async () => {
     const key = await secret(env.GITHUB_APP_KEY_SECRET_ARN);
     // A new key (rotated in Secrets Manager): a new client, its token cache with it.
-    if (api?.key !== key) api = { key, api: new GithubApi(settings, key) };
+    if (api?.key !== key) api = { key, api: new GithubApi(settings, key, env.GITHUB_MAX_CONCURRENCY) };
     return api.api;
   };
   const items = new GithubItems(

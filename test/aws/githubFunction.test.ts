@@ -9,7 +9,7 @@ import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { parseConfigOrThrow } from '../../shared/config/load.ts';
 import { silentLog } from '../../shared/core/log.ts';
 import type { GithubSettings } from '../../shared/core/model.ts';
-import { GithubApi } from '../../shared/github/githubApi.ts';
+import { GithubApi, WRITE_INTERVAL_MS } from '../../shared/github/githubApi.ts';
 import { jobRequestId } from '../../shared/github/webhook.ts';
 import {
   makeGithubRunnerHandler,
@@ -328,6 +328,41 @@ describeWithMoto('the github function', () => {
     await deliver(jobPayload('in_progress', 30, JOB_LABELS, 'github-job-30-0'));
     const r = await requestOf(30);
     expect(r?.lease).toBe(3600);
+  });
+});
+
+describe("the github function's GitHub writes", () => {
+  it("are spaced for every container that may write at once, so that together they keep within GitHub's limit", async () => {
+    const github = await GithubStandIn.start();
+    try {
+      const settings = parseConfigOrThrow(
+        poolConfig({
+          top: {
+            github: {
+              'api-url': github.url,
+              'app-id': github.appId,
+              'installation-id': 77,
+              routes: [{ 'runs-on': ['self-hosted'], label: 'small-node' }],
+            },
+          },
+          meta: { labels: [smallNode()] },
+        }),
+        'github.yaml',
+      ).github as GithubSettings;
+      // Two containers: each starts a write at most every 2 x WRITE_INTERVAL_MS.
+      const api = new GithubApi(settings, github.privateKeyPem, 2);
+      await Promise.all(
+        [1, 2, 3, 4].map((n) => api.jitConfig({ repository: 'o/r', name: `spaced-${n}`, labels: ['x'] })),
+      );
+      const t = github.jitConfigTimes;
+      const gaps = t.slice(1).map((at, i) => at - (t[i] as number));
+      expect(gaps).toHaveLength(3);
+      // A lower bound only (a loaded machine widens gaps, never narrows them), less 100 ms of jitter
+      // between Bottleneck's start of a request and the stand-in's answer.
+      for (const gap of gaps) expect(gap).toBeGreaterThan(2 * WRITE_INTERVAL_MS - 100);
+    } finally {
+      await github.close();
+    }
   });
 });
 
