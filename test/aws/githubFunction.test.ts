@@ -22,6 +22,7 @@ import {
 import { SsmRunnerChannel } from '../../shared/providers/aws/ssmRunners.ts';
 import { webhookSecrets } from '../../shared/runtime/githubRuntime.ts';
 import { GithubItems } from '../../shared/store/githubItems.ts';
+import { parseSeed, Random } from '../../testkit/chaosRandom.ts';
 import { poolConfig, smallNode } from '../../testkit/configs.ts';
 import { jobPayload } from '../../testkit/githubPool.ts';
 import { GithubStandIn } from '../../testkit/githubStandIn.ts';
@@ -51,6 +52,8 @@ const SECRET = 'webhook secret';
 const REGION = 'us-east-1';
 const PARAMETER_PATH = '/metastatic/test/github/jit';
 const JOB_LABELS = ['self-hosted', 'linux', 'small'];
+/** Seed 1 in `npm test`; more with METASTATIC_GITHUB_CHAOS_SEEDS=1,2,3 (as the embedded GitHub chaos test). */
+const CHAOS_SEEDS = (process.env.METASTATIC_GITHUB_CHAOS_SEEDS ?? '1').split(',').map((s) => parseSeed(s));
 
 describeWithMoto('the github function', () => {
   let moto: Moto;
@@ -321,6 +324,107 @@ describeWithMoto('the github function', () => {
       /ParameterNotFound|not found/i,
     );
   });
+
+  it.each(CHAOS_SEEDS)(
+    'chaos (seed %i): webhooks twice or out of order, events twice, runners ending anywhere: one runner per job at most, none after its job completed, no node held once every job completed',
+    async (seed) => {
+      const random = new Random(seed);
+      const jobs = Array.from({ length: 6 }, (_, i) => seed * 1000 + i + 1);
+      // Each job's deliveries, in GitHub's order, then some completed moved first (out of order), and
+      // the whole interleaved; a delivery may come twice (GitHub's redelivery keeps its id).
+      const completedFirst = new Set(jobs.filter(() => random.chance(0.25)));
+      const perJob = jobs.map((job) => {
+        const actions = ['queued', ...(random.chance(0.5) ? ['in_progress'] : []), 'completed'];
+        if (completedFirst.has(job)) actions.unshift(actions.pop() as string);
+        return actions.map((action, k) => ({ job, action, id: `c${job}-${k}` }));
+      });
+      const schedule: { job: number; action: string; id: string }[] = [];
+      while (perJob.some((l) => l.length > 0)) {
+        const list = random.pick(perJob.filter((l) => l.length > 0));
+        const next = list.shift() as { job: number; action: string; id: string };
+        schedule.push(next);
+        if (random.chance(0.3)) schedule.push(next);
+      }
+      const fed = new Set<string>();
+      const ended = new Set<string>();
+      /** Every pool event not fed yet goes to the runner handler, some twice; a failed one comes back. */
+      async function feedEvents() {
+        const lines = (await readFile(join(harness.pool.info.stateDir, 'events.jsonl'), 'utf8'))
+          .split('\n')
+          .filter((l) => l.includes('github-job-') && !fed.has(l));
+        for (const line of lines) {
+          fed.add(line);
+          const copies = random.chance(0.3) ? [line, line] : [line];
+          const out = await runners(sqsEvent(copies));
+          if (out.batchItemFailures.length > 0) await runners(sqsEvent([line]));
+        }
+      }
+      /** Runners whose command SSM has, ending (their status event) with some chance, or always. */
+      async function endRunners(always: boolean) {
+        const commands = (await ssm.send(new ListCommandsCommand({}))).Commands ?? [];
+        for (const c of commands) {
+          const job = Number(/GitHub job (\d+)$/.exec(c.Comment ?? '')?.[1]);
+          if (!jobs.includes(job) || ended.has(c.CommandId ?? '') || !(always || random.chance(0.4)))
+            continue;
+          ended.add(c.CommandId ?? '');
+          const status = {
+            source: 'aws.ssm',
+            'detail-type': SSM_STATUS_DETAIL_TYPE,
+            detail: {
+              'command-id': c.CommandId,
+              'instance-id': c.InstanceIds?.[0],
+              status: random.pick(['Success', 'Failed', 'Cancelled']),
+            },
+          };
+          await runners(
+            sqsEvent(
+              random.chance(0.3)
+                ? [JSON.stringify(status), JSON.stringify(status)]
+                : [JSON.stringify(status)],
+            ),
+          );
+        }
+      }
+      const settled = async () => {
+        const requests = await Promise.all(
+          jobs.map((j) => harness.pool.context.store.getRequest(jobRequestId(j))),
+        );
+        return requests.every((r) => !r || r.state === 'fulfilled' || r.state === 'failed');
+      };
+      for (const d of schedule) {
+        const runnerName = d.action === 'queued' ? null : `${jobRequestId(d.job)}-0`;
+        const answer = await deliver(jobPayload(d.action, d.job, JOB_LABELS, runnerName), { delivery: d.id });
+        expect(answer.statusCode).toBeLessThan(300);
+        await harness.drainRequests();
+        await harness.fulfilUntil(settled);
+        await feedEvents();
+        await endRunners(false);
+        await harness.drainRequests();
+        await feedEvents();
+      }
+      // Every job completed: its runner exits (the ones still running), and one reaper run later nothing
+      // of any job is held.
+      await endRunners(true);
+      harness.clock.advance(301_000);
+      await harness.pool.reapNow();
+      await harness.drainRequests();
+      await feedEvents();
+      const commands = ((await ssm.send(new ListCommandsCommand({}))).Commands ?? []).filter((c) =>
+        jobs.includes(Number(/GitHub job (\d+)$/.exec(c.Comment ?? '')?.[1])),
+      );
+      for (const job of jobs) {
+        const mine = commands.filter((c) => c.Comment?.endsWith(`GitHub job ${job}`));
+        // Each delivery is handled before the next comes: a job queued before it completed got its node,
+        // and its runner, before its completed arrived; one that completed first got neither.
+        const want = completedFirst.has(job) ? 0 : 1;
+        expect(mine.length, `job ${job}: ${want} runner(s)`).toBe(want);
+        const r = await harness.pool.context.store.getRequest(jobRequestId(job));
+        const held = r?.nodes.filter((n) => n.state === 'ready' || n.state === 'pending') ?? [];
+        expect(held, `job ${job}: no node held`).toEqual([]);
+      }
+    },
+    120_000,
+  );
 
   it('in_progress renews the lease to the route lease', async () => {
     await deliver(jobPayload('queued', 30, JOB_LABELS));
