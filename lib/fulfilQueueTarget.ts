@@ -10,14 +10,15 @@ import type { Construct } from 'constructs';
 const EVENTS = 'events.amazonaws.com';
 
 /**
- * The fulfil queue as the target of an EC2 events rule; an event EventBridge cannot deliver goes to the
- * queue's dead-letter queue. What EventBridge may do is granted here rather than by CDK's `SqsQueue`
+ * A work queue as the target of an events rule (the fulfil queue of the EC2 events rules, the github
+ * queue of the github rules: lib/poolGithub.ts); an event EventBridge cannot deliver goes to the queue's
+ * dead-letter queue. What EventBridge may do is granted here rather than by CDK's `SqsQueue`
  * target: on an encrypted queue that target conditions its grant only when the app sets the feature flag
  * `@aws-cdk/aws-events:eventsTargetQueueSameAccount`, and this construct is built in other people's apps.
  * Each queue's policy lets events.amazonaws.com send only for this rule (`aws:SourceArn`), with or
  * without a key.
  */
-export class FulfilQueueTarget implements IRuleTarget {
+export class QueueTarget implements IRuleTarget {
   constructor(
     private readonly queue: IQueue,
     private readonly deadLetterQueue: IQueue,

@@ -8,11 +8,15 @@ export {
   type PoolFunctionName,
   type PoolFunctionProps,
 } from './poolFunction.ts';
+export { PoolGithub, type PoolGithubProps } from './poolGithub.ts';
 export {
   EC2_DETAIL_TYPES,
   EC2_EVENT_STATES,
   FULFIL_MAX_CONCURRENCY,
   FULFIL_MAX_RECEIVE_COUNT,
+  GITHUB_FUNCTION_TIMEOUT_SECONDS,
+  GITHUB_MAX_CONCURRENCY,
+  GITHUB_MAX_RECEIVE_COUNT,
   METRICS_NAMESPACE,
   type MetastaticPoolProps,
   POWERTOOLS_SERVICE_NAME,

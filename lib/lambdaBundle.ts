@@ -4,8 +4,12 @@ import { basename, dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { BundleCache, type BundleFile } from './bundleCache.ts';
 
-/** The Lambda functions of the pool: each has its entry point at `functions/<name>/index.ts`. */
-export const POOL_FUNCTION_NAMES = ['request', 'fulfil', 'reaper'] as const;
+/**
+ * The Lambda functions of the pool: each has its entry point at `functions/<name>/index.ts`. The package
+ * ships a bundle of each; a stack deploys `github` only when its configuration has an enabled `github`
+ * section (lib/poolGithub.ts).
+ */
+export const POOL_FUNCTION_NAMES = ['request', 'fulfil', 'reaper', 'github'] as const;
 export type PoolFunctionName = (typeof POOL_FUNCTION_NAMES)[number];
 
 /**

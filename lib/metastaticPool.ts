@@ -10,12 +10,13 @@ import { parseConfigOrThrow } from '../shared/config/load.ts';
 import type { ResolvedConfig } from '../shared/core/model.ts';
 import { FUNCTION_CONFIG_FILE } from '../shared/runtime/functionConfig.ts';
 import { STACK_OUTPUTS } from '../shared/runtime/stackOutputs.ts';
-import { admitEventBridgeToKey, FulfilQueueTarget } from './fulfilQueueTarget.ts';
+import { admitEventBridgeToKey, QueueTarget } from './fulfilQueueTarget.ts';
 import { awsLabels, LauncherPermissions } from './launcherPermissions.ts';
 import { poolAlarms } from './poolAlarms.ts';
 import { poolDashboard } from './poolDashboard.ts';
 import { acknowledgeFindings } from './poolFindings.ts';
 import { PoolFunction } from './poolFunction.ts';
+import { PoolGithub } from './poolGithub.ts';
 import {
   checkMaxConcurrency,
   checkPoolId,
@@ -37,7 +38,8 @@ import type { QueueWithDlq } from './queueWithDlq.ts';
 /**
  * A metastatic pool on AWS: the table, the request and fulfil queues with their dead-letter queues,
  * the request, fulfil and reaper functions, the EventBridge rules that feed them, the EC2 permissions
- * bound to the pool's tag, and the alarms an operator needs.
+ * bound to the pool's tag, and the alarms an operator needs; with an enabled `github` section, the
+ * github function and what it needs (lib/poolGithub.ts).
  */
 export class MetastaticPool extends Construct {
   readonly config: ResolvedConfig;
@@ -62,7 +64,13 @@ export class MetastaticPool extends Construct {
   readonly dashboard: Dashboard | undefined;
   /** The functions' security groups when they run in a VPC (empty otherwise): admit these on the instances. */
   readonly functionsSecurityGroups: readonly ISecurityGroup[];
-  /** The stack outputs the CLI reads, by key (empty with `stackOutputs: false`). */
+  /** GitHub Actions jobs in packed slots: only with an enabled `github` section (lib/poolGithub.ts). */
+  readonly github: PoolGithub | undefined;
+  readonly githubFunction: PoolFunction | undefined;
+  readonly githubQueue: QueueWithDlq | undefined;
+  /** The github function's URL: the GitHub App's webhook URL. */
+  readonly githubWebhookUrl: string | undefined;
+  /** The stack outputs the CLI reads, and the github ones, by key (empty with `stackOutputs: false`). */
   readonly outputs: Readonly<Record<string, CfnOutput>>;
 
   constructor(scope: Construct, id: string, props: MetastaticPoolProps) {
@@ -196,8 +204,7 @@ export class MetastaticPool extends Construct {
     // An event EventBridge cannot deliver lands in the fulfil dead-letter queue, next to the events the
     // fulfil function gave up on: one place to look and redrive. The target grants EventBridge each
     // queue for its rule only (aws:SourceArn), whatever the app's feature flags (fulfilQueueTarget.ts).
-    const toFulfilQueue = () =>
-      new FulfilQueueTarget(this.fulfilQueue.queue, this.fulfilQueue.deadLetterQueue);
+    const toFulfilQueue = () => new QueueTarget(this.fulfilQueue.queue, this.fulfilQueue.deadLetterQueue);
     const [stateChange, spotWarning] = EC2_DETAIL_TYPES;
     const ec2Rules: Array<[string, string, EventPattern]> = [
       [
@@ -216,6 +223,27 @@ export class MetastaticPool extends Construct {
         new Rule(this, id, { description, eventPattern, targets: [toFulfilQueue()] }),
     ) as [Rule, Rule];
     if (props.encryptionKey) this.admitEventBridge(props.encryptionKey);
+
+    this.github = this.config.github?.enabled
+      ? new PoolGithub(this, 'Github', {
+          settings: this.config.github,
+          poolId: this.poolId,
+          region: this.launcher.resources.region,
+          functionDefaults,
+          environment: common,
+          table: this.table,
+          eventBus: this.eventBus,
+          requestQueue: this.requestQueue,
+          encryptionKey: props.encryptionKey,
+          alarmAction,
+          instanceRoles: props.instanceRoles,
+          instanceProfiles:
+            this.launcher.resources.labelsWithProfile.length > 0 || this.launcher.resources.launchTemplate,
+        })
+      : undefined;
+    this.githubFunction = this.github?.function;
+    this.githubQueue = this.github?.queue;
+    this.githubWebhookUrl = this.github?.functionUrl.url;
 
     this.reaperSchedule = new Rule(this, 'ReaperSchedule', {
       description: 'Runs the metastatic reaper',
@@ -299,6 +327,7 @@ export class MetastaticPool extends Construct {
         'The pool publishes its events (source "metastatic") here',
       ],
       [STACK_OUTPUTS.poolId, this.poolId, 'Value of the metastatic:pool tag on the pool instances'],
+      ...(this.github?.outputValues() ?? []),
     ];
     return Object.fromEntries(
       values.map(([key, value, description]) => {

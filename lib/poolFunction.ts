@@ -50,6 +50,7 @@ export interface PoolFunctionProps {
   /** Which entry point: `functions/<name>/index.ts`. */
   readonly name: PoolFunctionName;
   /**
+   * Required for a function the timing contract has no timeout for (github).
    * @default FUNCTION_TIMEOUT_SECONDS[name] (shared/core/timing.ts: 30 s for request and fulfil, 60 s
    *   for the reaper), the timing contract the use cases' deadlines are derived from
    */
@@ -160,7 +161,7 @@ export class PoolFunction extends Construct {
       runtime: POOL_RUNTIME,
       architecture: Architecture.ARM_64,
       memorySize: props.memorySize ?? 512,
-      timeout: props.timeout ?? Duration.seconds(FUNCTION_TIMEOUT_SECONDS[props.name]),
+      timeout: props.timeout ?? contractTimeout(props.name),
       role,
       logGroup: this.logGroup,
       loggingFormat: LoggingFormat.JSON,
@@ -210,6 +211,17 @@ export class PoolFunction extends Construct {
     // The function keeps the timeout it was given; fall back to Lambda's default only for the type.
     return this.function.timeout ?? Duration.seconds(3);
   }
+}
+
+/** A function's timeout in the timing contract (shared/core/timing.ts); one it has none for must be given. */
+function contractTimeout(name: PoolFunctionName): Duration {
+  const seconds = (FUNCTION_TIMEOUT_SECONDS as Partial<Record<PoolFunctionName, number>>)[name];
+  if (seconds === undefined) {
+    throw new Error(
+      `the ${name} function has no timeout in the timing contract: give PoolFunctionProps.timeout`,
+    );
+  }
+  return Duration.seconds(seconds);
 }
 
 /**

@@ -58,6 +58,27 @@ export const LEASE_MAX_CONCURRENCY = 5;
 export const LEASE_MAX_RECEIVE_COUNT = 5;
 /** The request function's mapping of its dead-letter queue: the least Lambda allows. */
 export const DEAD_LETTER_MAX_CONCURRENCY = 2;
+/**
+ * The github function (lib/poolGithub.ts): each invocation may wait on GitHub's API (a JIT configuration,
+ * the delivery log) and on SSM Run Command, so its timeout is longer than the timing contract's.
+ */
+export const GITHUB_FUNCTION_TIMEOUT_SECONDS = 120;
+/** A pool or SSM event the github function fails this many times is dropped to the github dead-letter queue. */
+export const GITHUB_MAX_RECEIVE_COUNT = 5;
+/** The github queue's mapping: GitHub's API is rate limited, so few invocations at once (the least Lambda allows). */
+export const GITHUB_MAX_CONCURRENCY = 2;
+/** The SSM document the github function starts runners with (and whose status changes it listens to). */
+export const GITHUB_RUN_DOCUMENT = 'AWS-RunShellScript';
+/** The final statuses of an SSM command invocation: the runner it started has ended. */
+export const SSM_FINAL_STATUSES = [
+  'Success',
+  'Failed',
+  'Cancelled',
+  'TimedOut',
+  'Delivery Timed Out',
+  'Undeliverable',
+  'Terminated',
+] as const;
 
 export interface MetastaticPoolProps {
   /**

@@ -185,15 +185,22 @@ export function verifyAssetHashes(codeDirs: readonly string[], searchFrom: reado
  * refuses any `Fn::GetAtt` of one ("references undefined resource"): the pool's dashboard shows its
  * alarms by ARN. Each such reference becomes the ARN the alarm would have (a CloudWatch alarm's ARN is
  * `arn:<partition>:cloudwatch:<region>:<account>:alarm:<name>`; the name stands in as the logical id),
- * and a `Ref` the logical id. Only the rehearsal's copy of the template is changed. Returns how many
- * references were replaced.
+ * and a `Ref` the logical id. Nor does it create an `AWS::Lambda::Url` (the github function's webhook
+ * URL): its `FunctionUrl` becomes REHEARSAL_NO_FUNCTION_URL. Only the rehearsal's copy of the template
+ * is changed. Returns how many references were replaced.
  */
+/** What a rehearsal's `GithubWebhookUrl` output says: moto makes no function URL, so there is none. */
+export const REHEARSAL_NO_FUNCTION_URL = 'none in a rehearsal (moto creates no function URL)';
+
 export function patchTemplateForMoto(template: Template): number {
-  const alarms = new Set(
-    Object.entries(template.Resources ?? {})
-      .filter(([, r]) => r.Type === 'AWS::CloudWatch::Alarm')
-      .map(([id]) => id),
-  );
+  const ofType = (type: string) =>
+    new Set(
+      Object.entries(template.Resources ?? {})
+        .filter(([, r]) => r.Type === type)
+        .map(([id]) => id),
+    );
+  const alarms = ofType('AWS::CloudWatch::Alarm');
+  const urls = ofType('AWS::Lambda::Url');
   let replaced = 0;
   const visit = (value: unknown): unknown => {
     if (Array.isArray(value)) return value.map(visit);
@@ -217,6 +224,10 @@ export function patchTemplateForMoto(template: Template): number {
         ],
       };
     }
+    if (Array.isArray(getAtt) && urls.has(getAtt[0] as string) && getAtt[1] === 'FunctionUrl') {
+      replaced++;
+      return REHEARSAL_NO_FUNCTION_URL;
+    }
     if (typeof o.Ref === 'string' && alarms.has(o.Ref) && Object.keys(o).length === 1) {
       replaced++;
       return o.Ref;
@@ -224,7 +235,7 @@ export function patchTemplateForMoto(template: Template): number {
     return Object.fromEntries(Object.entries(o).map(([k, v]) => [k, visit(v)]));
   };
   for (const [id, resource] of Object.entries(template.Resources ?? {})) {
-    if (!alarms.has(id)) (template.Resources as Json)[id] = visit(resource);
+    if (!alarms.has(id) && !urls.has(id)) (template.Resources as Json)[id] = visit(resource);
   }
   if (template.Outputs) template.Outputs = visit(template.Outputs) as Template['Outputs'];
   return replaced;

@@ -126,7 +126,8 @@ export async function describePool(
   const [fulfil] = consuming(fulfilQueueArn);
 
   // The reaper: the pool function a schedule rule of the template invokes (read from the template: the
-  // rehearsal removes the deployed rule's target, see rehearsal.ts).
+  // rehearsal removes the deployed rule's target, see rehearsal.ts) and no queue feeds (the github
+  // function, with a github section, has a schedule too, and its queue).
   let reaper: DeployedFunction | undefined;
   let schedule: DeployedPool['schedule'] | undefined;
   for (const [ruleId, rule] of Object.entries(template.Resources ?? {})) {
@@ -134,7 +135,7 @@ export async function describePool(
     if (rule.Type !== 'AWS::Events::Rule' || typeof expression !== 'string') continue;
     const targets = (rule.Properties?.Targets ?? []) as Array<{ Arn?: { 'Fn::GetAtt'?: [string, string] } }>;
     const targeted = new Set(targets.map((t) => t.Arn?.['Fn::GetAtt']?.[0]));
-    const target = functions.find((f) => targeted.has(f.logicalId));
+    const target = functions.find((f) => targeted.has(f.logicalId) && f.eventSources.length === 0);
     const ruleName = resources.find((r) => r.LogicalResourceId === ruleId)?.PhysicalResourceId;
     if (!target || !ruleName) continue;
     reaper = target;

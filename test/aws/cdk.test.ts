@@ -234,7 +234,7 @@ describe('MetastaticStack (the example configuration, as bin/cdk.ts builds it)',
     expect(Annotations.fromStack(stack).findWarning('*', Match.anyValue())).toEqual([]);
   });
 
-  it("passes CloudFormation's rules as CDK validates them at synth: the example, in a VPC, with a customer-managed key", () => {
+  it("passes CloudFormation's rules as CDK validates them at synth: the example, in a VPC, with a customer-managed key, with a github section", () => {
     // The suite synthesizes with CDK_VALIDATION=false (vitest.config.ts: about 7 CPU-s an app); here the
     // variants are validated in one app, as `cdk synth` validates a user's. A stack with a known fault is
     // in the same app, so a run where validation did not happen cannot pass.
@@ -253,6 +253,21 @@ describe('MetastaticStack (the example configuration, as bin/cdk.ts builds it)',
       new MetastaticPool(keyed, 'Pool', {
         config: awsConfig('image-id: ami-1'),
         encryptionKey: new Key(keyed, 'Key', { enableKeyRotation: true }),
+      });
+      // With a github section (lib/poolGithub.ts: a function URL, secrets, SSM grants, a managed policy).
+      const withGithub = new Stack(app, 'Github', { env: ENV });
+      new MetastaticPool(withGithub, 'Pool', {
+        config: `${awsConfig('image-id: ami-1\niam-instance-profile: { name: builders }')}github:
+  app-id: 1
+  private-key-file: /dev/null
+  webhook-secret-files: [/dev/null]
+  routes:
+    - runs-on: [self-hosted, small]
+      label: small
+`,
+        poolId: 'gh-pool',
+        instanceRoles: ['builder-role'],
+        encryptionKey: new Key(withGithub, 'Key', { enableKeyRotation: true }),
       });
       const control = new Stack(app, 'Control', { env: ENV });
       new CfnResource(control, 'Queue', {
@@ -285,7 +300,7 @@ describe('MetastaticStack (the example configuration, as bin/cdk.ts builds it)',
     );
     expect(found.filter((f) => f.endsWith(' Control/Queue'))).not.toEqual([]);
     expect(found.filter((f) => !f.endsWith(' Control/Queue'))).toEqual([]);
-    // Four stacks synthesized and validated: ~8 s quiet, 24 s at load 10 on a 2-core machine.
+    // Five stacks synthesized and validated: ~8 s quiet, 24 s at load 10 on a 2-core machine.
   }, 120_000);
 
   it("synthesizes the same stack in an app without cdk.json's feature flags, up to how IAM statements are grouped and the partition written", () => {

@@ -32,7 +32,10 @@ import { until } from '../../testkit/processes.ts';
 const root = resolve(import.meta.dirname, '..', '..');
 const version = (dir: string) =>
   (JSON.parse(readFileSync(join(dir, 'package.json'), 'utf8')) as { version: string }).version;
+/** The functions of the user's app below (its configuration has no github section). */
 const FUNCTIONS = ['request', 'fulfil', 'reaper'] as const;
+/** Every bundle the package ships: the github function's too (deployed with a github section). */
+const BUNDLES = [...FUNCTIONS, 'github'] as const;
 
 interface Run {
   code: number;
@@ -348,7 +351,7 @@ describe('the packed tarball', { timeout: 180_000 }, () => {
         'dist/lib/index.d.ts',
         'examples/local.yaml',
         'CHANGELOG.md',
-        ...FUNCTIONS.flatMap((f) => [`dist/lambda/${f}/index.js`, `dist/lambda/${f}/index.js.map`]),
+        ...BUNDLES.flatMap((f) => [`dist/lambda/${f}/index.js`, `dist/lambda/${f}/index.js.map`]),
       ]),
     );
     expect(packedFiles.filter((f) => f.endsWith('.ts') && !f.endsWith('.d.ts'))).toEqual([]);
