@@ -139,6 +139,11 @@ export function rehearsalScope(r: Rehearsal): { proves: string[]; cannotProve: s
       `what moto's CloudFormation skips: ${r.pool.notCreated.join(', ') || 'nothing'}`,
       "real EC2: timing (moto launches and terminates at once), capacity, quotas, spot interruptions, the network (moto's instances are records, not machines)",
       `Lambda itself: its pollers and scaling past ${r.concurrency} at once, Node.js 24 (this runs Node.js ${process.versions.node})`,
+      ...(r.config.github?.enabled
+        ? [
+            'the github function: deployed, not run (moto makes no function URL, no secrets, and no SSM agent runs its commands; test/aws/githubFunction.test.ts runs its handlers)',
+          ]
+        : []),
     ],
   };
 }
