@@ -5,7 +5,7 @@ import { NotReadyYetError } from '../core/errors.ts';
 import type { GithubSettings } from '../core/model.ts';
 import { POOL_EVENT_SOURCE, PoolEventType } from '../core/observability.ts';
 import { type GithubApi, nodeRunner, runnerLabels } from '../github/githubApi.ts';
-import { runnerScript } from '../github/runnerScript.ts';
+import { runnerScript } from '../providers/aws/runnerScript.ts';
 import type { RunnerChannel } from '../providers/aws/ssmRunners.ts';
 import type { GithubItems } from '../store/githubItems.ts';
 import type { Context } from '../usecases/context.ts';
@@ -18,7 +18,7 @@ import { makeBatchHandler, type SqsBatchHandler } from './batchHandler.ts';
  * - `Request Fulfilled` of a `github-job-<id>` request (the pool's bus): its node is ready. The start is
  *   claimed for the event (two copies of it start one runner), a JIT configuration is asked of GitHub for
  *   a runner named after the node, put in a SecureString parameter, and the runner started on the
- *   node's instance through SSM Run Command (shared/github/runnerScript.ts). A job GitHub said completed
+ *   node's instance through SSM Run Command (shared/providers/aws/runnerScript.ts). A job GitHub said completed
  *   meanwhile gets no runner; its node is released.
  * - `EC2 Command Invocation Status-change Notification` (SSM, the default bus): a command ended. When it
  *   ran one of the pool's runners (the table maps its id to the job), the runner exited, whichever way:

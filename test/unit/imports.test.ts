@@ -95,6 +95,21 @@ describe('production modules', () => {
     expect(outside).toEqual([]);
   });
 
+  // The picture in docs/architecture.md, lowest first: a module imports its own layer and the ones below.
+  const LAYERS = ['core', 'config', 'store', 'github', 'providers', 'usecases', 'handlers', 'runtime'];
+  /** Upward imports named in docs/architecture.md (issue 44), each to go. */
+  const UPWARD_KNOWN = ['shared/config/awsRules.ts -> shared/providers/aws/userData.ts'];
+
+  it('keep the layers of docs/architecture.md: shared/ imports only its own layer and those below, but for the exceptions named there', () => {
+    const rank = (f: string) => LAYERS.indexOf(/^shared\/([^/]+)\//.exec(f)?.[1] ?? '');
+    const files = [...graph(allImports).entries()].filter(([f]) => f.startsWith('shared/'));
+    expect(files.every(([f]) => rank(f) >= 0), 'every directory of shared/ is a layer').toBe(true);
+    const upward = files.flatMap(([f, ts]) =>
+      ts.filter((t) => t.startsWith('shared/') && rank(t) > rank(f)).map((t) => `${f} -> ${t}`),
+    );
+    expect(upward).toEqual(UPWARD_KNOWN);
+  });
+
   it('reads type-only imports as loading nothing, and the walk finds a circle when there is one', () => {
     expect(runtimeImports("import type { A } from './a.ts';\nimport { type B } from './b.ts';")).toEqual([]);
     expect(allImports("import type { A } from './a.ts';\nexport type { B } from './b.ts';")).toEqual([

@@ -1,5 +1,5 @@
-import { shellQuote } from '../core/text.ts';
-import { SLOT_PROGRAM_PATH, SLOTS_FILE } from '../providers/aws/slotBoot.ts';
+import { shellQuote } from '../../core/text.ts';
+import { SLOT_PROGRAM_PATH, SLOTS_FILE } from './slotBoot.ts';
 
 /**
  * The shell script an EC2 backing node runs, as root, through SSM Run Command (AWS-RunShellScript), to
