@@ -30,7 +30,7 @@ import { pathToFileURL } from 'node:url';
 import { SendMessageBatchCommand } from '@aws-sdk/client-sqs';
 import { parseConfigOrThrow } from '../shared/config/load.ts';
 import { EmbeddedPool } from '../shared/runtime/embeddedPool.ts';
-import { releaseNode } from '../shared/usecases/release.ts';
+import { releaseNode } from '../shared/usecases/release/release.ts';
 import { largeNode, poolConfig, smallNode } from '../testkit/configs.ts';
 import { log, round, sleep, table, yesNo } from './common.ts';
 

@@ -32,7 +32,7 @@ import { awsContext } from '../shared/runtime/awsContext.ts';
 import { guardDynamoLimits } from '../shared/runtime/dynamoLimits.ts';
 import { DynamoStore } from '../shared/store/dynamoStore.ts';
 import { tableDefinition } from '../shared/store/table.ts';
-import { keepMinReady } from '../shared/usecases/replenish.ts';
+import { keepMinReady } from '../shared/usecases/ready/replenish.ts';
 import { poolConfig } from '../testkit/configs.ts';
 import { onPath } from '../testkit/onPath.ts';
 import { log, median, readyBacking, table, yesNo } from './common.ts';

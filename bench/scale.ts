@@ -22,8 +22,8 @@ import { parseConfigOrThrow } from '../shared/config/load.ts';
 import type { MetastaticPool, ResolvedConfig } from '../shared/core/model.ts';
 import { backingItem } from '../shared/store/table.ts';
 import type { Context } from '../shared/usecases/context.ts';
-import { releaseNode } from '../shared/usecases/release.ts';
-import { requestNodes } from '../shared/usecases/requestNodes.ts';
+import { requestNodes } from '../shared/usecases/place/requestNodes.ts';
+import { releaseNode } from '../shared/usecases/release/release.ts';
 import {
   fmtMs,
   inParallel,

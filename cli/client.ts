@@ -89,8 +89,8 @@ async function operatorOf(connection: PoolConnection, t: Target): Promise<Operat
   const config = await loadConfig(t.config);
   const [{ awsContext }, { holdNode, drainBacking }, { reap }] = await Promise.all([
     import('../shared/runtime/awsContext.ts'),
-    import('../shared/usecases/operator.ts'),
-    import('../shared/usecases/reap.ts'),
+    import('../shared/usecases/reap/operator.ts'),
+    import('../shared/usecases/reap/reap.ts'),
   ]);
   const context = awsContext({
     config,

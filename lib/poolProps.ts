@@ -35,7 +35,7 @@ export const EC2_DETAIL_TYPES = [
   'EC2 Spot Instance Interruption Warning',
 ] as const;
 /**
- * The instance states the fulfil function acts on (shared/usecases/fulfil.ts handleStateChange): running
+ * The instance states the fulfil function acts on (shared/usecases/ready/fulfil.ts handleStateChange): running
  * makes a backing node ready, the others fail it. `pending` needs nothing, so the rule leaves it out.
  */
 export const EC2_EVENT_STATES = [

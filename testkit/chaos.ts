@@ -55,7 +55,7 @@ import type { LocalTransactions } from '../shared/runtime/localTransactions.ts';
 import { DynamoStore } from '../shared/store/dynamoStore.ts';
 import { keys } from '../shared/store/table.ts';
 import type { Context } from '../shared/usecases/context.ts';
-import type { ReapReport } from '../shared/usecases/reapReport.ts';
+import type { ReapReport } from '../shared/usecases/reap/reapReport.ts';
 import {
   CrashInjector,
   type HandlerKind,
@@ -237,7 +237,7 @@ export interface ChaosOptions {
    * Requests outstanding but no request, node or backing node changed state for this long (virtual):
    * fail. Default 90 s: jobs last at most 15 s and boots 8 s, but the longest recovery the design
    * allows is a launch cut short by a crash, which the reaper finishes 60 s later
-   * (UNFINISHED_LAUNCH_MS in shared/usecases/reap.ts); nodes placed on that backing node meanwhile wait.
+   * (UNFINISHED_LAUNCH_MS in shared/usecases/reap/reap.ts); nodes placed on that backing node meanwhile wait.
    */
   readonly watchdogMs?: number;
   /** One tick's invocations taking longer than this (real time) is a hang: fail. Default 30 s. */

@@ -5,7 +5,7 @@ import { PutEventsCommand } from '@aws-sdk/client-eventbridge';
 import type { ResolvedConfig } from '../../shared/core/model.ts';
 import { StateChangeDetailType } from '../../shared/core/stateChanges.ts';
 import { TAG_POOL } from '../../shared/providers/aws/runInstancesRequest.ts';
-import type { ReapReport } from '../../shared/usecases/reapReport.ts';
+import type { ReapReport } from '../../shared/usecases/reap/reapReport.ts';
 import type { AssemblyStack, AssetCheck } from './assembly.ts';
 import { runCdk } from './cdkCli.ts';
 import { deployApp, type RehearsalClients } from './deployApp.ts';

@@ -1,7 +1,7 @@
 import type { Context as LambdaContext } from 'aws-lambda';
 import { makeReaperHandler } from '../../shared/handlers/reaperHandler.ts';
 import { type LambdaRuntime, lambdaRuntimeFromEnv } from '../../shared/runtime/lambdaContext.ts';
-import type { ReapReport } from '../../shared/usecases/reapReport.ts';
+import type { ReapReport } from '../../shared/usecases/reap/reapReport.ts';
 
 /** The reaper function, invoked by an EventBridge schedule. */
 let runtime: { rt: LambdaRuntime; handle: ReturnType<typeof makeReaperHandler> } | undefined;

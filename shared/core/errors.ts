@@ -78,7 +78,7 @@ export class IllegalTransitionError extends MetastaticError {}
  * The store refused a write as invalid (DynamoDB's ValidationException: a number out of its range, an
  * item over 400 KB, ...). Writing it again cannot succeed, so it is not retried: the pool bounds what it
  * stores (core/text.ts, core/messages.ts), and this names a bound missed. A request whose write is
- * refused ends at once with this reason (shared/usecases/requests.ts, endRequestOf).
+ * refused ends at once with this reason (shared/usecases/place/requests.ts, endRequestOf).
  */
 export class StoreRefusedError extends PermanentError {}
 

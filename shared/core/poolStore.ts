@@ -202,7 +202,7 @@ export interface PoolStore {
    */
   putLabelBackoff(label: string, next: LabelBackoff): Promise<boolean>;
 
-  // ---- the reaper's rotation of its steps (usecases/reap.ts)
+  // ---- the reaper's rotation of its steps (usecases/reap/reap.ts)
   /** Where the next reaper run starts its steps, with the item's version; undefined when never written. */
   reaperCursor(): Promise<ReaperCursor | undefined>;
   /**

@@ -1,5 +1,5 @@
 /**
- * The reaper's steps after its reconciliation (usecases/reap.ts), in their usual order, and how a run
+ * The reaper's steps after its reconciliation (usecases/reap/reap.ts), in their usual order, and how a run
  * that ran out of time hands over to the next one. Each run is bounded by its invocation's time: a run
  * cut short leaves the rest of its work where the next run finds it (the reap partitions). Without a
  * rotation, a step with a burst of work (hundreds of idle backing nodes to retire) would use up run after

@@ -15,7 +15,7 @@ export type Attributes = z.infer<typeof Attributes>;
 /**
  * Who claimed a slot and when. `by` is the owner token of the delivery (one handling of a message)
  * that claimed it: only that delivery gives the claim back or builds on it, so two deliveries of one
- * message never undo each other's work (see shared/usecases/placement.ts).
+ * message never undo each other's work (see shared/usecases/place/placement.ts).
  */
 export const Claim = z.union([
   z.object({ at: z.number(), by: z.string() }),
@@ -116,7 +116,7 @@ export const NodeRecord = z.object({
   /** On a min-ready node: the node that took it, and the delivery (owner token) that did, when. */
   takenBy: z.object({ node: z.string(), by: z.string(), at: z.number() }).optional(),
   /**
-   * On a min-ready node just moved onto a fuller backing node (usecases/minReady.ts moveSpare): the slot
+   * On a min-ready node just moved onto a fuller backing node (usecases/ready/minReady.ts moveSpare): the slot
    * it held before, until that slot is given back (the move's last step; a move cut short there is
    * finished by the next upkeep, or when the node ends).
    */

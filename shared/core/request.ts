@@ -26,7 +26,7 @@ import { boundedReason } from './text.ts';
 
 /**
  * The record of a request as received: `requested`, nothing placed, version 0. A request by shape takes
- * the labels the pool chose for its shapes (shared/usecases/shapes.ts); none when none fits, and then it
+ * the labels the pool chose for its shapes (shared/usecases/place/shapes.ts); none when none fits, and then it
  * is only ever recorded failed.
  */
 export function requestedRecord(

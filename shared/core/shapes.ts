@@ -5,7 +5,7 @@ import { quote } from './text.ts';
  * Requests by shape (Toil's and Arvados' way): a request may ask for what a node must give (cores,
  * memory, disk) instead of naming a label, and the pool picks the label whose slot fits at the lowest
  * cost per slot-hour. This module is the pure part: sizes, what fits, and the ranking of the labels that
- * could serve a node set; shared/usecases/shapes.ts adds the one thing that needs the table (preferring a
+ * could serve a node set; shared/usecases/place/shapes.ts adds the one thing that needs the table (preferring a
  * label with a free slot now when its cost is within the configured margin of the cheapest).
  */
 

@@ -12,7 +12,7 @@
  * - A message comes back only after its visibility timeout, when the delivery that held it is dead (or
  *   about to be: an invocation that started late): the redelivery takes that delivery's claims and places
  *   over at once, after making itself the request's placer so the earlier one can record nothing more
- *   (core/ids.ts `supersedes`, usecases/requestNodes.ts `Recording.fence`).
+ *   (core/ids.ts `supersedes`, usecases/place/requestNodes.ts `Recording.fence`).
  * - The reaper gives back an unconfirmed claim only once any delivery that took it is known dead
  *   (CLAIM_TAKEOVER_MS), and one a redelivery finds by id (on the backing node launched for its node)
  *   only after the slot lease, which outlasts the visibility timeout (core/lifecycle.ts `claimDue`).
@@ -177,7 +177,7 @@ export const EMBEDDED_VISIBILITY_SECONDS = 2;
 /**
  * The longest a waiting request's message is kept away by its back-off (seconds), unless the queue's
  * own visibility timeout is longer (the AWS stack's 180 s: no back-off there). A release hands its room
- * to the first waiting request at once (usecases/handOff.ts); room freed any other way (the reaper
+ * to the first waiting request at once (usecases/release/handOff.ts); room freed any other way (the reaper
  * retiring a backing node, a request ahead cancelled) is seen at the waiting request's next receive, at
  * most this long later.
  */

@@ -23,7 +23,7 @@ export interface BatchOptions {
   /**
    * The end of each invocation, after its records, on the invocation's context (its deadline): what the
    * records left in the container's memory to write out before Lambda freezes it (the request function's
-   * arrival counts, shared/usecases/forecasts.ts). Best effort: what it throws is logged, the records'
+   * arrival counts, shared/usecases/ready/forecasts.ts). Best effort: what it throws is logged, the records'
    * outcomes stand.
    */
   readonly atEnd?: (ctx: Context) => Promise<void>;

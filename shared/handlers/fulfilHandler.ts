@@ -2,7 +2,7 @@ import type { SQSRecord } from 'aws-lambda';
 import { NotReadyYetError } from '../core/errors.ts';
 import { BackingEvent } from '../core/stateChanges.ts';
 import type { Context } from '../usecases/context.ts';
-import { handleSpotWarning, handleStateChange } from '../usecases/fulfil.ts';
+import { handleSpotWarning, handleStateChange } from '../usecases/ready/fulfil.ts';
 import { makeBatchHandler, type SqsBatchHandler } from './batchHandler.ts';
 
 export interface FulfilHandlerOptions {

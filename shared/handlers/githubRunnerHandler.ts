@@ -9,7 +9,7 @@ import { runnerScript } from '../providers/aws/runnerScript.ts';
 import type { RunnerChannel } from '../providers/aws/ssmRunners.ts';
 import type { GithubItems } from '../store/githubItems.ts';
 import type { Context } from '../usecases/context.ts';
-import { releaseWhole } from '../usecases/leases.ts';
+import { releaseWhole } from '../usecases/release/leases.ts';
 import { makeBatchHandler, type SqsBatchHandler } from './batchHandler.ts';
 
 /**

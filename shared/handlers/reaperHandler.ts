@@ -1,7 +1,7 @@
 import { deadlineOf, FUNCTION_TIMEOUT_SECONDS, type InvocationTime, invocationFor } from '../core/timing.ts';
 import type { Context } from '../usecases/context.ts';
-import { reap } from '../usecases/reap.ts';
-import type { ReapReport } from '../usecases/reapReport.ts';
+import { reap } from '../usecases/reap/reap.ts';
+import type { ReapReport } from '../usecases/reap/reapReport.ts';
 
 /**
  * The reaper function, run on a schedule (EventBridge on AWS, a timer in the embedded pool). `invocation`

@@ -6,22 +6,22 @@ import { type ParsedMessage, parseMessage } from '../core/messages.ts';
 import { MetricName } from '../core/observability.ts';
 import type { RequestRecord } from '../core/records.ts';
 import { RENEW_RETRY_SECONDS } from '../core/timing.ts';
-import { cancelRequest } from '../usecases/cancel.ts';
 import type { Context } from '../usecases/context.ts';
-import { writeArrivals } from '../usecases/forecasts.ts';
-import { handOffFreedRoom } from '../usecases/handOff.ts';
-import { releaseWhole, renewLease } from '../usecases/leases.ts';
-import type { SparesSeen } from '../usecases/minReady.ts';
-import { releaseNode } from '../usecases/release.ts';
-import { keepMinReady, labelsTaken } from '../usecases/replenish.ts';
-import { requestNodes } from '../usecases/requestNodes.ts';
-import { endRequestOf, recordFailure } from '../usecases/requests.ts';
+import { requestNodes } from '../usecases/place/requestNodes.ts';
+import { endRequestOf, recordFailure } from '../usecases/place/requests.ts';
 import {
   afterCapacityWait,
   budgetPassed,
   type LastAttempts,
   type WaitingBudget,
-} from '../usecases/waitingBudget.ts';
+} from '../usecases/place/waitingBudget.ts';
+import { writeArrivals } from '../usecases/ready/forecasts.ts';
+import type { SparesSeen } from '../usecases/ready/minReady.ts';
+import { keepMinReady, labelsTaken } from '../usecases/ready/replenish.ts';
+import { cancelRequest } from '../usecases/release/cancel.ts';
+import { handOffFreedRoom } from '../usecases/release/handOff.ts';
+import { releaseWhole, renewLease } from '../usecases/release/leases.ts';
+import { releaseNode } from '../usecases/release/release.ts';
 import { makeBatchHandler, type SqsBatchHandler } from './batchHandler.ts';
 
 export interface RequestHandlerOptions {
@@ -33,7 +33,7 @@ export interface RequestHandlerOptions {
    */
   readonly maxReceiveCount?: number;
   /**
-   * How long a request may wait for capacity, since it was first recorded (usecases/waitingBudget.ts),
+   * How long a request may wait for capacity, since it was first recorded (usecases/place/waitingBudget.ts),
    * and the queue's visibility timeout. Unset: only the receive count and the reaper's request-timeout
    * end a waiting request.
    */
@@ -154,7 +154,7 @@ export function makeDeadLetterHandler(context: Context): SqsBatchHandler {
     }
   };
   // The arrivals its placements counted (and its quick releases took back) go to the table before the
-  // container is frozen: the reaper runs in another (shared/usecases/forecasts.ts).
+  // container is frozen: the reaper runs in another (shared/usecases/ready/forecasts.ts).
   return makeBatchHandler(context, recordHandler, { inOrder: true, atEnd: writeArrivals });
 }
 
@@ -297,6 +297,6 @@ export function makeRequestHandler(context: Context, options: RequestHandlerOpti
     }
   };
   // The arrivals its placements counted (and its quick releases took back) go to the table before the
-  // container is frozen: the reaper runs in another (shared/usecases/forecasts.ts).
+  // container is frozen: the reaper runs in another (shared/usecases/ready/forecasts.ts).
   return makeBatchHandler(context, recordHandler, { inOrder: true, atEnd: writeArrivals });
 }

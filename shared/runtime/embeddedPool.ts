@@ -17,10 +17,10 @@ import { makeDeadLetterHandler, makeRequestHandler } from '../handlers/requestHa
 import type { LocalProvider } from '../providers/local/localProvider.ts';
 import { DynamoStore } from '../store/dynamoStore.ts';
 import type { Context } from '../usecases/context.ts';
-import { failBackingNode } from '../usecases/failure.ts';
-import { drainBacking, holdNode } from '../usecases/operator.ts';
-import type { ReapReport } from '../usecases/reapReport.ts';
-import { LastAttempts } from '../usecases/waitingBudget.ts';
+import { LastAttempts } from '../usecases/place/waitingBudget.ts';
+import { drainBacking, holdNode } from '../usecases/reap/operator.ts';
+import type { ReapReport } from '../usecases/reap/reapReport.ts';
+import { failBackingNode } from '../usecases/release/failure.ts';
 import { type ClientKey, ensureClientKey } from './clientKey.ts';
 import { embeddedContext } from './embeddedContext.ts';
 import { type EmbeddedInfo, embeddedInfoPath, writeEmbeddedInfo } from './embeddedInfo.ts';

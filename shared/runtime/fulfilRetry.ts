@@ -14,7 +14,7 @@ export const RESEND_TIMEOUT_MS = 2_000;
  * 0-900): a new message, so it starts its receive count afresh, and the queue's maxReceiveCount keeps
  * meaning failed deliveries, not tries of a backing node that is still booting (those are bounded by its
  * boot-timeout: core/timing.ts bootRetrySeconds). The same body, so handling it is as idempotent as the
- * original's (shared/usecases/fulfil.ts).
+ * original's (shared/usecases/ready/fulfil.ts).
  */
 export async function sendBackLater(
   sqs: SQSClient,

@@ -1,7 +1,7 @@
 import type { Clock } from '../core/clock.ts';
 import type { Log } from '../core/log.ts';
 import type { ResolvedConfig } from '../core/model.ts';
-import type { ReapReport } from '../usecases/reapReport.ts';
+import type { ReapReport } from '../usecases/reap/reapReport.ts';
 
 /**
  * The embedded pool's stand-in for the reaper's EventBridge schedule: runs the reaper every `interval`

@@ -29,7 +29,7 @@ export interface RoomSignal {
  * The embedded pool's store, counting the writes that may let a waiting request in (FREEING): every
  * delivery, reaper run and operator verb of `metastatic dev` runs in its one process, through this store,
  * so a count unchanged since a waiting request's last attempt means nothing was freed for it since
- * (usecases/waitingBudget.ts LastAttempts). Counted when the write ends, failed or not (a failed write
+ * (usecases/place/waitingBudget.ts LastAttempts). Counted when the write ends, failed or not (a failed write
  * may have been applied): a spurious count costs one placement attempt, a missed one a wait.
  * Not for AWS, where other function instances write the table.
  */

@@ -3,7 +3,7 @@ import type { SQSRecord } from 'aws-lambda';
 import type { Log } from '../core/log.ts';
 import type { RequestRecord } from '../core/records.ts';
 import type { Context } from '../usecases/context.ts';
-import { requestMessageOf, waitingRequests } from '../usecases/waiting.ts';
+import { requestMessageOf, waitingRequests } from '../usecases/place/waiting.ts';
 
 /**
  * The messages of waiting requests on the embedded pool's request queue: how one backs off, and how

@@ -22,7 +22,7 @@ import type { Reservation } from '../core/poolStore.ts';
  * the counter's update conditioned on room, each place's put on its absence, each place's delete on its
  * presence (and owner). Nothing is ever part-way, so there is nothing to recover, adopt or finish: a
  * delivery that dies has either taken all its places or none, and the reaper gives back the places of a
- * delivery that died before it recorded what for (usecases/reconcile.ts).
+ * delivery that died before it recorded what for (usecases/reap/reconcile.ts).
  *
  * A transaction holds at most MAX_TRANSACTION_ITEMS actions: a counter and MAX_SET_CHANGE places, above
  * the largest node set a message may ask for (core/messages.ts MAX_NODE_SET, 64). Every expression is

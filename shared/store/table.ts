@@ -26,7 +26,7 @@ import { queueOf, type WaitingQueue } from '../core/waitingQueue.ts';
  *   ESTIMATE#<label>                ALL       the label's learned duration estimate (core/estimates.ts)
  *   ESTIMATE#<label>                REQUESTOR#<requestor>  the same, for one requestor's nodes of the label
  *   QUEUES                          <queue id>  a waiting queue that may hold requests (core/waitingQueue.ts)
- *   REAPER                          CURSOR    the step the next reaper run starts with (usecases/reap.ts)
+ *   REAPER                          CURSOR    the step the next reaper run starts with (usecases/reap/reap.ts)
  * Sparse indexes (attributes present only when the item belongs in them):
  *   free (fpk, fsk): backing nodes that can take a node, per pool and label, fullest then oldest first
  *                    and, in partitions LEASE#<shard>, every leased request that still holds something,
@@ -83,7 +83,7 @@ export const keys = {
   seatsHold: (label: string) => ({ pk: `SEATS#${label}`, sk: 'HOLD' }),
   /** A label's arrival model (core/forecast.ts). */
   forecast: (label: string) => ({ pk: `FORECAST#${label}`, sk: 'MODEL' }),
-  /** The step the next reaper run starts with (usecases/reap.ts). */
+  /** The step the next reaper run starts with (usecases/reap/reap.ts). */
   reaperCursor: { pk: 'REAPER', sk: 'CURSOR' },
   /** A learned duration estimate: the label's, or one requestor's for the label (core/estimates.ts). */
   estimate: (label: string, requestor?: string) => ({

@@ -35,7 +35,7 @@ export interface Context {
   readonly placementPolicy?: 'fullest' | 'oldest';
   /**
    * Whether the pool learns node durations and places a node whose request gave no `expected-duration`
-   * by them (shared/usecases/estimates.ts). Unset: the configuration's `learned-durations`; `npm run
+   * by them (shared/usecases/ready/estimates.ts). Unset: the configuration's `learned-durations`; `npm run
    * cost` sets it per policy.
    */
   readonly learnedDurations?: boolean;
@@ -55,7 +55,7 @@ export interface Context {
   readonly deliveriesDeadBefore?: number;
   /**
    * A request released within this long of its placement teaches the arrival forecast's weeks ahead
-   * nothing (shared/usecases/forecasts.ts). Unset: QUICK_RELEASE_MS (30 s); the chaos run, whose jobs last
+   * nothing (shared/usecases/ready/forecasts.ts). Unset: QUICK_RELEASE_MS (30 s); the chaos run, whose jobs last
    * seconds where a CI job's last minutes, sets it in proportion.
    */
   readonly quickReleaseMs?: number;

@@ -22,8 +22,8 @@ import {
 import { makeDeadLetterHandler } from '../../shared/handlers/requestHandler.ts';
 import { LOCAL_EVENT_SOURCE } from '../../shared/providers/local/localEvents.ts';
 import { DynamoStore } from '../../shared/store/dynamoStore.ts';
-import { holdNode } from '../../shared/usecases/operator.ts';
-import { endRequestOf } from '../../shared/usecases/requests.ts';
+import { endRequestOf } from '../../shared/usecases/place/requests.ts';
+import { holdNode } from '../../shared/usecases/reap/operator.ts';
 import { largeNode, poolConfig, type Settings, smallNode } from '../../testkit/configs.ts';
 import { type Harness, sqsEvent, startHarness } from '../../testkit/harness.ts';
 

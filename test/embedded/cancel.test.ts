@@ -1,7 +1,7 @@
 import { afterEach, describe, expect, it } from 'vitest';
-import { CANCELLED_BEFORE_RECEIVED, cancelRequest } from '../../shared/usecases/cancel.ts';
-import { requestNodes } from '../../shared/usecases/requestNodes.ts';
-import { waitingRequests } from '../../shared/usecases/waiting.ts';
+import { requestNodes } from '../../shared/usecases/place/requestNodes.ts';
+import { waitingRequests } from '../../shared/usecases/place/waiting.ts';
+import { CANCELLED_BEFORE_RECEIVED, cancelRequest } from '../../shared/usecases/release/cancel.ts';
 import { baseConfig } from '../../testkit/configs.ts';
 import { type Harness, sqsEvent, startHarness } from '../../testkit/harness.ts';
 

@@ -6,15 +6,15 @@ import { silentLog } from '../../shared/core/log.ts';
 import type { ProviderRegistry } from '../../shared/core/provider.ts';
 import { ensureTable } from '../../shared/runtime/engines.ts';
 import { DynamoStore } from '../../shared/store/dynamoStore.ts';
-import { CLAIMED_REUSE_MS } from '../../shared/usecases/candidates.ts';
 import type { Context } from '../../shared/usecases/context.ts';
-import { requestNodes } from '../../shared/usecases/requestNodes.ts';
+import { CLAIMED_REUSE_MS } from '../../shared/usecases/place/candidates.ts';
+import { requestNodes } from '../../shared/usecases/place/requestNodes.ts';
 import { poolConfig, smallNode } from '../../testkit/configs.ts';
 import { type InProcessDynalite, startInProcessDynalite } from '../../testkit/inProcessDynalite.ts';
 
 /**
  * A placement starts from the backing node this store instance's last placement of the label went to
- * (usecases/candidates.ts, issue 26), and asks the free index as before whenever that is not the right
+ * (usecases/place/candidates.ts, issue 26), and asks the free index as before whenever that is not the right
  * start: the node changed elsewhere, it is older than CLAIMED_REUSE_MS, or candidates are ordered by
  * expected end. Two store instances on one table play two function instances.
  */

@@ -7,7 +7,7 @@ import type { ProviderRegistry } from '../../shared/core/provider.ts';
 import { ensureTable } from '../../shared/runtime/engines.ts';
 import { DynamoStore } from '../../shared/store/dynamoStore.ts';
 import type { Context } from '../../shared/usecases/context.ts';
-import { requestNodes } from '../../shared/usecases/requestNodes.ts';
+import { requestNodes } from '../../shared/usecases/place/requestNodes.ts';
 import { poolConfig, smallNode } from '../../testkit/configs.ts';
 import { type InProcessDynalite, startInProcessDynalite } from '../../testkit/inProcessDynalite.ts';
 import { whileWatching } from '../../testkit/sdkWatch.ts';

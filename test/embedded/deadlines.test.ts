@@ -31,7 +31,7 @@ import {
 } from '../../shared/runtime/engines.ts';
 import { DynamoStore } from '../../shared/store/dynamoStore.ts';
 import type { Context } from '../../shared/usecases/context.ts';
-import { reap } from '../../shared/usecases/reap.ts';
+import { reap } from '../../shared/usecases/reap/reap.ts';
 import { poolConfig, smallNode } from '../../testkit/configs.ts';
 import { sqsEvent, startHarness } from '../../testkit/harness.ts';
 

@@ -11,8 +11,8 @@ import {
   ESTIMATE_WRITE_INTERVAL_MS,
   learnDuration,
   learnedDuration,
-} from '../../shared/usecases/estimates.ts';
-import { releaseNode } from '../../shared/usecases/release.ts';
+} from '../../shared/usecases/ready/estimates.ts';
+import { releaseNode } from '../../shared/usecases/release/release.ts';
 import { baseConfig } from '../../testkit/configs.ts';
 import { countedWrites } from '../../testkit/countedWrites.ts';
 import { type Harness, startHarness } from '../../testkit/harness.ts';

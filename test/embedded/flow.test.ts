@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { nodeJson } from '../../cli/format.ts';
 import { DEAD_LETTERED_REASON } from '../../shared/handlers/requestHandler.ts';
-import { reap } from '../../shared/usecases/reap.ts';
+import { reap } from '../../shared/usecases/reap/reap.ts';
 import { baseConfig, largeNode, poolConfig, smallNode } from '../../testkit/configs.ts';
 import { type Harness, sqsEvent, startHarness } from '../../testkit/harness.ts';
 

@@ -12,7 +12,7 @@ import {
   flushArrivals,
   foldForecast,
   writeArrivals,
-} from '../../shared/usecases/forecasts.ts';
+} from '../../shared/usecases/ready/forecasts.ts';
 import { poolConfig } from '../../testkit/configs.ts';
 import { countedWrites } from '../../testkit/countedWrites.ts';
 import { type InProcessDynalite, startInProcessDynalite } from '../../testkit/inProcessDynalite.ts';

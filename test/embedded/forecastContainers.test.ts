@@ -3,7 +3,7 @@ import { hourOfWeek, minuteOf } from '../../shared/core/forecast.ts';
 import { makeRequestHandler } from '../../shared/handlers/requestHandler.ts';
 import { DynamoStore } from '../../shared/store/dynamoStore.ts';
 import type { Context } from '../../shared/usecases/context.ts';
-import { reap } from '../../shared/usecases/reap.ts';
+import { reap } from '../../shared/usecases/reap/reap.ts';
 import { baseConfig } from '../../testkit/configs.ts';
 import { type Harness, readyNode, sqsEvent, startHarness } from '../../testkit/harness.ts';
 

@@ -10,7 +10,7 @@ import type { PageCursor, PoolStore } from '../../shared/core/poolStore.ts';
 import { RENEW_RETRY_SECONDS } from '../../shared/core/timing.ts';
 import { makeRequestHandler } from '../../shared/handlers/requestHandler.ts';
 import { EmbeddedPool } from '../../shared/runtime/embeddedPool.ts';
-import { holdNode } from '../../shared/usecases/operator.ts';
+import { holdNode } from '../../shared/usecases/reap/operator.ts';
 import { poolConfig, smallNode } from '../../testkit/configs.ts';
 import { type Harness, sqsEvent, startHarness } from '../../testkit/harness.ts';
 
@@ -69,7 +69,7 @@ describe('leases', () => {
     expect((await allLeasesBefore(store, Number.MAX_SAFE_INTEGER)).sort()).toEqual(['renewed', 'unleased']);
 
     // A renewal of the ended request is refused and revives nothing; nor is an unknown id renewed.
-    const { renewLease } = await import('../../shared/usecases/leases.ts');
+    const { renewLease } = await import('../../shared/usecases/release/leases.ts');
     await expect(renewLease(h.pool.context, 'lapses')).rejects.toThrow(/has ended/);
     await expect(renewLease(h.pool.context, 'nobody')).rejects.toThrow(/unknown request "nobody"/);
     expect(await deliver(h, { kind: 'renew', id: 'lapses' })).toEqual([]); // consumed, not retried

@@ -7,7 +7,7 @@ import { MAX_LABEL_LENGTH, MAX_NODE_SET, RequestMessage } from '../../shared/cor
 import type { ResolvedConfig } from '../../shared/core/model.ts';
 import type { RequestRecord } from '../../shared/core/records.ts';
 import { clip, MAX_REASON_LENGTH } from '../../shared/core/text.ts';
-import { reap } from '../../shared/usecases/reap.ts';
+import { reap } from '../../shared/usecases/reap/reap.ts';
 import { baseConfig, largeNode, poolConfig } from '../../testkit/configs.ts';
 import { type Harness, sqsEvent, startHarness } from '../../testkit/harness.ts';
 

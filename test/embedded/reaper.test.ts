@@ -23,8 +23,8 @@ import { DynamoStore } from '../../shared/store/dynamoStore.ts';
 import { keys } from '../../shared/store/table.ts';
 import { forEachBounded, WRITES_IN_FLIGHT } from '../../shared/usecases/bounded.ts';
 import type { Context } from '../../shared/usecases/context.ts';
-import { reap } from '../../shared/usecases/reap.ts';
-import { releaseNode } from '../../shared/usecases/release.ts';
+import { reap } from '../../shared/usecases/reap/reap.ts';
+import { releaseNode } from '../../shared/usecases/release/release.ts';
 import { baseConfig, largeNode, poolConfig, smallNode } from '../../testkit/configs.ts';
 import { crashingStore } from '../../testkit/crashingStore.ts';
 import { type Harness, readyNode, sqsEvent, startHarness } from '../../testkit/harness.ts';
@@ -97,7 +97,7 @@ describe('reaper (dynalite + local processes, manual clock)', () => {
     await h.drainRequests();
     const store = h.pool.context.store;
     const ctx = h.pool.context;
-    const { requestNodes } = await import('../../shared/usecases/requestNodes.ts');
+    const { requestNodes } = await import('../../shared/usecases/place/requestNodes.ts');
     // Allocations and reaper runs interleave freely on one nearly-empty backing node.
     const work: Promise<unknown>[] = [];
     for (let i = 0; i < 12; i++) {

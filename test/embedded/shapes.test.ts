@@ -3,9 +3,9 @@ import { CapacityError } from '../../shared/core/errors.ts';
 import type { RequestMessage } from '../../shared/core/messages.ts';
 import type { RequestRecord } from '../../shared/core/records.ts';
 import { requestedRecord } from '../../shared/core/request.ts';
-import { ChoseOtherLabels } from '../../shared/usecases/recording.ts';
-import { releaseNode } from '../../shared/usecases/release.ts';
-import { requestNodes } from '../../shared/usecases/requestNodes.ts';
+import { ChoseOtherLabels } from '../../shared/usecases/place/recording.ts';
+import { requestNodes } from '../../shared/usecases/place/requestNodes.ts';
+import { releaseNode } from '../../shared/usecases/release/release.ts';
 import { type ConfigFixture, largeNode, poolConfig, smallNode } from '../../testkit/configs.ts';
 import { type Harness, startHarness } from '../../testkit/harness.ts';
 

@@ -4,8 +4,12 @@ import { parseConfigOrThrow } from '../../shared/config/load.ts';
 import { requestedRecord } from '../../shared/core/request.ts';
 import { QUEUE_FORGET_MS } from '../../shared/core/waitingQueue.ts';
 import { keys, waitingSortKey } from '../../shared/store/table.ts';
-import { requestNodes } from '../../shared/usecases/requestNodes.ts';
-import { requestMessageOf, requestTimeoutReason, waitingRequests } from '../../shared/usecases/waiting.ts';
+import { requestNodes } from '../../shared/usecases/place/requestNodes.ts';
+import {
+  requestMessageOf,
+  requestTimeoutReason,
+  waitingRequests,
+} from '../../shared/usecases/place/waiting.ts';
 import { largeNode, poolConfig, smallNode } from '../../testkit/configs.ts';
 import { type Harness, readyNode, sqsEvent, startHarness } from '../../testkit/harness.ts';
 

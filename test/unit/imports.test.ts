@@ -103,7 +103,10 @@ describe('production modules', () => {
   it('keep the layers of docs/architecture.md: shared/ imports only its own layer and those below, but for the exceptions named there', () => {
     const rank = (f: string) => LAYERS.indexOf(/^shared\/([^/]+)\//.exec(f)?.[1] ?? '');
     const files = [...graph(allImports).entries()].filter(([f]) => f.startsWith('shared/'));
-    expect(files.every(([f]) => rank(f) >= 0), 'every directory of shared/ is a layer').toBe(true);
+    expect(
+      files.every(([f]) => rank(f) >= 0),
+      'every directory of shared/ is a layer',
+    ).toBe(true);
     const upward = files.flatMap(([f, ts]) =>
       ts.filter((t) => t.startsWith('shared/') && rank(t) > rank(f)).map((t) => `${f} -> ${t}`),
     );
