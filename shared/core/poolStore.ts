@@ -15,8 +15,10 @@ import type { RegisteredQueue, WaitingQueue } from './waitingQueue.ts';
  * the existing one instead. Capacity (max-servers) is held per member by an owner token, so a delivery
  * gives back only what it took itself.
  */
-export interface PoolStore {
-  // ---- requests
+export interface PoolStore extends RequestPort, BackingPort, CapacityPort, ReadinessPort, ReaperPort {}
+
+/** Requests and their nodes, the waiting queues they wait in, and their clients' leases. */
+export interface RequestPort {
   /** Records a new request; returns the existing one instead when the id is taken. */
   createRequest(r: RequestRecord): Promise<RequestRecord | undefined>;
   getRequest(id: string): Promise<RequestRecord | undefined>;
@@ -49,7 +51,7 @@ export interface PoolStore {
     /** Recorded as the node's reason (a lease that lapsed). */
     reason?: string,
   ): Promise<RequestRecord | undefined>;
-  // ---- waiting requests, in one queue per node-set shape (core/waitingQueue.ts)
+  // waiting requests, in one queue per node-set shape (core/waitingQueue.ts)
   /**
    * The queues that may hold waiting requests (a queue is registered before any request is written to it).
    * `reuse`: the store's last read may answer when younger than REGISTRY_REUSE_MS and nothing was
@@ -77,7 +79,7 @@ export interface PoolStore {
   /** One page of the requests placed and not yet fulfilled, placed before `placedBefore`, oldest first. */
   pendingRequests(placedBefore: number, cursor?: PageCursor): Promise<Page<RequestRecord>>;
 
-  // ---- client leases (core/leases.ts)
+  // client leases (core/leases.ts)
   /**
    * Renews a request's lease to `seconds` from now (`expiresAt`) if its expiry is still `readExpiry`, it
    * was not found lapsed and it is still in the lease partition; false otherwise (the caller reads again).
@@ -98,8 +100,10 @@ export interface PoolStore {
    * one after another, soonest first in each.
    */
   leasesBefore(before: number, cursor?: PageCursor): Promise<Page<RequestRecord>>;
+}
 
-  // ---- backing nodes
+/** Backing nodes and their slots, and the pointers from a provider's resource to its backing node. */
+export interface BackingPort {
   getBacking(id: string): Promise<BackingRecord | undefined>;
   /** Records a new backing node (the intent, before its launch); returns the existing one instead. */
   createBacking(b: BackingRecord): Promise<BackingRecord | undefined>;
@@ -126,14 +130,16 @@ export interface PoolStore {
   /** Every backing node in one phase of its life (the reaper's view), optionally sorted before `before`. */
   backingInPhase(phase: BackingPhase, before?: string): Promise<BackingRecord[]>;
 
-  // ---- resource pointers (provider resource -> backing node)
+  // resource pointers (provider resource -> backing node)
   /** Records which backing node a resource belongs to; ConflictError when another one records it. */
   pointToBacking(resourceId: string, backingNodeId: string, recordedAt: number): Promise<void>;
   backingIdOfResource(resourceId: string): Promise<string | undefined>;
   /** Removes a resource's pointer while it still names this backing node (idempotent). */
   forgetResource(resourceId: string, backingNodeId: string): Promise<void>;
+}
 
-  // ---- places in a pool's max-servers: one per live node (a backing pool's: one per live backing node)
+/** Places in a pool's max-servers: one per live node (a backing pool's: one per live backing node). */
+export interface CapacityPort {
   /**
    * Takes places for `nodeIds`, held by `owner`, if the pool stays within `max`: all or none, in one
    * atomic write. Places `owner` holds already count as taken; another owner's are reported (`held`).
@@ -160,8 +166,13 @@ export interface PoolStore {
   takeOverBackingPlace(backingPoolKey: string, backingId: string, from: string, to: string): Promise<boolean>;
   freeBackingPlace(backingPoolKey: string, backingId: string, owner?: string): Promise<void>;
   backingPlaces(backingPoolKey: string): Promise<Map<string, string>>;
+}
 
-  // ---- learned duration estimates (core/estimates.ts)
+/**
+ * What readiness learns and keeps per label: duration estimates (core/estimates.ts), arrival forecasts
+ * and the ready room held (core/forecast.ts, core/readyRoom.ts), min-ready seats and backoff (core/minReady.ts).
+ */
+export interface ReadinessPort {
   /** The label's estimate, or one requestor's for the label; undefined when none is learned yet. */
   getEstimate(label: string, requestor?: string): Promise<DurationEstimate | undefined>;
   /**
@@ -170,7 +181,7 @@ export interface PoolStore {
    */
   putEstimate(estimate: DurationEstimate): Promise<boolean>;
 
-  // ---- arrival forecasts (core/forecast.ts)
+  // arrival forecasts (core/forecast.ts)
   /** A label's arrival model; undefined when none is recorded yet. */
   getForecast(label: string): Promise<ArrivalModel | undefined>;
   /**
@@ -181,7 +192,7 @@ export interface PoolStore {
   /** Writes a label's ready hold (min-ready auto) under the same rule; false when another wrote first. */
   putReadyHold(label: string, next: ReadyHold): Promise<boolean>;
 
-  // ---- min-ready seats (core/minReady.ts)
+  // min-ready seats (core/minReady.ts)
   /** The generation of each seat of a label's min-ready that has moved on (seat -> generation; absent = 0). */
   seatGenerations(label: string): Promise<Map<number, number>>;
   /** Records a seat (generation 0) if it has no item yet, so a lowered min-ready still finds it. */
@@ -201,8 +212,10 @@ export interface PoolStore {
    * version 1); false when another writer got there first.
    */
   putLabelBackoff(label: string, next: LabelBackoff): Promise<boolean>;
+}
 
-  // ---- the reaper's rotation of its steps (usecases/reap/reap.ts)
+/** The reaper's own state (the rotation of its steps, usecases/reap/reap.ts) and the operator's listings. */
+export interface ReaperPort {
   /** Where the next reaper run starts its steps, with the item's version; undefined when never written. */
   reaperCursor(): Promise<ReaperCursor | undefined>;
   /**
@@ -211,7 +224,7 @@ export interface PoolStore {
    */
   putReaperCursor(first: string | undefined, readVersion: number | undefined): Promise<boolean>;
 
-  // ---- operator listings (a Scan: never on a request path)
+  // operator listings (a Scan: never on a request path)
   listRequests(): Promise<RequestRecord[]>;
   listBacking(): Promise<BackingRecord[]>;
 }

@@ -3,13 +3,24 @@ import type { Clock } from '../core/clock.ts';
 import type { Log } from '../core/log.ts';
 import type { ResolvedConfig } from '../core/model.ts';
 import type { EventSink, MetricSink, PoolEventType } from '../core/observability.ts';
-import type { PoolStore } from '../core/poolStore.ts';
+import type { BackingPort, CapacityPort, PoolStore, ReadinessPort, RequestPort } from '../core/poolStore.ts';
 import type { ProviderRegistry } from '../core/provider.ts';
 import { CLAIM_TAKEOVER_MS, type Deadline, SLOT_LEASE_MS } from '../core/timing.ts';
 
-/** Everything a use case depends on, injected by the Lambda entry point or the embedded pool. */
-export interface Context {
-  readonly store: PoolStore;
+/**
+ * What most use cases use of the store: requests, backing nodes, capacity and readiness (all but the
+ * reaper's own state): placing, readying and releasing a node touch all four (a request settling counts
+ * its arrival; a release gives back a min-ready spare's seat and its place).
+ */
+export type ServeContext = Context<RequestPort & BackingPort & CapacityPort & ReadinessPort>;
+
+/**
+ * Everything a use case depends on, injected by the Lambda entry point or the embedded pool. `S` is what
+ * it uses of the store: a use case asks for the ports (core/poolStore.ts) it and what it calls use, so
+ * its signature says which aggregates it reads and writes; the handlers pass the whole store.
+ */
+export interface Context<S = PoolStore> {
+  readonly store: S;
   readonly config: ResolvedConfig;
   readonly providers: ProviderRegistry;
   readonly clock: Clock;
@@ -76,7 +87,7 @@ export interface HostKeyPlan {
 }
 
 /** How long the invocation's work may still go on (see Context.deadline); infinite when unbounded. */
-export function timeLeft(ctx: Context): number {
+export function timeLeft(ctx: Context<unknown>): number {
   return ctx.deadline ? ctx.deadline.remainingMs() : Number.POSITIVE_INFINITY;
 }
 
@@ -85,7 +96,7 @@ export function timeLeft(ctx: Context): number {
  * published once per transition; a publishing failure is logged and never undoes the transition.
  */
 export async function emit(
-  ctx: Context,
+  ctx: Context<unknown>,
   type: PoolEventType,
   detail: Record<string, unknown>,
 ): Promise<void> {
@@ -112,6 +123,6 @@ export function leaseExpired(since: number, now: number): boolean {
 }
 
 /** Whether durations are learned and placed by (Context.learnedDurations, else `learned-durations`). */
-export function learnsDurations(ctx: Context): boolean {
+export function learnsDurations(ctx: Context<unknown>): boolean {
   return ctx.learnedDurations ?? ctx.config.learnedDurations;
 }

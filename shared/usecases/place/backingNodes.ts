@@ -9,12 +9,13 @@ import {
 } from '../../core/errors.ts';
 import { ownerSince, supersedes } from '../../core/ids.ts';
 import { MetricName, PoolEventType } from '../../core/observability.ts';
+import type { BackingPort, CapacityPort } from '../../core/poolStore.ts';
 import type { BackingProvider } from '../../core/provider.ts';
 import type { BackingRecord, NodeRecord } from '../../core/records.ts';
 import { hostKeysOf } from '../../core/request.ts';
 import { MIN_CHECK_MS } from '../../core/timing.ts';
 import { retryOnConflict } from '../conflicts.ts';
-import { type Context, deliveryDead, emit, timeLeft } from '../context.ts';
+import { type Context, deliveryDead, emit, type ServeContext, timeLeft } from '../context.ts';
 import { noteFreedSlot } from './candidates.ts';
 
 /**
@@ -31,7 +32,7 @@ import { noteFreedSlot } from './candidates.ts';
  * node whose scan fails in turn, each step on a backing node not failed before, so it ends). The callers
  * of placement.ts and nodesReady.ts pass this step in instead of those modules importing failure.ts.
  */
-export type FailBacking = (ctx: Context, backingId: string, reason: string) => Promise<unknown>;
+export type FailBacking = (ctx: ServeContext, backingId: string, reason: string) => Promise<unknown>;
 
 /** Which claim a give-back may free: any (a recorded node's slot), or only one owner's (a claim). */
 export interface GiveBackOnly {
@@ -47,7 +48,7 @@ export interface GiveBackOnly {
  * the slot is freed only while the given claim is on it: a delivery never frees another's claim.
  */
 export async function giveBackSlot(
-  ctx: Context,
+  ctx: Context<BackingPort & CapacityPort>,
   backingId: string,
   nodeId: string,
   only?: GiveBackOnly,
@@ -74,7 +75,11 @@ export async function giveBackSlot(
  * Gives back what a node that ended held: its slot (when placed) and its place in its pool's max-servers
  * (pools with max-servers, or a pool removed from the configuration: cleaned up anyway). Idempotent.
  */
-export async function giveBackRoom(ctx: Context, poolKey: string | undefined, n: NodeRecord): Promise<void> {
+export async function giveBackRoom(
+  ctx: Context<BackingPort & CapacityPort>,
+  poolKey: string | undefined,
+  n: NodeRecord,
+): Promise<void> {
   const pool = ctx.config.metastaticPools.find((p) => p.key === poolKey);
   // The slot and the place are independent items: given back side by side (a max-servers release in 4
   // round trips, not 6). Both are idempotent; a failure of either is thrown once both have settled, and
@@ -94,7 +99,7 @@ export async function giveBackRoom(ctx: Context, poolKey: string | undefined, n:
  * (retiring, stopped).
  */
 export async function markBackingFailed(
-  ctx: Context,
+  ctx: Context<BackingPort & CapacityPort>,
   backingId: string,
   reason: string,
 ): Promise<BackingRecord | undefined> {
@@ -122,7 +127,7 @@ export interface PlaceTaker {
  * they are known dead (or superseded: an earlier receive of the same message) it is taken over.
  */
 export async function reserveBacking(
-  ctx: Context,
+  ctx: Context<BackingPort & CapacityPort>,
   backingPoolKey: string,
   maxServers: number,
   id: string,
@@ -157,7 +162,11 @@ export async function reserveBacking(
  * backing node's. Where the backing node's keys come from its console (Context.hostKeyPlan), the scan
  * must answer with one of them, and without a network path those keys are the answer.
  */
-export async function scanKeys(ctx: Context, bootTimeoutS: number, b: BackingRecord): Promise<string[]> {
+export async function scanKeys(
+  ctx: Context<BackingPort & CapacityPort>,
+  bootTimeoutS: number,
+  b: BackingRecord,
+): Promise<string[]> {
   const plan = ctx.hostKeyPlan?.(b.backingPoolKey, b.backingLabel);
   const fromConsole = plan?.source === 'console' ? hostKeysOf(b) : undefined;
   if (plan && !plan.reachable) {
@@ -203,12 +212,15 @@ export async function scanKeys(ctx: Context, bootTimeoutS: number, b: BackingRec
  * Finishes a launch whose record exists without a resource (deferred by a quota pause or throttling,
  * or cut short by a crash between the intent write and the provider call). Idempotent.
  */
-export async function ensureLaunched(ctx: Context, b: BackingRecord): Promise<BackingRecord> {
+export async function ensureLaunched(
+  ctx: Context<BackingPort & CapacityPort>,
+  b: BackingRecord,
+): Promise<BackingRecord> {
   return b.resourceId || b.state !== 'launching' ? b : launch(ctx, b);
 }
 
 /** Asks the provider for the resource (idempotent per backing id and attempt) and records its id. */
-async function launch(ctx: Context, b: BackingRecord): Promise<BackingRecord> {
+async function launch(ctx: Context<BackingPort & CapacityPort>, b: BackingRecord): Promise<BackingRecord> {
   let resourceId: string;
   try {
     const provider = ctx.providers.forPool(b.backingPoolKey);
@@ -264,7 +276,7 @@ async function launch(ctx: Context, b: BackingRecord): Promise<BackingRecord> {
  * without calling EC2). `announce` when this write recorded it on a launching backing node.
  */
 async function recordResource(
-  ctx: Context,
+  ctx: Context<BackingPort & CapacityPort>,
   b: BackingRecord,
   resourceId: string,
 ): Promise<{ record: BackingRecord; announce: boolean }> {
@@ -300,7 +312,10 @@ async function recordResource(
 }
 
 /** The provider of a backing pool, or undefined when none serves it (launch() reports that). */
-export function providerOf(ctx: Context, poolKey: string): BackingProvider | undefined {
+export function providerOf(
+  ctx: Context<BackingPort & CapacityPort>,
+  poolKey: string,
+): BackingProvider | undefined {
   try {
     return ctx.providers.forPool(poolKey);
   } catch {

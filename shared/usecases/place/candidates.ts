@@ -1,6 +1,6 @@
 import { compareCandidates, isClaimable } from '../../core/backing.ts';
 import type { MetastaticPool } from '../../core/model.ts';
-import type { Page } from '../../core/poolStore.ts';
+import type { BackingPort, Page } from '../../core/poolStore.ts';
 import type { BackingRecord } from '../../core/records.ts';
 import type { Context } from '../context.ts';
 
@@ -37,7 +37,7 @@ const keyOf = (poolKey: string, label: string) => `${poolKey}#${label}`;
  * CLAIMED_REUSE_MS. A backing node with no free slot left is forgotten.
  */
 export function rememberPlacement(
-  ctx: Context,
+  ctx: Context<BackingPort>,
   pool: MetastaticPool,
   label: string,
   record: BackingRecord,
@@ -58,7 +58,7 @@ export function rememberPlacement(
  * that fullest first still holds for what this process saw. Nothing is remembered from a release alone:
  * a placement of the label asks the index first.
  */
-export function noteFreedSlot(ctx: Context, record: BackingRecord): void {
+export function noteFreedSlot(ctx: Context<BackingPort>, record: BackingRecord): void {
   const byKey = rememberedByStore.get(ctx.store);
   const key = keyOf(record.poolKey, record.label);
   const seen = byKey?.get(key);
@@ -70,13 +70,13 @@ export function noteFreedSlot(ctx: Context, record: BackingRecord): void {
 }
 
 /** Forgets the remembered backing node of a label (a claim on it was refused: it changed elsewhere). */
-export function forgetPlacement(ctx: Context, pool: MetastaticPool, label: string): void {
+export function forgetPlacement(ctx: Context<BackingPort>, pool: MetastaticPool, label: string): void {
   rememberedByStore.get(ctx.store)?.delete(keyOf(pool.key, label));
 }
 
 /** The remembered backing node of a label as a one-candidate page, while recent and claimable. */
 export function rememberedCandidates(
-  ctx: Context,
+  ctx: Context<BackingPort>,
   pool: MetastaticPool,
   label: string,
 ): Candidates | undefined {
@@ -99,7 +99,7 @@ export function rememberedCandidates(
  * (placeNode asks the index instead when it orders candidates otherwise than fullest first).
  */
 export function prefetchCandidates(
-  ctx: Context,
+  ctx: Context<BackingPort>,
   pool: MetastaticPool,
   label: string,
 ): Promise<Candidates | undefined> {

@@ -1,6 +1,7 @@
 import { BusyError } from '../../core/errors.ts';
 import { ownerSince, supersedes } from '../../core/ids.ts';
 import type { MetastaticPool } from '../../core/model.ts';
+import type { CapacityPort } from '../../core/poolStore.ts';
 import type { RequestRecord } from '../../core/records.ts';
 import { type Context, deliveryDead } from '../context.ts';
 import type { Recording } from './recording.ts';
@@ -14,7 +15,7 @@ import type { Recording } from './recording.ts';
 export type Reserved = { readonly kind: 'full'; readonly reason: string } | { readonly kind: 'reserved' };
 
 export async function reserveNodes(
-  ctx: Context,
+  ctx: Context<CapacityPort>,
   pool: MetastaticPool,
   maxServers: number,
   nodeIds: readonly string[],
@@ -44,7 +45,7 @@ export async function reserveNodes(
 
 /** Takes this delivery's reservations back, except for nodes the stored request holds live in this pool. */
 export async function unreserveOwn(
-  ctx: Context,
+  ctx: Context<CapacityPort>,
   pool: MetastaticPool,
   nodeIds: readonly string[],
   owner: string,

@@ -1,6 +1,6 @@
 import { pendingTimeoutOf, pendingTimeoutReason, shortestPendingTimeout } from '../../core/pools.ts';
 import { PENDING_GRACE_MS } from '../../core/timing.ts';
-import { type Context, timeLeft } from '../context.ts';
+import { type ServeContext, timeLeft } from '../context.ts';
 import { failNodes } from './requests.ts';
 
 /**
@@ -26,7 +26,7 @@ export interface PendingReport {
  * and writes from what it read (version-checked), and fails the whole request only while it is pending
  * (a request fulfilled meanwhile keeps every node: `which` picks none).
  */
-export async function endOverduePending(ctx: Context): Promise<PendingReport> {
+export async function endOverduePending(ctx: ServeContext): Promise<PendingReport> {
   const expired: string[] = [];
   const now = ctx.clock.now();
   // Placed at or before this instant: old enough for the shortest budget.

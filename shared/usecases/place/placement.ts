@@ -28,7 +28,7 @@ import type { Page } from '../../core/poolStore.ts';
 import type { BackingRecord } from '../../core/records.ts';
 import { holdsSlot } from '../../core/request.ts';
 import { AGAIN, MAX_CONFLICT_RETRIES, retryOnConflict, unlessConflict } from '../conflicts.ts';
-import { type Context, deliveryDead, timeLeft } from '../context.ts';
+import { deliveryDead, type ServeContext, timeLeft } from '../context.ts';
 import { ensureLaunched, giveBackSlot, providerOf, reserveBacking, scanKeys } from './backingNodes.ts';
 import {
   CANDIDATES_PER_QUERY,
@@ -53,7 +53,7 @@ const MAX_CANDIDATE_PAGES = 5;
  * write on the backing node's item.
  */
 export async function placeNode(
-  ctx: Context,
+  ctx: ServeContext,
   pool: MetastaticPool,
   label: MetastaticLabel,
   nodeId: string,
@@ -89,7 +89,7 @@ const inThisProcess = new Claimants();
  * candidates read took it.
  */
 async function claimFromCandidates(
-  ctx: Context,
+  ctx: ServeContext,
   pool: MetastaticPool,
   label: MetastaticLabel,
   nodeId: string,
@@ -167,7 +167,7 @@ async function claimFromCandidates(
  * moving a free min-ready node onto a fuller backing node (usecases/ready/minReady.ts moveSpare).
  */
 export function claimSlotOn(
-  ctx: Context,
+  ctx: ServeContext,
   pool: MetastaticPool,
   label: MetastaticLabel,
   candidate: BackingRecord,
@@ -192,7 +192,7 @@ interface Contention {
  * candidate, reporting it as it is now (placeNode comes back to it last).
  */
 async function claimOn(
-  ctx: Context,
+  ctx: ServeContext,
   pool: MetastaticPool,
   label: MetastaticLabel,
   candidate: BackingRecord,
@@ -254,7 +254,7 @@ async function claimOn(
 
 /** A claim this delivery holds (now): its backing node's launch finished if it was deferred or cut short. */
 async function finishOwnClaim(
-  ctx: Context,
+  ctx: ServeContext,
   mine: BackingRecord,
   slot: number,
   nodeId: string,
@@ -286,7 +286,7 @@ async function finishOwnClaim(
  * request: the caller finds out).
  */
 async function ownClaim(
-  ctx: Context,
+  ctx: ServeContext,
   b: BackingRecord,
   slot: number,
   nodeId: string,
@@ -312,7 +312,7 @@ async function ownClaim(
 }
 
 async function launchFor(
-  ctx: Context,
+  ctx: ServeContext,
   pool: MetastaticPool,
   label: MetastaticLabel,
   nodeId: string,
@@ -385,7 +385,7 @@ async function launchFor(
 }
 
 /** Throws DeadlineError when the invocation has no time left to launch (Context.deadline). */
-function checkTimeToLaunch(ctx: Context, nodeId: string): void {
+function checkTimeToLaunch(ctx: ServeContext, nodeId: string): void {
   if (timeLeft(ctx) <= 0) {
     throw new DeadlineError(
       `no time left in this invocation to launch a backing node for ${nodeId}; retrying`,

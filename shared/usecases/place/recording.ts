@@ -2,6 +2,7 @@ import { BusyError, DeadlineError, PermanentError, RetryableError } from '../../
 import { supersedes } from '../../core/ids.ts';
 import { isSpareRequestId } from '../../core/minReady.ts';
 import { MetricName } from '../../core/observability.ts';
+import type { RequestPort } from '../../core/poolStore.ts';
 import { claimedPriorityOf } from '../../core/priority.ts';
 import type { RequestRecord } from '../../core/records.ts';
 import { CANCELLED_BEFORE_RECEIVED } from '../../core/request.ts';
@@ -82,7 +83,7 @@ export class Recording {
   private stored: RequestRecord | undefined;
 
   constructor(
-    private readonly ctx: Context,
+    private readonly ctx: Context<RequestPort>,
     private readonly fresh: RequestRecord,
     /** This delivery's owner token: its claims and reservations carry it. */
     readonly owner: string,

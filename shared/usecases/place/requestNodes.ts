@@ -8,7 +8,7 @@ import { eligiblePools } from '../../core/pools.ts';
 import { priorityOf, trustedPriority } from '../../core/priority.ts';
 import type { NodeRecord, RequestRecord } from '../../core/records.ts';
 import { placedNode, placedRequest, requestedRecord } from '../../core/request.ts';
-import { type Context, learnsDurations } from '../context.ts';
+import { learnsDurations, type ServeContext } from '../context.ts';
 import { learnedDuration } from '../ready/estimates.ts';
 import { countArrival } from '../ready/forecasts.ts';
 import { noSparesSeen, returnSpare, type SparesSeen, takeSpare } from '../ready/minReady.ts';
@@ -51,7 +51,7 @@ export type RequestOutcome =
  * old enough to be abandoned (CLAIM_TAKEOVER_MS).
  */
 export async function requestNodes(
-  ctx: Context,
+  ctx: ServeContext,
   m: RequestMessage,
   delivery?: DeliveryOf,
 ): Promise<RequestOutcome> {
@@ -125,7 +125,7 @@ type PoolResult =
   | { kind: 'placed'; request: RequestRecord; spares?: SparesSeen }
   | { kind: 'full'; reason: string };
 
-async function tryPool(ctx: Context, pool: MetastaticPool, recording: Recording): Promise<PoolResult> {
+async function tryPool(ctx: ServeContext, pool: MetastaticPool, recording: Recording): Promise<PoolResult> {
   const requestId = recording.base.id;
   const owner = recording.owner;
   const ahead = await requestAhead(ctx, pool, recording.base);
@@ -259,7 +259,7 @@ async function tryPool(ctx: Context, pool: MetastaticPool, recording: Recording)
  * none.
  */
 async function takeSpares(
-  ctx: Context,
+  ctx: ServeContext,
   pool: MetastaticPool,
   recording: Recording,
   seen: SparesSeen,
@@ -288,7 +288,7 @@ async function takeSpares(
  * waits, or undefined.
  */
 async function requestAhead(
-  ctx: Context,
+  ctx: ServeContext,
   pool: MetastaticPool,
   me: RequestRecord,
 ): Promise<string | undefined> {
@@ -299,7 +299,7 @@ async function requestAhead(
 }
 
 /** Whether a cap can make requests for this pool wait: its max-servers, or a backing pool's. */
-export function canRunShort(ctx: Context, pool: MetastaticPool): boolean {
+export function canRunShort(ctx: ServeContext, pool: MetastaticPool): boolean {
   if (pool.maxServers !== undefined) return true;
   return [...pool.labels.values()].some(
     (l) => ctx.config.backingPoolByLabel.get(l.backingLabel)?.maxServers !== undefined,
@@ -311,7 +311,7 @@ export function canRunShort(ctx: Context, pool: MetastaticPool): boolean {
  * stored request (a concurrent winner) records.
  */
 async function giveBack(
-  ctx: Context,
+  ctx: ServeContext,
   placements: ReadonlyMap<number, Placement>,
   spares: ReadonlyMap<number, NodeRecord>,
   owner: string,
@@ -337,7 +337,7 @@ async function giveBack(
  * Closes the race with the fulfil flow: a backing node that became ready between our claim and our
  * write of the pending nodes was seen by fulfil before the nodes were pending, so look again.
  */
-async function recheckPending(ctx: Context, request: RequestRecord): Promise<void> {
+async function recheckPending(ctx: ServeContext, request: RequestRecord): Promise<void> {
   const backingIds = new Set(request.nodes.filter((n) => n.state === 'pending').map((n) => n.backingNodeId));
   for (const id of backingIds) {
     if (!id) continue;
@@ -353,7 +353,7 @@ async function recheckPending(ctx: Context, request: RequestRecord): Promise<voi
  * requests have no end.
  */
 async function expectationOf(
-  ctx: Context,
+  ctx: ServeContext,
   r: RequestRecord,
   label: string,
 ): Promise<Pick<PlaceOptions, 'expectedEnd' | 'orderByExpectedEnd'>> {

@@ -15,7 +15,7 @@ import {
 } from '../../core/request.ts';
 import { boundedReason } from '../../core/text.ts';
 import { retryOnConflict } from '../conflicts.ts';
-import { type Context, emit } from '../context.ts';
+import { emit, type ServeContext } from '../context.ts';
 import { endSpareOf } from '../ready/minReady.ts';
 import { giveBackSlot } from './backingNodes.ts';
 
@@ -37,7 +37,7 @@ export type Settled = 'at-once' | 'after-boot';
  * waiting for a boot is counted and published as such too (the figure users feel).
  */
 export async function requestSettled(
-  ctx: Context,
+  ctx: ServeContext,
   r: RequestRecord,
   how: Settled = 'at-once',
 ): Promise<void> {
@@ -103,7 +103,11 @@ function priorityDetail(r: RequestRecord): Record<string, number> {
 }
 
 /** Records a request that can never be served, unless its id is already taken (never overwrite). */
-export async function recordFailure(ctx: Context, fresh: RequestRecord, why: string): Promise<RequestRecord> {
+export async function recordFailure(
+  ctx: ServeContext,
+  fresh: RequestRecord,
+  why: string,
+): Promise<RequestRecord> {
   // Created as it would have been, failed: the first version of the record.
   const failed: RequestRecord = { ...failedRequest(fresh, why, fresh.updatedAt), version: fresh.version };
   const existing = await ctx.store.createRequest(failed);
@@ -116,7 +120,7 @@ export async function recordFailure(ctx: Context, fresh: RequestRecord, why: str
 
 /** Ends a request that is still waiting (state requested) as failed with a reason; idempotent. */
 export async function failRequest(
-  ctx: Context,
+  ctx: ServeContext,
   requestId: string,
   bodyHash: string,
   why: string,
@@ -145,7 +149,7 @@ export async function failRequest(
  * another body holds, is left as it is (and returned).
  */
 export async function endRequestOf(
-  ctx: Context,
+  ctx: ServeContext,
   m: RequestMessage,
   why: string,
 ): Promise<RequestRecord | undefined> {
@@ -172,7 +176,7 @@ export async function endRequestOf(
  * placed is left alone: the request flow re-checks after placing it.
  */
 export async function updateRequestNodes(
-  ctx: Context,
+  ctx: ServeContext,
   requestId: string,
   change: (r: RequestRecord) => { nodes: NodeRecord[]; changed: number },
 ): Promise<number> {
@@ -199,7 +203,7 @@ export async function updateRequestNodes(
  * and its place in the pool's max-servers.
  */
 export async function failNodes(
-  ctx: Context,
+  ctx: ServeContext,
   requestId: string,
   why: string,
   which: (n: NodeRecord) => boolean,
@@ -242,7 +246,7 @@ export async function failNodes(
 }
 
 /** Fails the node that took this min-ready node (it runs on the same slot), if any. */
-export async function failTakerOf(ctx: Context, n: NodeRecord, reason: string): Promise<void> {
+export async function failTakerOf(ctx: ServeContext, n: NodeRecord, reason: string): Promise<void> {
   const taker = n.takenBy?.node;
   const parsed = taker ? parseNodeId(taker) : undefined;
   if (parsed) await failNodes(ctx, parsed.requestId, reason, (x) => x.id === taker && x.spare === n.id);

@@ -1,4 +1,5 @@
 import { type RequestMessage, shapeOf } from '../../core/messages.ts';
+import type { BackingPort, RequestPort } from '../../core/poolStore.ts';
 import { requestBodyHash } from '../../core/request.ts';
 import { type LabelOffer, type PoolOffer, shapeOffers } from '../../core/shapes.ts';
 import type { Context } from '../context.ts';
@@ -18,7 +19,10 @@ export type LabelChoice =
  * deliveries choosing apart at the same time are settled by the request's conditional first write
  * (shared/usecases/place/recording.ts): the one that loses finds labels other than its own and retries.
  */
-export async function labelsFor(ctx: Context, m: RequestMessage): Promise<LabelChoice> {
+export async function labelsFor(
+  ctx: Context<RequestPort & BackingPort>,
+  m: RequestMessage,
+): Promise<LabelChoice> {
   if (m.labels) return { ok: true, labels: m.labels };
   const shapes = (m.shapes ?? []).map(shapeOf);
   const stored = await ctx.store.getRequest(m.id);
@@ -40,7 +44,7 @@ export async function labelsFor(ctx: Context, m: RequestMessage): Promise<LabelC
  * priced one.
  */
 async function choose(
-  ctx: Context,
+  ctx: Context<RequestPort & BackingPort>,
   ranked: readonly LabelOffer[],
   marginPercent: number,
 ): Promise<LabelOffer> {

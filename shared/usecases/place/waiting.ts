@@ -5,7 +5,7 @@ import { requestTimeoutOf, shortestRequestTimeout } from '../../core/pools.ts';
 import { servedBefore, waitingAhead } from '../../core/priority.ts';
 import type { RequestRecord } from '../../core/records.ts';
 import { QUEUE_FORGET_MS, queueAsksFor, queueFits } from '../../core/waitingQueue.ts';
-import { type Context, timeLeft } from '../context.ts';
+import { type ServeContext, timeLeft } from '../context.ts';
 import { failRequest } from './requests.ts';
 
 /**
@@ -41,7 +41,7 @@ export function requestTimeoutReason(timeoutSeconds: number, waitedMs: number): 
  * service order, not by age, so no key condition picks the old ones out (the NodesWaiting gauge reads
  * them all too).
  */
-export async function endExpiredRequests(ctx: Context): Promise<WaitingReport> {
+export async function endExpiredRequests(ctx: ServeContext): Promise<WaitingReport> {
   const expired: string[] = [];
   const now = ctx.clock.now();
   const shortest = shortestRequestTimeout(ctx.config) * 1000;
@@ -88,7 +88,7 @@ export async function endExpiredRequests(ctx: Context): Promise<WaitingReport> {
  * earlier version recorded. False when the invocation ran out of time part-way (`timed`).
  */
 async function eachWaiting(
-  ctx: Context,
+  ctx: ServeContext,
   visit: (r: RequestRecord) => void,
   timed: boolean,
 ): Promise<boolean> {
@@ -113,7 +113,7 @@ async function eachWaiting(
  * waiting queue, page by page. Undefined when the invocation runs out of time part-way: a partial count
  * would read as a drop.
  */
-export async function nodesWaiting(ctx: Context): Promise<number | undefined> {
+export async function nodesWaiting(ctx: ServeContext): Promise<number | undefined> {
   let n = 0;
   const complete = await eachWaiting(
     ctx,
@@ -126,7 +126,7 @@ export async function nodesWaiting(ctx: Context): Promise<number | undefined> {
 }
 
 /** Every request still waiting to be placed, oldest first (e.g. to re-queue after the queue was lost). */
-export async function waitingRequests(ctx: Context): Promise<RequestRecord[]> {
+export async function waitingRequests(ctx: ServeContext): Promise<RequestRecord[]> {
   const out: RequestRecord[] = [];
   await eachWaiting(ctx, (r) => out.push(r), false);
   return out.sort((a, b) => a.createdAt - b.createdAt || (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
@@ -145,7 +145,7 @@ export async function waitingRequests(ctx: Context): Promise<RequestRecord[]> {
  * its age, and so is the best of all the firsts.
  */
 export async function firstWaitingAhead(
-  ctx: Context,
+  ctx: ServeContext,
   me: RequestRecord,
   pool: MetastaticPool,
 ): Promise<RequestRecord | undefined> {
@@ -165,7 +165,7 @@ export async function firstWaitingAhead(
  * of a freed place): the first of each queue that does, one item each.
  */
 export async function firstWaitingFor(
-  ctx: Context,
+  ctx: ServeContext,
   label: string,
   pool: MetastaticPool,
 ): Promise<RequestRecord | undefined> {

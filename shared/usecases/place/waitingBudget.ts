@@ -3,7 +3,7 @@ import type { RequestMessage } from '../../core/messages.ts';
 import { requestTimeoutOf } from '../../core/pools.ts';
 import { requestBodyHash } from '../../core/request.ts';
 import { waitingVisibilitySeconds } from '../../core/timing.ts';
-import type { Context } from '../context.ts';
+import type { ServeContext } from '../context.ts';
 import { endRequestOf } from './requests.ts';
 import { requestTimeoutReason } from './waiting.ts';
 
@@ -24,7 +24,7 @@ export function waitingBudgetReason(budgetSeconds: number, waitedMs: number, why
 
 /** Whether a request waiting since `waiting.createdAt` has waited its budget (or its shorter request-timeout). */
 export function budgetPassed(
-  ctx: Context,
+  ctx: ServeContext,
   waiting: { readonly createdAt: number; readonly labels: readonly string[] },
   budget: WaitingBudget,
 ): boolean {
@@ -48,7 +48,7 @@ export type AfterWait =
  * same moment, or a second delivery ending it, is safe.
  */
 export async function afterCapacityWait(
-  ctx: Context,
+  ctx: ServeContext,
   m: RequestMessage,
   waiting: { readonly createdAt: number; readonly labels: readonly string[] },
   budget: WaitingBudget,
@@ -106,7 +106,7 @@ export class LastAttempts {
    * request has waited its budget anyway (`due`: it ends now, without one more attempt); else undefined.
    */
   unchanged(
-    ctx: Context,
+    ctx: ServeContext,
     m: RequestMessage,
     due?: (waiting: NonNullable<CapacityError['waiting']>) => boolean,
   ): CapacityError | undefined {
@@ -118,7 +118,7 @@ export class LastAttempts {
   }
 
   /** Runs a full attempt, remembering it when it ends waiting for capacity (forgetting it otherwise). */
-  async attempt<T>(ctx: Context, m: RequestMessage, run: () => Promise<T>): Promise<T> {
+  async attempt<T>(ctx: ServeContext, m: RequestMessage, run: () => Promise<T>): Promise<T> {
     const generation = this.generation();
     const at = ctx.clock.now();
     this.attempts.delete(m.id);

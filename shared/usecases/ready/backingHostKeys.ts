@@ -1,4 +1,5 @@
 import { RetryableError } from '../../core/errors.ts';
+import type { BackingPort, CapacityPort } from '../../core/poolStore.ts';
 import type { BackingResource, ReportedHostKeys } from '../../core/provider.ts';
 import type { BackingRecord } from '../../core/records.ts';
 import type { Context } from '../context.ts';
@@ -18,7 +19,7 @@ export type LearnedHostKeys =
   | { readonly kind: 'fail'; readonly reason: string };
 
 export async function learnHostKeys(
-  ctx: Context,
+  ctx: Context<BackingPort & CapacityPort>,
   b: BackingRecord,
   resource: BackingResource,
   bootTimeoutS: number,

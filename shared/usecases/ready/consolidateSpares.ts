@@ -1,6 +1,6 @@
 import { BusyError } from '../../core/errors.ts';
 import type { BackingRecord, RequestRecord } from '../../core/records.ts';
-import { type Context, timeLeft } from '../context.ts';
+import { type ServeContext, timeLeft } from '../context.ts';
 import { failBadBacking } from '../release/failure.ts';
 import { moveSpare, usableSpareHost } from './minReady.ts';
 
@@ -31,7 +31,7 @@ interface Room {
  * back and forth.
  */
 export async function consolidateSpares(
-  ctx: Context,
+  ctx: ServeContext,
   label: string,
   spares: readonly FreeSpare[],
   report: { moved: number; deferred: number },

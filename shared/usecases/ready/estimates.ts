@@ -9,7 +9,7 @@ import {
   withDurations,
 } from '../../core/estimates.ts';
 import { isSpareRequestId } from '../../core/minReady.ts';
-import type { PoolStore } from '../../core/poolStore.ts';
+import type { ReadinessPort } from '../../core/poolStore.ts';
 import type { NodeRecord, RequestRecord } from '../../core/records.ts';
 import { type Context, learnsDurations } from '../context.ts';
 
@@ -49,10 +49,10 @@ interface Kept {
   writing: boolean;
 }
 
-const kept = new WeakMap<PoolStore, Map<string, Kept>>();
+const kept = new WeakMap<ReadinessPort, Map<string, Kept>>();
 
 /** The estimate's entry, made the most recently used; the least recently used go beyond MAX_KEPT. */
-function keptOf(store: PoolStore, key: string): Kept {
+function keptOf(store: ReadinessPort, key: string): Kept {
   let entries = kept.get(store);
   if (!entries) {
     entries = new Map();
@@ -69,14 +69,14 @@ function keptOf(store: PoolStore, key: string): Kept {
 }
 
 /** How many estimates the instance using `store` keeps in memory (bounded by MAX_KEPT). */
-export function cachedEstimates(store: PoolStore): number {
+export function cachedEstimates(store: ReadinessPort): number {
   return kept.get(store)?.size ?? 0;
 }
 
 const keyOf = (label: string, requestor?: string) =>
   requestor === undefined ? label : `${label}\n${requestor}`;
 
-async function read(ctx: Context, label: string, requestor: string | undefined) {
+async function read(ctx: Context<ReadinessPort>, label: string, requestor: string | undefined) {
   const entry = keptOf(ctx.store, keyOf(label, requestor));
   const now = ctx.clock.now();
   if (entry.readAt === undefined || now - entry.readAt >= ESTIMATE_CACHE_MS) {
@@ -91,7 +91,7 @@ async function read(ctx: Context, label: string, requestor: string | undefined) 
  * expectedOf), or undefined while too little is known. Best effort: a failed read is no estimate.
  */
 export async function learnedDuration(
-  ctx: Context,
+  ctx: Context<ReadinessPort>,
   label: string,
   requestor: string | undefined,
 ): Promise<Expected | undefined> {
@@ -115,7 +115,11 @@ export async function learnedDuration(
  * effort and never thrown: the release is done whatever happens here. Min-ready nodes (the pool's own)
  * and nodes never ready teach nothing.
  */
-export async function learnDuration(ctx: Context, request: RequestRecord, node: NodeRecord): Promise<void> {
+export async function learnDuration(
+  ctx: Context<ReadinessPort>,
+  request: RequestRecord,
+  node: NodeRecord,
+): Promise<void> {
   const seconds = keptSeconds(node);
   if (seconds === undefined || isSpareRequestId(request.id) || !learnsDurations(ctx)) return;
   for (const requestor of request.requestor === undefined ? [undefined] : [undefined, request.requestor]) {
@@ -128,7 +132,12 @@ export async function learnDuration(ctx: Context, request: RequestRecord, node: 
 }
 
 /** Buffers a duration, and writes the estimate unless this instance wrote it within the interval. */
-async function learnOne(ctx: Context, label: string, requestor: string | undefined, taught: Taught) {
+async function learnOne(
+  ctx: Context<ReadinessPort>,
+  label: string,
+  requestor: string | undefined,
+  taught: Taught,
+) {
   const entry = keptOf(ctx.store, keyOf(label, requestor));
   entry.pending.push(taught);
   if (entry.pending.length > MAX_BUFFERED) entry.pending.shift();

@@ -1,6 +1,6 @@
 import { type ArrivalCount, type ArrivalModel, withArrivals } from '../../core/forecast.ts';
 import { isSpareRequestId } from '../../core/minReady.ts';
-import type { PoolStore } from '../../core/poolStore.ts';
+import type { ReadinessPort } from '../../core/poolStore.ts';
 import type { NodeRecord, RequestRecord } from '../../core/records.ts';
 import { type Context, timeLeft } from '../context.ts';
 
@@ -57,9 +57,9 @@ interface Kept {
   writing: boolean;
 }
 
-const kept = new WeakMap<PoolStore, Map<string, Kept>>();
+const kept = new WeakMap<ReadinessPort, Map<string, Kept>>();
 
-function keptOf(store: PoolStore, label: string): Kept {
+function keptOf(store: ReadinessPort, label: string): Kept {
   let entries = kept.get(store);
   if (!entries) {
     entries = new Map();
@@ -86,13 +86,18 @@ function add(pending: Map<string | undefined, number>, requestor: string | undef
 }
 
 /** Whether the pool forecasts arrivals of this label (it has `min-ready: auto`). */
-export const forecasts = (ctx: Context, label: string): boolean => ctx.config.readyAuto?.has(label) === true;
+export const forecasts = (ctx: Context<ReadinessPort>, label: string): boolean =>
+  ctx.config.readyAuto?.has(label) === true;
 
 /**
  * Counts one arrival of `label` (a request placed) by `requestor`, in this container's buffer: written
  * at the end of the invocation (writeArrivals), never here, so the placement does not wait on it.
  */
-export async function countArrival(ctx: Context, label: string, requestor?: string): Promise<void> {
+export async function countArrival(
+  ctx: Context<ReadinessPort>,
+  label: string,
+  requestor?: string,
+): Promise<void> {
   if (!forecasts(ctx, label)) return;
   add(keptOf(ctx.store, label).pending, requestor, 1);
 }
@@ -102,7 +107,11 @@ export async function countArrival(ctx: Context, label: string, requestor?: stri
  * QUICK_RELEASE_MS ago, its arrival is taken back from what the forecast learns for the weeks ahead
  * (withArrivals), written with this container's next write. The pool's own ready nodes were never counted.
  */
-export function takeBackQuickRelease(ctx: Context, request: RequestRecord, node: NodeRecord): void {
+export function takeBackQuickRelease(
+  ctx: Context<ReadinessPort>,
+  request: RequestRecord,
+  node: NodeRecord,
+): void {
   if (!forecasts(ctx, node.label) || isSpareRequestId(request.id) || request.placedAt === undefined) return;
   if (ctx.clock.now() - request.placedAt >= (ctx.quickReleaseMs ?? QUICK_RELEASE_MS)) return;
   add(keptOf(ctx.store, node.label).pending, request.requestor, -1);
@@ -114,7 +123,7 @@ export function takeBackQuickRelease(ctx: Context, request: RequestRecord, node:
  * invocation) or the invocation's time is up. Best effort and never thrown: the requests are placed
  * whatever happens here.
  */
-export async function writeArrivals(ctx: Context): Promise<void> {
+export async function writeArrivals(ctx: Context<ReadinessPort>): Promise<void> {
   const entries = kept.get(ctx.store);
   if (!entries) return;
   for (const [label, entry] of entries) {
@@ -126,7 +135,7 @@ export async function writeArrivals(ctx: Context): Promise<void> {
 }
 
 /** Writes every label's buffered arrivals of this process now (the reaper, in the embedded pool). */
-export async function flushArrivals(ctx: Context): Promise<void> {
+export async function flushArrivals(ctx: Context<ReadinessPort>): Promise<void> {
   const entries = kept.get(ctx.store);
   if (!entries) return;
   for (const [label, entry] of entries) {
@@ -140,7 +149,7 @@ export async function flushArrivals(ctx: Context): Promise<void> {
  * stored now (undefined: none yet and nothing to write). Throws what the store throws.
  */
 export async function foldForecast(
-  ctx: Context,
+  ctx: Context<ReadinessPort>,
   label: string,
   launchToReadyS?: number,
 ): Promise<ArrivalModel | undefined> {
@@ -148,7 +157,7 @@ export async function foldForecast(
 }
 
 async function write(
-  ctx: Context,
+  ctx: Context<ReadinessPort>,
   label: string,
   entry: Kept,
   launchToReadyS?: number,

@@ -7,7 +7,7 @@ import type { BackingRecord } from '../../core/records.ts';
 import type { StateChangeEvent } from '../../core/stateChanges.ts';
 import { bootRetrySeconds, PORT_PROBE_TIMEOUT_MS } from '../../core/timing.ts';
 import { retryOnConflict, unlessConflict } from '../conflicts.ts';
-import { type Context, timeLeft } from '../context.ts';
+import { type ServeContext, timeLeft } from '../context.ts';
 import { isGone, lookUp, providerFor } from '../reap/resourceLook.ts';
 import { failBackingNode, failBadBacking } from '../release/failure.ts';
 import { learnHostKeys } from './backingHostKeys.ts';
@@ -39,7 +39,7 @@ export type FulfilOutcome =
  * (reconcile.ts lookUp, as the reaper decides); one it reports running stays as it is. A duplicate
  * `running` for a ready backing node needs no call.
  */
-export async function handleStateChange(ctx: Context, event: StateChangeEvent): Promise<FulfilOutcome> {
+export async function handleStateChange(ctx: ServeContext, event: StateChangeEvent): Promise<FulfilOutcome> {
   const resourceId = event.detail['instance-id'];
   const state = event.detail.state;
   if (state !== 'running' && !GONE_STATES.has(state)) {
@@ -86,7 +86,11 @@ export async function handleStateChange(ctx: Context, event: StateChangeEvent): 
 const GONE_STATES: ReadonlySet<string> = new Set(['terminated', 'shutting-down', 'stopped', 'stopping']);
 
 /** The provider of a backing node's resource, or the event ignored: `what` cannot be confirmed without it. */
-function providerOrWhyNot(ctx: Context, b: BackingRecord, what: string): BackingProvider | FulfilOutcome {
+function providerOrWhyNot(
+  ctx: ServeContext,
+  b: BackingRecord,
+  what: string,
+): BackingProvider | FulfilOutcome {
   try {
     return providerFor(ctx, b);
   } catch (err) {
@@ -100,7 +104,7 @@ function providerOrWhyNot(ctx: Context, b: BackingRecord, what: string): Backing
  * acted on. A recorded EC2 instance not found yet (eventual consistency) is retried.
  */
 async function confirmGone(
-  ctx: Context,
+  ctx: ServeContext,
   b: BackingRecord,
   resourceId: string,
   state: string,
@@ -125,7 +129,7 @@ async function confirmGone(
  * event is not ours to handle.
  */
 async function recordedBacking(
-  ctx: Context,
+  ctx: ServeContext,
   resourceId: string,
 ): Promise<BackingRecord | { readonly kind: 'ignored'; readonly reason: string }> {
   const backingId = await ctx.store.backingIdOfResource(resourceId);
@@ -146,7 +150,7 @@ async function recordedBacking(
  * nodes move to another backing node. The reaper terminates it. Not taken on its word either: one
  * DescribeInstances, and a warning about an instance EC2 describes live and on-demand is ignored.
  */
-export async function handleSpotWarning(ctx: Context, resourceId: string): Promise<FulfilOutcome> {
+export async function handleSpotWarning(ctx: ServeContext, resourceId: string): Promise<FulfilOutcome> {
   const b = await recordedBacking(ctx, resourceId);
   if ('kind' in b) return b;
   const provider = providerOrWhyNot(ctx, b, `a spot warning for ${resourceId}`);
@@ -175,7 +179,7 @@ export async function handleSpotWarning(ctx: Context, resourceId: string): Promi
  * boot-timeout (counted from the first such report); until then the event is retried. Also called by
  * the reaper for a launching backing node whose resource runs, in case the event was lost.
  */
-export async function resourceRunning(ctx: Context, resource: BackingResource): Promise<FulfilOutcome> {
+export async function resourceRunning(ctx: ServeContext, resource: BackingResource): Promise<FulfilOutcome> {
   const b = await ctx.store.getBacking(resource.backingNodeId);
   if (!b) return { kind: 'ignored', reason: `no backing node ${resource.backingNodeId}` };
   if (b.state === 'ready') {
@@ -238,7 +242,7 @@ export async function resourceRunning(ctx: Context, resource: BackingResource): 
  * boot-timeout passes), so the fulfil function need not wait for the queue's visibility timeout.
  */
 async function notReadyYet(
-  ctx: Context,
+  ctx: ServeContext,
   b: BackingRecord,
   bootTimeout: number,
   why: { readonly failure: string; readonly waiting: string },
@@ -258,7 +262,7 @@ async function notReadyYet(
  * after it, the error stands (the reaper's deadline step fails the backing node).
  */
 async function noVerdict(
-  ctx: Context,
+  ctx: ServeContext,
   b: BackingRecord,
   bootTimeout: number,
   err: RetryableError,
@@ -274,7 +278,7 @@ async function noVerdict(
 }
 
 /** Fails a backing node that cannot become ready; its nodes move or fail (failure.ts). */
-async function failReadying(ctx: Context, b: BackingRecord, reason: string): Promise<FulfilOutcome> {
+async function failReadying(ctx: ServeContext, b: BackingRecord, reason: string): Promise<FulfilOutcome> {
   const report = await failBackingNode(ctx, b.id, reason, { resourceGone: false });
   return {
     kind: 'failed',
@@ -285,7 +289,7 @@ async function failReadying(ctx: Context, b: BackingRecord, reason: string): Pro
 }
 
 /** Records when the provider first reported the machine running (boot-timeout counts from here). */
-async function stampRunning(ctx: Context, b: BackingRecord): Promise<number> {
+async function stampRunning(ctx: ServeContext, b: BackingRecord): Promise<number> {
   const now = ctx.clock.now();
   const stamped = await unlessConflict(() =>
     ctx.store.putBacking({ ...b, runningAt: now, version: b.version + 1 }, { version: b.version }),
@@ -294,7 +298,7 @@ async function stampRunning(ctx: Context, b: BackingRecord): Promise<number> {
 }
 
 async function backingReady(
-  ctx: Context,
+  ctx: ServeContext,
   backingId: string,
   resourceId: string,
   details: { host?: string; port?: number; attributes: Record<string, unknown> },

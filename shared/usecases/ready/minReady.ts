@@ -7,7 +7,7 @@ import type { ReadyHold } from '../../core/readyRoom.ts';
 import type { BackingRecord, NodeRecord, RequestRecord } from '../../core/records.ts';
 import { placedNode, withNodes } from '../../core/request.ts';
 import { retryOnConflict, unlessConflict } from '../conflicts.ts';
-import type { Context } from '../context.ts';
+import type { ServeContext } from '../context.ts';
 import { type FailBacking, giveBackRoom, giveBackSlot } from '../place/backingNodes.ts';
 import { claimSlotOn } from '../place/placement.ts';
 
@@ -38,7 +38,7 @@ export const noSparesSeen = (): SparesSeen => ({ seats: new Map(), spares: new M
  * goes into `seen`.
  */
 export async function takeSpare(
-  ctx: Context,
+  ctx: ServeContext,
   pool: MetastaticPool,
   label: string,
   nodeId: string,
@@ -84,7 +84,7 @@ export async function takeSpare(
  * The seats of a label's min-ready: its number, or with `min-ready: auto` the seats the reaper's last
  * decision holds (none before the first).
  */
-export function seatsOf(ctx: Context, label: string, hold: ReadyHold | undefined): number {
+export function seatsOf(ctx: ServeContext, label: string, hold: ReadyHold | undefined): number {
   if (ctx.config.readyAuto?.has(label)) return hold?.seats ?? 0;
   return ctx.config.minReady.get(label) ?? 0;
 }
@@ -97,7 +97,7 @@ const SEATS_PER_READ = 4;
  * takes new nodes; one that does not is returned at once (free again: the upkeep replaces it).
  */
 async function takeAtOnce(
-  ctx: Context,
+  ctx: ServeContext,
   pool: MetastaticPool,
   id: string,
   nodeId: string,
@@ -116,7 +116,7 @@ async function takeAtOnce(
 }
 
 async function takeThis(
-  ctx: Context,
+  ctx: ServeContext,
   pool: MetastaticPool,
   read: RequestRecord | undefined,
   nodeId: string,
@@ -151,7 +151,7 @@ export function usableSpareHost(b: BackingRecord, now: number): boolean {
  * Returns whether the spare's node is ended now.
  */
 export async function endSpare(
-  ctx: Context,
+  ctx: ServeContext,
   spareNodeId: string,
   mayEnd: (n: NodeRecord) => boolean,
   why: string,
@@ -191,7 +191,7 @@ export async function endSpare(
  * only once the taker's request records its spare (core/minReady.ts, seatStep): until then the seat
  * still counts this one, so freeing it cannot overshoot. A spare ended or taken over meanwhile is left.
  */
-export async function returnSpare(ctx: Context, spareNodeId: string, owner: string): Promise<boolean> {
+export async function returnSpare(ctx: ServeContext, spareNodeId: string, owner: string): Promise<boolean> {
   const parsed = parseNodeId(spareNodeId);
   if (!parsed) return false;
   return retryOnConflict(`returning min-ready node ${spareNodeId}`, async () => {
@@ -212,7 +212,7 @@ export async function returnSpare(ctx: Context, spareNodeId: string, owner: stri
 }
 
 /** Ends the spare a node took, once that node is released or failed (its slot and place go with it). */
-export function endSpareOf(ctx: Context, n: NodeRecord): Promise<boolean> {
+export function endSpareOf(ctx: ServeContext, n: NodeRecord): Promise<boolean> {
   if (!n.spare) return Promise.resolve(false);
   return endSpare(ctx, n.spare, (s) => s.takenBy?.node === n.id, `its taker ${n.id} ended`);
 }
@@ -229,7 +229,7 @@ export function endSpareOf(ctx: Context, n: NodeRecord): Promise<boolean> {
  * caller's: failure.ts, whose imports reach back here).
  */
 export async function moveSpare(
-  ctx: Context,
+  ctx: ServeContext,
   pool: MetastaticPool,
   label: MetastaticLabel,
   spare: RequestRecord,
@@ -272,7 +272,7 @@ export async function moveSpare(
  * The last step of a move (moveSpare): gives back the slot the spare left, then forgets it. Idempotent;
  * an upkeep calls it for a spare whose move was cut short there.
  */
-export async function finishMove(ctx: Context, spare: RequestRecord): Promise<void> {
+export async function finishMove(ctx: ServeContext, spare: RequestRecord): Promise<void> {
   const node = spare.nodes[0];
   const from = node?.movedFrom;
   if (!node || !from) return;

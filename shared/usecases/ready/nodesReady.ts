@@ -2,7 +2,7 @@ import { PermanentError, RetryableError } from '../../core/errors.ts';
 import { parseNodeId } from '../../core/ids.ts';
 import type { BackingRecord } from '../../core/records.ts';
 import { hostKeysOf, readyNode } from '../../core/request.ts';
-import type { Context } from '../context.ts';
+import type { ServeContext } from '../context.ts';
 import { type FailBacking, scanKeys } from '../place/backingNodes.ts';
 import { failNodes, updateRequestNodes } from '../place/requests.ts';
 
@@ -16,7 +16,7 @@ import { failNodes, updateRequestNodes } from '../place/requests.ts';
 const settledNodes = new WeakMap<object, Set<string>>();
 const SETTLED_MAX = 50_000;
 
-function settledOf(ctx: Context): Set<string> {
+function settledOf(ctx: ServeContext): Set<string> {
   let settled = settledNodes.get(ctx.store);
   if (!settled) {
     settled = new Set();
@@ -36,7 +36,7 @@ function settledOf(ctx: Context): Set<string> {
  * moves this backing node's waiting nodes, which can bring them here again on another backing node).
  */
 export async function markNodesReady(
-  ctx: Context,
+  ctx: ServeContext,
   backing: BackingRecord,
   failBacking: FailBacking,
 ): Promise<number> {
@@ -100,7 +100,7 @@ export function unrecordableReason(err: Error): string {
 
 /** Whether any node of these requests still waits on the backing node (a scan is only owed to those). */
 async function anyPendingOn(
-  ctx: Context,
+  ctx: ServeContext,
   backingId: string,
   requestIds: readonly string[],
 ): Promise<boolean> {

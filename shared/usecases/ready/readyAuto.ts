@@ -1,6 +1,6 @@
 import type { ReadyAuto } from '../../core/model.ts';
 import { PoolEventType } from '../../core/observability.ts';
-import type { MinReadyState } from '../../core/poolStore.ts';
+import type { MinReadyState, ReadinessPort } from '../../core/poolStore.ts';
 import {
   freeSlotsRunningAnyway,
   holdChanged,
@@ -24,7 +24,7 @@ import { foldForecast } from './forecasts.ts';
  * are emptied by the upkeep (replenish.ts), so ready room goes when the forecast falls.
  */
 export async function decideHold(
-  ctx: Context,
+  ctx: Context<ReadinessPort>,
   label: string,
   auto: ReadyAuto,
   hosts: ReadonlyMap<string, BackingRecord>,

@@ -13,7 +13,7 @@ import {
 } from '../../core/minReady.ts';
 import type { MinReadyState } from '../../core/poolStore.ts';
 import type { BackingRecord, NodeRecord, RequestRecord } from '../../core/records.ts';
-import { type Context, deliveryDead, timeLeft } from '../context.ts';
+import { deliveryDead, type ServeContext, timeLeft } from '../context.ts';
 import { requestNodes } from '../place/requestNodes.ts';
 import { failRequest } from '../place/requests.ts';
 import { consolidateSpares, type FreeSpare } from './consolidateSpares.ts';
@@ -78,7 +78,7 @@ export interface UpkeepOptions {
  * time is up (the rest `deferred`).
  */
 export async function keepMinReady(
-  ctx: Context,
+  ctx: ServeContext,
   label: string,
   options: UpkeepOptions = {},
 ): Promise<UpkeepReport> {
@@ -147,7 +147,7 @@ export async function keepMinReady(
 
 /** One upkeep of a label's seats: what every seat's step shares. */
 interface Upkeep {
-  readonly ctx: Context;
+  readonly ctx: ServeContext;
   readonly label: string;
   readonly gens: ReadonlyMap<number, number>;
   readonly options: UpkeepOptions;
@@ -301,7 +301,7 @@ async function keepSeat(upkeep: Upkeep, seat: number, wanted: boolean): Promise<
 const ended = (n: NodeRecord | undefined): boolean => n?.state === 'released' || n?.state === 'failed';
 
 /** Why a spare above the seats ends: min-ready lowered, or the forecast fell (auto). */
-const lowered = (ctx: Context, label: string) =>
+const lowered = (ctx: ServeContext, label: string) =>
   ctx.config.readyAuto?.has(label) ? 'min-ready auto: the forecast fell' : 'min-ready was lowered';
 
 /** One more failed spare of the label: its backoff grows (a conditional write; re-read on a conflict). */
@@ -342,7 +342,7 @@ async function clearBackoff(upkeep: Upkeep): Promise<void> {
  * `failed`: every launch attempt failed (the request ended failed).
  */
 async function makeSpare(
-  ctx: Context,
+  ctx: ServeContext,
   label: string,
   seat: number,
   gen: number,

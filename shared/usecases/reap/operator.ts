@@ -1,6 +1,7 @@
 import { markDrained } from '../../core/backing.ts';
 import { InvalidStateError, UnknownNodeError } from '../../core/errors.ts';
 import { parseNodeId } from '../../core/ids.ts';
+import type { BackingPort, RequestPort } from '../../core/poolStore.ts';
 import type { BackingRecord, NodeRecord } from '../../core/records.ts';
 import { heldNode } from '../../core/request.ts';
 import { retryOnConflict } from '../conflicts.ts';
@@ -11,7 +12,7 @@ import type { Context } from '../context.ts';
  */
 
 /** Keeps a node (and so its backing node) until an explicit, forced release. */
-export async function holdNode(ctx: Context, id: string): Promise<NodeRecord> {
+export async function holdNode(ctx: Context<RequestPort & BackingPort>, id: string): Promise<NodeRecord> {
   const parsed = parseNodeId(id);
   if (!parsed) throw new UnknownNodeError(`unknown node "${id}": node ids look like <request-id>/<index>`);
   return retryOnConflict(`holding node ${id}`, async () => {
@@ -38,7 +39,10 @@ export async function holdNode(ctx: Context, id: string): Promise<NodeRecord> {
 }
 
 /** Stops new allocations on a backing node; it goes as soon as it is empty (no grace). */
-export async function drainBacking(ctx: Context, id: string): Promise<BackingRecord> {
+export async function drainBacking(
+  ctx: Context<RequestPort & BackingPort>,
+  id: string,
+): Promise<BackingRecord> {
   return retryOnConflict(`draining backing node ${id}`, async () => {
     const b = await ctx.store.getBacking(id);
     if (!b) throw new UnknownNodeError(`unknown backing node "${id}"`);

@@ -12,7 +12,7 @@ import type { BackingRecord } from '../../core/records.ts';
 import { holdsSlot } from '../../core/request.ts';
 import { CLAIM_TAKEOVER_MS } from '../../core/timing.ts';
 import { retryOnConflict, unlessConflict } from '../conflicts.ts';
-import { type Context, leaseExpired } from '../context.ts';
+import { leaseExpired, type ServeContext } from '../context.ts';
 import { ensureLaunched, giveBackSlot } from '../place/backingNodes.ts';
 import { failBackingNode } from '../release/failure.ts';
 import type { MutableReport } from './reapReport.ts';
@@ -24,7 +24,7 @@ import { lookUpMany, providerFor } from './resourceLook.ts';
  * the invocation's time ends the step.
  */
 export async function lookUpAll(
-  ctx: Context,
+  ctx: ServeContext,
   records: readonly BackingRecord[],
 ): Promise<Map<string, { gone: boolean }>> {
   const byProvider = new Map<BackingProvider, BackingRecord[]>();
@@ -51,7 +51,7 @@ export async function lookUpAll(
 
 /** Marks an idle backing node retiring if its rules say it is due (two-phase: stopMany terminates it). */
 export async function markRetiringIfDue(
-  ctx: Context,
+  ctx: ServeContext,
   b: BackingRecord,
   report: MutableReport,
 ): Promise<BackingRecord | undefined> {
@@ -88,7 +88,7 @@ export const UNFINISHED_LAUNCH_MS = 60_000;
 
 /** Enforces a launching backing node's deadlines; whether it failed it (its slots changed). */
 export async function enforceDeadlines(
-  ctx: Context,
+  ctx: ServeContext,
   b: BackingRecord,
   report: MutableReport,
 ): Promise<boolean> {
@@ -119,7 +119,11 @@ export async function enforceDeadlines(
  * lease, or sooner once the delivery is known dead for a claim a redelivery would not find); confirms
  * the others. Returns whether it gave back a slot.
  */
-export async function checkClaims(ctx: Context, b: BackingRecord, report: MutableReport): Promise<boolean> {
+export async function checkClaims(
+  ctx: ServeContext,
+  b: BackingRecord,
+  report: MutableReport,
+): Promise<boolean> {
   const now = ctx.clock.now();
   const expired = Object.entries(b.claims ?? {}).filter(([slot, claim]) => {
     const nodeId = b.slotMap[slot];

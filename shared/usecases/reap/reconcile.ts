@@ -8,7 +8,7 @@ import type { BackingRecord } from '../../core/records.ts';
 import { type Deadline, ORPHAN_GRACE_MS, RUNNING_CHECKS_MS } from '../../core/timing.ts';
 import { CHECKS_IN_FLIGHT, forEachBounded, WRITES_IN_FLIGHT } from '../bounded.ts';
 import { unlessConflict } from '../conflicts.ts';
-import { type Context, emit, leaseExpired, timeLeft } from '../context.ts';
+import { emit, leaseExpired, type ServeContext, timeLeft } from '../context.ts';
 import { resourceRunning } from '../ready/fulfil.ts';
 import { failBackingNode } from '../release/failure.ts';
 import type { MutableReport } from './reapReport.ts';
@@ -28,7 +28,7 @@ import { isGone, type Look, lookUp, lookUpMany, providerFor } from './resourceLo
  * over since keeps it).
  */
 export async function reconcileCapacity(
-  ctx: Context,
+  ctx: ServeContext,
   live: readonly BackingRecord[],
   report: MutableReport,
 ): Promise<void> {
@@ -83,7 +83,7 @@ export async function reconcileCapacity(
  * call each and are bounded apart.
  */
 export async function reconcile(
-  ctx: Context,
+  ctx: ServeContext,
   records: readonly BackingRecord[],
   report: MutableReport,
   gone: Set<string>,
@@ -187,7 +187,7 @@ export interface RunningLaunch {
  * `deferred`), and the fulfil function tries them again every few seconds meanwhile.
  */
 export async function readyRunning(
-  ctx: Context,
+  ctx: ServeContext,
   found: readonly RunningLaunch[],
   report: MutableReport,
 ): Promise<void> {
@@ -197,7 +197,7 @@ export async function readyRunning(
   // Each check ends within the run's time and this part's: a probe or a console read not started in time
   // is no verdict (the backing node stays launching, its first report stamped).
   const within: Deadline = { remainingMs: () => Math.min(timeLeft(ctx), end - ctx.clock.now()) };
-  const checking: Context = { ...ctx, deadline: within };
+  const checking: typeof ctx = { ...ctx, deadline: within };
   let started = 0;
   await forEachBounded(order, CHECKS_IN_FLIGHT, async ({ resource }) => {
     if (within.remainingMs() <= 0) return false;
@@ -210,7 +210,11 @@ export async function readyRunning(
 }
 
 /** Terminates resources of one provider in as few calls as it allows (terminateMany), within the deadline. */
-async function terminateAll(ctx: Context, provider: BackingProvider, ids: readonly string[]): Promise<void> {
+async function terminateAll(
+  ctx: ServeContext,
+  provider: BackingProvider,
+  ids: readonly string[],
+): Promise<void> {
   if (ids.length === 0) return;
   if (provider.terminateMany) {
     await provider.terminateMany(ids, ctx.deadline);
@@ -228,7 +232,7 @@ async function terminateAll(ctx: Context, provider: BackingProvider, ids: readon
  * go on.
  */
 export async function stopMany(
-  ctx: Context,
+  ctx: ServeContext,
   records: readonly BackingRecord[],
   report: MutableReport,
 ): Promise<void> {
@@ -322,7 +326,7 @@ export async function stopMany(
  * Records a retiring or failed backing node whose resource is gone as stopped, and frees its place in
  * the backing pool.
  */
-async function markGoneStopped(ctx: Context, b: BackingRecord, report: MutableReport): Promise<void> {
+async function markGoneStopped(ctx: ServeContext, b: BackingRecord, report: MutableReport): Promise<void> {
   const current = await ctx.store.getBacking(b.id);
   if (!current || (current.state !== 'retiring' && current.state !== 'failed')) return;
   // The resource is gone: give its place in the backing pool back first. Done after the record is

@@ -8,7 +8,7 @@ import type { Context } from '../context.ts';
  * retirement) and by the fulfil function before it acts on an event that says the resource is gone.
  */
 
-export function providerFor(ctx: Context, b: BackingRecord): BackingProvider {
+export function providerFor(ctx: Context<unknown>, b: BackingRecord): BackingProvider {
   return ctx.providers.forPool(b.backingPoolKey);
 }
 
@@ -29,7 +29,11 @@ export type Look =
  * a second describe does not find it either. Before that it is `unseen`: a new instance EC2 does not show
  * yet, which must not be failed (nor its terminate taken as done).
  */
-export async function lookUp(ctx: Context, provider: BackingProvider, b: BackingRecord): Promise<Look> {
+export async function lookUp(
+  ctx: Context<unknown>,
+  provider: BackingProvider,
+  b: BackingRecord,
+): Promise<Look> {
   return (await lookUpMany(ctx, provider, [b])).get(b.id) as Look;
 }
 
@@ -39,7 +43,7 @@ export async function lookUp(ctx: Context, provider: BackingProvider, b: Backing
  * invocation's deadline (Context.deadline).
  */
 export async function lookUpMany(
-  ctx: Context,
+  ctx: Context<unknown>,
   provider: BackingProvider,
   records: readonly BackingRecord[],
 ): Promise<Map<string, Look>> {
@@ -69,7 +73,7 @@ export async function lookUpMany(
 
 /** The resources of one provider among `ids` that it finds (describeMany when it has it and there are several). */
 async function describeSome(
-  ctx: Context,
+  ctx: Context<unknown>,
   provider: BackingProvider,
   ids: readonly string[],
 ): Promise<Map<string, BackingResource>> {

@@ -7,7 +7,7 @@ export { CANCELLED_BEFORE_RECEIVED } from '../../core/request.ts';
 
 import { boundedReason } from '../../core/text.ts';
 import { AGAIN, retryOnConflict } from '../conflicts.ts';
-import type { Context } from '../context.ts';
+import type { ServeContext } from '../context.ts';
 import { failNodes, requestSettled } from '../place/requests.ts';
 
 /** What became of a cancel: the request as it is now, and whether this cancel ended it. */
@@ -26,7 +26,11 @@ export interface CancelOutcome {
  * end it makes publishes the usual Request Failed event. The pool's own min-ready requests are refused
  * (PermanentError): they end with their seat or their taker, never by a cancel.
  */
-export async function cancelRequest(ctx: Context, requestId: string, why?: string): Promise<CancelOutcome> {
+export async function cancelRequest(
+  ctx: ServeContext,
+  requestId: string,
+  why?: string,
+): Promise<CancelOutcome> {
   // The message schema refuses these ids already; this holds for every other caller too.
   if (isSpareRequestId(requestId)) {
     throw new PermanentError(

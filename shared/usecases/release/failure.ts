@@ -5,7 +5,7 @@ import type { BackingRecord, RequestRecord } from '../../core/records.ts';
 import { placedNode, withNodes } from '../../core/request.ts';
 import { DELIVERY_DEADLINE_MS } from '../../core/timing.ts';
 import { retryOnConflict } from '../conflicts.ts';
-import { type Context, leaseExpired, timeLeft } from '../context.ts';
+import { leaseExpired, type ServeContext, timeLeft } from '../context.ts';
 import { type FailBacking, giveBackSlot, markBackingFailed } from '../place/backingNodes.ts';
 import { type Placement, placeNode } from '../place/placement.ts';
 import { failNodes, failTakerOf, requestSettled } from '../place/requests.ts';
@@ -44,7 +44,7 @@ export interface SettleReport {
  * failed backing node that still holds slots.
  */
 export async function failBackingNode(
-  ctx: Context,
+  ctx: ServeContext,
   backingId: string,
   reason: string,
   options: FailOptions,
@@ -60,7 +60,7 @@ export const failBadBacking: FailBacking = (ctx, backingId, reason) =>
 
 /** Settles every slot of a failed backing node (see failBackingNode). */
 export async function settleFailedNodes(
-  ctx: Context,
+  ctx: ServeContext,
   b: BackingRecord,
   resourceGone: boolean,
   deferRehoming = false,
@@ -111,7 +111,7 @@ export async function settleFailedNodes(
  * request fails with the reason and gives back everything it holds.
  */
 export async function rehomeNode(
-  ctx: Context,
+  ctx: ServeContext,
   requestId: string,
   index: number,
   fromBackingId: string,
@@ -182,7 +182,7 @@ export async function rehomeNode(
 
 /** Records a waiting node on its new placement (one version-checked write of its request). */
 async function moveOnto(
-  ctx: Context,
+  ctx: ServeContext,
   requestId: string,
   index: number,
   fromBackingId: string,

@@ -1,5 +1,5 @@
 import { MetastaticError } from '../../core/errors.ts';
-import type { Context } from '../context.ts';
+import type { ServeContext } from '../context.ts';
 import { canRunShort, requestNodes } from '../place/requestNodes.ts';
 import { firstWaitingFor, requestMessageOf } from '../place/waiting.ts';
 
@@ -12,7 +12,7 @@ import { firstWaitingFor, requestMessageOf } from '../place/waiting.ts';
  * as before, and the release succeeds whatever happens here. Returns the id of the request it placed.
  */
 export async function handOffFreedRoom(
-  ctx: Context,
+  ctx: ServeContext,
   poolKey: string,
   label: string,
 ): Promise<string | undefined> {

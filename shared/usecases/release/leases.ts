@@ -7,7 +7,7 @@ import {
   renewDecision,
 } from '../../core/leases.ts';
 import type { RequestRecord } from '../../core/records.ts';
-import { type Context, timeLeft } from '../context.ts';
+import { type ServeContext, timeLeft } from '../context.ts';
 import { failRequest } from '../place/requests.ts';
 import { handOffFreedRoom } from './handOff.ts';
 import { releaseNode } from './release.ts';
@@ -25,7 +25,7 @@ const RENEW_ROUNDS = 3;
  * is written to it: no node is revived. Returns the new expiry.
  */
 export async function renewLease(
-  ctx: Context,
+  ctx: ServeContext,
   requestId: string,
   asked?: number,
 ): Promise<{ readonly expiresAt: number; readonly seconds: number }> {
@@ -58,7 +58,7 @@ export interface LeaseReport {
  * lease) or fails it if not placed yet. A run cut short leaves the request marked, in the partition:
  * the next run finishes it.
  */
-export async function endLapsedLeases(ctx: Context): Promise<LeaseReport> {
+export async function endLapsedLeases(ctx: ServeContext): Promise<LeaseReport> {
   const expired: string[] = [];
   const now = ctx.clock.now();
   let cursor: Record<string, unknown> | undefined;
@@ -75,7 +75,7 @@ export async function endLapsedLeases(ctx: Context): Promise<LeaseReport> {
 }
 
 /** One request of the lease partition: true when this run ended its lease. */
-async function endLapsedLease(ctx: Context, r: RequestRecord, now: number): Promise<boolean> {
+async function endLapsedLease(ctx: ServeContext, r: RequestRecord, now: number): Promise<boolean> {
   const decision = lapseDecision(r, now);
   if (decision.kind === 'keep') return false;
   if (decision.kind === 'drop') {
@@ -121,7 +121,7 @@ export interface RequestReleaseOutcome {
  * ended request is left as it is (idempotent); an unknown one is refused.
  */
 export async function releaseWhole(
-  ctx: Context,
+  ctx: ServeContext,
   requestId: string,
   options: { readonly force: boolean; readonly reason?: string; readonly handOff?: boolean },
 ): Promise<RequestReleaseOutcome> {

@@ -4,7 +4,7 @@ import { PoolEventType } from '../../core/observability.ts';
 import type { NodeRecord } from '../../core/records.ts';
 import { withNodes } from '../../core/request.ts';
 import { retryOnConflict } from '../conflicts.ts';
-import { type Context, emit } from '../context.ts';
+import { emit, type ServeContext } from '../context.ts';
 import { giveBackRoom } from '../place/backingNodes.ts';
 import { failRequest, requestSettled } from '../place/requests.ts';
 import { learnDuration } from '../ready/estimates.ts';
@@ -25,7 +25,7 @@ export type ReleaseOutcome =
  * job without freeing anything twice.
  */
 export async function releaseNode(
-  ctx: Context,
+  ctx: ServeContext,
   id: string,
   force = false,
   /** Recorded on the node and in its event (the reaper's `lease expired`); none for a client's release. */
@@ -97,7 +97,7 @@ export async function releaseNode(
 }
 
 /** A pending request whose last waiting node was released has nothing left to wait for. */
-async function settleIfAllReady(ctx: Context, requestId: string): Promise<void> {
+async function settleIfAllReady(ctx: ServeContext, requestId: string): Promise<void> {
   const settled = await retryOnConflict(
     `settling request ${requestId}`,
     async () => {
