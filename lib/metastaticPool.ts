@@ -75,7 +75,7 @@ export class MetastaticPool extends Construct {
 
   constructor(scope: Construct, id: string, props: MetastaticPoolProps) {
     super(scope, id);
-    // Where the functions run decides which settings can work (shared/config/networkRules.ts).
+    // Where the functions run decides which settings can work (shared/providers/aws/networkRules.ts).
     this.config = parseConfigOrThrow(props.config, props.configName ?? 'config', {
       functionsInVpc: props.vpc !== undefined,
     });

@@ -49,7 +49,8 @@ import {
   makeRequestHandler,
   type SqsBatchHandler,
 } from '../shared/handlers/requestHandler.ts';
-import { Ec2Provider, isEc2InstanceId } from '../shared/providers/aws/ec2Provider.ts';
+import { isEc2InstanceId } from '../shared/providers/aws/driver.ts';
+import { Ec2Provider } from '../shared/providers/aws/ec2Provider.ts';
 import { ensureTable, localDynamoClient } from '../shared/runtime/engines.ts';
 import type { LocalTransactions } from '../shared/runtime/localTransactions.ts';
 import { DynamoStore } from '../shared/store/dynamoStore.ts';

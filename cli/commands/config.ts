@@ -10,7 +10,7 @@ import { print, printError, printJson } from '../output.ts';
 /**
  * `metastatic validate FILE`: every error with its YAML path (exit 1), warnings for ignored keys, and
  * what each label's slot gives for requests by shape. The rules that depend on where the functions run
- * (shared/config/networkRules.ts) are checked as synth checks them: outside any VPC unless
+ * (shared/providers/aws/networkRules.ts) are checked as synth checks them: outside any VPC unless
  * `--functions-in-vpc`. Each `--shape` is checked against the labels: the
  * one a request by that shape would get when nothing is free (the cheapest that fits), or why none can
  * serve it (exit 1).

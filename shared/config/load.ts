@@ -7,10 +7,10 @@ import { readFile } from 'node:fs/promises';
 import { type Document, isMap, isNode, isScalar, isSeq, LineCounter, parseDocument, visit } from 'yaml';
 import type { z } from 'zod';
 import type { ResolvedConfig } from '../core/model.ts';
-import { checkConsoleHostKeys } from './awsRules.ts';
-import { DRIVERS } from './fields.ts';
-import { checkFunctionsNetwork, type FunctionsNetwork } from './networkRules.ts';
-import { formatPath, type PathIssue, type PathSegment } from './paths.ts';
+import type { FunctionsNetwork } from '../providers/aws/networkRules.ts';
+import type { BackingDriver } from '../providers/driver.ts';
+import { BACKING_DRIVERS, DRIVERS } from '../providers/drivers.ts';
+import { formatPath, type PathIssue, type PathSegment } from './kit/paths.ts';
 import { resolveConfig } from './resolve.ts';
 import { checkConfigRules } from './rules.ts';
 import { type ConfigFile, configSchema, knownKeysAt } from './schema.ts';
@@ -95,9 +95,12 @@ export function parseConfig(text: string, fileName: string, network?: FunctionsN
     for (const issue of parsed.error.issues) issues.push(...describeIssue(issue, data));
   }
   issues.push(...checkConfigRules(data));
-  if (network) issues.push(...checkFunctionsNetwork(data, network));
-  const consoleKeys = checkConsoleHostKeys(data, network);
-  issues.push(...consoleKeys.errors);
+  const warnings: PathIssue[] = [];
+  for (const driver of Object.values<BackingDriver>(BACKING_DRIVERS)) {
+    const found = driver.deploymentRules?.(data, network);
+    issues.push(...(found?.errors ?? []));
+    warnings.push(...(found?.warnings ?? []));
+  }
 
   if (!parsed.success || issues.length > 0) {
     const seen = new Set<string>();
@@ -118,10 +121,12 @@ export function parseConfig(text: string, fileName: string, network?: FunctionsN
     );
     return { ok: false, errors };
   }
-  const config = resolveConfig(parsed.data);
-  if (consoleKeys.warnings.length === 0) return { ok: true, config, raw: parsed.data };
-  const warnings = consoleKeys.warnings.map((w) => ({ path: formatPath(w.path), message: w.message }));
-  return { ok: true, config: { ...config, notices: [...config.notices, ...warnings] }, raw: parsed.data };
+  // A backing driver's section passed that driver's schema: it has the shape every one has.
+  const file = parsed.data as ConfigFile;
+  const config = resolveConfig(file);
+  if (warnings.length === 0) return { ok: true, config, raw: file };
+  const notices = warnings.map((w) => ({ path: formatPath(w.path), message: w.message }));
+  return { ok: true, config: { ...config, notices: [...config.notices, ...notices] }, raw: file };
 }
 
 /**

@@ -14,11 +14,12 @@ import type {
   ResolvedConfig,
 } from '../core/model.ts';
 import { formatSize, parseSize, type Shape } from '../core/shapes.ts';
-import { contractOf } from './contractFields.ts';
-import { DEFAULT_MAX_READY, READY_TARGET_BOUNDS } from './fields.ts';
+import type { Machine } from '../providers/driver.ts';
+import { backingDriver } from '../providers/drivers.ts';
 import { githubSettings } from './githubSchema.ts';
-import { type InstanceTypeFacts, instanceTypeFacts } from './instanceTypes.ts';
-import { formatPath } from './paths.ts';
+import { contractOf } from './kit/contractFields.ts';
+import { DEFAULT_MAX_READY, READY_TARGET_BOUNDS } from './kit/fields.ts';
+import { formatPath } from './kit/paths.ts';
 import type { ConfigFile, MetastaticLabelConfig } from './schema.ts';
 
 /** Resolves a file that passed the schema and `checkConfigRules` into the model the core uses. */
@@ -64,8 +65,9 @@ export function resolveConfig(file: ConfigFile): ResolvedConfig {
       const labels = new Map<string, MetastaticLabel>();
       pool.labels.forEach((label, li) => {
         const maxAge = label['max-age'];
-        const backing = backingPoolByLabel.get(label['backing-label'])?.labels.get(label['backing-label']);
-        const machine = backing ? machineOf(backing) : {};
+        const backingPool = backingPoolByLabel.get(label['backing-label']);
+        const backing = backingPool?.labels.get(label['backing-label']);
+        const machine = backingPool && backing ? machineOf(backingPool, backing) : {};
         const path = ['providers', pi, 'pools', qi, 'labels', li];
         notices.push(...oversized(label, machine, path));
         labels.set(label.name, {
@@ -123,12 +125,9 @@ export function resolveConfig(file: ConfigFile): ResolvedConfig {
   };
 }
 
-/** What a backing node gives and costs, as far as its label's options and instance types say. */
-type Machine = { vcpus?: number; memoryMiB?: number; hourlyCost?: number };
-
 /**
  * A label's slot shape and cost per slot-hour (requests by shape): what the label says, else what its
- * backing label says or its instance type gives (shared/config/instanceTypes.ts), divided by
+ * backing label says or its instance type gives (shared/providers/aws/instanceTypes.ts), divided by
  * max-parallel-jobs.
  */
 function slotOf(
@@ -158,24 +157,14 @@ function dropUndefined(s: Shape): Shape {
 }
 
 /**
- * What a backing node of this label gives and costs. An aws label with several instance-types takes the
- * smallest of each size and the highest price among them, since any of them may be launched.
+ * What a backing node of this label gives and costs: what its driver knows from the label's options
+ * (an aws label's instance types), its own `hourly-cost` first.
  */
-function machineOf(label: BackingLabel): Machine {
-  const o = label.options;
-  const types = [
-    o['instance-type'],
-    ...(Array.isArray(o['instance-types']) ? o['instance-types'] : []),
-  ].filter((t): t is string => typeof t === 'string');
-  const facts = types.map(instanceTypeFacts);
-  const all =
-    facts.length > 0 && facts.every((f) => f !== undefined) ? (facts as InstanceTypeFacts[]) : undefined;
-  const explicit = typeof o['hourly-cost'] === 'number' ? o['hourly-cost'] : undefined;
-  return {
-    vcpus: all ? Math.min(...all.map((f) => f.vcpus)) : undefined,
-    memoryMiB: all ? Math.min(...all.map((f) => f.memoryMiB)) : undefined,
-    hourlyCost: explicit ?? (all ? Math.max(...all.map((f) => f.hourlyCost)) : undefined),
-  };
+function machineOf(pool: BackingPool, label: BackingLabel): Machine {
+  const known = backingDriver(pool.driver)?.machine?.(label.options) ?? {};
+  const explicit =
+    typeof label.options['hourly-cost'] === 'number' ? label.options['hourly-cost'] : undefined;
+  return { ...known, hourlyCost: explicit ?? known.hourlyCost };
 }
 
 /**
@@ -189,14 +178,14 @@ function oversized(label: MetastaticLabelConfig, m: Machine, path: (string | num
   if (m.vcpus !== undefined && label.cores !== undefined && label.cores * slots > m.vcpus) {
     notices.push({
       path: formatPath([...path, 'cores']),
-      message: `${slots} slots of ${label.cores} cores need ${label.cores * slots}; the instance type gives ${m.vcpus}`,
+      message: `${slots} slots of ${label.cores} cores need ${label.cores * slots}; a backing node gives ${m.vcpus}`,
     });
   }
   const memory = label.memory === undefined ? undefined : parseSize(label.memory);
   if (m.memoryMiB !== undefined && memory !== undefined && memory * slots > m.memoryMiB) {
     notices.push({
       path: formatPath([...path, 'memory']),
-      message: `${slots} slots of ${label.memory} need ${formatSize(memory * slots)}; the instance type gives ${formatSize(m.memoryMiB)}`,
+      message: `${slots} slots of ${label.memory} need ${formatSize(memory * slots)}; a backing node gives ${formatSize(m.memoryMiB)}`,
     });
   }
   return notices;

@@ -1,8 +1,8 @@
 import type { z } from 'zod';
-import { checkAwsRules, checkAwsUserData } from './awsRules.ts';
-import { NAME_PATTERN } from './fields.ts';
+import { backingDriver } from '../providers/drivers.ts';
 import { checkGithubRoutes } from './githubSchema.ts';
-import { asRecord, asString, formatPath, type PathIssue, type PathSegment } from './paths.ts';
+import { NAME_PATTERN } from './kit/fields.ts';
+import { asRecord, asString, formatPath, type PathIssue, type PathSegment } from './kit/paths.ts';
 import { metastaticLabelSchema } from './schema.ts';
 
 /**
@@ -33,7 +33,7 @@ export function checkConfigRules(data: unknown): PathIssue[] {
     ...sharedBackingSettings(found.metastaticLabels),
     ...topLevelLabels(root, found.offers),
     ...leaseRules(root, found.metastaticLabels),
-    ...awsUserData(root, found.metastaticLabels),
+    ...driverRules(root, found.metastaticLabels),
     ...checkGithubRoutes(
       root,
       new Set(found.offers.filter((o) => o.kind === 'metastatic').map((o) => o.name)),
@@ -43,10 +43,11 @@ export function checkConfigRules(data: unknown): PathIssue[] {
 }
 
 /**
- * Rule 7: what an aws pool puts in its instances' user data (awsRules.ts checkAwsUserData), with one
- * slot user per slot: the most slots any metastatic label asks of the backing label.
+ * Rule 7: each backing driver's own rules on its sections (shared/providers/drivers.ts; aws: its pools'
+ * keys, and what it puts in its instances' user data, with one slot user per slot: the most slots any
+ * metastatic label asks of the backing label).
  */
-function awsUserData(root: Record<string, unknown>, labels: readonly MetastaticLabelRef[]): PathIssue[] {
+function driverRules(root: Record<string, unknown>, labels: readonly MetastaticLabelRef[]): PathIssue[] {
   const slots = new Map<string, number>();
   for (const { label } of labels) {
     const backingLabel = asString(label['backing-label']);
@@ -57,8 +58,9 @@ function awsUserData(root: Record<string, unknown>, labels: readonly MetastaticL
   const providers = Array.isArray(root.providers) ? root.providers : [];
   return providers.flatMap((raw, index) => {
     const provider = asRecord(raw);
-    if (provider?.driver !== 'aws') return [];
-    return checkAwsUserData(provider, ['providers', index], (label) => slots.get(label) ?? 1);
+    const rules = backingDriver(provider?.driver)?.rules;
+    if (!provider || !rules) return [];
+    return rules(provider, ['providers', index], (label) => slots.get(label) ?? 1);
   });
 }
 
@@ -119,13 +121,11 @@ function walkProviders(root: Record<string, unknown>): Walked {
       (first) => `duplicate provider name "${providerName}" (first used at ${first})`,
     );
     const driver = provider.driver;
-    const kind =
-      driver === 'metastatic' ? 'metastatic' : driver === 'local' || driver === 'aws' ? 'backing' : undefined;
+    const kind = driver === 'metastatic' ? 'metastatic' : backingDriver(driver) ? 'backing' : undefined;
     if (kind === undefined) {
       walked.backingLabelsComplete = false;
       return;
     }
-    if (driver === 'aws') walked.issues.push(...checkAwsRules(provider, providerPath));
     const where = providerName ? `"${providerName}"` : formatPath(providerPath);
     walkPools(walked, provider.pools, providerPath, where, kind, providerIndex);
   });

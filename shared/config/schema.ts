@@ -11,24 +11,21 @@
 
 import { z } from 'zod';
 import { RECORD_RETENTION_SECONDS } from '../core/timing.ts';
-import { awsProviderSchema } from './awsSchema.ts';
-import { contractKeys } from './contractFields.ts';
+import type { BackingProviderSection } from '../providers/driver.ts';
+import { BACKING_DRIVERS, type BackingDriverName } from '../providers/drivers.ts';
+import { githubSchema } from './githubSchema.ts';
 import {
   attributes,
-  authorizedKeys,
   bool,
   cores,
   DEFAULT_LEASE_HELP,
   DEFAULT_MAX_READY,
   DEFAULT_REQUEST_TIMEOUT,
-  host,
-  hourlyCost,
   intBetween,
   leaseSeconds,
   MAPPING,
   MAX_ATTRIBUTES_BYTES,
   MAX_ATTRIBUTES_DEPTH,
-  MAX_AUTHORIZED_KEYS,
   MAX_BOOT_SECONDS,
   MAX_KEEP_SECONDS,
   MAX_LAUNCH_RETRIES,
@@ -47,8 +44,7 @@ import {
   requestTimeout,
   seconds,
   size,
-} from './fields.ts';
-import { githubSchema } from './githubSchema.ts';
+} from './kit/fields.ts';
 
 // ---- driver: metastatic -----------------------------------------------------------------------------
 
@@ -156,66 +152,12 @@ export const metastaticProviderSchema = z.strictObject(
   { error: MAPPING },
 );
 
-// ---- driver: local (backing nodes are local child processes) ----------------------------------------
-
-export const localLabelSchema = z.strictObject(
-  {
-    name: name().describe('A backing label; unique within the pool.'),
-    'boot-delay': seconds(MAX_BOOT_SECONDS)
-      .default(0)
-      .describe('Seconds before the process accepts connections; at most a day.'),
-    attributes: attributes()
-      .default({})
-      .describe(
-        `Attributes the backing node reports. At most ${MAX_ATTRIBUTES_BYTES} bytes as JSON, nested at most ${MAX_ATTRIBUTES_DEPTH} levels, numbers DynamoDB can store.`,
-      ),
-    'hourly-cost': hourlyCost()
-      .optional()
-      .describe('What one backing node costs an hour: requests by shape go to the cheapest slot that fits.'),
-    ...contractKeys,
-  },
-  { error: MAPPING },
-);
-
-export const localPoolSchema = z.strictObject(
-  {
-    name: name().describe('Unique within the provider.'),
-    'max-servers': intBetween(1, MAX_SERVERS)
-      .optional()
-      .describe(`Backing nodes this pool may run at once; unset = unlimited; at most ${MAX_SERVERS}.`),
-    'authorized-keys': authorizedKeys()
-      .default([])
-      .describe(
-        `OpenSSH public key lines ("ssh-ed25519 AAAA... comment") whose holders may log in to this pool's backing nodes, besides the embedded pool's own client key; at most ${MAX_AUTHORIZED_KEYS}.`,
-      ),
-    isolation: z
-      .enum(['auto', 'contain', 'none'], { error: 'one of auto, contain, none' })
-      .default('auto')
-      .describe(
-        "Whether each slot's jobs run contained: their own /home/slot<N>, /tmp and processes, and as root a uid of their own and the slot label's cores and memory as cgroup limits. auto: as root where metastatic dev runs as root on Linux, else without root (user and mount namespaces: the same uid, no limits; said once), else not; contain: as root always (a backing node that cannot fails); none: as the user who runs metastatic dev, sharing everything.",
-      ),
-    labels: nonEmptyList(localLabelSchema, 'labels'),
-  },
-  { error: MAPPING },
-);
-
-export const localProviderSchema = z.strictObject(
-  {
-    name: name().describe('Unique among providers.'),
-    driver: z.literal('local'),
-    host: host()
-      .default('127.0.0.1')
-      .describe('Address the backing processes listen on: an IPv4 or IPv6 address or a DNS name.'),
-    pools: nonEmptyList(localPoolSchema, 'pools'),
-  },
-  { error: MAPPING },
-);
-
 // ---- top level --------------------------------------------------------------------------------------
 
+/** A provider section: `metastatic`, or one of the backing drivers (shared/providers/drivers.ts). */
 export const providerSchema = z.discriminatedUnion(
   'driver',
-  [metastaticProviderSchema, localProviderSchema, awsProviderSchema],
+  [metastaticProviderSchema, ...Object.values(BACKING_DRIVERS).map((d) => d.schema)],
   { error: MAPPING },
 );
 
@@ -310,15 +252,18 @@ export const configSchema = z
       'Providers of metastatic nodes (slots on backing nodes) and of the backing nodes themselves.',
   });
 
-export type ConfigFile = z.infer<typeof configSchema>;
+/**
+ * The file as the schema gives it. Its providers are typed by kind: a metastatic section, or a backing
+ * driver's, whose own keys the driver reads (shared/providers/<driver>/configSchema.ts).
+ */
+export type ConfigFile = Omit<z.infer<typeof configSchema>, 'providers'> & { providers: ProviderConfig[] };
 export type ConfigFileInput = z.input<typeof configSchema>;
-export type ProviderConfig = z.infer<typeof providerSchema>;
+export type ProviderConfig =
+  | MetastaticProviderConfig
+  | (BackingProviderSection & { readonly driver: BackingDriverName });
 export type MetastaticProviderConfig = z.infer<typeof metastaticProviderSchema>;
 export type MetastaticPoolConfig = z.infer<typeof metastaticPoolSchema>;
 export type MetastaticLabelConfig = z.infer<typeof metastaticLabelSchema>;
-export type LocalProviderConfig = z.infer<typeof localProviderSchema>;
-export type LocalPoolConfig = z.infer<typeof localPoolSchema>;
-export type LocalLabelConfig = z.infer<typeof localLabelSchema>;
 export type TopLevelLabelConfig = z.infer<typeof topLevelLabelSchema>;
 
 // ---- schema introspection (for error messages) ------------------------------------------------------

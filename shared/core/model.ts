@@ -68,19 +68,20 @@ export interface BackingLabel {
   readonly options: Readonly<Record<string, unknown>>;
   /**
    * What the nodes served on its backing nodes carry (username, connection-type, python-path,
-   * shell-type, per-slot-users), defaults applied (config/contractFields.ts contractOf). Unset on a
+   * shell-type, per-slot-users), defaults applied (config/kit/contractFields.ts contractOf). Unset on a
    * hand-built pool: its backing nodes record none, and their nodes get Nodepool's defaults.
    */
   readonly contract?: BackingContract;
 }
 
-/** A backing pool (driver `local` or `aws`). */
+/** A backing pool: its provider's driver is a backing driver (shared/providers/drivers.ts: `local`, `aws`). */
 export interface BackingPool {
   /** `<provider>/<pool>` */
   readonly key: string;
   readonly providerName: string;
   readonly poolName: string;
-  readonly driver: 'local' | 'aws';
+  /** The backing driver's name (the core names none: it routes nothing by it). */
+  readonly driver: string;
   /** Backing nodes this pool may run at once; undefined = unlimited. */
   readonly maxServers: number | undefined;
   /** Driver-specific options of the provider and pool, as written (kebab-case keys). */

@@ -1,4 +1,3 @@
-import type { HostKeySource } from '../config/awsSchema.ts';
 import type { Clock } from '../core/clock.ts';
 import type { Log } from '../core/log.ts';
 import type { ResolvedConfig } from '../core/model.ts';
@@ -6,6 +5,7 @@ import type { EventSink, MetricSink, PoolEventType } from '../core/observability
 import type { BackingPort, CapacityPort, PoolStore, ReadinessPort, RequestPort } from '../core/poolStore.ts';
 import type { ProviderRegistry } from '../core/provider.ts';
 import { CLAIM_TAKEOVER_MS, type Deadline, SLOT_LEASE_MS } from '../core/timing.ts';
+import type { HostKeySource } from '../providers/aws/configSchema.ts';
 
 /**
  * What most use cases use of the store: requests, backing nodes, capacity and readiness (all but the

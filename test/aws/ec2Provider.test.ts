@@ -16,6 +16,7 @@ import { CapacityError, DeadlineError, RetryableError } from '../../shared/core/
 import type { BackingPool } from '../../shared/core/model.ts';
 import type { LaunchSpec } from '../../shared/core/provider.ts';
 import { StateChangeEvent } from '../../shared/core/stateChanges.ts';
+import { isEc2InstanceId } from '../../shared/providers/aws/driver.ts';
 import {
   backoffDelay,
   DEFAULT_BACKOFF,
@@ -23,11 +24,7 @@ import {
   vcpuQuotaBucket,
 } from '../../shared/providers/aws/ec2Errors.ts';
 import { TEMPLATE_CACHE_MS } from '../../shared/providers/aws/ec2Lookups.ts';
-import {
-  Ec2Provider,
-  type Ec2ProviderOptions,
-  isEc2InstanceId,
-} from '../../shared/providers/aws/ec2Provider.ts';
+import { Ec2Provider, type Ec2ProviderOptions } from '../../shared/providers/aws/ec2Provider.ts';
 import { OFFERING_BACKOFF_MS, offeringsOf, QUOTA_PAUSE_MS } from '../../shared/providers/aws/offerings.ts';
 import {
   clientToken,

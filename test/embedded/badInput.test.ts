@@ -7,7 +7,7 @@
  */
 
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { NAME_RULE } from '../../shared/config/fields.ts';
+import { NAME_RULE } from '../../shared/config/kit/fields.ts';
 import { formatConfigErrors, parseConfig } from '../../shared/config/load.ts';
 import { LEASE_RULE } from '../../shared/core/leases.ts';
 import type { Log } from '../../shared/core/log.ts';

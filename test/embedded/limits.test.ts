@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { MAX_ATTRIBUTES_BYTES } from '../../shared/config/fields.ts';
+import { MAX_ATTRIBUTES_BYTES } from '../../shared/config/kit/fields.ts';
 import { ConfigInvalidError, parseConfig, parseConfigOrThrow } from '../../shared/config/load.ts';
 import { ItemTooLargeError, PermanentError } from '../../shared/core/errors.ts';
 import { nodeId } from '../../shared/core/ids.ts';

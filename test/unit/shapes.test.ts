@@ -1,11 +1,11 @@
 import { describe, expect, it } from 'vitest';
-import { instanceTypeFacts } from '../../shared/config/instanceTypes.ts';
 import { type ConfigResult, formatConfigErrors, parseConfig } from '../../shared/config/load.ts';
 import { contentHash } from '../../shared/core/ids.ts';
 import { parseMessage } from '../../shared/core/messages.ts';
 import type { ResolvedConfig } from '../../shared/core/model.ts';
 import { requestBodyHash } from '../../shared/core/request.ts';
 import { describeShape, fits, parseSize, shapeOffers } from '../../shared/core/shapes.ts';
+import { instanceTypeFacts } from '../../shared/providers/aws/instanceTypes.ts';
 import { largeNode, poolConfig, smallNode } from '../../testkit/configs.ts';
 
 /** Requests by shape (issue 15, part 1): sizes, fitting, ranking, and slot shapes from the configuration. */
@@ -114,7 +114,7 @@ describe('slot shapes in the configuration', () => {
     expect(config.notices).toEqual([
       {
         path: 'providers[1].pools[0].labels[0].cores',
-        message: '4 slots of 4 cores need 16; the instance type gives 8',
+        message: '4 slots of 4 cores need 16; a backing node gives 8',
       },
     ]);
     const memory = ok(
@@ -129,7 +129,7 @@ describe('slot shapes in the configuration', () => {
     expect(memory.notices).toEqual([
       {
         path: 'providers[1].pools[0].labels[0].memory',
-        message: '4 slots of 9GiB need 36GiB; the instance type gives 32GiB',
+        message: '4 slots of 9GiB need 36GiB; a backing node gives 32GiB',
       },
     ]);
   });

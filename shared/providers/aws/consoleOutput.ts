@@ -26,7 +26,7 @@ export const LATEST_REFUSED_CODES: ReadonlySet<string> = new Set([
  * read with GetConsoleOutput. `Latest: true` reads the console as it is now, which Nitro instances
  * support; others refuse it (LATEST_REFUSED_CODES), and are asked again without it (the output EC2
  * buffered at the last state change, which can be minutes late: validation refuses `host-keys: console`
- * on the instance types known not to be Nitro, shared/config/nitro.ts). Any other error is not asked
+ * on the instance types known not to be Nitro, shared/providers/aws/nitro.ts). Any other error is not asked
  * again. An instance EC2 does not know (yet) has no keys yet.
  */
 export async function readConsoleHostKeys(

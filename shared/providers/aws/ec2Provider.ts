@@ -33,13 +33,14 @@ import {
   paginateDescribeInstances,
   RunInstancesCommand,
 } from '@aws-sdk/client-ec2';
-import type { HostKeySource } from '../../config/awsSchema.ts';
 import type { Clock } from '../../core/clock.ts';
 import { CapacityError, RetryableError } from '../../core/errors.ts';
 import type { BackingPool } from '../../core/model.ts';
 import type { BackingProvider, BackingResource, LaunchSpec, ReportedHostKeys } from '../../core/provider.ts';
 import type { Deadline } from '../../core/timing.ts';
+import type { HostKeySource } from './configSchema.ts';
 import { readConsoleHostKeys } from './consoleOutput.ts';
+import { isEc2InstanceId } from './driver.ts';
 import { type CallPolicy, type Ec2ProviderLog, ec2Call, type RetryBudget } from './ec2Calls.ts';
 import { type BackoffPolicy, classifyEc2Error, DEFAULT_BACKOFF, describeEc2Error } from './ec2Errors.ts';
 import { Ec2Lookups } from './ec2Lookups.ts';
@@ -62,11 +63,6 @@ function budgetWithin(within: Deadline | undefined): RetryBudget {
 /** DescribeInstances pages: EC2 accepts MaxResults from 5 to 1000. */
 export const LIST_PAGE_SIZE = 1000;
 export const MIN_LIST_PAGE_SIZE = 5;
-
-/** Whether `id` has the shape of an EC2 instance id (for routing events to this provider). */
-export function isEc2InstanceId(id: string): boolean {
-  return /^i-(?:[0-9a-f]{8}|[0-9a-f]{17})$/.test(id);
-}
 
 /** An EC2 client for the provider: the SDK's retries are off, the provider's backoff is the policy. */
 export function createEc2Client(region: string, config: EC2ClientConfig = {}): EC2Client {

@@ -6,7 +6,7 @@ import type {
   RunInstancesCommandInput,
   Tag,
 } from '@aws-sdk/client-ec2';
-import { DEFAULT_AWS_USERNAME } from '../../config/contractFields.ts';
+import { DEFAULT_AWS_USERNAME } from '../../config/kit/contractFields.ts';
 import type { LaunchSpec } from '../../core/provider.ts';
 import { limitsOf } from '../../core/slotLimits.ts';
 import type { Offering } from './offerings.ts';

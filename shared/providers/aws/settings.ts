@@ -1,18 +1,18 @@
 /**
  * The aws driver's options of a backing pool (model.ts keeps them as written, kebab-case) turned into
  * the typed, normalized settings the EC2 provider launches from. The options are validated again here
- * (schema + the aws rules of resolve.ts), so a hand-built BackingPool fails as clearly as a file would.
+ * (its schema and its driver's rules), so a hand-built BackingPool fails as clearly as a file would.
  */
 
+import { formatPath } from '../../config/kit/paths.ts';
+import type { BackingPool } from '../../core/model.ts';
 import {
   type AwsProviderConfig,
   awsProviderSchema,
   type EBS_VOLUME_TYPES,
   type HostKeySource,
-} from '../../config/awsSchema.ts';
-import { formatPath } from '../../config/paths.ts';
-import { checkConfigRules } from '../../config/rules.ts';
-import type { BackingPool } from '../../core/model.ts';
+} from './configSchema.ts';
+import { awsDriver } from './driver.ts';
 
 /** The root volume type when the label gives none. */
 export const DEFAULT_VOLUME_TYPE = 'gp3';
@@ -75,9 +75,10 @@ export function awsPoolSettings(pool: BackingPool): Map<string, AwsLabelSettings
       },
     ],
   };
-  const problems: string[] = checkConfigRules({ providers: [raw] }).map(
-    (issue) => `${formatPath(issue.path)}: ${issue.message}`,
-  );
+  // The aws driver's own rules, as the configuration's check ran them (one slot per backing node here).
+  const problems: string[] = awsDriver
+    .rules(raw, ['providers', 0], () => 1)
+    .map((issue) => `${formatPath(issue.path)}: ${issue.message}`);
   const parsed = awsProviderSchema.safeParse(raw);
   if (!parsed.success) {
     for (const issue of parsed.error.issues) problems.push(`${formatPath(issue.path)}: ${issue.message}`);

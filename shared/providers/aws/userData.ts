@@ -21,7 +21,7 @@ import { containedCloudConfig } from './slotBoot.ts';
  * it, cloud-init's default merge would let the later part's lists replace the earlier's).
  */
 
-export { MAX_USERDATA_BYTES } from '../../config/awsSchema.ts';
+export { MAX_USERDATA_BYTES } from './configSchema.ts';
 
 export interface UserDataParts {
   /** The label's own user data (its `userdata`, else its launch template's), as written. */

@@ -36,10 +36,7 @@ export function localResourceId(backingNodeId: string, attempt: number): string 
   return `local-${createHash('sha256').update(`${backingNodeId}#${attempt}`).digest('hex').slice(0, 16)}`;
 }
 
-/** Whether `resourceId` has the shape of a local resource id (for routing events to this provider). */
-export function isLocalResourceId(resourceId: string): boolean {
-  return /^local-[0-9a-f]{16}$/.test(resourceId);
-}
+export { isLocalResourceId } from './driver.ts';
 
 export function isRecord(value: unknown): value is Record<string, unknown> {
   return typeof value === 'object' && value !== null && !Array.isArray(value);

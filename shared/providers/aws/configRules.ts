@@ -1,11 +1,15 @@
-import { SLOT_PIDS } from '../core/slotLimits.ts';
-import { composeUserData, userDataBytes } from '../providers/aws/userData.ts';
-import { type EBS_VOLUME_TYPES, MAX_USERDATA_BYTES } from './awsSchema.ts';
-import { DEFAULT_AWS_USERNAME, PER_SLOT_USERNAME, PER_SLOT_USERNAME_PATTERN } from './contractFields.ts';
-import { MAX_PARALLEL_JOBS, MAX_VOLUME_SIZE } from './fields.ts';
+import {
+  DEFAULT_AWS_USERNAME,
+  PER_SLOT_USERNAME,
+  PER_SLOT_USERNAME_PATTERN,
+} from '../../config/kit/contractFields.ts';
+import { MAX_PARALLEL_JOBS, MAX_VOLUME_SIZE } from '../../config/kit/fields.ts';
+import { asRecord, formatPath, type PathIssue, type PathSegment } from '../../config/kit/paths.ts';
+import { SLOT_PIDS } from '../../core/slotLimits.ts';
+import { type EBS_VOLUME_TYPES, MAX_USERDATA_BYTES } from './configSchema.ts';
 import type { FunctionsNetwork } from './networkRules.ts';
 import { consoleOutputSupport } from './nitro.ts';
-import { asRecord, formatPath, type PathIssue, type PathSegment } from './paths.ts';
+import { composeUserData, userDataBytes } from './userData.ts';
 
 /**
  * The aws driver's rules across keys (the field schema is in schema.ts, typed settings in
