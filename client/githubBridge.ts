@@ -4,6 +4,7 @@ import type { AddressInfo } from 'node:net';
 import type { Log } from '../shared/core/log.ts';
 import type { GithubSettings } from '../shared/core/model.ts';
 import { GithubApi, nodeRunner, redeliverLost, runnerLabels } from '../shared/github/githubApi.ts';
+import { QUEUED_SCAN_GRACE_MS, queuedJobs } from '../shared/github/queuedScan.ts';
 import {
   type JobEvent,
   jobRequestId,
@@ -49,6 +50,7 @@ export class GithubBridge {
   private readonly completed = new RecentDeliveries();
   private readonly running = new Set<Promise<void>>();
   private reconciler: NodeJS.Timeout | undefined;
+  private scanner: NodeJS.Timeout | undefined;
 
   private constructor(
     private readonly settings: GithubSettings,
@@ -96,12 +98,21 @@ export class GithubBridge {
       });
     }, settings.reconcileInterval * 1000);
     started.reconciler.unref();
+    if (settings.queuedScanInterval > 0) {
+      started.scanner = setInterval(() => {
+        void started.scanQueued().catch((err: unknown) => {
+          log.warn(`github: could not look at GitHub's queued jobs: ${(err as Error).message}`);
+        });
+      }, settings.queuedScanInterval * 1000);
+      started.scanner.unref();
+    }
     return bridge;
   }
 
   /** Stops listening, ends every runner and releases its node; resolves once every run has. */
   async close(): Promise<void> {
     clearInterval(this.reconciler);
+    clearInterval(this.scanner);
     await new Promise<void>((resolve) => this.server.close(() => resolve()));
     for (const job of this.jobs.values()) job.abort.abort(new Error('the pool is stopping'));
     await Promise.allSettled([...this.running]);
@@ -114,6 +125,29 @@ export class GithubBridge {
    */
   async reconcile(now = Date.now()): Promise<{ redelivered: number }> {
     return redeliverLost(this.api, this.log, now);
+  }
+
+  /**
+   * Queued jobs whose webhook never came (GitHub never attempted it): each routed job GitHub shows queued
+   * for longer than QUEUED_SCAN_GRACE_MS with no run here gets one (shared/github/queuedScan.ts). Run every
+   * `queued-scan-interval`.
+   */
+  async scanQueued(now = Date.now()): Promise<{ found: number }> {
+    const jobs = await queuedJobs(this.api, this.settings.routes, {
+      ...(this.settings.installationId === undefined ? {} : { installationId: this.settings.installationId }),
+      graceMs: QUEUED_SCAN_GRACE_MS,
+      now,
+    });
+    let found = 0;
+    for (const event of jobs) {
+      if (this.jobs.has(event.jobId) || this.completed.has(String(event.jobId))) continue;
+      this.log.info(
+        `github: job ${event.jobId} of ${event.repository} is queued with no webhook seen; requesting its node`,
+      );
+      this.queued(event);
+      found += 1;
+    }
+    return { found };
   }
 
   /** Jobs with a run in progress (waiting for a node, or running a runner). */

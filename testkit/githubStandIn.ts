@@ -20,6 +20,7 @@ import { sign } from '@octokit/webhooks-methods';
 type InstallationToken = components['schemas']['installation-token'];
 type DeliveryItem = components['schemas']['hook-delivery-item'];
 type Runner = components['schemas']['runner'];
+type Installation = components['schemas']['installation'];
 
 export interface StartedRunner {
   readonly name: string;
@@ -37,6 +38,17 @@ export class GithubStandIn {
   readonly deliveryLog: DeliveryItem[] = [];
   private readonly deliveryBodies = new Map<string, { event: string; body: string }>();
   private webhook: { url: string; secret: string } | undefined;
+  /** The App's one installation. */
+  readonly installationId = 77;
+  /** Jobs as GitHub holds them, for a queued-job scan to find (no webhook is sent for them). */
+  readonly queuedJobs: {
+    id: number;
+    repository: string;
+    runId: number;
+    labels: string[];
+    status: 'queued' | 'in_progress' | 'completed';
+    createdAt: string;
+  }[] = [];
   /** When each generate-jitconfig was answered (performance.now()), in order. */
   readonly jitConfigTimes: number[] = [];
   /** The JIT configurations issued, by runner name. */
@@ -145,6 +157,16 @@ export class GithubStandIn {
       this.calls.redeliveries += 1;
       return this.redeliver(Number(m[1]), res);
     }
+    if (req.method === 'GET' && path === '/app/installations') {
+      if (!this.appAuthorized(req, res)) return;
+      const installation: Partial<Installation> = { id: this.installationId, app_id: this.appId };
+      return answer(res, 200, [installation]);
+    }
+    if (req.method === 'GET' && (path === '/installation/repositories' || path.startsWith('/repos/'))) {
+      if (!this.tokenAuthorized(req, res)) return;
+      const scan = this.scanAnswer(path, new URL(req.url ?? '/', 'http://x').searchParams.get('status'));
+      if (scan) return answer(res, 200, scan);
+    }
     m = /^\/_standin\/runners\/([^/]+)\/(started|job)$/.exec(path);
     if (m?.[2] === 'started' && req.method === 'POST') {
       const name = decodeURIComponent(m[1] ?? '');
@@ -157,6 +179,51 @@ export class GithubStandIn {
       return answer(res, 200, { done: true });
     }
     answer(res, 404, { message: 'Not Found', documentation_url: 'https://docs.github.com/rest' });
+  }
+
+  /** Whether the call carries an installation token this stand-in made; answers 401 when it does not. */
+  private tokenAuthorized(req: IncomingMessage, res: ServerResponse): boolean {
+    const token = /^token (.+)$/i.exec(req.headers.authorization ?? '')?.[1];
+    if (token && this.tokens.has(token)) return true;
+    answer(res, 401, { message: 'Bad credentials' });
+    return false;
+  }
+
+  /**
+   * GitHub's state of the jobs in `queuedJobs`, as the three reads of a queued-job scan see it: the
+   * installation's repositories, a repository's runs in a status (a run is queued while all its jobs are,
+   * in progress once one is not), and a run's jobs. Only the fields the pool reads are filled.
+   */
+  private scanAnswer(path: string, status: string | null): unknown {
+    const repos = [...new Set(this.queuedJobs.map((j) => j.repository))];
+    if (path === '/installation/repositories') {
+      return { total_count: repos.length, repositories: repos.map((full_name) => ({ full_name })) };
+    }
+    const runs = /^\/repos\/([^/]+\/[^/]+)\/actions\/runs$/.exec(path);
+    if (runs) {
+      const jobs = this.queuedJobs.filter((j) => j.repository === runs[1]);
+      const ids = [...new Set(jobs.map((j) => j.runId))].filter((run) => {
+        const all = jobs.filter((j) => j.runId === run);
+        const queued = all.every((j) => j.status === 'queued');
+        return status === 'queued' ? queued : status === 'in_progress' ? !queued : true;
+      });
+      return { total_count: ids.length, workflow_runs: ids.map((id) => ({ id })) };
+    }
+    const jobs = /^\/repos\/([^/]+\/[^/]+)\/actions\/runs\/(\d+)\/jobs$/.exec(path);
+    if (jobs) {
+      const of = this.queuedJobs.filter((j) => j.repository === jobs[1] && j.runId === Number(jobs[2]));
+      return {
+        total_count: of.length,
+        jobs: of.map((j) => ({
+          id: j.id,
+          run_id: j.runId,
+          status: j.status,
+          labels: j.labels,
+          created_at: j.createdAt,
+        })),
+      };
+    }
+    return undefined;
   }
 
   /** Whether the call carries the App's JWT; answers 401 when it does not. */

@@ -20,6 +20,8 @@ export const MAX_ROUTES = 100;
 export const MAX_RUNNER_LABELS = 100;
 export const DEFAULT_IDLE_TIMEOUT = 600;
 export const DEFAULT_RECONCILE_INTERVAL = 120;
+/** Every 10 minutes: a scan costs about 2 calls per repository (docs/github.md, Costs). */
+export const DEFAULT_QUEUED_SCAN_INTERVAL = 600;
 
 /** A GitHub label (runs-on): GitHub takes up to 100 characters, compared case-insensitively. */
 const runnerLabel = () =>
@@ -95,6 +97,12 @@ export const githubSchema = z
         .describe(
           "Seconds between looks at the App's webhook deliveries: each workflow_job delivery that never reached the pool in the last hour is delivered again (a lost webhook).",
         ),
+      'queued-scan-interval': z
+        .union([z.literal(0), intBetween(60, 86_400)], { error: '0 (off), or seconds from 60 to 86400' })
+        .default(DEFAULT_QUEUED_SCAN_INTERVAL)
+        .describe(
+          "Seconds between looks at GitHub's queued jobs for ones whose webhook never came (0: never): each routed job queued longer than a minute with no request gets one.",
+        ),
       'webhook-port': intBetween(0, 65_535)
         .default(0)
         .describe('The port of the webhook listener on 127.0.0.1 (metastatic dev); 0: any free one.'),
@@ -123,6 +131,7 @@ export function githubSettings(file: GithubFile): GithubSettings {
     runnerCommand: file['runner-command'],
     idleTimeout: file['idle-timeout'],
     reconcileInterval: file['reconcile-interval'],
+    queuedScanInterval: file['queued-scan-interval'],
     webhookPort: file['webhook-port'],
     enabled: file.enabled,
     routes: file.routes.map((r) => ({ runsOn: r['runs-on'], label: r.label, lease: r.lease })),

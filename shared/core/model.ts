@@ -157,6 +157,8 @@ export interface GithubSettings {
   readonly runnerCommand: string;
   readonly idleTimeout: number;
   readonly reconcileInterval: number;
+  /** Seconds between scans of GitHub's queued jobs for lost webhooks; 0: none. */
+  readonly queuedScanInterval: number;
   readonly webhookPort: number;
   readonly enabled: boolean;
   readonly routes: readonly GithubRoute[];

@@ -63,7 +63,7 @@ export class GithubApi {
   /** One client per installation (its token cached inside), and one for the App itself (its JWT). */
   private readonly clients = new Map<number | 'app', GithubClient>();
   /** Calls made to GitHub, by what they were: the figures docs/github.md reports. */
-  readonly calls = { tokens: 0, jitConfigs: 0, deliveryLists: 0, redeliveries: 0, rateLimited: 0 };
+  readonly calls = { tokens: 0, jitConfigs: 0, deliveryLists: 0, redeliveries: 0, scans: 0, rateLimited: 0 };
   /**
    * Installation tokens, as @octokit/auth-app's own cache keeps them (59 minutes: GitHub's hour, less one),
    * counted as they are made.
@@ -146,6 +146,61 @@ export class GithubApi {
           ...body,
         });
     return { runnerId: answer.data.runner.id, encodedJitConfig: answer.data.encoded_jit_config };
+  }
+
+  /** The App's installations (the App's JWT). */
+  async installations(): Promise<number[]> {
+    this.calls.scans += 1;
+    const answer = await this.client('app').request('GET /app/installations', { per_page: 100 });
+    return answer.data.map((i) => i.id);
+  }
+
+  /** The repositories an installation can reach (`owner/name`), the first `perPage`. */
+  async repositories(installationId: number, perPage: number): Promise<string[]> {
+    this.calls.scans += 1;
+    const answer = await this.client(installationId).request('GET /installation/repositories', {
+      per_page: perPage,
+    });
+    return answer.data.repositories.map((r) => r.full_name);
+  }
+
+  /** The ids of a repository's workflow runs in a status, the newest `perPage`. */
+  async runs(
+    installationId: number,
+    repository: string,
+    status: 'queued' | 'in_progress',
+    perPage: number,
+  ): Promise<number[]> {
+    this.calls.scans += 1;
+    const [owner = '', repo = ''] = repository.split('/');
+    const answer = await this.client(installationId).request('GET /repos/{owner}/{repo}/actions/runs', {
+      owner,
+      repo,
+      status,
+      per_page: perPage,
+    });
+    return answer.data.workflow_runs.map((r) => Number(r.id));
+  }
+
+  /** The jobs of a run's latest attempt: id, status, labels, when created. */
+  async runJobs(
+    installationId: number,
+    repository: string,
+    runId: number,
+    perPage: number,
+  ): Promise<{ id: number; status: string; labels: string[]; created_at: string }[]> {
+    this.calls.scans += 1;
+    const [owner = '', repo = ''] = repository.split('/');
+    const answer = await this.client(installationId).request(
+      'GET /repos/{owner}/{repo}/actions/runs/{run_id}/jobs',
+      { owner, repo, run_id: runId, filter: 'latest', per_page: perPage },
+    );
+    return answer.data.jobs.map((j) => ({
+      id: Number(j.id),
+      status: j.status,
+      labels: j.labels,
+      created_at: j.created_at,
+    }));
   }
 
   /** The newest page of the App's webhook deliveries (the App's JWT: no installation token). */

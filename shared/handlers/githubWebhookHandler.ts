@@ -92,30 +92,44 @@ export function makeGithubWebhookHandler(
   };
 }
 
+/** What acting on a job needs: the settings, the table's github items, the request queue. */
+export type JobActions = Pick<GithubWebhookDeps, 'settings' | 'items' | 'send'>;
+
+/**
+ * A queued job: recorded (a job seen completed first gets none), and its request sent (lease
+ * `idle-timeout`). Returns why it got none, or undefined when it was requested.
+ */
+export async function requestJob(
+  deps: JobActions,
+  event: Extract<JobEvent, { kind: 'queued' }>,
+): Promise<string | undefined> {
+  const { route } = event;
+  const outcome = await deps.items.jobQueued({
+    jobId: event.jobId,
+    repository: event.repository,
+    ...(event.installationId === undefined ? {} : { installationId: event.installationId }),
+    runsOn: [...route.runsOn],
+    label: route.label,
+    lease: route.lease,
+  });
+  if (outcome === 'completed')
+    return `job ${event.jobId}: queued after it completed (out of order); no runner`;
+  await deps.send([
+    {
+      kind: 'request',
+      id: jobRequestId(event.jobId),
+      labels: [route.label],
+      requestor: `github:${event.repository}`,
+      lease: Math.min(deps.settings.idleTimeout, route.lease),
+    },
+  ]);
+  return undefined;
+}
+
 async function act(deps: GithubWebhookDeps, event: JobEvent, verdict: DeliveryVerdict): Promise<string> {
   const id = jobRequestId(event.jobId);
   if (event.kind === 'queued') {
-    const { route } = event;
-    const outcome = await deps.items.jobQueued({
-      jobId: event.jobId,
-      repository: event.repository,
-      ...(event.installationId === undefined ? {} : { installationId: event.installationId }),
-      runsOn: [...route.runsOn],
-      label: route.label,
-      lease: route.lease,
-    });
-    if (outcome === 'completed')
-      return `job ${event.jobId}: queued after it completed (out of order); no runner`;
-    await deps.send([
-      {
-        kind: 'request',
-        id,
-        labels: [route.label],
-        requestor: `github:${event.repository}`,
-        lease: Math.min(deps.settings.idleTimeout, route.lease),
-      },
-    ]);
-    return verdict.reason;
+    return (await requestJob(deps, event)) ?? verdict.reason;
   }
   if (event.kind === 'in_progress') {
     const job = await deps.items.job(event.jobId);

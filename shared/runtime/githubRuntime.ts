@@ -7,9 +7,9 @@ import { SSMClient } from '@aws-sdk/client-ssm';
 import type { Context as LambdaContext, SQSEvent } from 'aws-lambda';
 import { z } from 'zod';
 import type { PoolMessage } from '../core/messages.ts';
-import type { GithubSettings } from '../core/model.ts';
-import { GithubApi, redeliverLost } from '../github/githubApi.ts';
+import { GithubApi } from '../github/githubApi.ts';
 import { makeGithubRunnerHandler } from '../handlers/githubRunnerHandler.ts';
+import { makeGithubScheduleHandler } from '../handlers/githubScheduleHandler.ts';
 import { type FunctionUrlRequest, makeGithubWebhookHandler } from '../handlers/githubWebhookHandler.ts';
 import { SsmRunnerChannel } from '../providers/aws/ssmRunners.ts';
 import { GithubItems } from '../store/githubItems.ts';
@@ -76,13 +76,15 @@ export function githubRuntimeFromEnv(raw: NodeJS.ProcessEnv = process.env): Gith
     }),
     rt.env.TABLE_NAME,
   );
+  const send = (messages: readonly PoolMessage[]) => sendAll(rt.sqs(), env.REQUEST_QUEUE_URL, messages);
   const webhook = makeGithubWebhookHandler({
     settings,
     secrets: async () => webhookSecrets(await secret(env.GITHUB_WEBHOOK_SECRET_ARN)),
     items,
-    send: (messages) => sendAll(rt.sqs(), env.REQUEST_QUEUE_URL, messages),
+    send,
     log: rt.context.log,
   });
+  const schedule = makeGithubScheduleHandler({ settings, items, send, api: githubApi, log: rt.context.log });
   const runners = makeGithubRunnerHandler(rt.context, {
     settings,
     api: githubApi,
@@ -93,7 +95,7 @@ export function githubRuntimeFromEnv(raw: NodeJS.ProcessEnv = process.env): Gith
   });
   return {
     metrics: rt.metrics,
-    handle: (event, context) => dispatch(event, context, { webhook, runners, settings, githubApi, rt }),
+    handle: (event, context) => dispatch(event, context, { webhook, runners, schedule }),
   };
 }
 
@@ -103,17 +105,14 @@ async function dispatch(
   parts: {
     webhook: ReturnType<typeof makeGithubWebhookHandler>;
     runners: ReturnType<typeof makeGithubRunnerHandler>;
-    settings: GithubSettings;
-    githubApi: () => Promise<GithubApi>;
-    rt: ReturnType<typeof lambdaRuntimeFromEnv>;
+    schedule: ReturnType<typeof makeGithubScheduleHandler>;
   },
 ): Promise<unknown> {
   const e = event as Record<string, unknown>;
   if ((e.requestContext as { http?: unknown } | undefined)?.http)
     return parts.webhook(e as unknown as FunctionUrlRequest);
   if (Array.isArray(e.Records)) return parts.runners(e as unknown as SQSEvent, context);
-  if (e['detail-type'] === 'Scheduled Event')
-    return redeliverLost(await parts.githubApi(), parts.rt.context.log);
+  if (e['detail-type'] === 'Scheduled Event') return parts.schedule();
   throw new Error('the github function takes a function URL request, an SQS batch or its schedule');
 }
 

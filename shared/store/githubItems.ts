@@ -18,6 +18,7 @@ import { TTL_ATTRIBUTE } from './table.ts';
  *   GITHUB#JOB#<job id>           JOB       a job: where it runs (repository, installation, route), whether
  *                                           GitHub said it completed, its runner once started
  *   GITHUB#COMMAND#<command id>   COMMAND   the SSM command running a job's runner: its end releases the job's node
+ *   GITHUB#SCAN                   SCAN      when GitHub's queued jobs were last scanned (one scan at a time)
  *
  * One partition each (a delivery, a job, a command), so a burst of webhooks spreads over the table. Every
  * item carries the table's TTL: a day for a delivery (GitHub redelivers within hours), a week for the rest.
@@ -60,6 +61,7 @@ const key = {
   delivery: (guid: string) => ({ pk: `GITHUB#DELIVERY#${guid}`, sk: 'DELIVERY' }),
   job: (jobId: number) => ({ pk: `GITHUB#JOB#${jobId}`, sk: 'JOB' }),
   command: (commandId: string) => ({ pk: `GITHUB#COMMAND#${commandId}`, sk: 'COMMAND' }),
+  scan: { pk: 'GITHUB#SCAN', sk: 'SCAN' },
 };
 
 export class GithubItems {
@@ -210,6 +212,30 @@ export class GithubItems {
       );
     } catch (err) {
       if (!(err instanceof ConditionalCheckFailedException)) throw err;
+    }
+  }
+
+  /**
+   * Claims the next scan of GitHub's queued jobs: true when none was made within `intervalMs` (less a
+   * tenth, so that a schedule's jitter skips none), then recorded as made now; false for a second run
+   * meanwhile, in whatever container.
+   */
+  async claimScan(intervalMs: number, now = this.now()): Promise<boolean> {
+    try {
+      await this.doc.send(
+        new UpdateCommand({
+          TableName: this.table,
+          Key: key.scan,
+          UpdateExpression: 'SET #at = :now',
+          ConditionExpression: 'attribute_not_exists(#at) OR #at <= :due',
+          ExpressionAttributeNames: { '#at': 'at' },
+          ExpressionAttributeValues: { ':now': now, ':due': now - Math.floor(intervalMs * 0.9) },
+        }),
+      );
+      return true;
+    } catch (err) {
+      if (err instanceof ConditionalCheckFailedException) return false;
+      throw err;
     }
   }
 

@@ -15,6 +15,7 @@ import {
   makeGithubRunnerHandler,
   SSM_STATUS_DETAIL_TYPE,
 } from '../../shared/handlers/githubRunnerHandler.ts';
+import { makeGithubScheduleHandler } from '../../shared/handlers/githubScheduleHandler.ts';
 import {
   type FunctionUrlRequest,
   makeGithubWebhookHandler,
@@ -64,6 +65,7 @@ describeWithMoto('the github function', () => {
   let ssm: SSMClient;
   let webhook: (e: FunctionUrlRequest) => Promise<{ statusCode: number; body: string }>;
   let runners: ReturnType<typeof makeGithubRunnerHandler>;
+  let api: GithubApi;
   let deliveries = 0;
   const stopped: { commandId: string; instanceId: string }[] = [];
 
@@ -107,7 +109,7 @@ describeWithMoto('the github function', () => {
       },
       log: silentLog,
     });
-    const api = new GithubApi(settings, github.privateKeyPem);
+    api = new GithubApi(settings, github.privateKeyPem);
     const channel = new SsmRunnerChannel(ssm);
     stopped.length = 0;
     runners = makeGithubRunnerHandler(harness.pool.context, {
@@ -425,6 +427,43 @@ describeWithMoto('the github function', () => {
     },
     120_000,
   );
+
+  it('its schedule requests a node for a job GitHub never sent a webhook for, once its webhook had a minute; one scan per queued-scan-interval', async () => {
+    const schedule = makeGithubScheduleHandler({
+      settings,
+      items,
+      send: async (messages) => {
+        for (const m of messages) await harness.send(m);
+      },
+      api: async () => api,
+      log: silentLog,
+    });
+    const now = harness.clock.now();
+    const job = (id: number, ageMs: number) => ({
+      id,
+      repository: 'Codertocat/Hello-World',
+      runId: 50,
+      labels: JOB_LABELS,
+      status: 'queued' as const,
+      createdAt: new Date(now - ageMs).toISOString(),
+    });
+    // 50 has waited two minutes with no webhook; 51 only seconds (its webhook may still come); 52 was
+    // delivered: the pool knows it.
+    github.queuedJobs.push(job(50, 120_000), job(51, 5_000), job(52, 120_000));
+    try {
+      await deliver(jobPayload('queued', 52, JOB_LABELS));
+      expect(await schedule(now)).toEqual({ redelivered: 0, requested: 1 });
+      expect((await requestOf(50))?.labels).toEqual(['small-node']);
+      expect(await requestOf(51)).toBeUndefined();
+      // Another run within queued-scan-interval (600 s) scans nothing, in whatever container.
+      expect(await schedule(now + 60_000)).toEqual({ redelivered: 0 });
+      // Ten minutes on: 50 is known; 51 (now 10 minutes queued, still no webhook) gets its request.
+      expect(await schedule(now + 600_000)).toEqual({ redelivered: 0, requested: 1 });
+      expect((await requestOf(51))?.labels).toEqual(['small-node']);
+    } finally {
+      github.queuedJobs.length = 0;
+    }
+  });
 
   it('in_progress renews the lease to the route lease', async () => {
     await deliver(jobPayload('queued', 30, JOB_LABELS));

@@ -151,10 +151,41 @@ describe('GitHub Actions jobs in packed slots', { timeout: 120_000 }, () => {
     expect(pool.github.calls.redeliveries).toBe(1);
   });
 
+  it('gives a runner to a job GitHub never sent a webhook for, at the next scan of its queued jobs, once its webhook had a minute', async () => {
+    const now = Date.now();
+    const job = (id: number, ageMs: number, labels = JOB_LABELS) => ({
+      id,
+      repository: 'Codertocat/Hello-World',
+      runId: 7,
+      labels,
+      status: 'queued' as const,
+      createdAt: new Date(now - ageMs).toISOString(),
+    });
+    // Queued at GitHub with no delivery at all: 120 for two minutes; 121 only just (its webhook may still
+    // come); 122 for labels no route covers; 123 running already (its run is in progress).
+    pool.github.queuedJobs.push(
+      job(120, 120_000),
+      job(121, 5_000),
+      job(122, 120_000, ['self-hosted', 'gpu']),
+      {
+        ...job(123, 120_000),
+        status: 'in_progress',
+      },
+    );
+    expect(await pool.bridge.scanQueued(now)).toEqual({ found: 1 });
+    const runner = await pool.runnerOf(120);
+    expect(runner.name).toBe('github-job-120-0');
+    // The job is the bridge's now: a second scan finds nothing new for it.
+    expect(await pool.bridge.scanQueued(now)).toEqual({ found: 0 });
+    pool.github.finishJob(runner.name);
+    await pool.released(120);
+    pool.github.queuedJobs.length = 0;
+  });
+
   it('costs one GitHub call per job, and one installation token for all of them', () => {
-    // 8 jobs, and the name in use asked again once (the rate-limited tries are the client's own retries).
-    expect(pool.github.calls.jitConfigs).toBe(9);
-    expect(pool.bridge.api.calls.jitConfigs).toBe(10);
+    // 9 jobs, and the name in use asked again once (the rate-limited tries are the client's own retries).
+    expect(pool.github.calls.jitConfigs).toBe(10);
+    expect(pool.bridge.api.calls.jitConfigs).toBe(11);
     expect(pool.github.calls.tokens).toBe(1);
     expect(pool.bridge.api.calls.tokens).toBe(1);
   });

@@ -146,6 +146,7 @@ describe('the github section of a configuration', () => {
       runnerCommand: './actions-runner/run.sh --jitconfig "$METASTATIC_JITCONFIG"',
       idleTimeout: 600,
       reconcileInterval: 120,
+      queuedScanInterval: 600,
       webhookPort: 0,
       enabled: true,
       routes: [{ runsOn: ['self-hosted', 'small'], label: 'small', lease: 3600 }],
