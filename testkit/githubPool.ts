@@ -100,7 +100,13 @@ export class GithubPool {
       inMemory: true,
     });
     const client = await PoolClient.connect({ stateDir });
-    const bridge = await GithubBridge.start(parsed.github, client, process.env.DEBUG_BRIDGE ? { debug() {}, info: console.log, warn: console.log, error: console.log } : silentLog);
+    const bridge = await GithubBridge.start(
+      parsed.github,
+      client,
+      process.env.DEBUG_BRIDGE
+        ? { debug() {}, info: console.log, warn: console.log, error: console.log }
+        : silentLog,
+    );
     github.setWebhook(bridge.url, NEW_SECRET);
     return new GithubPool(dir, github, embedded, client, bridge);
   }
