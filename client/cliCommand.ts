@@ -24,7 +24,7 @@ const thisProcess = (): CliStart => ({
 /**
  * The command that runs this CLI again, from another shell in the same directory, for the commands the
  * CLI suggests ("Try it from another shell: … request small-node --wait"): the way it was started, and
- * never one that could fetch a package from the registry (npx without `--no`, issue 41):
+ * never one that could fetch a package from the registry (npx without `--no`):
  * - installed as a dependency of the project the working directory is in (`npx --no metastatic`,
  *   `./node_modules/.bin/metastatic`, `node node_modules/metastatic/bin/metastatic.mjs`): `npx --no metastatic`;
  * - installed globally, its command the first `metastatic` on PATH: `metastatic`;

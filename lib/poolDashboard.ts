@@ -104,7 +104,7 @@ export function poolDashboard(scope: Construct, o: PoolDashboardProps): Dashboar
     ]),
   );
   dashboard.addWidgets(
-    // What users feel (issue 27): how many requests had to wait for a backing node to boot, and how long.
+    // What users feel: how many requests had to wait for a backing node to boot, and how long.
     graph('Waits for a boot', [
       pool(MetricName.requestsFulfilled, Stats.SUM, 'fulfilled'),
       pool(MetricName.requestsWaitedForBoot, Stats.SUM, 'waited for a boot'),

@@ -114,7 +114,7 @@ export function parseContext(pairs: readonly string[]): Record<string, string> {
 
 /**
  * What the rehearsal running now shows, and what it cannot (docs/deploy.md has the whole table): said
- * when it is up, so nobody takes a rehearsal for more than it is (issue 40, defect 7).
+ * when it is up, so nobody takes a rehearsal for more than it is.
  */
 export function rehearsalScope(r: Rehearsal): { proves: string[]; cannotProve: string[] } {
   const short = (name: string) => `${name.slice(0, 'asset.'.length + 12)}…`;

@@ -24,7 +24,7 @@ export interface LabelStatus {
   readonly slotsUsed: number;
   readonly slots: number;
   /**
-   * min-ready auto (issue 27): the reaper's last decision: the forecast (arrivals a minute), the ready
+   * min-ready auto: the reaper's last decision: the forecast (arrivals a minute), the ready
    * slots wanted, the ready nodes held for them, and the free slots on backing nodes that run anyway
    * counted first. Absent for a label without one.
    */

@@ -6,7 +6,7 @@ import { mapConfigText } from './network.ts';
 
 /**
  * The functions' EC2 endpoint in the rehearsal: a proxy in front of moto that changes two things, and
- * says so (issue 40, defect 7).
+ * says so.
  *
  * - Ids. moto cannot make a resource with a given id, so the subnets, security groups, images and launch
  *   templates the configuration names exist in moto under ids of moto's (network.ts). Rather than run the

@@ -2,11 +2,11 @@ import type { BackingRecord } from './records.ts';
 
 /**
  * Claimants placing nodes of one (pool, label) at the same time in one process (the embedded pool's
- * consumer, one Lambda invocation's batch): each holds a ticket, the lowest number no other one holds.
- * A claimant alone holds ticket 0. Concurrent claimants read the same candidates (fullest first) and,
- * aiming all at the fullest, all but a few lost their claim (issue 26: 0.78 lost claims per allocation
- * at 16 at once); with tickets they aim at different free slots of the fullest few (ticketTarget).
- * Deliveries in other processes are not seen: they still meet at the fullest, and spread after a loss.
+ * consumer, one Lambda invocation's batch): each holds a ticket, the lowest number no other one holds. A
+ * claimant alone holds ticket 0. Concurrent claimants read the same candidates (fullest first) and,
+ * aiming all at the fullest, all but a few would lose their claim; with tickets they aim at different
+ * free slots of the fullest few (ticketTarget). Deliveries in other processes are not seen: they still
+ * meet at the fullest, and spread after a loss.
  */
 export class Claimants {
   private readonly held = new Map<string, Set<number>>();

@@ -46,7 +46,7 @@ export class DeadlineError extends RetryableError {}
  * A backing node whose resource runs is not ready yet (its port does not answer, its host keys are not in
  * its console output yet), within boot-timeout: its `running` event is to be tried again `retryInSeconds`
  * from now (core/timing.ts bootRetrySeconds), long before the fulfil queue's visibility timeout would
- * bring it back (issue 40, defect 2).
+ * bring it back.
  */
 export class NotReadyYetError extends RetryableError {
   constructor(

@@ -44,9 +44,9 @@ export const DurationEstimate = z.object({
    */
   expiresAt: z.number().int().positive().optional(),
   /**
-   * The label's item only: each requestor's share, the MAX_PARTS most recently taught (issue 25). The
-   * label-wide estimate placement uses is built from these (labelWide); `logSeconds`, `logVariance` and
-   * `samples` above stay every release's running mean, shown but not placed by.
+   * The label's item only: each requestor's share, the MAX_PARTS most recently taught. The label-wide
+   * estimate placement uses is built from these (labelWide); `logSeconds`, `logVariance` and `samples`
+   * above stay every release's running mean, shown but not placed by.
    */
   parts: z.array(EstimatePart).optional(),
 });
@@ -160,13 +160,13 @@ function withPart(
 }
 
 /**
- * The label-wide estimate, as placement uses it (issue 25): the requestors' parts pooled, each weighing
- * its durations up to PART_WEIGHT_CAP, and none more than all the others together. So one requestor
- * (or the requests that name none, taken as one) cannot make the label's estimate alone, and can pull
- * it at most halfway (in log) toward its own durations; the spread between requestors counts in its
- * variance, so requestors that disagree leave it rough (not confident). A label taught by one requestor
- * only has none: that requestor's requests use their own. Requestors are not authenticated: a sender
- * naming many requestors is not bounded by this (docs/threat-model.md).
+ * The label-wide estimate, as placement uses it: the requestors' parts pooled, each weighing its
+ * durations up to PART_WEIGHT_CAP, and none more than all the others together. So one requestor (or the
+ * requests that name none, taken as one) cannot make the label's estimate alone, and can pull it at most
+ * halfway (in log) toward its own durations; the spread between requestors counts in its variance, so
+ * requestors that disagree leave it rough (not confident). A label taught by one requestor only has none:
+ * that requestor's requests use their own. Requestors are not authenticated: a sender naming many
+ * requestors is not bounded by this (docs/threat-model.md).
  */
 export function labelWide(label: DurationEstimate | undefined): Stats | undefined {
   const parts = label?.parts ?? [];

@@ -1,9 +1,9 @@
 import { z } from 'zod';
 
 /**
- * Arrival forecasts per label (predictive readiness, issue 27): how many requests a label will get in
- * the next minutes, learned from the requests themselves, so that the pool can hold as much ready room
- * as arrivals within one launch-to-ready time need — and no more.
+ * Arrival forecasts per label (predictive readiness): how many requests a label will get in the next
+ * minutes, learned from the requests themselves, so that the pool can hold as much ready room as arrivals
+ * within one launch-to-ready time need — and no more.
  *
  * The model is two parts, both exponentially weighted, both bounded in size whatever the request rate:
  *
@@ -42,10 +42,10 @@ export const SHORT_HALF_LIFE_MIN = 5;
 const MAX_CATCH_UP_MIN = 24 * 60;
 
 /**
- * The most arrivals of a label one requestor counts in a minute (issue 40, defect 6): a push fanning out
- * up to 30 jobs at once counts whole (the synthetic `bursty` trace's busiest minute has 32), a sender
- * pouring in more counts as 30. Requests naming no requestor count as one requestor, as in the learned
- * durations (core/estimates.ts): a sender cannot escape the bound by naming none.
+ * The most arrivals of a label one requestor counts in a minute: a push fanning out up to 30 jobs at once
+ * counts whole (the synthetic `bursty` trace's busiest minute has 32), a sender pouring in more counts as
+ * 30. Requests naming no requestor count as one requestor, as in the learned durations
+ * (core/estimates.ts): a sender cannot escape the bound by naming none.
  */
 export const REQUESTOR_ARRIVALS_PER_MINUTE = 30;
 /**
@@ -98,7 +98,7 @@ export const ArrivalModel = z.object({
   /**
    * Each requestor's arrivals counted in the minute and hour being observed (at most
    * MAX_COUNTED_REQUESTORS): what bounds a requestor's count per minute and what its quick releases may
-   * take back (withArrivals). Absent from items written before issue 40: none.
+   * take back (withArrivals). Absent from items an older version wrote: none.
    */
   byRequestor: z.array(RequestorArrivals).max(MAX_COUNTED_REQUESTORS).default([]),
   /**
@@ -153,12 +153,12 @@ export const minuteOf = (ms: number): number => Math.floor(ms / 60_000);
  *
  * Each requestor's arrivals count up to REQUESTOR_ARRIVALS_PER_MINUTE a minute (`byRequestor` keeps what
  * each counted; `arrivals` as a number: the requests that name none). A negative count takes back the
- * requestor's quick releases (requests released within seconds of their placement: issue 40, defect 6)
- * from what was not folded into the weekly profile yet, the minute pending first, then the hour's count,
- * and never more than that requestor counted in the hour: its arrival was counted when it was placed
- * (the next minutes' ready room saw it), but it teaches the weeks ahead nothing, and no requestor can
- * take back another's arrivals. Undefined when there is nothing to write (nothing counted or taken back,
- * and no minute ended).
+ * requestor's quick releases (requests released within seconds of their placement) from what was not
+ * folded into the weekly profile yet, the minute pending first, then the hour's count, and never more
+ * than that requestor counted in the hour: its arrival was counted when it was placed (the next minutes'
+ * ready room saw it), but it teaches the weeks ahead nothing, and no requestor can take back another's
+ * arrivals. Undefined when there is nothing to write (nothing counted or taken back, and no minute
+ * ended).
  */
 export function withArrivals(
   prev: ArrivalModel | undefined,

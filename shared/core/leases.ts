@@ -2,10 +2,10 @@ import type { ResolvedConfig } from './model.ts';
 import type { RequestRecord } from './records.ts';
 
 /**
- * Client leases (issue 23): a request may carry a lease, in seconds; its client renews it, and once it
- * lapses the reaper releases every node of the request with LEASE_EXPIRED_REASON. Pure arithmetic and
- * decisions of data and a clock (`now`, epoch ms): the store and the use cases (usecases/release/leases.ts) act
- * on what these return.
+ * Client leases: a request may carry a lease, in seconds; its client renews it, and once it lapses the
+ * reaper releases every node of the request with LEASE_EXPIRED_REASON. Pure arithmetic and decisions of
+ * data and a clock (`now`, epoch ms): the store and the use cases (usecases/release/leases.ts) act on
+ * what these return.
  *
  * Not to be confused with the slot lease (core/timing.ts), the pool's own bound on an unconfirmed claim.
  */

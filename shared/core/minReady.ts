@@ -117,11 +117,11 @@ export function seatStep(
 }
 
 /**
- * A label whose min-ready nodes keep failing to launch backs off (issue 24): each refill would otherwise
- * spend launch-retries launches per seat on every reaper run (300 RunInstances a minute at min-ready 100
- * and 3 retries), against the account's shared EC2 API budget. After `failures` failed spares in a row,
- * no new spare is made before `retryAt`: `baseMs` x `factor`^(failures - 1), at most `maxMs`. A spare
- * that becomes ready after the last failure resets it. Kept in the table (one item per label, beside its
+ * A label whose min-ready nodes keep failing to launch backs off: each refill would otherwise spend
+ * launch-retries launches per seat on every reaper run (300 RunInstances a minute at min-ready 100 and 3
+ * retries), against the account's shared EC2 API budget. After `failures` failed spares in a row, no new
+ * spare is made before `retryAt`: `baseMs` x `factor`^(failures - 1), at most `maxMs`. A spare that
+ * becomes ready after the last failure resets it. Kept in the table (one item per label, beside its
  * seats), written conditionally on its version, since replenishers may run at once.
  */
 export const MIN_READY_BACKOFF = { baseMs: 60_000, factor: 2, maxMs: 30 * 60_000 } as const;

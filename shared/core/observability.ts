@@ -47,7 +47,7 @@ export const MetricName = {
   requestsWaitedForBoot: 'RequestsWaitedForBoot',
   /** How long such a request waited: from its placement to fulfilled. */
   waitForBoot: 'WaitForBoot',
-  // min-ready auto (issue 27), each reaper run, summed over the labels with `min-ready: auto`.
+  // min-ready auto, each reaper run, summed over the labels with `min-ready: auto`.
   /** Forecast arrivals per minute (the rate each label's ready room was decided from). */
   forecastArrivals: 'ForecastArrivalsPerMinute',
   /** Ready, unassigned nodes the forecast asks to hold (the decisions' seats). */

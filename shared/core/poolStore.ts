@@ -72,7 +72,7 @@ export interface RequestPort {
   waitingInQueue(queue: WaitingQueue, cursor?: PageCursor): Promise<Page<RequestRecord>>;
   /** Removes a queue from the registry if nobody announced it since it was read; false otherwise. */
   forgetQueue(queue: RegisteredQueue): Promise<boolean>;
-  /** One page of the requests an earlier version recorded waiting (before the queues), oldest first. */
+  /** One page of the requests an earlier version recorded in the single WAITING partition, oldest first. */
   legacyWaiting(cursor?: PageCursor): Promise<Page<RequestRecord>>;
   /** Moves such a request to its queue while it still waits; false when it does not any more. */
   requeueWaiting(r: RequestRecord): Promise<boolean>;

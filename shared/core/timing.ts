@@ -86,14 +86,14 @@ export const MIN_CHECK_MS = PORT_PROBE_TIMEOUT_MS;
 
 /**
  * How soon a backing node whose resource runs but that is not ready yet (its port does not answer, its
- * host keys are not in its console output yet) is checked again, seconds (issue 40, defect 2): each try
- * waits as long as the node has waited since its first `running` report (2, 4, 8 s...), at least `first`
- * and at most `cap`. On EC2 the host keys show a minute or more after `running`: the node is then ready
- * at most `cap` after they do, where the fulfil queue's visibility timeout (180 s, longer than the
- * default boot-timeout) left it to the next reaper run. Each try costs a DescribeInstances and a
- * GetConsoleOutput (or a port probe): a burst of 500 launches waiting at once asks up to 50 of each a
- * second, above EC2's refill for read calls (20 a second); the fulfil function's concurrency cap
- * (fulfilMaxConcurrency) slows that, and a throttled try comes back at its next delay.
+ * host keys are not in its console output yet) is checked again, seconds: each try waits as long as the
+ * node has waited since its first `running` report (2, 4, 8 s...), at least `first` and at most `cap`. On
+ * EC2 the host keys show a minute or more after `running`: the node is then ready at most `cap` after
+ * they do, not after the fulfil queue's visibility timeout (180 s, longer than the default boot-timeout),
+ * which would leave it to the next reaper run. Each try costs a DescribeInstances and a GetConsoleOutput
+ * (or a port probe): a burst of 500 launches waiting at once asks up to 50 of each a second, above EC2's
+ * refill for read calls (20 a second); the fulfil function's concurrency cap (fulfilMaxConcurrency) slows
+ * that, and a throttled try comes back at its next delay.
  */
 export const BOOT_RETRY_SECONDS = { first: 2, cap: 10 } as const;
 
@@ -113,9 +113,9 @@ export function bootRetrySeconds(o: { readonly waitedMs: number; readonly bootTi
 /**
  * The most of one reaper run spent checking launching backing nodes whose resource runs (usecases/
  * reconcile.ts readyRunning: a `running` event lost, or one the fulfil function is still trying again).
- * Each check reads the instance's console output (an EC2 call) or probes its port; one after the other,
- * a scale-up of 500 such nodes took a whole run before any other step (issue 40, defect 3). After this
- * long the rest waits for the next run (the fulfil function checks them every few seconds meanwhile).
+ * Each check reads the instance's console output (an EC2 call) or probes its port; one after the other, a
+ * scale-up of 500 such nodes would take a whole run before any other step. After this long the rest waits
+ * for the next run (the fulfil function checks them every few seconds meanwhile).
  */
 export const RUNNING_CHECKS_MS = 10_000;
 
@@ -162,12 +162,12 @@ export function invocationFor(clock: Clock, budgetMs: number): InvocationTime {
 }
 
 /**
- * The waiting budget (issue 25, defect 2): a request that cannot be placed waits, its message coming
- * back, until this long after it was first recorded (its record's `createdAt`, which a redelivery, a
- * re-send after a restart or a hand-off never changes), then ends `failed` at the next receive. A time,
- * not a number of receives: how often a message comes back depends on the load, and a re-sent message
- * starts counting again. Seconds: `metastatic dev` (100 s, what its 50 receives of 2 s used to mean when
- * idle) and the AWS stack (2.5 hours: 50 receives of 180 s).
+ * The waiting budget: a request that cannot be placed waits, its message coming back, until this long
+ * after it was first recorded (its record's `createdAt`, which a redelivery, a re-send after a restart or
+ * a hand-off never changes), then ends `failed` at the next receive. A time, not a number of receives:
+ * how often a message comes back depends on the load, and a re-sent message starts counting again.
+ * Seconds: as long as 50 receives of an idle request queue take (its visibility timeout 50 times):
+ * `metastatic dev` 100 s (2 s each), the AWS stack 2.5 hours (180 s each).
  */
 export const WAITING_BUDGET_SECONDS = { embedded: 100, aws: 9000 } as const;
 

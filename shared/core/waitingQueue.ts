@@ -3,16 +3,17 @@ import type { MetastaticPool } from './model.ts';
 import type { RequestRecord } from './records.ts';
 
 /**
- * Waiting queues (issue 24, defect 1): the requests still waiting to be placed, grouped by the shape of
- * their node set (its distinct labels and its number of nodes), each queue in service order (class,
- * priority, age, id: core/priority.ts). The store keeps each queue as one partition of the reap index
- * and a registry of the queues that may hold requests (docs/table.md, Waiting queues).
+ * Waiting queues: the requests still waiting to be placed, grouped by the shape of their node set (its
+ * distinct labels and its number of nodes), each queue in service order (class, priority, age, id:
+ * core/priority.ts). The store keeps each queue as one partition of the reap index and a registry of the
+ * queues that may hold requests (docs/table.md, Waiting queues).
  *
  * Why shapes: whether a waiting request must go before another one (`waitingAhead`) depends only on its
  * shape and its place in the service order. Every request of a queue fits where `me` would go, or none
  * does; so the first one of each queue that fits, served before `me`, tells the answer, and a delivery
- * reads one item per such queue, however many requests wait. Before, it read every waiting request
- * (reads grew with the number waiting, and every waiting request comes back every visibility timeout).
+ * reads one item per such queue, however many requests wait. Reading every waiting request instead would
+ * make the reads grow with the number waiting, and every waiting request comes back every visibility
+ * timeout.
  */
 export interface WaitingQueue {
   /** The distinct labels of its node sets, sorted. */

@@ -3,7 +3,7 @@ import type { GithubApi } from './githubApi.ts';
 import { type JobEvent, routeOf } from './webhook.ts';
 
 /**
- * Queued jobs GitHub never sent a webhook for (docs/github.md, "Nothing stuck"): GitHub marks a delivery
+ * Queued jobs GitHub never sent a webhook for (docs/github.md, what ends a runner or finds a lost job): GitHub marks a delivery
  * failed and the reconcile redelivers it, but a delivery GitHub never attempted (an outage of its
  * webhooks) leaves no trace in the App's log. Every `queued-scan-interval`, the App's installations (or the
  * configured one), their repositories, the workflow runs of each that are queued or in progress, and the

@@ -4,7 +4,7 @@ import { QUEUED_SCAN_GRACE_MS, queuedJobs } from '../github/queuedScan.ts';
 import { type JobActions, requestJob } from './githubWebhookHandler.ts';
 
 /**
- * The github function's schedule (every `reconcile-interval`, docs/github.md "Nothing stuck"): failed
+ * The github function's schedule (every `reconcile-interval`, docs/github.md): failed
  * webhook deliveries of the last hour are delivered again (the App's delivery log), and, every
  * `queued-scan-interval`, GitHub's queued jobs are read for ones no webhook ever brought: each routed job
  * queued past a minute that the table does not know gets its request, as its delivery would have. One

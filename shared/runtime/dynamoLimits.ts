@@ -2,7 +2,7 @@
  * A guard that refuses, before it is sent, every DynamoDB request that DynamoDB itself would refuse for
  * breaking one of its documented limits, with DynamoDB's own answer. Neither dynalite (the embedded
  * pool's engine) nor moto enforces these limits, so a request that passes every local test can still be
- * refused by AWS (issue 39: a 7 KB ConditionExpression). Installed on every client of a local engine:
+ * refused by AWS (a ConditionExpression over 4 KB, say). Installed on every client of a local engine:
  * the embedded pool's (engines.ts localDynamoClient, so `metastatic dev` refuses what AWS would), and
  * those the tests, chaos runs and benches make against dynalite or moto; never on a client of real AWS,
  * which answers for itself. How DynamoDB measures (item sizes, operator counts) is dynamoMeasures.ts.

@@ -9,7 +9,7 @@ export const EmbeddedInfo = z.object({
   dynamodbEndpoint: z.string(),
   sqsEndpoint: z.string(),
   requestQueueUrl: z.string(),
-  /** Lease renewals' queue (absent in a dev.json of an earlier version: the request queue). */
+  /** Lease renewals' queue (absent from an older pool's dev.json: renewals then go to the request queue). */
   leaseQueueUrl: z.string().optional(),
   requestDlqUrl: z.string(),
   fulfilQueueUrl: z.string(),

@@ -26,7 +26,7 @@ export async function comeBackIn(sqs: SQSClient, record: SQSRecord, seconds: num
       VisibilityTimeout: seconds,
     }),
     // Best effort and never in the way: without a route to SQS (a VPC without an sqs endpoint) the
-    // message comes back at the queue's timeout, as before, rather than the invocation hanging.
+    // message comes back at the queue's own visibility timeout, rather than the invocation hanging.
     { abortSignal: AbortSignal.timeout(COME_BACK_TIMEOUT_MS) },
   );
 }

@@ -10,8 +10,9 @@ import { MAX_CORES, MAX_SIZE_MIB, MIN_CORES, parseSize, SIZE_PATTERN, SIZE_RULE 
  */
 
 // ---- limits -----------------------------------------------------------------------------------------
-// Every number has a maximum (issue 10): an unbounded value validated, then broke the pool at run time
-// (max-parallel-jobs 1e9 built an array of every free slot, boot-delay 1e12 overflowed Node's timer).
+// Every number has a maximum: an unbounded value would pass validation, then break the pool at run time
+// (max-parallel-jobs 1e9 would build an array of every free slot, boot-delay 1e12 would overflow Node's
+// timer).
 // Each bound is documented with its reason in the "Limits" table of docs/configuration.md.
 
 /** A day, in seconds: launch and boot bounds (a machine not up within a day will not come up). */
@@ -82,7 +83,7 @@ export const MAX_CEILING_REQUESTORS = 1000;
 export const MAX_REQUESTOR_LENGTH = 256;
 
 /**
- * `priority-ceiling` (issue 25): the best (lowest) priority a request may claim, by requestor. A request
+ * `priority-ceiling`: the best (lowest) priority a request may claim, by requestor. A request
  * that claims a better one is served at its ceiling (clamped, not refused), and its record keeps what
  * it claimed (core/priority.ts, trustedPriority).
  */
@@ -139,8 +140,8 @@ export const REQUEST_TIMEOUT_HELP =
 /** default-lease / max-lease: whole seconds within a message's lease bounds (core/leases.ts). */
 export const leaseSeconds = () => intBetween(MIN_LEASE, MAX_LEASE);
 export const DEFAULT_LEASE_HELP =
-  'Seconds of lease a request takes when it asks for none: its client must renew it, or the reaper releases its nodes ' +
-  `(issue 23). Unset = max-lease if set, else no lease. Set on the provider, pool or label: the most specific wins. ${MIN_LEASE} to ${MAX_LEASE} (7 days).`;
+  'Seconds of lease a request takes when it asks for none: its client must renew it, or the reaper releases its nodes. ' +
+  `Unset = max-lease if set, else no lease. Set on the provider, pool or label: the most specific wins. ${MIN_LEASE} to ${MAX_LEASE} (7 days).`;
 export const MAX_LEASE_HELP =
   'The longest lease a request may take or renew to; a longer one is refused. Unset = no bound. ' +
   `Set on the provider, pool or label: the most specific wins. ${MIN_LEASE} to ${MAX_LEASE} (7 days).`;
@@ -166,9 +167,9 @@ export const jsonValue = z.json();
  * text (UTF-8), each mapping. A node's attributes are its backing node's (the provider's own and the
  * label's) overridden by the pool's, and a request item holds up to 64 nodes (MAX_NODE_SET), each with
  * its attributes, in DynamoDB's 400 KB: with both mappings at this bound, the longest ids, host keys and
- * reasons, the largest request item is ~310 KB of JSON (test/embedded/limits.test.ts writes it to dynalite; the
- * sum is in docs/configuration.md, Limits). A 150,000-character value validated before and then left its
- * request pending forever (issue 22, defect 8).
+ * reasons, the largest request item is ~310 KB of JSON (test/embedded/limits.test.ts writes it to
+ * dynalite; the sum is in docs/configuration.md, Limits). Without the bound, a long value would pass
+ * validation, then leave its request pending forever.
  */
 export const MAX_ATTRIBUTES_BYTES = 512;
 /**

@@ -12,7 +12,7 @@ const MAX_CONSOLE_BASE64 = Math.ceil(MAX_CONSOLE_CHARS / 3) * 4;
  * The error codes with which EC2 refuses `Latest` itself (an instance not built on the Nitro system):
  * an unsupported operation, or a parameter it does not take (the call's only other parameter is the
  * instance id, whose errors are InvalidInstanceID.*). Only these are asked again without `Latest`: a
- * missing permission, an opt-in or a state error would be refused again (issue 40, defect 4).
+ * missing permission, an opt-in or a state error would be refused again.
  */
 export const LATEST_REFUSED_CODES: ReadonlySet<string> = new Set([
   'UnsupportedOperation',

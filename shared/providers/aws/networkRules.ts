@@ -9,11 +9,12 @@ import { asRecord, asString, type PathIssue, type PathSegment } from '../../conf
  *
  * Of the settings that reach the instances from the functions, only the SSH scans need the path: a scan
  * that cannot connect fails the backing node, so every launch ends in a terminated instance and, after
- * launch-retries of them, a failed request (issue 22, defect 7: three c7g.4xlarge launched for
- * nothing). So an aws `host-keys: scan` needs the path, and so does host-key-checking unless the backing
- * label's host keys come from the console output (`host-keys: console`, the default without a path):
- * those keys then stand in for the scan at each allocation (issue 23). The port check before ready (connection-port within boot-timeout) is skipped where it cannot
- * connect (shared/runtime/awsContext.ts): a backing node is then ready when EC2 reports it running.
+ * launch-retries of them, a failed request, every instance launched for nothing. So an aws
+ * `host-keys: scan` needs the path, and so does host-key-checking unless the backing label's host keys
+ * come from the console output (`host-keys: console`, the default without a path): those keys then stand
+ * in for the scan at each allocation. The port check before ready (connection-port within boot-timeout)
+ * is skipped where it cannot connect (shared/runtime/awsContext.ts): a backing node is then ready when
+ * EC2 reports it running.
  */
 export interface FunctionsNetwork {
   /** The functions run in the instances' VPC, so they reach private addresses. */

@@ -5,7 +5,7 @@
  * instance transition state" (start, stop, reboot, terminate): the host-key block cloud-init prints a
  * minute or more after `running` may not be in it within boot-timeout, or until the next transition
  * (reports of up to 20 minutes), and every backing node would fail at boot-timeout with its instance
- * launched for nothing. Issue 40, defect 4.
+ * launched for nothing.
  *
  * Data, not a lookup (the configuration is checked offline, at synth and by `metastatic validate`):
  * - XEN_FAMILIES: the families AWS lists as Xen-based (EC2 User Guide, "Instances built on the AWS Nitro

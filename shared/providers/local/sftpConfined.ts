@@ -1,5 +1,5 @@
 /**
- * SFTP confined to a slot's directory (issue 42), for a backing node that runs as root and each slot's
+ * SFTP confined to a slot's directory, for a backing node that runs as root and each slot's
  * jobs as their own unprivileged uid: SFTP runs in the backing node's process, so without this it would
  * read and write anything as root.
  *

@@ -1,5 +1,5 @@
 /**
- * A local backing node's slots contained (issue 42), where the machine allows it: run as root on Linux,
+ * A local backing node's slots contained, where the machine allows it: run as root on Linux,
  * with util-linux's `unshare`, `setpriv` and `mount` and a writable cgroup hierarchy. Each slot's jobs
  * then run through the slot program (shared/providers/slot/slotProgram.ts, written beside the backing
  * node's state file) as a uid of their own, in the slot's cgroup (its label's cores and memory, a pids

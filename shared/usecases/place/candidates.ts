@@ -9,10 +9,11 @@ export const CANDIDATES_PER_QUERY = 10;
 
 /**
  * How long the backing node a placement of this process just wrote is offered to the next placement of
- * the same label as its first candidate, before any Query (issue 26: "carry what a step already read").
- * The record is the claim's own answer (`ReturnValues: ALL_NEW`), so it is as fresh as a consistent read,
- * fresher than the `free` index, which is eventually consistent; what another process did since shows up
- * as a claim refused by its condition, and the placement then asks the index as it would have.
+ * the same label as its first candidate, before any Query: what a step already read is carried to the
+ * next, not read again. The record is the claim's own answer (`ReturnValues: ALL_NEW`), so it is as fresh
+ * as a consistent read, fresher than the `free` index, which is eventually consistent; what another
+ * process did since shows up as a claim refused by its condition, and the placement then asks the index
+ * as it would have.
  */
 export const CLAIMED_REUSE_MS = 5_000;
 
@@ -91,12 +92,12 @@ export function rememberedCandidates(
 }
 
 /**
- * Asks for the first page of a label's candidates now, for a placeNode that comes after something else
- * (a capped pool's reservation): the Query goes out with that work, not after it, one round trip less
- * in sequence (issue 26). Read-only, so a reservation that finds the pool full wastes one Query, nothing
- * else. A failure is left to placeNode's own Query (undefined), which reports it if it persists. The
- * backing node of this process's last placement of the label, if recent, is the page, with no Query
- * (placeNode asks the index instead when it orders candidates otherwise than fullest first).
+ * Asks for the first page of a label's candidates now, for a placeNode that comes after something else (a
+ * capped pool's reservation): the Query goes out with that work, not after it, one round trip less in
+ * sequence. Read-only, so a reservation that finds the pool full wastes one Query, nothing else. A
+ * failure is left to placeNode's own Query (undefined), which reports it if it persists. The backing node
+ * of this process's last placement of the label, if recent, is the page, with no Query (placeNode asks
+ * the index instead when it orders candidates otherwise than fullest first).
  */
 export function prefetchCandidates(
   ctx: Context<BackingPort>,

@@ -5,12 +5,12 @@ import { failNodes } from './requests.ts';
 
 /**
  * Requests placed and not yet fulfilled (state `pending`): their nodes wait for backing nodes to become
- * ready. Launch-timeout and boot-timeout bound each attempt, and launch-retries the attempts, so a request
- * pending past all of them (pendingTimeoutOf, plus PENDING_GRACE_MS) is stuck: a readying that never
- * happened (cut short, a write the store refused before such refusals ended the request, a record
- * written by an earlier version). request-timeout covers only requests still waiting to be placed; this
- * is the same guarantee for placed ones. They sit in the PENDING partition of the reap index by placement
- * time (docs/table.md): the reaper reads only those old enough to be due, never a Scan.
+ * ready. Launch-timeout and boot-timeout bound each attempt, and launch-retries the attempts, so a
+ * request pending past all of them (pendingTimeoutOf, plus PENDING_GRACE_MS) is stuck: a readying that
+ * never happened (cut short, or a record an older version left so). request-timeout covers only requests
+ * still waiting to be placed; this is the same guarantee for placed ones. They sit in the PENDING
+ * partition of the reap index by placement time (docs/table.md): the reaper reads only those old enough
+ * to be due, never a Scan.
  */
 
 export interface PendingReport {

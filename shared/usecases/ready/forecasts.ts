@@ -16,23 +16,22 @@ import { type Context, timeLeft } from '../context.ts';
  * REQUESTOR_ARRIVALS_PER_MINUTE a minute) and writes it conditional on the version it read; a conflict
  * reads and tries again, MAX_TRIES in all, then the counts wait for the next write.
  *
- * On Lambda a container is frozen between invocations and the reaper runs in another one (issue 40,
- * defect 5): a count left in a buffer is seen only when that container is invoked again, and is lost
- * when it is retired, so the buffer cannot wait for a later placement (10 s later, before issue 40: a
- * burst of 20 placements in 9.5 s was recorded as one arrival). Written at the end of the invocation, a
- * burst is in the table as soon as its invocations end. The writes stay bounded: a container writes a
- * label's item at most once per FORECAST_WRITE_INTERVAL_MS (1 s) whatever the request rate, so one item
- * takes at most about one write a second per container (the request function's concurrency bounds the
- * containers): no hot item. What an invocation counted within a second of that container's last write
- * waits for its next invocation; a container retired before it loses it (at most a second's worth of
- * arrivals of one container). The alternative, one atomic ADD per arrival into a per-minute item, needs no
- * read but makes one write per request and an item per minute; the forecast is a tendency, not a ledger,
- * and a request must not wait on it.
+ * On Lambda a container is frozen between invocations and the reaper runs in another one: a count left in
+ * a buffer is seen only when that container is invoked again, and is lost when it is retired, so the
+ * buffer cannot wait for a later placement. Written at the end of the invocation, a burst is in the table
+ * as soon as its invocations end. The writes stay bounded: a container writes a label's item at most once
+ * per FORECAST_WRITE_INTERVAL_MS (1 s) whatever the request rate, so one item takes at most about one
+ * write a second per container (the request function's concurrency bounds the containers): no hot item.
+ * What an invocation counted within a second of that container's last write waits for its next
+ * invocation; a container retired before it loses it (at most a second's worth of arrivals of one
+ * container). The alternative, one atomic ADD per arrival into a per-minute item, needs no read but makes
+ * one write per request and an item per minute; the forecast is a tendency, not a ledger, and a request
+ * must not wait on it.
  *
- * A request released within QUICK_RELEASE_MS of its placement is taken back (issue 40, defect 6;
- * `takeBackQuickRelease`, called by the release): counted when it was placed (nobody knew then how long
- * it would be kept), it counts for the next minutes' ready room but teaches the weekly profile nothing,
- * so a burst of requests placed and released at once does not hold ready room at that hour for weeks.
+ * A request released within QUICK_RELEASE_MS of its placement is taken back (`takeBackQuickRelease`,
+ * called by the release): counted when it was placed (nobody knew then how long it would be kept), it
+ * counts for the next minutes' ready room but teaches the weekly profile nothing, so a burst of requests
+ * placed and released at once does not hold ready room at that hour for weeks.
  *
  * The reaper folds each label once a run, so a quiet label's rate decays with no request at all, and
  * writes out its own process's buffer first (`flushArrivals`: the embedded pool runs every handler in one

@@ -17,7 +17,7 @@ import { claimSlotOn } from '../place/placement.ts';
  */
 
 /**
- * What a delivery's takes read and wrote (issue 26): each label's seats as the take read them, and each
+ * What a delivery's takes read and wrote: each label's seats as the take read them, and each
  * spare's request as the take wrote it. The refill that follows a take (the request function's, at once)
  * starts from these instead of reading them again: the take read the seats a moment before, and a spare
  * taken and recorded by its taker stays so (its seat can only move on: core/minReady.ts seatStep), so

@@ -14,7 +14,7 @@ import { type Context, emit } from '../context.ts';
 import { foldForecast } from './forecasts.ts';
 
 /**
- * min-ready auto (issue 27), the reaper's decision for one label: how many ready, unassigned nodes
+ * min-ready auto, the reaper's decision for one label: how many ready, unassigned nodes
  * (spares) to hold now. The label's forecast is folded up to now (with the launch-to-ready time of its
  * backing nodes as this run read them), the ready target for one launch-to-ready time at its
  * ready-target is computed (core/forecast.ts readyNeed), free slots on backing nodes that run anyway

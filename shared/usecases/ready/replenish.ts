@@ -50,8 +50,7 @@ export interface UpkeepOptions {
   /**
    * The refill right after a delivery took spares (the request function): what the take read of the
    * seats and wrote of the spares, and the taker's request as placed. The upkeep starts from them instead
-   * of reading the seats, the taken spares and their taker again (issue 26: a take and its replacement
-   * made 15 DynamoDB calls).
+   * of reading the seats, the taken spares and their taker again: fewer DynamoDB calls per take.
    */
   readonly taken?: { readonly seen: SparesSeen; readonly taker: RequestRecord };
   /**

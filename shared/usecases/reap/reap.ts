@@ -124,7 +124,7 @@ export async function reap(ctx: Context): Promise<ReapReport> {
   );
   // Launching backing nodes whose resource runs (a lost event, or one still being tried) are checked
   // before the deadlines step fails any, within a bounded part of the run and several at once: a
-  // scale-up's hundreds of console reads do not hold back the steps (issue 40, defect 3).
+  // scale-up's hundreds of console reads do not hold back the steps.
   await timed('running', () => guard('running', '-', () => readyRunning(ctx, running, report)));
 
   // The FAILED partition, read once a run (by the `failed` or the `capacity` step, whichever runs first):

@@ -180,7 +180,7 @@ export interface RunningLaunch {
  * Checks launching backing nodes whose resource runs, as their `running` event would (fulfil.ts
  * resourceRunning: the port, the host keys; ready if both are there): the event may have been lost, or
  * its tries may have stopped. Each check is a provider call (EC2's GetConsoleOutput, or a port probe), so
- * they are bounded (issue 40, defect 3): CHECKS_IN_FLIGHT at once (EC2's request rates), and no new one
+ * they are bounded: CHECKS_IN_FLIGHT at once (EC2's request rates), and no new one
  * after RUNNING_CHECKS_MS of the run, so that a scale-up of hundreds does not hold back every other step
  * run after run. First those no `running` report has reached (nothing else checks them), then those
  * running longest (closest to their boot-timeout, likeliest booted); the rest is the next run's (counted
