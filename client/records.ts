@@ -8,7 +8,7 @@ import type { NodeRecord, RequestRecord } from '../shared/core/records.ts';
  * the pool reasons about (owner tokens, body hashes, claims).
  */
 
-/** The request a node serves: undefined for a min-ready node (the pool's own, core/minReady.ts). */
+/** The request a node serves: undefined for a spare (the pool's own, core/minReady.ts). */
 export function requestOfNode(n: NodeRecord): string | undefined {
   const requestId = parseNodeId(n.id)?.requestId;
   return requestId === undefined || isSpareRequestId(requestId) ? undefined : requestId;
@@ -19,7 +19,7 @@ export function toPoolNode(n: NodeRecord) {
     id: n.id,
     label: n.label,
     state: n.state,
-    /** null for a min-ready node: it serves no request (yet). */
+    /** null for a spare: it serves no request (yet). */
     request: requestOfNode(n) ?? null,
     backingNodeId: n.backingNodeId ?? null,
     slot: n.slot ?? null,
@@ -34,7 +34,7 @@ export function toPoolNode(n: NodeRecord) {
     hostKeys: n.hostKeys ?? [],
     ...(n.held ? { held: true } : {}),
     ...(n.reason ? { reason: n.reason } : {}),
-    /** A node on a min-ready node's slot: that node; a min-ready node in use: the node using it. */
+    /** A node on a spare's slot: that node; a spare in use: the node using it. */
     ...(n.spare ? { minReadyNode: n.spare } : {}),
     ...(n.takenBy ? { takenBy: n.takenBy.node } : {}),
   };

@@ -60,7 +60,7 @@ export async function list(
         ),
       );
     }
-    // A min-ready node in use is listed as the node that took it (same slot); a free one with no request.
+    // A spare in use is listed as the node that took it (same slot); a free one with no request.
     const nodes = requests
       .flatMap((r) => r.nodes)
       .filter((n) => opts.all || (isLive(n) && n.takenBy === undefined));

@@ -17,7 +17,7 @@ export interface LabelStatus {
   readonly label: string;
   readonly nodesReady: number;
   readonly nodesPending: number;
-  /** min-ready nodes nobody took yet (ready or on their way); nodes that took one count as ready. */
+  /** spares nobody took yet (ready or on their way); nodes that took one count as ready. */
   readonly minReady: number;
   readonly requestsWaiting: number;
   readonly backingNodes: number;

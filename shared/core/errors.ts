@@ -100,5 +100,5 @@ export class HeldNodeError extends PermanentError {}
 /** An operator verb aimed at something in the wrong state (e.g. holding a released node). */
 export class InvalidStateError extends PermanentError {}
 
-/** A min-ready node another node took (core/minReady.ts): it ends with the node that took it. */
+/** A spare another node took (core/minReady.ts): it ends with the node that took it. */
 export class SpareInUseError extends PermanentError {}

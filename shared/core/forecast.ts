@@ -14,7 +14,7 @@ import { z } from 'zod';
  *   to a burst the profile has never seen within a minute or two, and lets go within minutes.
  *
  * The forecast for a horizon is the larger of the two at the horizon's busiest point (a burst is not
- * averaged away by a quiet profile, a known busy hour is not forgotten in a quiet minute before it), and the ready target is the least
+ * averaged away by a quiet profile, a known busy hour is not forgotten in a quiet minute before it), and the ready room is the least
  * number of ready slots that lets the wanted share of the arrivals within one launch-to-ready time find
  * one, arrivals being Poisson at the forecast rate (`readyTarget`). Pure functions: the store keeps one
  * item per label, folded by the reaper once a minute from counts the request function adds up.
@@ -103,7 +103,7 @@ export const ArrivalModel = z.object({
   byRequestor: z.array(RequestorArrivals).max(MAX_COUNTED_REQUESTORS).default([]),
   /**
    * Seconds from launch to ready of the label's backing nodes, as the reaper last saw them (mean of those
-   * it read): the horizon of the ready target. Absent until one was seen (DEFAULT_LAUNCH_TO_READY_S).
+   * it read): the horizon of the ready room. Absent until one was seen (DEFAULT_LAUNCH_TO_READY_S).
    */
   launchToReadyS: z.number().positive().optional(),
   /** When it was last written (epoch ms). */
@@ -135,7 +135,7 @@ export function emptyModel(label: string, epochMinute: number): ArrivalModel {
   };
 }
 
-/** The horizon of the ready target while no backing node of the label has been seen booting. */
+/** The horizon of the ready room while no backing node of the label has been seen booting. */
 export const DEFAULT_LAUNCH_TO_READY_S = 120;
 
 /** The epoch minute of an instant (epoch ms). */

@@ -117,7 +117,7 @@ export function seatStep(
 }
 
 /**
- * A label whose min-ready nodes keep failing to launch backs off: each refill would otherwise spend
+ * A label whose spares keep failing to launch backs off: each refill would otherwise spend
  * launch-retries launches per seat on every reaper run (300 RunInstances a minute at min-ready 100 and 3
  * retries), against the account's shared EC2 API budget. After `failures` failed spares in a row, no new
  * spare is made before `retryAt`: `baseMs` x `factor`^(failures - 1), at most `maxMs`. A spare that

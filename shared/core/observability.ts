@@ -13,7 +13,7 @@ export const PoolEventType = {
    * A request fulfilled only after waiting for a backing node to boot (placed on one launching, or
    * moved onto another after its first failed): the figure predictive readiness exists to shrink.
    * Published with its Request Fulfilled; a request served at once (a free slot on a ready backing
-   * node, or a min-ready node) publishes none.
+   * node, or a spare) publishes none.
    */
   requestWaitedForBoot: 'Request Waited For Boot',
   /** min-ready auto: the reaper changed the ready room it holds for a label (its forecast moved). */

@@ -30,7 +30,7 @@ export interface RequestPort {
   /** Replaces a request whose stored version is still `expectedVersion` (ConflictError otherwise). */
   putRequest(next: RequestRecord, expectedVersion: number): Promise<void>;
   /**
-   * Takes a free min-ready node (the one node of spare request `requestId`, placed in `poolKey`) for a
+   * Takes a free spare (the one node of spare request `requestId`, placed in `poolKey`) for a
    * taker in one conditional update: sets its `takenBy` if it is ready, untaken and not held; returns
    * the request as written, or undefined when it is not free (or not there).
    */

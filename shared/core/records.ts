@@ -109,14 +109,14 @@ export const NodeRecord = z.object({
   held: z.boolean().optional(),
   reason: z.string().optional(),
   /**
-   * On a node that took a min-ready node (core/minReady.ts): that node's id. Its slot and its place in
+   * On a node that took a spare (core/minReady.ts): that node's id. Its slot and its place in
    * max-servers stay the spare's; releasing or failing this node ends the spare too.
    */
   spare: z.string().optional(),
-  /** On a min-ready node: the node that took it, and the delivery (owner token) that did, when. */
+  /** On a spare: the node that took it, and the delivery (owner token) that did, when. */
   takenBy: z.object({ node: z.string(), by: z.string(), at: z.number() }).optional(),
   /**
-   * On a min-ready node just moved onto a fuller backing node (usecases/ready/minReady.ts moveSpare): the slot
+   * On a spare just moved onto a fuller backing node (usecases/ready/minReady.ts moveSpare): the slot
    * it held before, until that slot is given back (the move's last step; a move cut short there is
    * finished by the next upkeep, or when the node ends).
    */

@@ -299,7 +299,7 @@ export class EmbeddedPool {
           }),
         );
         for (const p of stack.pollers) p.start();
-        // min-ready nodes are made by the reaper: its first run comes at once, not an interval later.
+        // spares are made by the reaper: its first run comes at once, not an interval later.
         stack.reaper.schedule(
           options.config.minReady.size > 0 || options.config.readyAuto?.size
             ? stack.context.clock.now()

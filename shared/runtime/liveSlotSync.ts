@@ -66,7 +66,7 @@ export class LiveSlotSync {
       const slots: Record<string, string> = {};
       for (const [slot, nodeId] of Object.entries(b.slotMap)) {
         const node = await nodeById(nodeId);
-        // A min-ready node in use: the slot is its taker's.
+        // A spare in use: the slot is its taker's.
         const user = node?.takenBy ? await nodeById(node.takenBy.node) : node;
         if (user?.state === 'ready') slots[slot] = user.id;
       }

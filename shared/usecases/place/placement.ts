@@ -164,7 +164,7 @@ async function claimFromCandidates(
 /**
  * Claims a slot for `nodeId` on one given backing node, as placeNode claims on a candidate (the same
  * conditional write, host-key scan included), and nothing else: no other candidate, no launch. For
- * moving a free min-ready node onto a fuller backing node (usecases/ready/minReady.ts moveSpare).
+ * moving a free spare onto a fuller backing node (usecases/ready/minReady.ts moveSpare).
  */
 export function claimSlotOn(
   ctx: ServeContext,

@@ -130,7 +130,7 @@ async function tryPool(ctx: ServeContext, pool: MetastaticPool, recording: Recor
   const owner = recording.owner;
   const ahead = await requestAhead(ctx, pool, recording.base);
   if (ahead) return { kind: 'full', reason: ahead };
-  // min-ready nodes first: a node that takes one is ready at once, on the spare's slot and place.
+  // spares first: a node that takes one is ready at once, on the spare's slot and place.
   const seen = noSparesSeen();
   const spares = await takeSpares(ctx, pool, recording, seen);
   const placing = recording.base.nodes.filter((_, i) => !spares.has(i));
@@ -254,7 +254,7 @@ async function tryPool(ctx: ServeContext, pool: MetastaticPool, recording: Recor
 }
 
 /**
- * Takes a min-ready node (core/minReady.ts) for each node of the request whose label keeps some in this
+ * Takes a spare (core/minReady.ts) for each node of the request whose label keeps some in this
  * pool, while there are free ones: node index -> the spare's node. The pool's own spare requests take
  * none.
  */

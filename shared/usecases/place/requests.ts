@@ -27,7 +27,7 @@ import { giveBackSlot } from './backingNodes.ts';
 
 /**
  * How a request reached its end: `at-once` when the delivery that placed it fulfilled it (a free slot on
- * a ready backing node, a min-ready node), `after-boot` when it was placed waiting (pending) for a
+ * a ready backing node, a spare), `after-boot` when it was placed waiting (pending) for a
  * backing node to boot and a later step fulfilled it.
  */
 export type Settled = 'at-once' | 'after-boot';
@@ -229,23 +229,23 @@ export async function failNodes(
   });
   if (!done) return;
   if (!done.next) {
-    // Failed already: a call cut short may have left min-ready nodes to end (idempotent; rare).
+    // Failed already: a call cut short may have left spares to end (idempotent; rare).
     for (const n of done.r.nodes) if (n.state === 'failed' && n.spare && which(n)) await endSpareOf(ctx, n);
     return;
   }
   const { r, next, failing, ids, wholeRequest } = done;
   ctx.log.warn(wholeRequest ? 'request failed' : 'node failed', { requestId, nodes: [...ids], reason });
   if (wholeRequest) await requestSettled(ctx, next);
-  // A min-ready node in use fails its taker first: while this node still holds its slot, a call cut
+  // A spare in use fails its taker first: while this node still holds its slot, a call cut
   // short here is redone by whoever settles the slot (settleFailedNodes).
   for (const n of failing) await failTakerOf(ctx, n, reason);
   for (const n of failing) if (n.backingNodeId) await giveBackSlot(ctx, n.backingNodeId, n.id);
   if (r.poolKey) await ctx.store.freeNodePlaces(r.poolKey, [...(ids ?? [])]);
-  // A node on a min-ready node's slot ends that node (its slot and place are freed there).
+  // A node on a spare's slot ends that node (its slot and place are freed there).
   for (const n of failing) await endSpareOf(ctx, n);
 }
 
-/** Fails the node that took this min-ready node (it runs on the same slot), if any. */
+/** Fails the node that took this spare (it runs on the same slot), if any. */
 export async function failTakerOf(ctx: ServeContext, n: NodeRecord, reason: string): Promise<void> {
   const taker = n.takenBy?.node;
   const parsed = taker ? parseNodeId(taker) : undefined;

@@ -4,7 +4,7 @@ import { type ServeContext, timeLeft } from '../context.ts';
 import { failBadBacking } from '../release/failure.ts';
 import { moveSpare, usableSpareHost } from './minReady.ts';
 
-/** A free spare (a min-ready node nobody took) and the backing node it is on, as the reaper read them. */
+/** A free spare (one nobody took) and the backing node it is on, as the reaper read them. */
 export interface FreeSpare {
   readonly spare: RequestRecord;
   readonly host: BackingRecord;

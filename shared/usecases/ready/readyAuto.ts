@@ -16,7 +16,7 @@ import { foldForecast } from './forecasts.ts';
 /**
  * min-ready auto, the reaper's decision for one label: how many ready, unassigned nodes
  * (spares) to hold now. The label's forecast is folded up to now (with the launch-to-ready time of its
- * backing nodes as this run read them), the ready target for one launch-to-ready time at its
+ * backing nodes as this run read them), the ready room for one launch-to-ready time at its
  * ready-target is computed (core/forecast.ts readyNeed), free slots on backing nodes that run anyway
  * count first, and the rest, at most max-ready, are spares. The decision is recorded beside the seats
  * (a conditional write, only when it changed: a request reads it with the seats, to know how many

@@ -25,10 +25,10 @@ export interface ReapReport {
   readonly expiredRequests: string[];
   /** Requests whose client lease lapsed, released (held nodes kept) or failed this run (leases.ts). */
   readonly leasesExpired?: string[];
-  /** min-ready nodes placed this run (seats refilled), and ended (on a backing node taking no new nodes, taken by a dead delivery, above a lowered min-ready). */
+  /** spares placed this run (seats refilled), and ended (on a backing node taking no new nodes, taken by a dead delivery, above a lowered min-ready). */
   readonly minReadyMade: number;
   readonly minReadyEnded: number;
-  /** Free min-ready nodes moved onto a fuller backing node this run (replenish.ts), so emptier ones can go. */
+  /** Free spares moved onto a fuller backing node this run (replenish.ts), so emptier ones can go. */
   readonly minReadyMoved: number;
   /** Retirements lost to a concurrent change (an allocation won): the backing node stays. */
   readonly conflicts: number;

@@ -71,7 +71,7 @@ export async function releaseNode(
   const node = request.nodes[parsed.index] as NodeRecord;
   if (request.state === 'pending') await settleIfAllReady(ctx, request.id);
   await giveBackRoom(ctx, request.poolKey, node);
-  // A node on a min-ready node's slot: that node ends with it (its slot and place are freed there).
+  // A node on a spare's slot: that node ends with it (its slot and place are freed there).
   await endSpareOf(ctx, node);
   if (!already) {
     ctx.log.info('node released', {
