@@ -27,6 +27,7 @@ import { FUNCTION_TIMEOUT_SECONDS, visibilityTimeoutSeconds } from '../../shared
 import type { AwsLabelSettings } from '../../shared/providers/aws/settings.ts';
 import { FUNCTION_CONFIG_FILE } from '../../shared/runtime/functionConfig.ts';
 import { tableDefinition } from '../../shared/store/table.ts';
+import { asList, dependencyCycle, flatten } from '../../testkit/cdkTemplates.ts';
 
 /**
  * The CDK app: the stack bin/cdk.ts synthesizes (same ids, same feature flags from cdk.json, the example
@@ -87,21 +88,6 @@ ${label
 `;
 }
 
-/** `Fn::Join`, `Ref` and `Fn::GetAtt` rendered as text (`<AWS::AccountId>`, `<Table.Arn>`), to compare ARNs. */
-function flatten(value: unknown): string {
-  if (typeof value === 'string') return value;
-  const o = value as Json;
-  if (o.Ref !== undefined) return `<${String(o.Ref)}>`;
-  if (o['Fn::GetAtt'] !== undefined) return `<${(o['Fn::GetAtt'] as string[]).join('.')}>`;
-  if (o['Fn::Join'] !== undefined) {
-    const [sep, parts] = o['Fn::Join'] as [string, unknown[]];
-    return parts.map(flatten).join(sep);
-  }
-  return JSON.stringify(value);
-}
-
-const asList = <T>(value: T | T[]): T[] => (Array.isArray(value) ? value : [value]);
-
 function statementsOf(template: Template): Statement[] {
   return Object.values(template.findResources('AWS::IAM::Policy')).flatMap(
     (policy) =>
@@ -116,48 +102,6 @@ function allowing(statements: Statement[], action: string): Statement[] {
 
 function resourcesOf(statement: Statement): string[] {
   return asList(statement.Resource).map(flatten);
-}
-
-/** The logical ids a resource refers to (Ref, Fn::GetAtt, DependsOn). */
-function referencesOf(resource: Json): Set<string> {
-  const found = new Set<string>(asList((resource.DependsOn as string | string[] | undefined) ?? []));
-  const walk = (value: unknown): void => {
-    if (Array.isArray(value)) value.forEach(walk);
-    else if (value && typeof value === 'object') {
-      const o = value as Json;
-      if (typeof o.Ref === 'string') found.add(o.Ref);
-      const getAtt = o['Fn::GetAtt'] as string[] | undefined;
-      if (getAtt?.[0]) found.add(getAtt[0]);
-      Object.values(o).forEach(walk);
-    }
-  };
-  walk(resource.Properties);
-  return found;
-}
-
-/** A dependency cycle among the template's resources (CloudFormation refuses the stack), if any. */
-function dependencyCycle(template: Template): string[] | undefined {
-  const resources = template.toJSON().Resources as Record<string, Json>;
-  const state = new Map<string, 'visiting' | 'done'>();
-  const path: string[] = [];
-  const visit = (id: string): string[] | undefined => {
-    if (state.get(id) === 'done' || !resources[id]) return undefined;
-    if (state.get(id) === 'visiting') return [...path.slice(path.indexOf(id)), id];
-    state.set(id, 'visiting');
-    path.push(id);
-    for (const ref of referencesOf(resources[id] as Json)) {
-      const cycle = visit(ref);
-      if (cycle) return cycle;
-    }
-    path.pop();
-    state.set(id, 'done');
-    return undefined;
-  };
-  for (const id of Object.keys(resources)) {
-    const cycle = visit(id);
-    if (cycle) return cycle;
-  }
-  return undefined;
 }
 
 /**

@@ -13,6 +13,7 @@ import {
   GITHUB_MAX_RECEIVE_COUNT,
 } from '../../lib/poolProps.ts';
 import { visibilityTimeoutSeconds } from '../../shared/core/timing.ts';
+import { asList, dependencyCycle, flatten } from '../../testkit/cdkTemplates.ts';
 
 /**
  * The stack side of GitHub Actions jobs in packed slots (lib/poolGithub.ts): what an enabled `github`
@@ -72,21 +73,6 @@ ${extra}  routes:
 `;
 }
 
-const asList = <T>(value: T | T[]): T[] => (Array.isArray(value) ? value : [value]);
-
-/** `Fn::Join`, `Ref` and `Fn::GetAtt` as text (`<AWS::AccountId>`, `<Queue.Arn>`), to compare ARNs. */
-function flatten(value: unknown): string {
-  if (typeof value === 'string') return value;
-  const o = value as Json;
-  if (o.Ref !== undefined) return `<${String(o.Ref)}>`;
-  if (o['Fn::GetAtt'] !== undefined) return `<${(o['Fn::GetAtt'] as string[]).join('.')}>`;
-  if (o['Fn::Join'] !== undefined) {
-    const [sep, parts] = o['Fn::Join'] as [string, unknown[]];
-    return parts.map(flatten).join(sep);
-  }
-  return JSON.stringify(value);
-}
-
 /** Every grant of a template's policies (inline and managed) as `action resource [condition]`, by role. */
 function grantsOf(template: Template, type: 'AWS::IAM::Policy' | 'AWS::IAM::ManagedPolicy') {
   return Object.entries(template.findResources(type)).map(([id, policy]) => {
@@ -106,46 +92,6 @@ function grantsOf(template: Template, type: 'AWS::IAM::Policy' | 'AWS::IAM::Mana
       ).sort(),
     };
   });
-}
-
-/** A cycle of references (Ref, Fn::GetAtt, DependsOn) among a template's resources, if any. */
-function dependencyCycle(template: Template): string[] | undefined {
-  const resources = template.toJSON().Resources as Record<string, Json>;
-  const refs = (resource: Json): string[] => {
-    const found = asList((resource.DependsOn as string | string[] | undefined) ?? []);
-    const walk = (value: unknown): void => {
-      if (Array.isArray(value)) value.forEach(walk);
-      else if (value && typeof value === 'object') {
-        const o = value as Json;
-        if (typeof o.Ref === 'string') found.push(o.Ref);
-        const getAtt = o['Fn::GetAtt'] as string[] | undefined;
-        if (getAtt?.[0]) found.push(getAtt[0]);
-        Object.values(o).forEach(walk);
-      }
-    };
-    walk(resource.Properties);
-    return found;
-  };
-  const state = new Map<string, 'open' | 'done'>();
-  const path: string[] = [];
-  const visit = (id: string): string[] | undefined => {
-    if (state.get(id) === 'done' || !resources[id]) return undefined;
-    if (state.get(id) === 'open') return [...path.slice(path.indexOf(id)), id];
-    state.set(id, 'open');
-    path.push(id);
-    for (const ref of refs(resources[id] as Json)) {
-      const cycle = visit(ref);
-      if (cycle) return cycle;
-    }
-    path.pop();
-    state.set(id, 'done');
-    return undefined;
-  };
-  for (const id of Object.keys(resources)) {
-    const cycle = visit(id);
-    if (cycle) return cycle;
-  }
-  return undefined;
 }
 
 function nagViolations(app: App): string[] {
