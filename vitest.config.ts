@@ -3,7 +3,7 @@ import SlowestFirst from './testkit/slowestFirst.ts';
 
 /**
  * Files that change a module for the whole process run each in a fresh worker: cdkTiming replaces one
- * (vi.mock), and lambda.test loads the functions' entry points, whose clients and configuration are
+ * (vi.mock), and lambda.test and githubEntry.test load the functions' entry points, whose clients and configuration are
  * made once from the environment it sets. Every other file shares its worker's loaded modules with the
  * files before it, which saves loading the AWS SDK, aws-cdk-lib and the handlers again for each of some
  * seventy files (a minute of a 2-core machine's time). Those files start and stop what they use
@@ -11,7 +11,7 @@ import SlowestFirst from './testkit/slowestFirst.ts';
  * (aws-sdk-client-mock) restores it when it ends, failed or not: 12 CPU-s less than a worker each,
  * measured on the three that do.
  */
-const ISOLATED = ['test/aws/cdkTiming.test.ts', 'test/aws/lambda.test.ts'];
+const ISOLATED = ['test/aws/cdkTiming.test.ts', 'test/aws/lambda.test.ts', 'test/aws/githubEntry.test.ts'];
 
 export default defineConfig({
   test: {

@@ -65,6 +65,13 @@ export function githubRuntimeFromEnv(raw: NodeJS.ProcessEnv = process.env): Gith
   let api: { key: string; api: GithubApi } | undefined;
   const githubApi = async () => {
     const key = await secret(env.GITHUB_APP_KEY_SECRET_ARN);
+    // The stack creates the secret with a random placeholder: say what to do rather than fail signing.
+    if (!/-----BEGIN [A-Z ]*PRIVATE KEY-----/.test(key)) {
+      throw new Error(
+        `the secret ${env.GITHUB_APP_KEY_SECRET_ARN} holds no PEM private key: put the GitHub App's key in it ` +
+          '(aws secretsmanager put-secret-value --secret-id <GithubAppKeySecretArn> --secret-string file://app.pem)',
+      );
+    }
     // A new key (rotated in Secrets Manager): a new client, its token cache with it.
     if (api?.key !== key) api = { key, api: new GithubApi(settings, key, env.GITHUB_MAX_CONCURRENCY) };
     return api.api;
