@@ -1,4 +1,10 @@
-import type { IAlarmAction } from 'aws-cdk-lib/aws-cloudwatch';
+import {
+  Alarm,
+  ComparisonOperator,
+  type IAlarmAction,
+  Stats,
+  TreatMissingData,
+} from 'aws-cdk-lib/aws-cloudwatch';
 import { type IEventBus, Rule, Schedule } from 'aws-cdk-lib/aws-events';
 import { LambdaFunction } from 'aws-cdk-lib/aws-events-targets';
 import { type IRole, ManagedPolicy, Policy, PolicyStatement, Role } from 'aws-cdk-lib/aws-iam';
@@ -80,6 +86,8 @@ export class PoolGithub extends Construct {
   readonly commandStatusRule: Rule;
   /** Runs the function every `reconcile-interval` (rounded up to minutes): lost webhooks are redelivered. */
   readonly reconcileSchedule: Rule;
+  /** The function failed in three 5-minute periods in a row. */
+  readonly errorsAlarm: Alarm;
 
   constructor(scope: Construct, id: string, props: PoolGithubProps) {
     super(scope, id);
@@ -208,6 +216,21 @@ export class PoolGithub extends Construct {
       ],
       roles: instanceRoles(this, props.instanceRoles ?? []),
     });
+
+    // Its errors: a webhook answered 5xx (GitHub then marks the delivery failed), a runner not started,
+    // a schedule that cannot read the App's key (the stack's placeholder still in its secret). Three
+    // periods of 5 minutes in a row: one failing call among many is retried or redelivered anyway.
+    this.errorsAlarm = new Alarm(this, 'ErrorsAlarm', {
+      alarmDescription:
+        `metastatic pool ${props.poolId}: the github function failed in 3 consecutive 5-minute periods ` +
+        "(its logs say why; a schedule failing with 'holds no PEM private key' waits for the App's key in its secret).",
+      metric: fn.metricErrors({ statistic: Stats.SUM, period: Duration.minutes(5) }),
+      threshold: 0,
+      evaluationPeriods: 3,
+      comparisonOperator: ComparisonOperator.GREATER_THAN_THRESHOLD,
+      treatMissingData: TreatMissingData.NOT_BREACHING,
+    });
+    if (props.alarmAction) this.errorsAlarm.addAlarmAction(props.alarmAction);
 
     acknowledgeGithubFindings(this, props.region);
     if (!props.instanceProfiles) {

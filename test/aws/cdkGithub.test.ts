@@ -220,6 +220,7 @@ describe('MetastaticPool with a github section (lib/poolGithub.ts)', () => {
     expect(added).toEqual(
       [
         'AWS::CloudWatch::Alarm', // the github dead-letter queue's
+        'AWS::CloudWatch::Alarm', // the github function's errors
         'AWS::Events::Rule',
         'AWS::Events::Rule',
         'AWS::Events::Rule',
@@ -558,6 +559,22 @@ describe('MetastaticPool with a github section (lib/poolGithub.ts)', () => {
     const [keyed] = grantsOf(template('Keyed'), 'AWS::IAM::ManagedPolicy');
     expect(keyed?.roles).toEqual(['builder-role', 'other-role']);
     expect(keyed?.grants).toEqual(policy?.grants);
+  });
+
+  it("alarms on the github function's errors three 5-minute periods in a row", () => {
+    const [[, alarm] = []] = github('AWS::CloudWatch::Alarm').filter(([id]) => id.includes('ErrorsAlarm'));
+    const fn = github('AWS::Lambda::Function').map(([id]) => id)[0];
+    expect(alarm?.Properties).toMatchObject({
+      MetricName: 'Errors',
+      Namespace: 'AWS/Lambda',
+      Statistic: 'Sum',
+      Period: 300,
+      EvaluationPeriods: 3,
+      Threshold: 0,
+      ComparisonOperator: 'GreaterThanThreshold',
+      TreatMissingData: 'notBreaching',
+      Dimensions: [{ Name: 'FunctionName', Value: { Ref: fn } }],
+    });
   });
 
   it('outputs the webhook URL, the two secret ARNs and the instance policy ARN', () => {
