@@ -7,7 +7,7 @@ import { POOL_EVENT_SOURCE, PoolEventType } from '../core/observability.ts';
 import { type GithubApi, nodeRunner, runnerLabels } from '../github/githubApi.ts';
 import { runnerScript } from '../providers/aws/runnerScript.ts';
 import type { RunnerChannel } from '../providers/aws/ssmRunners.ts';
-import type { GithubItems } from '../store/githubItems.ts';
+import type { GithubItems, GithubJob } from '../store/githubItems.ts';
 import type { Context } from '../usecases/context.ts';
 import { releaseWhole } from '../usecases/release/leases.ts';
 import { makeBatchHandler, type SqsBatchHandler } from './batchHandler.ts';
@@ -137,7 +137,34 @@ async function startRunner(
     throw new NotReadyYetError(`github job ${jobId}: its runner is being started by another handling`, 60);
   }
   if (claim !== 'claimed') return; // started already, or unknown (released above when unknown)
+  try {
+    await startClaimed(ctx, deps, event, job, by);
+  } catch (err) {
+    // Not started: the claim is given back, so that the retry (this record, back) takes it at once.
+    await deps.items.dropClaim(jobId, by).catch(() => undefined);
+    throw err;
+  }
+}
+
+/** The runner's start, once claimed for `by`: its JIT configuration, its parameter, its SSM command. */
+async function startClaimed(
+  ctx: Context,
+  deps: GithubRunnerDeps,
+  event: z.infer<typeof FulfilledEvent>,
+  job: GithubJob,
+  by: string,
+): Promise<void> {
+  const { requestId } = event.detail;
+  const jobId = job.jobId;
+  const release = (reason: string) => releaseWhole(ctx, requestId, { force: false, reason });
   const node = event.detail.nodes[0] as z.infer<typeof FulfilledEvent>['detail']['nodes'][number];
+  // A late copy of the event may come after the node was released (its lease lapsed, the job ended
+  // elsewhere): a runner is started only on a node still ready, never on a slot given back.
+  const request = await ctx.store.getRequest(requestId);
+  if (request?.nodes.find((n) => n.id === node.id)?.state !== 'ready') {
+    ctx.log.info(`github job ${jobId}: node ${node.id} is no longer ready; no runner`);
+    return;
+  }
   const backing = node.backingNodeId ? await ctx.store.getBacking(node.backingNodeId) : undefined;
   const instanceId = backing?.resourceId;
   if (!instanceId || !node.username) {
@@ -175,7 +202,7 @@ async function startRunner(
     comment: `metastatic runner ${runner.name} for GitHub job ${jobId}`,
   });
   await deps.items.runnerStarted(jobId, requestId, {
-    by: event.id,
+    by,
     name: runner.name,
     instanceId,
     commandId,

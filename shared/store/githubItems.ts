@@ -165,6 +165,24 @@ export class GithubItems {
     return job.runner?.commandId ? 'started' : 'busy';
   }
 
+  /** Gives back a claim whose handling failed before it started the runner, so a retry takes it at once. */
+  async dropClaim(jobId: number, by: string): Promise<void> {
+    try {
+      await this.doc.send(
+        new UpdateCommand({
+          TableName: this.table,
+          Key: key.job(jobId),
+          UpdateExpression: 'REMOVE runner',
+          ConditionExpression: 'runner.#by = :by AND attribute_not_exists(runner.commandId)',
+          ExpressionAttributeNames: { '#by': 'by' },
+          ExpressionAttributeValues: { ':by': by },
+        }),
+      );
+    } catch (err) {
+      if (!(err instanceof ConditionalCheckFailedException)) throw err;
+    }
+  }
+
   /** The runner started: its name, instance and SSM command, and the command's pointer back to the job. */
   async runnerStarted(
     jobId: number,
@@ -188,12 +206,21 @@ export class GithubItems {
         },
       }),
     );
+    // Beside the claim (`by`, `at`), which stays: a later copy of the event finds the runner started.
     await this.doc.send(
       new UpdateCommand({
         TableName: this.table,
         Key: key.job(jobId),
-        UpdateExpression: 'SET runner = :runner',
-        ExpressionAttributeValues: { ':runner': runner },
+        UpdateExpression:
+          'SET runner.#name = :name, runner.instanceId = :instance, runner.commandId = :command',
+        ConditionExpression: 'runner.#by = :by',
+        ExpressionAttributeNames: { '#name': 'name', '#by': 'by' },
+        ExpressionAttributeValues: {
+          ':name': runner.name,
+          ':instance': runner.instanceId,
+          ':command': runner.commandId,
+          ':by': runner.by,
+        },
       }),
     );
   }

@@ -278,6 +278,56 @@ describeWithMoto('the github function', () => {
     },
   );
 
+  it('gives the start back when it fails (SSM unreachable), so the record, back, starts the runner at once; none on a node released meanwhile', async () => {
+    let failures = 1;
+    const flaky = makeGithubRunnerHandler(harness.pool.context, {
+      settings,
+      api: async () => api,
+      items,
+      channel: {
+        start: async (input) => {
+          if (failures-- > 0) throw new Error('SSM is unreachable');
+          return new SsmRunnerChannel(ssm).start(input);
+        },
+        forget: async () => {},
+        stop: async () => {},
+      },
+      region: REGION,
+      parameterPath: PARAMETER_PATH,
+    });
+    await deliver(jobPayload('queued', 60, JOB_LABELS));
+    await requestOf(60);
+    const requestId = jobRequestId(60);
+    await harness.fulfilUntil(
+      async () => (await harness.pool.context.store.getRequest(requestId))?.state === 'fulfilled',
+    );
+    const event = await poolEvent('Request Fulfilled', requestId);
+    expect((await flaky(sqsEvent([event]))).batchItemFailures).toHaveLength(1);
+    // Back at once, not after the 180 s a dead handling's claim is kept.
+    expect((await flaky(sqsEvent([event]))).batchItemFailures).toEqual([]);
+    const mine = ((await ssm.send(new ListCommandsCommand({}))).Commands ?? []).filter((c) =>
+      c.Comment?.endsWith('GitHub job 60'),
+    );
+    expect(mine).toHaveLength(1);
+
+    // A job whose node was released before its event was handled (a lapsed lease) gets no runner.
+    await deliver(jobPayload('queued', 61, JOB_LABELS));
+    await requestOf(61);
+    const other = jobRequestId(61);
+    await harness.fulfilUntil(
+      async () => (await harness.pool.context.store.getRequest(other))?.state === 'fulfilled',
+    );
+    await harness.send({ kind: 'release', id: other });
+    await harness.drainRequests();
+    expect(
+      (await runners(sqsEvent([await poolEvent('Request Fulfilled', other)]))).batchItemFailures,
+    ).toEqual([]);
+    const none = ((await ssm.send(new ListCommandsCommand({}))).Commands ?? []).filter((c) =>
+      c.Comment?.endsWith('GitHub job 61'),
+    );
+    expect(none).toEqual([]);
+  });
+
   it('a job that completed first gets no request; one that completed before its runner started gets no runner', async () => {
     expect((await deliver(jobPayload('completed', 20, JOB_LABELS))).statusCode).toBe(202);
     expect((await deliver(jobPayload('queued', 20, JOB_LABELS))).body).toMatch(/out of order/);
