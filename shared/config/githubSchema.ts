@@ -1,8 +1,8 @@
 import { z } from 'zod';
 import { MAX_LEASE, MIN_LEASE } from '../core/leases.ts';
 import type { GithubSettings } from '../core/model.ts';
-import { bool, intBetween, MAPPING, name, nonEmptyList, nonEmptyString } from './kit/fields.ts';
-import { asRecord, asString, type PathIssue } from './kit/paths.ts';
+import { bool, intBetween, MAPPING, name, nonEmptyList, nonEmptyString } from '../fields/fields.ts';
+import { asRecord, asString, type PathIssue } from '../fields/paths.ts';
 
 /**
  * The top-level `github` section (docs/github.md): GitHub Actions jobs run in packed slots. A

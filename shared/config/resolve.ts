@@ -14,12 +14,12 @@ import type {
   ResolvedConfig,
 } from '../core/model.ts';
 import { formatSize, parseSize, type Shape } from '../core/shapes.ts';
+import { contractOf } from '../fields/contractFields.ts';
+import { DEFAULT_MAX_READY, READY_TARGET_BOUNDS } from '../fields/fields.ts';
+import { formatPath } from '../fields/paths.ts';
 import type { Machine } from '../providers/driver.ts';
 import { backingDriver } from '../providers/drivers.ts';
 import { githubSettings } from './githubSchema.ts';
-import { contractOf } from './kit/contractFields.ts';
-import { DEFAULT_MAX_READY, READY_TARGET_BOUNDS } from './kit/fields.ts';
-import { formatPath } from './kit/paths.ts';
 import type { ConfigFile, MetastaticLabelConfig } from './schema.ts';
 
 /** Resolves a file that passed the schema and `checkConfigRules` into the model the core uses. */

@@ -1,8 +1,8 @@
 import type { z } from 'zod';
+import { NAME_PATTERN } from '../fields/fields.ts';
+import { asRecord, asString, formatPath, type PathIssue, type PathSegment } from '../fields/paths.ts';
 import { backingDriver } from '../providers/drivers.ts';
 import { checkGithubRoutes } from './githubSchema.ts';
-import { NAME_PATTERN } from './kit/fields.ts';
-import { asRecord, asString, formatPath, type PathIssue, type PathSegment } from './kit/paths.ts';
 import { metastaticLabelSchema } from './schema.ts';
 
 /**

@@ -11,9 +11,6 @@
 
 import { z } from 'zod';
 import { RECORD_RETENTION_SECONDS } from '../core/timing.ts';
-import type { BackingProviderSection } from '../providers/driver.ts';
-import { BACKING_DRIVERS, type BackingDriverName } from '../providers/drivers.ts';
-import { githubSchema } from './githubSchema.ts';
 import {
   attributes,
   bool,
@@ -44,7 +41,10 @@ import {
   requestTimeout,
   seconds,
   size,
-} from './kit/fields.ts';
+} from '../fields/fields.ts';
+import type { BackingProviderSection } from '../providers/driver.ts';
+import { BACKING_DRIVERS, type BackingDriverName } from '../providers/drivers.ts';
+import { githubSchema } from './githubSchema.ts';
 
 // ---- driver: metastatic -----------------------------------------------------------------------------
 

@@ -5,7 +5,7 @@ import { z } from 'zod';
  * Nodepool names it (`username`, `connection-type`, `python-path`, `shell-type`; Zuul turns them into
  * `ansible_user`, `ansible_connection`, `ansible_python_interpreter`, `ansible_shell_type`).
  *
- * It is set per backing label in the configuration (shared/config/kit/contractFields.ts) and written on
+ * It is set per backing label in the configuration (shared/fields/contractFields.ts) and written on
  * the backing record when the backing node is launched (the intent, core/backing.ts newBackingRecord):
  * every node served on that backing node copies it, as Nodepool's metastatic adapter copies them from
  * its backing node. Recording it at launch matters for per-slot users: the user names a node gets must
@@ -41,7 +41,7 @@ export const LEGACY_CONTRACT: BackingContract = {
 /**
  * The user of one slot when each slot has its own: `<username>-<slot>` (`zuul-0`, `zuul-1`, ...), slots
  * counted from 0 as in the node record. Short enough for useradd (32) whenever the username is
- * (shared/config/kit/contractFields.ts bounds it to 28 characters with per-slot-users).
+ * (shared/fields/contractFields.ts bounds it to 28 characters with per-slot-users).
  */
 export function slotUserName(username: string, slot: number): string {
   return `${username}-${slot}`;

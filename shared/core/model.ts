@@ -68,7 +68,7 @@ export interface BackingLabel {
   readonly options: Readonly<Record<string, unknown>>;
   /**
    * What the nodes served on its backing nodes carry (username, connection-type, python-path,
-   * shell-type, per-slot-users), defaults applied (config/kit/contractFields.ts contractOf). Unset on a
+   * shell-type, per-slot-users), defaults applied (fields/contractFields.ts contractOf). Unset on a
    * hand-built pool: its backing nodes record none, and their nodes get Nodepool's defaults.
    */
   readonly contract?: BackingContract;

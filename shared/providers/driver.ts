@@ -1,5 +1,5 @@
 import type { z } from 'zod';
-import type { PathIssue, PathSegment } from '../config/kit/paths.ts';
+import type { PathIssue, PathSegment } from '../fields/paths.ts';
 import type { FunctionsNetwork } from './aws/networkRules.ts';
 
 /**

@@ -7,7 +7,6 @@
  */
 
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { NAME_RULE } from '../../shared/config/kit/fields.ts';
 import { formatConfigErrors, parseConfig } from '../../shared/config/load.ts';
 import { LEASE_RULE } from '../../shared/core/leases.ts';
 import type { Log } from '../../shared/core/log.ts';
@@ -19,6 +18,7 @@ import {
   StateChangeDetailType,
   stateChangeEvent,
 } from '../../shared/core/stateChanges.ts';
+import { NAME_RULE } from '../../shared/fields/fields.ts';
 import { makeDeadLetterHandler } from '../../shared/handlers/requestHandler.ts';
 import { LOCAL_EVENT_SOURCE } from '../../shared/providers/local/localEvents.ts';
 import { DynamoStore } from '../../shared/store/dynamoStore.ts';

@@ -1,9 +1,9 @@
 import type { DynamoDBClient } from '@aws-sdk/client-dynamodb';
 import { DynamoDBDocumentClient } from '@aws-sdk/lib-dynamodb';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { MAX_SERVERS } from '../../shared/config/kit/fields.ts';
 import { nodeId, ownerSince, ownerToken } from '../../shared/core/ids.ts';
 import { MAX_NODE_SET } from '../../shared/core/messages.ts';
+import { MAX_SERVERS } from '../../shared/fields/fields.ts';
 import {
   ensureTable,
   localDynamoClient,

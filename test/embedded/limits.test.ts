@@ -1,5 +1,4 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { MAX_ATTRIBUTES_BYTES } from '../../shared/config/kit/fields.ts';
 import { ConfigInvalidError, parseConfig, parseConfigOrThrow } from '../../shared/config/load.ts';
 import { ItemTooLargeError, PermanentError } from '../../shared/core/errors.ts';
 import { nodeId } from '../../shared/core/ids.ts';
@@ -7,6 +6,7 @@ import { MAX_LABEL_LENGTH, MAX_NODE_SET, RequestMessage } from '../../shared/cor
 import type { ResolvedConfig } from '../../shared/core/model.ts';
 import type { RequestRecord } from '../../shared/core/records.ts';
 import { clip, MAX_REASON_LENGTH } from '../../shared/core/text.ts';
+import { MAX_ATTRIBUTES_BYTES } from '../../shared/fields/fields.ts';
 import { reap } from '../../shared/usecases/reap/reap.ts';
 import { baseConfig, largeNode, poolConfig } from '../../testkit/configs.ts';
 import { type Harness, sqsEvent, startHarness } from '../../testkit/harness.ts';

@@ -5,7 +5,6 @@ import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
 import { stringify } from 'yaml';
 import { configJsonSchema } from '../../shared/config/jsonSchema.ts';
-import { MAX_ATTRIBUTES_BYTES, MAX_ATTRIBUTES_DEPTH } from '../../shared/config/kit/fields.ts';
 import {
   type ConfigError,
   ConfigInvalidError,
@@ -16,6 +15,7 @@ import {
   parseConfig,
 } from '../../shared/config/load.ts';
 import type { ResolvedConfig } from '../../shared/core/model.ts';
+import { MAX_ATTRIBUTES_BYTES, MAX_ATTRIBUTES_DEPTH } from '../../shared/fields/fields.ts';
 import { MAX_USER_TAGS, MAX_USERDATA_BYTES } from '../../shared/providers/aws/configSchema.ts';
 import { poolConfig, smallNode } from '../../testkit/configs.ts';
 import { ECDSA_KEY, ED25519_KEY, RSA_KEY } from '../../testkit/sshKeys.ts';

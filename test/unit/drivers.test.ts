@@ -16,8 +16,8 @@ const root = join(import.meta.dirname, '../..');
 const execFileP = promisify(execFile);
 
 const DRIVER = `import { z } from 'zod';
-import { intBetween, MAPPING, name, nonEmptyList } from '../../config/kit/fields.ts';
-import { asRecord } from '../../config/kit/paths.ts';
+import { intBetween, MAPPING, name, nonEmptyList } from '../../fields/fields.ts';
+import { asRecord } from '../../fields/paths.ts';
 import type { BackingDriver } from '../driver.ts';
 
 const label = z.strictObject({ name: name(), 'vmid-template': intBetween(1, 999_999) }, { error: MAPPING });

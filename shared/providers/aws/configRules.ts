@@ -1,11 +1,11 @@
+import { SLOT_PIDS } from '../../core/slotLimits.ts';
 import {
   DEFAULT_AWS_USERNAME,
   PER_SLOT_USERNAME,
   PER_SLOT_USERNAME_PATTERN,
-} from '../../config/kit/contractFields.ts';
-import { MAX_PARALLEL_JOBS, MAX_VOLUME_SIZE } from '../../config/kit/fields.ts';
-import { asRecord, formatPath, type PathIssue, type PathSegment } from '../../config/kit/paths.ts';
-import { SLOT_PIDS } from '../../core/slotLimits.ts';
+} from '../../fields/contractFields.ts';
+import { MAX_PARALLEL_JOBS, MAX_VOLUME_SIZE } from '../../fields/fields.ts';
+import { asRecord, formatPath, type PathIssue, type PathSegment } from '../../fields/paths.ts';
 import { type EBS_VOLUME_TYPES, MAX_USERDATA_BYTES } from './configSchema.ts';
 import type { FunctionsNetwork } from './networkRules.ts';
 import { consoleOutputSupport } from './nitro.ts';

@@ -6,7 +6,7 @@ import {
   MAX_AUTHORIZED_KEYS,
   perSlotUsers,
   username,
-} from '../../config/kit/contractFields.ts';
+} from '../../fields/contractFields.ts';
 import {
   bool,
   hourlyCost,
@@ -18,7 +18,7 @@ import {
   name,
   nonEmptyList,
   nonEmptyString,
-} from '../../config/kit/fields.ts';
+} from '../../fields/fields.ts';
 
 // ---- driver: aws (backing nodes are EC2 instances) -------------------------------------------------
 // Keys follow Nodepool's AWS driver where it has them. Rules across keys ("exactly one of instance-type

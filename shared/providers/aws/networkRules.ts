@@ -1,4 +1,4 @@
-import { asRecord, asString, type PathIssue, type PathSegment } from '../../config/kit/paths.ts';
+import { asRecord, asString, type PathIssue, type PathSegment } from '../../fields/paths.ts';
 
 /**
  * Rules that depend on where the configuration is deployed, not on the file alone: on AWS the functions

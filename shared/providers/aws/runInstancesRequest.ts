@@ -6,9 +6,9 @@ import type {
   RunInstancesCommandInput,
   Tag,
 } from '@aws-sdk/client-ec2';
-import { DEFAULT_AWS_USERNAME } from '../../config/kit/contractFields.ts';
 import type { LaunchSpec } from '../../core/provider.ts';
 import { limitsOf } from '../../core/slotLimits.ts';
+import { DEFAULT_AWS_USERNAME } from '../../fields/contractFields.ts';
 import type { Offering } from './offerings.ts';
 import type { AwsImage, AwsLabelSettings } from './settings.ts';
 import { composeUserData, MAX_USERDATA_BYTES, userDataBytes } from './userData.ts';

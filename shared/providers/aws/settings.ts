@@ -4,8 +4,8 @@
  * (its schema and its driver's rules), so a hand-built BackingPool fails as clearly as a file would.
  */
 
-import { formatPath } from '../../config/kit/paths.ts';
 import type { BackingPool } from '../../core/model.ts';
+import { formatPath } from '../../fields/paths.ts';
 import {
   type AwsProviderConfig,
   awsProviderSchema,

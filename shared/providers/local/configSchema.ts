@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import { contractKeys } from '../../config/kit/contractFields.ts';
+import { contractKeys } from '../../fields/contractFields.ts';
 import {
   attributes,
   authorizedKeys,
@@ -15,7 +15,7 @@ import {
   name,
   nonEmptyList,
   seconds,
-} from '../../config/kit/fields.ts';
+} from '../../fields/fields.ts';
 
 /**
  * The `local` driver's provider section (backing nodes are local child processes: `metastatic dev`),

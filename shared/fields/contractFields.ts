@@ -4,7 +4,7 @@ import {
   CONNECTION_TYPES,
   DEFAULT_CONNECTION_TYPE,
   DEFAULT_PYTHON_PATH,
-} from '../../core/contract.ts';
+} from '../core/contract.ts';
 import { bool } from './fields.ts';
 
 /**

@@ -1,7 +1,7 @@
 import { z } from 'zod';
-import { MAX_LEASE, MIN_LEASE } from '../../core/leases.ts';
-import { MAX_PRIORITY } from '../../core/priority.ts';
-import { MAX_CORES, MAX_SIZE_MIB, MIN_CORES, parseSize, SIZE_PATTERN, SIZE_RULE } from '../../core/shapes.ts';
+import { MAX_LEASE, MIN_LEASE } from '../core/leases.ts';
+import { MAX_PRIORITY } from '../core/priority.ts';
+import { MAX_CORES, MAX_SIZE_MIB, MIN_CORES, parseSize, SIZE_PATTERN, SIZE_RULE } from '../core/shapes.ts';
 
 /**
  * The limits every number in a configuration is held to, and the leaf schemas the driver schemas are
@@ -44,7 +44,7 @@ export const MAX_SERVERS = 10_000;
 /** Launch attempts per node: each may take up to launch-timeout; more only delay the failure. */
 export const MAX_LAUNCH_RETRIES = 20;
 /** Priorities: only their order matters; the bound keeps them plain integers (as a message's). */
-export { MAX_PRIORITY } from '../../core/priority.ts';
+export { MAX_PRIORITY } from '../core/priority.ts';
 /** EC2 keeps at most 10,000 versions of a launch template; version numbers never reach this. */
 export const MAX_TEMPLATE_VERSION = 1_000_000;
 /** EBS: the largest volume of any type (io2 Block Express, 64 TiB); per type in resolve.ts. */
@@ -130,7 +130,7 @@ export const positiveSeconds = (max: number) => {
 
 export const bool = () => z.boolean({ error: 'true or false' });
 
-export { DEFAULT_REQUEST_TIMEOUT } from '../../core/pools.ts';
+export { DEFAULT_REQUEST_TIMEOUT } from '../core/pools.ts';
 export const MAX_REQUEST_TIMEOUT = MAX_KEEP_SECONDS;
 export const requestTimeout = () => positiveSeconds(MAX_REQUEST_TIMEOUT);
 export const REQUEST_TIMEOUT_HELP =
