@@ -8,6 +8,14 @@ import {
 } from '@aws-sdk/lib-dynamodb';
 import { z } from 'zod';
 import { TTL_ATTRIBUTE } from './table.ts';
+import {
+  claimRunnerUpdate,
+  claimScanUpdate,
+  conditions,
+  dropClaimUpdate,
+  runnerEndedUpdate,
+  runnerStartedUpdate,
+} from './writes.ts';
 
 /**
  * What the github function keeps in the pool's table (docs/table.md) about GitHub jobs on AWS, where no
@@ -139,26 +147,7 @@ export class GithubItems {
    */
   async claimRunner(jobId: number, by: string, takeoverMs: number): Promise<'claimed' | RunnerClaimRefusal> {
     const now = this.now();
-    try {
-      await this.doc.send(
-        new UpdateCommand({
-          TableName: this.table,
-          Key: key.job(jobId),
-          UpdateExpression: 'SET runner = :runner',
-          ConditionExpression:
-            'attribute_exists(pk) AND #state = :queued AND (attribute_not_exists(runner) OR (attribute_not_exists(runner.commandId) AND runner.#at < :stale))',
-          ExpressionAttributeNames: { '#state': 'state', '#at': 'at' },
-          ExpressionAttributeValues: {
-            ':queued': 'queued',
-            ':runner': { by, at: now },
-            ':stale': now - takeoverMs,
-          },
-        }),
-      );
-      return 'claimed';
-    } catch (err) {
-      if (!(err instanceof ConditionalCheckFailedException)) throw err;
-    }
+    if (await this.accepted(key.job(jobId), claimRunnerUpdate(by, now, now - takeoverMs))) return 'claimed';
     const job = await this.job(jobId);
     if (!job) return 'unknown';
     if (job.state === 'completed') return 'completed';
@@ -167,20 +156,7 @@ export class GithubItems {
 
   /** Gives back a claim whose handling failed before it started the runner, so a retry takes it at once. */
   async dropClaim(jobId: number, by: string): Promise<void> {
-    try {
-      await this.doc.send(
-        new UpdateCommand({
-          TableName: this.table,
-          Key: key.job(jobId),
-          UpdateExpression: 'REMOVE runner',
-          ConditionExpression: 'runner.#by = :by AND attribute_not_exists(runner.commandId)',
-          ExpressionAttributeNames: { '#by': 'by' },
-          ExpressionAttributeValues: { ':by': by },
-        }),
-      );
-    } catch (err) {
-      if (!(err instanceof ConditionalCheckFailedException)) throw err;
-    }
+    await this.accepted(key.job(jobId), dropClaimUpdate(by));
   }
 
   /** The runner started: its name, instance and SSM command, and the command's pointer back to the job. */
@@ -207,39 +183,13 @@ export class GithubItems {
       }),
     );
     // Beside the claim (`by`, `at`), which stays: a later copy of the event finds the runner started.
-    await this.doc.send(
-      new UpdateCommand({
-        TableName: this.table,
-        Key: key.job(jobId),
-        UpdateExpression:
-          'SET runner.#name = :name, runner.instanceId = :instance, runner.commandId = :command',
-        ConditionExpression: 'runner.#by = :by',
-        ExpressionAttributeNames: { '#name': 'name', '#by': 'by' },
-        ExpressionAttributeValues: {
-          ':name': runner.name,
-          ':instance': runner.instanceId,
-          ':command': runner.commandId,
-          ':by': runner.by,
-        },
-      }),
-    );
+    const update = runnerStartedUpdate(runner.by, runner);
+    await this.doc.send(new UpdateCommand({ TableName: this.table, Key: key.job(jobId), ...update }));
   }
 
   /** The runner's command ended (its status event). */
   async runnerEnded(jobId: number): Promise<void> {
-    try {
-      await this.doc.send(
-        new UpdateCommand({
-          TableName: this.table,
-          Key: key.job(jobId),
-          UpdateExpression: 'SET runner.endedAt = :now',
-          ConditionExpression: 'attribute_exists(runner)',
-          ExpressionAttributeValues: { ':now': this.now() },
-        }),
-      );
-    } catch (err) {
-      if (!(err instanceof ConditionalCheckFailedException)) throw err;
-    }
+    await this.accepted(key.job(jobId), runnerEndedUpdate(this.now()));
   }
 
   /**
@@ -248,22 +198,7 @@ export class GithubItems {
    * meanwhile, in whatever container.
    */
   async claimScan(intervalMs: number, now = this.now()): Promise<boolean> {
-    try {
-      await this.doc.send(
-        new UpdateCommand({
-          TableName: this.table,
-          Key: key.scan,
-          UpdateExpression: 'SET #at = :now',
-          ConditionExpression: 'attribute_not_exists(#at) OR #at <= :due',
-          ExpressionAttributeNames: { '#at': 'at' },
-          ExpressionAttributeValues: { ':now': now, ':due': now - Math.floor(intervalMs * 0.9) },
-        }),
-      );
-      return true;
-    } catch (err) {
-      if (err instanceof ConditionalCheckFailedException) return false;
-      throw err;
-    }
+    return this.accepted(key.scan, claimScanUpdate(now, now - Math.floor(intervalMs * 0.9)));
   }
 
   /** The job and request an SSM command ran the runner of, if it was one of ours. */
@@ -280,18 +215,39 @@ export class GithubItems {
   }
 
   private async putIfAbsent(item: Record<string, unknown>): Promise<boolean> {
+    return this.refusedIsFalse(
+      new PutCommand({ TableName: this.table, Item: item, ConditionExpression: conditions.itemDoesNotExist }),
+    );
+  }
+
+  /** Applies a conditional update (writes.ts): false when its condition did not hold. */
+  private accepted(
+    itemKey: Record<string, string>,
+    update: Parameters<typeof expressionOf>[0],
+  ): Promise<boolean> {
+    return this.refusedIsFalse(
+      new UpdateCommand({ TableName: this.table, Key: itemKey, ...expressionOf(update) }),
+    );
+  }
+
+  private async refusedIsFalse(command: PutCommand | UpdateCommand): Promise<boolean> {
     try {
-      await this.doc.send(
-        new PutCommand({
-          TableName: this.table,
-          Item: item,
-          ConditionExpression: 'attribute_not_exists(pk)',
-        }),
-      );
+      await this.doc.send(command as UpdateCommand);
       return true;
     } catch (err) {
       if (err instanceof ConditionalCheckFailedException) return false;
       throw err;
     }
   }
+}
+
+/** An update's expressions, without an empty name map (DynamoDB refuses one). */
+function expressionOf(update: {
+  UpdateExpression?: string;
+  ConditionExpression: string;
+  ExpressionAttributeNames: Record<string, string>;
+  ExpressionAttributeValues?: Record<string, unknown>;
+}) {
+  const { ExpressionAttributeNames, ...rest } = update;
+  return Object.keys(ExpressionAttributeNames).length > 0 ? { ...rest, ExpressionAttributeNames } : rest;
 }

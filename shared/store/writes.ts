@@ -13,6 +13,7 @@ import { backingIndexAttributes, leasePartition, leaseSortKey, TTL_ATTRIBUTE } f
 export const pointsTo = '(attribute_not_exists(pk) OR backingNodeId = :backingNodeId)';
 export const conditions = {
   itemDoesNotExist: 'attribute_not_exists(pk)',
+  itemExists: 'attribute_exists(pk)',
   versionUnchanged: '#version = :expectedVersion',
   stateIsOneOf: (n: number) =>
     `#state IN (${Array.from({ length: n }, (_, i) => `:expectedState${i}`).join(', ')})`,
@@ -268,5 +269,68 @@ export function claimSlotUpdate(
     ConditionExpression: condition.join(' AND '),
     ExpressionAttributeNames: names,
     ExpressionAttributeValues: values,
+  };
+}
+
+// ---- the github function's items (githubItems.ts) ------------------------------------------------------
+
+/**
+ * Claims a job's runner start for one handling: the job was seen queued (not completed), and no runner
+ * is claimed, or the claim is stale (older than `stale`) and started nothing.
+ */
+export function claimRunnerUpdate(by: string, now: number, stale: number): Expression {
+  return {
+    UpdateExpression: 'SET runner = :runner',
+    ConditionExpression: `${conditions.itemExists} AND #state = :queued AND (attribute_not_exists(runner) OR (attribute_not_exists(runner.commandId) AND runner.#at < :stale))`,
+    ExpressionAttributeNames: { '#state': 'state', '#at': 'at' },
+    ExpressionAttributeValues: { ':queued': 'queued', ':runner': { by, at: now }, ':stale': stale },
+  };
+}
+
+/** Gives back a claim of `by` that started nothing. */
+export function dropClaimUpdate(by: string): Expression {
+  return {
+    UpdateExpression: 'REMOVE runner',
+    ConditionExpression: 'runner.#by = :by AND attribute_not_exists(runner.commandId)',
+    ExpressionAttributeNames: { '#by': 'by' },
+    ExpressionAttributeValues: { ':by': by },
+  };
+}
+
+/** Records the runner a claim of `by` started, beside the claim. */
+export function runnerStartedUpdate(
+  by: string,
+  runner: { readonly name: string; readonly instanceId: string; readonly commandId: string },
+): Expression {
+  return {
+    UpdateExpression: 'SET runner.#name = :name, runner.instanceId = :instance, runner.commandId = :command',
+    ConditionExpression: 'runner.#by = :by',
+    ExpressionAttributeNames: { '#name': 'name', '#by': 'by' },
+    ExpressionAttributeValues: {
+      ':name': runner.name,
+      ':instance': runner.instanceId,
+      ':command': runner.commandId,
+      ':by': by,
+    },
+  };
+}
+
+/** Stamps the end of a job's runner, if it has one. */
+export function runnerEndedUpdate(now: number): Expression {
+  return {
+    UpdateExpression: 'SET runner.endedAt = :now',
+    ConditionExpression: 'attribute_exists(runner)',
+    ExpressionAttributeNames: {},
+    ExpressionAttributeValues: { ':now': now },
+  };
+}
+
+/** Claims a scan of GitHub's queued jobs: none recorded since `due`. */
+export function claimScanUpdate(now: number, due: number): Expression {
+  return {
+    UpdateExpression: 'SET #at = :now',
+    ConditionExpression: 'attribute_not_exists(#at) OR #at <= :due',
+    ExpressionAttributeNames: { '#at': 'at' },
+    ExpressionAttributeValues: { ':now': now, ':due': due },
   };
 }
