@@ -1,8 +1,17 @@
+import { readFileSync } from 'node:fs';
 import type { Template } from 'aws-cdk-lib/assertions';
 
 /** Reading a synthesized CloudFormation template in the CDK tests (test/aws/cdk*.test.ts). */
 
 type Json = Record<string, unknown>;
+
+/** This repository's root. */
+export const REPO_ROOT = new URL('..', import.meta.url).pathname;
+/** The context of cdk.json (its feature flags): what `cdk synth` gives an app here. */
+export const CDK_CONTEXT = JSON.parse(readFileSync(new URL('../cdk.json', import.meta.url), 'utf8'))
+  .context as Record<string, unknown>;
+/** The account and region the CDK tests' stacks are made for. */
+export const TEST_ENV = { account: '123456789012', region: 'eu-west-1' };
 
 export const asList = <T>(value: T | T[]): T[] => (Array.isArray(value) ? value : [value]);
 

@@ -27,7 +27,14 @@ import { FUNCTION_TIMEOUT_SECONDS, visibilityTimeoutSeconds } from '../../shared
 import type { AwsLabelSettings } from '../../shared/providers/aws/settings.ts';
 import { FUNCTION_CONFIG_FILE } from '../../shared/runtime/functionConfig.ts';
 import { tableDefinition } from '../../shared/store/table.ts';
-import { asList, dependencyCycle, flatten } from '../../testkit/cdkTemplates.ts';
+import {
+  asList,
+  CDK_CONTEXT,
+  dependencyCycle,
+  flatten,
+  REPO_ROOT,
+  TEST_ENV,
+} from '../../testkit/cdkTemplates.ts';
 
 /**
  * The CDK app: the stack bin/cdk.ts synthesizes (same ids, same feature flags from cdk.json, the example
@@ -35,13 +42,9 @@ import { asList, dependencyCycle, flatten } from '../../testkit/cdkTemplates.ts'
  * packs. The three functions are bundled once, with the local esbuild.
  */
 
-const ROOT = new URL('../..', import.meta.url).pathname;
-const CDK_CONTEXT = JSON.parse(readFileSync(join(ROOT, 'cdk.json'), 'utf8')).context as Record<
-  string,
-  unknown
->;
+const ROOT = REPO_ROOT;
 const EXAMPLE = join(ROOT, 'examples/aws.yaml');
-const ENV = { account: '123456789012', region: 'eu-west-1' };
+const ENV = TEST_ENV;
 
 /** The logical id of the table. It must never change: a new one would replace the table (and its data). */
 const TABLE_LOGICAL_ID = 'PoolTableCC5EEF86';

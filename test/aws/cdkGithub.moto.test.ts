@@ -1,6 +1,4 @@
 import '../../testkit/loopbackOnly.mjs';
-import { readFileSync } from 'node:fs';
-import { join } from 'node:path';
 import {
   CloudFormationClient,
   CreateStackCommand,
@@ -26,6 +24,7 @@ import {
 import { motoClientConfig } from '../../cli/rehearse/motoEnv.ts';
 import { MOTO_CREDENTIALS } from '../../cli/rehearse/motoServer.ts';
 import { MetastaticPool } from '../../lib/metastaticPool.ts';
+import { CDK_CONTEXT, TEST_ENV } from '../../testkit/cdkTemplates.ts';
 import { describeWithMoto, type Moto, startMoto } from '../../testkit/moto.ts';
 
 /**
@@ -36,12 +35,7 @@ import { describeWithMoto, type Moto, startMoto } from '../../testkit/moto.ts';
  * starts creating one shows here. The stack without github deploys into moto in deploy.moto.test.ts.
  */
 
-const ROOT = new URL('../..', import.meta.url).pathname;
-const CDK_CONTEXT = JSON.parse(readFileSync(join(ROOT, 'cdk.json'), 'utf8')).context as Record<
-  string,
-  unknown
->;
-const ENV = { account: '123456789012', region: 'eu-west-1' };
+const ENV = TEST_ENV;
 const CONFIG = `
 providers:
   - name: ec2

@@ -1,5 +1,3 @@
-import { readFileSync } from 'node:fs';
-import { join } from 'node:path';
 import { Annotations, Match, Template } from 'aws-cdk-lib/assertions';
 import { EventBus } from 'aws-cdk-lib/aws-events';
 import { Key } from 'aws-cdk-lib/aws-kms';
@@ -13,7 +11,7 @@ import {
   GITHUB_MAX_RECEIVE_COUNT,
 } from '../../lib/poolProps.ts';
 import { visibilityTimeoutSeconds } from '../../shared/core/timing.ts';
-import { asList, dependencyCycle, flatten } from '../../testkit/cdkTemplates.ts';
+import { asList, CDK_CONTEXT, dependencyCycle, flatten, TEST_ENV } from '../../testkit/cdkTemplates.ts';
 
 /**
  * The stack side of GitHub Actions jobs in packed slots (lib/poolGithub.ts): what an enabled `github`
@@ -21,12 +19,7 @@ import { asList, dependencyCycle, flatten } from '../../testkit/cdkTemplates.ts'
  * adds nothing. One app, synthesized once (no bundling), holds every variant, and cdk-nag checks it.
  */
 
-const ROOT = new URL('../..', import.meta.url).pathname;
-const CDK_CONTEXT = JSON.parse(readFileSync(join(ROOT, 'cdk.json'), 'utf8')).context as Record<
-  string,
-  unknown
->;
-const ENV = { account: '123456789012', region: 'eu-west-1' };
+const ENV = TEST_ENV;
 
 type Json = Record<string, unknown>;
 interface Statement {

@@ -10,6 +10,7 @@ import { MetastaticPool } from '../../lib/metastaticPool.ts';
 import { environmentSize } from '../../lib/poolFunction.ts';
 import { parseConfigOrThrow } from '../../shared/config/load.ts';
 import { FUNCTION_CONFIG_FILE, readFunctionConfig } from '../../shared/runtime/functionConfig.ts';
+import { CDK_CONTEXT, TEST_ENV } from '../../testkit/cdkTemplates.ts';
 
 /**
  * The pool configuration reaches the functions as a file in their code, not in their environment
@@ -18,12 +19,7 @@ import { FUNCTION_CONFIG_FILE, readFunctionConfig } from '../../shared/runtime/f
  */
 
 const run = promisify(execFile);
-const ROOT = new URL('../..', import.meta.url).pathname;
-const CDK_CONTEXT = JSON.parse(readFileSync(join(ROOT, 'cdk.json'), 'utf8')).context as Record<
-  string,
-  unknown
->;
-const ENV = { account: '123456789012', region: 'eu-west-1' };
+const ENV = TEST_ENV;
 const FUNCTIONS = ['request', 'fulfil', 'reaper'] as const;
 
 /** A configuration of `count` aws labels, each with user data and tags, and a metastatic label on each. */
